@@ -1,0 +1,214 @@
+//! Contexts and streams: the device's primary context, or a green context holding N SMs, each with its streams.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use mesh_backend::BackendError;
+
+use crate::device::Device;
+use crate::driver::check;
+
+#[derive(Debug)]
+enum Kind {
+    Primary,
+    Green(sys::CUgreenCtx),
+}
+
+#[derive(Debug)]
+struct Inner {
+    device: Device,
+    ctx: sys::CUcontext,
+    kind: Kind,
+    sms: u32,
+}
+
+// SAFETY: driver contexts may be used from any thread once made current there (`bind`).
+unsafe impl Send for Inner {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Errors on release are ignored: nothing can be done with them and Drop must not panic.
+        // SAFETY: the handles were created by `primary` / `green` and are released once, here.
+        unsafe {
+            match self.kind {
+                Kind::Primary => {
+                    sys::cuDevicePrimaryCtxRelease_v2(self.device.handle);
+                }
+                Kind::Green(g) => {
+                    sys::cuGreenCtxDestroy(g);
+                }
+            }
+        }
+    }
+}
+
+/// A context: cheap to clone, released when the last clone (and every object made in it) is gone.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+impl Context {
+    /// The device's primary context, made current on this thread.
+    pub fn primary(device: &Device) -> Result<Self, BackendError> {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid device, valid out-pointer.
+        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device.handle) })?;
+        let c =
+            Self { inner: Arc::new(Inner { device: device.clone(), ctx, kind: Kind::Primary, sms: device.sm_count }) };
+        c.bind()?;
+        Ok(c)
+    }
+
+    /// A green context of `sms` SMs (checked against the device's partitioning first), made current.
+    pub fn green(device: &Device, sms: u32) -> Result<Self, BackendError> {
+        let part = device.sm_partitioning()?;
+        part.check(sms)?;
+        // SAFETY: plain data; zero is a valid starting value.
+        let mut input: sys::CUdevResource = unsafe { std::mem::zeroed() };
+        // SAFETY: valid device and out-pointer.
+        check("cuDeviceGetDevResource", unsafe {
+            sys::cuDeviceGetDevResource(device.handle, &mut input, sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM)
+        })?;
+        // SAFETY: plain data.
+        let mut group: sys::CUdevResource = unsafe { std::mem::zeroed() };
+        // SAFETY: plain data.
+        let mut rest: sys::CUdevResource = unsafe { std::mem::zeroed() };
+        let mut groups = 1u32;
+        // SAFETY: one result slot for one group; input from the device.
+        check("cuDevSmResourceSplitByCount", unsafe {
+            sys::cuDevSmResourceSplitByCount(&mut group, &mut groups, &input, &mut rest, 0, sms)
+        })?;
+        if groups != 1 {
+            return Err(BackendError::SmPartition { asked: sms, detail: format!("the driver made {groups} groups") });
+        }
+        // SAFETY: an SM resource's union holds `sm`.
+        let got = unsafe { group.__bindgen_anon_1.sm.smCount };
+        let mut desc = std::ptr::null_mut();
+        // SAFETY: one resource, valid out-pointer.
+        check("cuDevResourceGenerateDesc", unsafe { sys::cuDevResourceGenerateDesc(&mut desc, &mut group, 1) })?;
+        let mut green = std::ptr::null_mut();
+        // SAFETY: the descriptor was just generated; CU_GREEN_CTX_DEFAULT_STREAM is the documented flag.
+        check("cuGreenCtxCreate", unsafe {
+            sys::cuGreenCtxCreate(
+                &mut green,
+                desc,
+                device.handle,
+                sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+            )
+        })?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a live green context.
+        if let Err(e) = check("cuCtxFromGreenCtx", unsafe { sys::cuCtxFromGreenCtx(&mut ctx, green) }) {
+            // SAFETY: created above, not shared.
+            unsafe { sys::cuGreenCtxDestroy(green) };
+            return Err(e);
+        }
+        let c = Self { inner: Arc::new(Inner { device: device.clone(), ctx, kind: Kind::Green(green), sms: got }) };
+        c.bind()?;
+        Ok(c)
+    }
+
+    /// Makes this context current on the calling thread (driver calls act on the current context).
+    pub fn bind(&self) -> Result<(), BackendError> {
+        // SAFETY: a live context handle.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.inner.ctx) })
+    }
+
+    /// The raw handle (for kcheck's probe and tests).
+    pub fn raw(&self) -> sys::CUcontext {
+        self.inner.ctx
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// SMs this context may use (all of them for the primary context).
+    pub fn sms(&self) -> u32 {
+        self.inner.sms
+    }
+
+    /// Whether this is a green context.
+    pub fn is_green(&self) -> bool {
+        matches!(self.inner.kind, Kind::Green(_))
+    }
+
+    /// A new non-blocking stream in this context.
+    pub fn stream(&self) -> Result<Stream, BackendError> {
+        self.bind()?;
+        let mut stream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        match self.inner.kind {
+            // SAFETY: a live green context, valid out-pointer.
+            Kind::Green(g) => {
+                check("cuGreenCtxStreamCreate", unsafe { sys::cuGreenCtxStreamCreate(&mut stream, g, flags, 0) })?
+            }
+            // SAFETY: the context is current, valid out-pointer.
+            Kind::Primary => check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags) })?,
+        }
+        Ok(Stream { raw: stream, ctx: self.clone() })
+    }
+}
+
+/// What a stream's work is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamState {
+    /// Everything queued has finished.
+    Idle,
+    /// Work is still running.
+    Busy,
+    /// The work failed (a fault in the kernel); the driver's message.
+    Failed(String),
+}
+
+/// A stream, destroyed on drop.
+#[derive(Debug)]
+pub struct Stream {
+    raw: sys::CUstream,
+    ctx: Context,
+}
+
+// SAFETY: streams may be used from any thread with their context current (`Context::bind`).
+unsafe impl Send for Stream {}
+
+impl Stream {
+    /// The raw handle.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Whether the stream's work has finished, without waiting.
+    pub fn state(&self) -> StreamState {
+        // SAFETY: a live stream.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => StreamState::Idle,
+            sys::CUresult::CUDA_ERROR_NOT_READY => StreamState::Busy,
+            code => StreamState::Failed(crate::driver::describe(code)),
+        }
+    }
+
+    /// Waits until the stream's work has finished.
+    pub fn synchronize(&self) -> Result<(), BackendError> {
+        // SAFETY: a live stream.
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.raw) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created in `Context::stream`, destroyed once; an error cannot be acted on here.
+        unsafe {
+            let _ = self.ctx.bind();
+            sys::cuStreamDestroy_v2(self.raw);
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The driver's `result` layer: libcuda found and checked once, every call's CUresult turned into an error value.
+//!
+//! cudarc's dynamically loaded sys layer panics when libcuda or a symbol is
+//! missing; a daemon must report that instead. [`init`] therefore checks the
+//! library and every entry point this crate calls before the first call, and
+//! only then runs `cuInit`.
+
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+use mesh_backend::BackendError;
+
+/// Every driver entry point mesh-cuda calls, by the name cudarc resolves.
+const ENTRY_POINTS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuFuncGetAttribute",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemHostGetDevicePointer_v2",
+    "cuLaunchKernel",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuGetErrorString",
+    "cuGetErrorName",
+];
+
+/// Entry points needed only for green contexts (CUDA 12.4+ drivers).
+pub(crate) const GREEN_ENTRY_POINTS: &[&str] = &[
+    "cuDeviceGetDevResource",
+    "cuDevSmResourceSplitByCount",
+    "cuDevResourceGenerateDesc",
+    "cuGreenCtxCreate",
+    "cuGreenCtxDestroy",
+    "cuCtxFromGreenCtx",
+    "cuGreenCtxStreamCreate",
+];
+
+/// The driver, checked and initialised.
+#[derive(Debug, Clone, Copy)]
+pub struct Driver {
+    /// `cuDriverGetVersion`: 13000 for CUDA 13.0.
+    pub version: i32,
+}
+
+/// Loads and initialises the driver once per process; the same error every time if that failed.
+pub fn init() -> Result<Driver, BackendError> {
+    static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            // SAFETY: probing for the library only dlopens candidate names.
+            if !unsafe { sys::is_culib_present() } {
+                let names = cudarc::get_lib_name_candidates("cuda");
+                return Err(format!(
+                    "libcuda could not be loaded (tried {}); is the NVIDIA driver installed?",
+                    names.join(", ")
+                ));
+            }
+            if let Some(missing) = missing_symbols(ENTRY_POINTS).first() {
+                return Err(format!("libcuda lacks {missing}: the driver is too old for meshd"));
+            }
+            // SAFETY: every entry point was checked above; cuInit takes flags 0.
+            let code = unsafe { sys::cuInit(0) };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("cuInit: {}", describe(code)));
+            }
+            let mut version = 0;
+            // SAFETY: valid out-pointer.
+            unsafe { sys::cuDriverGetVersion(&mut version) };
+            Ok(Driver { version })
+        })
+        .clone()
+        .map_err(|e| match e {
+            e if e.contains("cuInit") => BackendError::NoDevice(e),
+            e => BackendError::NoDriver(e),
+        })
+}
+
+/// The entry points of `names` that libcuda does not export.
+pub(crate) fn missing_symbols(names: &[&'static str]) -> Vec<&'static str> {
+    // SAFETY: only called after is_culib_present() said the library loads, so culib() does not panic.
+    let lib = unsafe { sys::culib() };
+    names
+        .iter()
+        .copied()
+        .filter(|name| {
+            let mut bytes = name.as_bytes().to_vec();
+            bytes.push(0);
+            // SAFETY: looking a symbol up does not call it.
+            unsafe { lib.get::<*const std::ffi::c_void>(bytes.as_slice()) }.is_err()
+        })
+        .collect()
+}
+
+/// `CUDA_ERROR_NAME: the driver's message`.
+pub fn describe(code: sys::CUresult) -> String {
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: valid out-pointers; the driver returns static strings or leaves them null.
+    unsafe {
+        sys::cuGetErrorName(code, &mut name);
+        sys::cuGetErrorString(code, &mut text);
+    }
+    let s = |p: *const std::ffi::c_char| {
+        // SAFETY: non-null pointers from the driver are static NUL-terminated strings.
+        if p.is_null() { "?".to_string() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+    };
+    format!("{}: {}", s(name), s(text))
+}
+
+/// Turns a CUresult into `Ok` or an error naming the call.
+pub fn check(call: &'static str, code: sys::CUresult) -> Result<(), BackendError> {
+    if code == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(BackendError::Cuda { call, code: code as u32, message: describe(code) })
+    }
+}

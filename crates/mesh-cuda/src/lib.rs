@@ -1,0 +1,19 @@
+//! meshd's CUDA layer over cudarc's driver bindings (loaded at run time), and the JIT.
+//!
+//! Layers, after cudarc: cudarc's `sys` (raw, dynamically loaded); [`driver`] (the `result` layer:
+//! libcuda and every entry point checked before the first call, each CUresult an error value);
+//! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`], [`RegisteredMailbox`]),
+//! whose `Drop` never panics. [`jit`] runs nvJitLink on its own thread.
+
+pub mod context;
+pub mod device;
+pub mod driver;
+pub mod jit;
+pub mod memory;
+pub mod module;
+
+pub use context::{Context, Stream, StreamState};
+pub use device::{Device, SmPartitioning};
+pub use jit::{Jit, Linked};
+pub use memory::RegisteredMailbox;
+pub use module::{Function, FunctionAttributes, Module};

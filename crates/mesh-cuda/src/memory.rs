@@ -1,0 +1,69 @@
+//! Host registration: the mailbox's mapping made visible to kernels (`DEVICEMAP | PORTABLE`), released on drop.
+
+use cudarc::driver::sys;
+use mesh_backend::BackendError;
+use mesh_shm::Mailbox;
+
+use crate::context::Context;
+use crate::driver::check;
+
+/// The mailbox registered in a context: its device address, unregistered on drop.
+#[derive(Debug)]
+pub struct RegisteredMailbox {
+    host: *mut u8,
+    device: u64,
+    len: usize,
+    ctx: Context,
+    _mailbox: Mailbox,
+}
+
+// SAFETY: the registration is a process-wide driver object; the pointer is only handed to the driver.
+unsafe impl Send for RegisteredMailbox {}
+
+impl RegisteredMailbox {
+    /// Registers the whole mapping of `mailbox` in `ctx`.
+    pub fn register(ctx: &Context, mailbox: &Mailbox) -> Result<Self, BackendError> {
+        ctx.bind()?;
+        let (host, len) = mailbox.as_raw_parts();
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: a page-aligned shared mapping of `len` bytes that `_mailbox` keeps alive until drop.
+        check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }).map_err(|e| {
+            BackendError::Mailbox(format!("registering {} ({len} bytes) for the GPU: {e}", mailbox.path().display()))
+        })?;
+        let mut device = 0;
+        // SAFETY: the range was just registered with DEVICEMAP.
+        if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0)
+        }) {
+            // SAFETY: registered above, not yet shared.
+            unsafe { sys::cuMemHostUnregister(host.cast()) };
+            return Err(e);
+        }
+        Ok(Self { host, device, len, ctx: ctx.clone(), _mailbox: mailbox.clone() })
+    }
+
+    /// The mailbox's address in device code.
+    pub fn device_address(&self) -> u64 {
+        self.device
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is registered (never: a mailbox has a header page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for RegisteredMailbox {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`, unregistered once; errors cannot be acted on in Drop.
+        unsafe {
+            let _ = self.ctx.bind();
+            sys::cuMemHostUnregister(self.host.cast());
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Mailbox channel throughput and round-trip latency, thread to thread and process to process, beside rtrb.
+//!
+//! `cargo bench -p mesh-shm --bench channels`. rtrb is a heap ring and cannot cross processes, so the
+//! process rows compare against the same mesh channel between threads. The bench binary re-runs itself
+//! as the child process (role in `MESH_BENCH_CHILD`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer};
+
+const CAPACITY: u32 = 1024;
+const SIZES: [usize; 3] = [8, 64, 256];
+const STOP: u64 = u64::MAX;
+const QUIT: u64 = u64::MAX - 1;
+
+fn mailbox(dir: &std::path::Path) -> Mailbox {
+    let mb = Mailbox::create(
+        dir.join("mb"),
+        &MailboxConfig { size: 16 << 20, slots: 1, channels: 16 },
+        CreateMode::Exclusive,
+    )
+    .unwrap();
+    for size in SIZES {
+        mb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
+        mb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+    }
+    mb
+}
+
+fn spin_send(p: &mut Producer, msg: &[u8]) {
+    while !p.try_send(msg).unwrap() {
+        std::hint::spin_loop();
+    }
+}
+
+fn spin_recv(c: &mut Consumer, out: &mut [u8]) {
+    while !c.try_recv(out).unwrap() {
+        std::hint::spin_loop();
+    }
+}
+
+/// The far side of a channel pair: `sink` drains `data` and acks each STOP on `back`; `echo` returns every message.
+fn far_side(mb: &Mailbox, size: usize, role: &str) {
+    let mut rx = Consumer::claim(mb, &format!("data{size}")).unwrap();
+    let mut tx = Producer::claim(mb, &format!("back{size}")).unwrap();
+    let mut msg = vec![0u8; size];
+    loop {
+        spin_recv(&mut rx, &mut msg);
+        let tag = u64::from_le_bytes(msg[..8].try_into().unwrap());
+        if role == "echo" || tag == STOP {
+            spin_send(&mut tx, &msg);
+        }
+        if (tag == STOP && role == "echo") || tag == QUIT {
+            return;
+        }
+    }
+}
+
+/// Sends `n` messages and waits for the sink's ack; the time per batch.
+fn stream(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
+    let mut msg = vec![0u8; size];
+    let start = Instant::now();
+    for i in 0..n {
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        spin_send(tx, &msg);
+    }
+    msg[..8].copy_from_slice(&STOP.to_le_bytes());
+    spin_send(tx, &msg);
+    spin_recv(rx, &mut msg);
+    start.elapsed()
+}
+
+fn round_trips(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
+    let mut msg = vec![0u8; size];
+    let start = Instant::now();
+    for i in 0..n {
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        spin_send(tx, &msg);
+        spin_recv(rx, &mut msg);
+    }
+    start.elapsed()
+}
+
+fn rtrb_stream<const N: usize>(n: u64) -> Duration {
+    let (mut p, mut c) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY as usize);
+    let consumer = std::thread::spawn(move || {
+        for _ in 0..n {
+            loop {
+                if let Ok(m) = c.pop() {
+                    black_box(m);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let start = Instant::now();
+    let mut msg = [0u8; N];
+    for i in 0..n {
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        while p.push(msg).is_err() {
+            std::hint::spin_loop();
+        }
+    }
+    consumer.join().unwrap();
+    start.elapsed()
+}
+
+fn rtrb_round_trips<const N: usize>(n: u64) -> Duration {
+    let (mut p1, mut c1) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY as usize);
+    let (mut p2, mut c2) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY as usize);
+    let echo = std::thread::spawn(move || {
+        for _ in 0..n {
+            let m = loop {
+                if let Ok(m) = c1.pop() {
+                    break m;
+                }
+                std::hint::spin_loop();
+            };
+            while p2.push(m).is_err() {}
+        }
+    });
+    let start = Instant::now();
+    let mut msg = [0u8; N];
+    for i in 0..n {
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        while p1.push(msg).is_err() {}
+        msg = loop {
+            if let Ok(m) = c2.pop() {
+                break m;
+            }
+            std::hint::spin_loop();
+        };
+    }
+    echo.join().unwrap();
+    start.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    // /dev/shm, as meshd's mailbox: a file on a disk filesystem pays page-cache writeback faults.
+    let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+    let mb = mailbox(dir.path());
+    let mut throughput = c.benchmark_group("throughput");
+    throughput.throughput(Throughput::Elements(1));
+    for size in SIZES {
+        throughput.bench_function(BenchmarkId::new("rtrb-thread", size), |b| {
+            b.iter_custom(|n| match size {
+                8 => rtrb_stream::<8>(n),
+                64 => rtrb_stream::<64>(n),
+                _ => rtrb_stream::<256>(n),
+            })
+        });
+        // A mesh sink thread for the whole group: each sample streams n messages and waits for the ack.
+        let sink_mb = mb.clone();
+        let sink = std::thread::spawn(move || far_side(&sink_mb, size, "sink"));
+        let mut tx = Producer::claim(&mb, &format!("data{size}")).unwrap();
+        let mut rx = Consumer::claim(&mb, &format!("back{size}")).unwrap();
+        throughput.bench_function(BenchmarkId::new("mesh-thread", size), |b| {
+            b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
+        });
+        quit(&mut tx, size);
+        sink.join().unwrap();
+        // The same channel pair, fresh, with the sink in another process.
+        let pair = format!("p{size}");
+        let pmb = Mailbox::create(
+            dir.path().join(&pair),
+            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
+            CreateMode::Exclusive,
+        )
+        .unwrap();
+        pmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
+        pmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        let mut child = spawn_child(&dir.path().join(&pair), size, "sink");
+        let mut tx = Producer::claim(&pmb, &format!("data{size}")).unwrap();
+        let mut rx = Consumer::claim(&pmb, &format!("back{size}")).unwrap();
+        throughput.bench_function(BenchmarkId::new("mesh-process", size), |b| {
+            b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
+        });
+        quit(&mut tx, size);
+        let _ = child.wait();
+    }
+    throughput.finish();
+
+    let mut latency = c.benchmark_group("round-trip");
+    for size in SIZES {
+        latency.bench_function(BenchmarkId::new("rtrb-thread", size), |b| {
+            b.iter_custom(|n| match size {
+                8 => rtrb_round_trips::<8>(n),
+                64 => rtrb_round_trips::<64>(n),
+                _ => rtrb_round_trips::<256>(n),
+            })
+        });
+        let name = format!("rt{size}");
+        let lmb = Mailbox::create(
+            dir.path().join(&name),
+            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
+            CreateMode::Exclusive,
+        )
+        .unwrap();
+        lmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
+        lmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        let mut child = spawn_child(&dir.path().join(&name), size, "echo");
+        {
+            let mut tx = Producer::claim(&lmb, &format!("data{size}")).unwrap();
+            let mut rx = Consumer::claim(&lmb, &format!("back{size}")).unwrap();
+            latency.bench_function(BenchmarkId::new("mesh-process", size), |b| {
+                b.iter_custom(|n| round_trips(&mut tx, &mut rx, size, n))
+            });
+            let mut stop = vec![0u8; size];
+            stop[..8].copy_from_slice(&STOP.to_le_bytes());
+            spin_send(&mut tx, &stop);
+        }
+        let _ = child.wait();
+        // Thread to thread: an echo thread over a fresh pair.
+        let tname = format!("rtt{size}");
+        let tmb = Mailbox::create(
+            dir.path().join(&tname),
+            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
+            CreateMode::Exclusive,
+        )
+        .unwrap();
+        tmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
+        tmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        let emb = tmb.clone();
+        let echo = std::thread::spawn(move || far_side(&emb, size, "echo"));
+        let mut tx = Producer::claim(&tmb, &format!("data{size}")).unwrap();
+        let mut rx = Consumer::claim(&tmb, &format!("back{size}")).unwrap();
+        latency.bench_function(BenchmarkId::new("mesh-thread", size), |b| {
+            b.iter_custom(|n| round_trips(&mut tx, &mut rx, size, n))
+        });
+        let mut stop = vec![0u8; size];
+        stop[..8].copy_from_slice(&STOP.to_le_bytes());
+        spin_send(&mut tx, &stop);
+        echo.join().unwrap();
+    }
+    latency.finish();
+}
+
+fn quit(tx: &mut Producer, size: usize) {
+    let mut msg = vec![0u8; size];
+    msg[..8].copy_from_slice(&QUIT.to_le_bytes());
+    spin_send(tx, &msg);
+}
+
+fn spawn_child(path: &std::path::Path, size: usize, role: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MESH_BENCH_CHILD", format!("{role}:{size}:{}", path.display()))
+        .spawn()
+        .unwrap()
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("MESH_BENCH_CHILD") {
+        let mut parts = spec.splitn(3, ':');
+        let (role, size, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let mb = Mailbox::open(path).unwrap();
+        far_side(&mb, size.parse().unwrap(), role);
+        return;
+    }
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}

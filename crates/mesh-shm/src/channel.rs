@@ -1,0 +1,254 @@
+//! Host ends of a channel: a claimed producer or consumer over the ring, with try, deadline and batch calls.
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use crate::claim::{self, ClaimRefused, Holder};
+use crate::error::{End, Result, ShmError};
+use crate::mailbox::{ChannelInfo, Mailbox};
+use crate::ring::{ConsumerCore, Corrupt, ProducerCore};
+
+/// A claim on one end of a channel, released on drop. meshd holds these for ends a GPU program binds.
+#[derive(Debug)]
+pub struct EndClaim {
+    mailbox: Mailbox,
+    ring_offset: u64,
+    end: End,
+    holder: Holder,
+    channel: String,
+}
+
+impl EndClaim {
+    /// Claims `end` of channel `name` for this process. A live holder refuses; a dead one is replaced.
+    pub fn take(mailbox: &Mailbox, name: &str, end: End) -> Result<Self> {
+        let info = mailbox.channel(name)?;
+        let me = Holder::current();
+        let ring = mailbox.ring_header(info.ring_offset);
+        let word = match end {
+            End::Producer => &ring.claims.producer,
+            End::Consumer => &ring.claims.consumer,
+        };
+        match claim::claim(word, me) {
+            Ok(_) => Ok(Self {
+                mailbox: mailbox.clone(),
+                ring_offset: info.ring_offset,
+                end,
+                holder: me,
+                channel: info.name,
+            }),
+            Err(ClaimRefused::HeldBy(h)) => Err(ShmError::Claimed { channel: name.to_string(), end, pid: h.pid }),
+        }
+    }
+
+    fn word(&self) -> &AtomicU64 {
+        let ring = self.mailbox.ring_header(self.ring_offset);
+        match self.end {
+            End::Producer => &ring.claims.producer,
+            End::Consumer => &ring.claims.consumer,
+        }
+    }
+
+    /// The channel's name.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+}
+
+impl Drop for EndClaim {
+    fn drop(&mut self) {
+        claim::release(self.word(), self.holder);
+    }
+}
+
+fn corrupt(info: &ChannelInfo, c: Corrupt) -> ShmError {
+    ShmError::Corrupt { channel: info.name.clone(), head: c.head, tail: c.tail, capacity: u64::from(info.capacity) }
+}
+
+/// How long a blocking call spins before it starts sleeping between polls.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Polls `attempt` until it yields or `deadline` passes: spin first (latency), then back off (CPU).
+fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
+    let start = Instant::now();
+    let mut sleep = Duration::from_micros(1);
+    loop {
+        if let Some(v) = attempt()? {
+            return Ok(Some(v));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        if now - start < SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(sleep.min(deadline - now));
+            sleep = (sleep * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The sending end of a channel.
+#[derive(Debug)]
+pub struct Producer {
+    core: ProducerCore,
+    info: ChannelInfo,
+    _claim: EndClaim,
+}
+
+impl Producer {
+    /// Claims the producer end of `name`.
+    pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        let info = mailbox.channel(name)?;
+        Ok(Self { core: ProducerCore::new(mailbox.ring_memory(&info)), info, _claim: claim })
+    }
+
+    /// The channel.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.info.msg_size as usize {
+            return Err(ShmError::MessageSize {
+                channel: self.info.name.clone(),
+                size: self.info.msg_size as usize,
+                got: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends one message (at most the message size; shorter ones are zero-padded). `Ok(false)`: full.
+    pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
+        self.check_len(msg.len())?;
+        self.core.try_push(msg).map_err(|c| corrupt(&self.info, c))
+    }
+
+    /// Sends one message, waiting for room until `timeout` passes.
+    pub fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        match poll_until(deadline, || Ok(self.try_send(msg)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => {
+                Err(ShmError::Timeout { channel: self.info.name.clone(), op: "send", waited_ms: timeout.as_millis() })
+            }
+        }
+    }
+
+    /// Sends as many whole messages of `msgs` (a concatenation of message-size records) as fit, publishing once.
+    /// Returns how many were sent.
+    pub fn try_send_batch(&mut self, msgs: &[u8]) -> Result<usize> {
+        let size = self.info.msg_size as usize;
+        if msgs.len() % size != 0 {
+            return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: msgs.len() % size });
+        }
+        let count = (msgs.len() / size) as u64;
+        let sent = self
+            .core
+            .push_with(count, |i, slot| {
+                let i = i as usize;
+                slot.copy_from_slice(&msgs[i * size..(i + 1) * size]);
+            })
+            .map_err(|c| corrupt(&self.info, c))?;
+        Ok(sent as usize)
+    }
+
+    /// Sends every message of `msgs`, waiting for room until `timeout` passes.
+    pub fn send_batch(&mut self, msgs: &[u8], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut done = 0;
+        let size = self.info.msg_size as usize;
+        let finished = poll_until(deadline, || {
+            done += self.try_send_batch(&msgs[done * size..])?;
+            Ok((done * size == msgs.len()).then_some(()))
+        })?;
+        finished.ok_or_else(|| ShmError::Timeout {
+            channel: self.info.name.clone(),
+            op: "send",
+            waited_ms: timeout.as_millis(),
+        })
+    }
+}
+
+/// The receiving end of a channel.
+#[derive(Debug)]
+pub struct Consumer {
+    core: ConsumerCore,
+    info: ChannelInfo,
+    _claim: EndClaim,
+}
+
+impl Consumer {
+    /// Claims the consumer end of `name`.
+    pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        let info = mailbox.channel(name)?;
+        Ok(Self { core: ConsumerCore::new(mailbox.ring_memory(&info)), info, _claim: claim })
+    }
+
+    /// The channel.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len != self.info.msg_size as usize {
+            return Err(ShmError::MessageSize {
+                channel: self.info.name.clone(),
+                size: self.info.msg_size as usize,
+                got: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Receives one message into `out` (exactly the message size). `Ok(false)`: empty.
+    pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
+        self.check_len(out.len())?;
+        self.core.try_pop(out).map_err(|c| corrupt(&self.info, c))
+    }
+
+    /// Receives one message, waiting until `timeout` passes.
+    pub fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        match poll_until(deadline, || Ok(self.try_recv(out)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => {
+                Err(ShmError::Timeout { channel: self.info.name.clone(), op: "recv", waited_ms: timeout.as_millis() })
+            }
+        }
+    }
+
+    /// Receives as many whole messages as are waiting and fit in `out` (a multiple of the message size).
+    /// Returns how many were received.
+    pub fn try_recv_batch(&mut self, out: &mut [u8]) -> Result<usize> {
+        let size = self.info.msg_size as usize;
+        if out.len() % size != 0 {
+            return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: out.len() % size });
+        }
+        let got = self
+            .core
+            .pop_with((out.len() / size) as u64, |i, slot| {
+                let i = i as usize;
+                out[i * size..(i + 1) * size].copy_from_slice(slot);
+            })
+            .map_err(|c| corrupt(&self.info, c))?;
+        Ok(got as usize)
+    }
+
+    /// Receives at least one message into `out`, waiting until `timeout` passes; returns how many.
+    pub fn recv_batch(&mut self, out: &mut [u8], timeout: Duration) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        match poll_until(deadline, || {
+            let n = self.try_recv_batch(out)?;
+            Ok((n > 0).then_some(n))
+        })? {
+            Some(n) => Ok(n),
+            None => {
+                Err(ShmError::Timeout { channel: self.info.name.clone(), op: "recv", waited_ms: timeout.as_millis() })
+            }
+        }
+    }
+}

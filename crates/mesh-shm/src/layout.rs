@@ -1,0 +1,251 @@
+//! The mailbox's byte layout: every structure that lives in the shared file, with its writer and its offsets.
+//!
+//! One source of truth: `mesh.cuh` (the device side) is checked against these
+//! definitions by `device_header::layout_block` and a test. All fields are
+//! fixed-width; no pointer is ever stored (each mapping, host or device, has its
+//! own base address, so only offsets from the file's start are meaningful).
+//!
+//! Writers: a word shared between the host and the GPU has exactly one writer,
+//! because the H200 reports no host-native atomics. Host-only words (claims,
+//! the table lock, the arena cursor) may be updated with CPU atomics.
+
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
+/// `"MESHSHM1"` read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
+/// Bumped on any change to a structure in this file.
+pub const LAYOUT_VERSION: u32 = 1;
+/// The header page; the tables start after it.
+pub const HEADER_SIZE: u64 = 4096;
+/// One cache line of the GPU's and the host's coherence unit we separate writers by.
+pub const LINE: u64 = 128;
+/// Channel bindings one program can have.
+pub const MAX_BINDINGS: usize = 8;
+/// Longest channel or program name, in bytes (no terminating NUL needed).
+pub const NAME_LEN: usize = 48;
+/// Largest message a channel may carry.
+pub const MAX_MSG_SIZE: u32 = 64 * 1024;
+/// Largest channel capacity, in messages.
+pub const MAX_CAPACITY: u32 = 1 << 24;
+/// Value of a binding that names no channel.
+pub const NO_CHANNEL: u32 = u32::MAX;
+
+/// The header page, written once by the creator; host-only fields noted.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Header {
+    /// Always [`MAGIC`].
+    pub magic: u64,
+    /// Always [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// Always [`HEADER_SIZE`].
+    pub header_size: u32,
+    /// The file's length in bytes; must equal the length on disk.
+    pub file_size: u64,
+    /// Number of program slots.
+    pub slot_count: u32,
+    /// Always `size_of::<Slot>()`.
+    pub slot_size: u32,
+    /// Offset of the slot table (`slot_count * slot_size` bytes).
+    pub slots_offset: u64,
+    /// Number of channel descriptors (live or free).
+    pub channel_count: u32,
+    /// Always `size_of::<ChannelDesc>()`.
+    pub channel_desc_size: u32,
+    /// Offset of the channel descriptor table.
+    pub channels_offset: u64,
+    /// Offset of the ring arena, where each channel's ring is carved out.
+    pub arena_offset: u64,
+    /// Size of the ring arena; the arena ends at `file_size`.
+    pub arena_size: u64,
+    /// Bytes of the arena handed out so far (host only, under `table_lock`).
+    pub arena_used: AtomicU64,
+    /// Host-only spin lock serialising channel creation across processes.
+    pub table_lock: AtomicU32,
+    /// Pid of the process that created the file (informational).
+    pub creator_pid: u32,
+}
+
+/// A program's control block: written by meshd only, read by the kernel.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct SlotControl {
+    /// Non-zero: the program is asked to stop (mesh_should_stop).
+    pub stop: u32,
+    /// Bumped by meshd at every (re)launch.
+    pub generation: u32,
+    /// 1 while a program owns the slot.
+    pub in_use: u32,
+    /// Number of valid entries in `bindings`.
+    pub binding_count: u32,
+    /// Channel indices bound to the program, [`NO_CHANNEL`] where unused.
+    pub bindings: [u32; MAX_BINDINGS],
+    /// The program's name, NUL-padded.
+    pub name: [u8; NAME_LEN],
+}
+
+/// A program's status block: written by the kernel only, read by the host.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct SlotStatus {
+    /// Advanced by the kernel on every iteration of its loop.
+    pub heartbeat: u64,
+    /// One of the `STATE_*` values.
+    pub state: u32,
+    /// Set by mesh_exit.
+    pub exit_code: i32,
+    /// The control generation the kernel saw when it started.
+    pub generation: u32,
+}
+
+/// A per-program area written by the kernel (block `i` may own word `i`), read by the host.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct SlotUser {
+    /// Free-form words a program reports (the test programs use them for SM ids and timing).
+    pub words: [u32; 32],
+}
+
+/// Kernel state values of [`SlotStatus::state`].
+pub const STATE_IDLE: u32 = 0;
+/// The kernel has started and is looping.
+pub const STATE_RUNNING: u32 = 1;
+/// The kernel left its loop because a stop was requested.
+pub const STATE_STOPPED: u32 = 2;
+/// The kernel called mesh_exit.
+pub const STATE_EXITED: u32 = 3;
+
+/// One program slot: three lines, one writer each.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Slot {
+    /// meshd's line.
+    pub control: SlotControl,
+    /// The kernel's line.
+    pub status: SlotStatus,
+    /// The kernel's free-form line.
+    pub user: SlotUser,
+}
+
+/// A channel descriptor: written by the creator under `table_lock`, then published by `state`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ChannelDesc {
+    /// 0: free; 1: live (stored last, with Release).
+    pub state: AtomicU32,
+    /// Bytes per message (a multiple of 8, at most [`MAX_MSG_SIZE`]).
+    pub msg_size: u32,
+    /// Messages the ring holds (a power of two, at most [`MAX_CAPACITY`]).
+    pub capacity: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Offset of the channel's [`RingHeader`] from the file's start.
+    pub ring_offset: u64,
+    /// The channel's name, NUL-padded.
+    pub name: [u8; NAME_LEN],
+    /// Pads the descriptor to one line.
+    pub pad: [u8; 56],
+}
+
+/// A ring's producer index: written by the producer only.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct ProducerLine {
+    /// Messages ever sent; slot `head & (capacity - 1)` is written next.
+    pub head: AtomicU64,
+}
+
+/// A ring's consumer index: written by the consumer only.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct ConsumerLine {
+    /// Messages ever received; `head - tail` messages are waiting.
+    pub tail: AtomicU64,
+}
+
+/// Host-only claim words of a ring's two ends.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct ClaimLine {
+    /// Who holds the producer end (see `claim`), 0 when free.
+    pub producer: AtomicU64,
+    /// Who holds the consumer end, 0 when free.
+    pub consumer: AtomicU64,
+}
+
+/// The three lines in front of every ring's message slots.
+#[repr(C)]
+#[derive(Debug)]
+pub struct RingHeader {
+    /// The producer's index.
+    pub producer: ProducerLine,
+    /// The consumer's index.
+    pub consumer: ConsumerLine,
+    /// The claims.
+    pub claims: ClaimLine,
+}
+
+/// One channel binding as the kernel receives it inside [`MeshCtx`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeshBinding {
+    /// Offset of the ring's [`RingHeader`] (0: unbound).
+    pub ring_offset: u64,
+    /// Bytes per message.
+    pub msg_size: u32,
+    /// Ring capacity (a power of two).
+    pub capacity: u32,
+}
+
+/// The argument of `mesh_main`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeshCtx {
+    /// The mailbox's device address in the launching context.
+    pub base: u64,
+    /// Offset of the program's [`Slot`].
+    pub slot_offset: u64,
+    /// The program's slot index.
+    pub slot: u32,
+    /// Valid entries of `bindings`.
+    pub binding_count: u32,
+    /// The program's channels, in the order it bound them.
+    pub bindings: [MeshBinding; MAX_BINDINGS],
+}
+
+// Compile-time checks: each writer's words on a line of their own, and the sizes the device header states.
+const _: () = assert!(size_of::<Header>() <= HEADER_SIZE as usize);
+const _: () = assert!(size_of::<SlotControl>() == LINE as usize);
+const _: () = assert!(size_of::<SlotStatus>() == LINE as usize);
+const _: () = assert!(size_of::<SlotUser>() == LINE as usize);
+const _: () = assert!(size_of::<Slot>() == 3 * LINE as usize);
+const _: () = assert!(offset_of!(Slot, status) == LINE as usize);
+const _: () = assert!(size_of::<ChannelDesc>() == LINE as usize);
+const _: () = assert!(size_of::<RingHeader>() == 3 * LINE as usize);
+const _: () = assert!(offset_of!(RingHeader, consumer) == LINE as usize);
+const _: () = assert!(size_of::<MeshBinding>() == 16);
+const _: () = assert!(size_of::<MeshCtx>() == 24 + 16 * MAX_BINDINGS);
+
+/// Bytes a ring of `capacity` messages of `msg_size` bytes takes in the arena, rounded to a line.
+pub const fn ring_bytes(msg_size: u32, capacity: u32) -> u64 {
+    let raw = size_of::<RingHeader>() as u64 + msg_size as u64 * capacity as u64;
+    raw.div_ceil(LINE) * LINE
+}
+
+/// Encodes a name into a fixed NUL-padded field; `None` when it is empty, too long or holds a NUL.
+pub fn encode_name(name: &str) -> Option<[u8; NAME_LEN]> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() > NAME_LEN || bytes.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; NAME_LEN];
+    out[..bytes.len()].copy_from_slice(bytes);
+    Some(out)
+}
+
+/// Decodes a NUL-padded name field; invalid UTF-8 is replaced rather than refused (it is only displayed).
+pub fn decode_name(field: &[u8; NAME_LEN]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}

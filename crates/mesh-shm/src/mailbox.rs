@@ -1,0 +1,698 @@
+//! The mailbox file: creation, validation on open, the channel table and the program slots.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use memmap2::MmapRaw;
+
+use crate::error::{Result, ShmError};
+use crate::layout::*;
+use crate::ring::RingMemory;
+
+/// What `create` builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MailboxConfig {
+    /// Total file size in bytes (header, tables and ring arena).
+    pub size: u64,
+    /// Program slots.
+    pub slots: u32,
+    /// Channel descriptors (the most channels the file can ever hold).
+    pub channels: u32,
+}
+
+impl Default for MailboxConfig {
+    fn default() -> Self {
+        Self { size: 64 << 20, slots: 64, channels: 256 }
+    }
+}
+
+/// Whether `create` may overwrite an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateMode {
+    /// Refuse if the path exists.
+    Exclusive,
+    /// Remove whatever is there first.
+    Replace,
+}
+
+/// The validated geometry of a mailbox, copied out of its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// File size.
+    pub file_size: u64,
+    /// Program slots.
+    pub slot_count: u32,
+    /// Offset of the slot table.
+    pub slots_offset: u64,
+    /// Channel descriptors.
+    pub channel_count: u32,
+    /// Offset of the descriptor table.
+    pub channels_offset: u64,
+    /// Offset of the ring arena.
+    pub arena_offset: u64,
+    /// Size of the ring arena.
+    pub arena_size: u64,
+}
+
+impl Geometry {
+    /// Lays out a new file, or says which parameter does not fit.
+    pub fn plan(config: &MailboxConfig) -> Result<Self> {
+        let cfg_err = |m: String| Err(ShmError::Config(m));
+        if config.slots == 0 || config.slots > 4096 {
+            return cfg_err(format!("{} program slots: must be 1 to 4096", config.slots));
+        }
+        if config.channels == 0 || config.channels > 65536 {
+            return cfg_err(format!("{} channels: must be 1 to 65536", config.channels));
+        }
+        let slots_offset = HEADER_SIZE;
+        let channels_offset = slots_offset + u64::from(config.slots) * size_of::<Slot>() as u64;
+        let tables_end = channels_offset + u64::from(config.channels) * size_of::<ChannelDesc>() as u64;
+        let arena_offset = tables_end.div_ceil(4096) * 4096;
+        if config.size < arena_offset + 4096 || config.size > (1 << 40) {
+            return cfg_err(format!(
+                "size {} bytes: {} slots and {} channels need at least {} bytes (and at most 1 TiB)",
+                config.size,
+                config.slots,
+                config.channels,
+                arena_offset + 4096
+            ));
+        }
+        let file_size = config.size.div_ceil(4096) * 4096;
+        Ok(Self {
+            file_size,
+            slot_count: config.slots,
+            slots_offset,
+            channel_count: config.channels,
+            channels_offset,
+            arena_offset,
+            arena_size: file_size - arena_offset,
+        })
+    }
+
+    /// Validates a header read from a file of `actual_len` bytes. Pure: reads only `header`.
+    pub fn validate(header: &[u8], actual_len: u64) -> std::result::Result<Self, (&'static str, String)> {
+        if header.len() < size_of::<Header>() || actual_len < HEADER_SIZE {
+            return Err(("file size", format!("{actual_len} bytes, shorter than the {HEADER_SIZE}-byte header")));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(header[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().expect("8 bytes"));
+        use core::mem::offset_of as off;
+        let magic = u64_at(off!(Header, magic));
+        if magic != MAGIC {
+            return Err(("magic", format!("{magic:#018x}, expected {MAGIC:#018x} (not a meshd mailbox)")));
+        }
+        let version = u32_at(off!(Header, version));
+        if version != LAYOUT_VERSION {
+            return Err(("layout version", format!("{version}, this build reads version {LAYOUT_VERSION}")));
+        }
+        let header_size = u32_at(off!(Header, header_size));
+        if u64::from(header_size) != HEADER_SIZE {
+            return Err(("header size", format!("{header_size}, expected {HEADER_SIZE}")));
+        }
+        let file_size = u64_at(off!(Header, file_size));
+        if file_size != actual_len {
+            return Err((
+                "file size",
+                format!("header says {file_size} bytes, the file has {actual_len} (truncated?)"),
+            ));
+        }
+        let slot_size = u32_at(off!(Header, slot_size));
+        if slot_size as usize != size_of::<Slot>() {
+            return Err(("slot size", format!("{slot_size}, expected {}", size_of::<Slot>())));
+        }
+        let desc_size = u32_at(off!(Header, channel_desc_size));
+        if desc_size as usize != size_of::<ChannelDesc>() {
+            return Err(("channel descriptor size", format!("{desc_size}, expected {}", size_of::<ChannelDesc>())));
+        }
+        let g = Self {
+            file_size,
+            slot_count: u32_at(off!(Header, slot_count)),
+            slots_offset: u64_at(off!(Header, slots_offset)),
+            channel_count: u32_at(off!(Header, channel_count)),
+            channels_offset: u64_at(off!(Header, channels_offset)),
+            arena_offset: u64_at(off!(Header, arena_offset)),
+            arena_size: u64_at(off!(Header, arena_size)),
+        };
+        // Each region must be aligned, inside the file, after the header, and disjoint from the others.
+        let regions = [
+            ("slot table", g.slots_offset, u64::from(g.slot_count).checked_mul(u64::from(slot_size))),
+            ("channel table", g.channels_offset, u64::from(g.channel_count).checked_mul(u64::from(desc_size))),
+            ("ring arena", g.arena_offset, Some(g.arena_size)),
+        ];
+        for (i, &(name, offset, len)) in regions.iter().enumerate() {
+            let len = len.ok_or((name, "size overflows".to_string()))?;
+            let end = offset.checked_add(len).ok_or((name, format!("offset {offset} + size {len} overflows")))?;
+            if offset % LINE != 0 {
+                return Err((name, format!("offset {offset} is not {LINE}-byte aligned")));
+            }
+            if offset < HEADER_SIZE || end > file_size {
+                return Err((name, format!("bytes {offset}..{end} lie outside {HEADER_SIZE}..{file_size}")));
+            }
+            for &(other, o_off, o_len) in &regions[..i] {
+                let o_end = o_off + o_len.unwrap_or(0);
+                if offset < o_end && o_off < end {
+                    return Err((name, format!("bytes {offset}..{end} overlap the {other} at {o_off}..{o_end}")));
+                }
+            }
+        }
+        if g.slot_count == 0 {
+            return Err(("slot table", "0 slots".into()));
+        }
+        Ok(g)
+    }
+}
+
+/// A mapped mailbox. Cheap to clone; channel ends keep the mapping alive.
+#[derive(Debug, Clone)]
+pub struct Mailbox {
+    pub(crate) inner: Arc<Mapped>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mapped {
+    map: MmapRaw,
+    path: PathBuf,
+    geometry: Geometry,
+}
+
+/// A channel as the table describes it, with a snapshot of its indices and claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelInfo {
+    /// Index in the descriptor table (what a program slot binds).
+    pub index: u32,
+    /// The name.
+    pub name: String,
+    /// Bytes per message.
+    pub msg_size: u32,
+    /// Messages the ring holds.
+    pub capacity: u32,
+    /// Offset of the ring from the file's start.
+    pub ring_offset: u64,
+    /// Messages ever sent.
+    pub head: u64,
+    /// Messages ever received.
+    pub tail: u64,
+    /// Pid holding the producer end, if any.
+    pub producer_pid: Option<u32>,
+    /// Pid holding the consumer end, if any.
+    pub consumer_pid: Option<u32>,
+}
+
+impl Mailbox {
+    /// Creates the file (mode 0600), sizes and zeroes it, writes the header, maps it shared.
+    pub fn create(path: impl AsRef<Path>, config: &MailboxConfig, mode: CreateMode) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let g = Geometry::plan(config)?;
+        let io = |op, source| ShmError::Io { path: path.clone(), op, source };
+        if mode == CreateMode::Replace {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove the old file", e)),
+            }
+        }
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                ShmError::Exists { path: path.clone() }
+            } else {
+                io("create", e)
+            }
+        })?;
+        let built = (|| {
+            // set_len on a new file yields zeroes: every slot, descriptor and ring starts empty.
+            file.set_len(g.file_size).map_err(|e| io("set size", e))?;
+            let map = MmapRaw::map_raw(&file).map_err(|e| io("map", e))?;
+            let header = map.as_mut_ptr().cast::<Header>();
+            // SAFETY: the mapping is at least HEADER_SIZE bytes, page aligned, and not yet shared
+            // with anyone (the file was just created exclusively).
+            unsafe {
+                header.write(Header {
+                    magic: MAGIC,
+                    version: LAYOUT_VERSION,
+                    header_size: HEADER_SIZE as u32,
+                    file_size: g.file_size,
+                    slot_count: g.slot_count,
+                    slot_size: size_of::<Slot>() as u32,
+                    slots_offset: g.slots_offset,
+                    channel_count: g.channel_count,
+                    channel_desc_size: size_of::<ChannelDesc>() as u32,
+                    channels_offset: g.channels_offset,
+                    arena_offset: g.arena_offset,
+                    arena_size: g.arena_size,
+                    arena_used: AtomicU64::new(0),
+                    table_lock: AtomicU32::new(0),
+                    creator_pid: std::process::id(),
+                })
+            };
+            Ok(Mapped { map, path: path.clone(), geometry: g })
+        })();
+        match built {
+            Ok(mapped) => Ok(Self { inner: Arc::new(mapped) }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps an existing mailbox after validating its header and every live channel.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let io = |op, source| ShmError::Io { path: path.clone(), op, source };
+        let file: File = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| io("open", e))?;
+        let len = file.metadata().map_err(|e| io("stat", e))?.len();
+        let mut head = vec![0u8; size_of::<Header>()];
+        if len >= HEADER_SIZE {
+            use std::os::unix::fs::FileExt;
+            file.read_exact_at(&mut head, 0).map_err(|e| io("read the header", e))?;
+        }
+        let geometry = Geometry::validate(&head, len).map_err(|(field, reason)| ShmError::Invalid {
+            path: path.clone(),
+            field,
+            reason,
+        })?;
+        let map = MmapRaw::map_raw(&file).map_err(|e| io("map", e))?;
+        if (map.len() as u64) < geometry.file_size {
+            return Err(ShmError::Invalid { path, field: "file size", reason: "shrank while being opened".into() });
+        }
+        let mailbox = Self { inner: Arc::new(Mapped { map, path, geometry }) };
+        mailbox.validate_tables()?;
+        Ok(mailbox)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    /// The mapping's host address and length (what a CUDA context registers).
+    pub fn as_raw_parts(&self) -> (*mut u8, usize) {
+        (self.inner.map.as_mut_ptr(), self.inner.geometry.file_size as usize)
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.inner.map.as_mut_ptr()
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: validated: the header lies at offset 0 of a mapping of at least HEADER_SIZE bytes.
+        // Its host-only mutable words are atomics; the others are never written after creation.
+        unsafe { &*self.base().cast::<Header>() }
+    }
+
+    pub(crate) fn desc(&self, index: u32) -> &ChannelDesc {
+        assert!(index < self.inner.geometry.channel_count, "descriptor index checked by callers");
+        let off = self.inner.geometry.channels_offset + u64::from(index) * size_of::<ChannelDesc>() as u64;
+        // SAFETY: the validated table lies inside the mapping; fields other than `state` are written
+        // only before `state` is published with Release, and read after an Acquire load of it.
+        unsafe { &*self.base().add(off as usize).cast::<ChannelDesc>() }
+    }
+
+    /// A descriptor's fields if it is live and describes a ring inside the arena.
+    fn live_desc(&self, index: u32) -> std::result::Result<Option<(String, u32, u32, u64)>, String> {
+        let d = self.desc(index);
+        if d.state.load(Ordering::Acquire) != 1 {
+            return Ok(None);
+        }
+        let (msg_size, capacity, ring_offset) = (d.msg_size, d.capacity, d.ring_offset);
+        check_channel_params(msg_size, capacity)?;
+        let g = self.inner.geometry;
+        let end = ring_offset.checked_add(ring_bytes(msg_size, capacity)).ok_or("ring end overflows")?;
+        if ring_offset % LINE != 0 || ring_offset < g.arena_offset || end > g.arena_offset + g.arena_size {
+            return Err(format!(
+                "ring at {ring_offset}..{end} is not a {LINE}-aligned range of the arena {}..{}",
+                g.arena_offset,
+                g.arena_offset + g.arena_size
+            ));
+        }
+        Ok(Some((decode_name(&d.name), msg_size, capacity, ring_offset)))
+    }
+
+    fn validate_tables(&self) -> Result<()> {
+        let invalid = |field, reason| ShmError::Invalid { path: self.inner.path.clone(), field, reason };
+        let used = self.header().arena_used.load(Ordering::Acquire);
+        if used > self.inner.geometry.arena_size {
+            return Err(invalid(
+                "arena cursor",
+                format!("{used} bytes used of a {}-byte arena", self.inner.geometry.arena_size),
+            ));
+        }
+        let mut rings = Vec::new();
+        for i in 0..self.inner.geometry.channel_count {
+            match self.live_desc(i) {
+                Ok(Some((_, m, c, off))) => rings.push((off, off + ring_bytes(m, c), i)),
+                Ok(None) => {}
+                Err(reason) => return Err(invalid("channel table", format!("channel {i}: {reason}"))),
+            }
+        }
+        rings.sort_unstable();
+        for pair in rings.windows(2) {
+            if pair[1].0 < pair[0].1 {
+                return Err(invalid(
+                    "channel table",
+                    format!("rings of channels {} and {} overlap", pair[0].2, pair[1].2),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a named channel of `capacity` messages (a power of two) of `msg_size` bytes (a multiple of 8).
+    pub fn create_channel(&self, name: &str, msg_size: u32, capacity: u32) -> Result<ChannelInfo> {
+        let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
+        let encoded =
+            encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
+        check_channel_params(msg_size, capacity).map_err(cfg)?;
+        let _lock = TableLock::take(&self.header().table_lock);
+        if self.find_channel(name)?.is_some() {
+            return Err(ShmError::ChannelExists(name.to_string()));
+        }
+        let g = self.inner.geometry;
+        let index =
+            (0..g.channel_count).find(|&i| self.desc(i).state.load(Ordering::Acquire) == 0).ok_or_else(|| {
+                ShmError::Full {
+                    name: name.into(),
+                    reason: format!("all {} channel descriptors are in use", g.channel_count),
+                }
+            })?;
+        let need = ring_bytes(msg_size, capacity);
+        let used = self.header().arena_used.load(Ordering::Acquire);
+        if need > g.arena_size - used {
+            return Err(ShmError::Full {
+                name: name.into(),
+                reason: format!(
+                    "its ring needs {need} bytes, {} of the {}-byte arena are free",
+                    g.arena_size - used,
+                    g.arena_size
+                ),
+            });
+        }
+        let ring_offset = g.arena_offset + used;
+        // SAFETY: the range lies in the arena (checked above) and belongs to no ring yet; the table lock
+        // keeps any other creator out. Zeroed so that a reused file starts with empty indices and claims.
+        unsafe { std::ptr::write_bytes(self.base().add(ring_offset as usize), 0, size_of::<RingHeader>()) };
+        let d = self.desc(index);
+        let d_ptr = std::ptr::from_ref(d).cast_mut();
+        // SAFETY: the descriptor is free (state 0), so no reader looks at these fields until the
+        // Release store of `state` below; the table lock excludes other writers.
+        unsafe {
+            (&raw mut (*d_ptr).msg_size).write(msg_size);
+            (&raw mut (*d_ptr).capacity).write(capacity);
+            (&raw mut (*d_ptr).ring_offset).write(ring_offset);
+            (&raw mut (*d_ptr).name).write(encoded);
+        }
+        self.header().arena_used.store(used + need, Ordering::Release);
+        d.state.store(1, Ordering::Release);
+        self.channel_info_at(index).map(|i| i.expect("just published"))
+    }
+
+    fn find_channel(&self, name: &str) -> Result<Option<u32>> {
+        for i in 0..self.inner.geometry.channel_count {
+            match self.live_desc(i) {
+                Ok(Some((n, ..))) if n == name => return Ok(Some(i)),
+                Ok(_) => {}
+                Err(reason) => {
+                    return Err(ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason });
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
+        let Some((name, msg_size, capacity, ring_offset)) = self
+            .live_desc(index)
+            .map_err(|reason| ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason })?
+        else {
+            return Ok(None);
+        };
+        let ring = self.ring_header(ring_offset);
+        let holder = |w: &AtomicU64| crate::claim::Holder::from_word(w.load(Ordering::Acquire)).map(|h| h.pid);
+        Ok(Some(ChannelInfo {
+            index,
+            name,
+            msg_size,
+            capacity,
+            ring_offset,
+            head: ring.producer.head.load(Ordering::Acquire),
+            tail: ring.consumer.tail.load(Ordering::Acquire),
+            producer_pid: holder(&ring.claims.producer),
+            consumer_pid: holder(&ring.claims.consumer),
+        }))
+    }
+
+    /// The live channel called `name`.
+    pub fn channel(&self, name: &str) -> Result<ChannelInfo> {
+        let index = self.find_channel(name)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))?;
+        self.channel_info_at(index)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))
+    }
+
+    /// Every live channel, in table order.
+    pub fn channels(&self) -> Result<Vec<ChannelInfo>> {
+        (0..self.inner.geometry.channel_count).filter_map(|i| self.channel_info_at(i).transpose()).collect()
+    }
+
+    pub(crate) fn ring_header(&self, ring_offset: u64) -> &RingHeader {
+        // SAFETY: callers pass the offset of a live descriptor, checked by `live_desc` to lie in the arena.
+        // The ring header holds only atomics.
+        unsafe { &*self.base().add(ring_offset as usize).cast::<RingHeader>() }
+    }
+
+    pub(crate) fn ring_memory(&self, info: &ChannelInfo) -> RingMemory {
+        let header = NonNull::from(self.ring_header(info.ring_offset));
+        // SAFETY: `info` came from a validated descriptor: the header and its slots lie in the
+        // arena of this mapping, which the caller keeps alive (ends hold the `Arc`).
+        unsafe { RingMemory::new(header, info.msg_size as usize, u64::from(info.capacity)) }
+    }
+
+    /// Program slot `index`.
+    pub fn slot(&self, index: u32) -> Result<SlotRef<'_>> {
+        let count = self.inner.geometry.slot_count;
+        if index >= count {
+            return Err(ShmError::NoSuchSlot { index, count });
+        }
+        Ok(SlotRef { mailbox: self, index })
+    }
+
+    /// The kernel's argument for slot `index`, with `base` the mailbox's device address in the launching context.
+    pub fn mesh_ctx(&self, index: u32, base: u64) -> Result<MeshCtx> {
+        let slot = self.slot(index)?;
+        let mut ctx = MeshCtx { base, slot_offset: slot.offset(), slot: index, ..MeshCtx::default() };
+        let bindings = slot.bindings();
+        ctx.binding_count = bindings.len() as u32;
+        for (b, &channel) in ctx.bindings.iter_mut().zip(&bindings) {
+            if channel >= self.inner.geometry.channel_count {
+                return Err(ShmError::NoSuchChannel(format!("#{channel}")));
+            }
+            let info = self.channel_info_at(channel)?.ok_or_else(|| ShmError::NoSuchChannel(format!("#{channel}")))?;
+            *b = MeshBinding { ring_offset: info.ring_offset, msg_size: info.msg_size, capacity: info.capacity };
+        }
+        Ok(ctx)
+    }
+}
+
+/// Checks a channel's message size and capacity.
+fn check_channel_params(msg_size: u32, capacity: u32) -> std::result::Result<(), String> {
+    if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE {
+        return Err(format!("message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE}"));
+    }
+    if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
+        return Err(format!("capacity {capacity}: must be a power of two up to {MAX_CAPACITY}"));
+    }
+    Ok(())
+}
+
+/// The host-only spin lock over the channel table; a holder that died leaves it taken for 1 s at most.
+struct TableLock<'a>(&'a AtomicU32);
+
+impl<'a> TableLock<'a> {
+    fn take(word: &'a AtomicU32) -> Self {
+        let me = std::process::id();
+        let start = std::time::Instant::now();
+        loop {
+            match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Self(word),
+                Err(holder) => {
+                    let dead = rustix::process::Pid::from_raw(holder as i32)
+                        .is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
+                    if (dead || start.elapsed().as_secs() >= 1)
+                        && word.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                    {
+                        return Self(word);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TableLock<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+/// A consistent-enough snapshot of a slot's kernel-written status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotStatusSnapshot {
+    /// The kernel's loop counter.
+    pub heartbeat: u64,
+    /// One of the `STATE_*` values.
+    pub state: u32,
+    /// The code passed to mesh_exit.
+    pub exit_code: i32,
+    /// The generation the kernel saw at start.
+    pub generation: u32,
+}
+
+/// A program slot: meshd's side writes control, reads status.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRef<'a> {
+    mailbox: &'a Mailbox,
+    index: u32,
+}
+
+impl SlotRef<'_> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Offset of the slot from the file's start.
+    pub fn offset(&self) -> u64 {
+        self.mailbox.inner.geometry.slots_offset + u64::from(self.index) * size_of::<Slot>() as u64
+    }
+
+    fn ptr(&self) -> *mut Slot {
+        // SAFETY: `index` was checked against the validated slot table, which lies in the mapping.
+        unsafe { self.mailbox.base().add(self.offset() as usize).cast::<Slot>() }
+    }
+
+    fn word32(&self, field: *mut u32) -> &AtomicU32 {
+        // SAFETY: `field` points into this slot inside the mapping, is 4-aligned, and is accessed only
+        // atomically from the host (the GPU's accesses are outside Rust's model).
+        unsafe { AtomicU32::from_ptr(field) }
+    }
+
+    /// Asks the kernel to stop (`mesh_should_stop` becomes true).
+    pub fn request_stop(&self) {
+        // SAFETY: the slot pointer is valid; `&raw mut` takes the field's address without a reference.
+        self.word32(unsafe { &raw mut (*self.ptr()).control.stop }).store(1, Ordering::Release);
+    }
+
+    /// Whether a stop is requested.
+    pub fn stop_requested(&self) -> bool {
+        // SAFETY: as in `request_stop`.
+        self.word32(unsafe { &raw mut (*self.ptr()).control.stop }).load(Ordering::Acquire) != 0
+    }
+
+    /// Prepares a (re)launch: clears the stop request and the kernel's status, sets the generation.
+    /// Only call while no kernel runs in this slot (the status words have no other writer then).
+    pub fn arm(&self, generation: u32) {
+        let p = self.ptr();
+        // SAFETY: the slot is valid; with no kernel running meshd is the only writer of every word.
+        unsafe {
+            self.word32(&raw mut (*p).control.generation).store(generation, Ordering::Relaxed);
+            self.word32(&raw mut (*p).control.stop).store(0, Ordering::Relaxed);
+            AtomicU64::from_ptr(&raw mut (*p).status.heartbeat).store(0, Ordering::Relaxed);
+            self.word32(&raw mut (*p).status.state).store(STATE_IDLE, Ordering::Relaxed);
+            self.word32((&raw mut (*p).status.exit_code).cast()).store(0, Ordering::Relaxed);
+            self.word32(&raw mut (*p).status.generation).store(0, Ordering::Relaxed);
+            for w in 0..32 {
+                self.word32((&raw mut (*p).user.words).cast::<u32>().add(w)).store(0, Ordering::Relaxed);
+            }
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Takes the slot for a program: name and channel bindings (indices in the channel table).
+    pub fn bind(&self, name: &str, bindings: &[u32]) -> Result<()> {
+        if bindings.len() > MAX_BINDINGS {
+            return Err(ShmError::TooManyBindings { index: self.index, count: bindings.len(), max: MAX_BINDINGS });
+        }
+        let p = self.ptr();
+        let mut name_field = [0u8; NAME_LEN];
+        let n = name.len().min(NAME_LEN);
+        name_field[..n].copy_from_slice(&name.as_bytes()[..n]);
+        // SAFETY: meshd is the only writer of the control line; the kernel is not running while a slot is bound.
+        unsafe {
+            for (i, w) in name_field.chunks_exact(4).enumerate() {
+                let word = u32::from_ne_bytes(w.try_into().expect("4 bytes"));
+                self.word32((&raw mut (*p).control.name).cast::<u32>().add(i)).store(word, Ordering::Relaxed);
+            }
+            for i in 0..MAX_BINDINGS {
+                let v = bindings.get(i).copied().unwrap_or(NO_CHANNEL);
+                self.word32((&raw mut (*p).control.bindings).cast::<u32>().add(i)).store(v, Ordering::Relaxed);
+            }
+            self.word32(&raw mut (*p).control.binding_count).store(bindings.len() as u32, Ordering::Relaxed);
+            self.word32(&raw mut (*p).control.in_use).store(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Frees the slot.
+    pub fn release(&self) {
+        // SAFETY: as in `request_stop`.
+        self.word32(unsafe { &raw mut (*self.ptr()).control.in_use }).store(0, Ordering::Release);
+    }
+
+    /// Whether a program owns the slot.
+    pub fn in_use(&self) -> bool {
+        // SAFETY: as in `request_stop`.
+        self.word32(unsafe { &raw mut (*self.ptr()).control.in_use }).load(Ordering::Acquire) != 0
+    }
+
+    /// The generation meshd last armed.
+    pub fn generation(&self) -> u32 {
+        // SAFETY: as in `request_stop`.
+        self.word32(unsafe { &raw mut (*self.ptr()).control.generation }).load(Ordering::Acquire)
+    }
+
+    /// The channel indices bound to the slot.
+    pub fn bindings(&self) -> Vec<u32> {
+        let p = self.ptr();
+        // SAFETY: as in `request_stop`.
+        let count = self.word32(unsafe { &raw mut (*p).control.binding_count }).load(Ordering::Acquire) as usize;
+        (0..count.min(MAX_BINDINGS))
+            .map(|i| {
+                // SAFETY: `i < MAX_BINDINGS`, inside the array.
+                self.word32(unsafe { (&raw mut (*p).control.bindings).cast::<u32>().add(i) }).load(Ordering::Relaxed)
+            })
+            .collect()
+    }
+
+    /// The kernel-written status.
+    pub fn status(&self) -> SlotStatusSnapshot {
+        let p = self.ptr();
+        // SAFETY: the slot is valid; host reads of kernel-written words are atomic loads.
+        unsafe {
+            SlotStatusSnapshot {
+                heartbeat: AtomicU64::from_ptr(&raw mut (*p).status.heartbeat).load(Ordering::Acquire),
+                state: self.word32(&raw mut (*p).status.state).load(Ordering::Acquire),
+                exit_code: self.word32((&raw mut (*p).status.exit_code).cast()).load(Ordering::Acquire) as i32,
+                generation: self.word32(&raw mut (*p).status.generation).load(Ordering::Acquire),
+            }
+        }
+    }
+
+    /// The kernel-written user words.
+    pub fn user_words(&self) -> [u32; 32] {
+        let p = self.ptr();
+        let mut out = [0u32; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: `i < 32`, inside the user line.
+            *o = self.word32(unsafe { (&raw mut (*p).user.words).cast::<u32>().add(i) }).load(Ordering::Acquire);
+        }
+        out
+    }
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The `run` script of a GPU bundle (`cargo xtask gpu-test --bundle DIR`), for a GPU machine without cargo.
+# Compiles the test programs to PTX where nvcc exists (and keeps them in $OUT/ptx.tar to be committed),
+# runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
+# Usage: ./run [tests|bench|all]   (default all). Results go to $OUT (default ./out).
+set -u
+cd "$(dirname "$0")"
+HERE=$PWD
+OUT=${OUT:-$HERE/out}
+mkdir -p "$OUT"
+WHAT=${1:-all}
+export MESH_GPU_TESTS=1 MESH_PROGRAMS=$HERE/programs PATH=$HERE/bin:$PATH RUST_BACKTRACE=1
+declare -a ROWS
+
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ -x "$NVCC" ]; then
+  ok=0; total=0
+  for cu in programs/*.cu; do
+    total=$((total + 1))
+    if timeout 120 "$NVCC" -ptx -arch=compute_80 -I programs -o "${cu%.cu}.ptx" "$cu" >>"$OUT/nvcc.log" 2>&1; then ok=$((ok + 1)); fi
+  done
+  tar -cf "$OUT/ptx.tar" -C programs $(cd programs && ls *.ptx) 2>/dev/null
+  ROWS+=("nvcc -ptx|$ok/$total programs")
+else
+  ROWS+=("nvcc -ptx|no nvcc: using the committed PTX")
+fi
+
+if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+  for t in bin/test-*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    start=$(date +%s)
+    timeout -k 10 300 "$t" --test-threads=1 --nocapture >"$OUT/$name.log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    summary=$(grep -E '^test result:' "$OUT/$name.log" | tail -1)
+    skipped=$(grep -c '^SKIPPED' "$OUT/$name.log")
+    ROWS+=("$name|rc=$rc ${secs}s ${summary:-no result line} skipped=$skipped")
+    grep -E '^test .* (FAILED|ok)$' "$OUT/$name.log" | sed "s/^/  [$name] /"
+  done
+fi
+
+if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; then
+  timeout -k 10 300 bin/mesh-gpu-bench >"$OUT/bench.log" 2>&1
+  ROWS+=("mesh-gpu-bench|rc=$?")
+  cat "$OUT/bench.log"
+fi
+
+echo
+echo "================ meshd GPU run: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) ================"
+for r in "${ROWS[@]}"; do printf '%-28s %s\n' "${r%%|*}" "${r#*|}"; done

@@ -1,0 +1,29 @@
+// echo: receives on binding 0 and sends every message back on binding 1, until meshd asks it to stop.
+// Messages up to 256 bytes. Regenerate echo.ptx with `cargo xtask ptx` (nvcc -ptx -arch=compute_80).
+#include "mesh.cuh"
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    uint64_t beat = mesh_begin(ctx);
+    mesh_chan in = mesh_chan_open(ctx, 0, false);
+    mesh_chan out = mesh_chan_open(ctx, 1, true);
+    if (in.msg_size == 0 || out.msg_size == 0 || in.msg_size != out.msg_size || in.msg_size > 256) {
+        mesh_exit(ctx, 1);
+        return;
+    }
+    uint64_t msg[32];
+    for (uint32_t i = 0;; i++) {
+        // Polling the stop word costs a PCIe read: every 64th iteration is often enough.
+        if ((i & 63u) == 0) {
+            if (mesh_should_stop(ctx)) break;
+            mesh_heartbeat(ctx, ++beat);
+        }
+        // Receive only with room to send, so that a stop never strands a message here; free the
+        // input slot after the reply is out (one sys-scope release fewer on the round trip).
+        if (mesh_chan_room(&out) > 0 && mesh_try_recv_deferred(&in, msg)) {
+            mesh_try_send(&out, msg);
+            mesh_chan_commit(&in);
+        }
+    }
+    mesh_end(ctx);
+}

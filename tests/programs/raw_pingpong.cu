@@ -1,0 +1,19 @@
+// raw_pingpong: the benchmark's baseline, no channel: polls a word the host writes (the head line of
+// binding 0's ring, used as scratch) and writes it back to the next line, until the host writes ~0.
+#include "mesh.cuh"
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    mesh_begin(ctx);
+    char* ring = mesh_at(ctx, ctx.bindings[0].ring_offset);
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t v = mesh_ld_acquire_u64(ring + MESH_RING_HEAD);
+        if (v == ~0ull) break;
+        if (v != seen) {
+            seen = v;
+            mesh_st_release_u64(ring + MESH_RING_TAIL, v);
+        }
+    }
+    mesh_end(ctx);
+}

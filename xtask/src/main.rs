@@ -1,0 +1,162 @@
+//! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`, `ptx`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+  test                    every CPU test of the workspace (what CI runs); GPU tests report themselves skipped
+  gpu-test                build and run the GPU tests here (needs a GPU, its driver and libnvJitLink)
+  gpu-test --bundle DIR   build the GPU tests, meshd and the GPU benchmarks into DIR with a `run` script
+                          for a GPU machine without a Rust toolchain
+  bench                   build and run the GPU benchmarks here
+  ptx                     regenerate tests/programs/*.ptx from their CUDA sources (needs nvcc)";
+
+/// The GPU test programs, compiled to PTX by nvcc and committed beside their sources.
+const PROGRAMS_DIR: &str = "tests/programs";
+/// The environment variable that un-gates the GPU tests.
+const GPU_GATE: &str = "MESH_GPU_TESTS";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = root();
+    std::env::set_current_dir(&root)?;
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["test"] => test(),
+        ["gpu-test"] => gpu_test_here(),
+        ["gpu-test", "--bundle", dir] | ["bench", "--bundle", dir] => bundle(Path::new(dir)),
+        ["bench"] => bench_here(),
+        ["ptx"] => ptx(),
+        _ => {
+            eprintln!("{USAGE}");
+            bail!("unknown arguments {args:?}")
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// CPU tests: the whole workspace, then the GPU test crate again with its skip notices shown.
+fn test() -> Result<()> {
+    run(cargo().args(["test", "--workspace", "--all-targets"]).env_remove(GPU_GATE))?;
+    run(cargo().args(["test", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"]).env_remove(GPU_GATE))?;
+    Ok(())
+}
+
+fn gpu_test_here() -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "meshd", "-p", "mesh-mps-worker"]).env_remove(GPU_GATE)).ok();
+    run(cargo()
+        .args(["test", "--release", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"])
+        .env(GPU_GATE, "1"))
+}
+
+fn bench_here() -> Result<()> {
+    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench"]).env(GPU_GATE, "1"))
+}
+
+/// Test executables built by `cargo test --no-run`, read off cargo's JSON messages.
+fn test_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
+    let out = cargo()
+        .args(["test", "--release", "--no-run", "--message-format=json"])
+        .args(args)
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the GPU tests failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let mut found = Vec::new();
+    for line in text.lines().filter(|l| l.contains("\"kind\":[\"test\"]") && l.contains("\"test\":true")) {
+        if let Some(start) = line.find("\"executable\":\"") {
+            let rest = &line[start + 14..];
+            if let Some(end) = rest.find('"') {
+                found.push(PathBuf::from(&rest[..end]));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Everything a GPU machine without cargo needs: binaries, program sources and PTX, and a `run` script.
+fn bundle(dir: &Path) -> Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir.join("bin"))?;
+    std::fs::create_dir_all(dir.join("programs"))?;
+    run(cargo().args(["build", "--release", "--workspace", "--bins"]))?;
+    for exe in test_executables(&["-p", "mesh-gpu-tests"])? {
+        let name = exe.file_name().context("test executable name")?.to_string_lossy().to_string();
+        // Strip cargo's hash suffix: `blink-1a2b3c` becomes `test-blink`.
+        let stem = name.rsplit_once('-').map_or(name.as_str(), |(s, _)| s);
+        std::fs::copy(&exe, dir.join("bin").join(format!("test-{stem}")))?;
+    }
+    for entry in std::fs::read_dir("target/release")? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench"].contains(&name.as_str());
+        if is_bin && path.is_file() {
+            std::fs::copy(&path, dir.join("bin").join(&name))?;
+        }
+    }
+    for entry in std::fs::read_dir(PROGRAMS_DIR)? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join("programs").join(path.file_name().context("program name")?))?;
+        }
+    }
+    std::fs::copy("crates/mesh-shm/include/mesh.cuh", dir.join("programs/mesh.cuh"))?;
+    std::fs::copy("tests/gpu-run.sh", dir.join("run"))?;
+    std::fs::set_permissions(dir.join("run"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let size: u64 = walk(dir)?.iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+    eprintln!("bundle {}: {:.1} MiB", dir.display(), size as f64 / (1 << 20) as f64);
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() { out.extend(walk(&path)?) } else { out.push(path) }
+    }
+    Ok(out)
+}
+
+/// Regenerates the committed PTX of every test program (needs nvcc; the GPU machine has it).
+fn ptx() -> Result<()> {
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    for entry in std::fs::read_dir(PROGRAMS_DIR)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "cu") {
+            run(Command::new(&nvcc).args(ptx_args(&path)))?;
+        }
+    }
+    Ok(())
+}
+
+/// nvcc's arguments for one program; `tests/gpu-run.sh` uses the same flags.
+fn ptx_args(source: &Path) -> Vec<String> {
+    vec![
+        "-ptx".into(),
+        "-arch=compute_80".into(),
+        "-I".into(),
+        "crates/mesh-shm/include".into(),
+        "-o".into(),
+        source.with_extension("ptx").display().to_string(),
+        source.display().to_string(),
+    ]
+}
