@@ -142,14 +142,14 @@ impl Context {
         self.bind()?;
         let mut stream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        match self.inner.kind {
-            // SAFETY: a live green context, valid out-pointer.
-            Kind::Green(g) => {
-                check("cuGreenCtxStreamCreate", unsafe { sys::cuGreenCtxStreamCreate(&mut stream, g, flags, 0) })?
+        // SAFETY: a live (green) context, current on this thread; `stream` is a valid out-pointer.
+        let (call, code) = unsafe {
+            match self.inner.kind {
+                Kind::Green(g) => ("cuGreenCtxStreamCreate", sys::cuGreenCtxStreamCreate(&mut stream, g, flags, 0)),
+                Kind::Primary => ("cuStreamCreate", sys::cuStreamCreate(&mut stream, flags)),
             }
-            // SAFETY: the context is current, valid out-pointer.
-            Kind::Primary => check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags) })?,
-        }
+        };
+        check(call, code)?;
         Ok(Stream { raw: stream, ctx: self.clone() })
     }
 }

@@ -5,6 +5,7 @@
 //! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`], [`RegisteredMailbox`]),
 //! whose `Drop` never panics. [`jit`] runs nvJitLink on its own thread.
 
+pub mod blink;
 pub mod context;
 pub mod device;
 pub mod driver;
@@ -12,6 +13,7 @@ pub mod jit;
 pub mod memory;
 pub mod module;
 
+pub use blink::{BlinkBackend, BlinkConfig, BlinkTimes};
 pub use context::{Context, Stream, StreamState};
 pub use device::{Device, SmPartitioning};
 pub use jit::{Jit, Linked};

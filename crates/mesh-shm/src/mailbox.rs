@@ -596,7 +596,8 @@ impl SlotRef<'_> {
         self.word32(unsafe { &raw mut (*self.ptr()).control.stop }).load(Ordering::Acquire) != 0
     }
 
-    /// Prepares a (re)launch: clears the stop request and the kernel's status, sets the generation.
+    /// Prepares a (re)launch: clears the stop request, sets the generation, marks the kernel idle.
+    /// The heartbeat and user words are kept, so that a program's counters continue across blinks.
     /// Only call while no kernel runs in this slot (the status words have no other writer then).
     pub fn arm(&self, generation: u32) {
         let p = self.ptr();
@@ -604,15 +605,25 @@ impl SlotRef<'_> {
         unsafe {
             self.word32(&raw mut (*p).control.generation).store(generation, Ordering::Relaxed);
             self.word32(&raw mut (*p).control.stop).store(0, Ordering::Relaxed);
-            AtomicU64::from_ptr(&raw mut (*p).status.heartbeat).store(0, Ordering::Relaxed);
             self.word32(&raw mut (*p).status.state).store(STATE_IDLE, Ordering::Relaxed);
             self.word32((&raw mut (*p).status.exit_code).cast()).store(0, Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Zeroes the kernel-written status and user words, for a program new to the slot.
+    /// Only call while no kernel runs in this slot.
+    pub fn reset_status(&self) {
+        let p = self.ptr();
+        // SAFETY: the slot is valid; with no kernel running meshd is the only writer of every word.
+        unsafe {
+            AtomicU64::from_ptr(&raw mut (*p).status.heartbeat).store(0, Ordering::Relaxed);
             self.word32(&raw mut (*p).status.generation).store(0, Ordering::Relaxed);
             for w in 0..32 {
                 self.word32((&raw mut (*p).user.words).cast::<u32>().add(w)).store(0, Ordering::Relaxed);
             }
         }
-        std::sync::atomic::fence(Ordering::SeqCst);
+        self.arm(0);
     }
 
     /// Takes the slot for a program: name and channel bindings (indices in the channel table).
