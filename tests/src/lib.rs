@@ -101,7 +101,7 @@ impl Fixture {
         let dir = tempfile::tempdir_in(shm).expect("temp dir");
         let mailbox = Mailbox::create(
             dir.path().join("mailbox"),
-            &MailboxConfig { size: 16 << 20, slots: 16, channels: 32 },
+            &MailboxConfig { size: 16 << 20, slots: 64, channels: 32 },
             CreateMode::Exclusive,
         )
         .expect("mailbox");

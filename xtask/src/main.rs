@@ -11,6 +11,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   gpu-test --bundle DIR   build the GPU tests, meshd and the GPU benchmarks into DIR with a `run` script
                           for a GPU machine without a Rust toolchain
   bench                   build and run the GPU benchmarks here
+  demo                    build meshd and run the main job (scripts/demo.sh): needs a GPU
   ptx                     regenerate tests/programs/*.ptx from their CUDA sources (needs nvcc)";
 
 /// The GPU test programs, compiled to PTX by nvcc and committed beside their sources.
@@ -28,6 +29,10 @@ fn main() -> Result<()> {
         ["gpu-test", "--bundle", dir] | ["bench", "--bundle", dir] => bundle(Path::new(dir)),
         ["bench"] => bench_here(),
         ["ptx"] => ptx(),
+        ["demo"] => {
+            run(cargo().args(["build", "--release", "-p", "meshd"]))?;
+            run(Command::new("scripts/demo.sh").arg(root.join("target/release/meshd")).arg(PROGRAMS_DIR))
+        }
         _ => {
             eprintln!("{USAGE}");
             bail!("unknown arguments {args:?}")
@@ -121,6 +126,8 @@ fn bundle(dir: &Path) -> Result<()> {
     }
     std::fs::copy("crates/mesh-shm/include/mesh.cuh", dir.join("programs/mesh.cuh"))?;
     std::fs::copy("tests/gpu-run.sh", dir.join("run"))?;
+    std::fs::copy("scripts/demo.sh", dir.join("demo"))?;
+    std::fs::set_permissions(dir.join("demo"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     std::fs::set_permissions(dir.join("run"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let size: u64 = walk(dir)?.iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     eprintln!("bundle {}: {:.1} MiB", dir.display(), size as f64 / (1 << 20) as f64);

@@ -43,6 +43,8 @@ struct Program {
     kind: ImageKind,
     shape: LaunchShape,
     module: Module,
+    /// `mesh_main` of `module`, looked up once (a relaunch is on every program's pause).
+    entry: cudarc::driver::sys::CUfunction,
     stream: Stream,
     generation: u32,
     /// Share of the context's resident-block capacity the launch takes (blocks / (per-SM × SMs)).
@@ -50,6 +52,10 @@ struct Program {
     /// Left stopped after an error (its kernel is not relaunched).
     parked: Option<String>,
 }
+
+// SAFETY: a program's handles are driver objects usable from any thread with the context current;
+// the backend is driven from one thread at a time (`&mut self`).
+unsafe impl Send for Program {}
 
 /// Timings of the last blink, for the benchmarks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -172,13 +178,15 @@ impl BlinkBackend {
                     waited_ms: self.config.stop_deadline.as_millis() as u64,
                 });
             }
-            std::thread::sleep(Duration::from_micros(20));
+            // Spin: a blink's pause is what every program feels, and a sleep costs 50 µs or more.
+            std::thread::yield_now();
         }
     }
 
     /// Relaunches every program not in `skip` and not parked, each with its generation bumped.
     fn relaunch_all(&mut self, skip: &[usize]) -> Result<()> {
         let base = self.device_base();
+        self.ctx.bind()?;
         let mut first_err = None;
         for i in 0..self.programs.len() {
             if skip.contains(&i) || self.programs[i].parked.is_some() {
@@ -194,18 +202,23 @@ impl BlinkBackend {
 
     fn launch(&mut self, i: usize, base: u64) -> Result<()> {
         let p = &mut self.programs[i];
-        if let StreamState::Failed(why) = p.stream.state() {
-            return Err(BackendError::Fault { program: p.name.clone(), detail: why });
-        }
         p.generation += 1;
         let slot = self.mailbox.slot(p.slot).map_err(mb)?;
         slot.arm(p.generation);
         let ctx = self.mailbox.mesh_ctx(p.slot, base).map_err(mb)?;
-        p.module.function("mesh_main")?.launch(&p.shape, &p.stream, &ctx)
+        // SAFETY: `entry` is mesh_main of `p.module`, which `p` keeps loaded; `relaunch_all` made
+        // the backend's context, which is also the stream's, current on this thread.
+        unsafe { crate::module::launch_raw(p.entry, &p.shape, &p.stream, &ctx) }
     }
 
     /// kcheck: the module's `mesh_main` and how much of the GPU the launch would hold resident.
-    fn probe(&self, name: &str, module: &Module, shape: &LaunchShape, replacing: Option<usize>) -> Result<f64> {
+    fn probe(
+        &self,
+        name: &str,
+        module: &Module,
+        shape: &LaunchShape,
+        replacing: Option<usize>,
+    ) -> Result<(f64, cudarc::driver::sys::CUfunction)> {
         let func = module
             .function("mesh_main")
             .map_err(|e| BackendError::NoEntry { program: name.to_string(), detail: e.to_string() })?;
@@ -247,7 +260,7 @@ impl BlinkBackend {
                 ),
             });
         }
-        Ok(share)
+        Ok((share, func.raw()))
     }
 
     /// Stops everything, runs `change` on the stopped context, relaunches everything.
@@ -330,7 +343,7 @@ impl Backend for BlinkBackend {
         let shape = spec.shape;
         let status = self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
-            let share = me.probe(&name, &module, &shape, None)?;
+            let (share, entry) = me.probe(&name, &module, &shape, None)?;
             let s = me.mailbox.slot(slot).map_err(mb)?;
             s.bind(&name, &bindings).map_err(mb)?;
             s.reset_status();
@@ -340,6 +353,7 @@ impl Backend for BlinkBackend {
                 kind: spec.kind,
                 shape,
                 module,
+                entry,
                 stream,
                 generation: 0,
                 share,
@@ -363,8 +377,9 @@ impl Backend for BlinkBackend {
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
             let shape = me.programs[i].shape;
-            let share = me.probe(name, &module, &shape, Some(i))?;
+            let (share, entry) = me.probe(name, &module, &shape, Some(i))?;
             let p = &mut me.programs[i];
+            p.entry = entry;
             // The old module is unloaded here (its kernel is stopped, so the unload does not wait).
             p.module = module;
             p.kind = kind;
@@ -410,8 +425,9 @@ impl Backend for BlinkBackend {
             if let Ok(s) = self.mailbox.slot(p.slot) {
                 s.release();
             }
-            if stuck.contains(&p.name) {
-                // Unloading would wait for the kernel; process exit tears the context down instead.
+            if !stuck.is_empty() {
+                // Unloading any module of the context waits for every kernel in it, the stuck one
+                // included (seen on the H200): leave them all to process exit.
                 std::mem::forget(p);
             }
         }
@@ -419,7 +435,10 @@ impl Backend for BlinkBackend {
             self.registered.take();
             Ok(())
         } else {
+            // Releasing the context or the registration would wait for the stuck kernels too: leave
+            // them to process exit (see meshd, which then exits without running destructors).
             std::mem::forget(self.registered.take());
+            std::mem::forget(self.ctx.clone());
             Err(BackendError::StopTimeout { programs: stuck, waited_ms: self.config.stop_deadline.as_millis() as u64 })
         }
     }

@@ -109,27 +109,47 @@ impl Function<'_> {
         Ok(n as u32)
     }
 
+    /// The raw handle, valid while its module is loaded (for launch paths that cache it).
+    pub fn raw(&self) -> sys::CUfunction {
+        self.raw
+    }
+
     /// Launches the kernel with `ctx` as its one by-value argument, on `stream`. Returns at once.
     pub fn launch(&self, shape: &LaunchShape, stream: &Stream, ctx: &MeshCtx) -> Result<(), BackendError> {
         self.module.ctx.bind()?;
-        let mut arg = *ctx;
-        let mut params = [(&raw mut arg).cast::<c_void>()];
-        // SAFETY: mesh_main takes one mesh_ctx by value, which `MeshCtx` mirrors (checked against
-        // mesh.cuh); the driver copies the argument before returning.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.raw,
-                shape.grid[0],
-                shape.grid[1],
-                shape.grid[2],
-                shape.block[0],
-                shape.block[1],
-                shape.block[2],
-                shape.shared_mem,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        // SAFETY: `self` borrows its module, so the function is loaded; the context is current.
+        unsafe { launch_raw(self.raw, shape, stream, ctx) }
     }
+}
+
+/// Launches `func` (a `mesh_main`) with `ctx` by value on `stream`, without making its context current.
+///
+/// # Safety
+/// `func` must belong to a module that is still loaded, in the context current on this thread,
+/// which must also be `stream`'s context.
+pub unsafe fn launch_raw(
+    func: sys::CUfunction,
+    shape: &LaunchShape,
+    stream: &Stream,
+    ctx: &MeshCtx,
+) -> Result<(), BackendError> {
+    let mut arg = *ctx;
+    let mut params = [(&raw mut arg).cast::<c_void>()];
+    // SAFETY: mesh_main takes one mesh_ctx by value, which `MeshCtx` mirrors (checked against
+    // mesh.cuh); the driver copies the argument before returning; the caller vouches for `func`.
+    check("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            func,
+            shape.grid[0],
+            shape.grid[1],
+            shape.grid[2],
+            shape.block[0],
+            shape.block[1],
+            shape.block[2],
+            shape.shared_mem,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })
 }

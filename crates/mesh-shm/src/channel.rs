@@ -109,6 +109,7 @@ impl Producer {
         &self.info
     }
 
+    #[inline]
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.info.msg_size as usize {
             return Err(ShmError::MessageSize {
@@ -121,6 +122,7 @@ impl Producer {
     }
 
     /// Sends one message (at most the message size; shorter ones are zero-padded). `Ok(false)`: full.
+    #[inline]
     pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
         self.check_len(msg.len())?;
         self.core.try_push(msg).map_err(|c| corrupt(&self.info, c))
@@ -139,6 +141,7 @@ impl Producer {
 
     /// Sends as many whole messages of `msgs` (a concatenation of message-size records) as fit, publishing once.
     /// Returns how many were sent.
+    #[inline]
     pub fn try_send_batch(&mut self, msgs: &[u8]) -> Result<usize> {
         let size = self.info.msg_size as usize;
         if msgs.len() % size != 0 {
@@ -193,6 +196,7 @@ impl Consumer {
         &self.info
     }
 
+    #[inline]
     fn check_len(&self, len: usize) -> Result<()> {
         if len != self.info.msg_size as usize {
             return Err(ShmError::MessageSize {
@@ -205,6 +209,7 @@ impl Consumer {
     }
 
     /// Receives one message into `out` (exactly the message size). `Ok(false)`: empty.
+    #[inline]
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         self.check_len(out.len())?;
         self.core.try_pop(out).map_err(|c| corrupt(&self.info, c))
@@ -223,6 +228,7 @@ impl Consumer {
 
     /// Receives as many whole messages as are waiting and fit in `out` (a multiple of the message size).
     /// Returns how many were received.
+    #[inline]
     pub fn try_recv_batch(&mut self, out: &mut [u8]) -> Result<usize> {
         let size = self.info.msg_size as usize;
         if out.len() % size != 0 {

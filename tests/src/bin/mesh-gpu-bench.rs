@@ -137,4 +137,104 @@ fn main() {
             cached_time.as_secs_f64() * 1e3
         );
     }
+    blink_benches(&f);
+}
+
+/// The blink pause: meshd's blink backend against a raw driver-API blink of the same N, and load latency.
+fn blink_benches(f: &Fixture) {
+    use mesh_backend::{Backend, ProgramSpec};
+    use mesh_cuda::{BlinkBackend, BlinkConfig, Module};
+    const REPEAT: usize = 20;
+    println!();
+    println!("| blink pause, N resident programs             |       mean |        min |        max |");
+    println!("|----------------------------------------------|------------|------------|------------|");
+    let cubin = f.jit.link("heartbeat", program("heartbeat"), ImageKind::Ptx).unwrap().cubin;
+    for n in [1usize, 8, 32] {
+        // Raw: the driver API alone: stop N kernels through their slots, load and unload a module, relaunch N.
+        let module = Module::load(&f.ctx, &cubin).unwrap();
+        let streams: Vec<_> = (0..n).map(|_| f.ctx.stream().unwrap()).collect();
+        let base = f.registered.device_address();
+        let launch_all = |generation: u32| {
+            for (i, s) in streams.iter().enumerate() {
+                let slot = f.mailbox.slot(i as u32).unwrap();
+                slot.arm(generation);
+                module
+                    .function("mesh_main")
+                    .unwrap()
+                    .launch(&ONE, s, &f.mailbox.mesh_ctx(i as u32, base).unwrap())
+                    .unwrap();
+            }
+        };
+        for i in 0..n {
+            f.mailbox.slot(i as u32).unwrap().bind("raw", &[]).unwrap();
+        }
+        launch_all(1);
+        let mut raw = Vec::new();
+        for g in 0..REPEAT as u32 {
+            std::thread::sleep(Duration::from_millis(2));
+            let t = Instant::now();
+            for i in 0..n {
+                f.mailbox.slot(i as u32).unwrap().request_stop();
+            }
+            while streams.iter().any(|s| s.state() == StreamState::Busy) {}
+            drop(Module::load(&f.ctx, &cubin).unwrap());
+            launch_all(g + 2);
+            raw.push(t.elapsed());
+        }
+        for i in 0..n {
+            f.mailbox.slot(i as u32).unwrap().request_stop();
+        }
+        while streams.iter().any(|s| s.state() == StreamState::Busy) {}
+        drop(streams);
+        drop(module);
+        stats_row(&format!("raw driver blink, N={n}"), &raw);
+
+        // meshd's blink backend, in its own mailbox: upgrades of one program with a cached image.
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let mb = mesh_shm::Mailbox::create(
+            dir.path().join("mb"),
+            &mesh_shm::MailboxConfig { size: 4 << 20, slots: 64, channels: 4 },
+            mesh_shm::CreateMode::Exclusive,
+        )
+        .unwrap();
+        let mut backend = BlinkBackend::open(&mb, BlinkConfig::default()).unwrap();
+        for i in 0..n {
+            backend.load(ProgramSpec::new(format!("p{i}"), program("heartbeat")).unwrap()).unwrap();
+        }
+        let mut ours = Vec::new();
+        for _ in 0..REPEAT {
+            std::thread::sleep(Duration::from_millis(2));
+            backend.upgrade("p0", program("heartbeat")).unwrap();
+            ours.push(backend.last_blink().total);
+        }
+        stats_row(&format!("meshd blink backend (upgrade), N={n}"), &ours);
+        let t = backend.last_blink();
+        println!(
+            "| {:<44} | stop {:>6.0} µs, change {:>6.0} µs, relaunch {:>6.0} µs |",
+            format!("  last blink's phases, N={n}"),
+            us(t.stop),
+            us(t.change),
+            us(t.relaunch)
+        );
+        if n == 8 {
+            let mut loads = Vec::new();
+            for k in 0..REPEAT {
+                backend.unload("p7").unwrap();
+                let t = Instant::now();
+                backend.load(ProgramSpec::new("p7", program("heartbeat")).unwrap()).unwrap();
+                loads.push(t.elapsed());
+                let _ = k;
+            }
+            stats_row("load, request to running (cached cubin, N=8)", &loads);
+        }
+        backend.shutdown().unwrap();
+        f.ctx.bind().unwrap();
+    }
+}
+
+fn stats_row(name: &str, v: &[Duration]) {
+    let mean = v.iter().sum::<Duration>() / v.len() as u32;
+    let min = *v.iter().min().unwrap();
+    let max = *v.iter().max().unwrap();
+    println!("| {name:<44} | {:>7.0} µs | {:>7.0} µs | {:>7.0} µs |", us(mean), us(min), us(max));
 }

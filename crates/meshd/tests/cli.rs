@@ -1,0 +1,58 @@
+//! meshd's command line without a GPU: clear refusals, and exit codes a script can rely on.
+
+use std::process::Command;
+
+fn meshd(args: &[&str]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("meshd-cli-test-{}", std::process::id()));
+    Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", dir.join("no.sock")).args(args).output().unwrap()
+}
+
+fn has_gpu_driver() -> bool {
+    mesh_cuda::Device::get(0).is_ok()
+}
+
+#[test]
+fn run_without_a_driver_exits_at_once_naming_what_is_missing() {
+    if has_gpu_driver() {
+        eprintln!("SKIPPED run_without_a_driver_exits_at_once_naming_what_is_missing: this machine has a GPU");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("mb");
+    let started = std::time::Instant::now();
+    let out = meshd(&["run", "--shm", shm.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("libcuda") || err.contains("no usable GPU"), "{err}");
+    assert!(started.elapsed().as_secs() < 10);
+    assert!(!shm.exists(), "nothing is created before the GPU check");
+}
+
+#[test]
+fn mps_mode_is_refused_without_falling_back() {
+    let out = meshd(&["run", "--isolation", "mps"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no fallback"), "{err}");
+    let out = meshd(&["run", "--isolation", "fast"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected blink or mps"));
+}
+
+#[test]
+fn clients_without_a_daemon_exit_3() {
+    for args in [&["ps"][..], &["unload", "x"], &["info"], &["shutdown"], &["send", "c", "hi"]] {
+        let out = meshd(args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach meshd"));
+    }
+}
+
+#[test]
+fn bad_usage_exits_2_and_a_missing_image_exits_1() {
+    assert_eq!(meshd(&["load", "x", "img", "--grid", "1,zero"]).status.code(), Some(2));
+    assert_eq!(meshd(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(meshd(&["run", "--shm-size", "lots"]).status.code(), Some(2));
+    let out = meshd(&["load", "x", "/nonexistent/image.ptx"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/image.ptx"));
+}
