@@ -43,6 +43,8 @@ fi
 if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; then
   timeout -k 10 300 bin/mesh-gpu-bench >"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench|rc=$?")
+  timeout -k 10 200 bin/mesh-gpu-bench mps >>"$OUT/bench.log" 2>&1
+  ROWS+=("mesh-gpu-bench mps|rc=$?")
   cat "$OUT/bench.log"
 fi
 

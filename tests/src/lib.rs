@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub mod harness;
+
 use mesh_backend::ImageKind;
 use mesh_cuda::{Context, Device, Jit, Module, RegisteredMailbox};
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};

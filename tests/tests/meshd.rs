@@ -1,114 +1,14 @@
 //! Blink mode end to end through the `meshd` binary and its socket: four programs under traffic, twenty
 //! upgrades, refusals that leave the others running, a program that ignores stop, a clean shutdown.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use mesh_gpu_tests::harness::Meshd;
 use mesh_gpu_tests::{program, programs_dir, require_gpu, wait_until};
 use mesh_shm::{Consumer, Mailbox, Producer};
-
-/// The meshd binary: `MESHD_BIN`, beside this test binary (a bundle's bin/), or in the target dir.
-fn meshd_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("MESHD_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    for dir in exe.ancestors().skip(1).take(2) {
-        let candidate = dir.join("meshd");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    PathBuf::from("meshd")
-}
-
-/// A running `meshd run`, killed on drop.
-struct Meshd {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Meshd {
-    fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let socket = dir.path().join("sock");
-        let log = dir.path().join("meshd.log");
-        let child = Command::new(meshd_bin())
-            .args(["--socket"])
-            .arg(&socket)
-            .args(["run", "--shm"])
-            .arg(dir.path().join("mailbox"))
-            .args(extra)
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start meshd");
-        let m = Self { child, socket, log, _dir: dir };
-        assert!(
-            wait_until(Duration::from_secs(30), || m.cli(&["ps"]).status.success()),
-            "meshd did not come up:\n{}",
-            m.log_text()
-        );
-        m
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(meshd_bin()).arg("--socket").arg(&self.socket).args(args).stdin(Stdio::null()).output().unwrap()
-    }
-
-    /// Runs a client command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "meshd {args:?} failed: {}\nlog:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log_text()
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Runs a client command that must be refused (exit 1); returns its stderr.
-    fn refused(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert_eq!(out.status.code(), Some(1), "meshd {args:?} should be refused: {out:?}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn mailbox(&self) -> Mailbox {
-        let info: serde_json::Value = serde_json::from_str(&self.ok(&["info"])).unwrap();
-        Mailbox::open(info["mailbox"].as_str().unwrap()).unwrap()
-    }
-
-    /// (name, heartbeat, state) of every program, from `ps --json`.
-    fn heartbeats(&self) -> Vec<(String, u64, String)> {
-        let rows: Vec<serde_json::Value> = serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap();
-        rows.iter()
-            .map(|r| {
-                (
-                    r["name"].as_str().unwrap().to_string(),
-                    r["heartbeat"].as_u64().unwrap(),
-                    r["state"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    }
-}
-
-impl Drop for Meshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn ptx_file(name: &str) -> String {
     programs_dir().join(format!("{name}.ptx")).display().to_string()

@@ -19,3 +19,6 @@ pub use device::{Device, SmPartitioning};
 pub use jit::{Jit, Linked};
 pub use memory::RegisteredMailbox;
 pub use module::{Function, FunctionAttributes, Module};
+
+/// The contract types this layer speaks, for crates (the MPS worker) that depend on mesh-cuda alone.
+pub use mesh_backend::{BackendError, ImageKind, LaunchShape};

@@ -353,9 +353,6 @@ fn open_mailbox(socket: &Path) -> Result<Mailbox, Exit> {
 
 fn run(args: RunArgs, socket: &Path) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
-    if mode == IsolationMode::Mps {
-        bail!("--isolation mps: MPS isolation is not available in this build (no fallback to blink mode)");
-    }
     // Fail at once, before creating anything, when there is no driver or GPU.
     let device = mesh_cuda::Device::get(0)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -369,20 +366,39 @@ fn run(args: RunArgs, socket: &Path) -> Result<()> {
     daemon::remove_at_exit("control socket", socket.to_path_buf(), false);
     let mailbox = Mailbox::create(&args.shm, &config, create)?;
     daemon::remove_at_exit("mailbox", args.shm.clone(), args.keep_shm);
-    let blink = mesh_cuda::BlinkConfig { sms: args.sms, stop_deadline: Duration::from_millis(args.stop_timeout_ms) };
-    let backend = mesh_cuda::BlinkBackend::open(&mailbox, blink)?;
-    let _ = (&args.mps_dir, args.pool);
+    let stop_deadline = Duration::from_millis(args.stop_timeout_ms);
+    // No fallback between the modes: whatever the chosen one lacks is an error.
+    let backend: Box<dyn mesh_backend::Backend> = match mode {
+        IsolationMode::Blink => {
+            let b = mesh_cuda::BlinkBackend::open(&mailbox, mesh_cuda::BlinkConfig { sms: args.sms, stop_deadline })?;
+            tracing::info!(
+                "blink mode: one context of {} SMs{}",
+                b.context().sms(),
+                if b.context().is_green() { " (green)" } else { "" }
+            );
+            Box::new(b)
+        }
+        IsolationMode::Mps => {
+            let config =
+                mesh_mps::MpsConfig { sms: args.sms, mps_dir: args.mps_dir.clone(), pool: args.pool, stop_deadline };
+            let b = mesh_mps::MpsBackend::open(&mailbox, config)?;
+            tracing::info!(
+                "MPS mode: private daemon with pipe directory {}, {} pool workers {:?}",
+                b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
+                b.idle_workers().len(),
+                b.idle_workers()
+            );
+            Box::new(b)
+        }
+    };
     tracing::info!(
-        "ready: {} mode on {} ({}, {} SMs{}), mailbox {}, socket {}",
-        mode,
+        "ready: {mode} mode on {} ({}), mailbox {}, socket {}",
         device.name,
         device.arch(),
-        backend.context().sms(),
-        if backend.context().is_green() { ", green context" } else { "" },
         args.shm.display(),
         socket.display()
     );
-    let mut d = daemon::Daemon { backend: Box::new(backend), mailbox, device: device.name.clone() };
+    let mut d = daemon::Daemon { backend, mailbox, device: device.name.clone() };
     if !d.serve(&listener, &stop)? {
         // A kernel that ignores its stop request keeps the context busy, and releasing the context
         // (or libcuda's exit handlers) would wait for it. Run the cleanup, then leave at once: the

@@ -32,6 +32,11 @@ fn main() {
     if !mesh_gpu_tests::gpu_enabled("mesh-gpu-bench") {
         return;
     }
+    // MPS in a process of its own: this one's plain context would otherwise share the GPU with the server.
+    if std::env::args().nth(1).as_deref() == Some("mps") {
+        mps_benches();
+        return;
+    }
     let f = Fixture::new();
     println!("device: {} ({}), {} SMs", f.device.name, f.device.arch(), f.device.sm_count);
     println!();
@@ -237,4 +242,61 @@ fn stats_row(name: &str, v: &[Duration]) {
     let min = *v.iter().min().unwrap();
     let max = *v.iter().max().unwrap();
     println!("| {name:<44} | {:>7.0} µs | {:>7.0} µs | {:>7.0} µs |", us(mean), us(min), us(max));
+}
+
+/// MPS mode: load latency (request to running, cached cubin) with a warm pool and with an empty one.
+fn mps_benches() {
+    use mesh_backend::{Backend, ProgramSpec};
+    use mesh_mps::{MpsBackend, MpsConfig};
+    const REPEAT: usize = 20;
+    println!();
+    println!("| MPS mode                                     |       mean |        min |        max |");
+    println!("|----------------------------------------------|------------|------------|------------|");
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let config = |_pool: u32| mesh_shm::MailboxConfig { size: 4 << 20, slots: 64, channels: 4 };
+    let mb = mesh_shm::Mailbox::create(dir.path().join("warm"), &config(2), mesh_shm::CreateMode::Exclusive).unwrap();
+    let t = Instant::now();
+    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 2, ..MpsConfig::default() }).unwrap();
+    println!(
+        "| {:<44} | {:>7.0} ms |            |            |",
+        "open: daemon + 2 pool workers (server start)",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    b.load(ProgramSpec::new("bystander", program("heartbeat")).unwrap()).unwrap();
+    b.load(ProgramSpec::new("warm-up", program("heartbeat")).unwrap()).unwrap();
+    b.unload("warm-up").unwrap();
+    let mut loads = Vec::new();
+    let mut unloads = Vec::new();
+    for _ in 0..REPEAT {
+        let t = Instant::now();
+        b.load(ProgramSpec::new("p", program("heartbeat")).unwrap()).unwrap();
+        loads.push(t.elapsed());
+        let t = Instant::now();
+        b.unload("p").unwrap();
+        unloads.push(t.elapsed());
+    }
+    stats_row("load, warm pool, cached cubin (1 running)", &loads);
+    stats_row("unload (stop + module unload)", &unloads);
+    b.shutdown().unwrap();
+    drop(b);
+    // An empty pool: every load beyond the running ones starts a worker (a new MPS client).
+    let mb = mesh_shm::Mailbox::create(dir.path().join("cold"), &config(0), mesh_shm::CreateMode::Exclusive).unwrap();
+    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 0, ..MpsConfig::default() }).unwrap();
+    let mut cold = Vec::new();
+    for i in 0..6 {
+        let t = Instant::now();
+        b.load(ProgramSpec::new(format!("c{i}"), program("heartbeat")).unwrap()).unwrap();
+        let took = t.elapsed();
+        if i == 0 {
+            println!(
+                "| {:<44} | {:>7.0} ms |            |            |",
+                "load, empty pool, first (starts the server)",
+                took.as_secs_f64() * 1e3
+            );
+        } else {
+            cold.push(took);
+        }
+    }
+    stats_row("load, empty pool (new MPS client each)", &cold);
+    b.shutdown().unwrap();
 }

@@ -1,0 +1,293 @@
+//! meshd's private MPS control daemon: its directories, its process (a foreground child), its commands.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mesh_backend::BackendError;
+use rustix::process::Signal;
+
+use crate::process;
+
+/// The control binary's name.
+pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+/// The variable naming the pipe directory of an MPS server.
+pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// The variable naming its log directory.
+pub const LOG_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
+/// How long one control command may take.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the control binary is looked for: `MESH_MPS_CONTROL` alone when set (an explicit choice
+/// that is wrong is an error, not a reason to take another binary), else `PATH`, then the usual places.
+pub fn find_control() -> Result<PathBuf, BackendError> {
+    if let Some(p) = std::env::var_os("MESH_MPS_CONTROL") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(BackendError::MpsDaemon(format!("{MPS_CONTROL} not found at {} (MESH_MPS_CONTROL)", p.display())))
+        };
+    }
+    let mut looked = Vec::new();
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join(MPS_CONTROL)));
+    }
+    for dir in ["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin", "/usr/sbin"] {
+        candidates.push(Path::new(dir).join(MPS_CONTROL));
+    }
+    for c in candidates {
+        if c.is_file() {
+            return Ok(c);
+        }
+        looked.push(c.display().to_string());
+    }
+    Err(BackendError::MpsDaemon(format!("{MPS_CONTROL} not found; looked at {}", looked.join(", "))))
+}
+
+/// The private control daemon. Quit (and waited for) by [`MpsControl::quit`].
+#[derive(Debug)]
+pub struct MpsControl {
+    binary: PathBuf,
+    root: PathBuf,
+    owned_root: bool,
+    child: Mutex<Option<Child>>,
+}
+
+fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| BackendError::MpsDaemon(format!("directory {}: {e}", dir.display())))
+}
+
+impl MpsControl {
+    /// Starts `nvidia-cuda-mps-control -f` as this process's child, with pipe and log directories
+    /// (mode 0700) under `root` (default `/tmp/meshd-mps.PID`, removed at quit).
+    pub fn start(root: Option<&Path>) -> Result<Self, BackendError> {
+        let binary = find_control()?;
+        let owned_root = root.is_none();
+        let root =
+            root.map_or_else(|| PathBuf::from(format!("/tmp/meshd-mps.{}", std::process::id())), Path::to_path_buf);
+        mkdir_private(&root)?;
+        let control = Self { binary, root, owned_root, child: Mutex::new(None) };
+        mkdir_private(&control.pipe_dir())?;
+        mkdir_private(&control.log_dir())?;
+        let mut cmd = Command::new(&control.binary);
+        cmd.arg("-f")
+            .env(PIPE_ENV, control.pipe_dir())
+            .env(LOG_ENV, control.log_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SIGTERM, not SIGKILL: the daemon then shuts its server down, which a SIGKILL would orphan.
+        let mut child = process::spawn_tied(&mut cmd, Signal::TERM)
+            .map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
+        // In the foreground the daemon logs to its standard output: forward it to meshd's log.
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = std::thread::Builder::new().name("mps-control-log".into()).spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    tracing::info!(target: "mps-control", "{line}");
+                }
+            });
+        }
+        *control.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        // The daemon is ready once its control pipe exists.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !control.pipe_dir().join("control").exists() {
+            if let Some(status) = control.exited() {
+                return Err(BackendError::MpsDaemon(format!(
+                    "{} -f exited at start ({status}); see meshd's log",
+                    control.binary.display()
+                )));
+            }
+            if Instant::now() >= deadline {
+                control.quit();
+                return Err(BackendError::MpsDaemon(format!(
+                    "{} -f created no control pipe in 10 s",
+                    control.binary.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(control)
+    }
+
+    fn exited(&self) -> Option<std::process::ExitStatus> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Whether the daemon process still runs.
+    pub fn alive(&self) -> bool {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_none()))
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(Child::id)
+    }
+
+    /// The directory holding the control pipe: what a client's `CUDA_MPS_PIPE_DIRECTORY` must be.
+    pub fn pipe_dir(&self) -> PathBuf {
+        self.root.join("pipe")
+    }
+
+    /// The directory of the server's logs.
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
+    }
+
+    /// The `--mps-dir`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Runs one control command (`get_server_list`, …) and returns its output, within [`COMMAND_TIMEOUT`].
+    pub fn command(&self, line: &str) -> Result<String, BackendError> {
+        let err = |m: String| BackendError::MpsDaemon(format!("{line:?}: {m}"));
+        let mut child = Command::new(&self.binary)
+            .env(PIPE_ENV, self.pipe_dir())
+            .env(LOG_ENV, self.log_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| err(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = writeln!(stdin, "{line}");
+        }
+        let mut stdout = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        if !process::wait_or_kill(&mut child, COMMAND_TIMEOUT) {
+            return Err(err(format!("no answer within {} s", COMMAND_TIMEOUT.as_secs())));
+        }
+        let out = reader.join().unwrap_or_default();
+        let status = child.wait().map_err(|e| err(e.to_string()))?;
+        if !status.success() {
+            let mut e = String::new();
+            if let Some(mut s) = child.stderr.take() {
+                let _ = s.read_to_string(&mut e);
+            }
+            return Err(err(format!("{status}: {}{}", out.trim(), e.trim())));
+        }
+        Ok(out)
+    }
+
+    /// Pids of the MPS servers this daemon runs.
+    pub fn servers(&self) -> Result<Vec<u32>, BackendError> {
+        Ok(pids(&self.command("get_server_list")?))
+    }
+
+    /// Pids of the clients of `server`.
+    pub fn clients(&self, server: u32) -> Result<Vec<u32>, BackendError> {
+        Ok(pids(&self.command(&format!("get_client_list {server}"))?))
+    }
+
+    /// Refuses `pid` unless it is a client of one of this daemon's servers: the only proof, since the
+    /// driver silently runs a process that cannot reach the server as a plain context.
+    pub fn check_client(&self, pid: u32) -> Result<u32, BackendError> {
+        let servers = self.servers()?;
+        for &server in &servers {
+            if self.clients(server)?.contains(&pid) {
+                return Ok(server);
+            }
+        }
+        Err(BackendError::NotOurClient {
+            pid,
+            detail: if servers.is_empty() {
+                "meshd's MPS daemon runs no server".into()
+            } else {
+                format!(
+                    "not in the client lists of server(s) {servers:?} (pipe directory {})",
+                    self.pipe_dir().display()
+                )
+            },
+        })
+    }
+
+    /// Cuts client `pid` off its server (its calls fail from then on; the other clients go on).
+    pub fn terminate_client(&self, server: u32, pid: u32) -> Result<(), BackendError> {
+        self.command(&format!("terminate_client {server} {pid}")).map(|_| ())
+    }
+
+    /// Quits the daemon (and with it its server), waits for it, removes the directory if meshd made it.
+    pub fn quit(&self) {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut child) = guard.take() {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = self.command("quit");
+                if !process::wait_or_kill(&mut child, Duration::from_secs(10)) {
+                    tracing::warn!("the MPS control daemon ignored quit and was killed");
+                }
+            }
+        }
+        if self.owned_root {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+fn pids(text: &str) -> Vec<u32> {
+    text.split_ascii_whitespace().filter_map(|w| w.parse().ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_control_binary_names_where_it_was_looked_for() {
+        // SAFETY: this test binary's tests that read these variables run in this test only.
+        unsafe {
+            std::env::set_var("PATH", "/nonexistent-bin");
+            std::env::set_var("MESH_MPS_CONTROL", "/nonexistent/nvidia-cuda-mps-control");
+        }
+        let err = MpsControl::start(None).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "nvidia-cuda-mps-control not found at /nonexistent/nvidia-cuda-mps-control (MESH_MPS_CONTROL)"
+            ),
+            "{err}"
+        );
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("MESH_MPS_CONTROL") };
+        if Path::new("/usr/local/nvidia/bin").join(MPS_CONTROL).exists()
+            || Path::new("/usr/bin").join(MPS_CONTROL).exists()
+        {
+            eprintln!(
+                "SKIPPED the search half of a_missing_control_binary_names_where_it_was_looked_for: this machine has MPS"
+            );
+            return;
+        }
+        let err = MpsControl::start(None).unwrap_err().to_string();
+        assert!(err.contains("nvidia-cuda-mps-control not found; looked at"), "{err}");
+        assert!(
+            err.contains("/nonexistent-bin/nvidia-cuda-mps-control") && err.contains("/usr/local/nvidia/bin"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pid_lists_are_parsed_loosely() {
+        assert_eq!(pids("123\n456\n"), [123, 456]);
+        assert_eq!(pids(""), Vec::<u32>::new());
+        assert_eq!(pids("Server 12 not found\n"), [12]);
+    }
+}

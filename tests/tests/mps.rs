@@ -1,0 +1,241 @@
+//! MPS mode end to end: loads that halt no other program (a bystander's largest gap, beside blink mode),
+//! no MPS client created during cycles, the membership check, kill -9 leaving nothing, a missing control
+//! binary refused, and what a faulting program does to the others.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mesh_gpu_tests::harness::{Meshd, meshd_bin};
+use mesh_gpu_tests::{program, programs_dir, require_gpu, wait_until};
+
+fn ptx_file(name: &str) -> String {
+    programs_dir().join(format!("{name}.ptx")).display().to_string()
+}
+
+/// Pids of running processes whose command name starts with `prefix` (from /proc/*/comm).
+fn processes(prefix: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
+        if comm.trim().starts_with(prefix) && !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn leftovers() -> Vec<(String, u32)> {
+    // comm is cut to 15 characters: "nvidia-cuda-mps" covers the control daemon and the server.
+    ["nvidia-cuda-mps", "mesh-mps-worker"]
+        .iter()
+        .flat_map(|p| processes(p).into_iter().map(|pid| (p.to_string(), pid)))
+        .collect()
+}
+
+/// Runs one MPS control command against the daemon whose pipe directory is `pipe`.
+fn mps_control(pipe: &Path, cmd: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(mesh_mps::control::find_control().unwrap())
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
+    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
+}
+
+fn clients(pipe: &Path) -> Vec<u32> {
+    let mut all: Vec<u32> = mps_control(pipe, "get_server_list")
+        .split_whitespace()
+        .filter_map(|s| s.parse::<u32>().ok())
+        .flat_map(|server| {
+            mps_control(pipe, &format!("get_client_list {server}"))
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    all.sort_unstable();
+    all
+}
+
+fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} not in ps: {rows:?}"))
+}
+
+fn ps(d: &Meshd) -> Vec<serde_json::Value> {
+    serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap()
+}
+
+/// The bystander's largest gap between iterations (ns), alone for `alone`, then during 50 cycles of
+/// load / upgrade / unload of another program. Returns (alone, during, cycles' duration, bystander generations during).
+fn bystander(d: &Meshd, alone: Duration) -> (u32, u32, Duration, u64) {
+    let mailbox = d.mailbox();
+    let gap = |d: &Meshd| {
+        let slot = row(&ps(d), "bystander")["slot"].as_u64().unwrap() as u32;
+        mailbox.slot(slot).unwrap().user_words()[0]
+    };
+    d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
+    std::thread::sleep(alone);
+    let gap_alone = gap(d);
+    d.ok(&["unload", "bystander"]);
+    d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
+    let g0 = row(&ps(d), "bystander")["generation"].as_u64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = dir.path().join("v2.ptx");
+    let mut bytes = program("heartbeat");
+    bytes.extend_from_slice(b"\n// v2\n");
+    std::fs::write(&v2, bytes).unwrap();
+    let started = Instant::now();
+    for _ in 0..50 {
+        d.ok(&["load", "other", &ptx_file("heartbeat")]);
+        d.ok(&["upgrade", "other", v2.to_str().unwrap()]);
+        d.ok(&["unload", "other"]);
+    }
+    let took = started.elapsed();
+    let rows = ps(d);
+    let b = row(&rows, "bystander");
+    assert_eq!(b["state"], "running");
+    let generations = b["generation"].as_u64().unwrap() - g0;
+    let gap_during = gap(d);
+    d.ok(&["unload", "bystander"]);
+    (gap_alone, gap_during, took, generations)
+}
+
+#[test]
+fn mps_loads_halt_no_other_program_and_create_no_client() {
+    require_gpu!("mps_loads_halt_no_other_program_and_create_no_client");
+    assert!(leftovers().is_empty(), "MPS processes before the test: {:?}", leftovers());
+    let dir = tempfile::tempdir().unwrap();
+    let mps_dir = dir.path().join("mps");
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "3", "--mps-dir", mps_dir.to_str().unwrap()]);
+    let pipe = mps_dir.join("pipe");
+    let pool = clients(&pipe);
+    assert_eq!(pool.len(), 3, "the pool's workers are our server's clients: {pool:?}\n{}", d.log_text());
+    let (alone, during, took, generations) = bystander(&d, Duration::from_secs(2));
+    let after = clients(&pipe);
+    eprintln!(
+        "MPS: bystander largest gap alone {:.1} µs, during 50 load/upgrade/unload cycles {:.1} µs (ratio {:.2}); cycles took {took:?}; bystander relaunched {generations} times",
+        alone as f64 / 1e3,
+        during as f64 / 1e3,
+        during as f64 / alone.max(1) as f64
+    );
+    assert_eq!(generations, 0, "in MPS mode the bystander is never stopped by other programs' loads");
+    assert_eq!(after, pool, "no MPS client was created during the cycles (pool {pool:?}, after {after:?})");
+    d.ok(&["shutdown"]);
+    assert!(
+        wait_until(Duration::from_secs(15), || leftovers().is_empty()),
+        "left behind after shutdown: {:?}",
+        leftovers()
+    );
+    assert!(!mps_dir.join("pipe").join("control").exists() || !mps_dir.exists() || std::fs::read_dir(&pipe).is_ok());
+
+    let b = Meshd::start(&[]);
+    let (alone, during, took, generations) = bystander(&b, Duration::from_secs(2));
+    eprintln!(
+        "blink: bystander largest gap alone {:.1} µs, during the same cycles {:.1} µs (ratio {:.2}); cycles took {took:?}; bystander relaunched {generations} times",
+        alone as f64 / 1e3,
+        during as f64 / 1e3,
+        during as f64 / alone.max(1) as f64
+    );
+    assert!(
+        generations >= 150,
+        "in blink mode every load, upgrade and unload relaunches the bystander ({generations})"
+    );
+    b.ok(&["shutdown"]);
+}
+
+#[test]
+fn a_worker_outside_our_server_is_refused() {
+    require_gpu!("a_worker_outside_our_server_is_refused");
+    // The worker's own check: started without meshd's pipe directory, it is no MPS client.
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let mb = mesh_shm::Mailbox::create(
+        dir.path().join("mb"),
+        &mesh_shm::MailboxConfig { size: 1 << 20, slots: 2, channels: 2 },
+        mesh_shm::CreateMode::Exclusive,
+    )
+    .unwrap();
+    let worker = meshd_bin().with_file_name("mesh-mps-worker");
+    let out =
+        Command::new(&worker).arg("--mailbox").arg(mb.path()).env_remove("CUDA_MPS_PIPE_DIRECTORY").output().unwrap();
+    let first = String::from_utf8_lossy(&out.stdout);
+    eprintln!("worker without our pipe directory: {first}");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(first.contains("not an MPS client"), "{first}");
+    // meshd's check: a process that is no client of our server is refused by name.
+    let control = mesh_mps::MpsControl::start(Some(&dir.path().join("mps"))).unwrap();
+    let mut stranger = Command::new("sleep").arg("30").spawn().unwrap();
+    let err = control.check_client(stranger.id()).unwrap_err().to_string();
+    eprintln!("membership check: {err}");
+    assert!(err.contains(&stranger.id().to_string()) && err.contains("not a client of meshd's MPS server"), "{err}");
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    control.quit();
+    assert!(wait_until(Duration::from_secs(10), || leftovers().is_empty()), "{:?}", leftovers());
+}
+
+#[test]
+fn kill_9_of_meshd_leaves_nothing_behind() {
+    require_gpu!("kill_9_of_meshd_leaves_nothing_behind");
+    assert!(leftovers().is_empty(), "MPS processes before the test: {:?}", leftovers());
+    let mut d = Meshd::start(&["--isolation", "mps", "--pool", "2"]);
+    d.ok(&["load", "beat", &ptx_file("heartbeat")]);
+    let before = leftovers();
+    eprintln!("running: {before:?}");
+    assert!(before.iter().filter(|(n, _)| n == "mesh-mps-worker").count() >= 2, "{before:?}");
+    assert!(before.iter().any(|(n, _)| n == "nvidia-cuda-mps"), "{before:?}");
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let gone = wait_until(Duration::from_secs(20), || leftovers().is_empty());
+    assert!(gone, "left behind after kill -9 of meshd: {:?}", leftovers());
+}
+
+#[test]
+fn a_missing_control_binary_is_refused_not_blinked() {
+    require_gpu!("a_missing_control_binary_is_refused_not_blinked");
+    let out = Command::new(meshd_bin())
+        .args([
+            "--socket",
+            "/tmp/meshd-missing-mps.sock",
+            "run",
+            "--isolation",
+            "mps",
+            "--shm",
+            "/dev/shm/meshd-missing-mps",
+        ])
+        .env("MESH_MPS_CONTROL", "/nonexistent/nvidia-cuda-mps-control")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nvidia-cuda-mps-control not found"), "{err}");
+    assert!(!err.contains("blink mode"), "no fallback: {err}");
+    assert!(!Path::new("/dev/shm/meshd-missing-mps").exists(), "a refused start leaves no mailbox");
+}
+
+#[test]
+fn a_faulting_program_and_the_others() {
+    require_gpu!("a_faulting_program_and_the_others");
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "3"]);
+    d.ok(&["load", "beat", &ptx_file("heartbeat")]);
+    std::thread::sleep(Duration::from_millis(200));
+    d.ok(&["load", "fault", &ptx_file("fault")]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let rows = ps(&d);
+    for r in &rows {
+        eprintln!("after the fault: {} {} (worker {})", r["name"], r["state"], r["worker_pid"]);
+    }
+    assert!(row(&rows, "fault")["state"].as_str().unwrap().starts_with("faulted"), "{rows:?}");
+    // meshd itself goes on: it answers, unloads, and shuts down.
+    d.ok(&["unload", "fault"]);
+    let _ = d.cli(&["unload", "beat"]);
+    d.ok(&["shutdown"]);
+    assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
+}
