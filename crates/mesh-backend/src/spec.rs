@@ -82,7 +82,7 @@ impl fmt::Display for ImageKind {
 }
 
 /// How `mesh_main` is launched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchShape {
     /// Grid dimensions in blocks.
     pub grid: [u32; 3],

@@ -18,7 +18,8 @@ use crate::context::{Context, Stream, StreamState};
 use crate::device::Device;
 use crate::jit::Jit;
 use crate::memory::RegisteredMailbox;
-use crate::module::Module;
+use crate::module::{FunctionAttributes, Module};
+use std::sync::Arc;
 
 /// Options of the blink backend.
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +85,9 @@ pub struct BlinkBackend {
     stuck: Vec<String>,
     shut_down: bool,
     last_blink: BlinkTimes,
+    /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
+    /// blink, and the same cubin always gives the same figures.
+    probes: std::collections::HashMap<(usize, LaunchShape), (FunctionAttributes, u32)>,
 }
 
 impl BlinkBackend {
@@ -107,6 +111,7 @@ impl BlinkBackend {
             stuck: Vec::new(),
             shut_down: false,
             last_blink: BlinkTimes::default(),
+            probes: std::collections::HashMap::new(),
         })
     }
 
@@ -213,16 +218,26 @@ impl BlinkBackend {
 
     /// kcheck: the module's `mesh_main` and how much of the GPU the launch would hold resident.
     fn probe(
-        &self,
+        &mut self,
         name: &str,
         module: &Module,
+        cubin: &Arc<Vec<u8>>,
         shape: &LaunchShape,
         replacing: Option<usize>,
     ) -> Result<(f64, cudarc::driver::sys::CUfunction)> {
         let func = module
             .function("mesh_main")
             .map_err(|e| BackendError::NoEntry { program: name.to_string(), detail: e.to_string() })?;
-        let attrs = func.attributes()?;
+        // The JIT's cache keeps each cubin alive, so its address identifies it for as long as it is cached.
+        let key = (Arc::as_ptr(cubin) as usize, *shape);
+        let (attrs, per_sm) = match self.probes.get(&key) {
+            Some(&hit) => hit,
+            None => {
+                let figures = (func.attributes()?, func.max_active_blocks_per_sm(shape)?);
+                self.probes.insert(key, figures);
+                figures
+            }
+        };
         if shape.threads_per_block() > u64::from(attrs.max_threads_per_block) {
             return Err(BackendError::NotResident {
                 program: name.to_string(),
@@ -234,7 +249,6 @@ impl BlinkBackend {
                 ),
             });
         }
-        let per_sm = func.max_active_blocks_per_sm(shape)?;
         let sms = self.ctx.sms();
         let capacity = u64::from(per_sm) * u64::from(sms);
         let held: f64 = self
@@ -343,7 +357,7 @@ impl Backend for BlinkBackend {
         let shape = spec.shape;
         let status = self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
-            let (share, entry) = me.probe(&name, &module, &shape, None)?;
+            let (share, entry) = me.probe(&name, &module, &linked.cubin, &shape, None)?;
             let s = me.mailbox.slot(slot).map_err(mb)?;
             s.bind(&name, &bindings).map_err(mb)?;
             s.reset_status();
@@ -377,7 +391,7 @@ impl Backend for BlinkBackend {
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
             let shape = me.programs[i].shape;
-            let (share, entry) = me.probe(name, &module, &shape, Some(i))?;
+            let (share, entry) = me.probe(name, &module, &linked.cubin, &shape, Some(i))?;
             let p = &mut me.programs[i];
             p.entry = entry;
             // The old module is unloaded here (its kernel is stopped, so the unload does not wait).
