@@ -40,6 +40,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   done
 fi
 
+if [ "$WHAT" = all ] || [ "$WHAT" = demo ]; then
+  timeout -k 5 120 ./demo bin/meshd programs >"$OUT/demo.log" 2>&1
+  ROWS+=("demo (README main job)|rc=$? $(grep -m1 'the GPU answered' "$OUT/demo.log")")
+fi
+
 if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; then
   timeout -k 10 300 bin/mesh-gpu-bench >"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench|rc=$?")

@@ -221,21 +221,47 @@ fn a_missing_control_binary_is_refused_not_blinked() {
 }
 
 #[test]
-fn a_faulting_program_and_the_others() {
-    require_gpu!("a_faulting_program_and_the_others");
-    let d = Meshd::start(&["--isolation", "mps", "--pool", "3"]);
+fn a_faulting_program_is_left_stopped_and_the_others_relaunched() {
+    require_gpu!("a_faulting_program_is_left_stopped_and_the_others_relaunched");
+    let dir = tempfile::tempdir().unwrap();
+    let mps_dir = dir.path().join("mps");
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "2", "--mps-dir", mps_dir.to_str().unwrap()]);
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
     std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
     d.ok(&["load", "fault", &ptx_file("fault")]);
-    std::thread::sleep(Duration::from_millis(1000));
-    let rows = ps(&d);
+    // The fault reaches the clients some time after the launch; the first request after that notices
+    // it and recovers before answering.
+    let mut rows = ps(&d);
+    let noticed = wait_until(Duration::from_secs(10), || {
+        rows = ps(&d);
+        row(&rows, "fault")["state"].as_str().unwrap().starts_with("faulted")
+    });
+    eprintln!("fault noticed and recovered from {:?} after its load", t.elapsed());
+    assert!(noticed, "the fault was never noticed: {rows:?}\n{}", d.log_text());
     for r in &rows {
-        eprintln!("after the fault: {} {} (worker {})", r["name"], r["state"], r["worker_pid"]);
+        eprintln!(
+            "after the fault: {} {} generation {} (worker {})",
+            r["name"], r["state"], r["generation"], r["worker_pid"]
+        );
     }
-    assert!(row(&rows, "fault")["state"].as_str().unwrap().starts_with("faulted"), "{rows:?}");
-    // meshd itself goes on: it answers, unloads, and shuts down.
+    let fault = row(&rows, "fault")["state"].as_str().unwrap().to_string();
+    assert!(
+        fault.starts_with("faulted") && fault.contains("left stopped"),
+        "the culprit is named and left stopped: {fault}\n{}",
+        d.log_text()
+    );
+    let beat = row(&rows, "beat");
+    assert_eq!(beat["state"], "running", "the other program was relaunched: {beat}\n{}", d.log_text());
+    assert!(beat["generation"].as_u64().unwrap() >= 2, "{beat}");
+    let h0 = beat["heartbeat"].as_u64().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(2), || row(&ps(&d), "beat")["heartbeat"].as_u64().unwrap() > h0),
+        "its heartbeat continues"
+    );
+    assert_eq!(clients(&mps_dir.join("pipe")).len(), 3, "the pool was refilled and beat has a worker");
     d.ok(&["unload", "fault"]);
-    let _ = d.cli(&["unload", "beat"]);
+    d.ok(&["unload", "beat"]);
     d.ok(&["shutdown"]);
     assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
 }

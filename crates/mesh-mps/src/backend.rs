@@ -15,12 +15,16 @@ use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus, Result,
 };
 use mesh_cuda::{Device, Jit};
-use mesh_mps_worker::Command as WorkerCommand;
+use mesh_mps_worker::{Command as WorkerCommand, Probe};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_EXITED;
 
 use crate::control::MpsControl;
 use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
+
+/// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
+/// fault reached the clients about 150 ms after the faulting launch.
+pub const FAULT_WATCH: Duration = Duration::from_millis(600);
 
 /// MPS client contexts per device on Volta and later (NVIDIA's MPS documentation; 60 from CUDA 13.1).
 pub const MAX_CLIENTS: u32 = 48;
@@ -54,6 +58,8 @@ struct Program {
     generation: u32,
     share: f64,
     faulted: Option<String>,
+    /// The linked image, kept to relaunch the program in a fresh worker after a GPU fault.
+    cubin: Arc<Vec<u8>>,
 }
 
 /// What the cleanup action needs, shared with it.
@@ -77,7 +83,7 @@ pub struct MpsBackend {
     config: MpsConfig,
     cleanup_id: CleanupId,
     cubins: PathBuf,
-    next_cubin: u64,
+    next_cubin: std::sync::atomic::AtomicU64,
     shut_down: bool,
 }
 
@@ -94,6 +100,22 @@ fn tear_down(shared: &Mutex<Shared>) {
         control.quit();
     }
     *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// Starts a worker, retrying for up to 10 s: after a fault the server refuses new clients until every
+/// old one has exited (the H200 took a new client 0.3 s later).
+fn start_retrying(control: &MpsControl, mailbox: &std::path::Path, sms: Option<u32>) -> Result<Worker> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Worker::start(control, mailbox, sms, WORKER_LOAD) {
+            Ok(w) => return Ok(w),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("the MPS server takes no client yet: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn mb(e: mesh_shm::ShmError) -> BackendError {
@@ -149,7 +171,7 @@ impl MpsBackend {
             config,
             cleanup_id,
             cubins,
-            next_cubin: 0,
+            next_cubin: std::sync::atomic::AtomicU64::new(0),
             shut_down: false,
         })
     }
@@ -177,8 +199,13 @@ impl MpsBackend {
         &self.jit
     }
 
+    /// Refuses after shutdown; recovers from a GPU fault first if one happened since the last call.
     fn ready(&self) -> Result<()> {
-        if self.shut_down { Err(BackendError::ShutDown) } else { Ok(()) }
+        if self.shut_down {
+            return Err(BackendError::ShutDown);
+        }
+        self.recover();
+        Ok(())
     }
 
     /// An idle worker with `sms`, or a new one (a new MPS client: it stalls the running kernels once).
@@ -217,20 +244,11 @@ impl MpsBackend {
         }
     }
 
-    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the others.
-    fn prepare(
-        &mut self,
-        worker: &mut Worker,
-        name: &str,
-        image: Vec<u8>,
-        kind: ImageKind,
-        shape: &LaunchShape,
-        replacing: Option<&str>,
-    ) -> Result<f64> {
-        let linked = self.jit.link(name, image, kind)?;
-        self.next_cubin += 1;
-        let path = self.cubins.join(format!("{}-{}.cubin", self.next_cubin, name));
-        std::fs::write(&path, &*linked.cubin)
+    /// Has `worker` load `cubin` and probe its `mesh_main` for `shape`.
+    fn load_into(&self, worker: &mut Worker, name: &str, cubin: &[u8], shape: &LaunchShape) -> Result<Probe> {
+        let n = self.next_cubin.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.cubins.join(format!("{n}-{name}.cubin"));
+        std::fs::write(&path, cubin)
             .map_err(|e| BackendError::Worker { pid: worker.pid(), detail: format!("{}: {e}", path.display()) })?;
         let reply = worker.request(
             &WorkerCommand::Load {
@@ -242,16 +260,30 @@ impl MpsBackend {
             WORKER_LOAD,
         );
         let _ = std::fs::remove_file(&path);
-        let probe = match reply {
-            Ok(r) => r.probe.ok_or_else(|| BackendError::Worker {
-                pid: worker.pid(),
-                detail: "no probe in the load reply".into(),
-            })?,
+        match reply {
+            Ok(r) => r
+                .probe
+                .ok_or_else(|| BackendError::Worker { pid: worker.pid(), detail: "no probe in the load reply".into() }),
             Err(BackendError::Worker { detail, .. }) if detail.contains("mesh_main") => {
-                return Err(BackendError::NoEntry { program: name.to_string(), detail });
+                Err(BackendError::NoEntry { program: name.to_string(), detail })
             }
-            Err(e) => return Err(e),
-        };
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the others.
+    /// Returns the launch's share of the GPU and the cubin.
+    fn prepare(
+        &mut self,
+        worker: &mut Worker,
+        name: &str,
+        image: Vec<u8>,
+        kind: ImageKind,
+        shape: &LaunchShape,
+        replacing: Option<&str>,
+    ) -> Result<(f64, Arc<Vec<u8>>)> {
+        let linked = self.jit.link(name, image, kind)?;
+        let probe = self.load_into(worker, name, &linked.cubin, shape)?;
         let capacity = u64::from(probe.per_sm) * u64::from(probe.sms);
         let whole = u64::from(probe.per_sm) * u64::from(self.device.sm_count);
         let share = if whole == 0 { f64::INFINITY } else { shape.blocks() as f64 / whole as f64 };
@@ -278,7 +310,128 @@ impl MpsBackend {
                 ),
             });
         }
-        Ok(share)
+        Ok((share, linked.cubin))
+    }
+
+    /// After a GPU fault: NVIDIA documents (and the H200 showed) that a fatal fault in one client is
+    /// reported to every client, and that the server takes no new client until all of them have exited.
+    /// So every client is ended, fresh workers are started, and the programs are relaunched one at a
+    /// time from their mailbox state; a program whose relaunch faults again is the culprit and is left
+    /// stopped. Returns the programs left stopped.
+    fn recover(&self) -> Vec<String> {
+        let mut s = self.lock();
+        let failed: Vec<String> = s
+            .programs
+            .iter_mut()
+            .filter(|p| p.faulted.is_none())
+            .filter_map(|p| {
+                let state = if p.worker.alive() {
+                    p.worker
+                        .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
+                        .map(|r| r.state.unwrap_or_default())
+                        .unwrap_or_else(|e| format!("failed: {e}"))
+                } else {
+                    "failed: the worker process is gone".into()
+                };
+                state.starts_with("failed").then(|| p.name.clone())
+            })
+            .collect();
+        if failed.is_empty() {
+            return Vec::new();
+        }
+        tracing::error!(
+            "GPU fault reported to {}: restarting every MPS client and relaunching the programs",
+            failed.join(", ")
+        );
+        let Some(control) = s.control.clone() else { return Vec::new() };
+        let mut parked = Vec::new();
+        // Each round relaunches the programs one by one; a fault right after a relaunch names the culprit.
+        for _round in 0..=s.programs.len() {
+            self.end_all_clients(&mut s, &control);
+            let mut culprit = None;
+            for i in 0..s.programs.len() {
+                if s.programs[i].faulted.is_some() {
+                    continue;
+                }
+                if let Err(e) = self.relaunch_in_fresh_worker(&mut s, &control, i) {
+                    tracing::error!(program = s.programs[i].name, "relaunch after the fault failed: {e}");
+                    s.programs[i].faulted = Some(format!("relaunch after a GPU fault failed: {e}"));
+                    continue;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                let again = s.programs[..=i].iter_mut().filter(|p| p.faulted.is_none()).any(|p| {
+                    !p.worker.alive()
+                        || p.worker
+                            .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
+                            .map_or(true, |r| r.state.unwrap_or_default().starts_with("failed"))
+                });
+                if again {
+                    culprit = Some(i);
+                    break;
+                }
+            }
+            match culprit {
+                Some(i) => {
+                    let p = &mut s.programs[i];
+                    tracing::error!(program = p.name, "faulted again when relaunched after a GPU fault: left stopped");
+                    p.faulted = Some("faulted the GPU (again when relaunched alone): left stopped".into());
+                    parked.push(p.name.clone());
+                }
+                None => break,
+            }
+        }
+        // Refill the pool, now that the server takes clients again.
+        while (s.idle.len() as u32) < self.config.pool {
+            match start_retrying(&control, self.mailbox.path(), self.config.sms) {
+                Ok(w) => s.idle.push(w),
+                Err(e) => {
+                    tracing::error!("refilling the pool after a fault: {e}");
+                    break;
+                }
+            }
+        }
+        parked
+    }
+
+    /// Ends every client: a stop request to every program, then each worker cut off and killed.
+    fn end_all_clients(&self, s: &mut Shared, control: &MpsControl) {
+        for p in &s.programs {
+            if let Ok(slot) = self.mailbox.slot(p.slot) {
+                slot.request_stop();
+            }
+        }
+        let mut doomed: Vec<&mut Worker> =
+            s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker)).collect();
+        for w in doomed.iter_mut() {
+            if w.alive() {
+                let busy = w
+                    .request(&WorkerCommand::Wait { timeout_ms: 200 }, WORKER_LAUNCH)
+                    .is_ok_and(|r| r.state.as_deref() == Some("busy"));
+                if busy {
+                    let _ = control.terminate_client(w.server, w.pid());
+                }
+            }
+            w.kill();
+        }
+        s.idle.clear();
+    }
+
+    /// Starts a worker for program `i` (the server may refuse new clients for a moment after a fault),
+    /// loads its cubin and launches it in its slot with the generation bumped.
+    fn relaunch_in_fresh_worker(&self, s: &mut Shared, control: &MpsControl, i: usize) -> Result<()> {
+        let mut worker = start_retrying(control, self.mailbox.path(), self.config.sms)?;
+        let (name, cubin, shape, slot) = {
+            let p = &s.programs[i];
+            (p.name.clone(), p.cubin.clone(), p.shape, p.slot)
+        };
+        self.load_into(&mut worker, &name, &cubin, &shape)?;
+        let p = &mut s.programs[i];
+        p.generation += 1;
+        self.mailbox.slot(slot).map_err(mb)?.arm(p.generation);
+        worker.request(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)?;
+        let mut old = std::mem::replace(&mut p.worker, worker);
+        old.kill();
+        Ok(())
     }
 
     /// Stops the kernel in `worker`: the stop request through the mailbox; past the deadline,
@@ -348,7 +501,7 @@ impl Backend for MpsBackend {
             BackendError::Mailbox(format!("all {count} program slots are in use (create the mailbox with more slots)"))
         })?;
         let mut worker = self.take_worker(spec.sms)?;
-        let share = match self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None) {
+        let (share, cubin) = match self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None) {
             Ok(s) => s,
             Err(e) => {
                 self.give_back(worker);
@@ -373,6 +526,7 @@ impl Backend for MpsBackend {
             generation: 1,
             share,
             faulted: None,
+            cubin,
         };
         let status = self.status_of(&program, "busy");
         self.lock().programs.push(program);
@@ -392,7 +546,7 @@ impl Backend for MpsBackend {
         };
         // The new image is loaded and probed in another worker while the old one runs.
         let mut fresh = self.take_worker(sms)?;
-        let share = match self.prepare(&mut fresh, name, image, kind, &shape, Some(name)) {
+        let (share, cubin) = match self.prepare(&mut fresh, name, image, kind, &shape, Some(name)) {
             Ok(s) => s,
             Err(e) => {
                 self.give_back(fresh);
@@ -411,6 +565,7 @@ impl Backend for MpsBackend {
         old.worker = fresh;
         old.kind = kind;
         old.share = share;
+        old.cubin = cubin;
         old.faulted = launched.as_ref().err().map(ToString::to_string);
         let status = self.status_of(&old, if launched.is_ok() { "busy" } else { "idle" });
         self.lock().programs.insert(i, old);
@@ -432,10 +587,15 @@ impl Backend for MpsBackend {
     }
 
     fn status(&self) -> Vec<ProgramStatus> {
+        if !self.shut_down {
+            self.recover();
+        }
         let mut s = self.lock();
         let mut out = Vec::new();
         for p in s.programs.iter_mut() {
-            let state = if !p.worker.alive() {
+            let state = if p.faulted.is_some() {
+                "idle".to_string()
+            } else if !p.worker.alive() {
                 "failed: the worker process is gone".to_string()
             } else {
                 match p.worker.request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH) {

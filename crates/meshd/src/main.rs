@@ -204,7 +204,8 @@ fn refused(e: impl Into<anyhow::Error>) -> Exit {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("MESHD_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Exit(code, e)) => {
