@@ -70,6 +70,16 @@ impl ImageKind {
     }
 }
 
+impl ImageKind {
+    /// Recognises program `program`'s image, or refuses it with a message that names the program.
+    pub fn detect_for(program: &str, image: &[u8]) -> Result<Self, BackendError> {
+        Self::detect(image).ok_or_else(|| BackendError::Invalid {
+            what: format!("program {program:?} image"),
+            reason: format!("{} bytes that are neither PTX, cubin, fatbin nor LTO-IR", image.len()),
+        })
+    }
+}
+
 impl fmt::Display for ImageKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -149,10 +159,7 @@ impl ProgramSpec {
     /// A spec for `image`, its kind detected; refused when the bytes are no GPU image.
     pub fn new(name: impl Into<String>, image: Vec<u8>) -> Result<Self, BackendError> {
         let name = name.into();
-        let kind = ImageKind::detect(&image).ok_or_else(|| BackendError::Invalid {
-            what: format!("program {name:?} image"),
-            reason: format!("{} bytes that are neither PTX, cubin, fatbin nor LTO-IR", image.len()),
-        })?;
+        let kind = ImageKind::detect_for(&name, &image)?;
         Ok(Self { name, image, kind, shape: LaunchShape::default(), bindings: Vec::new(), sms: None })
     }
 

@@ -383,10 +383,7 @@ impl Backend for BlinkBackend {
     fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
         self.ready()?;
         let i = self.index_of(name)?;
-        let kind = ImageKind::detect(&image).ok_or_else(|| BackendError::Invalid {
-            what: format!("program {name:?} image"),
-            reason: format!("{} bytes that are neither PTX, cubin, fatbin nor LTO-IR", image.len()),
-        })?;
+        let kind = ImageKind::detect_for(name, &image)?;
         let linked = self.jit.link(name, image, kind)?;
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;

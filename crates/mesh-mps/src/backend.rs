@@ -536,10 +536,7 @@ impl Backend for MpsBackend {
     fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
         self.ready()?;
         let i = self.index_of(name)?;
-        let kind = ImageKind::detect(&image).ok_or_else(|| BackendError::Invalid {
-            what: format!("program {name:?} image"),
-            reason: format!("{} bytes that are neither PTX, cubin, fatbin nor LTO-IR", image.len()),
-        })?;
+        let kind = ImageKind::detect_for(name, &image)?;
         let (shape, sms) = {
             let s = self.lock();
             (s.programs[i].shape, Some(s.programs[i].worker.ready.sms).filter(|_| self.config.sms.is_some()))
