@@ -358,13 +358,18 @@ impl MpsBackend {
                     s.programs[i].faulted = Some(format!("relaunch after a GPU fault failed: {e}"));
                     continue;
                 }
-                std::thread::sleep(Duration::from_millis(50));
-                let again = s.programs[..=i].iter_mut().filter(|p| p.faulted.is_none()).any(|p| {
-                    !p.worker.alive()
-                        || p.worker
-                            .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
-                            .map_or(true, |r| r.state.unwrap_or_default().starts_with("failed"))
-                });
+                // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
+                let watch = Instant::now() + FAULT_WATCH;
+                let mut again = false;
+                while !again && Instant::now() < watch {
+                    std::thread::sleep(Duration::from_millis(10));
+                    again = s.programs[..=i].iter_mut().filter(|p| p.faulted.is_none()).any(|p| {
+                        !p.worker.alive()
+                            || p.worker
+                                .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
+                                .map_or(true, |r| r.state.unwrap_or_default().starts_with("failed"))
+                    });
+                }
                 if again {
                     culprit = Some(i);
                     break;
