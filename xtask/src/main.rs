@@ -65,14 +65,20 @@ fn test() -> Result<()> {
 }
 
 fn gpu_test_here() -> Result<()> {
-    run(cargo().args(["build", "--release", "-p", "meshd", "-p", "mesh-mps-worker"]).env_remove(GPU_GATE)).ok();
+    // The end-to-end tests run these binaries (found beside the test executables' directory).
+    run(cargo().args(["build", "--release", "-p", "meshd", "-p", "mesh-mps-worker"]))?;
     run(cargo()
         .args(["test", "--release", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"])
         .env(GPU_GATE, "1"))
 }
 
 fn bench_here() -> Result<()> {
-    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench"]).env(GPU_GATE, "1"))
+    run(cargo().args(["build", "--release", "-p", "mesh-mps-worker"]))?;
+    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench"]).env(GPU_GATE, "1"))?;
+    // MPS mode in a process of its own (the first one holds a plain context).
+    run(cargo()
+        .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
+        .env(GPU_GATE, "1"))
 }
 
 /// Test executables built by `cargo test --no-run`, read off cargo's JSON messages.

@@ -253,8 +253,8 @@ fn mps_benches() {
     println!("| MPS mode                                     |       mean |        min |        max |");
     println!("|----------------------------------------------|------------|------------|------------|");
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let config = |_pool: u32| mesh_shm::MailboxConfig { size: 4 << 20, slots: 64, channels: 4 };
-    let mb = mesh_shm::Mailbox::create(dir.path().join("warm"), &config(2), mesh_shm::CreateMode::Exclusive).unwrap();
+    let config = mesh_shm::MailboxConfig { size: 4 << 20, slots: 64, channels: 4 };
+    let mb = mesh_shm::Mailbox::create(dir.path().join("warm"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
     let t = Instant::now();
     let mut b = MpsBackend::open(&mb, MpsConfig { pool: 2, ..MpsConfig::default() }).unwrap();
     println!(
@@ -280,7 +280,7 @@ fn mps_benches() {
     b.shutdown().unwrap();
     drop(b);
     // An empty pool: every load beyond the running ones starts a worker (a new MPS client).
-    let mb = mesh_shm::Mailbox::create(dir.path().join("cold"), &config(0), mesh_shm::CreateMode::Exclusive).unwrap();
+    let mb = mesh_shm::Mailbox::create(dir.path().join("cold"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
     let mut b = MpsBackend::open(&mb, MpsConfig { pool: 0, ..MpsConfig::default() }).unwrap();
     let mut cold = Vec::new();
     for i in 0..6 {
