@@ -265,3 +265,32 @@ fn a_faulting_program_is_left_stopped_and_the_others_relaunched() {
     d.ok(&["shutdown"]);
     assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
 }
+
+#[test]
+fn a_program_that_ignores_stop_is_cut_off_and_the_others_live_on() {
+    require_gpu!("a_program_that_ignores_stop_is_cut_off_and_the_others_live_on");
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "2", "--stop-timeout-ms", "500"]);
+    d.ok(&["load", "beat", &ptx_file("heartbeat")]);
+    d.ok(&["load", "stubborn", &ptx_file("ignore_stop")]);
+    let stubborn_worker = row(&ps(&d), "stubborn")["worker_pid"].as_u64().unwrap() as u32;
+    let t = Instant::now();
+    d.ok(&["unload", "stubborn"]);
+    eprintln!(
+        "unload of a program that ignores stop took {:?} (deadline 500 ms, then terminate_client, then SIGKILL)",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(!processes("mesh-mps-worker").contains(&stubborn_worker), "its worker is gone");
+    let rows = ps(&d);
+    let beat = row(&rows, "beat");
+    assert_eq!(beat["state"], "running", "the other program lives on: {beat}\n{}", d.log_text());
+    let h0 = beat["heartbeat"].as_u64().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(2), || row(&ps(&d), "beat")["heartbeat"].as_u64().unwrap() > h0),
+        "and keeps beating"
+    );
+    // A fresh load still works (the pool is refilled on demand).
+    d.ok(&["load", "again", &ptx_file("heartbeat")]);
+    d.ok(&["shutdown"]);
+    assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
+}
