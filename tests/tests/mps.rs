@@ -133,7 +133,6 @@ fn mps_loads_halt_no_other_program_and_create_no_client() {
         "left behind after shutdown: {:?}",
         leftovers()
     );
-    assert!(!mps_dir.join("pipe").join("control").exists() || !mps_dir.exists() || std::fs::read_dir(&pipe).is_ok());
 
     let b = Meshd::start(&[]);
     let (alone, during, took, generations) = bystander(&b, Duration::from_secs(2));

@@ -244,8 +244,9 @@ impl MpsControl {
     }
 }
 
+/// The pids of a server or client list: one number per line; any other line (an error message) is no pid.
 fn pids(text: &str) -> Vec<u32> {
-    text.split_ascii_whitespace().filter_map(|w| w.parse().ok()).collect()
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 #[cfg(test)]
@@ -285,9 +286,10 @@ mod tests {
     }
 
     #[test]
-    fn pid_lists_are_parsed_loosely() {
+    fn pid_lists_take_only_lines_that_are_pids() {
         assert_eq!(pids("123\n456\n"), [123, 456]);
+        assert_eq!(pids(" 7 \n"), [7]);
         assert_eq!(pids(""), Vec::<u32>::new());
-        assert_eq!(pids("Server 12 not found\n"), [12]);
+        assert_eq!(pids("Server 12 not found\n"), Vec::<u32>::new(), "an error line names no client");
     }
 }
