@@ -213,3 +213,27 @@ fn a_program_that_ignores_stop_gives_a_bounded_error_and_meshd_still_answers() {
     eprintln!("meshd exited {status} {:?} after shutdown", t.elapsed());
     assert!(!Path::new(&d.socket).exists(), "the socket is removed");
 }
+
+#[test]
+fn a_fault_in_blink_mode_is_reported_and_meshd_shuts_down() {
+    require_gpu!("a_fault_in_blink_mode_is_reported_and_meshd_shuts_down");
+    let mut d = Meshd::start(&[]);
+    d.ok(&["load", "beat", &ptx_file("heartbeat")]);
+    d.ok(&["load", "fault", &ptx_file("fault")]);
+    let faulted = wait_until(Duration::from_secs(10), || d.heartbeats().iter().any(|r| r.2.starts_with("faulted")));
+    let rows = d.heartbeats();
+    for r in &rows {
+        eprintln!("blink mode after the fault: {} {}", r.0, r.2);
+    }
+    assert!(faulted, "the fault is reported by ps: {rows:?}");
+    let err = d.refused(&["load", "late", &ptx_file("heartbeat")]);
+    eprintln!("{err}");
+    assert!(err.contains("GPU fault") && err.contains("restart meshd"), "{err}");
+    d.ok(&["shutdown"]);
+    let t = Instant::now();
+    while d.child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(15), "meshd did not exit after shutdown; its log:\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("meshd exited {:?} after shutdown", t.elapsed());
+}

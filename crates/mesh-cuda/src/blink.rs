@@ -146,6 +146,21 @@ impl BlinkBackend {
         }
         self.stuck
             .retain(|name| self.programs.iter().any(|p| &p.name == name && p.stream.state() == StreamState::Busy));
+        // A fault is sticky: every later call in the context fails, so nothing but status and shutdown can work.
+        let faulted: Vec<String> = self
+            .programs
+            .iter()
+            .filter_map(|p| match p.stream.state() {
+                StreamState::Failed(why) => Some(format!("{} ({why})", p.name)),
+                _ => None,
+            })
+            .collect();
+        if !faulted.is_empty() {
+            return Err(BackendError::Degraded(format!(
+                "a GPU fault reached program(s) {} and poisons meshd's one context in blink mode; restart meshd",
+                faulted.join(", ")
+            )));
+        }
         if !self.stuck.is_empty() {
             return Err(BackendError::Degraded(format!(
                 "program(s) {} ignored a stop request and still run",
