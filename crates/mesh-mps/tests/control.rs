@@ -1,0 +1,67 @@
+//! The control-daemon protocol against a real child process: a stand-in `nvidia-cuda-mps-control`
+//! (a shell script speaking the same command lines), so that CI, which has no MPS, checks the
+//! directories, the foreground child, the commands, the membership check and `quit`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use mesh_mps::MpsControl;
+
+const FAKE_CONTROL: &str = r#"#!/bin/sh
+# Stand-in for nvidia-cuda-mps-control: `-f` is the daemon, otherwise one command on stdin.
+if [ "$1" = "-f" ]; then
+  echo "stand-in control daemon starting"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  while [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.02; done
+  echo "stand-in control daemon quitting"
+  exit 0
+fi
+read cmd arg rest
+case "$cmd" in
+  get_server_list) echo 4242 ;;
+  get_client_list) if [ "$arg" = 4242 ]; then printf '100\n101\n'; else echo "Server $arg not found"; fi ;;
+  terminate_client) echo "$arg $rest" > "$CUDA_MPS_PIPE_DIRECTORY/terminated" ;;
+  quit) : > "$CUDA_MPS_PIPE_DIRECTORY/quit" ;;
+  *) echo "unknown command $cmd" >&2; exit 1 ;;
+esac
+"#;
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn the_control_daemon_is_driven_through_its_command_protocol() {
+    let bin = tempfile::tempdir().unwrap();
+    let fake = bin.path().join("nvidia-cuda-mps-control");
+    std::fs::write(&fake, FAKE_CONTROL).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // SAFETY: this test binary has this one test; nothing else reads the environment concurrently.
+    unsafe { std::env::set_var("MESH_MPS_CONTROL", &fake) };
+
+    let root = tempfile::tempdir().unwrap();
+    let mps = root.path().join("mps");
+    let control = MpsControl::start(Some(&mps)).unwrap();
+    assert!(control.alive(), "the daemon runs as meshd's foreground child");
+    assert_eq!((mode(&mps), mode(&control.pipe_dir()), mode(&control.log_dir())), (0o700, 0o700, 0o700));
+    assert_eq!(control.servers().unwrap(), [4242]);
+    assert_eq!(control.clients(4242).unwrap(), [100, 101]);
+    assert_eq!(control.clients(7).unwrap(), Vec::<u32>::new(), "an error line names no client");
+    assert_eq!(control.check_client(101).unwrap(), 4242);
+    let err = control.check_client(555).unwrap_err().to_string();
+    assert!(err.contains("process 555 is not a client of meshd's MPS server") && err.contains("4242"), "{err}");
+    control.terminate_client(4242, 101).unwrap();
+    assert_eq!(std::fs::read_to_string(control.pipe_dir().join("terminated")).unwrap().trim(), "4242 101");
+    let err = control.command("frobnicate").unwrap_err().to_string();
+    assert!(err.contains("frobnicate") && err.contains("unknown command"), "{err}");
+    control.quit();
+    assert!(!control.alive(), "quit ends the daemon and waits for it");
+    assert!(mps.exists(), "a --mps-dir given by the user is left in place");
+
+    // The default directory is meshd's own, and removed at quit.
+    let owned = MpsControl::start(None).unwrap();
+    let dir = owned.root().to_path_buf();
+    assert!(dir.ends_with(format!("meshd-mps.{}", std::process::id())));
+    owned.quit();
+    assert!(!dir.exists(), "{} removed at quit", dir.display());
+}
