@@ -10,7 +10,7 @@ mod error;
 mod spec;
 
 pub use error::{BackendError, Result};
-pub use spec::{ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
+pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
 
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.
 pub trait Backend: Send {

@@ -204,6 +204,31 @@ pub enum ProgramState {
     Faulted(String),
 }
 
+/// How a program's kernel stands, as its backend sees it (a stream's state, a worker's answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelRun {
+    /// Still on the GPU.
+    Running,
+    /// Returned: stopped at meshd's request, or exited by itself.
+    Returned,
+    /// Failed; the driver's error.
+    Failed(String),
+}
+
+impl ProgramState {
+    /// The state every backend reports for a kernel: a failed one is faulted with the driver's error;
+    /// a running one runs; a returned one is faulted with `left_stopped` when meshd left it stopped
+    /// after an error, else exited with the code it gave `mesh_exit` (`exit_code`), else stopped.
+    pub fn of_kernel(run: KernelRun, left_stopped: Option<&str>, exit_code: Option<i32>) -> Self {
+        match (run, left_stopped) {
+            (KernelRun::Failed(why), _) => Self::Faulted(why),
+            (KernelRun::Running, _) => Self::Running,
+            (KernelRun::Returned, Some(why)) => Self::Faulted(why.to_string()),
+            (KernelRun::Returned, None) => exit_code.map_or(Self::Stopped, Self::Exited),
+        }
+    }
+}
+
 impl fmt::Display for ProgramState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -275,6 +300,17 @@ mod tests {
             let err = spec.validate().unwrap_err().to_string();
             assert!(err.contains(why), "{err} lacks {why}");
         }
+    }
+
+    #[test]
+    fn a_kernels_run_maps_to_one_state() {
+        use KernelRun::*;
+        let of = ProgramState::of_kernel;
+        assert_eq!(of(Failed("bad".into()), Some("parked"), Some(3)), ProgramState::Faulted("bad".into()));
+        assert_eq!(of(Running, Some("parked"), None), ProgramState::Running);
+        assert_eq!(of(Returned, Some("parked"), Some(3)), ProgramState::Faulted("parked".into()));
+        assert_eq!(of(Returned, None, Some(3)), ProgramState::Exited(3));
+        assert_eq!(of(Returned, None, None), ProgramState::Stopped);
     }
 
     #[test]

@@ -120,16 +120,6 @@ impl BlinkBackend {
         &self.ctx
     }
 
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// The JIT.
-    pub fn jit(&self) -> &Jit {
-        &self.jit
-    }
-
     /// Timings of the last blink.
     pub fn last_blink(&self) -> BlinkTimes {
         self.last_blink
@@ -311,15 +301,8 @@ impl BlinkBackend {
     fn status_of(&self, p: &Program) -> ProgramStatus {
         let slot = self.mailbox.slot(p.slot).ok();
         let snapshot = slot.map(|s| s.status());
-        let state = match (&p.parked, p.stream.state()) {
-            (_, StreamState::Failed(why)) => ProgramState::Faulted(why),
-            (_, StreamState::Busy) => ProgramState::Running,
-            (Some(why), StreamState::Idle) => ProgramState::Faulted(why.clone()),
-            (None, StreamState::Idle) => match snapshot {
-                Some(s) if s.state == STATE_EXITED => ProgramState::Exited(s.exit_code),
-                _ => ProgramState::Stopped,
-            },
-        };
+        let exit_code = snapshot.filter(|s| s.state == STATE_EXITED).map(|s| s.exit_code);
+        let state = ProgramState::of_kernel(p.stream.state().into(), p.parked.as_deref(), exit_code);
         ProgramStatus {
             name: p.name.clone(),
             slot: p.slot,

@@ -165,6 +165,16 @@ pub enum StreamState {
     Failed(String),
 }
 
+impl From<StreamState> for mesh_backend::KernelRun {
+    fn from(s: StreamState) -> Self {
+        match s {
+            StreamState::Idle => Self::Returned,
+            StreamState::Busy => Self::Running,
+            StreamState::Failed(why) => Self::Failed(why),
+        }
+    }
+}
+
 /// A stream, destroyed on drop.
 #[derive(Debug)]
 pub struct Stream {

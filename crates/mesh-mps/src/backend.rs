@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use mesh_backend::cleanup::{self, CleanupId};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus, Result,
+    Backend, BackendError, ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus,
+    Result,
 };
 use mesh_cuda::{Device, Jit};
 use mesh_mps_worker::{Command as WorkerCommand, Probe};
@@ -192,11 +193,6 @@ impl MpsBackend {
     /// Pids of the idle pool.
     pub fn idle_workers(&self) -> Vec<u32> {
         self.lock().idle.iter().map(Worker::pid).collect()
-    }
-
-    /// The JIT.
-    pub fn jit(&self) -> &Jit {
-        &self.jit
     }
 
     /// Refuses after shutdown; recovers from a GPU fault first if one happened since the last call.
@@ -649,15 +645,14 @@ impl Backend for MpsBackend {
 impl MpsBackend {
     fn status_of(&self, p: &Program, stream: &str) -> ProgramStatus {
         let snap = self.mailbox.slot(p.slot).ok().map(|s| s.status());
-        let state = match (stream, &p.faulted) {
-            (s, _) if s.starts_with("failed") => ProgramState::Faulted(s.trim_start_matches("failed: ").to_string()),
-            ("busy", _) => ProgramState::Running,
-            (_, Some(why)) => ProgramState::Faulted(why.clone()),
-            _ => match snap {
-                Some(s) if s.state == STATE_EXITED => ProgramState::Exited(s.exit_code),
-                _ => ProgramState::Stopped,
-            },
+        // The worker answers `busy`, `idle` or `failed: <the driver's error>`.
+        let run = match stream {
+            s if s.starts_with("failed") => KernelRun::Failed(s.trim_start_matches("failed: ").to_string()),
+            "busy" => KernelRun::Running,
+            _ => KernelRun::Returned,
         };
+        let exit_code = snap.filter(|s| s.state == STATE_EXITED).map(|s| s.exit_code);
+        let state = ProgramState::of_kernel(run, p.faulted.as_deref(), exit_code);
         ProgramStatus {
             name: p.name.clone(),
             slot: p.slot,

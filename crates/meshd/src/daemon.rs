@@ -161,7 +161,7 @@ impl Daemon {
     }
 }
 
-/// Registers removal of `path` at exit (unless `keep`), returning the path for convenience.
+/// Registers removal of `path` at exit, unless `keep`.
 pub fn remove_at_exit(what: &'static str, path: PathBuf, keep: bool) {
     if !keep {
         cleanup::register(what, move || {
