@@ -15,7 +15,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// `"MESHSHM1"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
 /// Bumped on any change to a structure in this file.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// The header page; the tables start after it.
 pub const HEADER_SIZE: u64 = 4096;
 /// One cache line of the GPU's and the host's coherence unit we separate writers by.
@@ -65,6 +65,9 @@ pub struct Header {
     pub table_lock: AtomicU32,
     /// Pid of the process that created the file (informational).
     pub creator_pid: u32,
+    /// Pid of the meshd that serves the mailbox now, 0 when none (host only; informational, for
+    /// messages: the proof that an owner is alive is its lock on the file, never this pid).
+    pub owner_pid: AtomicU32,
 }
 
 /// A program's control block: written by meshd only, read by the kernel.

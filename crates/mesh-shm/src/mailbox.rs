@@ -246,6 +246,7 @@ impl Mailbox {
                     arena_used: AtomicU64::new(0),
                     table_lock: AtomicU32::new(0),
                     creator_pid: std::process::id(),
+                    owner_pid: AtomicU32::new(0),
                 })
             };
             Ok(Mapped { map, path: path.clone(), geometry: g })
@@ -282,6 +283,17 @@ impl Mailbox {
         let mailbox = Self { inner: Arc::new(Mapped { map, path, geometry }) };
         mailbox.validate_tables()?;
         Ok(mailbox)
+    }
+
+    /// Records `pid` as the process serving this mailbox (0: none). Only for messages: whether an
+    /// owner is alive is told by its lock on the file, not by this pid.
+    pub fn set_owner_pid(&self, pid: u32) {
+        self.header().owner_pid.store(pid, Ordering::Release);
+    }
+
+    /// The pid recorded by [`Mailbox::set_owner_pid`], `None` when none is recorded.
+    pub fn owner_pid(&self) -> Option<u32> {
+        Some(self.header().owner_pid.load(Ordering::Acquire)).filter(|&p| p != 0)
     }
 
     /// The file's path.
