@@ -25,6 +25,38 @@ else
   ROWS+=("nvcc -ptx|no nvcc: using the committed PTX")
 fi
 
+# --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
+if [ -x "$NVCC" ]; then
+  IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
+  img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
+    local file=$1; shift; img_total=$((img_total + 1))
+    echo "== nvcc $* -o $IMG/$file" >>"$OUT/nvcc-images.log"
+    if timeout 120 "$NVCC" -I programs "$@" -o "$IMG/$file" programs/heartbeat.cu >>"$OUT/nvcc-images.log" 2>&1; then
+      img_ok=$((img_ok + 1))
+    else
+      rm -f "$IMG/$file"
+    fi
+  }
+  img heartbeat.sm_90.cubin -cubin -arch=sm_90
+  img heartbeat.sm_80.cubin -cubin -arch=sm_80
+  img heartbeat.dc.sm_90.cubin -cubin -dc -arch=sm_90
+  img heartbeat.sm_90.fatbin -fatbin -gencode arch=compute_90,code=sm_90
+  img heartbeat.compute_90.fatbin -fatbin -gencode arch=compute_90,code=compute_90
+  img heartbeat.lto_90.fatbin -fatbin -dlto -gencode arch=compute_90,code=lto_90
+  if [ ! -s "$IMG/heartbeat.lto_90.fatbin" ]; then # older nvcc wants relocatable device code for LTO-IR
+    img_total=$((img_total - 1)); img heartbeat.lto_90.fatbin -fatbin -rdc=true -dlto -gencode arch=compute_90,code=lto_90
+  fi
+  img heartbeat.host.o -dc -arch=sm_90
+  img_total=$((img_total + 1))
+  if [ -s "$IMG/heartbeat.sm_90.cubin" ]; then
+    half=$(( $(stat -c %s "$IMG/heartbeat.sm_90.cubin") / 2 ))
+    head -c "$half" "$IMG/heartbeat.sm_90.cubin" >"$IMG/heartbeat.sm_90.truncated.cubin" && img_ok=$((img_ok + 1))
+  fi
+  (cd "$IMG" && for f in *; do printf '%s %s bytes: %s\n' "$f" "$(stat -c %s "$f")" "$(od -An -tx1 -N64 "$f" | tr -s ' \n' ' ')"; done) >>"$OUT/nvcc-images.log" 2>&1
+  ROWS+=("nvcc image kinds|$img_ok/$img_total forms (log: nvcc-images.log)")
+fi
+# --- end image kinds ---
+
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   for t in bin/test-*; do
     [ -x "$t" ] || continue

@@ -40,6 +40,15 @@ pub enum BackendError {
         /// nvJitLink's error log.
         log: String,
     },
+    /// The image cannot run on this GPU, whatever the linker would say: not a GPU image (a host
+    /// object), built for another architecture, holding nothing for this one, or truncated or corrupt.
+    #[error("program {program:?}: image refused: {reason}")]
+    Image {
+        /// The program.
+        program: String,
+        /// Why, with what to build instead where that helps.
+        reason: String,
+    },
     /// The image has no `mesh_main`.
     #[error("program {program:?}: the image has no entry point mesh_main ({detail})")]
     NoEntry {

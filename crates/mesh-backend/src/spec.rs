@@ -43,7 +43,8 @@ impl FromStr for IsolationMode {
 pub enum ImageKind {
     /// PTX assembly text.
     Ptx,
-    /// An ELF cubin.
+    /// An ELF file: an executable cubin (`nvcc -cubin`) or a relocatable one (`-cubin -dc`). A host
+    /// object is ELF too; the JIT reads the header and refuses it, with any other unusable ELF.
     Cubin,
     /// A fat binary holding cubins and/or PTX.
     Fatbin,

@@ -1,4 +1,10 @@
-//! The JIT: nvJitLink on its own thread, PTX / cubin / fatbin / LTO-IR in, one cubin for the device out, cached by content.
+//! The JIT: nvJitLink on its own thread, PTX / cubin / fatbin / LTO-IR in, one loadable image for the device out, cached by content.
+//!
+//! What each image needs is read off its headers first ([`crate::image`]): an executable cubin
+//! for this architecture, or a fatbin holding SASS for it, is used as it is (an executable cubin
+//! is no link input: the "linked" result of one holds no kernel); PTX, LTO-IR, a relocatable cubin
+//! and a fatbin holding only PTX or LTO-IR go through nvJitLink; anything else is refused with the
+//! reason, before any GPU work.
 //!
 //! The thread loads libnvJitLink and links a one-instruction PTX before it
 //! reports ready, so that the library's start-up (about 30 ms on the H200)
@@ -16,11 +22,16 @@ use mesh_backend::{BackendError, ImageKind};
 use nvjitlink_sys::{InputType, NvJitLink};
 use sha2::{Digest, Sha256};
 
+use crate::image::{self, Plan};
+
 /// A linked image.
 #[derive(Debug, Clone)]
 pub struct Linked {
-    /// The cubin for the device's architecture.
+    /// What to load (`cuModuleLoadData`): a cubin for the device's architecture, or a fatbin
+    /// holding SASS for it (used as it is; the driver picks that entry).
     pub cubin: Arc<Vec<u8>>,
+    /// Whether the image was used as it is, neither compiled nor linked.
+    pub as_is: bool,
     /// nvJitLink's info log (may be empty).
     pub info_log: String,
     /// Whether it came from the cache.
@@ -154,29 +165,37 @@ fn warm_up(arch: &str) -> Result<Duration, BackendError> {
     Ok(start.elapsed())
 }
 
-/// One link, on the calling thread.
+/// One link, on the calling thread: the image checked, then used as it is or linked by nvJitLink.
 pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Linked, BackendError> {
-    let lib = NvJitLink::get().map_err(|e| BackendError::NoJitLink(e.to_string()))?;
     let start = Instant::now();
+    let refused = |reason: String| BackendError::Image { program: name.to_string(), reason };
+    let (input, lto) = match image::plan(arch, kind, image).map_err(refused)? {
+        Plan::AsIs => {
+            let cubin = Arc::new(image.to_vec());
+            return Ok(Linked {
+                cubin,
+                as_is: true,
+                info_log: String::new(),
+                cached: false,
+                link_time: start.elapsed(),
+            });
+        }
+        Plan::Link { input, lto } => (input, lto),
+    };
+    let lib = NvJitLink::get().map_err(|e| BackendError::NoJitLink(e.to_string()))?;
     let mut options = vec![CString::new(format!("-arch={arch}")).expect("no NUL")];
-    if kind == ImageKind::LtoIr {
+    if lto {
         options.push(CString::new("-lto").expect("no NUL"));
     }
     let refs: Vec<&std::ffi::CStr> = options.iter().map(|c| c.as_c_str()).collect();
     let link_err = |log: String| BackendError::Link { program: name.to_string(), arch: arch.to_string(), log };
     // SAFETY: the handle is used only on this thread and destroyed below on every path.
     let handle = unsafe { lib.create(&refs) }.map_err(|e| link_err(e.to_string()))?;
-    let input = match kind {
-        ImageKind::Ptx => InputType::Ptx,
-        ImageKind::Cubin => InputType::Cubin,
-        ImageKind::Fatbin => InputType::Fatbin,
-        ImageKind::LtoIr => InputType::LtoIr,
-    };
     let cname = CString::new(name.replace('\0', "?")).expect("NULs replaced");
     // nvJitLink reads PTX as a C string: without a terminating NUL it runs past the buffer and then
     // calls the input malformed (seen on the H200: "does not match type NVJITLINK_INPUT_PTX").
     let terminated;
-    let image = if kind == ImageKind::Ptx && image.last() != Some(&0) {
+    let image = if input == InputType::Ptx && image.last() != Some(&0) {
         terminated = [image, &[0u8][..]].concat();
         &terminated[..]
     } else {
@@ -196,5 +215,43 @@ pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Lin
     // SAFETY: created above, not used afterwards.
     let _ = unsafe { lib.destroy(handle) };
     let (cubin, info_log) = result?;
-    Ok(Linked { cubin: Arc::new(cubin), info_log, cached: false, link_time: start.elapsed() })
+    Ok(Linked { cubin: Arc::new(cubin), as_is: false, info_log, cached: false, link_time: start.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::tests::{cubin_sm90, elf, fatbin};
+
+    /// Images used as they are need no nvJitLink, so this runs on a machine without CUDA.
+    #[test]
+    fn executable_cubins_and_fatbin_sass_are_used_as_they_are() {
+        let cubin = cubin_sm90();
+        let linked = link("sm_90", "hb", &cubin, ImageKind::Cubin).unwrap();
+        assert!(linked.as_is);
+        assert_eq!(*linked.cubin, cubin);
+        let fat = fatbin(&[(2, 90, 0, &cubin)]);
+        let linked = link("sm_90", "hb", &fat, ImageKind::Fatbin).unwrap();
+        assert!(linked.as_is);
+        assert_eq!(*linked.cubin, fat);
+    }
+
+    #[test]
+    fn refusals_name_the_program_and_the_reason() {
+        let cases: [(Vec<u8>, ImageKind, &str); 4] = [
+            (elf(190, 2, 8, 0x0600_5004), ImageKind::Cubin, "built for sm_80; this GPU is sm_90"),
+            (elf(62, 1, 0, 0), ImageKind::Cubin, "a host object"),
+            (cubin_sm90()[..100].to_vec(), ImageKind::Cubin, "truncated"),
+            (fatbin(&[(2, 80, 0x2000, &[0; 8])]), ImageKind::Fatbin, "holds sm_80 SASS"),
+        ];
+        for (image, kind, why) in cases {
+            match link("sm_90", "prog", &image, kind) {
+                Err(e @ BackendError::Image { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.starts_with("program \"prog\": image refused: ") && text.contains(why), "{text}");
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+    }
 }

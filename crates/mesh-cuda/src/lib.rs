@@ -3,12 +3,14 @@
 //! Layers, after cudarc: cudarc's `sys` (raw, dynamically loaded); [`driver`] (the `result` layer:
 //! libcuda and every entry point checked before the first call, each CUresult an error value);
 //! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`], [`RegisteredMailbox`]),
-//! whose `Drop` never panics. [`jit`] runs nvJitLink on its own thread.
+//! whose `Drop` never panics. [`jit`] runs nvJitLink on its own thread, after [`image`] has read
+//! what each image needs (used as it is, linked, or refused).
 
 pub mod blink;
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod image;
 pub mod jit;
 pub mod memory;
 pub mod module;
