@@ -1,5 +1,6 @@
 // echo: receives on binding 0 and sends every message back on binding 1, until meshd asks it to stop.
-// Messages up to 256 bytes. Regenerate echo.ptx with `cargo xtask ptx` (nvcc -ptx -arch=compute_80).
+// One thread, the one-thread channel calls; messages up to 256 bytes. Regenerate echo.ptx with
+// `cargo xtask ptx` (nvcc -ptx -arch=compute_80).
 #include "mesh.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -18,12 +19,11 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (mesh_should_stop(ctx)) break;
             mesh_heartbeat(ctx, ++beat);
         }
-        // Receive only with room to send, so that a stop never strands a message here; free the
-        // input slot after the reply is out (one sys-scope release fewer on the round trip).
-        if (mesh_chan_room(&out) > 0 && mesh_try_recv_deferred(&in, msg)) {
-            mesh_try_send(&out, msg);
-            mesh_chan_commit(&in);
-        }
+        // Receive only with room to send, so that a stop never strands a message here.
+        if (mesh_chan_room(&out) > 0 && mesh_try_recv(&in, msg)) mesh_try_send(&out, msg);
     }
+    // Publish both positions exactly, so that the next launch continues where this one stopped.
+    mesh_chan_close(&in);
+    mesh_chan_close(&out);
     mesh_end(ctx);
 }

@@ -1,5 +1,7 @@
-// raw_pingpong: the benchmark's baseline, no channel: polls a word the host writes (the head line of
-// binding 0's ring, used as scratch) and writes it back to the next line, until the host writes ~0.
+// raw_pingpong: the benchmark's baseline, no channel: the fastest raw round trip through mapped host
+// memory. Polls one word the host writes (the head line of binding 0's ring, used as scratch) with a
+// relaxed volatile load and writes it back to the next line with a volatile store, no fence, until the
+// host writes ~0. `cargo xtask ptx` regenerates raw_pingpong.ptx.
 #include "mesh.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -8,11 +10,11 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     char* ring = mesh_at(ctx, ctx.bindings[0].ring_offset);
     uint64_t seen = 0;
     for (;;) {
-        uint64_t v = mesh_ld_acquire_u64(ring + MESH_RING_HEAD);
+        uint64_t v = mesh_ld_volatile_u64(ring + MESH_RING_HEAD);
         if (v == ~0ull) break;
         if (v != seen) {
             seen = v;
-            mesh_st_release_u64(ring + MESH_RING_TAIL, v);
+            mesh_st_volatile_u64(ring + MESH_RING_TAIL, v);
         }
     }
     mesh_end(ctx);

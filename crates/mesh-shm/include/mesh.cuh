@@ -2,10 +2,21 @@
 //
 // A program is `extern "C" __global__ void mesh_main(mesh_ctx ctx)`, launched once and looping until
 // mesh_should_stop(ctx). The mailbox lives in host memory mapped into the GPU's address space: every
-// access crosses PCIe, so channel ends cache the other side's index (mesh_chan) and read it only when
-// the ring looks full or empty. The H200 has no host-native atomics, so each shared word has exactly
-// one writer: the kernel writes its status line and its rings' own indices, meshd the control line.
-// Ordering: slot writes, then st.release.sys of the index; ld.acquire.sys of the index, then slot reads.
+// access crosses PCIe (about a microsecond for a read), so what costs is the number of dependent reads,
+// not instructions. The H200 has no host-native atomics, so each shared word has exactly one writer:
+// the kernel writes its status line and its rings' own indices, meshd the control line.
+//
+// Channels (see "Channels" below) carry a tag in every 8-byte word of a message, so a receiver polls
+// the message itself: one PCIe round trip per message, no index read, no fence. Two ways to use them:
+//   * one thread: mesh_try_send / mesh_try_recv (and _deferred + mesh_chan_commit, mesh_chan_room).
+//     Correct at any size; fast up to 8-byte messages (one 16-byte load). Larger messages cost one
+//     round trip per 8 bytes, because one thread's loads of host memory do not overlap.
+//   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together;
+//     each lane loads its own words, so a message up to 4 KiB arrives in one round trip. Use these
+//     for anything above 8 bytes, and the _batch forms for streams of small messages.
+// Before a program returns after mesh_should_stop, it calls mesh_chan_close on every channel it opened
+// and then mesh_end: that publishes its exact positions, so the relaunched kernel (after an upgrade or
+// any blink) continues where it stopped, without losing or repeating a message.
 //
 // Slot states: MESH_STATE_IDLE (armed by meshd, not yet started), MESH_STATE_RUNNING (mesh_begin),
 // MESH_STATE_STOPPED (mesh_end after a stop request), MESH_STATE_EXITED (mesh_exit with a code).
@@ -31,6 +42,7 @@
 #define MESH_RING_HEAD 0u
 #define MESH_RING_TAIL 128u
 #define MESH_RING_SLOTS 384u
+#define MESH_RING_WIRE_FACTOR 2u
 #define MESH_STATE_IDLE 0u
 #define MESH_STATE_RUNNING 1u
 #define MESH_STATE_STOPPED 2u
@@ -124,87 +136,314 @@ static __device__ __forceinline__ void mesh_exit(const mesh_ctx& c, int32_t code
     mesh_st_release_u32(mesh_slot_at(c, MESH_SLOT_STATE), MESH_STATE_EXITED);
 }
 
-// Stores word `i` (< MESH_SLOT_USER_WORDS) of the program's user line.
+// Stores word `i` (< MESH_SLOT_USER_WORDS) of the program's user line. The words survive upgrades and
+// relaunches (a new load starts them at 0), so a program can keep counters there.
 static __device__ __forceinline__ void mesh_user_store(const mesh_ctx& c, uint32_t i, uint32_t v) {
     if (i < MESH_SLOT_USER_WORDS) mesh_st_release_u32(mesh_slot_at(c, MESH_SLOT_USER) + 4u * i, v);
 }
 
-// One end of a bound channel, held in registers by the one thread that uses it.
+// Reads back word `i` of the program's user line (e.g. a counter the previous launch left there).
+static __device__ __forceinline__ uint32_t mesh_user_load(const mesh_ctx& c, uint32_t i) {
+    return i < MESH_SLOT_USER_WORDS ? *(volatile uint32_t*)(mesh_slot_at(c, MESH_SLOT_USER) + 4u * i) : 0u;
+}
+
+// ---- Channels ---------------------------------------------------------------------------------
+// Format (mesh-shm's ring.rs): message `seq` of a channel of msg_size payload bytes fills msg_size/4
+// 8-byte words of its slot; word k holds payload bytes 4k..4k+3 (little-endian) in its low half and
+// mesh_tag(seq) in its high half. 8 bytes is the largest store PTX promises to arrive whole, so a word
+// with the right tag is valid on its own, whatever order the words arrived in. The ring takes
+// MESH_RING_WIRE_FACTOR times its payload in memory.
+// Indices: the producer's `head` line and the consumer's `tail` line (the producer's credit). A GPU end
+// publishes its index with a plain store (no fence) every half ring, when a receiver finds the ring
+// empty, and exactly on mesh_chan_flush / mesh_chan_close.
+
+static __device__ __forceinline__ uint64_t mesh_ld_volatile_u64(const volatile void* p) {
+    uint64_t v;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void mesh_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+static __device__ __forceinline__ void mesh_st_volatile_u64(volatile void* p, uint64_t v) {
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static __device__ __forceinline__ void mesh_st_volatile_v2(volatile void* p, uint64_t a, uint64_t b) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+// This thread's lane in its warp.
+static __device__ __forceinline__ uint32_t mesh_lane(void) {
+    uint32_t l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return l;
+}
+
+// The tag of message `seq`: its low 31 bits with the top bit set (never 0, the value of a ring never
+// written, and never the tag of the message a ring earlier in the same slot).
+static __device__ __forceinline__ uint32_t mesh_tag(uint64_t seq) {
+    return (uint32_t)seq | 0x80000000u;
+}
+
+// One end of a bound channel, held in registers by the thread (or by every lane of the warp) using it.
 typedef struct {
     char* ring;           // the ring's header
-    uint32_t msg_size;    // bytes per message, a multiple of 8
+    uint32_t msg_size;    // payload bytes per message, a multiple of 8 (0: not bound)
     uint32_t mask;        // capacity - 1
-    uint64_t mine;        // this end's index (head for a producer, tail for a consumer)
-    uint64_t other;       // cached copy of the other end's index
+    uint64_t mine;        // producer: the next message to write; consumer: the next to read
+    uint64_t other;       // producer: the consumer's tail as last read; consumer: messages committed
+    uint64_t published;   // what this end's index line holds
+    uint32_t idle;        // consumer: the last poll found the ring empty (the next polls one message)
     bool producer;
 } mesh_chan;
 
-// Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b` gives msg_size 0.
+static __device__ __forceinline__ volatile uint64_t* mesh_chan_slot(const mesh_chan* ch, uint64_t seq) {
+    return (volatile uint64_t*)(ch->ring + MESH_RING_SLOTS +
+                                (seq & ch->mask) * (uint64_t)ch->msg_size * MESH_RING_WIRE_FACTOR);
+}
+
+// Stores this end's index (head for a producer, committed tail for a consumer). A plain store: the
+// other end needs it only as credit (or to resume), never to validate a message.
+static __device__ __forceinline__ void mesh_chan_flush(mesh_chan* ch) {
+    if (ch->msg_size == 0) return;
+    uint64_t v = ch->producer ? ch->mine : ch->other;
+    if (v != ch->published) {
+        mesh_st_volatile_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), v);
+        ch->published = v;
+    }
+}
+
+// Publishes this end's index when half a ring has gone by since the last time.
+static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
+    uint64_t v = ch->producer ? ch->mine : ch->other;
+    uint64_t batch = (ch->mask + 1u) / 2u;
+    if (v - ch->published >= (batch ? batch : 1u)) mesh_chan_flush(ch);
+}
+
+// Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b` gives msg_size 0, on
+// which every call fails. A producer resumes after the last message written into the ring, a consumer
+// at the last position committed and published.
 static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, uint32_t b, bool producer) {
-    mesh_chan ch = {0, 0, 0, 0, 0, producer};
+    mesh_chan ch = {0, 0, 0, 0, 0, 0, 0, producer};
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0) return ch;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
     ch.msg_size = c.bindings[b].msg_size;
     ch.mask = c.bindings[b].capacity - 1;
+    uint64_t tail = mesh_ld_volatile_u64(ch.ring + MESH_RING_TAIL);
     if (producer) {
-        ch.mine = *(volatile uint64_t*)(ch.ring + MESH_RING_HEAD);
-        ch.other = mesh_ld_acquire_u64(ch.ring + MESH_RING_TAIL);
+        uint64_t head = mesh_ld_volatile_u64(ch.ring + MESH_RING_HEAD);
+        ch.published = head;
+        if ((int64_t)(tail - head) > 0) head = tail;
+        // Skip messages written after the published head (a producer that stopped without closing).
+        while (head - tail <= ch.mask && (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head)) >> 32) == mesh_tag(head))
+            head++;
+        ch.mine = head;
+        ch.other = tail;
     } else {
-        ch.mine = *(volatile uint64_t*)(ch.ring + MESH_RING_TAIL);
-        ch.other = mesh_ld_acquire_u64(ch.ring + MESH_RING_HEAD);
+        ch.mine = ch.other = ch.published = tail;
     }
     return ch;
 }
 
-// Free slots a producer can fill now (refreshing the cached consumer index when it looks full).
-// A program that relays messages checks this before it receives, so that a stop never finds it
-// holding a message it could not pass on.
+// Publishes this end's exact position; call it on every channel before mesh_end, so that the next
+// launch of the program continues exactly here. The channel stays usable.
+static __device__ __forceinline__ void mesh_chan_close(mesh_chan* ch) {
+    mesh_chan_flush(ch);
+}
+
+// Free slots a producer can fill now (reading the consumer's tail, one round trip, only when the ring
+// looks full). A relay checks this before it receives, so that a stop never finds it holding a message
+// it could not pass on. Safe to call from every lane of a warp together.
 static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
     if (ch->msg_size == 0 || !ch->producer) return 0;
-    if (ch->mine - ch->other > ch->mask) ch->other = mesh_ld_acquire_u64(ch->ring + MESH_RING_TAIL);
+    if (ch->mine - ch->other > ch->mask) {
+        ch->other = mesh_ld_volatile_u64(ch->ring + MESH_RING_TAIL);
+        mesh_chan_flush(ch);  // the ring looked full: a good moment to say how far we are
+    }
     uint64_t used = ch->mine - ch->other;
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }
 
-// Sends one message of ch->msg_size bytes (8-byte aligned). False when the ring is full.
+// A receive found the ring empty: hand back the credit held so far.
+static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
+    ch->idle = 1;
+    mesh_chan_flush(ch);
+}
+
+// How long a receiver waits for the rest of a message whose first words have arrived, in ns of
+// %globaltimer, before it gives up for this call (a producer that died mid-message must not keep a
+// kernel from seeing its stop request).
+#define MESH_PARTIAL_WAIT_NS 100000u
+
+// --- One thread ---
+
+// Sends one message of ch->msg_size bytes (4-byte aligned). False when the ring is full.
 static __device__ __forceinline__ bool mesh_try_send(mesh_chan* ch, const void* msg) {
-    if (ch->msg_size == 0 || !ch->producer) return false;
-    if (ch->mine - ch->other > ch->mask) {
-        ch->other = mesh_ld_acquire_u64(ch->ring + MESH_RING_TAIL);
-        if (ch->mine - ch->other > ch->mask) return false;
-    }
-    volatile uint64_t* dst = (volatile uint64_t*)(ch->ring + MESH_RING_SLOTS + (ch->mine & ch->mask) * ch->msg_size);
-    const uint64_t* src = (const uint64_t*)msg;
-    for (uint32_t i = 0; i < ch->msg_size / 8u; i++) dst[i] = src[i];
+    if (mesh_chan_room(ch) == 0) return false;
+    volatile uint64_t* dst = mesh_chan_slot(ch, ch->mine);
+    const uint32_t* src = (const uint32_t*)msg;
+    const uint64_t t = (uint64_t)mesh_tag(ch->mine) << 32;
+    for (uint32_t i = 0; i < ch->msg_size / 4u; i += 2) mesh_st_volatile_v2(dst + i, t | src[i], t | src[i + 1]);
     ch->mine += 1;
-    mesh_st_release_u64(ch->ring + MESH_RING_HEAD, ch->mine);
+    mesh_chan_progress(ch);
     return true;
 }
 
-// Publishes a consumer's index after mesh_try_recv_deferred calls: the slots read become free.
-static __device__ __forceinline__ void mesh_chan_commit(mesh_chan* ch) {
-    if (ch->msg_size != 0 && !ch->producer) mesh_st_release_u64(ch->ring + MESH_RING_TAIL, ch->mine);
-}
-
-// Like mesh_try_recv, but leaves the slot held until mesh_chan_commit: a relay sends its reply first
-// and frees the slot after, taking one sys-scope release off the round trip.
+// Like mesh_try_recv, but the slot stays held (the producer cannot reuse it) until mesh_chan_commit.
+// False when no whole message is there; `out` may then have been written.
 static __device__ __forceinline__ bool mesh_try_recv_deferred(mesh_chan* ch, void* out) {
     if (ch->msg_size == 0 || ch->producer) return false;
-    if (ch->mine == ch->other) {
-        ch->other = mesh_ld_acquire_u64(ch->ring + MESH_RING_HEAD);
-        if (ch->mine == ch->other) return false;
+    const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
+    const uint32_t t = mesh_tag(ch->mine);
+    uint32_t* dst = (uint32_t*)out;
+    uint64_t since = 0;
+    for (uint32_t i = 0; i < ch->msg_size / 4u;) {
+        uint64_t a, b;
+        mesh_ld_volatile_v2(src + i, &a, &b);
+        if ((uint32_t)(a >> 32) == t && (uint32_t)(b >> 32) == t) {
+            dst[i] = (uint32_t)a;
+            dst[i + 1] = (uint32_t)b;
+            i += 2;
+        } else if (i == 0) {
+            mesh_chan_drained(ch);
+            return false;
+        } else if (since == 0) {
+            since = mesh_globaltimer();
+        } else if (mesh_globaltimer() - since > MESH_PARTIAL_WAIT_NS) {
+            return false;
+        }
     }
-    const volatile uint64_t* src =
-        (const volatile uint64_t*)(ch->ring + MESH_RING_SLOTS + (ch->mine & ch->mask) * ch->msg_size);
-    uint64_t* dst = (uint64_t*)out;
-    for (uint32_t i = 0; i < ch->msg_size / 8u; i++) dst[i] = src[i];
     ch->mine += 1;
+    ch->idle = 0;
     return true;
 }
 
-// Receives one message into `out` (ch->msg_size bytes, 8-byte aligned). False when the ring is empty.
+// Makes the messages received with mesh_try_recv_deferred free for the producer to reuse (published
+// in batches: every half ring, when the ring drains, on mesh_chan_close).
+static __device__ __forceinline__ void mesh_chan_commit(mesh_chan* ch) {
+    if (ch->msg_size == 0 || ch->producer) return;
+    ch->other = ch->mine;
+    mesh_chan_progress(ch);
+}
+
+// Receives one message into `out` (ch->msg_size bytes, 4-byte aligned). False when the ring is empty.
 static __device__ __forceinline__ bool mesh_try_recv(mesh_chan* ch, void* out) {
     if (!mesh_try_recv_deferred(ch, out)) return false;
     mesh_chan_commit(ch);
     return true;
+}
+
+// --- One warp: all 32 lanes call these together, with the same channel state (each lane holds a copy
+// of the mesh_chan and every lane's copy changes the same way), and the same buffer. ---
+
+// Words each lane keeps in flight: a warp moves 32 x 32 words (4 KiB of payload) per round trip.
+#define MESH_WARP_LOADS 32u
+
+static __device__ __forceinline__ uint32_t mesh_warp_min(uint32_t v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        uint32_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+// Receives up to `max` messages into `buf` (max * msg_size bytes, 4-byte aligned, shared or global
+// memory), committing them. Returns how many (the same on every lane); 0 when the ring is empty. Words of
+// several small messages are loaded together, so a stream of them needs one round trip per 4 KiB; a
+// message larger than 4 KiB takes one round trip per 4 KiB. After an empty poll the next call looks at one
+// message only, so that an idle ring is polled with one message's words, not `max` messages'.
+static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, uint32_t max) {
+    if (ch->msg_size == 0 || ch->producer || max == 0) return 0;
+    const uint32_t lane = mesh_lane();
+    const uint32_t words = ch->msg_size / 4u;
+    const uint32_t round = 32u * MESH_WARP_LOADS;
+    uint32_t n = 1;
+    if (words <= round && !ch->idle) {
+        n = round / words;
+        if (n > max) n = max;
+        const uint32_t to_end = ch->mask + 1u - (uint32_t)(ch->mine & ch->mask);  // slots are contiguous until the ring's end
+        if (n > to_end) n = to_end;
+    }
+    const uint32_t total = n * words;
+    const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
+    uint32_t* dst = (uint32_t*)buf;
+    const uint32_t seq = (uint32_t)ch->mine;
+    uint32_t got = n;
+    for (uint32_t base = 0; base < total && got == n; base += round) {
+        uint64_t v[MESH_WARP_LOADS];
+        uint32_t stale = 0;  // bit k: word base + lane + 32k is still to be seen with its tag
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_WARP_LOADS; k++)
+            if (base + lane + 32u * k < total) stale |= 1u << k;
+        uint64_t since = 0;
+        for (bool first = true;; first = false) {
+#pragma unroll
+            for (uint32_t k = 0; k < MESH_WARP_LOADS; k++)
+                if ((stale >> k) & 1u) v[k] = mesh_ld_volatile_u64(src + base + lane + 32u * k);
+            uint32_t bad = n;  // the first message with a word missing, as this lane sees it
+            bool arrived = false;  // some word of this round's first message is here
+#pragma unroll
+            for (uint32_t k = 0; k < MESH_WARP_LOADS; k++) {
+                if (!((stale >> k) & 1u)) continue;
+                const uint32_t j = (base + lane + 32u * k) / words;
+                if ((uint32_t)(v[k] >> 32) == ((seq + j) | 0x80000000u)) {
+                    stale &= ~(1u << k);
+                    arrived |= j == 0;
+                } else if (j < bad) {
+                    bad = j;
+                }
+            }
+            bad = mesh_warp_min(bad);
+            if (bad == n) break;  // every message of this round is whole
+            if (bad > 0) {        // take the whole messages in front of the first incomplete one
+                got = bad;
+                break;
+            }
+            if (first && base == 0 && !__any_sync(0xffffffffu, arrived)) {
+                mesh_chan_drained(ch);
+                return 0;
+            }
+            // The first message is on its way: wait for its other words, within a bound.
+            if (since == 0) since = mesh_globaltimer();
+            if (__shfl_sync(0xffffffffu, mesh_globaltimer() - since > MESH_PARTIAL_WAIT_NS, 0)) return 0;
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_WARP_LOADS; k++) {
+            const uint32_t idx = base + lane + 32u * k;
+            if (idx < total && idx / words < got) dst[idx] = (uint32_t)v[k];
+        }
+    }
+    __syncwarp();
+    ch->mine += got;
+    ch->other = ch->mine;
+    ch->idle = 0;
+    mesh_chan_progress(ch);
+    return got;
+}
+
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived.
+static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
+    return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
+}
+
+// Sends up to `count` messages from `buf` (count * msg_size bytes, 4-byte aligned), as many as there is
+// room for; returns how many (the same on every lane). Stores only: nothing waits for PCIe.
+static __device__ uint32_t mesh_warp_try_send_batch(mesh_chan* ch, const void* buf, uint32_t count) {
+    uint32_t room = __shfl_sync(0xffffffffu, mesh_chan_room(ch), 0);
+    ch->other = __shfl_sync(0xffffffffu, ch->other, 0);
+    const uint32_t n = count < room ? count : room;
+    const uint32_t words = ch->msg_size / 4u;
+    const uint32_t* src = (const uint32_t*)buf;
+    for (uint32_t idx = mesh_lane(); idx < n * words; idx += 32u) {
+        const uint32_t j = idx / words;
+        const uint64_t seq = ch->mine + j;
+        mesh_st_volatile_u64(mesh_chan_slot(ch, seq) + (idx - j * words), ((uint64_t)mesh_tag(seq) << 32) | src[idx]);
+    }
+    ch->mine += n;
+    if (n) mesh_chan_progress(ch);
+    return n;
+}
+
+// Sends one message from `buf` (msg_size bytes). False on every lane when the ring is full.
+static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const void* buf) {
+    return mesh_warp_try_send_batch(ch, buf, 1) == 1;
 }

@@ -150,10 +150,7 @@ impl Producer {
         let count = (msgs.len() / size) as u64;
         let sent = self
             .core
-            .push_with(count, |i, slot| {
-                let i = i as usize;
-                slot.copy_from_slice(&msgs[i * size..(i + 1) * size]);
-            })
+            .push_with(count, |i| &msgs[i as usize * size..(i as usize + 1) * size])
             .map_err(|c| corrupt(&self.info, c))?;
         Ok(sent as usize)
     }
@@ -188,7 +185,8 @@ impl Consumer {
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let claim = EndClaim::take(mailbox, name, End::Consumer)?;
         let info = mailbox.channel(name)?;
-        Ok(Self { core: ConsumerCore::new(mailbox.ring_memory(&info)), info, _claim: claim })
+        let core = ConsumerCore::new(mailbox.ring_memory(&info)).map_err(|c| corrupt(&info, c))?;
+        Ok(Self { core, info, _claim: claim })
     }
 
     /// The channel.
@@ -212,7 +210,7 @@ impl Consumer {
     #[inline]
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         self.check_len(out.len())?;
-        self.core.try_pop(out).map_err(|c| corrupt(&self.info, c))
+        Ok(self.core.try_pop(out))
     }
 
     /// Receives one message, waiting until `timeout` passes.
@@ -234,14 +232,7 @@ impl Consumer {
         if out.len() % size != 0 {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: out.len() % size });
         }
-        let got = self
-            .core
-            .pop_with((out.len() / size) as u64, |i, slot| {
-                let i = i as usize;
-                out[i * size..(i + 1) * size].copy_from_slice(slot);
-            })
-            .map_err(|c| corrupt(&self.info, c))?;
-        Ok(got as usize)
+        Ok(self.core.pop_into(out) as usize)
     }
 
     /// Receives at least one message into `out`, waiting until `timeout` passes; returns how many.

@@ -36,6 +36,7 @@ pub fn layout_block() -> String {
     def("MESH_RING_HEAD", (offset_of!(RingHeader, producer) + offset_of!(ProducerLine, head)) as u64);
     def("MESH_RING_TAIL", (offset_of!(RingHeader, consumer) + offset_of!(ConsumerLine, tail)) as u64);
     def("MESH_RING_SLOTS", size_of::<RingHeader>() as u64);
+    def("MESH_RING_WIRE_FACTOR", RING_WIRE_FACTOR);
     def("MESH_STATE_IDLE", STATE_IDLE.into());
     def("MESH_STATE_RUNNING", STATE_RUNNING.into());
     def("MESH_STATE_STOPPED", STATE_STOPPED.into());

@@ -155,7 +155,8 @@ pub struct ChannelDesc {
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct ProducerLine {
-    /// Messages ever sent; slot `head & (capacity - 1)` is written next.
+    /// Messages ever sent, as last published: exact from a host producer, published in batches
+    /// (and exactly on `mesh_chan_close`) by a GPU one. Consumers never read it on their path.
     pub head: AtomicU64,
 }
 
@@ -163,7 +164,8 @@ pub struct ProducerLine {
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct ConsumerLine {
-    /// Messages ever received; `head - tail` messages are waiting.
+    /// Messages ever received, as last published (the producer's credit): exact from a host
+    /// consumer, in batches of half the ring, when it drains, and on `mesh_chan_close` from a GPU one.
     pub tail: AtomicU64,
 }
 
@@ -230,9 +232,12 @@ const _: () = assert!(offset_of!(RingHeader, consumer) == LINE as usize);
 const _: () = assert!(size_of::<MeshBinding>() == 16);
 const _: () = assert!(size_of::<MeshCtx>() == 24 + 16 * MAX_BINDINGS);
 
-/// Bytes a ring of `capacity` messages of `msg_size` bytes takes in the arena, rounded to a line.
+/// Ring bytes per payload byte: each 8-byte word of a slot carries 4 payload bytes and a tag (see `ring`).
+pub const RING_WIRE_FACTOR: u64 = 2;
+
+/// Bytes a ring of `capacity` messages of `msg_size` payload bytes takes in the arena, rounded to a line.
 pub const fn ring_bytes(msg_size: u32, capacity: u32) -> u64 {
-    let raw = size_of::<RingHeader>() as u64 + msg_size as u64 * capacity as u64;
+    let raw = size_of::<RingHeader>() as u64 + RING_WIRE_FACTOR * msg_size as u64 * capacity as u64;
     raw.div_ceil(LINE) * LINE
 }
 

@@ -1,19 +1,54 @@
-//! The single-producer single-consumer ring over raw memory: the index arithmetic and the publish protocol.
+//! The single-producer single-consumer ring over raw memory: the LL word format, the index arithmetic and the publish protocol.
 //!
 //! Kept free of files and mappings so that Miri can run it over heap memory.
-//! Protocol (the device side in `mesh.cuh` does the same with
-//! `st.release.sys` / `ld.acquire.sys`): the producer writes a slot, then
-//! stores `head` with Release; the consumer loads `head` with Acquire, copies
-//! the slot out, then stores `tail` with Release; the producer loads `tail`
-//! with Acquire before reusing a slot. Each side caches the other's index and
-//! reads the shared line only when the ring looks full or empty.
+//!
+//! **Format (layout version 2).** A message of `msg_size` payload bytes occupies `msg_size / 4`
+//! 8-byte *words* in its slot; each word carries 4 payload bytes in its low half and the tag of
+//! the message's sequence number in its high half (`tag(seq)`: its low 31 bits, top bit set), the packing of
+//! NCCL's LL protocol. A word is valid on its own: 8 bytes is the only single-copy atomic unit
+//! PTX promises over PCIe, so a consumer that sees the right tag in a word has that word's
+//! payload, whatever order the producer's stores arrived in. The consumer therefore polls the
+//! slot itself and never reads `head` on its path, which on the GPU saves one dependent PCIe read
+//! per message (see `mesh.cuh`). The ring costs twice its payload in memory.
+//!
+//! **Indices.** `head` (producer line) and `tail` (consumer line) still exist, each with one
+//! writer: `tail` is the producer's credit (it must not overwrite message `seq` until
+//! `tail > seq`), `head` is where a new producer resumes. Host ends publish theirs on every call
+//! (a store to a line nobody polls costs nothing on the host); GPU ends publish in batches and
+//! exactly on `mesh_chan_close`, so a published `head` may lag the true one: a new producer
+//! starts at the larger of `head` and `tail` and skips forward over messages already written
+//! (their first word carries their own tag).
+//!
+//! Memory orders: words are Relaxed atomics (each validates itself); the consumer stores `tail`
+//! with Release after reading a message's words and the producer loads it with Acquire before
+//! overwriting them, so a slot is never rewritten under a reader.
 
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::RingHeader;
 
-/// A ring's memory: its header and `capacity * msg_size` bytes of slots right after it.
+/// Payload bytes one 8-byte word carries (the rest is its tag).
+pub const WORD_PAYLOAD: usize = 4;
+/// Bytes of ring memory per byte of payload.
+pub const WIRE_FACTOR: usize = crate::layout::RING_WIRE_FACTOR as usize;
+const _: () = assert!(WIRE_FACTOR * WORD_PAYLOAD == 8);
+
+/// The tag that marks a word as part of message `seq`: its low 31 bits with the top bit set, so
+/// that it is never 0 (untouched memory) and differs from a word left from the previous lap,
+/// `tag(seq - capacity)`, for every capacity below 2^31.
+#[inline]
+pub const fn tag(seq: u64) -> u32 {
+    (seq as u32) | 0x8000_0000
+}
+
+/// One word of message `seq` carrying `payload`.
+#[inline]
+pub const fn word(seq: u64, payload: u32) -> u64 {
+    ((tag(seq) as u64) << 32) | payload as u64
+}
+
+/// A ring's memory: its header and `capacity` slots of `msg_size / 4` words right after it.
 #[derive(Debug, Clone, Copy)]
 pub struct RingMemory {
     header: NonNull<RingHeader>,
@@ -21,13 +56,13 @@ pub struct RingMemory {
     capacity: u64,
 }
 
-// SAFETY: the ring is shared memory by design; every access goes through atomics or through slots
-// that the protocol hands to one side at a time.
+// SAFETY: the ring is shared memory by design; every access goes through atomics, and the
+// protocol hands each slot to one writer at a time.
 unsafe impl Send for RingMemory {}
-// SAFETY: as above; `&RingMemory` only exposes the same protocol-guarded accesses.
+// SAFETY: as above; `&RingMemory` only exposes the same atomic accesses.
 unsafe impl Sync for RingMemory {}
 
-/// The ring's indices say something impossible: `head - tail` exceeds the capacity.
+/// The ring's indices say something impossible: the producer is more than a ring ahead of the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt {
     /// The producer index read.
@@ -38,15 +73,15 @@ pub struct Corrupt {
 
 impl RingMemory {
     /// # Safety
-    /// `header` must point to a [`RingHeader`] followed by `capacity * msg_size` writable bytes,
-    /// 128-byte aligned, valid for as long as the returned value and its copies are used.
-    /// `capacity` must be a power of two and non-zero; `msg_size` non-zero.
+    /// `header` must point to a [`RingHeader`] followed by `capacity * msg_size * WIRE_FACTOR`
+    /// writable bytes, 128-byte aligned, valid for as long as the returned value and its copies are
+    /// used. `capacity` must be a power of two and non-zero; `msg_size` a non-zero multiple of 8.
     pub unsafe fn new(header: NonNull<RingHeader>, msg_size: usize, capacity: u64) -> Self {
-        debug_assert!(capacity.is_power_of_two() && msg_size > 0);
+        debug_assert!(capacity.is_power_of_two() && msg_size > 0 && msg_size % 8 == 0);
         Self { header, msg_size, capacity }
     }
 
-    /// Bytes per message.
+    /// Payload bytes per message.
     pub fn msg_size(&self) -> usize {
         self.msg_size
     }
@@ -57,47 +92,45 @@ impl RingMemory {
     }
 
     #[inline]
+    fn words_per_message(&self) -> usize {
+        self.msg_size / WORD_PAYLOAD
+    }
+
+    #[inline]
     fn header(&self) -> &RingHeader {
         // SAFETY: `new`'s contract keeps the header valid; it is only read through atomics.
         unsafe { self.header.as_ref() }
     }
 
-    /// The producer index, as last published.
+    /// The producer index, as last published (a GPU producer publishes in batches: a lower bound).
     #[inline]
     pub fn head(&self) -> u64 {
         self.header().producer.head.load(Ordering::Acquire)
     }
 
-    /// The consumer index, as last published.
+    /// The consumer index, as last published (a GPU consumer publishes in batches: a lower bound).
     #[inline]
     pub fn tail(&self) -> u64 {
         self.header().consumer.tail.load(Ordering::Acquire)
     }
 
+    /// The words of message `seq`'s slot.
     #[inline]
-    fn slot(&self, index: u64) -> *mut u8 {
-        let offset = (index & (self.capacity - 1)) as usize * self.msg_size;
-        // SAFETY: `offset + msg_size <= capacity * msg_size`, inside the region `new` promised.
-        unsafe { self.header.as_ptr().add(1).cast::<u8>().add(offset) }
+    fn words(&self, seq: u64) -> &[AtomicU64] {
+        let n = self.words_per_message();
+        let offset = (seq & (self.capacity - 1)) as usize * n;
+        // SAFETY: the slots follow the header (see `new`), are 8-aligned (the header is 384 bytes,
+        // every slot a multiple of 16), and `offset + n` words lie inside the `capacity * n` words
+        // `new` promised. AtomicU64 has the layout of u64, and every access to the words is atomic.
+        unsafe { core::slice::from_raw_parts(self.header.as_ptr().add(1).cast::<AtomicU64>().add(offset), n) }
     }
-}
 
-/// Copies one message; the common small sizes as fixed-size copies, which compile to a few moves
-/// instead of a `memcpy` call (an 8-byte message costs about as much as the call itself).
-#[inline]
-fn copy_message(dst: &mut [u8], src: &[u8]) {
-    macro_rules! fixed {
-        ($($n:literal),*) => {
-            match src.len() {
-                $($n => {
-                    let (d, s): (&mut [u8; $n], &[u8; $n]) = (dst.try_into().expect("same length"), src.try_into().expect("same length"));
-                    *d = *s;
-                })*
-                _ => dst.copy_from_slice(src),
-            }
-        };
+    /// Whether message `seq` is whole in its slot (every word tagged with `seq`).
+    #[inline]
+    fn complete(&self, seq: u64) -> bool {
+        let t = tag(seq);
+        self.words(seq).iter().all(|w| (w.load(Ordering::Relaxed) >> 32) as u32 == t)
     }
-    fixed!(8, 16, 32, 64);
 }
 
 /// The producer end's private state: its own index and a cached copy of the consumer's.
@@ -109,11 +142,20 @@ pub struct ProducerCore {
 }
 
 impl ProducerCore {
-    /// Takes over the producer end at the indices currently published.
+    /// Takes over the producer end where the last producer left it: at the larger of the published
+    /// `head` and `tail`, then past every message already written after it (a GPU producer's
+    /// published head may lag; its messages are recognised by their tags).
     pub fn new(ring: RingMemory) -> Self {
-        let head = ring.header().producer.head.load(Ordering::Relaxed);
-        let cached_tail = ring.tail();
-        Self { ring, head, cached_tail }
+        let published = ring.header().producer.head.load(Ordering::Relaxed);
+        let tail = ring.tail();
+        let mut head = if (tail.wrapping_sub(published) as i64) > 0 { tail } else { published };
+        while head.wrapping_sub(tail) < ring.capacity && ring.complete(head) {
+            head = head.wrapping_add(1);
+        }
+        if head != published {
+            ring.header().producer.head.store(head, Ordering::Release);
+        }
+        Self { ring, head, cached_tail: tail }
     }
 
     /// The ring this end writes.
@@ -121,7 +163,7 @@ impl ProducerCore {
         &self.ring
     }
 
-    /// Free slots, refreshing the cached consumer index only when the ring looks full.
+    /// Free slots, refreshing the cached consumer index only when fewer than `wanted` look free.
     #[inline]
     fn free(&mut self, wanted: u64) -> Result<u64, Corrupt> {
         let mut used = self.head.wrapping_sub(self.cached_tail);
@@ -135,20 +177,41 @@ impl ProducerCore {
         Ok(self.ring.capacity - used)
     }
 
-    /// Writes up to `count` messages produced by `fill(i, slot)`, publishing them with one index store.
-    /// Returns how many were written (0 when the ring is full).
+    /// Writes message `self.head` from `msg` (zero-padded to the message size), without publishing.
     #[inline]
-    pub fn push_with(&mut self, count: u64, mut fill: impl FnMut(u64, &mut [u8])) -> Result<u64, Corrupt> {
+    fn write(&self, msg: &[u8]) {
+        let seq = self.head;
+        let words = self.ring.words(seq);
+        let mut chunks = msg.chunks_exact(WORD_PAYLOAD);
+        let mut i = 0;
+        for c in &mut chunks {
+            words[i].store(word(seq, u32::from_le_bytes(c.try_into().expect("4 bytes"))), Ordering::Relaxed);
+            i += 1;
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; WORD_PAYLOAD];
+            last[..rest.len()].copy_from_slice(rest);
+            words[i].store(word(seq, u32::from_le_bytes(last)), Ordering::Relaxed);
+            i += 1;
+        }
+        for w in &words[i..] {
+            w.store(word(seq, 0), Ordering::Relaxed);
+        }
+    }
+
+    /// Writes up to `count` messages, message `i` taken from `msg(i)` (at most the message size;
+    /// shorter ones are zero-padded), then publishes `head` once. Returns how many were written.
+    #[inline]
+    pub fn push_with<'m>(&mut self, count: u64, mut msg: impl FnMut(u64) -> &'m [u8]) -> Result<u64, Corrupt> {
         let n = self.free(count)?.min(count);
         for i in 0..n {
-            let slot = self.ring.slot(self.head.wrapping_add(i));
-            // SAFETY: the slot lies in the ring (see `slot`), and the consumer does not read it until
-            // the Release store below publishes it: this end has exclusive access to it now.
-            let bytes = unsafe { core::slice::from_raw_parts_mut(slot, self.ring.msg_size) };
-            fill(i, bytes);
+            // The Acquire load of `tail` in `free` ordered the consumer's reads of this slot before
+            // these stores; the consumer accepts a word only once it carries this message's tag.
+            self.write(msg(i));
+            self.head = self.head.wrapping_add(1);
         }
         if n > 0 {
-            self.head = self.head.wrapping_add(n);
             self.ring.header().producer.head.store(self.head, Ordering::Release);
         }
         Ok(n)
@@ -158,30 +221,30 @@ impl ProducerCore {
     #[inline]
     pub fn try_push(&mut self, msg: &[u8]) -> Result<bool, Corrupt> {
         debug_assert!(msg.len() <= self.ring.msg_size);
-        let n = self.push_with(1, |_, slot| {
-            copy_message(&mut slot[..msg.len()], msg);
-            if msg.len() < slot.len() {
-                slot[msg.len()..].fill(0);
-            }
-        })?;
-        Ok(n == 1)
+        Ok(self.push_with(1, |_| msg)? == 1)
     }
 }
 
-/// The consumer end's private state: its own index and a cached copy of the producer's.
+/// The consumer end's private state: its own index.
 #[derive(Debug)]
 pub struct ConsumerCore {
     ring: RingMemory,
     tail: u64,
-    cached_head: u64,
 }
 
 impl ConsumerCore {
-    /// Takes over the consumer end at the indices currently published.
-    pub fn new(ring: RingMemory) -> Self {
+    /// Takes over the consumer end at the published `tail`. Refuses indices no producer can have
+    /// left: a published `head` more than a ring ahead of `tail`.
+    pub fn new(ring: RingMemory) -> Result<Self, Corrupt> {
         let tail = ring.header().consumer.tail.load(Ordering::Relaxed);
-        let cached_head = ring.head();
-        Self { ring, tail, cached_head }
+        let head = ring.head();
+        let ahead = head.wrapping_sub(tail);
+        // A GPU producer's published head lags (a negative distance is fine); a positive one
+        // beyond the capacity is impossible.
+        if (ahead as i64) > 0 && ahead > ring.capacity {
+            return Err(Corrupt { head, tail });
+        }
+        Ok(Self { ring, tail })
     }
 
     /// The ring this end reads.
@@ -189,44 +252,47 @@ impl ConsumerCore {
         &self.ring
     }
 
+    /// Copies message `self.tail`'s payload into `out` (exactly the message size), if it is whole.
     #[inline]
-    fn available(&mut self, wanted: u64) -> Result<u64, Corrupt> {
-        let mut ready = self.cached_head.wrapping_sub(self.tail);
-        if ready < wanted || ready > self.ring.capacity {
-            self.cached_head = self.ring.head();
-            ready = self.cached_head.wrapping_sub(self.tail);
+    fn read(&self, out: &mut [u8]) -> bool {
+        let seq = self.tail;
+        let words = self.ring.words(seq);
+        let t = tag(seq);
+        // The first word alone decides "empty" (the common case) without touching `out`.
+        if (words[0].load(Ordering::Relaxed) >> 32) as u32 != t || !self.ring.complete(seq) {
+            return false;
         }
-        if ready > self.ring.capacity {
-            return Err(Corrupt { head: self.cached_head, tail: self.tail });
+        // Every word carries this message's tag, and the producer cannot rewrite them before our
+        // `tail` store: reading them again yields the same values.
+        for (w, o) in words.iter().zip(out.chunks_exact_mut(WORD_PAYLOAD)) {
+            o.copy_from_slice(&(w.load(Ordering::Relaxed) as u32).to_le_bytes());
         }
-        Ok(ready)
+        true
     }
 
-    /// Reads up to `count` messages into `take(i, slot)`, releasing them with one index store.
-    /// Returns how many were read (0 when the ring is empty).
+    /// Reads up to `out.len() / msg_size` whole messages into consecutive records of `out`, then
+    /// publishes `tail` once. Returns how many were read (0 when the ring is empty).
     #[inline]
-    pub fn pop_with(&mut self, count: u64, mut take: impl FnMut(u64, &[u8])) -> Result<u64, Corrupt> {
-        let n = self.available(count)?.min(count);
-        for i in 0..n {
-            let slot = self.ring.slot(self.tail.wrapping_add(i));
-            // SAFETY: the Acquire load of `head` made this slot's contents visible, and the producer
-            // does not reuse it until the Release store of `tail` below.
-            let bytes = unsafe { core::slice::from_raw_parts(slot, self.ring.msg_size) };
-            take(i, bytes);
+    pub fn pop_into(&mut self, out: &mut [u8]) -> u64 {
+        let mut n = 0;
+        for record in out.chunks_exact_mut(self.ring.msg_size) {
+            if !self.read(record) {
+                break;
+            }
+            self.tail = self.tail.wrapping_add(1);
+            n += 1;
         }
         if n > 0 {
-            self.tail = self.tail.wrapping_add(n);
             self.ring.header().consumer.tail.store(self.tail, Ordering::Release);
         }
-        Ok(n)
+        n
     }
 
     /// Reads one message into `out` (its length must be the message size); `false` when empty.
     #[inline]
-    pub fn try_pop(&mut self, out: &mut [u8]) -> Result<bool, Corrupt> {
+    pub fn try_pop(&mut self, out: &mut [u8]) -> bool {
         debug_assert_eq!(out.len(), self.ring.msg_size);
-        let n = self.pop_with(1, |_, slot| copy_message(out, slot))?;
-        Ok(n == 1)
+        self.pop_into(out) == 1
     }
 }
 
@@ -244,14 +310,25 @@ mod tests {
 
     impl HeapRing {
         fn new(msg_size: usize, capacity: u64) -> Self {
-            let size = core::mem::size_of::<RingHeader>() + msg_size * capacity as usize;
+            let size = core::mem::size_of::<RingHeader>() + msg_size * WIRE_FACTOR * capacity as usize;
             let layout = Layout::from_size_align(size, 128).unwrap();
             // SAFETY: the layout has a non-zero size.
             let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
             // SAFETY: the allocation holds the header and the slots, is 128-aligned and zeroed
-            // (zero is a valid RingHeader), and lives as long as `self`.
+            // (zero is a valid RingHeader and an untagged word), and lives as long as `self`.
             let ring = unsafe { RingMemory::new(ptr.cast(), msg_size, capacity) };
             Self { ptr, layout, ring }
+        }
+
+        /// Stores one word of message `seq` as a GPU producer would: no index published.
+        fn store_word(&self, seq: u64, index: usize, payload: u32) {
+            self.ring.words(seq)[index].store(word(seq, payload), Ordering::Relaxed);
+        }
+
+        fn set_indices(&self, head: u64, tail: u64) {
+            let h = self.ring.header();
+            h.producer.head.store(head, Ordering::Relaxed);
+            h.consumer.tail.store(tail, Ordering::Relaxed);
         }
     }
 
@@ -266,60 +343,162 @@ mod tests {
     fn fills_drains_and_wraps() {
         let heap = HeapRing::new(8, 4);
         let mut p = ProducerCore::new(heap.ring);
-        let mut c = ConsumerCore::new(heap.ring);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
         let mut out = [0u8; 8];
-        assert!(!c.try_pop(&mut out).unwrap(), "a new ring is empty");
+        assert!(!c.try_pop(&mut out), "a new ring is empty");
         for round in 0u64..10 {
             for i in 0..4u64 {
                 assert!(p.try_push(&(round * 4 + i).to_le_bytes()).unwrap());
             }
             assert!(!p.try_push(&[1]).unwrap(), "a full ring refuses");
             for i in 0..4u64 {
-                assert!(c.try_pop(&mut out).unwrap());
+                assert!(c.try_pop(&mut out));
                 assert_eq!(u64::from_le_bytes(out), round * 4 + i);
             }
-            assert!(!c.try_pop(&mut out).unwrap());
+            assert!(!c.try_pop(&mut out));
         }
         assert_eq!(heap.ring.head(), 40);
         assert_eq!(heap.ring.tail(), 40);
     }
 
     #[test]
+    fn every_word_carries_its_messages_tag() {
+        let heap = HeapRing::new(8, 2);
+        let mut p = ProducerCore::new(heap.ring);
+        assert!(p.try_push(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap());
+        let words: Vec<u64> = heap.ring.words(0).iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        assert_eq!(words, [0x8000_0000_0403_0201, 0x8000_0000_0807_0605]);
+        assert_eq!(tag(0x1_8000_0005), 0x8000_0005, "31 bits of sequence, top bit set");
+    }
+
+    #[test]
     fn short_messages_are_zero_padded() {
         let heap = HeapRing::new(16, 2);
         let mut p = ProducerCore::new(heap.ring);
-        let mut c = ConsumerCore::new(heap.ring);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
         assert!(p.try_push(&[0xff; 16]).unwrap());
         assert!(p.try_push(&[0xff; 16]).unwrap());
         let mut out = [0u8; 16];
-        assert!(c.try_pop(&mut out).unwrap());
-        assert!(p.try_push(&[7, 7]).unwrap());
-        assert!(c.try_pop(&mut out).unwrap());
-        assert!(c.try_pop(&mut out).unwrap());
-        assert_eq!(out[..2], [7, 7]);
-        assert!(out[2..].iter().all(|&b| b == 0), "the rest of a reused slot is cleared");
+        assert!(c.try_pop(&mut out));
+        assert!(p.try_push(&[7, 7, 7, 7, 7]).unwrap());
+        assert!(c.try_pop(&mut out));
+        assert!(c.try_pop(&mut out));
+        assert_eq!(out[..5], [7; 5]);
+        assert!(out[5..].iter().all(|&b| b == 0), "the rest of a reused slot is cleared");
+    }
+
+    #[test]
+    fn a_message_is_taken_only_when_every_word_has_arrived() {
+        let heap = HeapRing::new(16, 4);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let mut out = [0u8; 16];
+        // A GPU warp's stores may land in any order: the last word first, the first word last.
+        heap.store_word(0, 3, 4);
+        heap.store_word(0, 1, 2);
+        assert!(!c.try_pop(&mut out), "words 0 and 2 are missing");
+        heap.store_word(0, 0, 1);
+        assert!(!c.try_pop(&mut out), "word 2 is missing");
+        assert_eq!(out, [0; 16], "a refused read leaves the buffer alone");
+        heap.store_word(0, 2, 3);
+        assert!(c.try_pop(&mut out));
+        let got: Vec<u32> = out.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got, [1, 2, 3, 4]);
+        assert_eq!(heap.ring.tail(), 1);
+    }
+
+    #[test]
+    fn a_word_left_from_the_previous_lap_is_not_taken() {
+        let heap = HeapRing::new(8, 2);
+        let mut p = ProducerCore::new(heap.ring);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let mut out = [0u8; 8];
+        for i in 0..2u64 {
+            assert!(p.try_push(&i.to_le_bytes()).unwrap());
+            assert!(c.try_pop(&mut out));
+        }
+        // Message 2 reuses message 0's slot: with only its first word rewritten it is not whole.
+        heap.store_word(2, 0, 9);
+        assert!(!c.try_pop(&mut out));
+        heap.store_word(2, 1, 0);
+        assert!(c.try_pop(&mut out));
+        assert_eq!(u64::from_le_bytes(out), 9);
+    }
+
+    #[test]
+    fn a_new_producer_skips_messages_written_after_the_published_head() {
+        // A GPU producer publishes head in batches: head says 1, messages 1 and 2 are in the ring.
+        let heap = HeapRing::new(8, 8);
+        let mut p = ProducerCore::new(heap.ring);
+        assert!(p.try_push(&[0; 8]).unwrap());
+        for seq in 1..3 {
+            heap.store_word(seq, 0, seq as u32);
+            heap.store_word(seq, 1, 0);
+        }
+        let mut p = ProducerCore::new(heap.ring);
+        assert_eq!(heap.ring.head(), 3, "resumes after the last message written");
+        assert!(p.try_push(&3u64.to_le_bytes()).unwrap());
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let mut out = [0u8; 8];
+        for expect in 0..4u64 {
+            assert!(c.try_pop(&mut out));
+            assert_eq!(u64::from_le_bytes(out), expect);
+        }
+        assert!(!c.try_pop(&mut out));
+    }
+
+    #[test]
+    fn a_new_producer_starts_no_earlier_than_the_consumer() {
+        // The consumer took messages the lagging published head does not cover yet.
+        let heap = HeapRing::new(8, 4);
+        heap.set_indices(1, 6);
+        let mut p = ProducerCore::new(heap.ring);
+        assert!(p.try_push(&6u64.to_le_bytes()).unwrap());
+        assert_eq!(heap.ring.head(), 7);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let mut out = [0u8; 8];
+        assert!(c.try_pop(&mut out));
+        assert_eq!(u64::from_le_bytes(out), 6);
     }
 
     #[test]
     fn corrupt_indices_are_reported_not_followed() {
         let heap = HeapRing::new(8, 4);
-        // SAFETY: the header is valid; a test writes an impossible head as a buggy kernel might.
-        unsafe { heap.ring.header.as_ref() }.producer.head.store(1000, Ordering::Release);
-        let mut c = ConsumerCore::new(heap.ring);
+        heap.set_indices(1000, 0);
+        assert_eq!(ConsumerCore::new(heap.ring).unwrap_err(), Corrupt { head: 1000, tail: 0 });
+        let mut p = ProducerCore::new(heap.ring);
+        assert_eq!(p.try_push(&[1]), Err(Corrupt { head: 1000, tail: 0 }));
+    }
+
+    #[test]
+    fn sequence_numbers_past_the_tags_31_bits_keep_working() {
+        let heap = HeapRing::new(8, 4);
+        let start = (1u64 << 31) - 5;
+        heap.set_indices(start, start);
+        let mut p = ProducerCore::new(heap.ring);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
         let mut out = [0u8; 8];
-        assert_eq!(c.try_pop(&mut out), Err(Corrupt { head: 1000, tail: 0 }));
+        for i in start..start + 20 {
+            assert!(p.try_push(&i.to_le_bytes()).unwrap());
+            assert!(c.try_pop(&mut out));
+            assert_eq!(u64::from_le_bytes(out), i);
+        }
     }
 
     #[test]
     fn batches_publish_once_and_stop_at_capacity() {
         let heap = HeapRing::new(8, 8);
         let mut p = ProducerCore::new(heap.ring);
-        let mut c = ConsumerCore::new(heap.ring);
-        assert_eq!(p.push_with(20, |i, s| s.copy_from_slice(&i.to_le_bytes())).unwrap(), 8);
-        let mut seen = Vec::new();
-        assert_eq!(c.pop_with(5, |_, s| seen.push(u64::from_le_bytes(s.try_into().unwrap()))).unwrap(), 5);
-        assert_eq!(p.push_with(20, |i, s| s.copy_from_slice(&(100 + i).to_le_bytes())).unwrap(), 5);
-        assert_eq!(c.pop_with(99, |_, s| seen.push(u64::from_le_bytes(s.try_into().unwrap()))).unwrap(), 8);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let msgs: Vec<[u8; 8]> = (0..20u64).map(u64::to_le_bytes).collect();
+        assert_eq!(p.push_with(20, |i| &msgs[i as usize]).unwrap(), 8);
+        let mut out = [0u8; 8 * 5];
+        assert_eq!(c.pop_into(&mut out), 5);
+        let mut seen: Vec<u64> = out.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect();
+        let more: Vec<[u8; 8]> = (100..120u64).map(u64::to_le_bytes).collect();
+        assert_eq!(p.push_with(20, |i| &more[i as usize]).unwrap(), 5);
+        let mut out = [0u8; 8 * 99];
+        assert_eq!(c.pop_into(&mut out), 8);
+        seen.extend(out[..64].chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())));
         assert_eq!(seen, [0, 1, 2, 3, 4, 5, 6, 7, 100, 101, 102, 103, 104]);
     }
 
@@ -344,11 +523,11 @@ mod tests {
                     }
                 }
             });
-            let mut c = ConsumerCore::new(ring);
+            let mut c = ConsumerCore::new(ring).unwrap();
             let mut expect = 0u64;
             let mut out = [0u8; 16];
             while expect < count {
-                if c.try_pop(&mut out).unwrap() {
+                if c.try_pop(&mut out) {
                     let a = u64::from_le_bytes(out[..8].try_into().unwrap());
                     let b = u64::from_le_bytes(out[8..].try_into().unwrap());
                     assert_eq!(a, expect, "lost, duplicated or reordered");

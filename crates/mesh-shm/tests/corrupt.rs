@@ -91,11 +91,14 @@ fn corrupted_ring_indices_are_an_error_not_a_read() {
     let (dir, good) = pristine();
     let mb = open_bytes(&dir, &good).unwrap();
     let ring = mb.channel("one").unwrap().ring_offset;
-    // Consumer index ahead of the producer's by more than the capacity.
+    // Producer index ahead of the consumer's by more than the capacity.
     let file = std::fs::OpenOptions::new().write(true).open(mb.path()).unwrap();
     file.write_all_at(&1000u64.to_le_bytes(), ring).unwrap();
-    let mut c = mesh_shm::Consumer::claim(&mb, "one").unwrap();
-    let err = c.try_recv(&mut [0; 8]).unwrap_err();
+    // The consumer never reads `head` on its path (it polls the slots' tags), so it checks at claim time.
+    let err = mesh_shm::Consumer::claim(&mb, "one").unwrap_err();
+    assert!(matches!(err, ShmError::Corrupt { head: 1000, tail: 0, capacity: 16, .. }), "{err}");
+    let mut p = mesh_shm::Producer::claim(&mb, "one").unwrap();
+    let err = p.try_send(&[0; 8]).unwrap_err();
     assert!(matches!(err, ShmError::Corrupt { head: 1000, tail: 0, capacity: 16, .. }), "{err}");
 }
 

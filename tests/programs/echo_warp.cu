@@ -1,0 +1,33 @@
+// echo_warp: one warp receives on binding 0 and sends every message back on binding 1 with the warp
+// channel calls (a message up to 4 KiB per PCIe round trip), until meshd asks it to stop. Messages up
+// to 16 KiB. Launch with a block of 32 threads (meshd's default). `cargo xtask ptx` regenerates it.
+#include "mesh.cuh"
+
+__shared__ uint32_t echo_buf[4096];
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    if (blockIdx.x != 0 || threadIdx.x >= 32) return;  // the first warp does the work
+    const bool leader = threadIdx.x == 0;
+    uint64_t beat = 0;
+    if (leader) beat = mesh_begin(ctx);
+    mesh_chan in = mesh_chan_open(ctx, 0, false);
+    mesh_chan out = mesh_chan_open(ctx, 1, true);
+    if (in.msg_size == 0 || in.msg_size != out.msg_size || in.msg_size > sizeof(echo_buf)) {
+        if (leader) mesh_exit(ctx, 1);
+        return;
+    }
+    const uint32_t fit = sizeof(echo_buf) / in.msg_size;
+    for (uint32_t i = 0;; i++) {
+        if ((i & 63u) == 0) {
+            if (mesh_should_stop(ctx)) break;  // every lane reads the same word: they agree
+            if (leader) mesh_heartbeat(ctx, ++beat);
+        }
+        // Take only as many messages as can be sent on: a stop never strands one here.
+        uint32_t room = mesh_chan_room(&out);
+        uint32_t n = mesh_warp_try_recv_batch(&in, echo_buf, room < fit ? room : fit);
+        if (n) mesh_warp_try_send_batch(&out, echo_buf, n);
+    }
+    mesh_chan_close(&in);
+    mesh_chan_close(&out);
+    if (leader) mesh_end(ctx);
+}
