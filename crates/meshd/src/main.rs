@@ -3,23 +3,20 @@
 //! Exit codes a script can rely on: 0 done; 1 refused (meshd's reason on stderr); 2 bad usage;
 //! 3 meshd not reachable; 4 a send or receive timed out.
 
-mod daemon;
-mod protocol;
-
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
-use mesh_backend::{IsolationMode, cleanup};
-use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer, ShmError};
-
-use crate::protocol::{Request, Response, read_response, write_request};
+use mesh_backend::{IsolationMode, LaunchShape, cleanup};
+use mesh_shm::{Consumer, Mailbox, MailboxConfig, Producer, ShmError};
+use meshd::protocol::{Request, Response, read_response, write_request};
+use meshd::server::{Limits, Opened, Server};
+use meshd::start::{self, Origin};
+use meshd::state::{self, StateStore};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -157,10 +154,15 @@ struct RunArgs {
     /// Channel descriptors in the mailbox.
     #[arg(long, default_value_t = 256)]
     channels: u32,
-    /// Overwrite an existing mailbox file (left by a meshd that was killed).
+    /// Start empty: replace the mailbox (its channels and messages are lost) and forget the recorded
+    /// programs. Without it, a mailbox no live meshd holds is taken over as it is, and the programs
+    /// recorded in the state directory are relaunched. (`--replace-shm` is an old name for it.)
+    #[arg(long, alias = "replace-shm")]
+    fresh: bool,
+    /// Where meshd records what it runs (default: /var/lib/meshd/<mailbox path> where writable, else <mailbox>.state).
     #[arg(long)]
-    replace_shm: bool,
-    /// Leave the mailbox file at exit.
+    state_dir: Option<PathBuf>,
+    /// Leave the mailbox file and the state directory at exit.
     #[arg(long)]
     keep_shm: bool,
     /// How long a blink waits for programs to stop, ms.
@@ -220,99 +222,133 @@ fn dispatch(cli: Cli) -> Result<(), Exit> {
     match cli.command {
         Command::Run(args) => run(args, &socket).map_err(refused),
         Command::Load { name, image, grid, block, shared_mem, bind, sms } => {
-            let bytes = read_image(&image)?;
-            let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms };
-            let resp = call(&socket, &req, &bytes)?;
-            for p in resp.programs.unwrap_or_default() {
-                println!("loaded {} (slot {}, generation {}, {})", p.name, p.slot, p.generation, p.state);
-            }
-            Ok(())
+            load(&socket, name, &image, LaunchShape { grid, block, shared_mem }, bind, sms)
         }
-        Command::Upgrade { name, image } => {
-            let bytes = read_image(&image)?;
-            let resp = call(&socket, &Request::Upgrade { name, image_len: bytes.len() }, &bytes)?;
-            for p in resp.programs.unwrap_or_default() {
-                println!("upgraded {} (slot {}, generation {}, {})", p.name, p.slot, p.generation, p.state);
-            }
-            Ok(())
-        }
-        Command::Unload { name } => {
-            call(&socket, &Request::Unload { name: name.clone() }, &[])?;
-            println!("unloaded {name}");
-            Ok(())
-        }
-        Command::Ps { json } => {
-            let rows = call(&socket, &Request::Ps, &[])?.programs.unwrap_or_default();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rows).map_err(refused)?);
-            } else {
-                println!(
-                    "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
-                    "NAME", "SLOT", "STATE", "GEN", "HEARTBEAT", "SMS", "WORKER", "KIND", "GRID", "BLOCK"
-                );
-                for p in rows {
-                    let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
-                    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
-                    println!(
-                        "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
-                        p.name,
-                        p.slot,
-                        p.state,
-                        p.generation,
-                        p.heartbeat,
-                        opt(p.sms),
-                        opt(p.worker_pid),
-                        p.kind,
-                        dims(p.grid),
-                        dims(p.block)
-                    );
-                }
-            }
-            Ok(())
-        }
+        Command::Upgrade { name, image } => upgrade(&socket, name, &image),
+        Command::Unload { name } => unload(&socket, &name),
+        Command::Ps { json } => ps(&socket, json),
         Command::Channel(ChannelCommand::Create { name, msg_size, capacity }) => {
-            call(&socket, &Request::ChannelCreate { name: name.clone(), msg_size, capacity }, &[])?;
-            println!("created channel {name} ({capacity} messages of {msg_size} bytes)");
-            Ok(())
+            channel_create(&socket, &name, msg_size, capacity)
         }
-        Command::Send { channel, messages, hex, timeout_ms } => {
-            let mailbox = open_mailbox(&socket)?;
-            let mut tx = Producer::claim(&mailbox, &channel).map_err(refused)?;
-            for m in &messages {
-                let bytes = if hex { decode_hex(m).map_err(refused)? } else { m.as_bytes().to_vec() };
-                tx.send(&bytes, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
-            }
-            Ok(())
-        }
-        Command::Recv { channel, count, hex, timeout_ms } => {
-            let mailbox = open_mailbox(&socket)?;
-            let mut rx = Consumer::claim(&mailbox, &channel).map_err(refused)?;
-            let mut buf = vec![0u8; rx.info().msg_size as usize];
-            let stdout = std::io::stdout();
-            for _ in 0..count {
-                rx.recv(&mut buf, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
-                let line = if hex {
-                    buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                } else {
-                    let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                    String::from_utf8_lossy(&buf[..end]).into_owned()
-                };
-                writeln!(stdout.lock(), "{line}").map_err(refused)?;
-            }
-            Ok(())
-        }
-        Command::Info => {
-            let info =
-                call(&socket, &Request::Info, &[])?.info.ok_or_else(|| refused(anyhow!("meshd sent no info")))?;
-            println!("{}", serde_json::to_string_pretty(&info).map_err(refused)?);
-            Ok(())
-        }
+        Command::Send { channel, messages, hex, timeout_ms } => send(&socket, &channel, &messages, hex, timeout_ms),
+        Command::Recv { channel, count, hex, timeout_ms } => recv(&socket, &channel, count, hex, timeout_ms),
+        Command::Info => info(&socket),
         Command::Shutdown => {
             call(&socket, &Request::Shutdown, &[])?;
             println!("meshd is shutting down");
             Ok(())
         }
     }
+}
+
+/// ` (backend 0.125 ms)` when meshd said how long its backend took.
+fn backend_time(resp: &Response) -> String {
+    resp.backend_us.map_or_else(String::new, |us| format!(" (backend {:.3} ms)", us as f64 / 1000.0))
+}
+
+fn load(
+    socket: &Path,
+    name: String,
+    image: &Path,
+    shape: LaunchShape,
+    bind: Vec<String>,
+    sms: Option<u32>,
+) -> Result<(), Exit> {
+    let bytes = read_image(image)?;
+    let LaunchShape { grid, block, shared_mem } = shape;
+    let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms };
+    let resp = call(socket, &req, &bytes)?;
+    for p in resp.programs.as_deref().unwrap_or_default() {
+        let took = backend_time(&resp);
+        println!("loaded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+    }
+    Ok(())
+}
+
+fn upgrade(socket: &Path, name: String, image: &Path) -> Result<(), Exit> {
+    let bytes = read_image(image)?;
+    let resp = call(socket, &Request::Upgrade { name, image_len: bytes.len() }, &bytes)?;
+    for p in resp.programs.as_deref().unwrap_or_default() {
+        let took = backend_time(&resp);
+        println!("upgraded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+    }
+    Ok(())
+}
+
+fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
+    let resp = call(socket, &Request::Unload { name: name.to_string() }, &[])?;
+    println!("unloaded {name}{}", backend_time(&resp));
+    Ok(())
+}
+
+fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
+    let rows = call(socket, &Request::Ps, &[])?.programs.unwrap_or_default();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows).map_err(refused)?);
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
+        "NAME", "SLOT", "STATE", "GEN", "HEARTBEAT", "SMS", "WORKER", "KIND", "GRID", "BLOCK"
+    );
+    let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    for p in rows {
+        println!(
+            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
+            p.name,
+            p.slot,
+            p.state,
+            p.generation,
+            p.heartbeat,
+            opt(p.sms),
+            opt(p.worker_pid),
+            p.kind,
+            dims(p.grid),
+            dims(p.block)
+        );
+    }
+    Ok(())
+}
+
+fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32) -> Result<(), Exit> {
+    call(socket, &Request::ChannelCreate { name: name.to_string(), msg_size, capacity }, &[])?;
+    println!("created channel {name} ({capacity} messages of {msg_size} bytes)");
+    Ok(())
+}
+
+fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
+    let mailbox = open_mailbox(socket)?;
+    let mut tx = Producer::claim(&mailbox, channel).map_err(refused)?;
+    for m in messages {
+        let bytes = if hex { decode_hex(m).map_err(refused)? } else { m.as_bytes().to_vec() };
+        tx.send(&bytes, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+    }
+    Ok(())
+}
+
+fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) -> Result<(), Exit> {
+    let mailbox = open_mailbox(socket)?;
+    let mut rx = Consumer::claim(&mailbox, channel).map_err(refused)?;
+    let mut buf = vec![0u8; rx.info().msg_size as usize];
+    let stdout = std::io::stdout();
+    for _ in 0..count {
+        rx.recv(&mut buf, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+        let line = if hex {
+            buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        } else {
+            let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            String::from_utf8_lossy(&buf[..end]).into_owned()
+        };
+        writeln!(stdout.lock(), "{line}").map_err(refused)?;
+    }
+    Ok(())
+}
+
+fn info(socket: &Path) -> Result<(), Exit> {
+    let info = call(socket, &Request::Info, &[])?.info.ok_or_else(|| refused(anyhow!("meshd sent no info")))?;
+    println!("{}", serde_json::to_string_pretty(&info).map_err(refused)?);
+    Ok(())
 }
 
 fn shm_exit(e: ShmError) -> Exit {
@@ -339,8 +375,13 @@ fn call(socket: &Path, req: &Request, image: &[u8]) -> Result<Response, Exit> {
         .with_context(|| format!("cannot reach meshd at {} (is `meshd run` running?)", socket.display()))
         .map_err(|e| Exit(3, e))?;
     let mut writer = conn.try_clone().map_err(|e| Exit(3, e.into()))?;
-    write_request(&mut writer, req, image).map_err(|e| Exit(3, e))?;
-    let resp = read_response(&mut BufReader::new(conn)).map_err(|e| Exit(3, e))?;
+    // meshd may refuse before reading everything (a peer it does not serve, a line too long) and
+    // close: then the write fails, but its answer is there to read, and it says why.
+    let written = write_request(&mut writer, req, image);
+    let resp = match (read_response(&mut BufReader::new(conn)), written) {
+        (Ok(resp), _) => resp,
+        (Err(_), Err(e)) | (Err(e), Ok(())) => return Err(Exit(3, e)),
+    };
     if !resp.ok {
         return Err(refused(anyhow!(resp.error.unwrap_or_else(|| "refused".into()))));
     }
@@ -352,55 +393,75 @@ fn open_mailbox(socket: &Path) -> Result<Mailbox, Exit> {
     Mailbox::open(&info.mailbox).map_err(refused)
 }
 
+/// `meshd run`: the mailbox and its lock first (refusal and takeover happen before any GPU work),
+/// then the backend on its own thread, then the socket; serves until shutdown or a signal.
 fn run(args: RunArgs, socket: &Path) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
-    // Fail at once, before creating anything, when there is no driver or GPU.
-    let device = mesh_cuda::Device::get(0)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
     let _cleanup = cleanup::RunOnDrop;
+    start::check_socket_free(socket)?;
     let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
-    let create = if args.replace_shm { CreateMode::Replace } else { CreateMode::Exclusive };
-    let listener = daemon::bind_socket(socket)?;
-    daemon::remove_at_exit("control socket", socket.to_path_buf(), false);
-    let mailbox = Mailbox::create(&args.shm, &config, create)?;
-    daemon::remove_at_exit("mailbox", args.shm.clone(), args.keep_shm);
-    let stop_deadline = Duration::from_millis(args.stop_timeout_ms);
-    // No fallback between the modes: whatever the chosen one lacks is an error.
-    let backend: Box<dyn mesh_backend::Backend> = match mode {
-        IsolationMode::Blink => {
-            let b = mesh_cuda::BlinkBackend::open(&mailbox, mesh_cuda::BlinkConfig { sms: args.sms, stop_deadline })?;
-            tracing::info!(
-                "blink mode: one context of {} SMs{}",
-                b.context().sms(),
-                if b.context().is_green() { " (green)" } else { "" }
-            );
-            Box::new(b)
+    let claimed = start::claim_mailbox(&args.shm, &config, args.fresh)?;
+    let (mailbox, origin) = (claimed.mailbox, claimed.origin);
+    let lock = claimed.lock;
+    // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
+    cleanup::register("mailbox lock", move || lock.remove());
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&args.shm));
+    if args.fresh {
+        StateStore::forget(&state_dir)?;
+    }
+    report_origin(&origin, &mailbox, &config);
+    let created = origin == Origin::Created;
+    let prepared = (|| {
+        let mut store = StateStore::open(&state_dir)?;
+        let restored = store.restore_channels(&mailbox)?;
+        if restored > 0 {
+            tracing::info!("{restored} recorded channels recreated in the new mailbox");
         }
-        IsolationMode::Mps => {
-            let config =
-                mesh_mps::MpsConfig { sms: args.sms, mps_dir: args.mps_dir.clone(), pool: args.pool, stop_deadline };
-            let b = mesh_mps::MpsBackend::open(&mailbox, config)?;
-            tracing::info!(
-                "MPS mode: private daemon with pipe directory {}, {} pool workers {:?}",
-                b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
-                b.idle_workers().len(),
-                b.idle_workers()
-            );
-            Box::new(b)
+        store.record_channels(&mailbox)?;
+        let backend_args = BackendArgs::from(&args);
+        let server = Server::start(mailbox.clone(), Limits::default(), Some(store), move |mb| {
+            open_backend(mode, &backend_args, mb)
+        })?;
+        let listener = start::bind_socket(socket)?;
+        Ok::<_, anyhow::Error>((server, listener))
+    })();
+    let (server, listener) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            // A mailbox made just now holds nothing: leave nothing behind. One taken over holds
+            // channels and messages: keep it, and its state, for the next start.
+            if created {
+                let _ = std::fs::remove_file(&args.shm);
+                if StateStore::open(&state_dir).is_ok_and(|s| s.recorded().programs.is_empty()) {
+                    let _ = StateStore::forget(&state_dir);
+                }
+            }
+            return Err(e);
         }
     };
+    // A clean exit tears the mesh down: the recorded state goes with the mailbox (both kept with --keep-shm).
+    if !args.keep_shm {
+        let dir = state_dir.clone();
+        cleanup::register("state directory", move || {
+            let _ = StateStore::forget(&dir);
+        });
+    }
+    start::remove_at_exit("mailbox", args.shm.clone(), args.keep_shm);
+    start::remove_at_exit("control socket", socket.to_path_buf(), false);
+    server.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let (relaunched, failed) = server.relaunched;
     tracing::info!(
-        "ready: {mode} mode on {} ({}), mailbox {}, socket {}",
-        device.name,
-        device.arch(),
+        "ready: {mode} mode, mailbox {}, socket {}, state {}{}",
         args.shm.display(),
-        socket.display()
+        socket.display(),
+        state_dir.display(),
+        if relaunched + failed > 0 {
+            format!(", {relaunched} programs relaunched, {failed} failed")
+        } else {
+            String::new()
+        }
     );
-    let mut d = daemon::Daemon { backend, mailbox, device: device.name.clone() };
-    if !d.serve(&listener, &stop)? {
+    if !server.run(listener)? {
         // A kernel that ignores its stop request keeps the context busy, and releasing the context
         // (or libcuda's exit handlers) would wait for it. Run the cleanup, then leave at once: the
         // kernel driver tears the context down, kernel included, when the process is gone.
@@ -412,4 +473,92 @@ fn run(args: RunArgs, socket: &Path) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Logs how the mailbox was obtained; warns when an existing one differs from the asked geometry.
+fn report_origin(origin: &Origin, mailbox: &Mailbox, asked: &MailboxConfig) {
+    match origin {
+        Origin::Created => tracing::info!("mailbox {} created", mailbox.path().display()),
+        Origin::TakenOver { previous_pid, channels, released_slots } => {
+            tracing::info!(
+                "mailbox {} taken over from meshd pid {} (it holds no lock any more), with its {channels} channels \
+                 and their messages; {} program slots it left in use released",
+                mailbox.path().display(),
+                previous_pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+                released_slots.len()
+            );
+            let g = mailbox.geometry();
+            if let Ok(want) = mesh_shm::Geometry::plan(asked) {
+                if (want.file_size, want.slot_count, want.channel_count) != (g.file_size, g.slot_count, g.channel_count)
+                {
+                    tracing::warn!(
+                        "keeping the existing mailbox's geometry ({} bytes, {} slots, {} channels), not the one asked \
+                         for ({} bytes, {} slots, {} channels); start with --fresh to make a new one",
+                        g.file_size,
+                        g.slot_count,
+                        g.channel_count,
+                        want.file_size,
+                        want.slot_count,
+                        want.channel_count
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// What the backend thread needs from the command line.
+#[derive(Debug, Clone)]
+struct BackendArgs {
+    sms: Option<u32>,
+    mps_dir: Option<PathBuf>,
+    pool: u32,
+    stop_deadline: Duration,
+}
+
+impl From<&RunArgs> for BackendArgs {
+    fn from(a: &RunArgs) -> Self {
+        Self {
+            sms: a.sms,
+            mps_dir: a.mps_dir.clone(),
+            pool: a.pool,
+            stop_deadline: Duration::from_millis(a.stop_timeout_ms),
+        }
+    }
+}
+
+/// Opens the chosen backend; runs on the backend thread, which owns it until meshd ends.
+/// No fallback between the modes: whatever the chosen one lacks is an error.
+fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> Result<Opened> {
+    let device = mesh_cuda::Device::get(0)?;
+    let backend: Box<dyn mesh_backend::Backend> = match mode {
+        IsolationMode::Blink => {
+            let config = mesh_cuda::BlinkConfig { sms: args.sms, stop_deadline: args.stop_deadline };
+            let b = mesh_cuda::BlinkBackend::open(mailbox, config)?;
+            tracing::info!(
+                "blink mode: one context of {} SMs{}",
+                b.context().sms(),
+                if b.context().is_green() { " (green)" } else { "" }
+            );
+            Box::new(b)
+        }
+        IsolationMode::Mps => {
+            let config = mesh_mps::MpsConfig {
+                sms: args.sms,
+                mps_dir: args.mps_dir.clone(),
+                pool: args.pool,
+                stop_deadline: args.stop_deadline,
+            };
+            let b = mesh_mps::MpsBackend::open(mailbox, config)?;
+            tracing::info!(
+                "MPS mode: private daemon with pipe directory {}, {} pool workers {:?}",
+                b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
+                b.idle_workers().len(),
+                b.idle_workers()
+            );
+            Box::new(b)
+        }
+    };
+    tracing::info!("device {} ({})", device.name, device.arch());
+    Ok(Opened { backend, device: device.name.clone() })
 }

@@ -1,7 +1,7 @@
 //! The control socket's protocol: one JSON request line (plus the image's raw bytes for load and upgrade),
 //! one JSON response line.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 
 use anyhow::{Context, Result, bail};
 use mesh_backend::ProgramStatus;
@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 /// Largest image a client may send.
 pub const MAX_IMAGE: usize = 256 << 20;
+
+/// Longest request line, newline excluded: a request is a few names and numbers, so anything
+/// longer is refused before it is read into memory.
+pub const MAX_LINE: usize = 64 << 10;
 
 /// A client's request.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -146,6 +150,10 @@ pub struct Response {
     /// The daemon (info).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info: Option<Info>,
+    /// Microseconds the backend spent on the request (load, upgrade, unload, channel create),
+    /// queueing excluded: what the control plane adds is the client's round trip minus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_us: Option<u64>,
 }
 
 impl Response {
@@ -160,23 +168,110 @@ impl Response {
     }
 }
 
-/// Reads one request and the image bytes that follow it, if any.
-pub fn read_request(r: &mut impl BufRead) -> Result<(Request, Vec<u8>)> {
-    let mut line = String::new();
-    if r.read_line(&mut line).context("reading the request")? == 0 {
-        bail!("the client closed the connection before sending a request");
+/// Why a request could not be read. Every variant's message says what the client did wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The client closed the connection before its request line ended (or sent nothing at all).
+    #[error("the client closed the connection before sending a whole request line")]
+    Closed,
+    /// The client sent nothing for the idle limit.
+    #[error("no data from the client for {0:?}; connection dropped")]
+    Idle(std::time::Duration),
+    /// The request line exceeds [`MAX_LINE`] (the rest is not read).
+    #[error("request line longer than {max} bytes; connection closed")]
+    LineTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// The line is not a request.
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    /// The announced image exceeds [`MAX_IMAGE`].
+    #[error("image of {len} bytes, at most {MAX_IMAGE}")]
+    ImageTooLarge {
+        /// Bytes announced.
+        len: usize,
+    },
+    /// Fewer image bytes arrived than announced.
+    #[error("reading the {len}-byte image: the client closed the connection after {got} bytes")]
+    ImageTruncated {
+        /// Bytes announced.
+        len: usize,
+        /// Bytes received.
+        got: usize,
+    },
+    /// The socket failed.
+    #[error("reading the request: {0}")]
+    Io(std::io::Error),
+}
+
+impl RequestError {
+    /// Maps a read error; a receive timeout (SO_RCVTIMEO) is the client's silence.
+    fn from_io(e: std::io::Error, idle: Option<std::time::Duration>) -> Self {
+        match (e.kind(), idle) {
+            (std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut, Some(idle)) => Self::Idle(idle),
+            _ => Self::Io(e),
+        }
     }
-    let req: Request = serde_json::from_str(line.trim_end()).context("malformed request")?;
-    let len = match &req {
+}
+
+/// Parses one request line (without or with its newline). Never panics, whatever the bytes.
+pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let req: Request = serde_json::from_slice(line).map_err(|e| RequestError::Malformed(e.to_string()))?;
+    match &req {
+        Request::Load { image_len, .. } | Request::Upgrade { image_len, .. } if *image_len > MAX_IMAGE => {
+            Err(RequestError::ImageTooLarge { len: *image_len })
+        }
+        _ => Ok(req),
+    }
+}
+
+/// Bytes of image a request announces.
+pub fn image_len(req: &Request) -> usize {
+    match req {
         Request::Load { image_len, .. } | Request::Upgrade { image_len, .. } => *image_len,
         _ => 0,
-    };
-    if len > MAX_IMAGE {
-        bail!("image of {len} bytes, at most {MAX_IMAGE}");
     }
-    let mut image = vec![0u8; len];
-    r.read_exact(&mut image).with_context(|| format!("reading the {len}-byte image"))?;
+}
+
+/// Reads one request and the image bytes that follow it, if any. Memory grows only with what the
+/// client sends: the line is read through a [`MAX_LINE`]-byte window, the image as it arrives.
+/// `idle` is the socket's receive timeout, if one is set, so that a timeout reads as the client's silence.
+pub fn read_request_within(
+    r: &mut impl BufRead,
+    idle: Option<std::time::Duration>,
+) -> Result<(Request, Vec<u8>), RequestError> {
+    let mut line = Vec::new();
+    // One byte past the limit tells a line of exactly MAX_LINE bytes (plus newline) from a longer one.
+    let window = (MAX_LINE + 2) as u64;
+    r.by_ref().take(window).read_until(b'\n', &mut line).map_err(|e| RequestError::from_io(e, idle))?;
+    if !line.ends_with(b"\n") {
+        return Err(if line.len() > MAX_LINE {
+            RequestError::LineTooLong { max: MAX_LINE }
+        } else {
+            RequestError::Closed
+        });
+    }
+    if line.len() > MAX_LINE + 1 {
+        return Err(RequestError::LineTooLong { max: MAX_LINE });
+    }
+    let req = parse_request(&line)?;
+    let len = image_len(&req);
+    // Grow with the bytes received, not with the length announced: a client that announces 256 MiB
+    // and sends nothing costs nothing.
+    let mut image = Vec::with_capacity(len.min(1 << 20));
+    r.by_ref().take(len as u64).read_to_end(&mut image).map_err(|e| RequestError::from_io(e, idle))?;
+    if image.len() < len {
+        return Err(RequestError::ImageTruncated { len, got: image.len() });
+    }
     Ok((req, image))
+}
+
+/// [`read_request_within`] for a reader without a receive timeout.
+pub fn read_request(r: &mut impl BufRead) -> Result<(Request, Vec<u8>), RequestError> {
+    read_request_within(r, None)
 }
 
 /// Writes one request and its image.
@@ -198,13 +293,14 @@ pub fn write_response(w: &mut impl Write, resp: &Response) -> Result<()> {
     Ok(())
 }
 
-/// Reads one response line.
+/// Reads one response line (a response carries at most a program list: bounded by 64 MiB, so that
+/// a broken peer cannot make a client grow without end).
 pub fn read_response(r: &mut impl BufRead) -> Result<Response> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
+    let mut line = Vec::new();
+    if r.by_ref().take(64 << 20).read_until(b'\n', &mut line)? == 0 {
         bail!("meshd closed the connection without answering");
     }
-    serde_json::from_str(line.trim_end()).context("malformed response from meshd")
+    serde_json::from_slice(line.trim_ascii_end()).context("malformed response from meshd")
 }
 
 #[cfg(test)]

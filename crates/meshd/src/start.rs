@@ -1,0 +1,241 @@
+//! `meshd run`'s first phase, before any GPU work: the mailbox's lock, the mailbox itself (taken over or created), the control socket.
+//!
+//! A live meshd holds an exclusive `flock` on `<mailbox>.lock`. The kernel drops it when the
+//! process dies, however it dies and whatever PID namespace it runs in, so "nobody holds the lock"
+//! is the proof that the previous meshd is gone, and its mailbox (channels, messages, counters) can
+//! be taken over as it is. The pid in the mailbox header is only for messages.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use mesh_backend::cleanup;
+use mesh_shm::{CreateMode, Mailbox, MailboxConfig, ShmError};
+use rustix::fs::FlockOperation;
+
+/// Why `meshd run` refuses to start. Each message names the flag that changes the outcome, spelled as the CLI spells it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Another process holds the mailbox's lock.
+    #[error(
+        "mailbox {path}: in use by meshd pid {pid} (it holds {lock}); stop that one first (`meshd shutdown`), \
+         or give this one another --shm"
+    )]
+    Held {
+        /// The mailbox.
+        path: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+        /// The holder's pid as it recorded it (in its own PID namespace), or "unknown".
+        pid: String,
+    },
+    /// The file is a mailbox of another layout version.
+    #[error(
+        "mailbox {path}: {reason}; start with --fresh to replace it with an empty mailbox (its channels and \
+         messages are lost), or give another --shm"
+    )]
+    OtherVersion {
+        /// The mailbox.
+        path: PathBuf,
+        /// The versions.
+        reason: String,
+    },
+    /// The file is no valid mailbox.
+    #[error("{source}; start with --fresh to replace it with an empty mailbox, or give another --shm")]
+    Invalid {
+        /// What `Mailbox::open` said.
+        source: ShmError,
+    },
+    /// Anything else (a system call on the lock or the mailbox failed).
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// The exclusive lock a live meshd holds on its mailbox: released by the kernel when the process dies.
+#[derive(Debug)]
+pub struct MailboxLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl MailboxLock {
+    /// The lock file beside `mailbox`: `<mailbox>.lock`.
+    pub fn path_for(mailbox: &Path) -> PathBuf {
+        let mut name = mailbox.as_os_str().to_owned();
+        name.push(".lock");
+        PathBuf::from(name)
+    }
+
+    /// Takes the lock without waiting; `Ok(None)` when another process holds it.
+    pub fn try_take(mailbox: &Path) -> Result<Option<Self>> {
+        let path = Self::path_for(mailbox);
+        loop {
+            // Close-on-exec (std's default): a child (an MPS worker) must not inherit the lock and
+            // keep it after meshd dies.
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("lock file {}", path.display()))?;
+            match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+                Err(e) => return Err(e).with_context(|| format!("flock {}", path.display())),
+            }
+            // A holder that was exiting may have removed the file between our open and our flock:
+            // then we hold a lock on a file nobody else will find. Retry on the one at the path.
+            let same = std::fs::metadata(&path)
+                .ok()
+                .zip(file.metadata().ok())
+                .is_some_and(|(at_path, ours)| at_path.ino() == ours.ino() && at_path.dev() == ours.dev());
+            if same {
+                let mut lock = Self { file, path };
+                lock.record_pid();
+                return Ok(Some(lock));
+            }
+        }
+    }
+
+    /// Writes our pid into the lock file, for the message a refused meshd gives when the mailbox is unreadable.
+    fn record_pid(&mut self) {
+        let pid = std::process::id().to_string();
+        let _ = self.file.set_len(0);
+        let _ = self.file.rewind();
+        let _ = self.file.write_all(pid.as_bytes());
+    }
+
+    /// The pid a holder wrote into the lock file at `path`.
+    fn recorded_pid(path: &Path) -> Option<u32> {
+        let mut s = String::new();
+        File::open(path).ok()?.read_to_string(&mut s).ok()?;
+        s.trim().parse().ok()
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the lock file and releases the lock (at a clean exit). A meshd that opened the file
+    /// just before sees, after its flock, that the path no longer names it, and retries.
+    pub fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How the mailbox was obtained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A new, empty mailbox (none existed, or `--fresh`).
+    Created,
+    /// An existing mailbox nobody held, kept with every channel and message.
+    TakenOver {
+        /// The pid its last meshd recorded.
+        previous_pid: Option<u32>,
+        /// Channels it holds.
+        channels: usize,
+        /// Program slots the dead meshd left in use, now released.
+        released_slots: Vec<u32>,
+    },
+}
+
+/// The mailbox, locked, and how it was obtained.
+#[derive(Debug)]
+pub struct Claimed {
+    /// The mailbox, its header naming this process as owner.
+    pub mailbox: Mailbox,
+    /// The lock; hold it for as long as the mailbox is served.
+    pub lock: MailboxLock,
+    /// Created or taken over.
+    pub origin: Origin,
+}
+
+/// Takes the mailbox at `path`: refused while another meshd holds its lock; else an existing valid
+/// mailbox is taken over as it is (`config` is then ignored: the file's geometry wins), a missing
+/// one created, and with `fresh` whatever is there replaced by an empty one.
+pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
+    let Some(lock) = MailboxLock::try_take(path)? else {
+        // The header's pid first (what the holder serves), the lock file's as a fallback.
+        let pid = Mailbox::open(path)
+            .ok()
+            .and_then(|m| m.owner_pid())
+            .or_else(|| MailboxLock::recorded_pid(&MailboxLock::path_for(path)));
+        return Err(StartError::Held {
+            path: path.to_path_buf(),
+            lock: MailboxLock::path_for(path),
+            pid: pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+        });
+    };
+    let exists = path.symlink_metadata().is_ok();
+    let (mailbox, origin) = if fresh || !exists {
+        let mode = if fresh { CreateMode::Replace } else { CreateMode::Exclusive };
+        let mailbox = Mailbox::create(path, config, mode).map_err(anyhow::Error::from)?;
+        (mailbox, Origin::Created)
+    } else {
+        let mailbox = Mailbox::open(path).map_err(|e| match e {
+            ShmError::Invalid { path, field: "layout version", reason } => {
+                StartError::OtherVersion { path, reason: format!("layout version {reason}") }
+            }
+            source => StartError::Invalid { source },
+        })?;
+        let previous_pid = mailbox.owner_pid();
+        let channels = mailbox.channels().map_err(|source| StartError::Invalid { source })?.len();
+        let released_slots = release_slots(&mailbox);
+        (mailbox, Origin::TakenOver { previous_pid, channels, released_slots })
+    };
+    mailbox.set_owner_pid(std::process::id());
+    Ok(Claimed { mailbox, lock, origin })
+}
+
+/// Frees every slot a dead meshd left in use: its kernels died with it (blink: its context; MPS:
+/// its workers, by PR_SET_PDEATHSIG), and the backend that starts now knows none of them.
+fn release_slots(mailbox: &Mailbox) -> Vec<u32> {
+    let mut released = Vec::new();
+    for i in 0..mailbox.geometry().slot_count {
+        let Ok(slot) = mailbox.slot(i) else { continue };
+        if slot.in_use() {
+            slot.request_stop();
+            slot.release();
+            released.push(i);
+        }
+    }
+    released
+}
+
+/// Refuses early (before any GPU work) when a live meshd answers on `path`.
+pub fn check_socket_free(path: &Path) -> Result<()> {
+    if path.exists() && UnixStream::connect(path).is_ok() {
+        bail!("control socket {}: another meshd is listening there (give this one another --socket)", path.display());
+    }
+    Ok(())
+}
+
+/// Binds the control socket with mode 0600, replacing a stale one, refusing when a live meshd answers there.
+pub fn bind_socket(path: &Path) -> Result<UnixListener> {
+    check_socket_free(path)?;
+    if path.symlink_metadata().is_ok() {
+        std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    // The socket is created with the process umask: tighten it for the bind so that no other user can connect in between.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound.with_context(|| format!("control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Registers removal of `path` at exit, unless `keep`.
+pub fn remove_at_exit(what: &'static str, path: PathBuf, keep: bool) {
+    if !keep {
+        cleanup::register(what, move || {
+            let _ = std::fs::remove_file(&path);
+        });
+    }
+}

@@ -1,0 +1,317 @@
+//! The desired state: what meshd runs (channels; programs with their image, shape, bindings, SMs), recorded in a state directory so that a start after a crash relaunches it.
+//!
+//! Layout of the directory (mode 0700): `state.json`, written atomically (a temporary file, fsync,
+//! rename) on every change, and `images/<sha256>`, each image stored once by content hash. It lives
+//! as long as the mailbox: a clean shutdown that removes the mailbox forgets it too, `--fresh`
+//! forgets it, a crash (or `--keep-shm`) leaves both for the next start.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use mesh_backend::{LaunchShape, ProgramSpec};
+use mesh_shm::Mailbox;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The version of `state.json` this build reads and writes.
+pub const STATE_VERSION: u32 = 1;
+
+/// A channel as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedChannel {
+    /// Name.
+    pub name: String,
+    /// Bytes per message.
+    pub msg_size: u32,
+    /// Capacity.
+    pub capacity: u32,
+}
+
+/// A program as recorded: everything a load needs, the image by its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// Name.
+    pub name: String,
+    /// SHA-256 of the image, hex: its file under `images/`.
+    pub image_sha256: String,
+    /// Grid.
+    pub grid: [u32; 3],
+    /// Block.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block.
+    pub shared_mem: u32,
+    /// Channels, binding 0, 1, …
+    pub bindings: Vec<String>,
+    /// SMs (MPS mode).
+    pub sms: Option<u32>,
+}
+
+impl Recorded {
+    /// The record of `spec`.
+    pub fn of(spec: &ProgramSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            image_sha256: sha256_hex(&spec.image),
+            grid: spec.shape.grid,
+            block: spec.shape.block,
+            shared_mem: spec.shape.shared_mem,
+            bindings: spec.bindings.clone(),
+            sms: spec.sms,
+        }
+    }
+}
+
+/// The whole record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// Channels, in creation order.
+    pub channels: Vec<RecordedChannel>,
+    /// Programs, in load order.
+    pub programs: Vec<Recorded>,
+}
+
+/// The state directory and what it records.
+#[derive(Debug)]
+pub struct StateStore {
+    dir: PathBuf,
+    state: DesiredState,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The state directory for `mailbox` when `--state-dir` is not given: under `/var/lib/meshd` where
+/// that is writable (one directory per mailbox path), else `<mailbox>.state` beside the mailbox.
+pub fn default_dir(mailbox: &Path) -> PathBuf {
+    let system = Path::new("/var/lib/meshd");
+    let usable = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(system).is_ok()
+        && rustix::fs::access(system, rustix::fs::Access::WRITE_OK).is_ok();
+    if usable {
+        let flat: String =
+            mailbox.to_string_lossy().trim_start_matches('/').chars().map(|c| if c == '/' { '_' } else { c }).collect();
+        system.join(flat)
+    } else {
+        let mut beside = mailbox.as_os_str().to_owned();
+        beside.push(".state");
+        PathBuf::from(beside)
+    }
+}
+
+impl StateStore {
+    /// Opens (creating, mode 0700) the state directory and reads what it records; an empty record
+    /// where there is none. A record this build cannot read is refused, naming `--fresh`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("images"))
+            .with_context(|| format!("state directory {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("state directory {}", dir.display()))?;
+        let file = dir.join("state.json");
+        let state = match std::fs::read(&file) {
+            Ok(bytes) => {
+                let state: DesiredState = serde_json::from_slice(&bytes).with_context(|| {
+                    format!("{}: not a meshd state record (start with --fresh to forget it)", file.display())
+                })?;
+                if state.version != STATE_VERSION {
+                    bail!(
+                        "{}: state version {}, this meshd reads version {STATE_VERSION} (start with --fresh to forget it)",
+                        file.display(),
+                        state.version
+                    );
+                }
+                state
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                DesiredState { version: STATE_VERSION, ..DesiredState::default() }
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+        };
+        Ok(Self { dir: dir.to_path_buf(), state })
+    }
+
+    /// Removes the directory and everything in it (`--fresh`, a clean shutdown).
+    pub fn forget(dir: &Path) -> Result<()> {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("removing the state directory {}", dir.display())),
+        }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What is recorded.
+    pub fn recorded(&self) -> &DesiredState {
+        &self.state
+    }
+
+    /// The load that relaunches `p`: its stored image, shape, bindings and SMs.
+    pub fn spec_of(&self, p: &Recorded) -> Result<ProgramSpec> {
+        let path = self.dir.join("images").join(&p.image_sha256);
+        let image = std::fs::read(&path).with_context(|| format!("image {}", path.display()))?;
+        if sha256_hex(&image) != p.image_sha256 {
+            bail!("image {}: its content no longer matches its hash", path.display());
+        }
+        let mut spec = ProgramSpec::new(&p.name, image)?;
+        spec.shape = LaunchShape { grid: p.grid, block: p.block, shared_mem: p.shared_mem };
+        spec.bindings = p.bindings.clone();
+        spec.sms = p.sms;
+        Ok(spec)
+    }
+
+    /// Creates every recorded channel the mailbox lacks (a mailbox lost at reboot while the state
+    /// directory was kept); returns how many were created.
+    pub fn restore_channels(&mut self, mailbox: &Mailbox) -> Result<usize> {
+        let mut created = 0;
+        for c in &self.state.channels {
+            if mailbox.channel(&c.name).is_err() {
+                mailbox.create_channel(&c.name, c.msg_size, c.capacity)?;
+                created += 1;
+            }
+        }
+        Ok(created)
+    }
+
+    /// Records every channel of `mailbox` (after a takeover, or a channel created).
+    pub fn record_channels(&mut self, mailbox: &Mailbox) -> Result<()> {
+        let now: Vec<RecordedChannel> = mailbox
+            .channels()?
+            .into_iter()
+            .map(|c| RecordedChannel { name: c.name, msg_size: c.msg_size, capacity: c.capacity })
+            .collect();
+        if now != self.state.channels {
+            self.state.channels = now;
+            self.write()?;
+        }
+        Ok(())
+    }
+
+    /// Records a loaded program and stores its image.
+    pub fn record_load(&mut self, p: Recorded, image: &[u8]) -> Result<()> {
+        self.store_image(&p.image_sha256, image)?;
+        self.state.programs.retain(|q| q.name != p.name);
+        self.state.programs.push(p);
+        self.write()?;
+        self.collect_images()
+    }
+
+    /// Records a program's new image.
+    pub fn record_upgrade(&mut self, name: &str, image: &[u8]) -> Result<()> {
+        let hash = sha256_hex(image);
+        self.store_image(&hash, image)?;
+        if let Some(p) = self.state.programs.iter_mut().find(|p| p.name == name) {
+            p.image_sha256 = hash;
+        }
+        self.write()?;
+        self.collect_images()
+    }
+
+    /// Forgets an unloaded program.
+    pub fn record_unload(&mut self, name: &str) -> Result<()> {
+        self.state.programs.retain(|p| p.name != name);
+        self.write()?;
+        self.collect_images()
+    }
+
+    fn store_image(&self, hash: &str, image: &[u8]) -> Result<()> {
+        let path = self.dir.join("images").join(hash);
+        if path.exists() {
+            return Ok(());
+        }
+        write_atomically(&path, image)
+    }
+
+    /// Removes images no recorded program names.
+    fn collect_images(&self) -> Result<()> {
+        let images = self.dir.join("images");
+        for entry in std::fs::read_dir(&images).with_context(|| format!("{}", images.display()))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !self.state.programs.iter().any(|p| p.image_sha256 == name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self) -> Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(&self.state)?;
+        bytes.push(b'\n');
+        write_atomically(&self.dir.join("state.json"), &bytes)
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path`, syncs it, renames it over `path` and syncs the
+/// directory: a crash at any point leaves either the old file or the new one, never a torn one.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().context("a file path without a directory")?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTX: &[u8] = b".version 8.0\n.target sm_90\n";
+
+    #[test]
+    fn a_record_survives_reopening_and_keeps_only_images_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("state");
+        let mut s = StateStore::open(&at).unwrap();
+        assert_eq!(std::fs::metadata(&at).unwrap().permissions().mode() & 0o777, 0o700);
+        let mut spec = ProgramSpec::new("a", PTX.to_vec()).unwrap();
+        spec.bindings = vec!["in".into()];
+        spec.shape.grid = [2, 1, 1];
+        s.record_load(Recorded::of(&spec), &spec.image).unwrap();
+        let v2 = [PTX, b"// v2\n"].concat();
+        s.record_upgrade("a", &v2).unwrap();
+        let back = StateStore::open(&at).unwrap();
+        assert_eq!(back.recorded().programs.len(), 1);
+        let again = back.spec_of(&back.recorded().programs[0]).unwrap();
+        assert_eq!(
+            (again.image.as_slice(), again.shape.grid, again.bindings.clone()),
+            (&v2[..], [2, 1, 1], spec.bindings)
+        );
+        assert_eq!(std::fs::read_dir(at.join("images")).unwrap().count(), 1, "the first image is gone");
+        let mut back = back;
+        back.record_unload("a").unwrap();
+        assert!(StateStore::open(&at).unwrap().recorded().programs.is_empty());
+        StateStore::forget(&at).unwrap();
+        assert!(!at.exists());
+    }
+
+    #[test]
+    fn an_unreadable_record_is_refused_naming_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("state.json"), b"{\"version\": 9, \"channels\": [], \"programs\": []}").unwrap();
+        let err = StateStore::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("version 9") && err.contains("--fresh"), "{err}");
+        std::fs::write(dir.path().join("state.json"), b"garbage").unwrap();
+        assert!(format!("{:#}", StateStore::open(dir.path()).unwrap_err()).contains("--fresh"));
+    }
+}

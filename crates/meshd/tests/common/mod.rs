@@ -1,0 +1,169 @@
+//! Shared pieces of meshd's CPU tests: a stand-in backend that keeps programs in a list and binds real mailbox slots, and small socket clients.
+
+#![allow(dead_code)]
+
+use std::io::BufReader;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus};
+use mesh_shm::Mailbox;
+use meshd::protocol::{Request, Response, read_response, write_request};
+use meshd::server::Opened;
+
+/// A backend double: programs in a list, each bound to a mailbox slot as a real backend binds it.
+/// A program whose name starts with `slow` waits in `load` until the test sends on `gate`.
+pub struct ListBackend {
+    mailbox: Mailbox,
+    programs: Vec<ProgramStatus>,
+    gate: Option<mpsc::Receiver<()>>,
+    /// Every program loaded, in order (what the backend thread applied).
+    pub log: Option<mpsc::Sender<String>>,
+}
+
+impl ListBackend {
+    pub fn new(mailbox: &Mailbox) -> Self {
+        Self { mailbox: mailbox.clone(), programs: Vec::new(), gate: None, log: None }
+    }
+
+    pub fn with_gate(mut self, gate: mpsc::Receiver<()>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    pub fn with_log(mut self, log: mpsc::Sender<String>) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// What `Server::start` wants.
+    pub fn opened(self) -> anyhow::Result<Opened> {
+        Ok(Opened { backend: Box::new(self), device: "test double".into() })
+    }
+}
+
+impl Backend for ListBackend {
+    fn mode(&self) -> IsolationMode {
+        IsolationMode::Blink
+    }
+    fn load(&mut self, spec: ProgramSpec) -> mesh_backend::Result<ProgramStatus> {
+        spec.validate()?;
+        if spec.name.starts_with("slow") {
+            if let Some(gate) = &self.gate {
+                let _ = gate.recv();
+            }
+        }
+        if spec.name == "degraded" {
+            return Err(BackendError::Degraded("a test said so".into()));
+        }
+        if self.programs.iter().any(|p| p.name == spec.name) {
+            return Err(BackendError::AlreadyLoaded(spec.name));
+        }
+        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).collect();
+        let Some(slot) = (0..self.mailbox.geometry().slot_count).find(|s| !taken.contains(s)) else {
+            return Err(BackendError::Mailbox("all program slots are in use".into()));
+        };
+        let mut bindings = Vec::new();
+        for c in &spec.bindings {
+            bindings.push(self.mailbox.channel(c).map_err(|e| BackendError::Mailbox(e.to_string()))?.index);
+        }
+        let s = self.mailbox.slot(slot).unwrap();
+        s.bind(&spec.name, &bindings).unwrap();
+        s.reset_status();
+        s.arm(1);
+        if let Some(log) = &self.log {
+            let _ = log.send(spec.name.clone());
+        }
+        let status = ProgramStatus {
+            name: spec.name,
+            slot,
+            state: ProgramState::Running,
+            generation: 1,
+            heartbeat: 0,
+            worker_pid: None,
+            sms: None,
+            shape: spec.shape,
+            kind: spec.kind,
+        };
+        self.programs.push(status.clone());
+        Ok(status)
+    }
+    fn upgrade(&mut self, name: &str, _image: Vec<u8>) -> mesh_backend::Result<ProgramStatus> {
+        let p = self
+            .programs
+            .iter_mut()
+            .find(|p| p.name == name)
+            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
+        p.generation += 1;
+        Ok(p.clone())
+    }
+    fn unload(&mut self, name: &str) -> mesh_backend::Result<()> {
+        let p = self
+            .programs
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
+        let p = self.programs.remove(p);
+        self.mailbox.slot(p.slot).unwrap().release();
+        Ok(())
+    }
+    fn status(&self) -> Vec<ProgramStatus> {
+        self.programs.clone()
+    }
+    fn shutdown(&mut self) -> mesh_backend::Result<()> {
+        for p in self.programs.drain(..) {
+            self.mailbox.slot(p.slot).unwrap().release();
+        }
+        Ok(())
+    }
+    fn host_atomics(&self) -> bool {
+        false
+    }
+}
+
+/// A tiny PTX image (enough for `ImageKind::detect`).
+pub const PTX: &[u8] = b".version 8.0\n.target sm_90\n";
+
+/// A load request for `name` with the PTX above.
+pub fn load_req(name: &str, bind: &[&str]) -> Request {
+    Request::Load {
+        name: name.into(),
+        image_len: PTX.len(),
+        grid: [2, 1, 1],
+        block: [64, 1, 1],
+        shared_mem: 0,
+        bind: bind.iter().map(|s| s.to_string()).collect(),
+        sms: None,
+    }
+}
+
+/// One request, one answer.
+pub fn ask(socket: &Path, req: &Request, image: &[u8]) -> Response {
+    let conn = UnixStream::connect(socket).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write_request(&mut conn.try_clone().unwrap(), req, image).unwrap();
+    read_response(&mut BufReader::new(conn)).unwrap()
+}
+
+/// Waits for `f` to hold, up to `limit` (a deadline, not a measurement).
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+/// Runs `f` on a thread; its result if it ends within `limit`, else None (the thread is left behind).
+pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}

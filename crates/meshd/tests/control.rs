@@ -1,0 +1,328 @@
+//! The control plane against a stand-in backend: concurrency (a silent client or a slow load delays no `ps`), bounded requests, idle clients dropped, peer checks, shutdown.
+
+mod common;
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::{ListBackend, PTX, ask, load_req, within};
+use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use meshd::protocol::{MAX_LINE, Request, read_response};
+use meshd::server::{Limits, Server, StopHandle};
+use meshd::start::bind_socket;
+use meshd::state::StateStore;
+
+/// Generous: only a deadline for things that should take milliseconds.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Running {
+    socket: PathBuf,
+    mailbox: Mailbox,
+    stop: StopHandle,
+    server: Option<JoinHandle<bool>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(make: impl FnOnce(&Mailbox) -> ListBackend + Send + 'static) -> Self {
+        Self::start_with_state(make, None)
+    }
+
+    fn start_with_state(make: impl FnOnce(&Mailbox) -> ListBackend + Send + 'static, state: Option<&Path>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("sock");
+        let mailbox = Mailbox::create(
+            dir.path().join("mb"),
+            &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
+            CreateMode::Exclusive,
+        )
+        .unwrap();
+        let store = state.map(|s| StateStore::open(s).unwrap());
+        let server = Server::start(mailbox.clone(), Limits::default(), store, move |mb| make(mb).opened()).unwrap();
+        let listener = bind_socket(&socket).unwrap();
+        let stop = server.stop_handle();
+        let server = Some(std::thread::spawn(move || server.run(listener).unwrap()));
+        Self { socket, mailbox, stop, server, _dir: dir }
+    }
+
+    /// Waits (with a deadline) for the server loop to end; its result.
+    fn ended(&mut self) -> Option<bool> {
+        let h = self.server.take().unwrap();
+        within(DEADLINE, move || h.join().unwrap())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.server.is_some() {
+            self.stop.stop();
+        }
+    }
+}
+
+fn connect_silent(socket: &Path) -> UnixStream {
+    let c = UnixStream::connect(socket).unwrap();
+    c.set_read_timeout(Some(DEADLINE)).unwrap();
+    c
+}
+
+#[test]
+fn requests_and_refusals_are_served_until_shutdown() {
+    let mut d = Running::start(ListBackend::new);
+    assert_eq!(std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(bind_socket(&d.socket).unwrap_err().to_string().contains("another meshd"));
+    let r = ask(&d.socket, &load_req("a", &[]), PTX);
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.programs.unwrap()[0].grid, [2, 1, 1]);
+    assert!(r.backend_us.is_some(), "a change says how long the backend took");
+    let r = ask(&d.socket, &load_req("a", &[]), PTX);
+    assert!(!r.ok && r.error.unwrap().contains("already loaded"));
+    let mut junk = load_req("b", &[]);
+    if let Request::Load { image_len, .. } = &mut junk {
+        *image_len = 4;
+    }
+    let r = ask(&d.socket, &junk, b"junk");
+    assert!(!r.ok && r.error.unwrap().contains("neither PTX"));
+    assert!(ask(&d.socket, &Request::ChannelCreate { name: "c".into(), msg_size: 16, capacity: 8 }, &[]).ok);
+    let r = ask(&d.socket, &Request::ChannelCreate { name: "d".into(), msg_size: 12, capacity: 8 }, &[]);
+    assert!(!r.ok && r.error.unwrap().contains("multiple of 8"));
+    let info = ask(&d.socket, &Request::Info, &[]).info.unwrap();
+    assert_eq!((info.mode.as_str(), info.channels.len(), info.channels[0].name.as_str()), ("blink", 1, "c"));
+    assert_eq!(info.device, "test double");
+    let r = ask(&d.socket, &Request::Upgrade { name: "a".into(), image_len: PTX.len() }, PTX);
+    assert_eq!(r.programs.unwrap()[0].generation, 2);
+    let ps = ask(&d.socket, &Request::Ps, &[]).programs.unwrap();
+    assert_eq!((ps.len(), ps[0].generation), (1, 2), "ps shows the snapshot published after the upgrade");
+    assert!(!ask(&d.socket, &Request::Unload { name: "zzz".into() }, &[]).ok);
+    let mut raw = UnixStream::connect(&d.socket).unwrap();
+    raw.write_all(b"not json\n").unwrap();
+    let r = read_response(&mut BufReader::new(raw)).unwrap();
+    assert!(!r.ok && r.error.unwrap().contains("malformed request"));
+    assert!(ask(&d.socket, &Request::Unload { name: "a".into() }, &[]).ok);
+    assert!(ask(&d.socket, &Request::Ps, &[]).programs.unwrap().is_empty());
+    assert!(ask(&d.socket, &Request::Shutdown, &[]).ok);
+    assert_eq!(d.ended(), Some(true), "a clean shutdown ends the server");
+}
+
+#[test]
+fn heartbeats_in_ps_are_read_fresh_from_the_slots() {
+    let d = Running::start(ListBackend::new);
+    assert!(ask(&d.socket, &load_req("a", &[]), PTX).ok);
+    // Nothing asks the backend again: only the slot changes (as a kernel would change it).
+    let slot = d.mailbox.slot(0).unwrap();
+    assert!(slot.in_use());
+    let words = d.mailbox.as_raw_parts().0;
+    let heartbeat_at = slot.offset() as usize
+        + core::mem::offset_of!(mesh_shm::layout::Slot, status)
+        + core::mem::offset_of!(mesh_shm::layout::SlotStatus, heartbeat);
+    // SAFETY: the heartbeat word of slot 0 lies inside the mapping and is 8-aligned; nothing else writes it here.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(words.add(heartbeat_at).cast()) }
+        .store(4242, std::sync::atomic::Ordering::Release);
+    assert_eq!(ask(&d.socket, &Request::Ps, &[]).programs.unwrap()[0].heartbeat, 4242);
+}
+
+#[test]
+fn a_silent_client_delays_no_other_and_is_dropped_after_its_idle_limit() {
+    let d = Running::start(ListBackend::new);
+    let mut silent = connect_silent(&d.socket);
+    let socket = d.socket.clone();
+    let ps = within(DEADLINE, move || ask(&socket, &Request::Ps, &[]));
+    assert!(ps.is_some_and(|r| r.ok), "ps answered while a silent client is connected");
+    // The silent one is told why, then closed (the default idle limit is 2 s; the deadline is generous).
+    let mut got = String::new();
+    silent.read_to_string(&mut got).expect("the daemon closes the silent connection before the deadline");
+    assert!(got.contains("no data from the client") && got.contains("\"ok\":false"), "{got}");
+}
+
+#[test]
+fn a_slow_load_delays_neither_ps_nor_info_and_changes_apply_in_order() {
+    let (open_gate, gate) = mpsc::channel();
+    let (log_tx, log) = mpsc::channel();
+    let d = Running::start(move |mb| ListBackend::new(mb).with_gate(gate).with_log(log_tx));
+    let socket = d.socket.clone();
+    let slow = std::thread::spawn(move || ask(&socket, &load_req("slow", &[]), PTX));
+    // Wait until the slow load is on the backend thread (it is not in `ps` yet, and nothing answered it).
+    std::thread::sleep(Duration::from_millis(100));
+    let socket = d.socket.clone();
+    let queued = std::thread::spawn(move || ask(&socket, &load_req("after", &[]), PTX));
+    let socket = d.socket.clone();
+    let (ps, info) = within(DEADLINE, move || (ask(&socket, &Request::Ps, &[]), ask(&socket, &Request::Info, &[])))
+        .expect("ps and info answer while the backend is busy");
+    assert!(ps.ok && info.ok);
+    assert!(!slow.is_finished(), "the slow load is still held");
+    open_gate.send(()).unwrap();
+    assert!(slow.join().unwrap().ok);
+    assert!(queued.join().unwrap().ok);
+    let order: Vec<String> = log.try_iter().collect();
+    assert_eq!(order, ["slow", "after"], "changes apply one at a time, in arrival order");
+}
+
+#[test]
+fn an_oversized_request_line_is_refused_and_the_connection_closed() {
+    let d = Running::start(ListBackend::new);
+    let mut c = connect_silent(&d.socket);
+    let mut writer = c.try_clone().unwrap();
+    // More than the limit without a newline; the daemon stops reading after the limit.
+    let sender = std::thread::spawn(move || {
+        let chunk = vec![b'a'; 16 << 10];
+        for _ in 0..((4 * MAX_LINE) / chunk.len()) {
+            if writer.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let r = read_response(&mut BufReader::new(&mut c)).unwrap();
+    assert!(!r.ok && r.error.as_deref().unwrap().contains(&format!("longer than {MAX_LINE} bytes")), "{r:?}");
+    let mut rest = Vec::new();
+    assert_eq!(c.read_to_end(&mut rest).unwrap_or(0), 0, "closed after the refusal");
+    sender.join().unwrap();
+    // A line of exactly the limit is read (and refused only as malformed).
+    let mut c = connect_silent(&d.socket);
+    let mut line = vec![b' '; MAX_LINE];
+    line.push(b'\n');
+    c.write_all(&line).unwrap();
+    let r = read_response(&mut BufReader::new(c)).unwrap();
+    assert!(r.error.unwrap().contains("malformed request"));
+}
+
+#[test]
+fn many_clients_at_once_all_get_answers() {
+    let d = Running::start(ListBackend::new);
+    let _silent: Vec<UnixStream> = (0..4).map(|_| connect_silent(&d.socket)).collect();
+    let clients: Vec<_> = (0..16)
+        .map(|i| {
+            let socket = d.socket.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                for k in 0..5 {
+                    let req = match k {
+                        0 => Request::ChannelCreate { name: format!("c{i}"), msg_size: 8, capacity: 2 },
+                        1 => load_req(&format!("p{i}"), &[]),
+                        _ => Request::Ps,
+                    };
+                    let image: &[u8] = if k == 1 { PTX } else { &[] };
+                    ok += usize::from(ask(&socket, &req, image).ok);
+                }
+                ok
+            })
+        })
+        .collect();
+    let total: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    // 8 slots and 8 channel descriptors: 8 of each succeed, the rest are refusals; every ps succeeds.
+    assert_eq!(total, 16 * 3 + 8 + 8);
+    assert_eq!(ask(&d.socket, &Request::Ps, &[]).programs.unwrap().len(), 8);
+}
+
+#[test]
+fn shutdown_while_clients_are_connected_ends_the_daemon() {
+    let mut d = Running::start(ListBackend::new);
+    assert!(ask(&d.socket, &load_req("a", &[]), PTX).ok);
+    let silent: Vec<UnixStream> = (0..3).map(|_| connect_silent(&d.socket)).collect();
+    assert!(ask(&d.socket, &Request::Shutdown, &[]).ok);
+    assert_eq!(d.ended(), Some(true), "the daemon ends with silent clients connected");
+    assert!(!d.mailbox.slot(0).unwrap().in_use(), "the backend stopped its programs");
+    drop(silent);
+}
+
+#[test]
+fn a_stop_from_a_signal_ends_the_daemon_and_refuses_what_is_queued() {
+    let (open_gate, gate) = mpsc::channel();
+    let mut d = Running::start(move |mb| ListBackend::new(mb).with_gate(gate));
+    let socket = d.socket.clone();
+    let slow = std::thread::spawn(move || ask(&socket, &load_req("slow", &[]), PTX));
+    std::thread::sleep(Duration::from_millis(100));
+    let socket = d.socket.clone();
+    let queued = std::thread::spawn(move || ask(&socket, &load_req("queued", &[]), PTX));
+    std::thread::sleep(Duration::from_millis(100));
+    d.stop.stop();
+    open_gate.send(()).unwrap();
+    assert!(slow.join().unwrap().ok, "the change in progress completes");
+    let q = queued.join().unwrap();
+    assert!(!q.ok && q.error.unwrap().contains("shutting down"), "a queued change is refused");
+    assert_eq!(d.ended(), Some(true));
+}
+
+#[test]
+fn a_refusal_says_refused_once() {
+    let d = Running::start(ListBackend::new);
+    let r = ask(&d.socket, &load_req("degraded", &[]), PTX);
+    let err = r.error.unwrap();
+    assert!(!r.ok && err.contains("degraded") && !err.starts_with("refused:"), "{err}");
+}
+
+#[test]
+fn programs_are_recorded_and_relaunched_by_the_next_server() {
+    let state = tempfile::tempdir().unwrap();
+    let mut d = Running::start_with_state(ListBackend::new, Some(state.path()));
+    assert!(ask(&d.socket, &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 4 }, &[]).ok);
+    assert!(ask(&d.socket, &load_req("a", &["in"]), PTX).ok);
+    assert!(ask(&d.socket, &load_req("b", &[]), PTX).ok);
+    assert!(ask(&d.socket, &Request::Unload { name: "b".into() }, &[]).ok);
+    let recorded = StateStore::open(state.path()).unwrap();
+    assert_eq!(recorded.recorded().channels.len(), 1);
+    assert_eq!(recorded.recorded().programs.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert!(ask(&d.socket, &Request::Shutdown, &[]).ok);
+    assert_eq!(d.ended(), Some(true));
+    // A new server (a new mailbox: the channel is recreated from the record first) relaunches "a".
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Mailbox::create(
+        dir.path().join("mb"),
+        &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
+        CreateMode::Exclusive,
+    )
+    .unwrap();
+    let mut store = StateStore::open(state.path()).unwrap();
+    assert_eq!(store.restore_channels(&mailbox).unwrap(), 1);
+    let server =
+        Server::start(mailbox.clone(), Limits::default(), Some(store), |mb| ListBackend::new(mb).opened()).unwrap();
+    assert_eq!(server.relaunched, (1, 0));
+    assert!(mailbox.slot(0).unwrap().in_use());
+    assert_eq!(mailbox.slot(0).unwrap().bindings(), [mailbox.channel("in").unwrap().index]);
+    let stop = server.stop_handle();
+    let socket = dir.path().join("sock");
+    let listener = bind_socket(&socket).unwrap();
+    let h = std::thread::spawn(move || server.run(listener).unwrap());
+    stop.stop();
+    assert_eq!(within(DEADLINE, move || h.join().unwrap()), Some(true));
+}
+
+#[test]
+fn a_peer_of_another_user_is_refused() {
+    if !rustix::process::getuid().is_root() {
+        eprintln!("SKIPPED a_peer_of_another_user_is_refused: needs root to connect as another uid");
+        return;
+    }
+    let d = Running::start(ListBackend::new);
+    // Open the socket to everyone, so that only the peer check stands between uid 65534 and meshd.
+    std::fs::set_permissions(d.socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("ps")
+        .env_remove("MESHD_LOG")
+        .uid(65534)
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED a_peer_of_another_user_is_refused: cannot run as uid 65534 ({e})");
+            return;
+        }
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("Permission denied") {
+        eprintln!("SKIPPED a_peer_of_another_user_is_refused: uid 65534 cannot reach the binary or socket: {err}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("uid 65534 may not control this meshd"), "{err}");
+    assert!(ask(&d.socket, &Request::Ps, &[]).ok, "our own uid still may");
+}
+
+use std::os::unix::process::CommandExt;
