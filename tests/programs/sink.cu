@@ -1,7 +1,8 @@
 // sink: receives on binding 0 and checks every message's sequence number (its ring position) and
 // checksum (stress.cuh); counts passes and failures in its user words. Binding 1: optional knobs.
 // Block of 1 thread: the one-thread calls (mesh_try_recv); block of 32: the warp calls
-// (mesh_warp_try_recv_batch). Messages up to 16 KiB. `cargo xtask ptx` regenerates sink.ptx.
+// (mesh_warp_try_recv_batch). Knob STRESS_FIXED: count only, no check (for throughput benchmarks).
+// Messages up to 16 KiB. `cargo xtask ptx` regenerates sink.ptx.
 #include "stress.cuh"
 
 __shared__ uint32_t sink_buf[4096];
@@ -37,7 +38,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         }
         const uint32_t n = lanes == 32 ? mesh_warp_try_recv_batch(&in, sink_buf, max) : (mesh_try_recv(&in, sink_buf) ? 1u : 0u);
         for (uint32_t m = 0; m < n; m++) {
-            if (!stress_check(sink_buf + m * words, count + m, words, lanes) && leader) {
+            if (!(knobs.flags & STRESS_FIXED) && !stress_check(sink_buf + m * words, count + m, words, lanes) && leader) {
                 if (errors == 0) stress_set(ctx, STRESS_FIRST_BAD, (uint32_t)(count + m));
                 stress_set(ctx, STRESS_ERRORS, ++errors);
             }

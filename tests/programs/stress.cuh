@@ -51,7 +51,8 @@ static __device__ __forceinline__ void stress_set_count(const mesh_ctx& ctx, uin
 // Knobs a stress program reads from its optional knob binding (one 8-byte message, never consumed, so
 // every relaunch sees it again): a pause per message, in ns; the most messages per warp call (low 16
 // bits of the second word); STRESS_FIXED (bit 16): a source fills its buffer once and then changes only
-// word 0 (what a throughput benchmark wants: the channel's cost, not the generator's).
+// word 0, a sink counts without checking (what a throughput benchmark wants: the channel's cost, not
+// the generator's or the checker's).
 #define STRESS_FIXED (1u << 16)
 typedef struct {
     uint32_t pause_ns;

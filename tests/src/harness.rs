@@ -114,3 +114,19 @@ impl Drop for Meshd {
         let _ = self.child.wait();
     }
 }
+
+impl Meshd {
+    /// Runs a client command that must succeed; returns how long the CLI took (spawn to exit) and its stdout.
+    pub fn timed_ok(&self, args: &[&str]) -> (Duration, String) {
+        let started = std::time::Instant::now();
+        let out = self.cli(args);
+        let took = started.elapsed();
+        assert!(
+            out.status.success(),
+            "meshd {args:?} failed: {}\nlog:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        (took, String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub mod harness;
+pub mod stress;
 
 use mesh_backend::ImageKind;
 use mesh_cuda::{Context, Device, Jit, Module, RegisteredMailbox};
