@@ -82,6 +82,7 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
   ROWS+=("mesh-gpu-bench|rc=$?")
   timeout -k 10 200 bin/mesh-gpu-bench mps >>"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench mps|rc=$?")
+  [ -x bin/mesh-cli-bench ] && { timeout -k 10 200 bin/mesh-cli-bench >>"$OUT/bench.log" 2>&1; ROWS+=("mesh-cli-bench|rc=$?"); }
   cat "$OUT/bench.log"
 fi
 
