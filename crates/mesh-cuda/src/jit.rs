@@ -189,8 +189,8 @@ pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Lin
     }
     let refs: Vec<&std::ffi::CStr> = options.iter().map(|c| c.as_c_str()).collect();
     let link_err = |log: String| BackendError::Link { program: name.to_string(), arch: arch.to_string(), log };
-    // SAFETY: the handle is used only on this thread and destroyed below on every path.
-    let handle = unsafe { lib.create(&refs) }.map_err(|e| link_err(e.to_string()))?;
+    // Destroyed when it goes out of scope, on every path.
+    let linker = lib.linker(&refs).map_err(|e| link_err(e.to_string()))?;
     let cname = CString::new(name.replace('\0', "?")).expect("NULs replaced");
     // nvJitLink reads PTX as a C string: without a terminating NUL it runs past the buffer and then
     // calls the input malformed (seen on the H200: "does not match type NVJITLINK_INPUT_PTX").
@@ -201,19 +201,15 @@ pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Lin
     } else {
         image
     };
-    // SAFETY: `handle` is live until the destroy below.
-    let result = unsafe {
-        lib.add_data(handle, input, image, &cname)
-            .and_then(|()| lib.complete(handle))
-            .and_then(|()| lib.linked_cubin(handle))
-            .map_err(|e| {
-                let log = lib.error_log(handle);
-                link_err(if log.is_empty() { e.to_string() } else { format!("{e}\n{log}") })
-            })
-            .map(|cubin| (cubin, lib.info_log(handle)))
-    };
-    // SAFETY: created above, not used afterwards.
-    let _ = unsafe { lib.destroy(handle) };
+    let result = linker
+        .add_data(input, image, &cname)
+        .and_then(|()| linker.complete())
+        .and_then(|()| linker.linked_cubin())
+        .map_err(|e| {
+            let log = linker.error_log();
+            link_err(if log.is_empty() { e.to_string() } else { format!("{e}\n{log}") })
+        })
+        .map(|cubin| (cubin, linker.info_log()));
     let (cubin, info_log) = result?;
     Ok(Linked { cubin: Arc::new(cubin), as_is: false, info_log, cached: false, link_time: start.elapsed() })
 }

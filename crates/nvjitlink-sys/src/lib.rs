@@ -1,8 +1,9 @@
 //! Raw bindings to libnvJitLink, loaded at run time: no link-time dependency, no panic when it is absent.
 //!
-//! Two layers, after cudarc's: [`NvJitLink`] holds the entry points (the `sys` layer), found once
-//! per process by [`NvJitLink::get`]; its methods return `Result` (the `result` layer). The safe,
-//! owning linker lives in mesh-cuda's `jit` module.
+//! Three layers, after cudarc's: [`NvJitLink`] holds the entry points (the `sys` layer), found once
+//! per process by [`NvJitLink::get`]; its `unsafe` methods take a raw handle and return `Result`
+//! (the `result` layer); [`Linker`] owns one handle, destroys it on drop, and makes every call safe
+//! (the `safe` layer, what mesh-cuda's JIT uses).
 //!
 //! Where the library is looked for, in order: `MESH_NVJITLINK` (a file), `CUDA_HOME` and
 //! `CUDA_PATH` (their `lib64`, `lib` and `targets/x86_64-linux/lib`), `/usr/local/cuda` and every
@@ -344,6 +345,14 @@ impl NvJitLink {
         unsafe { Self::log(handle, self.info_log_size, self.info_log) }
     }
 
+    /// A linker created with `options` (e.g. `-arch=sm_90`), destroyed when dropped.
+    pub fn linker(&self, options: &[&CStr]) -> Result<Linker<'_>, Error> {
+        // SAFETY: the handle is owned by the `Linker`, which destroys it once (in Drop) and, holding
+        // a raw pointer, is neither Send nor Sync: one thread uses it.
+        let raw = unsafe { self.create(options) }?;
+        Ok(Linker { lib: self, raw })
+    }
+
     unsafe fn log(handle: NvJitLinkHandle, size_fn: SizeFn, log_fn: BufFn) -> String {
         let mut size = 0usize;
         // SAFETY: valid out-pointer; the caller passes a live handle.
@@ -357,6 +366,56 @@ impl NvJitLink {
         }
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         String::from_utf8_lossy(&buf[..end]).trim_end().to_string()
+    }
+}
+
+/// One nvJitLink handle: inputs added, linked, its cubin and logs read; destroyed on drop.
+///
+/// Not `Send` nor `Sync` (it holds the raw handle): nvJitLink asks that a handle be used by one
+/// thread at a time, and the JIT creates, uses and drops each on its own thread.
+#[derive(Debug)]
+pub struct Linker<'l> {
+    lib: &'l NvJitLink,
+    raw: NvJitLinkHandle,
+}
+
+impl Linker<'_> {
+    /// `nvJitLinkAddData`: one input, named `name` in the logs.
+    pub fn add_data(&self, kind: InputType, data: &[u8], name: &CStr) -> Result<(), Error> {
+        // SAFETY: `raw` is live until Drop.
+        unsafe { self.lib.add_data(self.raw, kind, data, name) }
+    }
+
+    /// `nvJitLinkComplete`: links every input added.
+    pub fn complete(&self) -> Result<(), Error> {
+        // SAFETY: `raw` is live until Drop.
+        unsafe { self.lib.complete(self.raw) }
+    }
+
+    /// The linked cubin (after [`Linker::complete`] succeeded).
+    pub fn linked_cubin(&self) -> Result<Vec<u8>, Error> {
+        // SAFETY: `raw` is live until Drop; nvJitLink answers an error for an incomplete link.
+        unsafe { self.lib.linked_cubin(self.raw) }
+    }
+
+    /// The error log (empty when there is none).
+    pub fn error_log(&self) -> String {
+        // SAFETY: `raw` is live until Drop.
+        unsafe { self.lib.error_log(self.raw) }
+    }
+
+    /// The info log (empty when there is none).
+    pub fn info_log(&self) -> String {
+        // SAFETY: `raw` is live until Drop.
+        unsafe { self.lib.info_log(self.raw) }
+    }
+}
+
+impl Drop for Linker<'_> {
+    fn drop(&mut self) {
+        // An error on destroy cannot be acted on (the handle is gone either way) and Drop must not panic.
+        // SAFETY: created in `NvJitLink::linker`, destroyed once, here, and never used afterwards.
+        let _ = unsafe { self.lib.destroy(self.raw) };
     }
 }
 
