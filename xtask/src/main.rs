@@ -116,7 +116,8 @@ fn bundle(dir: &Path) -> Result<()> {
         let stem = name.rsplit_once('-').map_or(name.as_str(), |(s, _)| s);
         std::fs::copy(&exe, dir.join("bin").join(format!("test-{stem}")))?;
     }
-    for entry in std::fs::read_dir("target/release")? {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    for entry in std::fs::read_dir(target.join("release"))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
         let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench"].contains(&name.as_str());
