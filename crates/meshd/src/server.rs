@@ -438,8 +438,14 @@ where
     let _ = ready.send(Ok(relaunched));
     let clean = worker.serve(jobs);
     drop(worker);
-    // Dropped here, on the thread that opened it (MPS: the thread its children's PDEATHSIG watches).
-    drop(backend);
+    if clean {
+        // Dropped here, on the thread that opened it (MPS: the thread its children's PDEATHSIG watches).
+        drop(backend);
+    } else {
+        // A kernel ignored its stop request: releasing the context would wait for it. meshd leaves
+        // with `_exit` right after (the driver then ends the kernel), so the backend is never dropped.
+        std::mem::forget(backend);
+    }
     shared.waker.wake();
     clean
 }

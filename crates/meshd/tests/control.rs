@@ -146,8 +146,7 @@ fn a_slow_load_delays_neither_ps_nor_info_and_changes_apply_in_order() {
     let d = Running::start(move |mb| ListBackend::new(mb).with_gate(gate).with_log(log_tx));
     let socket = d.socket.clone();
     let slow = std::thread::spawn(move || ask(&socket, &load_req("slow", &[]), PTX));
-    // Wait until the slow load is on the backend thread (it is not in `ps` yet, and nothing answered it).
-    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(log.recv_timeout(DEADLINE).unwrap(), "waiting:slow", "the slow load is on the backend thread");
     let socket = d.socket.clone();
     let queued = std::thread::spawn(move || ask(&socket, &load_req("after", &[]), PTX));
     let socket = d.socket.clone();
@@ -232,12 +231,14 @@ fn shutdown_while_clients_are_connected_ends_the_daemon() {
 #[test]
 fn a_stop_from_a_signal_ends_the_daemon_and_refuses_what_is_queued() {
     let (open_gate, gate) = mpsc::channel();
-    let mut d = Running::start(move |mb| ListBackend::new(mb).with_gate(gate));
+    let (log_tx, log) = mpsc::channel();
+    let mut d = Running::start(move |mb| ListBackend::new(mb).with_gate(gate).with_log(log_tx));
     let socket = d.socket.clone();
     let slow = std::thread::spawn(move || ask(&socket, &load_req("slow", &[]), PTX));
-    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(log.recv_timeout(DEADLINE).unwrap(), "waiting:slow");
     let socket = d.socket.clone();
     let queued = std::thread::spawn(move || ask(&socket, &load_req("queued", &[]), PTX));
+    // Give the queued request time to reach the queue; if it comes after the stop it is refused all the same.
     std::thread::sleep(Duration::from_millis(100));
     d.stop.stop();
     open_gate.send(()).unwrap();

@@ -52,6 +52,9 @@ impl Backend for ListBackend {
         spec.validate()?;
         if spec.name.starts_with("slow") {
             if let Some(gate) = &self.gate {
+                if let Some(log) = &self.log {
+                    let _ = log.send(format!("waiting:{}", spec.name));
+                }
                 let _ = gate.recv();
             }
         }
