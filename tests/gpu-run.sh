@@ -42,10 +42,14 @@ if [ -x "$NVCC" ]; then
   img heartbeat.dc.sm_90.cubin -cubin -dc -arch=sm_90
   img heartbeat.sm_90.fatbin -fatbin -gencode arch=compute_90,code=sm_90
   img heartbeat.compute_90.fatbin -fatbin -gencode arch=compute_90,code=compute_90
-  img heartbeat.lto_90.fatbin -fatbin -dlto -gencode arch=compute_90,code=lto_90
+  # code=lto_90 alone asks for LTO-IR: CUDA 13's nvcc refuses -dlto beside -gencode ("'-dlto' conflicts with '-gencode'")
+  img heartbeat.lto_90.fatbin -fatbin -gencode arch=compute_90,code=lto_90
   if [ ! -s "$IMG/heartbeat.lto_90.fatbin" ]; then # older nvcc wants relocatable device code for LTO-IR
-    img_total=$((img_total - 1)); img heartbeat.lto_90.fatbin -fatbin -rdc=true -dlto -gencode arch=compute_90,code=lto_90
+    img_total=$((img_total - 1)); img heartbeat.lto_90.fatbin -fatbin -rdc=true -gencode arch=compute_90,code=lto_90
   fi
+  # compressed SASS (zstd): relocatable SASS is compressed by default (CUDA 12.8+), executable SASS with -compress-mode=size
+  img heartbeat.dc.sm_90.fatbin -fatbin -dc -gencode arch=compute_90,code=sm_90
+  img heartbeat.sm_90.size.fatbin -fatbin -compress-mode=size -gencode arch=compute_90,code=sm_90
   img heartbeat.host.o -dc -arch=sm_90
   img_total=$((img_total + 1))
   if [ -s "$IMG/heartbeat.sm_90.cubin" ]; then

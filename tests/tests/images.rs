@@ -25,6 +25,9 @@ const FORMS: &[(&str, &str, Expect)] = &[
     ("fatbin-sass-sm90", "heartbeat.sm_90.fatbin", None),
     ("fatbin-ptx-compute90", "heartbeat.compute_90.fatbin", None),
     ("fatbin-lto90", "heartbeat.lto_90.fatbin", None),
+    // Compressed SASS, whose ELF type is not read: linked (relocatable), else used as it is.
+    ("fatbin-dc-sm90", "heartbeat.dc.sm_90.fatbin", None),
+    ("fatbin-sass-sm90-compressed", "heartbeat.sm_90.size.fatbin", None),
     ("host-object", "heartbeat.host.o", Some(&["a host object", "not a GPU image"])),
     ("cubin-truncated", "heartbeat.sm_90.truncated.cubin", Some(&["truncated"])),
 ];

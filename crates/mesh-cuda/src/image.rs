@@ -4,25 +4,37 @@
 //! refused with the reason, never read past or panicked on.
 //!
 //! ELF facts relied on (LLVM `llvm/include/llvm/BinaryFormat/ELF.h` and `llvm/lib/Object`'s
-//! handling of `EM_CUDA`; the System V gABI for the header layout):
+//! handling of `EM_CUDA`; the System V gABI for the header layout), checked against CUDA 13.0's
+//! nvcc (V13.0.88; its output for heartbeat.cu is in `tests/images/`):
 //! - a cubin is a little-endian ELF64 file with `e_machine` = `EM_CUDA` (190); `e_type` is `ET_EXEC`
-//!   (2) for `nvcc -cubin` and `ET_REL` (1) for `nvcc -cubin -dc`;
+//!   (2) for `nvcc -cubin` and `ET_REL` (1) for `nvcc -cubin -dc`; `EI_OSABI` is 0x41 in CUDA 13
+//!   (not read here);
 //! - the SM number sits in `e_flags`, where depends on `e_ident[EI_ABIVERSION]`:
 //!   `ELFABIVERSION_CUDA_V1` (7): the low byte (`EF_CUDA_SM` = 0xff; bits 8-11 are
 //!   `EF_CUDA_TEXMODE_*`, `EF_CUDA_64BIT_ADDRESS` = 0x400, `EF_CUDA_ACCELERATORS_V1` = 0x800);
 //!   `ELFABIVERSION_CUDA_V2` (8, CUDA 12.8 and later, every cubin of CUDA 13): the second byte
-//!   (`EF_CUDA_SM_MASK` = 0xff00, `EF_CUDA_SM_OFFSET` = 8; the low byte holds flags such as
-//!   `EF_CUDA_ACCELERATORS` = 0x8). A CUDA 13 sm_90 cubin carries `e_flags` 0x06005a04.
-//!   Both encode sm_XY as the number XY (0x5a = 90).
+//!   (`EF_CUDA_SM_MASK` = 0xff00, `EF_CUDA_SM_OFFSET` = 8). Both encode sm_XY as the number XY
+//!   (0x5a = 90). Measured with CUDA 13.0: sm_90 0x06005a04, sm_80 0x06005004, sm_75 0x06004b04,
+//!   sm_100 0x06006402, sm_120 0x06007802; sm_90a, sm_100a and sm_100f carry the same `e_flags` as
+//!   sm_90 and sm_100 (the suffix is not in the header);
+//! - a cubin may hold `SHT_NOBITS` sections (CUDA 13's sm_90 cubin has `.nv.shared.reserved.0`)
+//!   and `PT_LOAD` segments of no file bytes; neither occupies the file, so neither is bounds-checked.
 //!
 //! Fatbin facts relied on (NVIDIA's `fatbinary.h`, shipped with older CUDA toolkits, for the
 //! header and the kinds; the entry layout as read by cuobjdump look-alikes: n-eiling's
-//! cuda-fatbin-decompression, jiegec's `fatbinary` crate):
-//! - header, 16 bytes: magic 0xBA55ED50 (u32), version (u16), header size (u16), size of the
-//!   entries that follow (u64);
-//! - each entry: kind (u16 at 0: 1 PTX, 2 ELF, 8 NVVM IR, i.e. LTO-IR), header size (u32 at 4),
-//!   payload size (u64 at 8), architecture (u32 at 28: 90 for sm_90 / compute_90), flags (u64 at
-//!   40: 0x2000 and 0x8000 mark a compressed payload); the payload follows the entry's header.
+//! cuda-fatbin-decompression, jiegec's `fatbinary` crate; each checked on CUDA 13.0's output):
+//! - header, 16 bytes: magic 0xBA55ED50 (u32), version (u16, 1), header size (u16, 16), size of
+//!   the entries that follow (u64);
+//! - each entry: kind (u16 at 0: 1 PTX, 2 ELF, 8 LTO-IR, the last for `code=lto_90` with CUDA 13),
+//!   header size (u32 at 4: 64 for ELF, 80 or 96 for PTX, 120 for LTO-IR), payload size (u64 at 8,
+//!   padded to 8), architecture (u32 at 28: 90 for sm_90 / compute_90 / lto_90), flags (u64 at 40:
+//!   0x11 is 64-bit and Linux; 0x2000 (LZ4, older toolkits) and 0x8000 (CUDA 13) mark a
+//!   compressed payload); the payload follows the entry's header;
+//! - what CUDA 13.0's nvcc compresses by default (`-compress-mode=default`): PTX (zstd, flags
+//!   0x8011), relocatable SASS (`-fatbin -dc`: zstd, flags 0x8011) and LTO-IR (flags 0x18011);
+//!   executable SASS is stored plain (flags 0x11; a 325 KB one too), unless built with
+//!   `-compress-mode=size`. A compressed payload is not decompressed here (no decompressor is
+//!   linked in), so a compressed SASS entry's ELF type is unknown: see [`Plan::LinkOrAsIs`].
 
 use mesh_backend::ImageKind;
 use nvjitlink_sys::InputType;
@@ -37,6 +49,15 @@ pub enum Plan {
     Link {
         /// How nvJitLink is told to read the image.
         input: InputType,
+        /// Whether nvJitLink needs `-lto`.
+        lto: bool,
+    },
+    /// A fatbin whose only SASS for this architecture is compressed, so whether that SASS is
+    /// executable (to be used as it is) or relocatable (`nvcc -fatbin -dc`, compressed by default
+    /// since CUDA 12.8; to be linked) cannot be read here. Link the fatbin through nvJitLink
+    /// (`NVJITLINK_INPUT_FATBIN`): relocatable SASS links into a cubin with code, while executable
+    /// SASS links into one with none ([`has_code`] tells), and then the bytes are used as they are.
+    LinkOrAsIs {
         /// Whether nvJitLink needs `-lto`.
         lto: bool,
     },
@@ -187,6 +208,33 @@ impl Elf {
     }
 }
 
+/// Whether `cubin` is a CUDA ELF file holding code: a `SHT_PROGBITS` section with
+/// `SHF_EXECINSTR` and some bytes (`.text.mesh_main`). What nvJitLink makes of executable SASS
+/// (an executable cubin, or a fatbin of one) holds none: no `PROGBITS` section at all.
+pub fn has_code(cubin: &[u8]) -> bool {
+    const SHT_PROGBITS: u32 = 1;
+    const SHF_EXECINSTR: u64 = 0x4;
+    if Elf::read(cubin).is_err() {
+        return false;
+    }
+    // Elf::read checked that the section table lies inside the bytes; reads stay checked anyway.
+    let (shoff, shentsize, shnum) = (u64_at(cubin, 40), u16_at(cubin, 58), u16_at(cubin, 60));
+    let (Some(shoff), Some(shentsize), Some(shnum)) = (shoff, shentsize, shnum) else {
+        return false;
+    };
+    (0..u64::from(shnum)).any(|i| {
+        let Some(at) = i.checked_mul(u64::from(shentsize)).and_then(|o| o.checked_add(shoff)) else {
+            return false;
+        };
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        let field32 = |off: usize| at.checked_add(off).and_then(|a| u32_at(cubin, a));
+        let field64 = |off: usize| at.checked_add(off).and_then(|a| u64_at(cubin, a));
+        field32(4) == Some(SHT_PROGBITS)
+            && field64(8).is_some_and(|f| f & SHF_EXECINSTR != 0)
+            && field64(32).is_some_and(|n| n > 0)
+    })
+}
+
 /// The refusal of an ELF file that is not for a CUDA GPU.
 fn not_cuda(machine: u16) -> String {
     let host = match machine {
@@ -286,15 +334,18 @@ fn plan_fatbin(sm: u32, b: &[u8]) -> Result<Plan, String> {
             e.elf.map_or(0, |elf| elf.sm)
         ));
     }
-    if entries.iter().any(|e| sass(e) && e.elf.is_none_or(|elf| elf.e_type == ET_EXEC)) {
+    if entries.iter().any(|e| sass(e) && e.elf.is_some_and(|elf| elf.e_type == ET_EXEC)) {
         return Ok(Plan::AsIs);
     }
     // PTX and LTO-IR are compiled forward (compute_80 PTX runs on sm_90); relocatable SASS for this
     // SM links. nvJitLink reads the whole fatbin and picks among them itself.
     let linkable = |e: &&Entry| (matches!(e.kind, FATBIN_KIND_PTX | FATBIN_KIND_IR) && e.arch <= sm) || sass(e);
     let usable: Vec<&Entry> = entries.iter().filter(linkable).collect();
+    let lto = usable.iter().any(|e| e.kind == FATBIN_KIND_IR);
+    if entries.iter().any(|e| sass(e) && e.elf.is_none()) {
+        return Ok(Plan::LinkOrAsIs { lto });
+    }
     if !usable.is_empty() {
-        let lto = usable.iter().any(|e| e.kind == FATBIN_KIND_IR);
         return Ok(Plan::Link { input: InputType::Fatbin, lto });
     }
     let held: Vec<String> = entries.iter().map(Entry::describe).collect();
@@ -332,6 +383,7 @@ pub(crate) mod tests {
         b.extend_from_slice(&[0; 64]); // the null section
         let mut progbits = [0u8; 64];
         progbits[4..8].copy_from_slice(&1u32.to_le_bytes());
+        progbits[8..16].copy_from_slice(&6u64.to_le_bytes()); // SHF_ALLOC | SHF_EXECINSTR, as .text.mesh_main
         progbits[24..32].copy_from_slice(&64u64.to_le_bytes());
         progbits[32..40].copy_from_slice(&32u64.to_le_bytes());
         b.extend_from_slice(&progbits);
@@ -393,7 +445,9 @@ pub(crate) mod tests {
         assert_eq!(cubin(&elf(EM_CUDA, ET_EXEC, 7, 0x005a_055a)), Ok(Plan::AsIs));
         // Version 8 (CUDA 12.8+): sm_90 in the second byte, flags in the low one.
         assert_eq!(cubin(&cubin_sm90()), Ok(Plan::AsIs));
-        assert_eq!(cubin(&elf(EM_CUDA, ET_EXEC, 8, 0x5a08)), Ok(Plan::AsIs)); // sm_90a: EF_CUDA_ACCELERATORS
+        // Other bits of the low byte do not matter (CUDA 13 writes 0x04 for sm_90, 0x02 for sm_100;
+        // sm_90a's e_flags are sm_90's).
+        assert_eq!(cubin(&elf(EM_CUDA, ET_EXEC, 8, 0x5a08)), Ok(Plan::AsIs));
         refused(cubin(&elf(EM_CUDA, ET_EXEC, 7, 0x0050_0550)), &["built for sm_80", "this GPU is sm_90"]);
         refused(cubin(&elf(EM_CUDA, ET_EXEC, 8, 0x0600_5004)), &["built for sm_80", "this GPU is sm_90"]);
         refused(cubin(&elf(EM_CUDA, ET_EXEC, 8, 0x0600_6402)), &["built for sm_100", "this GPU is sm_90"]);
@@ -457,14 +511,17 @@ pub(crate) mod tests {
     fn a_fatbin_with_sass_for_this_gpu_is_used_as_it_is() {
         let sass = cubin_sm90();
         assert_eq!(fat(&fatbin(&[(FATBIN_KIND_ELF, 90, 0, &sass)])), Ok(Plan::AsIs));
-        // Beside other architectures and PTX, and compressed (its payload unreadable here).
+        // Beside other architectures and compressed PTX, as `nvcc -fatbin` with three -gencode makes it.
         let sm80 = elf(EM_CUDA, ET_EXEC, 8, 0x0600_5004);
         let mixed = fatbin(&[
             (FATBIN_KIND_ELF, 80, 0, &sm80),
-            (FATBIN_KIND_PTX, 80, 0, b".version"),
-            (2, 90, 0x2000, &[7; 40]),
+            (FATBIN_KIND_PTX, 90, 0x8000, &[0x28, 0xb5, 0x2f, 0xfd]),
+            (FATBIN_KIND_ELF, 90, 0, &sass),
         ]);
         assert_eq!(fat(&mixed), Ok(Plan::AsIs));
+        // A compressed sm_90 entry beside a plain one: the plain executable one decides.
+        let both = fatbin(&[(FATBIN_KIND_ELF, 90, 0x8000, &[7; 40]), (FATBIN_KIND_ELF, 90, 0, &sass)]);
+        assert_eq!(fat(&both), Ok(Plan::AsIs));
         // An sm_90 entry holding an sm_80 cubin is corrupt.
         refused(fat(&fatbin(&[(FATBIN_KIND_ELF, 90, 0, &sm80)])), &["corrupt fatbin", "holds a cubin built for sm_80"]);
     }
@@ -474,12 +531,43 @@ pub(crate) mod tests {
         assert_eq!(fat(&fatbin(&[(FATBIN_KIND_PTX, 90, 0, b".version 9.0")])), Ok(LINK_FATBIN));
         assert_eq!(fat(&fatbin(&[(FATBIN_KIND_PTX, 80, 0x2000, &[1; 9])])), Ok(LINK_FATBIN));
         let lto = Plan::Link { input: InputType::Fatbin, lto: true };
-        assert_eq!(fat(&fatbin(&[(FATBIN_KIND_IR, 90, 0, &[0x7f, 0x4e, 0x43, 0xed])])), Ok(lto));
+        assert_eq!(fat(&fatbin(&[(FATBIN_KIND_IR, 90, 0, &[0xed, 0x43, 0x4e, 0x7f])])), Ok(lto));
+        assert_eq!(fat(&fatbin(&[(FATBIN_KIND_IR, 90, 0x1_8000, &[0x79, 0x53, 0x4b, 0x8a])])), Ok(lto));
         // Relocatable SASS for this GPU (`-fatbin -dc`) is a link input too.
         let rel = elf(EM_CUDA, ET_REL, 8, 0x0600_5a04);
         assert_eq!(fat(&fatbin(&[(FATBIN_KIND_ELF, 90, 0, &rel)])), Ok(LINK_FATBIN));
         let sm80 = elf(EM_CUDA, ET_EXEC, 8, 0x0600_5004);
         assert_eq!(fat(&fatbin(&[(FATBIN_KIND_ELF, 80, 0, &sm80), (FATBIN_KIND_PTX, 80, 0, b"ptx")])), Ok(LINK_FATBIN));
+    }
+
+    /// nvcc 13 compresses `-fatbin -dc` SASS by default (and any SASS with `-compress-mode=size`):
+    /// its ELF type cannot be read, so it is linked, and used as it is if the link has no code.
+    #[test]
+    fn compressed_sass_for_this_gpu_is_linked_else_used_as_it_is() {
+        let zstd: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd, 0x60, 0xa8, 0x11, 0xd5];
+        for flags in [0x2000, 0x8000] {
+            assert_eq!(fat(&fatbin(&[(FATBIN_KIND_ELF, 90, flags, zstd)])), Ok(Plan::LinkOrAsIs { lto: false }));
+        }
+        let with_ptx = fatbin(&[(FATBIN_KIND_PTX, 90, 0x8000, zstd), (FATBIN_KIND_ELF, 90, 0x8000, zstd)]);
+        assert_eq!(fat(&with_ptx), Ok(Plan::LinkOrAsIs { lto: false }));
+        let with_ir = fatbin(&[(FATBIN_KIND_IR, 90, 0x1_8000, zstd), (FATBIN_KIND_ELF, 90, 0x8000, zstd)]);
+        assert_eq!(fat(&with_ir), Ok(Plan::LinkOrAsIs { lto: true }));
+        // Compressed SASS for another GPU is still nothing for this one.
+        refused(fat(&fatbin(&[(FATBIN_KIND_ELF, 80, 0x8000, zstd)])), &["holds sm_80 SASS"]);
+    }
+
+    #[test]
+    fn code_is_told_from_an_empty_link() {
+        assert!(has_code(&cubin_sm90()));
+        // The PROGBITS section of the synthetic cubin without SHF_EXECINSTR, then with no bytes.
+        let mut b = cubin_sm90();
+        b[160 + 8..160 + 16].copy_from_slice(&2u64.to_le_bytes());
+        assert!(!has_code(&b));
+        let mut b = cubin_sm90();
+        b[160 + 32..160 + 40].copy_from_slice(&0u64.to_le_bytes());
+        assert!(!has_code(&b));
+        assert!(!has_code(&cubin_sm90()[..100]));
+        assert!(!has_code(b"not an ELF"));
     }
 
     #[test]
@@ -547,6 +635,7 @@ pub(crate) mod tests {
                 for kind in [ImageKind::Cubin, ImageKind::Fatbin] {
                     let _ = plan("sm_90", kind, &b[..len]);
                 }
+                let _ = has_code(&b[..len]);
             }
         }
     }

@@ -3,8 +3,9 @@
 //! What each image needs is read off its headers first ([`crate::image`]): an executable cubin
 //! for this architecture, or a fatbin holding SASS for it, is used as it is (an executable cubin
 //! is no link input: the "linked" result of one holds no kernel); PTX, LTO-IR, a relocatable cubin
-//! and a fatbin holding only PTX or LTO-IR go through nvJitLink; anything else is refused with the
-//! reason, before any GPU work.
+//! and a fatbin holding only PTX or LTO-IR go through nvJitLink; a fatbin whose SASS for this
+//! architecture is compressed (of unknown ELF type) is linked, and used as it is when the link
+//! yields no code (executable SASS); anything else is refused with the reason, before any GPU work.
 //!
 //! The thread loads libnvJitLink and links a one-instruction PTX before it
 //! reports ready, so that the library's start-up (about 30 ms on the H200)
@@ -169,19 +170,41 @@ fn warm_up(arch: &str) -> Result<Duration, BackendError> {
 pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Linked, BackendError> {
     let start = Instant::now();
     let refused = |reason: String| BackendError::Image { program: name.to_string(), reason };
-    let (input, lto) = match image::plan(arch, kind, image).map_err(refused)? {
-        Plan::AsIs => {
-            let cubin = Arc::new(image.to_vec());
-            return Ok(Linked {
-                cubin,
-                as_is: true,
-                info_log: String::new(),
-                cached: false,
-                link_time: start.elapsed(),
-            });
-        }
-        Plan::Link { input, lto } => (input, lto),
+    let as_is = |info_log: String| Linked {
+        cubin: Arc::new(image.to_vec()),
+        as_is: true,
+        info_log,
+        cached: false,
+        link_time: start.elapsed(),
     };
+    match image::plan(arch, kind, image).map_err(refused)? {
+        Plan::AsIs => Ok(as_is(String::new())),
+        Plan::Link { input, lto } => nvjitlink(arch, name, image, input, lto, start),
+        // Compressed SASS for this GPU: linked if relocatable; executable SASS links to no code,
+        // and is then what the driver loads. Without nvJitLink the driver is left to judge it.
+        Plan::LinkOrAsIs { lto } => match NvJitLink::get() {
+            Err(e) => Ok(as_is(format!("compressed SASS used as it is: nvJitLink unavailable ({e})"))),
+            Ok(_) => {
+                let linked = nvjitlink(arch, name, image, InputType::Fatbin, lto, start)?;
+                if image::has_code(&linked.cubin) {
+                    Ok(linked)
+                } else {
+                    Ok(as_is("compressed executable SASS used as it is (its link held no code)".into()))
+                }
+            }
+        },
+    }
+}
+
+/// Links `image` through nvJitLink as `input`.
+fn nvjitlink(
+    arch: &str,
+    name: &str,
+    image: &[u8],
+    input: InputType,
+    lto: bool,
+    start: Instant,
+) -> Result<Linked, BackendError> {
     let lib = NvJitLink::get().map_err(|e| BackendError::NoJitLink(e.to_string()))?;
     let mut options = vec![CString::new(format!("-arch={arch}")).expect("no NUL")];
     if lto {
