@@ -45,6 +45,9 @@ impl Meshd {
             .arg(&socket)
             .args(["run", "--shm"])
             .arg(dir.path().join("mailbox"))
+            // Recorded state inside the test's own directory, never the system's default.
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
             .args(extra)
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -78,7 +78,10 @@ fn bench_here() -> Result<()> {
     // MPS mode in a process of its own (the first one holds a plain context).
     run(cargo()
         .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
-        .env(GPU_GATE, "1"))
+        .env(GPU_GATE, "1"))?;
+    // The control plane through the CLI (needs meshd beside the benchmark binary).
+    run(cargo().args(["build", "--release", "-p", "meshd"]))?;
+    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))
 }
 
 /// Test executables built by `cargo test --no-run`, read off cargo's JSON messages.
@@ -120,7 +123,7 @@ fn bundle(dir: &Path) -> Result<()> {
     for entry in std::fs::read_dir(target.join("release"))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
-        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench"].contains(&name.as_str());
+        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench", "mesh-cli-bench"].contains(&name.as_str());
         if is_bin && path.is_file() {
             std::fs::copy(&path, dir.join("bin").join(&name))?;
         }

@@ -35,7 +35,7 @@ pub enum ShmError {
         source: std::io::Error,
     },
     /// `create` found a file there and was not asked to replace it.
-    #[error("mailbox {path}: already exists (pass replace to overwrite it)")]
+    #[error("mailbox {path}: already exists (CreateMode::Replace overwrites it)")]
     Exists {
         /// The file.
         path: PathBuf,
