@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use mesh_backend::{BackendError, ImageKind, LaunchShape};
-use mesh_cuda::{Context, Device, Module, StreamState};
+use mesh_cuda::{Context, CudaError, Device, Module, StreamState};
 use mesh_gpu_tests::{Fixture, program, program_names, require_gpu, wait_until};
 use mesh_shm::layout::{STATE_RUNNING, STATE_STOPPED};
 use mesh_shm::{Consumer, Producer};
@@ -19,8 +19,8 @@ fn no_driver_is_a_clear_error_not_a_panic() {
         return;
     }
     match Device::get(0) {
-        Err(BackendError::NoDriver(msg)) => assert!(msg.contains("libcuda"), "{msg}"),
-        Err(BackendError::NoDevice(msg)) => eprintln!("driver present, no GPU: {msg}"),
+        Err(CudaError::NoDriver(msg)) => assert!(msg.contains("libcuda"), "{msg}"),
+        Err(CudaError::NoDevice(msg)) => eprintln!("driver present, no GPU: {msg}"),
         Err(other) => panic!("unexpected error kind: {other}"),
         Ok(d) => eprintln!("SKIPPED no_driver_is_a_clear_error_not_a_panic: this machine has {}", d.name),
     }

@@ -1,10 +1,12 @@
-//! The process-wide cleanup registry: actions run once, newest first, at normal exit and on SIGINT / SIGTERM.
+//! The process-wide cleanup registry: actions run once, newest first, whenever the process ends.
 //!
 //! The MPS backend registers "kill the workers, quit the daemon" here, the
 //! daemon "remove the mailbox": whatever way meshd ends short of SIGKILL,
-//! they run, exactly once. (For SIGKILL, children carry `PR_SET_PDEATHSIG`.)
+//! they run, exactly once. meshd runs the registry on its way out ([`RunOnDrop`], [`run_all`]),
+//! from the signal handling it installs itself (it turns SIGINT / SIGTERM into an orderly stop).
+//! (For SIGKILL, children carry `PR_SET_PDEATHSIG`.)
 
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use parking_lot::{Mutex, MutexGuard};
 
 type Action = Box<dyn FnOnce() + Send>;
 
@@ -14,10 +16,10 @@ struct Registry {
 }
 
 fn registry() -> MutexGuard<'static, Registry> {
-    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
-    let lock = REGISTRY.get_or_init(|| Mutex::new(Registry { actions: Vec::new(), next_id: 1 }));
-    // An action that panicked poisons nothing we rely on: the list stays consistent.
-    lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    // parking_lot's lock is never poisoned: an action that panicked (it runs unlocked anyway)
+    // leaves the list consistent.
+    static REGISTRY: Mutex<Registry> = Mutex::new(Registry { actions: Vec::new(), next_id: 1 });
+    REGISTRY.lock()
 }
 
 /// Identifies a registered action, to run or drop it early.
@@ -71,21 +73,6 @@ impl Drop for RunOnDrop {
     fn drop(&mut self) {
         run_all();
     }
-}
-
-/// Installs SIGINT and SIGTERM handling: on either, a dedicated thread runs the registry, then the
-/// process dies of that signal (default disposition), so the parent sees the usual status.
-pub fn install_signal_handlers() -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
-    std::thread::Builder::new().name("mesh-cleanup-signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            run_all();
-            let _ = signal_hook::low_level::emulate_default_handler(sig);
-            std::process::exit(128 + sig);
-        }
-    })?;
-    Ok(())
 }
 
 #[cfg(test)]

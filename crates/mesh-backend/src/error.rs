@@ -133,5 +133,12 @@ pub enum BackendError {
     ShutDown,
 }
 
+impl BackendError {
+    /// The mailbox's refusal (`mesh_shm::ShmError`, which this crate cannot name), as a backend error.
+    pub fn mailbox(e: impl std::fmt::Display) -> Self {
+        Self::Mailbox(e.to_string())
+    }
+}
+
 /// The backend's result type.
 pub type Result<T, E = BackendError> = std::result::Result<T, E>;

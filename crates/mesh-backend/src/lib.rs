@@ -3,13 +3,24 @@
 //! * [`Backend`]: load / upgrade / unload / status / shutdown, and `host_atomics()`.
 //! * [`ProgramSpec`], [`ProgramStatus`], [`IsolationMode`], [`ImageKind`], [`LaunchShape`].
 //! * [`BackendError`]: one variant for each refusal the seed names, each carrying its numbers or log.
-//! * [`cleanup`]: the process-wide registry of actions run once, in reverse order, at exit and on SIGINT/SIGTERM.
+//! * What blink and MPS share, once: [`Life`] (a program's life as a state machine: loaded →
+//!   running → stopping → stopped / faulted → relaunched), [`residency`] (kcheck's arithmetic, with
+//!   the SM counts it divides by made explicit), [`roster`] (what each backend keeps about a
+//!   program, and the look-ups over all of them).
+//! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
+//!   it on its own way out, signals included).
 
 pub mod cleanup;
 mod error;
+pub mod life;
+pub mod residency;
+pub mod roster;
 mod spec;
 
 pub use error::{BackendError, Result};
+pub use life::{Life, Phase};
+pub use residency::{KernelFigures, SmBudget, check_resident};
+pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
 
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.

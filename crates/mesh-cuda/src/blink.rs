@@ -6,20 +6,23 @@
 //! links while everything runs, and only the module change itself happens with the kernels stopped.
 //! Channel contents and slot state live in the mailbox and survive a blink untouched.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mesh_backend::roster::{self, HasCore};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus, Result,
+    Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, ProgramCore, ProgramSpec,
+    ProgramStatus, Result, SmBudget, check_resident,
 };
 use mesh_shm::Mailbox;
-use mesh_shm::layout::STATE_EXITED;
 
 use crate::context::{Context, Stream, StreamState};
 use crate::device::Device;
 use crate::jit::Jit;
 use crate::memory::RegisteredMailbox;
-use crate::module::{FunctionAttributes, Module};
-use std::sync::Arc;
+use crate::module::{Function, Module};
+use crate::slots;
 
 /// Options of the blink backend.
 #[derive(Debug, Clone, Copy)]
@@ -36,27 +39,20 @@ impl Default for BlinkConfig {
     }
 }
 
-/// A loaded program.
+/// A loaded program: what every backend keeps, and its kernel and stream in the one context.
 #[derive(Debug)]
 struct Program {
-    name: String,
-    slot: u32,
-    kind: ImageKind,
-    shape: LaunchShape,
-    module: Module,
-    /// `mesh_main` of `module`, looked up once (a relaunch is on every program's pause).
-    entry: cudarc::driver::sys::CUfunction,
+    core: ProgramCore,
+    /// `mesh_main`, looked up once (a relaunch is on every program's pause); it keeps its module loaded.
+    entry: Function,
     stream: Stream,
-    generation: u32,
-    /// Share of the context's resident-block capacity the launch takes (blocks / (per-SM × SMs)).
-    share: f64,
-    /// Left stopped after an error (its kernel is not relaunched).
-    parked: Option<String>,
 }
 
-// SAFETY: a program's handles are driver objects usable from any thread with the context current;
-// the backend is driven from one thread at a time (`&mut self`).
-unsafe impl Send for Program {}
+impl HasCore for Program {
+    fn core(&self) -> &ProgramCore {
+        &self.core
+    }
+}
 
 /// Timings of the last blink, for the benchmarks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -87,7 +83,7 @@ pub struct BlinkBackend {
     last_blink: BlinkTimes,
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
-    probes: std::collections::HashMap<(usize, LaunchShape), (FunctionAttributes, u32)>,
+    probes: HashMap<(usize, LaunchShape), KernelFigures>,
 }
 
 impl BlinkBackend {
@@ -111,7 +107,7 @@ impl BlinkBackend {
             stuck: Vec::new(),
             shut_down: false,
             last_blink: BlinkTimes::default(),
-            probes: std::collections::HashMap::new(),
+            probes: HashMap::new(),
         })
     }
 
@@ -135,13 +131,13 @@ impl BlinkBackend {
             return Err(BackendError::ShutDown);
         }
         self.stuck
-            .retain(|name| self.programs.iter().any(|p| &p.name == name && p.stream.state() == StreamState::Busy));
+            .retain(|name| self.programs.iter().any(|p| &p.core.name == name && p.stream.state() == StreamState::Busy));
         // A fault is sticky: every later call in the context fails, so nothing but status and shutdown can work.
         let faulted: Vec<String> = self
             .programs
             .iter()
             .filter_map(|p| match p.stream.state() {
-                StreamState::Failed(why) => Some(format!("{} ({why})", p.name)),
+                StreamState::Failed(why) => Some(format!("{} ({why})", p.core.name)),
                 _ => None,
             })
             .collect();
@@ -160,27 +156,27 @@ impl BlinkBackend {
         Ok(())
     }
 
-    fn index_of(&self, name: &str) -> Result<usize> {
-        self.programs.iter().position(|p| p.name == name).ok_or_else(|| BackendError::NoSuchProgram(name.to_string()))
-    }
-
-    /// Asks every running program to stop and waits for all, up to the deadline.
+    /// Asks every relaunchable program to stop and waits for all, up to the deadline.
     /// On timeout, relaunches those that did stop, records the others as stuck, and refuses.
     fn stop_all(&mut self, started: Instant) -> Result<()> {
-        for p in &self.programs {
-            if p.parked.is_none() {
-                self.mailbox.slot(p.slot).map_err(mb)?.request_stop();
-            }
+        for p in self.programs.iter_mut().filter(|p| p.core.life.relaunchable()) {
+            slots::request_stop(&self.mailbox, p.core.slot);
+            p.core.life.request_stop();
         }
         let deadline = started + self.config.stop_deadline;
         loop {
             let busy: Vec<usize> =
                 (0..self.programs.len()).filter(|&i| self.programs[i].stream.state() == StreamState::Busy).collect();
+            for (i, p) in self.programs.iter_mut().enumerate() {
+                if !busy.contains(&i) {
+                    p.core.life.returned();
+                }
+            }
             if busy.is_empty() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                let names: Vec<String> = busy.iter().map(|&i| self.programs[i].name.clone()).collect();
+                let names: Vec<String> = busy.iter().map(|&i| self.programs[i].core.name.clone()).collect();
                 self.relaunch_all(&busy)?;
                 self.stuck = names.clone();
                 return Err(BackendError::StopTimeout {
@@ -193,17 +189,19 @@ impl BlinkBackend {
         }
     }
 
-    /// Relaunches every program not in `skip` and not parked, each with its generation bumped.
+    /// Relaunches every relaunchable program not in `skip`, each with its generation bumped; a
+    /// program whose launch fails is left stopped with the error.
     fn relaunch_all(&mut self, skip: &[usize]) -> Result<()> {
         let base = self.device_base();
+        // One binding for every launch: each launch then finds the context current.
         self.ctx.bind()?;
         let mut first_err = None;
         for i in 0..self.programs.len() {
-            if skip.contains(&i) || self.programs[i].parked.is_some() {
+            if skip.contains(&i) || !self.programs[i].core.life.relaunchable() {
                 continue;
             }
             if let Err(e) = self.launch(i, base) {
-                self.programs[i].parked = Some(e.to_string());
+                self.programs[i].core.life.fault(e.to_string());
                 first_err.get_or_insert(e);
             }
         }
@@ -212,74 +210,42 @@ impl BlinkBackend {
 
     fn launch(&mut self, i: usize, base: u64) -> Result<()> {
         let p = &mut self.programs[i];
-        p.generation += 1;
-        let slot = self.mailbox.slot(p.slot).map_err(mb)?;
-        slot.arm(p.generation);
-        let ctx = self.mailbox.mesh_ctx(p.slot, base).map_err(mb)?;
-        // SAFETY: `entry` is mesh_main of `p.module`, which `p` keeps loaded; `relaunch_all` made
-        // the backend's context, which is also the stream's, current on this thread.
-        unsafe { crate::module::launch_raw(p.entry, &p.shape, &p.stream, &ctx) }
+        let generation = p
+            .core
+            .life
+            .launch()
+            .map_err(|e| BackendError::Invalid { what: format!("program {:?}", p.core.name), reason: e.to_string() })?;
+        slots::arm(&self.mailbox, p.core.slot, generation)?;
+        let ctx = self.mailbox.mesh_ctx(p.core.slot, base).map_err(BackendError::mailbox)?;
+        Ok(p.entry.launch(&p.core.shape, &p.stream, &ctx)?)
     }
 
-    /// kcheck: the module's `mesh_main` and how much of the GPU the launch would hold resident.
-    fn probe(
+    /// kcheck: the module's `mesh_main` and the share of the context the launch would hold beside the
+    /// resident programs (all in this one context, so both SM counts are the context's).
+    fn kcheck(
         &mut self,
         name: &str,
         module: &Module,
         cubin: &Arc<Vec<u8>>,
         shape: &LaunchShape,
-        replacing: Option<usize>,
-    ) -> Result<(f64, cudarc::driver::sys::CUfunction)> {
+        replacing: Option<&str>,
+    ) -> Result<(f64, Function)> {
         let func = module
             .function("mesh_main")
             .map_err(|e| BackendError::NoEntry { program: name.to_string(), detail: e.to_string() })?;
         // The JIT's cache keeps each cubin alive, so its address identifies it for as long as it is cached.
         let key = (Arc::as_ptr(cubin) as usize, *shape);
-        let (attrs, per_sm) = match self.probes.get(&key) {
+        let figures = match self.probes.get(&key) {
             Some(&hit) => hit,
             None => {
-                let figures = (func.attributes()?, func.max_active_blocks_per_sm(shape)?);
+                let figures = func.figures(shape)?;
                 self.probes.insert(key, figures);
                 figures
             }
         };
-        if shape.threads_per_block() > u64::from(attrs.max_threads_per_block) {
-            return Err(BackendError::NotResident {
-                program: name.to_string(),
-                detail: format!(
-                    "{} threads per block, mesh_main allows {} ({} registers per thread)",
-                    shape.threads_per_block(),
-                    attrs.max_threads_per_block,
-                    attrs.registers
-                ),
-            });
-        }
-        let sms = self.ctx.sms();
-        let capacity = u64::from(per_sm) * u64::from(sms);
-        let held: f64 = self
-            .programs
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| Some(*i) != replacing && p.parked.is_none())
-            .map(|(_, p)| p.share)
-            .sum();
-        let share = if capacity == 0 { f64::INFINITY } else { shape.blocks() as f64 / capacity as f64 };
-        if held + share > 1.0 + 1e-9 {
-            return Err(BackendError::NotResident {
-                program: name.to_string(),
-                detail: format!(
-                    "{} blocks of {} threads ({} registers, {} B static + {} B dynamic shared memory each): {per_sm} fit per SM, {capacity} on the context's {sms} SMs, so the launch needs {:.1}% of the GPU while the resident programs hold {:.1}%",
-                    shape.blocks(),
-                    shape.threads_per_block(),
-                    attrs.registers,
-                    attrs.shared_bytes,
-                    shape.shared_mem,
-                    share * 100.0,
-                    held * 100.0
-                ),
-            });
-        }
-        Ok((share, func.raw()))
+        let held = roster::held_share(&self.programs, replacing);
+        let share = check_resident(name, shape, &figures, SmBudget::one_context(self.ctx.sms()), held)?;
+        Ok((share, func))
     }
 
     /// Stops everything, runs `change` on the stopped context, relaunches everything.
@@ -299,26 +265,14 @@ impl BlinkBackend {
     }
 
     fn status_of(&self, p: &Program) -> ProgramStatus {
-        let slot = self.mailbox.slot(p.slot).ok();
-        let snapshot = slot.map(|s| s.status());
-        let exit_code = snapshot.filter(|s| s.state == STATE_EXITED).map(|s| s.exit_code);
-        let state = ProgramState::of_kernel(p.stream.state().into(), p.parked.as_deref(), exit_code);
-        ProgramStatus {
-            name: p.name.clone(),
-            slot: p.slot,
-            state,
-            generation: p.generation,
-            heartbeat: snapshot.map_or(0, |s| s.heartbeat),
-            worker_pid: None,
-            sms: self.ctx.is_green().then(|| self.ctx.sms()),
-            shape: p.shape,
-            kind: p.kind,
-        }
+        let sms = self.ctx.is_green().then(|| self.ctx.sms());
+        p.core.status(p.stream.state().into(), slots::reading(&self.mailbox, p.core.slot), None, sms)
     }
-}
 
-fn mb(e: mesh_shm::ShmError) -> BackendError {
-    BackendError::Mailbox(e.to_string())
+    /// Whether any program's kernel is still on the GPU.
+    fn any_busy(&self) -> bool {
+        self.programs.iter().any(|p| p.stream.state() == StreamState::Busy)
+    }
 }
 
 impl Backend for BlinkBackend {
@@ -329,9 +283,7 @@ impl Backend for BlinkBackend {
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
         self.ready()?;
         spec.validate()?;
-        if self.programs.iter().any(|p| p.name == spec.name) {
-            return Err(BackendError::AlreadyLoaded(spec.name));
-        }
+        roster::refuse_duplicate(&self.programs, &spec.name)?;
         if spec.sms.is_some_and(|n| Some(n) != self.config.sms) {
             return Err(BackendError::Invalid {
                 what: format!("program {:?}", spec.name),
@@ -339,61 +291,40 @@ impl Backend for BlinkBackend {
                     .into(),
             });
         }
-        let mut bindings = Vec::with_capacity(spec.bindings.len());
-        for channel in &spec.bindings {
-            bindings.push(self.mailbox.channel(channel).map_err(mb)?.index);
-        }
-        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).collect();
-        let count = self.mailbox.geometry().slot_count;
-        let slot = (0..count).find(|s| !taken.contains(s)).ok_or_else(|| {
-            BackendError::Mailbox(format!("all {count} program slots are in use (create the mailbox with more slots)"))
-        })?;
+        let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
+        let slot = slots::free_slot(&self.mailbox, &self.programs)?;
         // Link while everything runs; only the module load happens inside the blink.
         let linked = self.jit.link(&spec.name, spec.image, spec.kind)?;
         let stream = self.ctx.stream()?;
-        let name = spec.name.clone();
-        let shape = spec.shape;
-        let status = self.blink(|me| {
+        let name = spec.name;
+        let (kind, shape) = (spec.kind, spec.shape);
+        self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
-            let (share, entry) = me.probe(&name, &module, &linked.cubin, &shape, None)?;
-            let s = me.mailbox.slot(slot).map_err(mb)?;
-            s.bind(&name, &bindings).map_err(mb)?;
-            s.reset_status();
-            me.programs.push(Program {
-                name: name.clone(),
-                slot,
-                kind: spec.kind,
-                shape,
-                module,
-                entry,
-                stream,
-                generation: 0,
-                share,
-                parked: None,
-            });
+            let (share, entry) = me.kcheck(&name, &module, &linked.cubin, &shape, None)?;
+            slots::prepare(&me.mailbox, slot, &name, &bindings)?;
+            me.programs.push(Program { core: ProgramCore::new(name, slot, kind, shape, share), entry, stream });
             Ok(())
-        });
-        status?;
+        })?;
         let p = self.programs.last().expect("just pushed");
         Ok(self.status_of(p))
     }
 
     fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
         self.ready()?;
-        let i = self.index_of(name)?;
+        let i = roster::index_of(&self.programs, name)?;
         let kind = ImageKind::detect_for(name, &image)?;
         let linked = self.jit.link(name, image, kind)?;
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
-            let shape = me.programs[i].shape;
-            let (share, entry) = me.probe(name, &module, &linked.cubin, &shape, Some(i))?;
+            let shape = me.programs[i].core.shape;
+            let (share, entry) = me.kcheck(name, &module, &linked.cubin, &shape, Some(name))?;
             let p = &mut me.programs[i];
+            // The old module is unloaded here, with its last Function (its kernel is stopped, so the
+            // unload does not wait).
             p.entry = entry;
-            // The old module is unloaded here (its kernel is stopped, so the unload does not wait).
-            p.module = module;
-            p.kind = kind;
-            p.share = share;
-            p.parked = None;
+            p.core.kind = kind;
+            p.core.share = share;
+            p.core.life.new_image();
             Ok(())
         })?;
         Ok(self.status_of(&self.programs[i]))
@@ -401,10 +332,10 @@ impl Backend for BlinkBackend {
 
     fn unload(&mut self, name: &str) -> Result<()> {
         self.ready()?;
-        let i = self.index_of(name)?;
+        let i = roster::index_of(&self.programs, name)?;
         self.blink(|me| {
             let p = me.programs.remove(i);
-            me.mailbox.slot(p.slot).map_err(mb)?.release();
+            slots::release(&me.mailbox, p.core.slot)?;
             drop(p);
             Ok(())
         })
@@ -420,20 +351,20 @@ impl Backend for BlinkBackend {
         }
         self.shut_down = true;
         for p in &self.programs {
-            if let Ok(s) = self.mailbox.slot(p.slot) {
-                s.request_stop();
-            }
+            slots::request_stop(&self.mailbox, p.core.slot);
         }
         let deadline = Instant::now() + self.config.stop_deadline;
-        while Instant::now() < deadline && self.programs.iter().any(|p| p.stream.state() == StreamState::Busy) {
+        while Instant::now() < deadline && self.any_busy() {
             std::thread::sleep(Duration::from_micros(50));
         }
-        let stuck: Vec<String> =
-            self.programs.iter().filter(|p| p.stream.state() == StreamState::Busy).map(|p| p.name.clone()).collect();
+        let stuck: Vec<String> = self
+            .programs
+            .iter()
+            .filter(|p| p.stream.state() == StreamState::Busy)
+            .map(|p| p.core.name.clone())
+            .collect();
         for p in self.programs.drain(..) {
-            if let Ok(s) = self.mailbox.slot(p.slot) {
-                s.release();
-            }
+            let _ = slots::release(&self.mailbox, p.core.slot);
             if !stuck.is_empty() {
                 // Unloading any module of the context waits for every kernel in it, the stuck one
                 // included (seen on the H200): leave them all to process exit.

@@ -1,12 +1,29 @@
 //! Contexts and streams: the device's primary context, or a green context holding N SMs, each with its streams.
+//!
+//! Driver calls act on the context current on the calling thread. Making one current costs a
+//! driver call, and a blink relaunches every program with the others stopped, so this module
+//! remembers per thread which [`Context`] it last made current: [`Context::make_current`] (what
+//! every launch and release does) calls the driver only when another context is current, and a
+//! loop of launches in one context binds once.
 
+use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
-use mesh_backend::BackendError;
 
 use crate::device::Device;
 use crate::driver::check;
+use crate::error::CudaError;
+
+thread_local! {
+    /// The id of the [`Context`] this thread last made current through this module (0: none).
+    /// Ids are never reused, so a context released since can never be taken for a live one.
+    static CURRENT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The next context id (0 is "none").
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Debug)]
 enum Kind {
@@ -16,10 +33,18 @@ enum Kind {
 
 #[derive(Debug)]
 struct Inner {
+    /// Unique in this process, for the thread's record of what is current.
+    id: u64,
     device: Device,
     ctx: sys::CUcontext,
     kind: Kind,
     sms: u32,
+}
+
+impl Inner {
+    fn new(device: &Device, ctx: sys::CUcontext, kind: Kind, sms: u32) -> Self {
+        Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), device: device.clone(), ctx, kind, sms }
+    }
 }
 
 // SAFETY: driver contexts may be used from any thread once made current there (`bind`).
@@ -29,6 +54,12 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // This thread no longer has it current, whatever the driver does with a released context.
+        CURRENT.with(|c| {
+            if c.get() == self.id {
+                c.set(0);
+            }
+        });
         // Errors on release are ignored: nothing can be done with them and Drop must not panic.
         // SAFETY: the handles were created by `primary` / `green` and are released once, here.
         unsafe {
@@ -52,18 +83,17 @@ pub struct Context {
 
 impl Context {
     /// The device's primary context, made current on this thread.
-    pub fn primary(device: &Device) -> Result<Self, BackendError> {
+    pub fn primary(device: &Device) -> Result<Self, CudaError> {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid device, valid out-pointer.
         check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device.handle) })?;
-        let c =
-            Self { inner: Arc::new(Inner { device: device.clone(), ctx, kind: Kind::Primary, sms: device.sm_count }) };
+        let c = Self { inner: Arc::new(Inner::new(device, ctx, Kind::Primary, device.sm_count)) };
         c.bind()?;
         Ok(c)
     }
 
     /// A green context of `sms` SMs (checked against the device's partitioning first), made current.
-    pub fn green(device: &Device, sms: u32) -> Result<Self, BackendError> {
+    pub fn green(device: &Device, sms: u32) -> Result<Self, CudaError> {
         let part = device.sm_partitioning()?;
         part.check(sms)?;
         // SAFETY: plain data; zero is a valid starting value.
@@ -82,7 +112,7 @@ impl Context {
             sys::cuDevSmResourceSplitByCount(&mut group, &mut groups, &input, &mut rest, 0, sms)
         })?;
         if groups != 1 {
-            return Err(BackendError::SmPartition { asked: sms, detail: format!("the driver made {groups} groups") });
+            return Err(CudaError::SmPartition { asked: sms, detail: format!("the driver made {groups} groups") });
         }
         // SAFETY: an SM resource's union holds `sm`.
         let got = unsafe { group.__bindgen_anon_1.sm.smCount };
@@ -104,20 +134,37 @@ impl Context {
         if let Err(e) = check("cuCtxFromGreenCtx", unsafe { sys::cuCtxFromGreenCtx(&mut ctx, green) }) {
             // SAFETY: created above, not shared.
             unsafe { sys::cuGreenCtxDestroy(green) };
-            return Err(e);
+            return Err(e.into());
         }
-        let c = Self { inner: Arc::new(Inner { device: device.clone(), ctx, kind: Kind::Green(green), sms: got }) };
+        let c = Self { inner: Arc::new(Inner::new(device, ctx, Kind::Green(green), got)) };
         c.bind()?;
         Ok(c)
     }
 
-    /// Makes this context current on the calling thread (driver calls act on the current context).
-    pub fn bind(&self) -> Result<(), BackendError> {
+    /// Makes this context current on the calling thread (driver calls act on the current context),
+    /// with a driver call whatever this thread had current.
+    pub fn bind(&self) -> Result<(), CudaError> {
         // SAFETY: a live context handle.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.inner.ctx) })
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.inner.ctx) })?;
+        CURRENT.with(|c| c.set(self.inner.id));
+        Ok(())
     }
 
-    /// The raw handle (for kcheck's probe and tests).
+    /// Makes this context current on the calling thread unless this module already did so: no
+    /// driver call when it is current, so launching many programs in one context binds once.
+    pub fn make_current(&self) -> Result<(), CudaError> {
+        if CURRENT.with(Cell::get) == self.inner.id {
+            return Ok(());
+        }
+        self.bind()
+    }
+
+    /// Whether `other` is this context (a clone of it).
+    pub fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The raw handle (for tests that call the driver directly).
     pub fn raw(&self) -> sys::CUcontext {
         self.inner.ctx
     }
@@ -138,8 +185,8 @@ impl Context {
     }
 
     /// A new non-blocking stream in this context.
-    pub fn stream(&self) -> Result<Stream, BackendError> {
-        self.bind()?;
+    pub fn stream(&self) -> Result<Stream, CudaError> {
+        self.make_current()?;
         let mut stream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: a live (green) context, current on this thread; `stream` is a valid out-pointer.
@@ -186,8 +233,8 @@ pub struct Stream {
 unsafe impl Send for Stream {}
 
 impl Stream {
-    /// The raw handle.
-    pub fn raw(&self) -> sys::CUstream {
+    /// The raw handle, for the launch in this crate.
+    pub(crate) fn raw(&self) -> sys::CUstream {
         self.raw
     }
 
@@ -207,18 +254,16 @@ impl Stream {
     }
 
     /// Waits until the stream's work has finished.
-    pub fn synchronize(&self) -> Result<(), BackendError> {
+    pub fn synchronize(&self) -> Result<(), CudaError> {
         // SAFETY: a live stream.
-        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.raw) })
+        Ok(check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.raw) })?)
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        let _ = self.ctx.make_current();
         // SAFETY: created in `Context::stream`, destroyed once; an error cannot be acted on here.
-        unsafe {
-            let _ = self.ctx.bind();
-            sys::cuStreamDestroy_v2(self.raw);
-        }
+        unsafe { sys::cuStreamDestroy_v2(self.raw) };
     }
 }

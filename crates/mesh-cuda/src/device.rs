@@ -2,10 +2,9 @@
 
 use std::ffi::CStr;
 
-use cudarc::driver::sys::{self, CUdevice_attribute as A};
-use mesh_backend::BackendError;
-
 use crate::driver::{self, check};
+use crate::error::CudaError;
+use cudarc::driver::sys::{self, CUdevice_attribute as A};
 
 /// How SMs may be split into green contexts on this device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +19,12 @@ pub struct SmPartitioning {
 
 impl SmPartitioning {
     /// Checks a request for `n` SMs; the refusal carries the device's numbers.
-    pub fn check(&self, n: u32) -> Result<(), BackendError> {
+    pub fn check(&self, n: u32) -> Result<(), CudaError> {
         let fits = n >= self.min_partition && n % self.alignment.max(1) == 0 && n <= self.sm_count;
         if fits {
             return Ok(());
         }
-        Err(BackendError::SmPartition {
+        Err(CudaError::SmPartition {
             asked: n,
             detail: format!(
                 "this device splits its {} SMs into groups of at least {} and multiples of {}",
@@ -56,13 +55,13 @@ pub struct Device {
 
 impl Device {
     /// Device `ordinal`, after loading and initialising the driver.
-    pub fn get(ordinal: i32) -> Result<Self, BackendError> {
+    pub fn get(ordinal: i32) -> Result<Self, CudaError> {
         driver::init()?;
         let mut count = 0;
         // SAFETY: the driver is initialised; valid out-pointer.
         check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
         if ordinal >= count {
-            return Err(BackendError::NoDevice(format!("device {ordinal} asked for, the driver sees {count}")));
+            return Err(CudaError::NoDevice(format!("device {ordinal} asked for, the driver sees {count}")));
         }
         let mut handle = 0;
         // SAFETY: valid out-pointer, ordinal in range.
@@ -72,7 +71,7 @@ impl Device {
         check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, handle) })?;
         // SAFETY: the driver NUL-terminates the name within the buffer.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        let attr = |a: A| -> Result<i32, BackendError> {
+        let attr = |a: A| -> Result<i32, CudaError> {
             let mut v = 0;
             // SAFETY: valid out-pointer, valid device.
             check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut v, a, handle) })?;
@@ -98,10 +97,10 @@ impl Device {
     }
 
     /// The device's SM resource: count, minimum partition and alignment, read off the driver.
-    pub fn sm_partitioning(&self) -> Result<SmPartitioning, BackendError> {
+    pub fn sm_partitioning(&self) -> Result<SmPartitioning, CudaError> {
         let missing = driver::missing_symbols(driver::GREEN_ENTRY_POINTS);
         if !missing.is_empty() {
-            return Err(BackendError::NoDriver(format!("green contexts need {} (driver too old)", missing.join(", "))));
+            return Err(CudaError::NoDriver(format!("green contexts need {} (driver too old)", missing.join(", "))));
         }
         // SAFETY: the resource struct is plain data; zero is a valid starting value.
         let mut res: sys::CUdevResource = unsafe { std::mem::zeroed() };

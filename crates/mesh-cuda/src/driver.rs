@@ -9,7 +9,8 @@ use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
-use mesh_backend::BackendError;
+
+use crate::error::{CudaError, DriverError};
 
 /// Every driver entry point mesh-cuda calls, by the name cudarc resolves.
 const ENTRY_POINTS: &[&str] = &[
@@ -58,7 +59,7 @@ pub struct Driver {
 }
 
 /// Loads and initialises the driver once per process; the same error every time if that failed.
-pub fn init() -> Result<Driver, BackendError> {
+pub fn init() -> Result<Driver, CudaError> {
     static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
@@ -85,8 +86,8 @@ pub fn init() -> Result<Driver, BackendError> {
         })
         .clone()
         .map_err(|e| match e {
-            e if e.contains("cuInit") => BackendError::NoDevice(e),
-            e => BackendError::NoDriver(e),
+            e if e.contains("cuInit") => CudaError::NoDevice(e),
+            e => CudaError::NoDriver(e),
         })
 }
 
@@ -123,10 +124,6 @@ pub fn describe(code: sys::CUresult) -> String {
 }
 
 /// Turns a CUresult into `Ok` or an error naming the call.
-pub fn check(call: &'static str, code: sys::CUresult) -> Result<(), BackendError> {
-    if code == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(BackendError::Cuda { call, code: code as u32, message: describe(code) })
-    }
+pub fn check(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {
+    if code == sys::CUresult::CUDA_SUCCESS { Ok(()) } else { Err(DriverError { call, code }) }
 }

@@ -1,26 +1,32 @@
 //! meshd's CUDA layer over cudarc's driver bindings (loaded at run time), and the JIT.
 //!
 //! Layers, after cudarc: cudarc's `sys` (raw, dynamically loaded); [`driver`] (the `result` layer:
-//! libcuda and every entry point checked before the first call, each CUresult an error value);
-//! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`], [`RegisteredMailbox`]),
-//! whose `Drop` never panics. [`jit`] runs nvJitLink on its own thread, after [`image`] has read
-//! what each image needs (used as it is, linked, or refused).
+//! libcuda and every entry point checked before the first call, each CUresult a [`DriverError`]);
+//! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`] and the [`Function`]s that
+//! keep it loaded, [`RegisteredMailbox`]), whose `Drop` never panics and which hand no raw handle
+//! out. Their errors are [`CudaError`], turned into the contract's `BackendError` by `From` where
+//! a backend answers. [`jit`] runs nvJitLink on its own thread, after [`image`] has read what each
+//! image needs (used as it is, linked, or refused). [`blink`] is the blink backend; [`slots`] what
+//! it and the MPS backend do with the mailbox alike.
 
 pub mod blink;
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod error;
 pub mod image;
 pub mod jit;
 pub mod memory;
 pub mod module;
+pub mod slots;
 
 pub use blink::{BlinkBackend, BlinkConfig, BlinkTimes};
 pub use context::{Context, Stream, StreamState};
 pub use device::{Device, SmPartitioning};
+pub use error::{CudaError, DriverError};
 pub use jit::{Jit, Linked};
 pub use memory::RegisteredMailbox;
 pub use module::{Function, FunctionAttributes, Module};
 
 /// The contract types this layer speaks, for crates (the MPS worker) that depend on mesh-cuda alone.
-pub use mesh_backend::{BackendError, ImageKind, LaunchShape};
+pub use mesh_backend::{BackendError, ImageKind, KernelFigures, KernelRun, LaunchShape};

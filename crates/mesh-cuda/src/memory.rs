@@ -1,11 +1,11 @@
 //! Host registration: the mailbox's mapping made visible to kernels (`DEVICEMAP | PORTABLE`), released on drop.
 
 use cudarc::driver::sys;
-use mesh_backend::BackendError;
 use mesh_shm::Mailbox;
 
 use crate::context::Context;
 use crate::driver::check;
+use crate::error::CudaError;
 
 /// The mailbox registered in a context: its device address, unregistered on drop.
 #[derive(Debug)]
@@ -22,14 +22,13 @@ unsafe impl Send for RegisteredMailbox {}
 
 impl RegisteredMailbox {
     /// Registers the whole mapping of `mailbox` in `ctx`.
-    pub fn register(ctx: &Context, mailbox: &Mailbox) -> Result<Self, BackendError> {
+    pub fn register(ctx: &Context, mailbox: &Mailbox) -> Result<Self, CudaError> {
         ctx.bind()?;
         let (host, len) = mailbox.as_raw_parts();
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: a page-aligned shared mapping of `len` bytes that `_mailbox` keeps alive until drop.
-        check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }).map_err(|e| {
-            BackendError::Mailbox(format!("registering {} ({len} bytes) for the GPU: {e}", mailbox.path().display()))
-        })?;
+        check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) })
+            .map_err(|source| CudaError::Register { path: mailbox.path().display().to_string(), len, source })?;
         let mut device = 0;
         // SAFETY: the range was just registered with DEVICEMAP.
         if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
@@ -37,7 +36,7 @@ impl RegisteredMailbox {
         }) {
             // SAFETY: registered above, not yet shared.
             unsafe { sys::cuMemHostUnregister(host.cast()) };
-            return Err(e);
+            return Err(e.into());
         }
         Ok(Self { host, device, len, ctx: ctx.clone(), _mailbox: mailbox.clone() })
     }
@@ -60,10 +59,8 @@ impl RegisteredMailbox {
 
 impl Drop for RegisteredMailbox {
     fn drop(&mut self) {
+        let _ = self.ctx.make_current();
         // SAFETY: registered in `register`, unregistered once; errors cannot be acted on in Drop.
-        unsafe {
-            let _ = self.ctx.bind();
-            sys::cuMemHostUnregister(self.host.cast());
-        }
+        unsafe { sys::cuMemHostUnregister(self.host.cast()) };
     }
 }

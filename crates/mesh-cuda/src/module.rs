@@ -1,23 +1,47 @@
 //! Modules and functions: load a cubin, find `mesh_main`, read its attributes and occupancy, launch it.
+//!
+//! Ownership after cudarc's safe layer: a [`Function`] holds its [`Module`] (an `Arc`), and the
+//! module its [`Context`], so a kernel handle can never outlive the code it names and no raw
+//! `CUfunction` needs to leave this module. The module is unloaded when the last of them goes.
 
 use std::ffi::{CString, c_void};
+use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUfunction_attribute as FA};
-use mesh_backend::{BackendError, LaunchShape};
+use mesh_backend::{KernelFigures, LaunchShape};
 use mesh_shm::MeshCtx;
 
 use crate::context::{Context, Stream};
 use crate::driver::check;
+use crate::error::CudaError;
 
-/// A loaded module, unloaded on drop (which waits for its kernels: unload only stopped programs).
 #[derive(Debug)]
-pub struct Module {
+struct Loaded {
     raw: sys::CUmodule,
     ctx: Context,
 }
 
-// SAFETY: modules may be used from any thread with their context current.
-unsafe impl Send for Module {}
+// SAFETY: a module handle may be used from any thread with its context current (every use here
+// makes it current first); the handle itself is only read.
+unsafe impl Send for Loaded {}
+// SAFETY: as above: no method mutates through the handle.
+unsafe impl Sync for Loaded {}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: loaded in `Module::load`, unloaded once, here, when no Module or Function refers
+        // to it any more; an error cannot be acted on in Drop.
+        unsafe { sys::cuModuleUnload(self.raw) };
+    }
+}
+
+/// A loaded module: cheap to clone, unloaded when the last clone and the last [`Function`] of it
+/// are gone (an unload waits for the context's kernels: drop it only with its programs stopped).
+#[derive(Debug, Clone)]
+pub struct Module {
+    inner: Arc<Loaded>,
+}
 
 /// What the driver says about a kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,51 +56,59 @@ pub struct FunctionAttributes {
     pub max_threads_per_block: u32,
 }
 
-impl Module {
-    /// Loads `cubin` into `ctx` (made current).
-    pub fn load(ctx: &Context, cubin: &[u8]) -> Result<Self, BackendError> {
-        ctx.bind()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the driver parses the image; it copies what it needs before returning.
-        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut raw, cubin.as_ptr().cast()) })?;
-        Ok(Self { raw, ctx: ctx.clone() })
-    }
-
-    /// The kernel called `name`.
-    pub fn function(&self, name: &str) -> Result<Function<'_>, BackendError> {
-        let cname = CString::new(name)
-            .map_err(|_| BackendError::Invalid { what: "kernel name".into(), reason: "holds a NUL".into() })?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: a live module and a NUL-terminated name.
-        check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr()) })?;
-        Ok(Function { raw, module: self })
-    }
-
-    /// The context it was loaded in.
-    pub fn context(&self) -> &Context {
-        &self.ctx
-    }
-}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        // SAFETY: loaded in `load`, unloaded once; an error cannot be acted on in Drop.
-        unsafe {
-            let _ = self.ctx.bind();
-            sys::cuModuleUnload(self.raw);
+impl FunctionAttributes {
+    /// kcheck's figures: these attributes with the blocks per SM of one launch shape.
+    pub fn figures(&self, per_sm: u32) -> KernelFigures {
+        KernelFigures {
+            registers: self.registers,
+            shared_bytes: self.shared_bytes,
+            max_threads_per_block: self.max_threads_per_block,
+            per_sm,
         }
     }
 }
 
-/// A kernel of a loaded module.
-#[derive(Debug, Clone, Copy)]
-pub struct Function<'m> {
-    raw: sys::CUfunction,
-    module: &'m Module,
+impl Module {
+    /// Loads `cubin` into `ctx` (made current).
+    pub fn load(ctx: &Context, cubin: &[u8]) -> Result<Self, CudaError> {
+        ctx.make_current()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the driver parses the image; it copies what it needs before returning.
+        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut raw, cubin.as_ptr().cast()) })?;
+        Ok(Self { inner: Arc::new(Loaded { raw, ctx: ctx.clone() }) })
+    }
+
+    /// The kernel called `name`; it keeps this module loaded.
+    pub fn function(&self, name: &str) -> Result<Function, CudaError> {
+        let cname = CString::new(name)
+            .map_err(|_| CudaError::Invalid { what: "kernel name".into(), reason: "holds a NUL".into() })?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a live module and a NUL-terminated name.
+        check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut raw, self.inner.raw, cname.as_ptr()) })?;
+        Ok(Function { raw, module: self.clone() })
+    }
+
+    /// The context it was loaded in.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
 }
 
-impl Function<'_> {
-    fn attr(&self, a: FA) -> Result<u32, BackendError> {
+/// A kernel of a loaded module, holding the module loaded for as long as it lives.
+#[derive(Debug, Clone)]
+pub struct Function {
+    raw: sys::CUfunction,
+    module: Module,
+}
+
+// SAFETY: the handle stays valid while `module` is loaded, which `self` guarantees; the driver
+// accepts it from any thread with the module's context current, which every use here ensures.
+unsafe impl Send for Function {}
+// SAFETY: as above; no method mutates through the handle.
+unsafe impl Sync for Function {}
+
+impl Function {
+    fn attr(&self, a: FA) -> Result<u32, CudaError> {
         let mut v = 0;
         // SAFETY: a live function, valid out-pointer.
         check("cuFuncGetAttribute", unsafe { sys::cuFuncGetAttribute(&mut v, a, self.raw) })?;
@@ -84,7 +116,7 @@ impl Function<'_> {
     }
 
     /// Registers, shared and local memory, largest block.
-    pub fn attributes(&self) -> Result<FunctionAttributes, BackendError> {
+    pub fn attributes(&self) -> Result<FunctionAttributes, CudaError> {
         Ok(FunctionAttributes {
             registers: self.attr(FA::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
             shared_bytes: self.attr(FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
@@ -94,8 +126,8 @@ impl Function<'_> {
     }
 
     /// Blocks of `shape` that fit on one SM at once.
-    pub fn max_active_blocks_per_sm(&self, shape: &LaunchShape) -> Result<u32, BackendError> {
-        self.module.ctx.bind()?;
+    pub fn max_active_blocks_per_sm(&self, shape: &LaunchShape) -> Result<u32, CudaError> {
+        self.module.context().make_current()?;
         let mut n = 0;
         // SAFETY: a live function, valid out-pointer.
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
@@ -109,47 +141,51 @@ impl Function<'_> {
         Ok(n as u32)
     }
 
-    /// The raw handle, valid while its module is loaded (for launch paths that cache it).
-    pub fn raw(&self) -> sys::CUfunction {
-        self.raw
+    /// kcheck's figures for `shape`: the attributes and the blocks per SM.
+    pub fn figures(&self, shape: &LaunchShape) -> Result<KernelFigures, CudaError> {
+        Ok(self.attributes()?.figures(self.max_active_blocks_per_sm(shape)?))
     }
 
-    /// Launches the kernel with `ctx` as its one by-value argument, on `stream`. Returns at once.
-    pub fn launch(&self, shape: &LaunchShape, stream: &Stream, ctx: &MeshCtx) -> Result<(), BackendError> {
-        self.module.ctx.bind()?;
-        // SAFETY: `self` borrows its module, so the function is loaded; the context is current.
-        unsafe { launch_raw(self.raw, shape, stream, ctx) }
+    /// The module it belongs to.
+    pub fn module(&self) -> &Module {
+        &self.module
     }
-}
 
-/// Launches `func` (a `mesh_main`) with `ctx` by value on `stream`, without making its context current.
-///
-/// # Safety
-/// `func` must belong to a module that is still loaded, in the context current on this thread,
-/// which must also be `stream`'s context.
-pub unsafe fn launch_raw(
-    func: sys::CUfunction,
-    shape: &LaunchShape,
-    stream: &Stream,
-    ctx: &MeshCtx,
-) -> Result<(), BackendError> {
-    let mut arg = *ctx;
-    let mut params = [(&raw mut arg).cast::<c_void>()];
-    // SAFETY: mesh_main takes one mesh_ctx by value, which `MeshCtx` mirrors (checked against
-    // mesh.cuh); the driver copies the argument before returning; the caller vouches for `func`.
-    check("cuLaunchKernel", unsafe {
-        sys::cuLaunchKernel(
-            func,
-            shape.grid[0],
-            shape.grid[1],
-            shape.grid[2],
-            shape.block[0],
-            shape.block[1],
-            shape.block[2],
-            shape.shared_mem,
-            stream.raw(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    })
+    /// Launches the kernel with `ctx` as its one by-value argument, on `stream`; returns at once.
+    ///
+    /// The module's context is made current only when it is not already (see
+    /// [`Context::make_current`]): relaunching every program of one context binds it once.
+    /// A stream of another context is refused.
+    pub fn launch(&self, shape: &LaunchShape, stream: &Stream, ctx: &MeshCtx) -> Result<(), CudaError> {
+        let context = self.module.context();
+        if !stream.context().same(context) {
+            return Err(CudaError::Invalid {
+                what: "launch".into(),
+                reason: "the stream belongs to another context than the kernel's module".into(),
+            });
+        }
+        context.make_current()?;
+        let mut arg = *ctx;
+        let mut params = [(&raw mut arg).cast::<c_void>()];
+        // SAFETY: `self` holds its module, so the function is loaded; its context, which is also
+        // the stream's (checked above), is current on this thread. mesh_main takes one mesh_ctx by
+        // value, which `MeshCtx` mirrors (checked against mesh.cuh); the driver copies the argument
+        // before returning.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                self.raw,
+                shape.grid[0],
+                shape.grid[1],
+                shape.grid[2],
+                shape.block[0],
+                shape.block[1],
+                shape.block[2],
+                shape.shared_mem,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })?;
+        Ok(())
+    }
 }

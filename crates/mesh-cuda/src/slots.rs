@@ -1,0 +1,54 @@
+//! What both backends do with the mailbox for a program: resolve its channels, take a free slot,
+//! bind and arm it, ask it to stop, read it for `ps`, release it.
+//!
+//! It lives here because mesh-backend depends on no other member and so cannot name the mailbox,
+//! while mesh-mps already depends on this crate; the arithmetic behind it is mesh-backend's.
+
+use mesh_backend::roster::{self, HasCore};
+use mesh_backend::{BackendError, Result, SlotReading};
+use mesh_shm::Mailbox;
+use mesh_shm::layout::STATE_EXITED;
+
+/// The channel indices of `names`, in order (binding 0, 1, …); a missing channel is refused by name.
+pub fn channel_indices(mailbox: &Mailbox, names: &[String]) -> Result<Vec<u32>> {
+    names.iter().map(|name| mailbox.channel(name).map(|c| c.index).map_err(BackendError::mailbox)).collect()
+}
+
+/// The lowest slot of the mailbox that none of `programs` holds.
+pub fn free_slot<P: HasCore>(mailbox: &Mailbox, programs: &[P]) -> Result<u32> {
+    roster::free_slot(programs, mailbox.geometry().slot_count)
+}
+
+/// Gives `slot` to program `name` with its channel `bindings`, its status zeroed (no kernel runs there).
+pub fn prepare(mailbox: &Mailbox, slot: u32, name: &str, bindings: &[u32]) -> Result<()> {
+    let s = mailbox.slot(slot).map_err(BackendError::mailbox)?;
+    s.bind(name, bindings).map_err(BackendError::mailbox)?;
+    s.reset_status();
+    Ok(())
+}
+
+/// Arms `slot` for a launch of `generation` (stop request cleared; no kernel runs there).
+pub fn arm(mailbox: &Mailbox, slot: u32, generation: u32) -> Result<()> {
+    mailbox.slot(slot).map_err(BackendError::mailbox)?.arm(generation);
+    Ok(())
+}
+
+/// Asks the kernel in `slot` to stop. A slot the mailbox refuses has no kernel to ask.
+pub fn request_stop(mailbox: &Mailbox, slot: u32) {
+    if let Ok(s) = mailbox.slot(slot) {
+        s.request_stop();
+    }
+}
+
+/// Frees `slot` for another program.
+pub fn release(mailbox: &Mailbox, slot: u32) -> Result<()> {
+    mailbox.slot(slot).map_err(BackendError::mailbox)?.release();
+    Ok(())
+}
+
+/// What `slot` says for `ps`: the heartbeat, and the exit code once the kernel exited by itself.
+pub fn reading(mailbox: &Mailbox, slot: u32) -> SlotReading {
+    let Ok(s) = mailbox.slot(slot) else { return SlotReading::default() };
+    let status = s.status();
+    SlotReading { heartbeat: status.heartbeat, exit_code: (status.state == STATE_EXITED).then_some(status.exit_code) }
+}
