@@ -104,7 +104,7 @@ impl Fixture {
         let dir = tempfile::tempdir_in(shm).expect("temp dir");
         let mailbox = Mailbox::create(
             dir.path().join("mailbox"),
-            &MailboxConfig { size: 16 << 20, slots: 64, channels: 32 },
+            &MailboxConfig { size: 128 << 20, slots: 64, channels: 256 },
             CreateMode::Exclusive,
         )
         .expect("mailbox");

@@ -192,7 +192,7 @@ typedef struct {
     uint64_t mine;        // producer: the next message to write; consumer: the next to read
     uint64_t other;       // producer: the consumer's tail as last read; consumer: messages committed
     uint64_t published;   // what this end's index line holds
-    uint32_t idle;        // consumer: the last poll found the ring empty (the next polls one message)
+    uint32_t hint;        // consumer, warp calls: how many messages the next poll looks at (see below)
     bool producer;
 } mesh_chan;
 
@@ -223,7 +223,7 @@ static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
 // which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
 static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, uint32_t b, bool producer) {
-    mesh_chan ch = {0, 0, 0, 0, 0, 0, 0, producer};
+    mesh_chan ch = {0, 0, 0, 0, 0, 0, 1, producer};
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0) return ch;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
     ch.msg_size = c.bindings[b].msg_size;
@@ -265,7 +265,7 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
 
 // A receive found the ring empty: hand back the credit held so far.
 static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
-    ch->idle = 1;
+    ch->hint = 1;
     mesh_chan_flush(ch);
 }
 
@@ -313,7 +313,6 @@ static __device__ __forceinline__ bool mesh_try_recv_deferred(mesh_chan* ch, voi
         }
     }
     ch->mine += 1;
-    ch->idle = 0;
     return true;
 }
 
@@ -349,17 +348,19 @@ static __device__ __forceinline__ uint32_t mesh_warp_min(uint32_t v) {
 // Receives up to `max` messages into `buf` (max * msg_size bytes, 4-byte aligned, shared or global
 // memory), committing them. Returns how many (the same on every lane); 0 when the ring is empty. Words of
 // several small messages are loaded together, so a stream of them needs one round trip per 4 KiB; a
-// message larger than 4 KiB takes one round trip per 4 KiB. After an empty poll the next call looks at one
-// message only, so that an idle ring is polled with one message's words, not `max` messages'.
+// message larger than 4 KiB takes one round trip per 4 KiB. How many messages a call looks at adapts:
+// one after an empty poll, twice as many after a call that found all it looked at, so that a request /
+// reply exchange polls one message's words and a stream grows to `max` within a few calls.
 static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, uint32_t max) {
     if (ch->msg_size == 0 || ch->producer || max == 0) return 0;
     const uint32_t lane = mesh_lane();
     const uint32_t words = ch->msg_size / 4u;
     const uint32_t round = 32u * MESH_WARP_LOADS;
     uint32_t n = 1;
-    if (words <= round && !ch->idle) {
+    if (words <= round) {
         n = round / words;
         if (n > max) n = max;
+        if (n > ch->hint) n = ch->hint;
         const uint32_t to_end = ch->mask + 1u - (uint32_t)(ch->mine & ch->mask);  // slots are contiguous until the ring's end
         if (n > to_end) n = to_end;
     }
@@ -379,15 +380,22 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 #pragma unroll
             for (uint32_t k = 0; k < MESH_WARP_LOADS; k++)
                 if ((stale >> k) & 1u) v[k] = mesh_ld_volatile_u64(src + base + lane + 32u * k);
+            if (first && base == 0) {
+                // Empty? Decided on the first load of each lane alone (it holds the first message's first
+                // words), so an empty poll waits for one round trip, not for every word it asked for.
+                const bool mine0 = (stale & 1u) && lane < words && (uint32_t)(v[0] >> 32) == (seq | 0x80000000u);
+                if (!__any_sync(0xffffffffu, mine0)) {
+                    mesh_chan_drained(ch);
+                    return 0;
+                }
+            }
             uint32_t bad = n;  // the first message with a word missing, as this lane sees it
-            bool arrived = false;  // some word of this round's first message is here
 #pragma unroll
             for (uint32_t k = 0; k < MESH_WARP_LOADS; k++) {
                 if (!((stale >> k) & 1u)) continue;
                 const uint32_t j = (base + lane + 32u * k) / words;
                 if ((uint32_t)(v[k] >> 32) == ((seq + j) | 0x80000000u)) {
                     stale &= ~(1u << k);
-                    arrived |= j == 0;
                 } else if (j < bad) {
                     bad = j;
                 }
@@ -397,10 +405,6 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
             if (bad > 0) {        // take the whole messages in front of the first incomplete one
                 got = bad;
                 break;
-            }
-            if (first && base == 0 && !__any_sync(0xffffffffu, arrived)) {
-                mesh_chan_drained(ch);
-                return 0;
             }
             // The first message is on its way: wait for its other words, within a bound.
             if (since == 0) since = mesh_globaltimer();
@@ -413,9 +417,9 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
         }
     }
     __syncwarp();
+    ch->hint = got == n ? 2u * n : got;
     ch->mine += got;
     ch->other = ch->mine;
-    ch->idle = 0;
     mesh_chan_progress(ch);
     return got;
 }
