@@ -1,6 +1,10 @@
 //! The protocol between meshd (mesh-mps) and its MPS workers: one JSON line per command on the worker's
 //! stdin, one JSON line per reply on its stdout; the first line a worker writes is its `ready` (or why not).
+//!
+//! Every message is an enum that serde encodes: a [`Command`], a [`Reply`] whose kernel state is a
+//! [`KernelState`] and whose refusal carries a [`RefusalKind`], so neither side compares strings.
 
+use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
 
 /// What meshd asks a worker.
@@ -64,29 +68,112 @@ pub struct Probe {
     pub sms: u32,
 }
 
-/// A worker's answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Reply {
-    /// Whether the command succeeded.
-    pub ok: bool,
-    /// Why not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The first line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready: Option<Ready>,
-    /// After `load`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<Probe>,
-    /// After `wait`: `idle`, `busy`, or `failed: …`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+impl Probe {
+    /// kcheck's figures for the shape the load asked about.
+    pub fn figures(&self) -> KernelFigures {
+        KernelFigures {
+            registers: self.registers,
+            shared_bytes: self.shared_bytes,
+            max_threads_per_block: self.max_threads_per_block,
+            per_sm: self.per_sm,
+        }
+    }
+}
+
+/// What the worker's kernel is doing, answered to `wait`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelState {
+    /// Nothing runs: the kernel returned, or none was launched.
+    Idle,
+    /// The kernel still runs.
+    Busy,
+    /// The kernel failed (or the worker cannot tell: it is gone, it did not answer).
+    Failed {
+        /// The driver's error, or what went wrong reaching the worker.
+        reason: String,
+    },
+}
+
+impl From<KernelState> for KernelRun {
+    fn from(s: KernelState) -> Self {
+        match s {
+            KernelState::Idle => KernelRun::Returned,
+            KernelState::Busy => KernelRun::Running,
+            KernelState::Failed { reason } => KernelRun::Failed(reason),
+        }
+    }
+}
+
+impl From<StreamState> for KernelState {
+    fn from(s: StreamState) -> Self {
+        match s {
+            StreamState::Idle => KernelState::Idle,
+            StreamState::Busy => KernelState::Busy,
+            StreamState::Failed(reason) => KernelState::Failed { reason },
+        }
+    }
+}
+
+/// Why a worker refused, as a kind meshd acts on.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalKind {
+    /// Bad command-line arguments (the first line; the worker then exits with status 2).
+    Usage,
+    /// The worker could not start: no driver, not an MPS client, the mailbox (exits with status 1).
+    Start,
+    /// A line that is no command.
+    Malformed,
+    /// A command that needs the kernel stopped while it runs.
+    Busy,
+    /// A launch with no module loaded.
+    NotLoaded,
+    /// The image has no `mesh_main`.
+    NoEntry,
+    /// Anything else the driver or the file system refused.
+    Failed,
+}
+
+/// A refusal: its kind and the reason in words.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Refusal {
+    /// What kind of refusal.
+    pub kind: RefusalKind,
+    /// Why, with the driver's message where there is one.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind` saying `message`.
+    pub fn new(kind: RefusalKind, message: impl std::fmt::Display) -> Self {
+        Self { kind, message: message.to_string() }
+    }
+}
+
+/// A worker's answer: one per command, and the first line it writes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// The first line: started, registered, an MPS client.
+    Ready(Ready),
+    /// After `load`: the module is loaded, with kcheck's figures.
+    Loaded(Probe),
+    /// After `wait`.
+    State {
+        /// The kernel's state.
+        state: KernelState,
+    },
+    /// After `launch`, `unload` and `exit`.
+    Done,
+    /// The command, or the start, failed.
+    Refused(Refusal),
 }
 
 impl Reply {
-    /// A refusal.
-    pub fn error(e: impl std::fmt::Display) -> Self {
-        Self { ok: false, error: Some(e.to_string()), ..Self::default() }
+    /// A refusal of `kind`.
+    pub fn refused(kind: RefusalKind, message: impl std::fmt::Display) -> Self {
+        Self::Refused(Refusal::new(kind, message))
     }
 }
 
@@ -104,8 +191,25 @@ mod tests {
         let c = Command::Load { cubin: "/x".into(), grid: [1, 2, 3], block: [32, 1, 1], shared_mem: 0 };
         assert_eq!(serde_json::from_str::<Command>(&encode(&c)).unwrap(), c);
         assert_eq!(encode(&Command::Wait { timeout_ms: 5 }), r#"{"op":"wait","timeout_ms":5}"#);
-        let r = Reply { ok: true, state: Some("idle".into()), ..Reply::default() };
-        assert_eq!(serde_json::from_str::<Reply>(&encode(&r)).unwrap(), r);
+        let replies = [
+            Reply::State { state: KernelState::Idle },
+            Reply::State { state: KernelState::Failed { reason: "CUDA_ERROR_ILLEGAL_ADDRESS".into() } },
+            Reply::Done,
+            Reply::refused(RefusalKind::NoEntry, "cuModuleGetFunction failed"),
+            Reply::Loaded(Probe { registers: 8, shared_bytes: 0, max_threads_per_block: 1024, per_sm: 16, sms: 132 }),
+            Reply::Ready(Ready { pid: 7, device: "H200".into(), mps_enabled: true, sms: 132, context_ms: 3 }),
+        ];
+        for r in replies {
+            assert_eq!(serde_json::from_str::<Reply>(&encode(&r)).unwrap(), r);
+        }
+        assert_eq!(encode(&Reply::State { state: KernelState::Busy }), r#"{"reply":"state","state":"busy"}"#);
         assert!(serde_json::from_str::<Command>(r#"{"op":"dance"}"#).is_err());
+    }
+
+    #[test]
+    fn a_kernel_state_maps_to_the_contracts_kernel_run() {
+        assert_eq!(KernelRun::from(KernelState::Busy), KernelRun::Running);
+        assert_eq!(KernelRun::from(KernelState::Idle), KernelRun::Returned);
+        assert_eq!(KernelRun::from(KernelState::Failed { reason: "x".into() }), KernelRun::Failed("x".into()));
     }
 }

@@ -3,21 +3,37 @@
 //! Started by meshd with `CUDA_MPS_PIPE_DIRECTORY` set to its private server. It creates its context
 //! (checking that it really is an MPS client), maps and registers the mailbox, takes a green context
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
-//! gone). Every failure is a reply with the reason, never a panic.
+//! gone). Every failure is a reply with its kind and reason, never a panic.
 
 use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mesh_cuda::{Context, Device, LaunchShape, Module, RegisteredMailbox, StreamState};
-use mesh_mps_worker::{Command, Probe, Ready, Reply, encode};
+use clap::Parser;
+use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
+use mesh_mps_worker::{Command, Probe, Ready, Refusal, RefusalKind, Reply, encode};
 use mesh_shm::Mailbox;
+
+/// The command line. Every error, usage included, is the first line on stdout as a refusal, since
+/// that line is what meshd reads.
+#[derive(Debug, Parser)]
+#[command(name = "mesh-mps-worker", about = "One MPS client of meshd's server, running one program at a time")]
+struct Args {
+    /// The mailbox file to map and register.
+    #[arg(long, value_name = "PATH")]
+    mailbox: PathBuf,
+    /// A green context of this many SMs instead of the whole GPU.
+    #[arg(long, value_name = "N")]
+    sms: Option<u32>,
+}
 
 struct Worker {
     mailbox: Mailbox,
     registered: RegisteredMailbox,
-    stream: mesh_cuda::Stream,
+    stream: Stream,
     ctx: Context,
-    module: Option<(Module, LaunchShape)>,
+    /// The loaded `mesh_main` (it keeps its module loaded) and the shape it was probed for.
+    loaded: Option<(Function, LaunchShape)>,
 }
 
 fn say(reply: &Reply) {
@@ -26,7 +42,7 @@ fn say(reply: &Reply) {
     let _ = out.flush();
 }
 
-fn start(mailbox_path: &str, sms: Option<u32>) -> Result<(Worker, Ready), String> {
+fn start(mailbox_path: &Path, sms: Option<u32>) -> Result<(Worker, Ready), String> {
     let device = Device::get(0).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let ctx = match sms {
@@ -50,130 +66,124 @@ fn start(mailbox_path: &str, sms: Option<u32>) -> Result<(Worker, Ready), String
         sms: ctx.sms(),
         context_ms,
     };
-    Ok((Worker { mailbox, registered, stream, ctx, module: None }, ready))
+    Ok((Worker { mailbox, registered, stream, ctx, loaded: None }, ready))
 }
 
 impl Worker {
     fn handle(&mut self, cmd: Command) -> Reply {
-        match cmd {
+        let answer = match cmd {
             Command::Load { cubin, grid, block, shared_mem } => {
-                if self.stream.state() == StreamState::Busy {
-                    return Reply::error("a kernel is still running in this worker");
-                }
-                let image = match std::fs::read(&cubin) {
-                    Ok(b) => b,
-                    Err(e) => return Reply::error(format!("cubin {cubin}: {e}")),
-                };
-                let shape = LaunchShape { grid, block, shared_mem };
-                let probe = (|| {
-                    let module = Module::load(&self.ctx, &image)?;
-                    let func = module.function("mesh_main").map_err(|e| mesh_cuda::BackendError::NoEntry {
-                        program: cubin.clone(),
-                        detail: e.to_string(),
-                    })?;
-                    let a = func.attributes()?;
-                    let per_sm = func.max_active_blocks_per_sm(&shape)?;
-                    let probe = Probe {
-                        registers: a.registers,
-                        shared_bytes: a.shared_bytes,
-                        max_threads_per_block: a.max_threads_per_block,
-                        per_sm,
-                        sms: self.ctx.sms(),
-                    };
-                    Ok::<_, mesh_cuda::BackendError>((module, probe))
-                })();
-                match probe {
-                    Ok((module, probe)) => {
-                        self.module = Some((module, shape));
-                        Reply { ok: true, probe: Some(probe), ..Reply::default() }
-                    }
-                    Err(e) => Reply::error(e),
-                }
+                self.load(Path::new(&cubin), LaunchShape { grid, block, shared_mem }).map(Reply::Loaded)
             }
-            Command::Launch { slot } => {
-                let Some((module, shape)) = &self.module else { return Reply::error("no module loaded") };
-                let launched =
-                    self.mailbox.mesh_ctx(slot, self.registered.device_address()).map_err(|e| e.to_string()).and_then(
-                        |ctx| {
-                            module
-                                .function("mesh_main")
-                                .and_then(|f| f.launch(shape, &self.stream, &ctx))
-                                .map_err(|e| e.to_string())
-                        },
-                    );
-                match launched {
-                    Ok(()) => Reply { ok: true, ..Reply::default() },
-                    Err(e) => Reply::error(e),
-                }
-            }
-            Command::Wait { timeout_ms } => {
-                let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-                let state = loop {
-                    let s = self.stream.state();
-                    if s != StreamState::Busy || Instant::now() >= deadline {
-                        break s;
-                    }
-                    std::thread::yield_now();
-                };
-                let state = match state {
-                    StreamState::Idle => "idle".to_string(),
-                    StreamState::Busy => "busy".to_string(),
-                    StreamState::Failed(why) => format!("failed: {why}"),
-                };
-                Reply { ok: true, state: Some(state), ..Reply::default() }
-            }
-            Command::Unload => {
-                if self.stream.state() == StreamState::Busy {
-                    return Reply::error("the kernel is still running: stop it before unloading");
-                }
-                self.module = None;
-                Reply { ok: true, ..Reply::default() }
-            }
-            Command::Exit => Reply { ok: true, ..Reply::default() },
+            Command::Launch { slot } => self.launch(slot).map(|()| Reply::Done),
+            Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms).into() }),
+            Command::Unload => self.unload().map(|()| Reply::Done),
+            Command::Exit => Ok(Reply::Done),
+        };
+        answer.unwrap_or_else(Reply::Refused)
+    }
+
+    fn idle(&self, doing: &str) -> Result<(), Refusal> {
+        if self.stream.state() == StreamState::Busy {
+            return Err(Refusal::new(
+                RefusalKind::Busy,
+                format!("the kernel is still running: stop it before {doing}"),
+            ));
         }
+        Ok(())
+    }
+
+    /// Loads the cubin and probes its `mesh_main` for `shape` (kcheck's figures, the context's SMs).
+    fn load(&mut self, cubin: &Path, shape: LaunchShape) -> Result<Probe, Refusal> {
+        self.idle("loading another module")?;
+        let image = std::fs::read(cubin)
+            .map_err(|e| Refusal::new(RefusalKind::Failed, format!("cubin {}: {e}", cubin.display())))?;
+        let failed = |e: mesh_cuda::CudaError| Refusal::new(RefusalKind::Failed, e);
+        let module = Module::load(&self.ctx, &image).map_err(failed)?;
+        let func = module.function("mesh_main").map_err(|e| Refusal::new(RefusalKind::NoEntry, e))?;
+        let f = func.figures(&shape).map_err(failed)?;
+        let probe = Probe {
+            registers: f.registers,
+            shared_bytes: f.shared_bytes,
+            max_threads_per_block: f.max_threads_per_block,
+            per_sm: f.per_sm,
+            sms: self.ctx.sms(),
+        };
+        self.loaded = Some((func, shape));
+        Ok(probe)
+    }
+
+    /// Launches the loaded `mesh_main` for `slot` (meshd armed the slot).
+    fn launch(&mut self, slot: u32) -> Result<(), Refusal> {
+        let Some((func, shape)) = &self.loaded else {
+            return Err(Refusal::new(RefusalKind::NotLoaded, "no module loaded"));
+        };
+        let failed = |e: &dyn std::fmt::Display| Refusal::new(RefusalKind::Failed, e);
+        let ctx = self.mailbox.mesh_ctx(slot, self.registered.device_address()).map_err(|e| failed(&e))?;
+        func.launch(shape, &self.stream, &ctx).map_err(|e| failed(&e))
+    }
+
+    /// The stream's state once the kernel returned, or after `timeout_ms` (0: at once).
+    fn wait(&self, timeout_ms: u64) -> StreamState {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            let s = self.stream.state();
+            if s != StreamState::Busy || Instant::now() >= deadline {
+                return s;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Unloads the module (its kernel must have returned).
+    fn unload(&mut self) -> Result<(), Refusal> {
+        self.idle("unloading")?;
+        self.loaded = None;
+        Ok(())
     }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut mailbox = None;
-    let mut sms = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--mailbox" => mailbox = it.next().cloned(),
-            "--sms" => sms = it.next().and_then(|s| s.parse().ok()),
-            other => {
-                say(&Reply::error(format!(
-                    "unknown argument {other:?}; usage: mesh-mps-worker --mailbox PATH [--sms N]"
-                )));
-                std::process::exit(2);
-            }
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version: printed as usual
+        Err(e) => {
+            say(&Reply::refused(RefusalKind::Usage, e.render()));
+            std::process::exit(2);
         }
-    }
-    let Some(mailbox) = mailbox else {
-        say(&Reply::error("usage: mesh-mps-worker --mailbox PATH [--sms N]"));
-        std::process::exit(2);
     };
-    let (mut worker, ready) = match start(&mailbox, sms) {
+    let (mut worker, ready) = match start(&args.mailbox, args.sms) {
         Ok(w) => w,
         Err(e) => {
-            say(&Reply::error(e));
+            say(&Reply::refused(RefusalKind::Start, e));
             std::process::exit(1);
         }
     };
-    say(&Reply { ok: true, ready: Some(ready), ..Reply::default() });
+    say(&Reply::Ready(ready));
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let reply = match serde_json::from_str::<Command>(&line) {
             Ok(Command::Exit) => break,
             Ok(cmd) => worker.handle(cmd),
-            Err(e) => Reply::error(format!("malformed command: {e}")),
+            Err(e) => Reply::refused(RefusalKind::Malformed, format!("malformed command: {e}")),
         };
         say(&reply);
     }
     // End of input: meshd asked us to leave, or is gone. A kernel still running is left to process exit.
     if worker.stream.state() == StreamState::Busy {
         std::mem::forget(worker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arguments_parse_and_bad_ones_are_refused() {
+        let a = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "/dev/shm/m", "--sms", "16"]).unwrap();
+        assert_eq!((a.mailbox, a.sms), (PathBuf::from("/dev/shm/m"), Some(16)));
+        assert!(Args::try_parse_from(["mesh-mps-worker"]).is_err(), "--mailbox is required");
+        assert!(Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--sms", "many"]).is_err());
     }
 }

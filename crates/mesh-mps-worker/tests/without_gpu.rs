@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+use mesh_mps_worker::{RefusalKind, Reply};
+
 fn worker(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_mesh-mps-worker")).args(args).output().unwrap()
 }
@@ -13,8 +15,10 @@ fn bad_arguments_are_refused_with_the_usage() {
         let out = worker(args);
         let line = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {line}");
-        let reply: mesh_mps_worker::Reply = serde_json::from_str(line.trim()).unwrap();
-        assert!(!reply.ok && reply.error.unwrap().contains("usage: mesh-mps-worker --mailbox PATH"));
+        let Reply::Refused(refusal) = serde_json::from_str(line.trim()).unwrap() else { panic!("{line}") };
+        assert_eq!(refusal.kind, RefusalKind::Usage, "{line}");
+        let usage = &refusal.message;
+        assert!(usage.contains("Usage: mesh-mps-worker") && usage.contains("--mailbox <PATH>"), "{usage}");
     }
 }
 
@@ -27,8 +31,8 @@ fn without_a_driver_the_first_line_says_what_is_missing() {
     let out = worker(&["--mailbox", "/nonexistent/mailbox"]);
     let line = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{line}");
-    let reply: mesh_mps_worker::Reply = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    let err = reply.error.unwrap();
-    assert!(!reply.ok && err.contains("libcuda"), "{err}");
+    let Reply::Refused(refusal) = serde_json::from_str(line.lines().next().unwrap()).unwrap() else { panic!("{line}") };
+    assert_eq!(refusal.kind, RefusalKind::Start, "{line}");
+    assert!(refusal.message.contains("libcuda"), "{}", refusal.message);
     assert!(String::from_utf8_lossy(&out.stderr).is_empty(), "no panic message");
 }

@@ -6,19 +6,21 @@
 //! while everything runs. Creating a client stalls the running kernels once (up to 0.4 ms), so the pool
 //! is started before any program runs and a freed worker goes back to it.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mesh_backend::cleanup::{self, CleanupId};
+use mesh_backend::roster::{self, HasCore};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus,
-    Result,
+    Backend, BackendError, ImageKind, IsolationMode, LaunchShape, ProgramCore, ProgramSpec, ProgramStatus, Result,
+    SmBudget, check_resident,
 };
-use mesh_cuda::{Device, Jit};
-use mesh_mps_worker::{Command as WorkerCommand, Probe};
+use mesh_cuda::{Device, Jit, slots};
+use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
-use mesh_shm::layout::STATE_EXITED;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
 use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
@@ -49,18 +51,19 @@ impl Default for MpsConfig {
     }
 }
 
+/// A loaded program: what every backend keeps, its worker, and its linked image.
 #[derive(Debug)]
 struct Program {
-    name: String,
-    slot: u32,
-    kind: ImageKind,
-    shape: LaunchShape,
+    core: ProgramCore,
     worker: Worker,
-    generation: u32,
-    share: f64,
-    faulted: Option<String>,
     /// The linked image, kept to relaunch the program in a fresh worker after a GPU fault.
     cubin: Arc<Vec<u8>>,
+}
+
+impl HasCore for Program {
+    fn core(&self) -> &ProgramCore {
+        &self.core
+    }
 }
 
 /// What the cleanup action needs, shared with it.
@@ -84,13 +87,13 @@ pub struct MpsBackend {
     config: MpsConfig,
     cleanup_id: CleanupId,
     cubins: PathBuf,
-    next_cubin: std::sync::atomic::AtomicU64,
+    next_cubin: AtomicU64,
     shut_down: bool,
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
 fn tear_down(shared: &Mutex<Shared>) {
-    let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = shared.lock();
     for mut p in s.programs.drain(..) {
         p.worker.kill();
     }
@@ -100,12 +103,12 @@ fn tear_down(shared: &Mutex<Shared>) {
     if let Some(control) = s.control.take() {
         control.quit();
     }
-    *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *ACTIVE.lock() = None;
 }
 
 /// Starts a worker, retrying for up to 10 s: after a fault the server refuses new clients until every
 /// old one has exited (the H200 took a new client 0.3 s later).
-fn start_retrying(control: &MpsControl, mailbox: &std::path::Path, sms: Option<u32>) -> Result<Worker> {
+fn start_retrying(control: &MpsControl, mailbox: &Path, sms: Option<u32>) -> Result<Worker> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match Worker::start(control, mailbox, sms, WORKER_LOAD) {
@@ -119,8 +122,9 @@ fn start_retrying(control: &MpsControl, mailbox: &std::path::Path, sms: Option<u
     }
 }
 
-fn mb(e: mesh_shm::ShmError) -> BackendError {
-    BackendError::Mailbox(e.to_string())
+/// A refused life transition (a bug), as the contract's error naming the program.
+fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError {
+    BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
 }
 
 impl MpsBackend {
@@ -137,7 +141,7 @@ impl MpsBackend {
         let shared = Arc::new(Mutex::new(Shared { control: Some(control.clone()), ..Shared::default() }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
-        *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = Some(control.clone());
+        *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = (|| {
             std::fs::create_dir_all(&cubins)
@@ -153,7 +157,7 @@ impl MpsBackend {
                     "pool worker {i} ready in {:?}",
                     started.elapsed()
                 );
-                shared.lock().unwrap_or_else(|p| p.into_inner()).idle.push(w);
+                shared.lock().idle.push(w);
             }
             Jit::start(&device.arch())
         })();
@@ -172,13 +176,13 @@ impl MpsBackend {
             config,
             cleanup_id,
             cubins,
-            next_cubin: std::sync::atomic::AtomicU64::new(0),
+            next_cubin: AtomicU64::new(0),
             shut_down: false,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.lock()
     }
 
     fn control(&self) -> Result<Arc<MpsControl>> {
@@ -231,8 +235,8 @@ impl MpsBackend {
 
     /// Returns a worker to the pool after unloading its module; a worker that will not is discarded.
     fn give_back(&self, mut w: Worker) {
-        match w.request(&WorkerCommand::Unload, WORKER_LAUNCH) {
-            Ok(_) => self.lock().idle.push(w),
+        match w.unload() {
+            Ok(()) => self.lock().idle.push(w),
             Err(e) => {
                 tracing::warn!("worker {} discarded: {e}", w.pid());
                 w.kill();
@@ -242,33 +246,18 @@ impl MpsBackend {
 
     /// Has `worker` load `cubin` and probe its `mesh_main` for `shape`.
     fn load_into(&self, worker: &mut Worker, name: &str, cubin: &[u8], shape: &LaunchShape) -> Result<Probe> {
-        let n = self.next_cubin.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self.next_cubin.fetch_add(1, Ordering::Relaxed);
         let path = self.cubins.join(format!("{n}-{name}.cubin"));
         std::fs::write(&path, cubin)
             .map_err(|e| BackendError::Worker { pid: worker.pid(), detail: format!("{}: {e}", path.display()) })?;
-        let reply = worker.request(
-            &WorkerCommand::Load {
-                cubin: path.display().to_string(),
-                grid: shape.grid,
-                block: shape.block,
-                shared_mem: shape.shared_mem,
-            },
-            WORKER_LOAD,
-        );
+        let probe = worker.load(&path, shape, name);
         let _ = std::fs::remove_file(&path);
-        match reply {
-            Ok(r) => r
-                .probe
-                .ok_or_else(|| BackendError::Worker { pid: worker.pid(), detail: "no probe in the load reply".into() }),
-            Err(BackendError::Worker { detail, .. }) if detail.contains("mesh_main") => {
-                Err(BackendError::NoEntry { program: name.to_string(), detail })
-            }
-            Err(e) => Err(e),
-        }
+        probe
     }
 
-    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the others.
-    /// Returns the launch's share of the GPU and the cubin.
+    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the
+    /// others: every block within the worker's own context, its share counted of the device's SMs,
+    /// which every worker shares. Returns the launch's share and the cubin.
     fn prepare(
         &mut self,
         worker: &mut Worker,
@@ -280,32 +269,9 @@ impl MpsBackend {
     ) -> Result<(f64, Arc<Vec<u8>>)> {
         let linked = self.jit.link(name, image, kind)?;
         let probe = self.load_into(worker, name, &linked.cubin, shape)?;
-        let capacity = u64::from(probe.per_sm) * u64::from(probe.sms);
-        let whole = u64::from(probe.per_sm) * u64::from(self.device.sm_count);
-        let share = if whole == 0 { f64::INFINITY } else { shape.blocks() as f64 / whole as f64 };
-        let held: f64 =
-            self.lock().programs.iter().filter(|p| Some(p.name.as_str()) != replacing).map(|p| p.share).sum();
-        if shape.blocks() > capacity
-            || held + share > 1.0 + 1e-9
-            || shape.threads_per_block() > u64::from(probe.max_threads_per_block)
-        {
-            return Err(BackendError::NotResident {
-                program: name.to_string(),
-                detail: format!(
-                    "{} blocks of {} threads ({} registers, {} B static + {} B dynamic shared memory each; mesh_main allows {} threads): {} fit per SM, {capacity} on the worker's {} SMs; the launch needs {:.1}% of the GPU while the resident programs hold {:.1}%",
-                    shape.blocks(),
-                    shape.threads_per_block(),
-                    probe.registers,
-                    probe.shared_bytes,
-                    shape.shared_mem,
-                    probe.max_threads_per_block,
-                    probe.per_sm,
-                    probe.sms,
-                    share * 100.0,
-                    held * 100.0
-                ),
-            });
-        }
+        let held = roster::held_share(&self.lock().programs, replacing);
+        let sms = SmBudget::own_context(probe.sms, self.device.sm_count);
+        let share = check_resident(name, shape, &probe.figures(), sms, held)?;
         Ok((share, linked.cubin))
     }
 
@@ -316,22 +282,7 @@ impl MpsBackend {
     /// stopped. Returns the programs left stopped.
     fn recover(&self) -> Vec<String> {
         let mut s = self.lock();
-        let failed: Vec<String> = s
-            .programs
-            .iter_mut()
-            .filter(|p| p.faulted.is_none())
-            .filter_map(|p| {
-                let state = if p.worker.alive() {
-                    p.worker
-                        .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
-                        .map(|r| r.state.unwrap_or_default())
-                        .unwrap_or_else(|e| format!("failed: {e}"))
-                } else {
-                    "failed: the worker process is gone".into()
-                };
-                state.starts_with("failed").then(|| p.name.clone())
-            })
-            .collect();
+        let failed = find_failed(&mut s);
         if failed.is_empty() {
             return Vec::new();
         }
@@ -343,47 +294,40 @@ impl MpsBackend {
         let mut parked = Vec::new();
         // Each round relaunches the programs one by one; a fault right after a relaunch names the culprit.
         for _round in 0..=s.programs.len() {
-            self.end_all_clients(&mut s, &control);
-            let mut culprit = None;
-            for i in 0..s.programs.len() {
-                if s.programs[i].faulted.is_some() {
-                    continue;
-                }
-                if let Err(e) = self.relaunch_in_fresh_worker(&mut s, &control, i) {
-                    tracing::error!(program = s.programs[i].name, "relaunch after the fault failed: {e}");
-                    s.programs[i].faulted = Some(format!("relaunch after a GPU fault failed: {e}"));
-                    continue;
-                }
-                // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
-                let watch = Instant::now() + FAULT_WATCH;
-                let mut again = false;
-                while !again && Instant::now() < watch {
-                    std::thread::sleep(Duration::from_millis(10));
-                    again = s.programs[..=i].iter_mut().filter(|p| p.faulted.is_none()).any(|p| {
-                        !p.worker.alive()
-                            || p.worker
-                                .request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH)
-                                .map_or(true, |r| r.state.unwrap_or_default().starts_with("failed"))
-                    });
-                }
-                if again {
-                    culprit = Some(i);
-                    break;
-                }
+            let Some(i) = self.relaunch_round(&mut s, &control) else { break };
+            let p = &mut s.programs[i];
+            tracing::error!(program = p.core.name, "faulted again when relaunched after a GPU fault: left stopped");
+            p.core.life.fault("faulted the GPU (again when relaunched alone): left stopped");
+            parked.push(p.core.name.clone());
+        }
+        self.refill(&mut s, &control);
+        parked
+    }
+
+    /// One round of recovery: every client ended, then each program not left stopped relaunched in a
+    /// fresh worker and watched. Returns the first whose relaunch brought the fault back.
+    fn relaunch_round(&self, s: &mut Shared, control: &MpsControl) -> Option<usize> {
+        self.end_all_clients(s, control);
+        for i in 0..s.programs.len() {
+            if !s.programs[i].core.life.relaunchable() {
+                continue;
             }
-            match culprit {
-                Some(i) => {
-                    let p = &mut s.programs[i];
-                    tracing::error!(program = p.name, "faulted again when relaunched after a GPU fault: left stopped");
-                    p.faulted = Some("faulted the GPU (again when relaunched alone): left stopped".into());
-                    parked.push(p.name.clone());
-                }
-                None => break,
+            if let Err(e) = self.relaunch_in_fresh_worker(s, control, i) {
+                tracing::error!(program = s.programs[i].core.name, "relaunch after the fault failed: {e}");
+                s.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
+                continue;
+            }
+            if faulted_again(s, i) {
+                return Some(i);
             }
         }
-        // Refill the pool, now that the server takes clients again.
+        None
+    }
+
+    /// Refills the pool, now that the server takes clients again.
+    fn refill(&self, s: &mut Shared, control: &MpsControl) {
         while (s.idle.len() as u32) < self.config.pool {
-            match start_retrying(&control, self.mailbox.path(), self.config.sms) {
+            match start_retrying(control, self.mailbox.path(), self.config.sms) {
                 Ok(w) => s.idle.push(w),
                 Err(e) => {
                     tracing::error!("refilling the pool after a fault: {e}");
@@ -391,23 +335,18 @@ impl MpsBackend {
                 }
             }
         }
-        parked
     }
 
     /// Ends every client: a stop request to every program, then each worker cut off and killed.
     fn end_all_clients(&self, s: &mut Shared, control: &MpsControl) {
-        for p in &s.programs {
-            if let Ok(slot) = self.mailbox.slot(p.slot) {
-                slot.request_stop();
-            }
+        for p in &mut s.programs {
+            slots::request_stop(&self.mailbox, p.core.slot);
+            p.core.life.request_stop();
         }
-        let mut doomed: Vec<&mut Worker> =
-            s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker)).collect();
-        for w in doomed.iter_mut() {
+        let doomed = s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker));
+        for w in doomed {
             if w.alive() {
-                let busy = w
-                    .request(&WorkerCommand::Wait { timeout_ms: 200 }, WORKER_LAUNCH)
-                    .is_ok_and(|r| r.state.as_deref() == Some("busy"));
+                let busy = matches!(w.wait(Duration::from_millis(200), WORKER_LAUNCH), Ok(KernelState::Busy));
                 if busy {
                     let _ = control.terminate_client(w.server, w.pid());
                 }
@@ -415,21 +354,20 @@ impl MpsBackend {
             w.kill();
         }
         s.idle.clear();
+        for p in &mut s.programs {
+            p.core.life.returned();
+        }
     }
 
     /// Starts a worker for program `i` (the server may refuse new clients for a moment after a fault),
     /// loads its cubin and launches it in its slot with the generation bumped.
     fn relaunch_in_fresh_worker(&self, s: &mut Shared, control: &MpsControl, i: usize) -> Result<()> {
         let mut worker = start_retrying(control, self.mailbox.path(), self.config.sms)?;
-        let (name, cubin, shape, slot) = {
-            let p = &s.programs[i];
-            (p.name.clone(), p.cubin.clone(), p.shape, p.slot)
-        };
-        self.load_into(&mut worker, &name, &cubin, &shape)?;
         let p = &mut s.programs[i];
-        p.generation += 1;
-        self.mailbox.slot(slot).map_err(mb)?.arm(p.generation);
-        worker.request(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)?;
+        self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape)?;
+        let generation = p.core.life.launch().map_err(|e| illegal(&p.core.name, e))?;
+        slots::arm(&self.mailbox, p.core.slot, generation)?;
+        worker.launch(p.core.slot)?;
         let mut old = std::mem::replace(&mut p.worker, worker);
         old.kill();
         Ok(())
@@ -439,17 +377,12 @@ impl MpsBackend {
     /// `terminate_client` on our server; only then SIGKILL. Returns the worker if it is reusable.
     /// Never fails: whatever happens, the kernel is stopped or its worker is gone afterwards.
     fn stop(&self, name: &str, slot: u32, mut worker: Worker) -> Option<Worker> {
-        if let Ok(s) = self.mailbox.slot(slot) {
-            s.request_stop();
-        }
+        slots::request_stop(&self.mailbox, slot);
         let deadline = self.config.stop_deadline;
-        let state = worker
-            .request(&WorkerCommand::Wait { timeout_ms: deadline.as_millis() as u64 }, deadline + WORKER_LAUNCH)
-            .map(|r| r.state.unwrap_or_default());
-        match state {
-            Ok(s) if s == "idle" => Some(worker),
-            Ok(s) if s.starts_with("failed") => {
-                tracing::warn!(program = name, "its kernel had failed ({s}); worker {} discarded", worker.pid());
+        match worker.wait(deadline, WORKER_LAUNCH) {
+            Ok(KernelState::Idle) => Some(worker),
+            Ok(KernelState::Failed { reason }) => {
+                tracing::warn!(program = name, "its kernel had failed ({reason}); worker {} discarded", worker.pid());
                 worker.kill();
                 None
             }
@@ -469,20 +402,43 @@ impl MpsBackend {
                     Err(e) => tracing::error!("terminate_client: {e}"),
                 }
                 // Give the server a moment to cut the client off before the signal (gpu.md: within 0.1 s).
-                let _ = worker.request(&WorkerCommand::Wait { timeout_ms: 200 }, Duration::from_millis(500));
+                let _ = worker.wait(Duration::from_millis(200), Duration::from_millis(300));
                 worker.kill();
                 None
             }
         }
     }
 
-    fn index_of(&self, name: &str) -> Result<usize> {
-        self.lock()
-            .programs
-            .iter()
-            .position(|p| p.name == name)
-            .ok_or_else(|| BackendError::NoSuchProgram(name.to_string()))
+    fn status_of(&self, p: &Program, state: KernelState) -> ProgramStatus {
+        let sms = self.config.sms.map(|_| p.worker.ready.sms);
+        p.core.status(state.into(), slots::reading(&self.mailbox, p.core.slot), Some(p.worker.pid()), sms)
     }
+}
+
+/// The programs (not left stopped) whose kernel failed or whose worker is gone: a GPU fault's trace.
+fn find_failed(s: &mut Shared) -> Vec<String> {
+    s.programs
+        .iter_mut()
+        .filter(|p| p.core.life.relaunchable())
+        .filter_map(|p| matches!(p.worker.poll(), KernelState::Failed { .. }).then(|| p.core.name.clone()))
+        .collect()
+}
+
+/// Watches the programs relaunched so far (up to `i`) for [`FAULT_WATCH`]: whether the fault came back.
+fn faulted_again(s: &mut Shared, i: usize) -> bool {
+    // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
+    let watch = Instant::now() + FAULT_WATCH;
+    while Instant::now() < watch {
+        std::thread::sleep(Duration::from_millis(10));
+        let again = s.programs[..=i]
+            .iter_mut()
+            .filter(|p| p.core.life.relaunchable())
+            .any(|p| matches!(p.worker.poll(), KernelState::Failed { .. }));
+        if again {
+            return true;
+        }
+    }
+    false
 }
 
 impl Backend for MpsBackend {
@@ -493,61 +449,48 @@ impl Backend for MpsBackend {
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
         self.ready()?;
         spec.validate()?;
-        if self.lock().programs.iter().any(|p| p.name == spec.name) {
-            return Err(BackendError::AlreadyLoaded(spec.name));
-        }
+        roster::refuse_duplicate(&self.lock().programs, &spec.name)?;
         if let Some(n) = spec.sms {
             self.device.sm_partitioning()?.check(n)?;
         }
-        let mut bindings = Vec::with_capacity(spec.bindings.len());
-        for channel in &spec.bindings {
-            bindings.push(self.mailbox.channel(channel).map_err(mb)?.index);
-        }
-        let taken: Vec<u32> = self.lock().programs.iter().map(|p| p.slot).collect();
-        let count = self.mailbox.geometry().slot_count;
-        let slot = (0..count).find(|s| !taken.contains(s)).ok_or_else(|| {
-            BackendError::Mailbox(format!("all {count} program slots are in use (create the mailbox with more slots)"))
-        })?;
+        let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
+        let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
         let mut worker = self.take_worker(spec.sms)?;
-        let (share, cubin) = match self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None) {
-            Ok(s) => s,
-            Err(e) => {
-                self.give_back(worker);
-                return Err(e);
-            }
-        };
-        let s = self.mailbox.slot(slot).map_err(mb)?;
-        s.bind(&spec.name, &bindings).map_err(mb)?;
-        s.reset_status();
-        s.arm(1);
-        if let Err(e) = worker.request(&WorkerCommand::Launch { slot }, WORKER_LAUNCH) {
-            s.release();
+        let prepared = self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None);
+        let (share, cubin) =
+            match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.give_back(worker);
+                    return Err(e);
+                }
+            };
+        let mut core = ProgramCore::new(spec.name, slot, spec.kind, spec.shape, share);
+        let launched = core
+            .life
+            .launch()
+            .map_err(|e| illegal(&core.name, e))
+            .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| worker.launch(slot));
+        if let Err(e) = launched {
+            let _ = slots::release(&self.mailbox, slot);
             self.give_back(worker);
             return Err(e);
         }
-        let program = Program {
-            name: spec.name,
-            slot,
-            kind: spec.kind,
-            shape: spec.shape,
-            worker,
-            generation: 1,
-            share,
-            faulted: None,
-            cubin,
-        };
-        let status = self.status_of(&program, "busy");
+        let program = Program { core, worker, cubin };
+        let status = self.status_of(&program, KernelState::Busy);
         self.lock().programs.push(program);
         Ok(status)
     }
 
     fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
         self.ready()?;
-        let i = self.index_of(name)?;
+        let i = roster::index_of(&self.lock().programs, name)?;
         let kind = ImageKind::detect_for(name, &image)?;
         let (shape, sms) = {
             let s = self.lock();
-            (s.programs[i].shape, Some(s.programs[i].worker.ready.sms).filter(|_| self.config.sms.is_some()))
+            let p = &s.programs[i];
+            (p.core.shape, Some(p.worker.ready.sms).filter(|_| self.config.sms.is_some()))
         };
         // The new image is loaded and probed in another worker while the old one runs.
         let mut fresh = self.take_worker(sms)?;
@@ -560,19 +503,29 @@ impl Backend for MpsBackend {
         };
         // Only this program blinks: stop the old kernel, relaunch in the same slot from the new worker.
         let mut old = self.lock().programs.remove(i);
-        let kept = self.stop(name, old.slot, old.worker);
-        old.generation += 1;
-        self.mailbox.slot(old.slot).map_err(mb)?.arm(old.generation);
-        let launched = fresh.request(&WorkerCommand::Launch { slot: old.slot }, WORKER_LAUNCH);
+        let slot = old.core.slot;
+        old.core.life.request_stop();
+        let kept = self.stop(name, slot, old.worker);
+        old.core.life.returned();
+        old.core.life.new_image();
+        let launched = old
+            .core
+            .life
+            .launch()
+            .map_err(|e| illegal(name, e))
+            .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| fresh.launch(slot));
         if let Some(w) = kept {
             self.give_back(w);
         }
         old.worker = fresh;
-        old.kind = kind;
-        old.share = share;
+        old.core.kind = kind;
+        old.core.share = share;
         old.cubin = cubin;
-        old.faulted = launched.as_ref().err().map(ToString::to_string);
-        let status = self.status_of(&old, if launched.is_ok() { "busy" } else { "idle" });
+        if let Err(e) = &launched {
+            old.core.life.fault(e.to_string());
+        }
+        let status = self.status_of(&old, if launched.is_ok() { KernelState::Busy } else { KernelState::Idle });
         self.lock().programs.insert(i, old);
         launched?;
         Ok(status)
@@ -580,11 +533,11 @@ impl Backend for MpsBackend {
 
     fn unload(&mut self, name: &str) -> Result<()> {
         self.ready()?;
-        let i = self.index_of(name)?;
+        let i = roster::index_of(&self.lock().programs, name)?;
         let p = self.lock().programs.remove(i);
-        let slot = p.slot;
+        let slot = p.core.slot;
         let kept = self.stop(name, slot, p.worker);
-        self.mailbox.slot(slot).map_err(mb)?.release();
+        slots::release(&self.mailbox, slot)?;
         if let Some(w) = kept {
             self.give_back(w);
         }
@@ -596,24 +549,13 @@ impl Backend for MpsBackend {
             self.recover();
         }
         let mut s = self.lock();
-        let mut out = Vec::new();
-        for p in s.programs.iter_mut() {
-            let state = if p.faulted.is_some() {
-                "idle".to_string()
-            } else if !p.worker.alive() {
-                "failed: the worker process is gone".to_string()
-            } else {
-                match p.worker.request(&WorkerCommand::Wait { timeout_ms: 0 }, WORKER_LAUNCH) {
-                    Ok(r) => r.state.unwrap_or_default(),
-                    Err(e) => format!("failed: {e}"),
-                }
-            };
-            out.push((p.name.clone(), state));
-        }
-        let programs: Vec<ProgramStatus> =
-            s.programs.iter().zip(&out).map(|(p, (_, state))| self.status_of(p, state)).collect();
-        drop(s);
-        programs
+        let states: Vec<KernelState> = s
+            .programs
+            .iter_mut()
+            // A program left stopped has no kernel to ask about.
+            .map(|p| if p.core.life.relaunchable() { p.worker.poll() } else { KernelState::Idle })
+            .collect();
+        s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
     }
 
     fn shutdown(&mut self) -> Result<()> {
@@ -624,10 +566,10 @@ impl Backend for MpsBackend {
         let programs: Vec<Program> = self.lock().programs.drain(..).collect();
         for p in programs {
             // A program that will not stop is cut off inside `stop`: nothing runs on afterwards.
-            if let Some(w) = self.stop(&p.name, p.slot, p.worker) {
+            if let Some(w) = self.stop(&p.core.name, p.core.slot, p.worker) {
                 w.exit();
             }
-            let _ = self.mailbox.slot(p.slot).map(|s| s.release());
+            let _ = slots::release(&self.mailbox, p.core.slot);
         }
         let idle: Vec<Worker> = self.lock().idle.drain(..).collect();
         for w in idle {
@@ -639,31 +581,6 @@ impl Backend for MpsBackend {
 
     fn host_atomics(&self) -> bool {
         self.device.host_atomics
-    }
-}
-
-impl MpsBackend {
-    fn status_of(&self, p: &Program, stream: &str) -> ProgramStatus {
-        let snap = self.mailbox.slot(p.slot).ok().map(|s| s.status());
-        // The worker answers `busy`, `idle` or `failed: <the driver's error>`.
-        let run = match stream {
-            s if s.starts_with("failed") => KernelRun::Failed(s.trim_start_matches("failed: ").to_string()),
-            "busy" => KernelRun::Running,
-            _ => KernelRun::Returned,
-        };
-        let exit_code = snap.filter(|s| s.state == STATE_EXITED).map(|s| s.exit_code);
-        let state = ProgramState::of_kernel(run, p.faulted.as_deref(), exit_code);
-        ProgramStatus {
-            name: p.name.clone(),
-            slot: p.slot,
-            state,
-            generation: p.generation,
-            heartbeat: snap.map_or(0, |s| s.heartbeat),
-            worker_pid: Some(p.worker.pid()),
-            sms: self.config.sms.map(|_| p.worker.ready.sms),
-            shape: p.shape,
-            kind: p.kind,
-        }
     }
 }
 

@@ -3,12 +3,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mesh_backend::BackendError;
+use parking_lot::Mutex;
 use rustix::process::Signal;
+use shared_child::SharedChild;
 
 use crate::process;
 
@@ -33,14 +34,15 @@ pub fn find_control() -> Result<PathBuf, BackendError> {
         };
     }
     let mut looked = Vec::new();
-    let mut candidates: Vec<PathBuf> = Vec::new();
+    // `which` takes PATH as the shell does (empty entries, executability); then the usual places.
+    if let Ok(found) = which::which(MPS_CONTROL) {
+        return Ok(found);
+    }
     if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join(MPS_CONTROL)));
+        looked.extend(std::env::split_paths(&path).map(|d| d.join(MPS_CONTROL).display().to_string()));
     }
     for dir in ["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin", "/usr/sbin"] {
-        candidates.push(Path::new(dir).join(MPS_CONTROL));
-    }
-    for c in candidates {
+        let c = Path::new(dir).join(MPS_CONTROL);
         if c.is_file() {
             return Ok(c);
         }
@@ -55,7 +57,7 @@ pub struct MpsControl {
     binary: PathBuf,
     root: PathBuf,
     owned_root: bool,
-    child: Mutex<Option<Child>>,
+    child: Mutex<Option<SharedChild>>,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -84,12 +86,12 @@ impl MpsControl {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // SIGTERM, not SIGKILL: the daemon then shuts its server down, which a SIGKILL would orphan.
-        let mut child = process::spawn_tied(&mut cmd, Signal::TERM)
+        let child = process::spawn_tied(&mut cmd, Signal::TERM)
             .map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
         // In the foreground the daemon logs to its standard output: forward it to meshd's log.
         for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child.take_stdout().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child.take_stderr().map(|s| Box::new(s) as Box<dyn Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -100,7 +102,7 @@ impl MpsControl {
                 }
             });
         }
-        *control.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        *control.child.lock() = Some(child);
         // The daemon is ready once its control pipe exists.
         let deadline = Instant::now() + Duration::from_secs(10);
         while !control.pipe_dir().join("control").exists() {
@@ -123,21 +125,17 @@ impl MpsControl {
     }
 
     fn exited(&self) -> Option<std::process::ExitStatus> {
-        self.child.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child.lock().as_ref().and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Whether the daemon process still runs.
     pub fn alive(&self) -> bool {
-        self.child
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-            .is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_none()))
+        self.child.lock().as_ref().is_some_and(process::alive)
     }
 
     /// The daemon's pid.
     pub fn pid(&self) -> Option<u32> {
-        self.child.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(Child::id)
+        self.child.lock().as_ref().map(SharedChild::id)
     }
 
     /// The directory holding the control pipe: what a client's `CUDA_MPS_PIPE_DIRECTORY` must be.
@@ -158,31 +156,31 @@ impl MpsControl {
     /// Runs one control command (`get_server_list`, …) and returns its output, within [`COMMAND_TIMEOUT`].
     pub fn command(&self, line: &str) -> Result<String, BackendError> {
         let err = |m: String| BackendError::MpsDaemon(format!("{line:?}: {m}"));
-        let mut child = Command::new(&self.binary)
-            .env(PIPE_ENV, self.pipe_dir())
+        let mut cmd = Command::new(&self.binary);
+        cmd.env(PIPE_ENV, self.pipe_dir())
             .env(LOG_ENV, self.log_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| err(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
+            .stderr(Stdio::piped());
+        // A command lasts a moment; tied all the same, so that none outlives meshd.
+        let child = process::spawn_tied(&mut cmd, Signal::KILL).map_err(|e| err(e.to_string()))?;
+        if let Some(mut stdin) = child.take_stdin() {
             let _ = writeln!(stdin, "{line}");
         }
-        let mut stdout = child.stdout.take().expect("piped");
+        let mut stdout = child.take_stdout().expect("piped");
         let reader = std::thread::spawn(move || {
             let mut s = String::new();
             let _ = stdout.read_to_string(&mut s);
             s
         });
-        if !process::wait_or_kill(&mut child, COMMAND_TIMEOUT) {
+        if !process::wait_or_kill(&child, COMMAND_TIMEOUT) {
             return Err(err(format!("no answer within {} s", COMMAND_TIMEOUT.as_secs())));
         }
         let out = reader.join().unwrap_or_default();
         let status = child.wait().map_err(|e| err(e.to_string()))?;
         if !status.success() {
             let mut e = String::new();
-            if let Some(mut s) = child.stderr.take() {
+            if let Some(mut s) = child.take_stderr() {
                 let _ = s.read_to_string(&mut e);
             }
             return Err(err(format!("{status}: {}{}", out.trim(), e.trim())));
@@ -229,11 +227,11 @@ impl MpsControl {
 
     /// Quits the daemon (and with it its server), waits for it, removes the directory if meshd made it.
     pub fn quit(&self) {
-        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut child) = guard.take() {
-            if child.try_wait().ok().flatten().is_none() {
+        let mut guard = self.child.lock();
+        if let Some(child) = guard.take() {
+            if process::alive(&child) {
                 let _ = self.command("quit");
-                if !process::wait_or_kill(&mut child, Duration::from_secs(10)) {
+                if !process::wait_or_kill(&child, Duration::from_secs(10)) {
                     tracing::warn!("the MPS control daemon ignored quit and was killed");
                 }
             }

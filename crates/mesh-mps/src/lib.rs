@@ -21,13 +21,13 @@ use mesh_backend::BackendError;
 /// Under `--isolation mps`: the pipe directory a native GPU worker must be started with
 /// (`CUDA_MPS_PIPE_DIRECTORY`) to be a client of meshd's server; `None` in blink mode.
 pub fn native_pipe_dir() -> Option<std::path::PathBuf> {
-    backend::ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|c| c.pipe_dir())
+    backend::ACTIVE.lock().as_ref().map(|c| c.pipe_dir())
 }
 
 /// A native GPU worker that said `ready` must be a client of our server: the driver silently runs a
 /// process that cannot reach the server as a plain context, so this check is the only proof.
 pub fn check_native(pid: u32) -> Result<(), BackendError> {
-    let control = backend::ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let control = backend::ACTIVE.lock().clone();
     match control {
         Some(c) => c.check_client(pid).map(|_| ()),
         None => Err(BackendError::MpsDaemon("no MPS backend is running (blink mode?)".into())),

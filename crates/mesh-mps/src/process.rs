@@ -2,15 +2,19 @@
 //!
 //! PDEATHSIG fires when the *thread* that spawned the child exits, so children are spawned from
 //! meshd's control thread, which lives as long as the process. A child whose parent is already gone
-//! by the time it runs `pre_exec` exits at once.
+//! by the time it runs `pre_exec` exits at once. Children are `shared_child::SharedChild`s: any
+//! thread may kill one while another waits on it (with a timeout, woken by SIGCHLD rather than a
+//! poll), and one that is reaped already is never signalled.
 
 use std::io;
-use std::process::{Child, Command};
+use std::process::Command;
+use std::time::Duration;
 
 use rustix::process::Signal;
+use shared_child::SharedChild;
 
 /// Spawns `cmd` so that it receives `signal` when this process dies (SIGKILL included).
-pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<Child> {
+pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<SharedChild> {
     use std::os::unix::process::CommandExt;
     let parent = rustix::process::getpid();
     let tie = move || {
@@ -25,28 +29,26 @@ pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<Child> {
     // SAFETY: `tie` runs between fork and exec; it makes only async-signal-safe system calls
     // (prctl, getppid, _exit) and takes no lock and makes no allocation.
     unsafe { cmd.pre_exec(tie) };
-    cmd.spawn()
+    SharedChild::spawn(cmd)
 }
 
-/// Sends `signal` to a child that has not been reaped (callers reap in one place, after this).
-pub fn signal(child: &Child, signal: Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, signal);
+/// Waits for `child` up to `timeout`; kills it (SIGKILL) and reaps it if it is still there.
+/// Returns whether it left by itself.
+pub fn wait_or_kill(child: &SharedChild, timeout: Duration) -> bool {
+    if let Ok(Some(_)) = child.wait_timeout(timeout) {
+        return true;
     }
+    kill(child);
+    false
 }
 
-/// Waits for `child` up to `timeout`; kills it (SIGKILL) if it is still there. Returns whether it left by itself.
-pub fn wait_or_kill(child: &mut Child, timeout: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return true,
-            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-        }
-    }
+/// SIGKILL and reap (a child already reaped is left alone).
+pub fn kill(child: &SharedChild) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Whether the child still runs.
+pub fn alive(child: &SharedChild) -> bool {
+    child.try_wait().is_ok_and(|s| s.is_none())
 }

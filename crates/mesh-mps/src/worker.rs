@@ -2,13 +2,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use mesh_backend::BackendError;
-use mesh_mps_worker::{Command as WorkerCommand, Ready, Reply, encode};
+use mesh_backend::{BackendError, LaunchShape};
+use mesh_mps_worker::{Command as WorkerCommand, KernelState, Probe, Ready, Refusal, RefusalKind, Reply, encode};
 use rustix::process::Signal;
+use shared_child::SharedChild;
 
 use crate::control::{LOG_ENV, MpsControl, PIPE_ENV};
 use crate::process;
@@ -18,7 +19,8 @@ pub const WORKER_LOAD: Duration = Duration::from_millis(30_000);
 /// A launch's answer.
 pub const WORKER_LAUNCH: Duration = Duration::from_millis(2_000);
 
-/// The worker binary: `MESH_MPS_WORKER`, beside the running executable, or on `PATH`.
+/// The worker binary: `MESH_MPS_WORKER`, beside the running executable, or on `PATH` (else the bare
+/// name, so that the spawn's error names what was missing).
 pub fn worker_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("MESH_MPS_WORKER") {
         return PathBuf::from(p);
@@ -31,13 +33,13 @@ pub fn worker_binary() -> PathBuf {
             }
         }
     }
-    PathBuf::from("mesh-mps-worker")
+    which::which("mesh-mps-worker").unwrap_or_else(|_| PathBuf::from("mesh-mps-worker"))
 }
 
 /// One worker process.
 #[derive(Debug)]
 pub struct Worker {
-    child: Child,
+    child: SharedChild,
     stdin: ChildStdin,
     replies: Receiver<String>,
     /// What it said at start.
@@ -67,11 +69,11 @@ impl Worker {
         }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         // A worker must not outlive meshd; SIGKILL is only reached when meshd itself is gone.
-        let mut child = process::spawn_tied(&mut cmd, Signal::KILL)
+        let child = process::spawn_tied(&mut cmd, Signal::KILL)
             .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })?;
         let pid = child.id();
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
+        let stdin = child.take_stdin().expect("piped");
+        let stdout = child.take_stdout().expect("piped");
         let (tx, replies) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
             .name(format!("mps-worker-{pid}"))
@@ -90,27 +92,24 @@ impl Worker {
             ready: Ready { pid, device: String::new(), mps_enabled: false, sms: 0, context_ms: 0 },
             server: 0,
         };
-        let first = worker.read(timeout);
-        let ready = match first {
-            Ok(Reply { ok: true, ready: Some(r), .. }) => r,
-            Ok(r) => {
-                worker.kill();
-                return Err(BackendError::Worker { pid, detail: r.error.unwrap_or_else(|| "no ready line".into()) });
+        let checked = worker.read(timeout).and_then(|first| match first {
+            Reply::Ready(r) => {
+                worker.ready = r;
+                control.check_client(pid)
+            }
+            Reply::Refused(r) => Err(refused(pid, r)),
+            other => Err(unexpected(pid, "ready", &other)),
+        });
+        match checked {
+            Ok(server) => {
+                worker.server = server;
+                Ok(worker)
             }
             Err(e) => {
                 worker.kill();
-                return Err(e);
-            }
-        };
-        worker.ready = ready;
-        match control.check_client(pid) {
-            Ok(server) => worker.server = server,
-            Err(e) => {
-                worker.kill();
-                return Err(e);
+                Err(e)
             }
         }
-        Ok(worker)
     }
 
     fn read(&mut self, timeout: Duration) -> Result<Reply, BackendError> {
@@ -129,35 +128,91 @@ impl Worker {
         }
     }
 
-    /// Sends one command and waits up to `timeout` for its reply; a refusal becomes an error.
-    pub fn request(&mut self, cmd: &WorkerCommand, timeout: Duration) -> Result<Reply, BackendError> {
+    /// Sends one command and waits up to `timeout` for its reply, whatever it is.
+    fn exchange(&mut self, cmd: &WorkerCommand, timeout: Duration) -> Result<Reply, BackendError> {
         let pid = self.pid();
         writeln!(self.stdin, "{}", encode(cmd))
             .and_then(|()| self.stdin.flush())
             .map_err(|e| BackendError::Worker { pid, detail: format!("sending {cmd:?}: {e}") })?;
-        let reply = self.read(timeout)?;
-        if !reply.ok {
-            return Err(BackendError::Worker { pid, detail: reply.error.unwrap_or_else(|| "refused".into()) });
+        self.read(timeout)
+    }
+
+    /// Has the worker load the cubin at `cubin` and probe program `program`'s `mesh_main` for `shape`.
+    pub fn load(&mut self, cubin: &Path, shape: &LaunchShape, program: &str) -> Result<Probe, BackendError> {
+        let cmd = WorkerCommand::Load {
+            cubin: cubin.display().to_string(),
+            grid: shape.grid,
+            block: shape.block,
+            shared_mem: shape.shared_mem,
+        };
+        match self.exchange(&cmd, WORKER_LOAD)? {
+            Reply::Loaded(probe) => Ok(probe),
+            Reply::Refused(Refusal { kind: RefusalKind::NoEntry, message }) => {
+                Err(BackendError::NoEntry { program: program.to_string(), detail: message })
+            }
+            Reply::Refused(r) => Err(refused(self.pid(), r)),
+            other => Err(unexpected(self.pid(), "load", &other)),
         }
-        Ok(reply)
+    }
+
+    /// Launches the loaded `mesh_main` for `slot` (armed by the caller).
+    pub fn launch(&mut self, slot: u32) -> Result<(), BackendError> {
+        self.done(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)
+    }
+
+    /// Unloads the module (its kernel must have returned).
+    pub fn unload(&mut self) -> Result<(), BackendError> {
+        self.done(&WorkerCommand::Unload, WORKER_LAUNCH)
+    }
+
+    fn done(&mut self, cmd: &WorkerCommand, timeout: Duration) -> Result<(), BackendError> {
+        match self.exchange(cmd, timeout)? {
+            Reply::Done => Ok(()),
+            Reply::Refused(r) => Err(refused(self.pid(), r)),
+            other => Err(unexpected(self.pid(), "done", &other)),
+        }
+    }
+
+    /// Waits up to `wait` for the kernel to return (the worker answers within `wait` + `slack`).
+    pub fn wait(&mut self, wait: Duration, slack: Duration) -> Result<KernelState, BackendError> {
+        match self.exchange(&WorkerCommand::Wait { timeout_ms: wait.as_millis() as u64 }, wait + slack)? {
+            Reply::State { state } => Ok(state),
+            Reply::Refused(r) => Err(refused(self.pid(), r)),
+            other => Err(unexpected(self.pid(), "state", &other)),
+        }
+    }
+
+    /// The kernel's state now; a worker that is gone or does not answer counts as failed.
+    pub fn poll(&mut self) -> KernelState {
+        if !self.alive() {
+            return KernelState::Failed { reason: "the worker process is gone".into() };
+        }
+        self.wait(Duration::ZERO, WORKER_LAUNCH).unwrap_or_else(|e| KernelState::Failed { reason: e.to_string() })
     }
 
     /// Whether the process still runs.
-    pub fn alive(&mut self) -> bool {
-        self.child.try_wait().is_ok_and(|s| s.is_none())
+    pub fn alive(&self) -> bool {
+        process::alive(&self.child)
     }
 
     /// Asks the worker to leave; kills it if it does not within a second.
     pub fn exit(mut self) {
         let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Exit));
         let _ = self.stdin.flush();
-        process::wait_or_kill(&mut self.child, Duration::from_secs(1));
+        process::wait_or_kill(&self.child, Duration::from_secs(1));
     }
 
     /// SIGKILL and reap. Only for a worker whose kernel is not running, or that was cut off first
     /// (`terminate_client`): on the H200 a SIGKILL of a busy client failed every other client's kernel.
     pub fn kill(&mut self) {
-        process::signal(&self.child, Signal::KILL);
-        let _ = self.child.wait();
+        process::kill(&self.child);
     }
+}
+
+fn refused(pid: u32, r: Refusal) -> BackendError {
+    BackendError::Worker { pid, detail: r.message }
+}
+
+fn unexpected(pid: u32, wanted: &str, got: &Reply) -> BackendError {
+    BackendError::Worker { pid, detail: format!("answered {got:?} where a {wanted} reply was due") }
 }
