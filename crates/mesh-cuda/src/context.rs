@@ -159,9 +159,10 @@ impl Context {
         self.bind()
     }
 
-    /// Whether `other` is this context (a clone of it).
+    /// Whether `other` is the same driver context (a clone, or the device's primary context retained again).
     pub fn same(&self, other: &Context) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        // Both handles are live (each `Context` holds its own), so equal handles are one context.
+        self.inner.ctx == other.inner.ctx
     }
 
     /// The raw handle (for tests that call the driver directly).
