@@ -206,7 +206,8 @@ impl Consumer {
         Ok(())
     }
 
-    /// Receives one message into `out` (exactly the message size). `Ok(false)`: empty.
+    /// Receives one message into `out` (exactly the message size). `Ok(false)`: no whole message yet
+    /// (`out` may then hold part of one that is still arriving).
     #[inline]
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         self.check_len(out.len())?;

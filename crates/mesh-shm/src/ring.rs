@@ -253,19 +253,26 @@ impl ConsumerCore {
     }
 
     /// Copies message `self.tail`'s payload into `out` (exactly the message size), if it is whole.
+    /// `out` is left alone when the first or the last word is missing (empty, or still arriving: a
+    /// GPU warp stores every word at once, a host producer in order); it may be partly written when
+    /// only a middle word is missing.
     #[inline]
     fn read(&self, out: &mut [u8]) -> bool {
         let seq = self.tail;
         let words = self.ring.words(seq);
         let t = tag(seq);
-        // The first word alone decides "empty" (the common case) without touching `out`.
-        if (words[0].load(Ordering::Relaxed) >> 32) as u32 != t || !self.ring.complete(seq) {
+        let tagged = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == t;
+        if !tagged(&words[0]) || !tagged(&words[words.len() - 1]) {
             return false;
         }
-        // Every word carries this message's tag, and the producer cannot rewrite them before our
-        // `tail` store: reading them again yields the same values.
+        // One pass: check each word's tag as its payload is copied (the producer cannot rewrite a
+        // word of this message before our `tail` store, so what was checked is what was copied).
         for (w, o) in words.iter().zip(out.chunks_exact_mut(WORD_PAYLOAD)) {
-            o.copy_from_slice(&(w.load(Ordering::Relaxed) as u32).to_le_bytes());
+            let v = w.load(Ordering::Relaxed);
+            if (v >> 32) as u32 != t {
+                return false;
+            }
+            o.copy_from_slice(&(v as u32).to_le_bytes());
         }
         true
     }
@@ -396,9 +403,9 @@ mod tests {
         heap.store_word(0, 3, 4);
         heap.store_word(0, 1, 2);
         assert!(!c.try_pop(&mut out), "words 0 and 2 are missing");
+        assert_eq!(out, [0; 16], "a read refused for a missing first word leaves the buffer alone");
         heap.store_word(0, 0, 1);
         assert!(!c.try_pop(&mut out), "word 2 is missing");
-        assert_eq!(out, [0; 16], "a refused read leaves the buffer alone");
         heap.store_word(0, 2, 3);
         assert!(c.try_pop(&mut out));
         let got: Vec<u32> = out.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();

@@ -156,12 +156,12 @@ fn launch_round_trip(f: &Fixture, size: u32, slot: u32) -> (f64, f64) {
     stats(times)
 }
 
-/// One warp's plain mapped-memory bandwidth, GB/s: `mode` 1 reads, 2 writes, over an 8 MiB buffer.
-fn warp_bandwidth(f: &Fixture, mode: u64, slot: u32) -> f64 {
-    let name = format!("bw{mode}");
-    let buf = f.mailbox.create_channel(&name, 4096, 1024).unwrap();
-    let bytes: u64 = 8 << 20;
-    let passes: u64 = 16;
+/// Mapped-memory bandwidth of one warp (or one thread) by kind of access (`warp_bw`'s modes), GB/s.
+fn mapped_bandwidth(f: &Fixture, mode: u64, slot: u32) -> f64 {
+    let one_thread = mode >= 7;
+    let bytes: u64 = if one_thread { 1 << 20 } else { 8 << 20 };
+    let passes: u64 = if one_thread { 1 } else { 16 };
+    let buf = f.mailbox.create_channel(&format!("bw{mode}"), 4096, 1024).unwrap();
     let module = f.load_in(&f.ctx, "warp_bw");
     let s = f.mailbox.slot(slot).unwrap();
     s.bind("warp_bw", &[buf.index]).unwrap();
@@ -265,14 +265,35 @@ pub fn channel_benches(f: &Fixture) {
         );
     }
     println!("(2368 B is the wire size a 7+1 packing would need for a 4 KiB payload: 592 words.)");
-    let read = warp_bandwidth(f, 1, slot);
-    let write = warp_bandwidth(f, 2, slot + 1);
-    slot += 2;
     println!();
-    println!("One-way streaming, one warp on the GPU end (bytes moved = 2 × payload: the LL tag words).");
-    println!(
-        "One warp's plain mapped-memory bandwidth (16-byte volatile accesses, 8 KiB in flight): read {read:.2} GB/s, write {write:.2} GB/s"
-    );
+    println!("Mapped host memory, one warp (8 KiB in flight) or one thread (32 loads in flight), GB/s:");
+    println!();
+    println!("| access | GB/s |");
+    println!("|--------|-----:|");
+    let mut read = 0f64;
+    let mut write = 0f64;
+    for (mode, what) in [
+        (1, "warp, ld.volatile.v2.u64 ×16 per lane"),
+        (3, "warp, ld.volatile.u64 ×32 per lane (the channel's loads)"),
+        (4, "warp, ld.relaxed.sys.u64 ×32 per lane"),
+        (5, "warp, ld.global.cv.u64 ×32 per lane"),
+        (6, "warp, ld.global.cv.v2.u64 ×16 per lane"),
+        (7, "one thread, ld.volatile.u64 ×32"),
+        (8, "one thread, ld.relaxed.sys.u64 ×32"),
+        (2, "warp, st.volatile.v2.u64 ×16 per lane"),
+    ] {
+        let gbs = mapped_bandwidth(f, mode, slot);
+        slot += 1;
+        println!("| {what} | {gbs:.2} |");
+        if mode == 2 {
+            write = gbs;
+        } else if mode < 7 {
+            read = read.max(gbs);
+        }
+    }
+    println!();
+    println!("One-way streaming, one warp on the GPU end (bytes moved = 2 × payload: the LL tag words),");
+    println!("beside the best warp read above ({read:.2} GB/s) and the warp write ({write:.2} GB/s).");
     println!();
     println!("| direction | size | messages/s | payload GB/s | bytes moved GB/s | moved / plain |");
     println!("|-----------|-----:|-----------:|-------------:|-----------------:|--------------:|");
