@@ -7,6 +7,7 @@
 //!   running → stopping → stopped / faulted → relaunched), [`residency`] (kcheck's arithmetic, with
 //!   the SM counts it divides by made explicit), [`roster`] (what each backend keeps about a
 //!   program, and the look-ups over all of them).
+//! * [`watch`]: the watchdog's reasoning (health records, naming a fault's culprit, the search by halves).
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
 
@@ -16,12 +17,14 @@ pub mod life;
 pub mod residency;
 pub mod roster;
 mod spec;
+pub mod watch;
 
 pub use error::{BackendError, Result};
 pub use life::{Life, Phase};
 pub use residency::{KernelFigures, SmBudget, check_resident};
 pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
+pub use watch::{Evidence, FaultNote, Health, Verdict};
 
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.
 pub trait Backend: Send {
@@ -37,8 +40,16 @@ pub trait Backend: Send {
     /// Stops a program and frees its slot.
     fn unload(&mut self, name: &str) -> Result<()>;
 
-    /// Every loaded program, in load order.
+    /// Every loaded program, in load order. Read-only: it never recovers or relaunches anything.
     fn status(&self) -> Vec<ProgramStatus>;
+
+    /// The watchdog's tick (meshd calls it every few tens of milliseconds, with no request): polls
+    /// what is cheap to poll (streams in blink mode, workers in MPS mode) and, when a program faulted
+    /// or vanished, recovers: the culprit left stopped, the others relaunched. Returns whether anything
+    /// changed, so that the caller publishes a fresh status at once. The default polls nothing.
+    fn watch(&mut self) -> bool {
+        false
+    }
 
     /// Stops every program and releases the GPU; later calls are refused.
     fn shutdown(&mut self) -> Result<()>;

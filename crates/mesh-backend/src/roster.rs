@@ -7,7 +7,8 @@
 
 use crate::error::{BackendError, Result};
 use crate::life::Life;
-use crate::spec::{ImageKind, KernelRun, LaunchShape, ProgramStatus};
+use crate::spec::{ImageKind, KernelRun, LaunchShape, ProgramState, ProgramStatus};
+use crate::watch::Health;
 
 /// The part of a loaded program that does not depend on the backend.
 #[derive(Debug, Clone)]
@@ -24,6 +25,8 @@ pub struct ProgramCore {
     pub share: f64,
     /// Its phase and generation.
     pub life: Life,
+    /// What the watchdog keeps: restarts, the last fault, heartbeat and image times.
+    pub health: Health,
 }
 
 /// What a program's mailbox slot says, read by the backend.
@@ -38,7 +41,9 @@ pub struct SlotReading {
 impl ProgramCore {
     /// A program just loaded in `slot` (never launched).
     pub fn new(name: impl Into<String>, slot: u32, kind: ImageKind, shape: LaunchShape, share: f64) -> Self {
-        Self { name: name.into(), slot, kind, shape, share, life: Life::new() }
+        let mut health = Health::default();
+        health.new_image(std::time::Instant::now());
+        Self { name: name.into(), slot, kind, shape, share, life: Life::new(), health }
     }
 
     /// The status `ps` shows, from what the kernel is doing and what its slot says.
@@ -49,16 +54,30 @@ impl ProgramCore {
         worker_pid: Option<u32>,
         sms: Option<u32>,
     ) -> ProgramStatus {
+        let state = self.life.state(run, slot.exit_code);
+        let stopped_why = match &state {
+            ProgramState::Running => None,
+            ProgramState::Exited(code) => {
+                Some(format!("ended by itself (mesh_exit({code})): reported, not relaunched"))
+            }
+            ProgramState::Faulted(why) => Some(why.clone()),
+            ProgramState::Stopped => Some("stopped by meshd".into()),
+        };
+        let fault = self.health.last_fault.as_ref();
         ProgramStatus {
             name: self.name.clone(),
             slot: self.slot,
-            state: self.life.state(run, slot.exit_code),
+            state,
             generation: self.life.generation(),
             heartbeat: slot.heartbeat,
             worker_pid,
             sms,
             shape: self.shape,
             kind: self.kind,
+            restarts: self.health.restarts,
+            last_fault: fault.map(|f| f.what.clone()),
+            last_fault_unix_ms: fault.map(|f| f.unix_ms()),
+            stopped_why,
         }
     }
 }

@@ -262,6 +262,15 @@ pub struct ProgramStatus {
     pub shape: LaunchShape,
     /// The image format it was loaded from.
     pub kind: ImageKind,
+    /// Relaunches by the watchdog after faults (blinks and upgrades not counted).
+    pub restarts: u32,
+    /// The last fault that stopped it: the driver's error, and the culprit where known.
+    pub last_fault: Option<String>,
+    /// When meshd noticed that fault, in milliseconds since the Unix epoch.
+    pub last_fault_unix_ms: Option<u64>,
+    /// Why it is not running, when it is not: left stopped after a fault (and why it was named),
+    /// or ended by itself (`mesh_exit`), which the watchdog reports and does not relaunch.
+    pub stopped_why: Option<String>,
 }
 
 #[cfg(test)]
