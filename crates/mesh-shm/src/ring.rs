@@ -261,19 +261,23 @@ impl ConsumerCore {
         let seq = self.tail;
         let words = self.ring.words(seq);
         let t = tag(seq);
-        let tagged = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == t;
-        if !tagged(&words[0]) || !tagged(&words[words.len() - 1]) {
+        let (first, last) = (words[0].load(Ordering::Relaxed), words[words.len() - 1].load(Ordering::Relaxed));
+        if (first >> 32) as u32 != t || (last >> 32) as u32 != t {
             return false;
         }
-        // One pass: check each word's tag as its payload is copied (the producer cannot rewrite a
-        // word of this message before our `tail` store, so what was checked is what was copied).
-        for (w, o) in words.iter().zip(out.chunks_exact_mut(WORD_PAYLOAD)) {
+        // One pass over the rest: check each word's tag as its payload is copied (the producer
+        // cannot rewrite a word of this message before our `tail` store, so what was checked is
+        // what was copied, and the two words read above are still valid).
+        let n = words.len();
+        for (w, o) in words[1..n - 1].iter().zip(out[WORD_PAYLOAD..].chunks_exact_mut(WORD_PAYLOAD)) {
             let v = w.load(Ordering::Relaxed);
             if (v >> 32) as u32 != t {
                 return false;
             }
             o.copy_from_slice(&(v as u32).to_le_bytes());
         }
+        out[..WORD_PAYLOAD].copy_from_slice(&(first as u32).to_le_bytes());
+        out[(n - 1) * WORD_PAYLOAD..].copy_from_slice(&(last as u32).to_le_bytes());
         true
     }
 
