@@ -1,0 +1,122 @@
+//! Soak: 1000 load / upgrade / unload cycles through meshd in each mode, with the daemon's file
+//! descriptors, threads and child processes and the GPU's memory in use recorded before and after.
+//! Counts must come back exactly to where they started, device memory within 1%.
+
+use std::process::Command;
+use std::time::Duration;
+
+use mesh_gpu_tests::harness::Meshd;
+use mesh_gpu_tests::{program, programs_dir, require_gpu, wait_until};
+
+const CYCLES: usize = 1000;
+
+/// What is counted, for one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    fds: usize,
+    threads: usize,
+    children: usize,
+}
+
+fn entries(dir: String) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Processes whose parent is `pid` (the MPS control daemon and workers in MPS mode).
+fn children(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // The parent pid is the second field after the parenthesised command name.
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse().ok())
+                == Some(pid)
+        })
+        .count()
+}
+
+fn counts(pid: u32) -> Counts {
+    Counts {
+        fds: entries(format!("/proc/{pid}/fd")),
+        threads: entries(format!("/proc/{pid}/task")),
+        children: children(pid),
+    }
+}
+
+/// The GPU's memory in use, MiB, as nvidia-smi reports it.
+fn gpu_memory_mib() -> Option<u64> {
+    let out =
+        Command::new("nvidia-smi").args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+}
+
+fn soak(mode: &str, extra: &[&str]) {
+    let d = Meshd::start(extra);
+    let pid = d.child.id();
+    let image = programs_dir().join("heartbeat.ptx");
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = dir.path().join("v2.ptx");
+    let mut bytes = program("heartbeat");
+    bytes.extend_from_slice(b"\n// v2\n");
+    std::fs::write(&v2, bytes).unwrap();
+    let (image, v2) = (image.to_str().unwrap(), v2.to_str().unwrap());
+    d.ok(&["load", "bystander", image]);
+    let cycle = || {
+        d.ok(&["load", "p", image]);
+        d.ok(&["upgrade", "p", v2]);
+        d.ok(&["unload", "p"]);
+    };
+    // One cycle first: the JIT's cache, the modules and the pool reach their working size.
+    cycle();
+    // Connection threads end after each request: let the daemon settle before counting.
+    let settle = |want: Option<Counts>| {
+        let mut last = counts(pid);
+        wait_until(Duration::from_secs(5), || {
+            last = counts(pid);
+            want.is_none_or(|w| w == last)
+        });
+        last
+    };
+    let before = settle(None);
+    let mem_before = gpu_memory_mib();
+    let started = std::time::Instant::now();
+    for _ in 0..CYCLES {
+        cycle();
+    }
+    let took = started.elapsed();
+    let after = settle(Some(before));
+    let mem_after = gpu_memory_mib();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
+    eprintln!(
+        "soak {mode}: {CYCLES} load/upgrade/unload cycles in {took:?}; fds {} -> {}, threads {} -> {}, children {} -> {}, GPU memory {mem_before:?} -> {mem_after:?} MiB; programs after: {}",
+        before.fds,
+        after.fds,
+        before.threads,
+        after.threads,
+        before.children,
+        after.children,
+        rows.len()
+    );
+    assert_eq!(after, before, "{mode}: the daemon's descriptors, threads or children did not come back");
+    if let (Some(a), Some(b)) = (mem_before, mem_after) {
+        assert!(b.abs_diff(a) * 100 <= a.max(1), "{mode}: GPU memory {a} -> {b} MiB (more than 1%)");
+    }
+    assert_eq!(rows.len(), 1, "only the bystander is left: {rows:?}");
+    assert_eq!(rows[0]["state"], "running", "the bystander survived every cycle: {}", rows[0]);
+    d.ok(&["shutdown"]);
+}
+
+#[test]
+fn a_thousand_cycles_leak_nothing_blink() {
+    require_gpu!("a_thousand_cycles_leak_nothing_blink");
+    soak("blink", &[]);
+}
+
+#[test]
+fn a_thousand_cycles_leak_nothing_mps() {
+    require_gpu!("a_thousand_cycles_leak_nothing_mps");
+    let dir = tempfile::tempdir().unwrap();
+    let mps = dir.path().join("mps");
+    soak("mps", &["--isolation", "mps", "--pool", "3", "--mps-dir", mps.to_str().unwrap()]);
+}
