@@ -5,17 +5,27 @@
 //! in it has finished (measured on the H200: a load waited 1.9 s for a running kernel). So the JIT
 //! links while everything runs, and only the module change itself happens with the kernels stopped.
 //! Channel contents and slot state live in the mailbox and survive a blink untouched.
+//!
+//! **The watchdog** ([`Backend::watch`], every few tens of ms): a fault is sticky in the one
+//! context, so every stream fails with it. Recovery resets the context (the primary context in
+//! place; a green context destroyed and made again), registers the mailbox again, reloads every
+//! module from its kept cubin, and relaunches every program but the culprit, named from the
+//! evidence (mesh-backend's `watch`) or found by halves: relaunch a half, watch it for
+//! [`FAULT_WATCH`], reset again if the fault came back. A program that ended itself (`mesh_exit`)
+//! is reported once and not relaunched.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_backend::roster::{self, HasCore};
+use mesh_backend::watch::{self, Evidence, FaultNote, Verdict};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, ProgramCore, ProgramSpec,
+    Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
 };
 use mesh_shm::Mailbox;
+use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 
 use crate::context::{Context, Stream, StreamState};
 use crate::device::Device;
@@ -39,13 +49,36 @@ impl Default for BlinkConfig {
     }
 }
 
-/// A loaded program: what every backend keeps, and its kernel and stream in the one context.
+/// How long a program relaunched by the watchdog's search is watched for the fault to come back.
+pub const FAULT_WATCH: Duration = Duration::from_millis(250);
+
+/// A program's kernel and stream in the one context (gone only while a reset recreates it).
 #[derive(Debug)]
-struct Program {
-    core: ProgramCore,
+struct Gpu {
     /// `mesh_main`, looked up once (a relaunch is on every program's pause); it keeps its module loaded.
     entry: Function,
     stream: Stream,
+}
+
+/// A loaded program: what every backend keeps, its linked image, and its kernel and stream.
+#[derive(Debug)]
+struct Program {
+    core: ProgramCore,
+    /// The linked image, kept to reload the module after a context reset.
+    cubin: Arc<Vec<u8>>,
+    gpu: Option<Gpu>,
+}
+
+impl Program {
+    /// What its stream is doing (no stream: nothing runs).
+    fn state(&self) -> StreamState {
+        self.gpu.as_ref().map_or(StreamState::Idle, |g| g.stream.state())
+    }
+
+    /// Whether the watchdog and the blinks relaunch it: not left stopped, not ended by itself.
+    fn relaunchable(&self) -> bool {
+        self.core.life.relaunchable() && self.core.health.exited.is_none()
+    }
 }
 
 impl HasCore for Program {
@@ -81,6 +114,8 @@ pub struct BlinkBackend {
     stuck: Vec<String>,
     shut_down: bool,
     last_blink: BlinkTimes,
+    /// Why the backend is unusable after a failed recovery (only status and shutdown are served).
+    broken: Option<String>,
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
@@ -105,6 +140,7 @@ impl BlinkBackend {
             device,
             config,
             stuck: Vec::new(),
+            broken: None,
             shut_down: false,
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
@@ -131,21 +167,14 @@ impl BlinkBackend {
             return Err(BackendError::ShutDown);
         }
         self.stuck
-            .retain(|name| self.programs.iter().any(|p| &p.core.name == name && p.stream.state() == StreamState::Busy));
-        // A fault is sticky: every later call in the context fails, so nothing but status and shutdown can work.
-        let faulted: Vec<String> = self
-            .programs
-            .iter()
-            .filter_map(|p| match p.stream.state() {
-                StreamState::Failed(why) => Some(format!("{} ({why})", p.core.name)),
-                _ => None,
-            })
-            .collect();
-        if !faulted.is_empty() {
-            return Err(BackendError::Degraded(format!(
-                "a GPU fault reached program(s) {} and poisons meshd's one context in blink mode; restart meshd",
-                faulted.join(", ")
-            )));
+            .retain(|name| self.programs.iter().any(|p| &p.core.name == name && p.state() == StreamState::Busy));
+        // A fault the watchdog has not seen yet: recover before the change (a fault is sticky, so
+        // nothing would work in the poisoned context).
+        if let Some(error) = self.first_failure() {
+            let _ = self.recover(&error);
+        }
+        if let Some(why) = &self.broken {
+            return Err(BackendError::Degraded(why.clone()));
         }
         if !self.stuck.is_empty() {
             return Err(BackendError::Degraded(format!(
@@ -159,14 +188,14 @@ impl BlinkBackend {
     /// Asks every relaunchable program to stop and waits for all, up to the deadline.
     /// On timeout, relaunches those that did stop, records the others as stuck, and refuses.
     fn stop_all(&mut self, started: Instant) -> Result<()> {
-        for p in self.programs.iter_mut().filter(|p| p.core.life.relaunchable()) {
+        for p in self.programs.iter_mut().filter(|p| p.relaunchable()) {
             slots::request_stop(&self.mailbox, p.core.slot);
             p.core.life.request_stop();
         }
         let deadline = started + self.config.stop_deadline;
         loop {
             let busy: Vec<usize> =
-                (0..self.programs.len()).filter(|&i| self.programs[i].stream.state() == StreamState::Busy).collect();
+                (0..self.programs.len()).filter(|&i| self.programs[i].state() == StreamState::Busy).collect();
             for (i, p) in self.programs.iter_mut().enumerate() {
                 if !busy.contains(&i) {
                     p.core.life.returned();
@@ -197,7 +226,7 @@ impl BlinkBackend {
         self.ctx.bind()?;
         let mut first_err = None;
         for i in 0..self.programs.len() {
-            if skip.contains(&i) || !self.programs[i].core.life.relaunchable() {
+            if skip.contains(&i) || !self.programs[i].relaunchable() {
                 continue;
             }
             if let Err(e) = self.launch(i, base) {
@@ -217,7 +246,9 @@ impl BlinkBackend {
             .map_err(|e| BackendError::Invalid { what: format!("program {:?}", p.core.name), reason: e.to_string() })?;
         slots::arm(&self.mailbox, p.core.slot, generation)?;
         let ctx = self.mailbox.mesh_ctx(p.core.slot, base).map_err(BackendError::mailbox)?;
-        Ok(p.entry.launch(&p.core.shape, &p.stream, &ctx)?)
+        p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
+        let gpu = p.gpu.as_ref().ok_or_else(|| BackendError::Degraded("the context is being recreated".into()))?;
+        Ok(gpu.entry.launch(&p.core.shape, &gpu.stream, &ctx)?)
     }
 
     /// kcheck: the module's `mesh_main` and the share of the context the launch would hold beside the
@@ -266,13 +297,195 @@ impl BlinkBackend {
 
     fn status_of(&self, p: &Program) -> ProgramStatus {
         let sms = self.ctx.is_green().then(|| self.ctx.sms());
-        p.core.status(p.stream.state().into(), slots::reading(&self.mailbox, p.core.slot), None, sms)
+        p.core.status(p.state().into(), slots::reading(&self.mailbox, p.core.slot), None, sms)
     }
 
     /// Whether any program's kernel is still on the GPU.
     fn any_busy(&self) -> bool {
-        self.programs.iter().any(|p| p.stream.state() == StreamState::Busy)
+        self.programs.iter().any(|p| p.state() == StreamState::Busy)
     }
+
+    /// The driver's error of the first program whose stream failed.
+    fn first_failure(&self) -> Option<String> {
+        self.programs.iter().find_map(|p| match p.state() {
+            StreamState::Failed(why) => Some(why),
+            _ => None,
+        })
+    }
+
+    /// Recreates the context after a fault: every kernel object dropped, the context reset (primary)
+    /// or made again (green), the mailbox registered again, every module reloaded from its cubin and
+    /// given a new stream. Nothing runs afterwards; every program is stopped.
+    fn reset(&mut self) -> Result<()> {
+        for p in &mut self.programs {
+            p.gpu = None;
+            p.core.life.returned();
+        }
+        self.registered = None;
+        if self.ctx.is_green() {
+            let n = self.ctx.sms();
+            // The old green context goes with its last clone, here.
+            self.ctx = Context::green(&self.device, n)?;
+        } else {
+            self.ctx.reset_primary()?;
+            self.ctx = Context::primary(&self.device)?;
+        }
+        self.registered = Some(RegisteredMailbox::register_again(&self.ctx, &self.mailbox)?);
+        for p in &mut self.programs {
+            let module = Module::load(&self.ctx, &p.cubin)?;
+            let entry = module.function("mesh_main")?;
+            p.gpu = Some(Gpu { entry, stream: self.ctx.stream()? });
+        }
+        Ok(())
+    }
+
+    /// Relaunches program `i` for the watchdog (its restarts counted).
+    fn restart(&mut self, i: usize, base: u64) -> Result<()> {
+        self.launch(i, base)?;
+        self.programs[i].core.health.restarts += 1;
+        Ok(())
+    }
+
+    /// Watches the programs in `running` for [`FAULT_WATCH`]: whether the fault came back.
+    fn faulted_within(&self, running: &[usize]) -> bool {
+        let until = Instant::now() + FAULT_WATCH;
+        while Instant::now() < until {
+            if running.iter().any(|&i| matches!(self.programs[i].state(), StreamState::Failed(_))) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// What each program's kernel, slot and heartbeat said when the fault was noticed.
+    fn evidence(&self, now: Instant) -> Vec<Evidence> {
+        self.programs
+            .iter()
+            .map(|p| {
+                let state = self.mailbox.slot(p.core.slot).map(|s| s.status().state).unwrap_or(STATE_IDLE);
+                Evidence {
+                    on_gpu: p.relaunchable()
+                        && p.core.life.phase() == &Phase::Running
+                        && matches!(state, STATE_IDLE | STATE_RUNNING),
+                    image_age: p.core.health.image_age(now),
+                    beat_stale: p.core.health.beat_stale(now),
+                    ..Evidence::default()
+                }
+            })
+            .collect()
+    }
+
+    /// Recovers from a fault (`error`, the driver's message): resets the context, names or searches
+    /// the culprit, leaves it stopped, relaunches every other program. Returns the log lines.
+    fn recover(&mut self, error: &str) -> Vec<String> {
+        let started = Instant::now();
+        let evidence = self.evidence(started);
+        let verdict = watch::name_culprit(&evidence, watch::TICK);
+        for (p, e) in self.programs.iter_mut().zip(&evidence) {
+            if e.on_gpu {
+                p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
+            }
+        }
+        let mut log = vec![format!("GPU fault in the context ({error}): resetting it; {verdict:?}")];
+        let recovered = self.recover_with(&verdict, error, &evidence, &mut log);
+        match recovered {
+            Ok(culprit) => {
+                let culprit = culprit.map_or_else(|| "none".to_string(), |i| self.programs[i].core.name.clone());
+                for p in self.programs.iter_mut().filter(|p| p.core.name != culprit) {
+                    if let Some(note) = &mut p.core.health.last_fault {
+                        if note.what == format!("GPU fault: {error}") {
+                            note.what = format!("GPU fault: {error} (caused by {culprit})");
+                        }
+                    }
+                }
+                log.push(format!(
+                    "watchdog blink: recovered in {:.1} ms; culprit {culprit}; {} program(s) running",
+                    started.elapsed().as_secs_f64() * 1e3,
+                    self.programs.iter().filter(|p| p.state() == StreamState::Busy).count()
+                ));
+            }
+            Err(e) => {
+                let why = format!("recovering from a GPU fault ({error}) failed: {e}; restart meshd");
+                log.push(why.clone());
+                self.broken = Some(why);
+            }
+        }
+        log
+    }
+
+    fn recover_with(
+        &mut self,
+        verdict: &Verdict,
+        error: &str,
+        evidence: &[Evidence],
+        log: &mut Vec<String>,
+    ) -> Result<Option<usize>> {
+        self.reset()?;
+        self.ctx.bind()?;
+        let candidates: Vec<usize> =
+            (0..self.programs.len()).filter(|&i| self.programs[i].relaunchable() || evidence[i].on_gpu).collect();
+        let culprit = match verdict {
+            Verdict::Culprit { index, why } => Some((*index, why.clone())),
+            Verdict::NoCulprit => None,
+            Verdict::Search { suspects, likely } => {
+                // Each question: relaunch a set (the context reset first if the last one faulted).
+                let mut poisoned = false;
+                let mut running: Vec<usize> = Vec::new();
+                let mut failure = None;
+                let mut questions = 0;
+                // Programs whose kernels were off the GPU are innocent: they run with every question.
+                let innocent: Vec<usize> = candidates.iter().copied().filter(|i| !suspects.contains(i)).collect();
+                let found = watch::search_by_halves(suspects, *likely, |half| {
+                    let set: Vec<usize> = innocent.iter().chain(half).copied().collect();
+                    questions += 1;
+                    if poisoned {
+                        if let Err(e) = self.reset().and_then(|()| Ok(self.ctx.bind()?)) {
+                            failure.get_or_insert(e);
+                            return false;
+                        }
+                        running.clear();
+                        poisoned = false;
+                    }
+                    let base = self.device_base();
+                    for &i in set.iter().filter(|i| !running.contains(i)) {
+                        if let Err(e) = self.restart(i, base) {
+                            self.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
+                        }
+                    }
+                    running = set.to_vec();
+                    poisoned = self.faulted_within(&running);
+                    poisoned
+                });
+                if let Some(e) = failure {
+                    return Err(e);
+                }
+                log.push(format!("the culprit was searched by halves: {questions} relaunch(es) watched"));
+                if poisoned {
+                    self.reset()?;
+                    self.ctx.bind()?;
+                }
+                found.map(|i| (i, format!("found by halves in {questions} relaunch(es) of {}", suspects.len())))
+            }
+        };
+        if let Some((i, why)) = &culprit {
+            let p = &mut self.programs[*i];
+            p.core.life.returned();
+            p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
+            p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
+        }
+        let base = self.device_base();
+        for i in candidates {
+            let p = &self.programs[i];
+            if p.relaunchable() && matches!(p.core.life.phase(), Phase::Loaded | Phase::Stopped) {
+                if let Err(e) = self.restart(i, base) {
+                    self.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
+                }
+            }
+        }
+        Ok(culprit.map(|(i, _)| i))
+    }
+
 }
 
 impl Backend for BlinkBackend {
@@ -302,7 +515,9 @@ impl Backend for BlinkBackend {
             let module = Module::load(&me.ctx, &linked.cubin)?;
             let (share, entry) = me.kcheck(&name, &module, &linked.cubin, &shape, None)?;
             slots::prepare(&me.mailbox, slot, &name, &bindings)?;
-            me.programs.push(Program { core: ProgramCore::new(name, slot, kind, shape, share), entry, stream });
+            let cubin = linked.cubin.clone();
+            let gpu = Some(Gpu { entry, stream });
+            me.programs.push(Program { core: ProgramCore::new(name, slot, kind, shape, share), cubin, gpu });
             Ok(())
         })?;
         let p = self.programs.last().expect("just pushed");
@@ -321,10 +536,14 @@ impl Backend for BlinkBackend {
             let p = &mut me.programs[i];
             // The old module is unloaded here, with its last Function (its kernel is stopped, so the
             // unload does not wait).
-            p.entry = entry;
+            if let Some(gpu) = &mut p.gpu {
+                gpu.entry = entry;
+            }
+            p.cubin = linked.cubin.clone();
             p.core.kind = kind;
             p.core.share = share;
             p.core.life.new_image();
+            p.core.health.new_image(Instant::now());
             Ok(())
         })?;
         Ok(self.status_of(&self.programs[i]))
@@ -345,6 +564,33 @@ impl Backend for BlinkBackend {
         self.programs.iter().map(|p| self.status_of(p)).collect()
     }
 
+    fn watch(&mut self) -> Vec<String> {
+        if self.shut_down || self.broken.is_some() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut log = Vec::new();
+        for p in &mut self.programs {
+            let Ok(slot) = self.mailbox.slot(p.core.slot) else { continue };
+            let status = slot.status();
+            p.core.health.observe_beat(status.heartbeat, now);
+            let running = p.core.life.phase() == &Phase::Running && p.core.health.exited.is_none();
+            if running && status.state == STATE_EXITED && p.state() == StreamState::Idle {
+                // Ended by itself: reported once, never relaunched (until a new image).
+                p.core.health.exited = Some(status.exit_code);
+                p.core.life.returned();
+                log.push(format!(
+                    "program {} ended by itself (mesh_exit({})): reported, not relaunched",
+                    p.core.name, status.exit_code
+                ));
+            }
+        }
+        if let Some(error) = self.first_failure() {
+            log.extend(self.recover(&error));
+        }
+        log
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         if self.shut_down {
             return Ok(());
@@ -360,7 +606,7 @@ impl Backend for BlinkBackend {
         let stuck: Vec<String> = self
             .programs
             .iter()
-            .filter(|p| p.stream.state() == StreamState::Busy)
+            .filter(|p| p.state() == StreamState::Busy)
             .map(|p| p.core.name.clone())
             .collect();
         for p in self.programs.drain(..) {

@@ -141,6 +141,28 @@ impl Context {
         Ok(c)
     }
 
+    /// After a fault (a fault is sticky: every later call in the context fails): resets the device's
+    /// primary context in place (`cuDevicePrimaryCtxReset`: every module, stream and registration of
+    /// it is destroyed). Only for a primary context, and only once every object made in it is gone
+    /// (their handles die with it); retain a fresh [`Context::primary`] afterwards. A green context
+    /// is recovered by destroying it (drop the last clone) and creating another.
+    pub fn reset_primary(&self) -> Result<(), CudaError> {
+        if !matches!(self.inner.kind, Kind::Primary) {
+            return Err(CudaError::Invalid {
+                what: "context reset".into(),
+                reason: "only the primary context is reset in place; recreate a green context".into(),
+            });
+        }
+        CURRENT.with(|c| {
+            if c.get() == self.inner.id {
+                c.set(0);
+            }
+        });
+        // SAFETY: a valid device; the caller guarantees no object of the context is used afterwards.
+        check("cuDevicePrimaryCtxReset", unsafe { sys::cuDevicePrimaryCtxReset_v2(self.inner.device.handle) })?;
+        Ok(())
+    }
+
     /// Makes this context current on the calling thread (driver calls act on the current context),
     /// with a driver call whatever this thread had current.
     pub fn bind(&self) -> Result<(), CudaError> {

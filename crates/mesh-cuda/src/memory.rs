@@ -23,12 +23,32 @@ unsafe impl Send for RegisteredMailbox {}
 impl RegisteredMailbox {
     /// Registers the whole mapping of `mailbox` in `ctx`.
     pub fn register(ctx: &Context, mailbox: &Mailbox) -> Result<Self, CudaError> {
+        Self::register_in(ctx, mailbox, false)
+    }
+
+    /// Registers it again after the context that held it was reset or destroyed after a fault: a
+    /// registration the driver still holds for the range (its unregister failed in the faulted
+    /// context) is released first. Only for the process's one registration of this mailbox.
+    pub fn register_again(ctx: &Context, mailbox: &Mailbox) -> Result<Self, CudaError> {
+        Self::register_in(ctx, mailbox, true)
+    }
+
+    fn register_in(ctx: &Context, mailbox: &Mailbox, replace_stale: bool) -> Result<Self, CudaError> {
         ctx.bind()?;
         let (host, len) = mailbox.as_raw_parts();
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: a page-aligned shared mapping of `len` bytes that `_mailbox` keeps alive until drop.
-        check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) })
-            .map_err(|source| CudaError::Register { path: mailbox.path().display().to_string(), len, source })?;
+        let mut registered = check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) });
+        let stale = matches!(&registered, Err(e) if e.code == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        if replace_stale && stale {
+            // A registration that outlived its context (a faulted context whose unregister failed):
+            // meshd owns this mapping, so it is released and registered again in `ctx`.
+            // SAFETY: the same range; unregistering a stale registration touches no live object.
+            unsafe { sys::cuMemHostUnregister(host.cast()) };
+            // SAFETY: as above.
+            registered = check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) });
+        }
+        registered.map_err(|source| CudaError::Register { path: mailbox.path().display().to_string(), len, source })?;
         let mut device = 0;
         // SAFETY: the range was just registered with DEVICEMAP.
         if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
