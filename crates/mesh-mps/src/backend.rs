@@ -5,6 +5,11 @@
 //! 0.09 to 0.14 ms while another client's kernel ran), so an idle worker loads and probes the new cubin
 //! while everything runs. Creating a client stalls the running kernels once (up to 0.4 ms), so the pool
 //! is started before any program runs and a freed worker goes back to it.
+//!
+//! **The watchdog** ([`Backend::watch`], every few tens of ms) polls every worker's kernel; a failed
+//! kernel or a worker gone starts a recovery (see [`MpsBackend`]'s `recover`): every client ended at
+//! once, the culprit named or searched by halves and left stopped, the others relaunched in fresh
+//! workers started side by side, the pool refilled. `status` only reads.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,13 +18,15 @@ use std::time::{Duration, Instant};
 
 use mesh_backend::cleanup::{self, CleanupId};
 use mesh_backend::roster::{self, HasCore};
+use mesh_backend::watch::{self, Evidence, FaultNote, Verdict};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, LaunchShape, ProgramCore, ProgramSpec, ProgramStatus, Result,
-    SmBudget, check_resident,
+    Backend, BackendError, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec, ProgramStatus,
+    Result, SmBudget, check_resident,
 };
 use mesh_cuda::{Device, Jit, slots};
 use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
+use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
@@ -106,22 +113,6 @@ fn tear_down(shared: &Mutex<Shared>) {
     *ACTIVE.lock() = None;
 }
 
-/// Starts a worker, retrying for up to 10 s: after a fault the server refuses new clients until every
-/// old one has exited (the H200 took a new client 0.3 s later).
-fn start_retrying(control: &MpsControl, mailbox: &Path, sms: Option<u32>) -> Result<Worker> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match Worker::start(control, mailbox, sms, WORKER_LOAD) {
-            Ok(w) => return Ok(w),
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("the MPS server takes no client yet: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// A refused life transition (a bug), as the contract's error naming the program.
 fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError {
     BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
@@ -199,12 +190,21 @@ impl MpsBackend {
         self.lock().idle.iter().map(Worker::pid).collect()
     }
 
-    /// Refuses after shutdown; recovers from a GPU fault first if one happened since the last call.
+    /// Refuses after shutdown; recovers from a GPU fault first if one happened since the watchdog
+    /// last looked (a change in a poisoned server would fail).
     fn ready(&self) -> Result<()> {
         if self.shut_down {
             return Err(BackendError::ShutDown);
         }
-        self.recover();
+        let failure = {
+            let mut s = self.lock();
+            s.programs.iter_mut().filter(|p| on_watch(p)).find_map(|p| failed(&mut p.worker))
+        };
+        if let Some(error) = failure {
+            for line in self.recover(&error) {
+                tracing::warn!(target: "watchdog", "{line}");
+            }
+        }
         Ok(())
     }
 
@@ -277,64 +277,157 @@ impl MpsBackend {
 
     /// After a GPU fault: NVIDIA documents (and the H200 showed) that a fatal fault in one client is
     /// reported to every client, and that the server takes no new client until all of them have exited.
-    /// So every client is ended, fresh workers are started, and the programs are relaunched one at a
-    /// time from their mailbox state; a program whose relaunch faults again is the culprit and is left
-    /// stopped. Returns the programs left stopped.
-    fn recover(&self) -> Vec<String> {
+    /// So every client is ended at once, and the culprit is named from the evidence (mesh-backend's
+    /// `watch`: slots, a dead worker, the server's log, recency, heartbeats); the others are relaunched
+    /// at once in fresh workers started side by side. When it cannot be named it is searched by halves
+    /// (each half relaunched and watched for [`FAULT_WATCH`]). A server that went away names no one.
+    /// Returns the log lines.
+    fn recover(&self, error: &str) -> Vec<String> {
+        let started = Instant::now();
         let mut s = self.lock();
-        let failed = find_failed(&mut s);
-        if failed.is_empty() {
-            return Vec::new();
-        }
-        tracing::error!(
-            "GPU fault reported to {}: restarting every MPS client and relaunching the programs",
-            failed.join(", ")
-        );
         let Some(control) = s.control.clone() else { return Vec::new() };
-        let mut parked = Vec::new();
-        // Each round relaunches the programs one by one; a fault right after a relaunch names the culprit.
-        for _round in 0..=s.programs.len() {
-            let Some(i) = self.relaunch_round(&mut s, &control) else { break };
-            let p = &mut s.programs[i];
-            tracing::error!(program = p.core.name, "faulted again when relaunched after a GPU fault: left stopped");
-            p.core.life.fault("faulted the GPU (again when relaunched alone): left stopped");
-            parked.push(p.core.name.clone());
-        }
-        self.refill(&mut s, &control);
-        parked
-    }
-
-    /// One round of recovery: every client ended, then each program not left stopped relaunched in a
-    /// fresh worker and watched. Returns the first whose relaunch brought the fault back.
-    fn relaunch_round(&self, s: &mut Shared, control: &MpsControl) -> Option<usize> {
-        self.end_all_clients(s, control);
-        for i in 0..s.programs.len() {
-            if !s.programs[i].core.life.relaunchable() {
-                continue;
-            }
-            if let Err(e) = self.relaunch_in_fresh_worker(s, control, i) {
-                tracing::error!(program = s.programs[i].core.name, "relaunch after the fault failed: {e}");
-                s.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
-                continue;
-            }
-            if faulted_again(s, i) {
-                return Some(i);
+        let evidence = self.evidence(&mut s, &control, started);
+        let servers = control.servers().unwrap_or_default();
+        let server_gone = s.programs.iter().any(|p| !servers.contains(&p.worker.server));
+        let verdict = if server_gone { Verdict::NoCulprit } else { watch::name_culprit(&evidence, watch::TICK) };
+        let mut log = vec![format!(
+            "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
+            if server_gone { "; our MPS server went away" } else { "" }
+        )];
+        for (p, e) in s.programs.iter_mut().zip(&evidence) {
+            if e.on_gpu {
+                p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
             }
         }
-        None
-    }
-
-    /// Refills the pool, now that the server takes clients again.
-    fn refill(&self, s: &mut Shared, control: &MpsControl) {
-        while (s.idle.len() as u32) < self.config.pool {
-            match start_retrying(control, self.mailbox.path(), self.config.sms) {
-                Ok(w) => s.idle.push(w),
-                Err(e) => {
-                    tracing::error!("refilling the pool after a fault: {e}");
-                    break;
+        self.end_all_clients(&mut s, &control);
+        let candidates: Vec<usize> =
+            (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i]) || evidence[i].on_gpu).collect();
+        let culprit = match &verdict {
+            Verdict::Culprit { index, why } => Some((*index, why.clone())),
+            Verdict::NoCulprit => None,
+            Verdict::Search { suspects, likely } => {
+                let innocent: Vec<usize> = candidates.iter().copied().filter(|i| !suspects.contains(i)).collect();
+                let mut running: Vec<usize> = Vec::new();
+                let mut poisoned = false;
+                let mut questions = 0;
+                let found = watch::search_by_halves(suspects, *likely, |half| {
+                    questions += 1;
+                    if poisoned {
+                        self.end_all_clients(&mut s, &control);
+                        running.clear();
+                    }
+                    let set: Vec<usize> = innocent.iter().chain(half).copied().collect();
+                    let new: Vec<usize> = set.iter().copied().filter(|i| !running.contains(i)).collect();
+                    self.relaunch(&mut s, &control, &new);
+                    running = set;
+                    poisoned = faulted_within(&mut s, &running);
+                    poisoned
+                });
+                if poisoned {
+                    self.end_all_clients(&mut s, &control);
+                }
+                log.push(format!("the culprit was searched by halves: {questions} relaunch(es) watched"));
+                found.map(|i| (i, format!("found by halves in {questions} relaunch(es) of {}", suspects.len())))
+            }
+        };
+        if let Some((i, why)) = &culprit {
+            let p = &mut s.programs[*i];
+            tracing::error!(program = p.core.name, "caused the GPU fault ({why}): left stopped");
+            p.core.life.returned();
+            p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
+            p.core.health.last_fault =
+                Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
+        }
+        let name = culprit.as_ref().map_or_else(|| "none".to_string(), |(i, _)| s.programs[*i].core.name.clone());
+        let rest: Vec<usize> = candidates
+            .into_iter()
+            .filter(|&i| {
+                let p = &s.programs[i];
+                relaunchable(p) && matches!(p.core.life.phase(), Phase::Loaded | Phase::Stopped)
+            })
+            .collect();
+        self.relaunch(&mut s, &control, &rest);
+        for p in s.programs.iter_mut().filter(|p| p.core.name != name) {
+            if let Some(note) = &mut p.core.health.last_fault {
+                if note.what == format!("GPU fault: {error}") {
+                    note.what = format!("GPU fault: {error} (caused by {name})");
                 }
             }
         }
+        let running = s.programs.iter().filter(|p| p.core.life.phase() == &Phase::Running).count();
+        log.push(format!(
+            "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running",
+            started.elapsed().as_secs_f64() * 1e3
+        ));
+        self.refill(&mut s, &control);
+        log
+    }
+
+    /// What each program's slot, worker and heartbeat said when the fault was noticed, with the
+    /// server's log searched for a line about the fault that names a worker.
+    fn evidence(&self, s: &mut Shared, control: &MpsControl, now: Instant) -> Vec<Evidence> {
+        let log = std::fs::read_to_string(control.log_dir().join("server.log")).unwrap_or_default();
+        let fault_lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("fatal") || l.contains("exception") || l.contains("fault") || l.contains("illegal")
+            })
+            .collect();
+        s.programs
+            .iter_mut()
+            .map(|p| {
+                let state = self.mailbox.slot(p.core.slot).map(|s| s.status().state).unwrap_or(STATE_IDLE);
+                let pid = p.worker.pid().to_string();
+                Evidence {
+                    on_gpu: on_watch(p) && matches!(state, STATE_IDLE | STATE_RUNNING),
+                    named_by_server: fault_lines
+                        .iter()
+                        .any(|l| l.split(|c: char| !c.is_ascii_digit()).any(|w| w == pid)),
+                    process_gone: !p.worker.alive(),
+                    image_age: p.core.health.image_age(now),
+                    beat_stale: p.core.health.beat_stale(now),
+                }
+            })
+            .collect()
+    }
+
+    /// Relaunches programs `which` (stopped, their clients ended) in fresh workers started side by
+    /// side; a program whose relaunch fails is left stopped with the error.
+    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize]) {
+        let mut workers = start_many(control, self.mailbox.path(), self.config.sms, which.len());
+        for &i in which {
+            let Some(mut worker) = workers.pop() else {
+                s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
+                continue;
+            };
+            let p = &mut s.programs[i];
+            let launched = self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape).and_then(|_| {
+                let generation = p.core.life.launch().map_err(|e| illegal(&p.core.name, e))?;
+                slots::arm(&self.mailbox, p.core.slot, generation)?;
+                p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
+                worker.launch(p.core.slot)
+            });
+            let mut old = std::mem::replace(&mut p.worker, worker);
+            old.kill();
+            match launched {
+                Ok(()) => p.core.health.restarts += 1,
+                Err(e) => {
+                    tracing::error!(program = p.core.name, "relaunch after the fault failed: {e}");
+                    p.core.life.returned();
+                    p.core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
+                }
+            }
+        }
+        for mut w in workers {
+            w.kill();
+        }
+    }
+
+    /// Refills the pool, now that the server takes clients again (workers started side by side).
+    fn refill(&self, s: &mut Shared, control: &MpsControl) {
+        let missing = (self.config.pool as usize).saturating_sub(s.idle.len());
+        s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, missing));
     }
 
     /// Ends every client: a stop request to every program, then each worker cut off and killed.
@@ -343,34 +436,24 @@ impl MpsBackend {
             slots::request_stop(&self.mailbox, p.core.slot);
             p.core.life.request_stop();
         }
-        let doomed = s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker));
-        for w in doomed {
-            if w.alive() {
-                let busy = matches!(w.wait(Duration::from_millis(200), WORKER_LAUNCH), Ok(KernelState::Busy));
-                if busy {
-                    let _ = control.terminate_client(w.server, w.pid());
-                }
+        let doomed: Vec<&mut Worker> = s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker)).collect();
+        // A kernel that still runs is cut off before the signal (a SIGKILL of a busy client fails the
+        // others); after a fault none does. Every worker is signalled first, then each reaped, so the
+        // driver tears their contexts down side by side.
+        let mut doomed = doomed;
+        for w in doomed.iter_mut() {
+            if w.alive() && matches!(w.poll(), KernelState::Busy) {
+                let _ = control.terminate_client(w.server, w.pid());
             }
+            w.signal_kill();
+        }
+        for w in doomed {
             w.kill();
         }
         s.idle.clear();
         for p in &mut s.programs {
             p.core.life.returned();
         }
-    }
-
-    /// Starts a worker for program `i` (the server may refuse new clients for a moment after a fault),
-    /// loads its cubin and launches it in its slot with the generation bumped.
-    fn relaunch_in_fresh_worker(&self, s: &mut Shared, control: &MpsControl, i: usize) -> Result<()> {
-        let mut worker = start_retrying(control, self.mailbox.path(), self.config.sms)?;
-        let p = &mut s.programs[i];
-        self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape)?;
-        let generation = p.core.life.launch().map_err(|e| illegal(&p.core.name, e))?;
-        slots::arm(&self.mailbox, p.core.slot, generation)?;
-        worker.launch(p.core.slot)?;
-        let mut old = std::mem::replace(&mut p.worker, worker);
-        old.kill();
-        Ok(())
     }
 
     /// Stops the kernel in `worker`: the stop request through the mailbox; past the deadline,
@@ -415,30 +498,66 @@ impl MpsBackend {
     }
 }
 
-/// The programs (not left stopped) whose kernel failed or whose worker is gone: a GPU fault's trace.
-fn find_failed(s: &mut Shared) -> Vec<String> {
-    s.programs
-        .iter_mut()
-        .filter(|p| p.core.life.relaunchable())
-        .filter_map(|p| matches!(p.worker.poll(), KernelState::Failed { .. }).then(|| p.core.name.clone()))
-        .collect()
+/// Whether the watchdog watches program `p`'s kernel: launched, not left stopped, not ended by itself.
+fn on_watch(p: &Program) -> bool {
+    relaunchable(p) && p.core.life.phase() == &Phase::Running
 }
 
-/// Watches the programs relaunched so far (up to `i`) for [`FAULT_WATCH`]: whether the fault came back.
-fn faulted_again(s: &mut Shared, i: usize) -> bool {
+/// Whether a recovery relaunches `p`: not left stopped, not ended by itself (`mesh_exit`).
+fn relaunchable(p: &Program) -> bool {
+    p.core.life.relaunchable() && p.core.health.exited.is_none()
+}
+
+/// The error of a worker whose kernel failed or that is gone.
+fn failed(w: &mut Worker) -> Option<String> {
+    match w.poll() {
+        KernelState::Failed { reason } => Some(reason),
+        _ => None,
+    }
+}
+
+/// Watches programs `running` for [`FAULT_WATCH`]: whether the fault came back.
+fn faulted_within(s: &mut Shared, running: &[usize]) -> bool {
     // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
     let watch = Instant::now() + FAULT_WATCH;
     while Instant::now() < watch {
         std::thread::sleep(Duration::from_millis(10));
-        let again = s.programs[..=i]
-            .iter_mut()
-            .filter(|p| p.core.life.relaunchable())
-            .any(|p| matches!(p.worker.poll(), KernelState::Failed { .. }));
-        if again {
+        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&mut s.programs[i].worker).is_some()) {
             return true;
         }
     }
     false
+}
+
+/// Starts `n` workers side by side (spawned together, then each awaited), retrying those the server
+/// refuses for up to 10 s: after a fault it takes no client until every old one has exited (the
+/// H200 took a new client 0.3 s later). Returns those that started.
+fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, n: usize) -> Vec<Worker> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ready = Vec::with_capacity(n);
+    while ready.len() < n {
+        let spawned: Vec<Result<Worker>> = (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms)).collect();
+        let mut last = None;
+        for w in spawned {
+            match w.and_then(|w| w.await_ready(control, WORKER_LOAD)) {
+                Ok(w) => ready.push(w),
+                Err(e) => last = Some(e),
+            }
+        }
+        if ready.len() < n {
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    "started {} of {n} MPS workers: {}",
+                    ready.len(),
+                    last.map_or(String::new(), |e| e.to_string())
+                );
+                break;
+            }
+            tracing::debug!("the MPS server takes no client yet: {last:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    ready
 }
 
 impl Backend for MpsBackend {
@@ -508,6 +627,7 @@ impl Backend for MpsBackend {
         let kept = self.stop(name, slot, old.worker);
         old.core.life.returned();
         old.core.life.new_image();
+        old.core.health.new_image(Instant::now());
         let launched = old
             .core
             .life
@@ -545,17 +665,62 @@ impl Backend for MpsBackend {
     }
 
     fn status(&self) -> Vec<ProgramStatus> {
-        if !self.shut_down {
-            self.recover();
-        }
         let mut s = self.lock();
         let states: Vec<KernelState> = s
             .programs
             .iter_mut()
             // A program left stopped has no kernel to ask about.
-            .map(|p| if p.core.life.relaunchable() { p.worker.poll() } else { KernelState::Idle })
+            .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
             .collect();
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
+    }
+
+    fn watch(&mut self) -> Vec<String> {
+        if self.shut_down {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut log = Vec::new();
+        let failure = {
+            let mut s = self.lock();
+            let mut failure = None;
+            for p in &mut s.programs {
+                let Ok(slot) = self.mailbox.slot(p.core.slot) else { continue };
+                let status = slot.status();
+                p.core.health.observe_beat(status.heartbeat, now);
+                if !on_watch(p) {
+                    continue;
+                }
+                match p.worker.poll() {
+                    KernelState::Failed { reason } => {
+                        failure.get_or_insert(reason);
+                    }
+                    KernelState::Idle if status.state == STATE_EXITED => {
+                        // Ended by itself: reported once, never relaunched (until a new image).
+                        p.core.health.exited = Some(status.exit_code);
+                        p.core.life.returned();
+                        log.push(format!(
+                            "program {} ended by itself (mesh_exit({})): reported, not relaunched",
+                            p.core.name, status.exit_code
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            // An idle worker that died (nothing ran in it) is replaced at the next refill.
+            s.idle.retain_mut(|w| {
+                let alive = w.alive();
+                if !alive {
+                    w.kill();
+                }
+                alive
+            });
+            failure
+        };
+        if let Some(error) = failure {
+            log.extend(self.recover(&error));
+        }
+        log
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -61,6 +61,13 @@ impl Worker {
         sms: Option<u32>,
         timeout: Duration,
     ) -> Result<Self, BackendError> {
+        Self::spawn(control, mailbox, sms)?.await_ready(control, timeout)
+    }
+
+    /// Starts the worker process without waiting for it: several spawned at once create their MPS
+    /// clients side by side (a recovery's workers), then each is awaited with [`Worker::await_ready`].
+    /// Call it on the thread that lives as long as meshd (PDEATHSIG, see `process`).
+    pub fn spawn(control: &MpsControl, mailbox: &Path, sms: Option<u32>) -> Result<Self, BackendError> {
         let binary = worker_binary();
         let mut cmd = Command::new(&binary);
         cmd.arg("--mailbox").arg(mailbox).env(PIPE_ENV, control.pipe_dir()).env(LOG_ENV, control.log_dir());
@@ -85,13 +92,19 @@ impl Worker {
                 }
             })
             .map_err(|e| BackendError::Worker { pid, detail: e.to_string() })?;
-        let mut worker = Self {
+        Ok(Self {
             child,
             stdin,
             replies,
             ready: Ready { pid, device: String::new(), mps_enabled: false, sms: 0, context_ms: 0 },
             server: 0,
-        };
+        })
+    }
+
+    /// Waits for a spawned worker's `ready` and checks that it is our client; kills it if not.
+    pub fn await_ready(self, control: &MpsControl, timeout: Duration) -> Result<Self, BackendError> {
+        let pid = self.pid();
+        let mut worker = self;
         let checked = worker.read(timeout).and_then(|first| match first {
             Reply::Ready(r) => {
                 worker.ready = r;
@@ -200,6 +213,12 @@ impl Worker {
         let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Exit));
         let _ = self.stdin.flush();
         process::wait_or_kill(&self.child, Duration::from_secs(1));
+    }
+
+    /// SIGKILL without reaping (many workers are signalled first, then reaped by [`Worker::kill`],
+    /// so that the driver tears their contexts down side by side). Same caveat as `kill`.
+    pub fn signal_kill(&self) {
+        let _ = self.child.kill();
     }
 
     /// SIGKILL and reap. Only for a worker whose kernel is not running, or that was cut off first
