@@ -45,10 +45,11 @@ pub trait Backend: Send {
 
     /// The watchdog's tick (meshd calls it every few tens of milliseconds, with no request): polls
     /// what is cheap to poll (streams in blink mode, workers in MPS mode) and, when a program faulted
-    /// or vanished, recovers: the culprit left stopped, the others relaunched. Returns whether anything
-    /// changed, so that the caller publishes a fresh status at once. The default polls nothing.
-    fn watch(&mut self) -> bool {
-        false
+    /// or vanished, recovers: the culprit left stopped, the others relaunched. Returns what it saw and
+    /// did, a line each for meshd's log; empty when nothing changed (else the caller publishes a fresh
+    /// status at once). The default polls nothing.
+    fn watch(&mut self) -> Vec<String> {
+        Vec::new()
     }
 
     /// Stops every program and releases the GPU; later calls are refused.

@@ -24,6 +24,10 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The watchdog's period: meshd calls [`crate::Backend::watch`] this often, so a fault is noticed
+/// well within 100 ms of its report.
+pub const TICK: Duration = Duration::from_millis(25);
+
 /// An image that changed this shortly before a fault is taken for its cause.
 pub const FAULT_WINDOW: Duration = Duration::from_millis(1500);
 
@@ -167,9 +171,8 @@ pub fn name_culprit(evidence: &[Evidence], tick: Duration) -> Verdict {
     // The heartbeat hint: one suspect stopped beating at least two ticks before every other one,
     // each of which was still seen beating within the last tick.
     let stale = |i: usize| e(i).beat_stale;
-    let likely = only(suspects.iter().copied().filter(|&i| stale(i).is_some_and(|s| s > 2 * tick))).filter(|&l| {
-        suspects.iter().filter(|&&i| i != l).all(|&i| stale(i).is_some_and(|s| s <= tick + tick / 2))
-    });
+    let likely = only(suspects.iter().copied().filter(|&i| stale(i).is_some_and(|s| s > 2 * tick)))
+        .filter(|&l| suspects.iter().filter(|&&i| i != l).all(|&i| stale(i).is_some_and(|s| s <= tick + tick / 2)));
     Verdict::Search { suspects, likely }
 }
 
@@ -223,7 +226,9 @@ mod tests {
         assert!(matches!(&v, Verdict::Culprit { index: 8, why } if why.contains("loaded 40 ms")), "{v:?}");
         // Two fresh images: recency cannot tell.
         ev[3].image_age = Some(Duration::from_millis(100));
-        assert!(matches!(name_culprit(&ev, TICK), Verdict::Search { ref suspects, likely: None } if suspects.len() == 9));
+        assert!(
+            matches!(name_culprit(&ev, TICK), Verdict::Search { ref suspects, likely: None } if suspects.len() == 9)
+        );
     }
 
     #[test]

@@ -166,8 +166,7 @@ impl BlinkBackend {
         if self.shut_down {
             return Err(BackendError::ShutDown);
         }
-        self.stuck
-            .retain(|name| self.programs.iter().any(|p| &p.core.name == name && p.state() == StreamState::Busy));
+        self.stuck.retain(|name| self.programs.iter().any(|p| &p.core.name == name && p.state() == StreamState::Busy));
         // A fault the watchdog has not seen yet: recover before the change (a fault is sticky, so
         // nothing would work in the poisoned context).
         if let Some(error) = self.first_failure() {
@@ -472,7 +471,8 @@ impl BlinkBackend {
             let p = &mut self.programs[*i];
             p.core.life.returned();
             p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
-            p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
+            p.core.health.last_fault =
+                Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
         }
         let base = self.device_base();
         for i in candidates {
@@ -485,7 +485,6 @@ impl BlinkBackend {
         }
         Ok(culprit.map(|(i, _)| i))
     }
-
 }
 
 impl Backend for BlinkBackend {
@@ -603,12 +602,8 @@ impl Backend for BlinkBackend {
         while Instant::now() < deadline && self.any_busy() {
             std::thread::sleep(Duration::from_micros(50));
         }
-        let stuck: Vec<String> = self
-            .programs
-            .iter()
-            .filter(|p| p.state() == StreamState::Busy)
-            .map(|p| p.core.name.clone())
-            .collect();
+        let stuck: Vec<String> =
+            self.programs.iter().filter(|p| p.state() == StreamState::Busy).map(|p| p.core.name.clone()).collect();
         for p in self.programs.drain(..) {
             let _ = slots::release(&self.mailbox, p.core.slot);
             if !stuck.is_empty() {

@@ -288,14 +288,14 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         return Ok(());
     }
     println!(
-        "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
-        "NAME", "SLOT", "STATE", "GEN", "HEARTBEAT", "SMS", "WORKER", "KIND", "GRID", "BLOCK"
+        "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} NOTE",
+        "NAME", "SLOT", "STATE", "GEN", "HEARTBEAT", "SMS", "WORKER", "KIND", "GRID", "BLOCK", "RESTARTS"
     );
     let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
     let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
     for p in rows {
         println!(
-            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10}",
+            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} {}",
             p.name,
             p.slot,
             p.state,
@@ -305,10 +305,27 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
             opt(p.worker_pid),
             p.kind,
             dims(p.grid),
-            dims(p.block)
+            dims(p.block),
+            p.restarts,
+            ps_note(&p)
         );
     }
     Ok(())
+}
+
+/// `ps`'s last column: why a program is stopped, else its last fault and when (seconds ago).
+fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
+    if let Some(why) = &p.stopped_why {
+        return why.clone();
+    }
+    match (&p.last_fault, p.last_fault_unix_ms) {
+        (Some(f), Some(at)) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            format!("last fault {:.1} s ago: {f}", now.saturating_sub(u128::from(at)) as f64 / 1000.0)
+        }
+        (Some(f), None) => format!("last fault: {f}"),
+        _ => "-".into(),
+    }
 }
 
 fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32) -> Result<(), Exit> {

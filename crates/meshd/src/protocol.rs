@@ -87,6 +87,18 @@ pub struct ProgramRow {
     pub grid: [u32; 3],
     /// Block.
     pub block: [u32; 3],
+    /// Relaunches by the watchdog after faults.
+    #[serde(default)]
+    pub restarts: u32,
+    /// The last fault that stopped it (the driver's error, and the culprit where known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fault: Option<String>,
+    /// When meshd noticed that fault, milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fault_unix_ms: Option<u64>,
+    /// Why it is not running: left stopped after a fault (and why it was named), or ended by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_why: Option<String>,
 }
 
 impl From<&ProgramStatus> for ProgramRow {
@@ -102,6 +114,10 @@ impl From<&ProgramStatus> for ProgramRow {
             kind: s.kind.to_string(),
             grid: s.shape.grid,
             block: s.shape.block,
+            restarts: s.restarts,
+            last_fault: s.last_fault.clone(),
+            last_fault_unix_ms: s.last_fault_unix_ms,
+            stopped_why: s.stopped_why.clone(),
         }
     }
 }

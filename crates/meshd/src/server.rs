@@ -4,6 +4,9 @@
 //!   spawns its daemon and workers with `PR_SET_PDEATHSIG`, which fires when the *spawning thread*
 //!   exits, so that thread must live as long as meshd; and one owner applies changes one at a time,
 //!   in arrival order. After every change, and every [`Limits::refresh`], it publishes a snapshot.
+//!   Between changes it is the **watchdog**: every [`Limits::watch`] (25 ms) it calls
+//!   [`Backend::watch`], which polls the kernels and recovers from a fault with no request; while
+//!   a recovery runs, `ps` answers from the last snapshot.
 //! * **Connection threads** check the peer (SO_PEERCRED), read one bounded request, and either
 //!   answer from the snapshot (`ps`, `info`: heartbeats read fresh from the mailbox's slots, so
 //!   they never wait behind a slow client, a slow load or a backend call) or queue it for the
@@ -42,6 +45,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// How often the backend thread refreshes the snapshot when no change comes.
     pub refresh: Duration,
+    /// The watchdog's tick: how often the backend thread calls [`Backend::watch`] (at most 50 ms, so
+    /// that a fault is noticed within 100 ms with no request).
+    pub watch: Duration,
 }
 
 impl Default for Limits {
@@ -51,6 +57,7 @@ impl Default for Limits {
             write: Duration::from_secs(5),
             max_connections: 128,
             refresh: Duration::from_millis(250),
+            watch: mesh_backend::watch::TICK,
         }
     }
 }
@@ -493,10 +500,19 @@ impl BackendWorker<'_> {
         (ok, failed)
     }
 
-    /// Applies changes in arrival order until a shutdown; returns whether every program stopped.
+    /// Applies changes in arrival order until a shutdown, and between them runs the watchdog every
+    /// [`Limits::watch`] (publishing at once when it changed something, else every
+    /// [`Limits::refresh`]); returns whether every program stopped.
     fn serve(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+        let limits = self.shared.limits;
+        let tick = limits.watch.min(Duration::from_millis(50));
+        let mut next_publish = Instant::now() + limits.refresh;
         loop {
-            match jobs.recv_timeout(self.shared.limits.refresh) {
+            let job = jobs.recv_timeout(tick);
+            if !matches!(job, Err(mpsc::RecvTimeoutError::Timeout)) {
+                next_publish = Instant::now() + limits.refresh;
+            }
+            match job {
                 Ok(Job::Change { req, image, reply }) => {
                     let response = if self.shared.stopping.load(Ordering::Acquire) {
                         Response::error("meshd is shutting down")
@@ -514,8 +530,19 @@ impl BackendWorker<'_> {
                     }
                     return self.shutdown();
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => self.publish(),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
+            }
+            let seen = if self.shared.stopping.load(Ordering::Acquire) { Vec::new() } else { self.backend.watch() };
+            if !seen.is_empty() {
+                for line in &seen {
+                    tracing::warn!(target: "watchdog", "{line}");
+                }
+                self.publish();
+                next_publish = Instant::now() + limits.refresh;
+            } else if Instant::now() >= next_publish {
+                self.publish();
+                next_publish = Instant::now() + limits.refresh;
             }
         }
     }

@@ -327,3 +327,161 @@ fn a_peer_of_another_user_is_refused() {
 }
 
 use std::os::unix::process::CommandExt;
+
+/// A backend double with a watchdog: `watch` counts its calls, and once the test raises `fault`
+/// (as a kernel fault would, with no request) it "recovers": `b` left stopped and named, the others
+/// relaunched with a restart counted. With `hold`, the recovery waits for the test (a slow search).
+struct Watched {
+    inner: ListBackend,
+    fault: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    hold: Option<mpsc::Receiver<()>>,
+    entered: Option<mpsc::Sender<()>>,
+}
+
+impl mesh_backend::Backend for Watched {
+    fn mode(&self) -> mesh_backend::IsolationMode {
+        self.inner.mode()
+    }
+    fn load(&mut self, spec: mesh_backend::ProgramSpec) -> mesh_backend::Result<mesh_backend::ProgramStatus> {
+        self.inner.load(spec)
+    }
+    fn upgrade(&mut self, name: &str, image: Vec<u8>) -> mesh_backend::Result<mesh_backend::ProgramStatus> {
+        self.inner.upgrade(name, image)
+    }
+    fn unload(&mut self, name: &str) -> mesh_backend::Result<()> {
+        self.inner.unload(name)
+    }
+    fn status(&self) -> Vec<mesh_backend::ProgramStatus> {
+        self.inner.status()
+    }
+    fn shutdown(&mut self) -> mesh_backend::Result<()> {
+        self.inner.shutdown()
+    }
+    fn host_atomics(&self) -> bool {
+        false
+    }
+    fn watch(&mut self) -> Vec<String> {
+        use std::sync::atomic::Ordering;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if !self.fault.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        if let Some(entered) = &self.entered {
+            let _ = entered.send(());
+        }
+        if let Some(hold) = &self.hold {
+            let _ = hold.recv();
+        }
+        self.inner.watch_recovered("b", "illegal address")
+    }
+}
+
+impl ListBackend {
+    /// What a recovery leaves: `culprit` faulted and named, every other program relaunched once.
+    fn watch_recovered(&mut self, culprit: &str, error: &str) -> Vec<String> {
+        self.set_all(|p| {
+            p.last_fault = Some(format!("GPU fault: {error}"));
+            p.last_fault_unix_ms = Some(1);
+            if p.name == culprit {
+                p.state = mesh_backend::ProgramState::Faulted("left stopped: it caused a GPU fault".into());
+                p.stopped_why = Some("left stopped: it caused a GPU fault".into());
+            } else {
+                p.restarts += 1;
+                p.generation += 1;
+            }
+        });
+        vec![format!("recovered; culprit {culprit}")]
+    }
+}
+
+fn watched(
+    hold: Option<mpsc::Receiver<()>>,
+    entered: Option<mpsc::Sender<()>>,
+) -> (Running, std::sync::Arc<std::sync::atomic::AtomicBool>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let fault = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (f, c) = (fault.clone(), calls.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("sock");
+    let mailbox = Mailbox::create(
+        dir.path().join("mb"),
+        &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
+        CreateMode::Exclusive,
+    )
+    .unwrap();
+    let server = Server::start(mailbox.clone(), Limits::default(), None, move |mb| {
+        Ok(meshd::server::Opened {
+            backend: Box::new(Watched { inner: ListBackend::new(mb), fault: f, calls: c, hold, entered }),
+            device: "test double".into(),
+        })
+    })
+    .unwrap();
+    let listener = bind_socket(&socket).unwrap();
+    let stop = server.stop_handle();
+    let server = Some(std::thread::spawn(move || server.run(listener).unwrap()));
+    (Running { socket, mailbox, stop, server, _dir: dir }, fault, calls)
+}
+
+#[test]
+fn the_watchdog_ticks_with_no_request_and_ps_shows_what_it_recovered() {
+    use std::sync::atomic::Ordering;
+    assert!(Limits::default().watch <= Duration::from_millis(50), "the tick is at most 50 ms");
+    let (d, fault, calls) = watched(None, None);
+    for name in ["a", "b", "c"] {
+        assert!(ask(&d.socket, &load_req(name, &[]), PTX).ok);
+    }
+    let before = calls.load(Ordering::Relaxed);
+    assert!(
+        common::wait_until(DEADLINE, || calls.load(Ordering::Relaxed) >= before + 3),
+        "the backend thread calls watch by itself"
+    );
+    // A fault, and no request but ps (which the backend never sees).
+    fault.store(true, Ordering::Release);
+    let mut rows = Vec::new();
+    let recovered = common::wait_until(DEADLINE, || {
+        rows = ask(&d.socket, &Request::Ps, &[]).programs.unwrap();
+        rows.iter().any(|r| r.state.starts_with("faulted"))
+    });
+    assert!(recovered, "the recovery was published with no request: {rows:?}");
+    let b = rows.iter().find(|r| r.name == "b").unwrap();
+    assert!(b.stopped_why.as_deref().unwrap().contains("left stopped"), "{b:?}");
+    assert_eq!(b.last_fault.as_deref(), Some("GPU fault: illegal address"));
+    assert_eq!(b.restarts, 0);
+    for r in rows.iter().filter(|r| r.name != "b") {
+        assert_eq!((r.state.as_str(), r.restarts, r.generation), ("running", 1, 2), "{r:?}");
+        assert!(r.last_fault.is_some() && r.last_fault_unix_ms.is_some() && r.stopped_why.is_none(), "{r:?}");
+    }
+    // The new fields travel as JSON, and an old client's row (without them) still reads.
+    let json = serde_json::to_string(b).unwrap();
+    assert!(json.contains("\"restarts\":0") && json.contains("stopped_why"), "{json}");
+    let old: meshd::protocol::ProgramRow = serde_json::from_str(
+        r#"{"name":"x","slot":0,"state":"running","generation":1,"heartbeat":0,"worker_pid":null,"sms":null,"kind":"ptx","grid":[1,1,1],"block":[32,1,1]}"#,
+    )
+    .unwrap();
+    assert_eq!((old.restarts, old.last_fault), (0, None));
+}
+
+#[test]
+fn ps_answers_while_a_recovery_runs() {
+    use std::sync::atomic::Ordering;
+    let (hold_tx, hold) = mpsc::channel();
+    let (entered_tx, entered) = mpsc::channel();
+    let (d, fault, _) = watched(Some(hold), Some(entered_tx));
+    for name in ["a", "b"] {
+        assert!(ask(&d.socket, &load_req(name, &[]), PTX).ok);
+    }
+    fault.store(true, Ordering::Release);
+    entered.recv_timeout(DEADLINE).expect("the watchdog started its recovery");
+    let socket = d.socket.clone();
+    let ps = within(DEADLINE, move || ask(&socket, &Request::Ps, &[]));
+    assert!(ps.is_some_and(|r| r.ok && r.programs.unwrap().len() == 2), "ps answered from the snapshot");
+    hold_tx.send(()).unwrap();
+    let socket = d.socket.clone();
+    assert!(
+        common::wait_until(DEADLINE, || ask(&socket, &Request::Ps, &[]).programs.unwrap()[1]
+            .state
+            .starts_with("faulted")),
+        "the recovery's result is published once it ends"
+    );
+}

@@ -38,6 +38,11 @@ impl ListBackend {
         self
     }
 
+    /// Changes every program's status as a backend's recovery would (the watchdog tests).
+    pub fn set_all(&mut self, f: impl FnMut(&mut ProgramStatus)) {
+        self.programs.iter_mut().for_each(f);
+    }
+
     /// What `Server::start` wants.
     pub fn opened(self) -> anyhow::Result<Opened> {
         Ok(Opened { backend: Box::new(self), device: "test double".into() })
@@ -89,6 +94,10 @@ impl Backend for ListBackend {
             sms: None,
             shape: spec.shape,
             kind: spec.kind,
+            restarts: 0,
+            last_fault: None,
+            last_fault_unix_ms: None,
+            stopped_why: None,
         };
         self.programs.push(status.clone());
         Ok(status)
