@@ -10,11 +10,13 @@
 
 pub mod backend;
 pub mod control;
-mod process;
+pub mod process;
 pub mod worker;
 
 pub use backend::{MAX_CLIENTS, MpsBackend, MpsConfig};
 pub use control::MpsControl;
+/// The child handle [`process::spawn_tied`] returns (for meshd's native workers).
+pub use shared_child::SharedChild;
 
 use mesh_backend::BackendError;
 
@@ -30,6 +32,20 @@ pub fn check_native(pid: u32) -> Result<(), BackendError> {
     let control = backend::ACTIVE.lock().clone();
     match control {
         Some(c) => c.check_client(pid).map(|_| ()),
+        None => Err(BackendError::MpsDaemon("no MPS backend is running (blink mode?)".into())),
+    }
+}
+
+/// Cuts native GPU worker `pid` off meshd's MPS server (`terminate_client`), so that killing it
+/// afterwards cannot fail the other clients' kernels (a SIGKILL of a busy client does on the H200).
+/// An error when no MPS backend runs or the worker is no client of its server.
+pub fn terminate_native(pid: u32) -> Result<(), BackendError> {
+    let control = backend::ACTIVE.lock().clone();
+    match control {
+        Some(c) => {
+            let server = c.check_client(pid)?;
+            c.terminate_client(server, pid)
+        }
         None => Err(BackendError::MpsDaemon("no MPS backend is running (blink mode?)".into())),
     }
 }

@@ -107,6 +107,27 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         timeout_ms: u64,
     },
+    /// Start a native GPU worker: CMD runs as meshd's child with the mailbox and its channels in its
+    /// environment (MESH_MAILBOX, MESH_CHANNELS, MESH_READY_FD, MESH_NATIVE_NAME, MESH_ISOLATION, and in
+    /// MPS mode CUDA_MPS_PIPE_DIRECTORY) and must write "ready\n" to the descriptor MESH_READY_FD names.
+    Spawn {
+        /// Its name in `ps`.
+        name: String,
+        /// A channel to tell it about (repeat: MESH_CHANNELS lists them in this order).
+        #[arg(long = "bind")]
+        bind: Vec<String>,
+        /// Seconds it may take to report ready before it is killed and refused.
+        #[arg(long, default_value_t = 30.0)]
+        ready_timeout: f64,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// End a native GPU worker: SIGTERM, then SIGKILL after a grace period of 5 s.
+    Stop {
+        /// Its name.
+        name: String,
+    },
     /// The daemon's mode, device, mailbox and channels.
     Info,
     /// Stop every program and the daemon.
@@ -232,6 +253,8 @@ fn dispatch(cli: Cli) -> Result<(), Exit> {
         }
         Command::Send { channel, messages, hex, timeout_ms } => send(&socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(&socket, &channel, count, hex, timeout_ms),
+        Command::Spawn { name, bind, ready_timeout, command } => spawn(&socket, name, bind, ready_timeout, command),
+        Command::Stop { name } => stop(&socket, &name),
         Command::Info => info(&socket),
         Command::Shutdown => {
             call(&socket, &Request::Shutdown, &[])?;
@@ -282,7 +305,9 @@ fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
 }
 
 fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
-    let rows = call(socket, &Request::Ps, &[])?.programs.unwrap_or_default();
+    let resp = call(socket, &Request::Ps, &[])?;
+    let natives = resp.natives.clone().unwrap_or_default();
+    let rows = resp.programs.unwrap_or_default();
     if json {
         println!("{}", serde_json::to_string_pretty(&rows).map_err(refused)?);
         return Ok(());
@@ -310,6 +335,7 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
             ps_note(&p)
         );
     }
+    print_natives(&natives);
     Ok(())
 }
 
@@ -578,4 +604,39 @@ fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> R
     };
     tracing::info!("device {} ({})", device.name, device.arch());
     Ok(Opened { backend, device: device.name.clone() })
+}
+
+// ---- Native GPU workers: `spawn`, `stop`, and their rows in `ps` ----
+
+fn spawn(socket: &Path, name: String, bind: Vec<String>, ready_timeout: f64, command: Vec<String>) -> Result<(), Exit> {
+    if !(ready_timeout.is_finite() && ready_timeout > 0.0) {
+        return Err(Exit(2, anyhow!("--ready-timeout {ready_timeout}: expected a positive number of seconds")));
+    }
+    let ready_timeout_ms = (ready_timeout * 1000.0).ceil() as u64;
+    let resp = call(socket, &Request::Spawn { name, bind, command, ready_timeout_ms }, &[])?;
+    for n in resp.natives.as_deref().unwrap_or_default() {
+        println!("spawned {} (pid {}, {} mode, channels [{}]): ready", n.name, n.pid, n.isolation, n.bind.join(", "));
+        if n.isolation == "blink" {
+            println!("note: {}", meshd::native::BLINK_NOTE);
+        }
+    }
+    Ok(())
+}
+
+fn stop(socket: &Path, name: &str) -> Result<(), Exit> {
+    let resp = call(socket, &Request::Stop { name: name.to_string() }, &[])?;
+    for n in resp.natives.as_deref().unwrap_or_default() {
+        println!("stopped {} (pid {}): {}", n.name, n.pid, n.state);
+    }
+    Ok(())
+}
+
+/// Native workers under `ps`'s programs, in the same columns (KIND `native`, WORKER its pid), then the command.
+fn print_natives(natives: &[meshd::native::NativeRow]) {
+    for n in natives {
+        println!(
+            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {}",
+            n.name, "-", n.state, "-", "-", "-", n.pid, "native", n.command
+        );
+    }
 }

@@ -62,6 +62,22 @@ pub enum Request {
     Info,
     /// Stop every program and exit.
     Shutdown,
+    /// Start a native GPU worker (a process of its own, meshd's child); answered once it is ready or refused.
+    Spawn {
+        /// Its name in `ps`.
+        name: String,
+        /// Channels it is told about (`MESH_CHANNELS`), in order.
+        bind: Vec<String>,
+        /// The program and its arguments.
+        command: Vec<String>,
+        /// Milliseconds it may take to report ready.
+        ready_timeout_ms: u64,
+    },
+    /// End a native GPU worker: SIGTERM, then SIGKILL after the grace period.
+    Stop {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// A program's row in `ps`.
@@ -166,6 +182,9 @@ pub struct Response {
     /// The daemon (info).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info: Option<Info>,
+    /// Native GPU workers (ps, spawn), beside the programs: `ps` shows them with kind `native`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub natives: Option<Vec<crate::native::NativeRow>>,
     /// Microseconds the backend spent on the request (load, upgrade, unload, channel create),
     /// queueing excluded: what the control plane adds is the client's round trip minus this.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -127,6 +127,8 @@ struct Shared {
     own_uid: u32,
     connections: AtomicUsize,
     waker: Waker,
+    /// Native GPU workers (`meshd spawn`).
+    natives: crate::native::Natives,
 }
 
 impl Shared {
@@ -181,6 +183,7 @@ impl Server {
             own_uid: rustix::process::getuid().as_raw(),
             connections: AtomicUsize::new(0),
             waker: Waker(Arc::new(wake_tx)),
+            natives: crate::native::Natives::new(&mailbox),
         });
         let (jobs, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
@@ -343,7 +346,13 @@ fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream
 /// Answers `ps` and `info` from the snapshot; queues anything else for the backend thread.
 fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8>) -> Response {
     match req {
-        Request::Ps => Response { ok: true, programs: Some(ps_rows(shared)), ..Response::default() },
+        Request::Ps => Response {
+            ok: true,
+            programs: Some(ps_rows(shared)),
+            natives: Some(shared.natives.rows()),
+            ..Response::default()
+        },
+        Request::Stop { name } => native_stop(shared, &name),
         Request::Info => info(shared),
         Request::Shutdown => {
             let (reply, answer) = mpsc::sync_channel(1);
@@ -440,6 +449,9 @@ where
             host_atomics: backend.host_atomics(),
         });
     }
+    if backend.mode() == IsolationMode::Mps {
+        shared.natives.set_membership(Arc::new(crate::native::MpsMembership));
+    }
     let mut worker = BackendWorker { backend: &mut *backend, shared, state };
     let relaunched = worker.relaunch();
     let _ = ready.send(Ok(relaunched));
@@ -513,6 +525,9 @@ impl BackendWorker<'_> {
                 next_publish = Instant::now() + limits.refresh;
             }
             match job {
+                Ok(Job::Change { req: req @ Request::Spawn { .. }, reply, .. }) => {
+                    native_spawn(self.shared, req, reply)
+                }
                 Ok(Job::Change { req, image, reply }) => {
                     let response = if self.shared.stopping.load(Ordering::Acquire) {
                         Response::error("meshd is shutting down")
@@ -548,6 +563,7 @@ impl BackendWorker<'_> {
     }
 
     fn shutdown(&mut self) -> bool {
+        self.shared.natives.stop_all();
         tracing::info!("shutting down: stopping every program");
         let clean = match self.backend.shutdown() {
             Ok(()) => true,
@@ -612,7 +628,9 @@ impl BackendWorker<'_> {
                 Ok(Response::ok())
             }
             // Answered by the connection threads; never queued.
-            Request::Ps | Request::Info | Request::Shutdown => Ok(Response::ok()),
+            Request::Ps | Request::Info | Request::Shutdown | Request::Spawn { .. } | Request::Stop { .. } => {
+                Ok(Response::ok())
+            }
         }
     }
 
@@ -636,6 +654,8 @@ fn describe(req: &Request) -> String {
         Request::Ps => "ps".into(),
         Request::Info => "info".into(),
         Request::Shutdown => "shutdown".into(),
+        Request::Spawn { name, .. } => format!("spawn {name:?}"),
+        Request::Stop { name } => format!("stop {name:?}"),
     }
 }
 
@@ -646,5 +666,33 @@ fn plain(e: &dyn std::fmt::Display) -> String {
     match text.strip_prefix("refused: ") {
         Some(rest) => rest.to_string(),
         None => text,
+    }
+}
+
+// ---- Native GPU workers (crate::native) ----
+
+/// `spawn`, on the backend thread (the worker's PDEATHSIG watches it); answered from the worker's
+/// own waiting thread once it is ready or refused, so the backend thread goes on meanwhile.
+fn native_spawn(shared: &Shared, req: Request, reply: mpsc::SyncSender<Response>) {
+    let Request::Spawn { name, bind, command, ready_timeout_ms } = req else { return };
+    if shared.stopping.load(Ordering::Acquire) {
+        let _ = reply.send(Response::error("meshd is shutting down"));
+        return;
+    }
+    let spec =
+        crate::native::NativeSpec { name, bind, command, ready_timeout: Duration::from_millis(ready_timeout_ms) };
+    shared.natives.spawn(spec, move |outcome| {
+        let _ = reply.send(match outcome {
+            Ok(row) => Response { ok: true, natives: Some(vec![row]), ..Response::default() },
+            Err(why) => Response::error(why),
+        });
+    });
+}
+
+/// `stop`, on the connection thread (it waits out the grace period; nothing else waits on it).
+fn native_stop(shared: &Shared, name: &str) -> Response {
+    match shared.natives.stop(name) {
+        Ok(row) => Response { ok: true, natives: Some(vec![row]), ..Response::default() },
+        Err(why) => Response::error(why),
     }
 }

@@ -1,0 +1,462 @@
+//! Native GPU workers: ordinary processes that drive the GPU themselves and talk to the programs through the mailbox, started by `meshd spawn` as meshd's children.
+//!
+//! * **Spawn** (on the backend thread, which lives as long as meshd, so that `PR_SET_PDEATHSIG`
+//!   ends the worker with meshd, `kill -9` included): the command runs in a process group of its
+//!   own with [`ENV_MAILBOX`], [`ENV_CHANNELS`], [`ENV_READY_FD`], [`ENV_NAME`], [`ENV_ISOLATION`]
+//!   and, in MPS mode, `CUDA_MPS_PIPE_DIRECTORY` (meshd's private server) in its environment.
+//! * **Ready**: the worker writes `ready\n` to the descriptor [`ENV_READY_FD`] names (C:
+//!   `dprintf(atoi(getenv("MESH_READY_FD")), "ready\n")`; Python:
+//!   `os.write(int(os.environ["MESH_READY_FD"]), b"ready\n")`; bash: `echo ready >&$MESH_READY_FD` (dash
+//!   takes one-digit descriptors only: `echo ready >/proc/self/fd/$MESH_READY_FD`);
+//!   mesh-shm-c: `mesh_shm_ready()`). In MPS mode meshd then checks that it is a client of *its*
+//!   server ([`Membership`]); a worker that fails the check, exits first, or says nothing within
+//!   its ready timeout is killed and refused with the reason. The wait runs on a thread of its own,
+//!   so the backend thread goes on serving.
+//! * **Stop**: SIGTERM to the group, then (after the grace period; in MPS mode after
+//!   `terminate_client`) SIGKILL. A worker that has ended stays listed with its exit until it is
+//!   stopped (removed) or a new one takes its name.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mesh_mps::SharedChild;
+use mesh_shm::Mailbox;
+use rustix::event::{PollFd, PollFlags};
+use serde::{Deserialize, Serialize};
+
+/// The mailbox's path.
+pub const ENV_MAILBOX: &str = "MESH_MAILBOX";
+/// The worker's channels, comma-separated, in `--bind` order.
+pub const ENV_CHANNELS: &str = "MESH_CHANNELS";
+/// The descriptor to write `ready\n` to.
+pub const ENV_READY_FD: &str = "MESH_READY_FD";
+/// The worker's name in `ps`.
+pub const ENV_NAME: &str = "MESH_NATIVE_NAME";
+/// `blink` or `mps`.
+pub const ENV_ISOLATION: &str = "MESH_ISOLATION";
+/// Where an MPS client finds its server (set in MPS mode only).
+pub const ENV_MPS_PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// What `meshd spawn` waits for a worker to say, by default.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `meshd stop` waits after SIGTERM before SIGKILL, by default.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+/// What blink mode means for a native worker, said by the README and by `meshd spawn`.
+pub const BLINK_NOTE: &str = "blink mode: this worker's CUDA context time-slices with meshd's (no MPS), so the resident \
+                              programs may stall for about 1.4 ms at a time while it runs kernels";
+
+/// A native worker to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NativeSpec {
+    /// Its name in `ps` (unique among native workers).
+    pub name: String,
+    /// The channels it is told about, in order.
+    pub bind: Vec<String>,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// How long it may take to say `ready`.
+    pub ready_timeout: Duration,
+}
+
+/// MPS mode's checks of a native worker (the real one is [`MpsMembership`]; tests use stand-ins).
+pub trait Membership: Send + Sync {
+    /// The pipe directory a worker must be started with; `None`: no server to join (refused).
+    fn pipe_dir(&self) -> Option<PathBuf>;
+    /// Whether `pid` is a client of our server, and why not.
+    fn check(&self, pid: u32) -> Result<(), String>;
+    /// Cuts `pid` off the server before it is killed (best effort).
+    fn terminate(&self, pid: u32);
+}
+
+/// The membership of meshd's own MPS backend (`mesh_mps::native_pipe_dir` / `check_native`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MpsMembership;
+
+impl Membership for MpsMembership {
+    fn pipe_dir(&self) -> Option<PathBuf> {
+        mesh_mps::native_pipe_dir()
+    }
+    fn check(&self, pid: u32) -> Result<(), String> {
+        mesh_mps::check_native(pid).map_err(|e| e.to_string())
+    }
+    fn terminate(&self, pid: u32) {
+        if let Err(e) = mesh_mps::terminate_native(pid) {
+            tracing::debug!(pid, "terminate_client of a native worker: {e}");
+        }
+    }
+}
+
+/// Where a native worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Starting,
+    Running,
+    Stopping,
+    Ended(ExitStatus),
+}
+
+fn describe_exit(s: ExitStatus) -> String {
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited({c})"),
+        (None, Some(sig)) => format!("killed(signal {sig})"),
+        _ => "ended".into(),
+    }
+}
+
+impl std::fmt::Display for Life {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Life::Starting => f.write_str("starting"),
+            Life::Running => f.write_str("running"),
+            Life::Stopping => f.write_str("stopping"),
+            Life::Ended(s) => f.write_str(&describe_exit(*s)),
+        }
+    }
+}
+
+/// A native worker's row in `ps`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NativeRow {
+    /// Name.
+    pub name: String,
+    /// Process id.
+    pub pid: u32,
+    /// starting, running, stopping, exited(N), killed(signal N).
+    pub state: String,
+    /// Its channels, in order.
+    pub bind: Vec<String>,
+    /// The command line.
+    pub command: String,
+    /// blink or mps.
+    pub isolation: String,
+}
+
+struct Entry {
+    child: Arc<SharedChild>,
+    life: Life,
+    bind: Vec<String>,
+    command: String,
+    isolation: String,
+}
+
+type Table = Arc<Mutex<BTreeMap<String, Entry>>>;
+
+/// meshd's native workers. Cheap to clone; every clone sees the same table.
+#[derive(Clone)]
+pub struct Natives {
+    mailbox: Mailbox,
+    table: Table,
+    membership: Arc<Mutex<Option<Arc<dyn Membership>>>>,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Natives {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Natives({} workers)", lock(&self.table).len())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Signals the worker's process group while its leader is not reaped (so that the group id is still
+/// ours), then the leader itself through its handle.
+fn signal_group(child: &SharedChild, sig: i32) {
+    if child.try_wait().is_ok_and(|s| s.is_none()) {
+        // SAFETY: kill(2) with a negative pid signals that process group; the group is the worker's
+        // own (process_group(0) at spawn) and its leader is not reaped, so the id is not reused.
+        unsafe { libc::kill(-(child.id() as i32), sig) };
+    }
+    if sig == libc::SIGKILL {
+        let _ = child.kill();
+    }
+}
+
+impl Natives {
+    /// No workers yet; blink mode until [`Natives::set_membership`].
+    pub fn new(mailbox: &Mailbox) -> Self {
+        Self {
+            mailbox: mailbox.clone(),
+            table: Arc::default(),
+            membership: Arc::new(Mutex::new(None)),
+            grace: DEFAULT_STOP_GRACE,
+        }
+    }
+
+    /// How long a stop waits between SIGTERM and SIGKILL.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// MPS mode: workers join `m`'s server and must pass its check.
+    pub fn set_membership(&self, m: Arc<dyn Membership>) {
+        *lock(&self.membership) = Some(m);
+    }
+
+    /// Every worker, by name.
+    pub fn rows(&self) -> Vec<NativeRow> {
+        lock(&self.table)
+            .iter()
+            .map(|(name, e)| NativeRow {
+                name: name.clone(),
+                pid: e.child.id(),
+                state: e.life.to_string(),
+                bind: e.bind.clone(),
+                command: e.command.clone(),
+                isolation: e.isolation.clone(),
+            })
+            .collect()
+    }
+
+    /// Starts `spec` (call on the thread that lives as long as meshd: PDEATHSIG watches it) and
+    /// hands the outcome to `reply` from a thread of its own once the worker is ready or refused.
+    pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, String>) + Send + 'static) {
+        match self.start(&spec) {
+            Ok((child, read_end)) => {
+                let this = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("meshd-native".into())
+                    .spawn(move || reply(this.await_ready(&spec, &child, read_end)));
+                if let Err(e) = spawned {
+                    tracing::error!("no thread to wait for a native worker: {e}");
+                }
+            }
+            Err(e) => reply(Err(e)),
+        }
+    }
+
+    /// Checks `spec`, spawns the worker and records it as starting; returns it and the ready pipe's read end.
+    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), String> {
+        let name = &spec.name;
+        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
+            return Err(format!("native worker name {name:?}: 1 to 48 characters, no spaces"));
+        }
+        let Some(program) = spec.command.first() else {
+            return Err(format!("native worker {name}: no command given (meshd spawn NAME -- CMD [ARGS...])"));
+        };
+        if let Some(e) = lock(&self.table).get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
+            return Err(format!("native worker {name} already runs (pid {}); `meshd stop {name}` first", e.child.id()));
+        }
+        for c in &spec.bind {
+            if c.contains(',') {
+                return Err(format!("channel {c:?}: a native worker's channel name may not hold a comma"));
+            }
+            self.mailbox.channel(c).map_err(|e| format!("native worker {name}: {e}"))?;
+        }
+        let membership = lock(&self.membership).clone();
+        let (read_end, write_end) = std::io::pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
+        let fd = write_end.as_raw_fd();
+        let mut cmd = Command::new(program);
+        cmd.args(&spec.command[1..])
+            .env(ENV_MAILBOX, self.mailbox.path())
+            .env(ENV_CHANNELS, spec.bind.join(","))
+            .env(ENV_READY_FD, fd.to_string())
+            .env(ENV_NAME, name)
+            .stdin(Stdio::null())
+            .process_group(0);
+        let isolation = match &membership {
+            Some(m) => {
+                let dir = m
+                    .pipe_dir()
+                    .ok_or_else(|| format!("native worker {name}: meshd's MPS daemon has no pipe directory"))?;
+                cmd.env(ENV_MPS_PIPE, dir).env(ENV_ISOLATION, "mps");
+                "mps"
+            }
+            None => {
+                cmd.env(ENV_ISOLATION, "blink");
+                "blink"
+            }
+        };
+        let keep_fd = move || {
+            // SAFETY: fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the
+            // forked child lets the worker inherit it under the number MESH_READY_FD names.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        // SAFETY: `keep_fd` runs between fork and exec and makes one async-signal-safe call.
+        unsafe { cmd.pre_exec(keep_fd) };
+        let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
+            .map_err(|e| format!("native worker {name}: starting {program:?}: {e}"))?;
+        // Only the worker holds the write end now: its exit closes the pipe.
+        drop(write_end);
+        let child = Arc::new(child);
+        tracing::info!(native = %name, pid = child.id(), "native worker started: {}", spec.command.join(" "));
+        lock(&self.table).insert(
+            name.clone(),
+            Entry {
+                child: child.clone(),
+                life: Life::Starting,
+                bind: spec.bind.clone(),
+                command: spec.command.join(" "),
+                isolation: isolation.into(),
+            },
+        );
+        self.reap_in_background(name.clone(), child.clone());
+        Ok((child, read_end.into()))
+    }
+
+    /// One thread per worker waits for its exit and records it (the one place it is reaped).
+    fn reap_in_background(&self, name: String, child: Arc<SharedChild>) {
+        let table = self.table.clone();
+        let spawned = std::thread::Builder::new().name("meshd-native-reap".into()).spawn(move || {
+            if let Ok(status) = child.wait() {
+                tracing::info!(native = %name, pid = child.id(), "native worker {}", describe_exit(status));
+                if let Some(e) = lock(&table).get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
+                    e.life = Life::Ended(status);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("no thread to reap a native worker: {e}");
+        }
+    }
+
+    /// Waits for `ready\n` on `read_end` until the spec's timeout; in MPS mode checks membership.
+    fn await_ready(&self, spec: &NativeSpec, child: &Arc<SharedChild>, read_end: OwnedFd) -> Result<NativeRow, String> {
+        let (name, pid) = (&spec.name, child.id());
+        let outcome =
+            wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match lock(&self.membership).clone() {
+                Some(m) => m.check(pid).map_err(|why| Why::Other(format!("not a client of meshd's MPS server: {why}"))),
+                None => Ok(()),
+            });
+        let refused = match outcome {
+            Ok(()) => {
+                let mut table = lock(&self.table);
+                if let Some(e) = table.get_mut(name).filter(|e| Arc::ptr_eq(&e.child, child)) {
+                    if e.life == Life::Starting {
+                        e.life = Life::Running;
+                    }
+                }
+                drop(table);
+                tracing::info!(native = %name, pid, "native worker ready");
+                return self.rows().into_iter().find(|r| &r.name == name).ok_or_else(|| format!("{name} vanished"));
+            }
+            Err(Why::Eof) => match child.wait_timeout(Duration::from_secs(2)) {
+                Ok(Some(s)) => format!("{} before it reported ready", describe_exit(s)),
+                _ => "closed its ready descriptor without reporting ready".to_string(),
+            },
+            Err(Why::Timeout) => format!(
+                "did not report ready within {:.1} s (it must write \"ready\\n\" to the descriptor {ENV_READY_FD} names)",
+                spec.ready_timeout.as_secs_f64()
+            ),
+            Err(Why::Said(other)) => format!("said {other:?} instead of \"ready\""),
+            Err(Why::Other(e)) => e,
+        };
+        self.end(child, Duration::ZERO);
+        lock(&self.table).remove(name);
+        let why = format!("native worker {name} (pid {pid}) refused and killed: {refused}");
+        tracing::warn!("{why}");
+        Err(why)
+    }
+
+    /// SIGTERM to the worker's group; SIGKILL after `grace` (MPS: after cutting it off the server).
+    fn end(&self, child: &SharedChild, grace: Duration) {
+        if !grace.is_zero() {
+            signal_group(child, libc::SIGTERM);
+            if let Ok(Some(_)) = child.wait_timeout(grace) {
+                return;
+            }
+        }
+        if let Some(m) = lock(&self.membership).clone() {
+            if child.try_wait().is_ok_and(|s| s.is_none()) {
+                m.terminate(child.id());
+            }
+        }
+        signal_group(child, libc::SIGKILL);
+        let _ = child.wait();
+    }
+
+    /// Ends worker `name` (SIGTERM, SIGKILL after the grace period) and forgets it; returns its last
+    /// row, whose state says how it ended.
+    pub fn stop(&self, name: &str) -> Result<NativeRow, String> {
+        let child = {
+            let mut table = lock(&self.table);
+            let Some(e) = table.get_mut(name) else {
+                return Err(format!(
+                    "no native worker {name} (a resident program is ended with `meshd unload {name}`)"
+                ));
+            };
+            if !matches!(e.life, Life::Ended(_)) {
+                e.life = Life::Stopping;
+            }
+            e.child.clone()
+        };
+        let started = Instant::now();
+        self.end(&child, self.grace);
+        let how = child.try_wait().ok().flatten().map_or_else(|| "ended".to_string(), describe_exit);
+        let mut row = self.rows().into_iter().find(|r| r.name == name);
+        let mut table = lock(&self.table);
+        if table.get(name).is_some_and(|e| Arc::ptr_eq(&e.child, &child)) {
+            table.remove(name);
+        }
+        drop(table);
+        tracing::info!(native = %name, "native worker stopped: {how} after {:.3} s", started.elapsed().as_secs_f64());
+        let mut row = row.take().ok_or_else(|| format!("native worker {name} was replaced while stopping"))?;
+        row.state = how;
+        Ok(row)
+    }
+
+    /// Ends every worker (meshd's shutdown), each with the grace period, all at once.
+    pub fn stop_all(&self) {
+        let names: Vec<String> = lock(&self.table).keys().cloned().collect();
+        std::thread::scope(|s| {
+            for n in &names {
+                s.spawn(move || {
+                    let _ = self.stop(n);
+                });
+            }
+        });
+    }
+}
+
+/// Why a worker did not become ready.
+enum Why {
+    Eof,
+    Timeout,
+    Said(String),
+    Other(String),
+}
+
+/// Reads the ready pipe until a whole line arrives, it closes, or `timeout` passes.
+fn wait_for_ready(fd: &OwnedFd, timeout: Duration) -> Result<(), Why> {
+    let deadline = Instant::now() + timeout;
+    let mut line = Vec::new();
+    let mut file = std::fs::File::from(fd.try_clone().map_err(|e| Why::Other(e.to_string()))?);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Why::Timeout);
+        }
+        let ts = rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(Why::Other(format!("poll on the ready pipe: {e}"))),
+        }
+        let mut buf = [0u8; 64];
+        match file.read(&mut buf) {
+            Ok(0) => return Err(Why::Eof),
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Why::Other(format!("reading the ready pipe: {e}"))),
+        }
+        if let Some(end) = line.iter().position(|&b| b == b'\n') {
+            let said = String::from_utf8_lossy(&line[..end]).trim().to_string();
+            return if said == "ready" { Ok(()) } else { Err(Why::Said(said)) };
+        }
+        if line.len() > 256 {
+            return Err(Why::Said(String::from_utf8_lossy(&line).into_owned()));
+        }
+    }
+}

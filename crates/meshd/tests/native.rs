@@ -1,0 +1,232 @@
+//! Native GPU workers without a GPU: shell scripts as workers, through the control socket (spawn, ready, ps, stop, the ready timeout) and through `meshd::native` directly (the MPS membership check with a stand-in, SIGKILL after the grace period).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{ListBackend, ask, wait_until};
+use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use meshd::native::{Membership, NativeRow, NativeSpec, Natives};
+use meshd::protocol::{Request, Response};
+use meshd::server::{Limits, Server, StopHandle};
+use meshd::start::bind_socket;
+
+/// Generous: only a deadline for things that should take milliseconds.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Running {
+    socket: PathBuf,
+    dir: tempfile::TempDir,
+    stop: StopHandle,
+    server: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl Running {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("sock");
+        let mailbox = mailbox(dir.path());
+        let server = Server::start(mailbox, Limits::default(), None, |mb| ListBackend::new(mb).opened()).unwrap();
+        let listener = bind_socket(&socket).unwrap();
+        let stop = server.stop_handle();
+        let server = Some(std::thread::spawn(move || server.run(listener).unwrap()));
+        Self { socket, dir, stop, server }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(h) = self.server.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn mailbox(dir: &Path) -> Mailbox {
+    let mb =
+        Mailbox::create(dir.join("mb"), &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 }, CreateMode::Exclusive)
+            .unwrap();
+    mb.create_channel("to-gpu", 16, 8).unwrap();
+    mb.create_channel("from-gpu", 16, 8).unwrap();
+    mb
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["/bin/bash".into(), "-c".into(), script.into()]
+}
+
+fn spawn_req(name: &str, bind: &[&str], script: &str, ready_ms: u64) -> Request {
+    Request::Spawn {
+        name: name.into(),
+        bind: bind.iter().map(|s| s.to_string()).collect(),
+        command: sh(script),
+        ready_timeout_ms: ready_ms,
+    }
+}
+
+fn natives(r: &Response) -> Vec<NativeRow> {
+    r.natives.clone().unwrap_or_default()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie still answers kill(0): read its state instead.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+#[test]
+fn spawn_tells_the_worker_its_mailbox_and_channels_and_stop_ends_it() {
+    let d = Running::start();
+    let env_file = d.dir.path().join("env");
+    let script = format!(
+        "printf '%s\\n' \"$MESH_MAILBOX\" \"$MESH_CHANNELS\" \"$MESH_NATIVE_NAME\" \"$MESH_ISOLATION\" >{}; \
+         echo ready >&$MESH_READY_FD; while :; do sleep 0.05; done",
+        env_file.display()
+    );
+    let r = ask(&d.socket, &spawn_req("w1", &["to-gpu", "from-gpu"], &script, 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    let row = &natives(&r)[0];
+    assert_eq!((row.name.as_str(), row.state.as_str(), row.isolation.as_str()), ("w1", "running", "blink"));
+    assert_eq!(row.bind, ["to-gpu", "from-gpu"]);
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    let lines: Vec<&str> = env.lines().collect();
+    assert_eq!(lines, [d.dir.path().join("mb").to_str().unwrap(), "to-gpu,from-gpu", "w1", "blink"]);
+    // ps lists it beside the programs (none here).
+    let ps = ask(&d.socket, &Request::Ps, &[]);
+    assert_eq!(natives(&ps).len(), 1);
+    assert_eq!(natives(&ps)[0].pid, row.pid);
+    let r = ask(&d.socket, &spawn_req("w1", &[], "echo ready >&$MESH_READY_FD; sleep 5", 10_000), &[]);
+    assert!(!r.ok && r.error.unwrap().contains("already runs"), "one worker per name");
+    let r = ask(&d.socket, &Request::Stop { name: "w1".into() }, &[]);
+    assert!(r.ok, "{r:?}");
+    assert_eq!(natives(&r)[0].state, "killed(signal 15)", "SIGTERM ended it");
+    assert!(!alive(row.pid), "the worker is gone");
+    assert!(natives(&ask(&d.socket, &Request::Ps, &[])).is_empty(), "stop forgets it");
+    let r = ask(&d.socket, &Request::Stop { name: "w1".into() }, &[]);
+    assert!(!r.ok && r.error.unwrap().contains("no native worker w1"));
+}
+
+#[test]
+fn a_worker_that_never_says_ready_is_killed_and_refused() {
+    let d = Running::start();
+    let pid_file = d.dir.path().join("pid");
+    let script = format!("echo $$ >{}; exec sleep 600", pid_file.display());
+    let r = ask(&d.socket, &spawn_req("mute", &[], &script, 300), &[]);
+    let err = r.error.clone().unwrap_or_default();
+    assert!(!r.ok && err.contains("did not report ready within 0.3 s") && err.contains("MESH_READY_FD"), "{r:?}");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(wait_until(DEADLINE, || !alive(pid)), "the silent worker was killed");
+    assert!(natives(&ask(&d.socket, &Request::Ps, &[])).is_empty(), "a refused worker is not listed");
+    // A grandchild holding the ready pipe (a shell running a command) does not keep the refusal waiting.
+    let r = ask(&d.socket, &spawn_req("tree", &[], "sleep 600; true", 300), &[]);
+    assert!(!r.ok && r.error.unwrap().contains("did not report ready"));
+}
+
+#[test]
+fn exits_and_bad_answers_before_ready_are_refused_with_the_reason() {
+    let d = Running::start();
+    let r = ask(&d.socket, &spawn_req("quits", &[], "exit 3", 10_000), &[]);
+    assert!(!r.ok && r.error.clone().unwrap().contains("exited(3) before it reported ready"), "{r:?}");
+    let r = ask(&d.socket, &spawn_req("chatty", &[], "echo hello >&$MESH_READY_FD; sleep 600", 10_000), &[]);
+    assert!(!r.ok && r.error.clone().unwrap().contains("said \"hello\""), "{r:?}");
+    let r = ask(&d.socket, &spawn_req("lost", &["nope"], "echo ready >&$MESH_READY_FD", 10_000), &[]);
+    assert!(!r.ok && r.error.clone().unwrap().contains("no such channel"), "{r:?}");
+    let bad = Request::Spawn { name: "x".into(), bind: vec![], command: vec![], ready_timeout_ms: 100 };
+    assert!(!ask(&d.socket, &bad, &[]).ok);
+    let missing = Request::Spawn {
+        name: "x".into(),
+        bind: vec![],
+        command: vec!["/nonexistent/worker".into()],
+        ready_timeout_ms: 100,
+    };
+    let r = ask(&d.socket, &missing, &[]);
+    assert!(!r.ok && r.error.clone().unwrap().contains("/nonexistent/worker"), "{r:?}");
+    // A worker that ends after ready stays listed with its exit until stopped.
+    let r = ask(&d.socket, &spawn_req("brief", &[], "echo ready >&$MESH_READY_FD; exit 0", 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    assert!(wait_until(DEADLINE, || {
+        natives(&ask(&d.socket, &Request::Ps, &[])).iter().any(|n| n.name == "brief" && n.state == "exited(0)")
+    }));
+    assert_eq!(natives(&ask(&d.socket, &Request::Stop { name: "brief".into() }, &[]))[0].state, "exited(0)");
+}
+
+#[test]
+fn shutdown_ends_every_worker() {
+    let mut d = Running::start();
+    let r = ask(&d.socket, &spawn_req("w", &[], "echo ready >&$MESH_READY_FD; exec sleep 600", 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    let pid = natives(&r)[0].pid;
+    assert!(ask(&d.socket, &Request::Shutdown, &[]).ok);
+    let h = d.server.take().unwrap();
+    assert!(common::within(DEADLINE, move || h.join().unwrap()).is_some());
+    assert!(!alive(pid), "shutdown stopped the worker");
+}
+
+/// MPS mode's checks, stood in for: a pipe directory, and a verdict.
+struct StandIn {
+    dir: PathBuf,
+    ours: bool,
+    terminated: std::sync::Mutex<Vec<u32>>,
+}
+
+impl Membership for StandIn {
+    fn pipe_dir(&self) -> Option<PathBuf> {
+        Some(self.dir.clone())
+    }
+    fn check(&self, pid: u32) -> Result<(), String> {
+        if self.ours { Ok(()) } else { Err(format!("pid {pid} is in no client list of the stand-in")) }
+    }
+    fn terminate(&self, pid: u32) {
+        self.terminated.lock().unwrap().push(pid);
+    }
+}
+
+fn spawn_direct(n: &Natives, spec: NativeSpec) -> Result<NativeRow, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    n.spawn(spec, move |r| {
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(DEADLINE).expect("an answer")
+}
+
+#[test]
+fn mps_membership_is_checked_after_ready_and_a_stubborn_worker_is_killed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = mailbox(dir.path());
+    let out = dir.path().join("pipe");
+    let script = format!(
+        "echo \"$CUDA_MPS_PIPE_DIRECTORY $MESH_ISOLATION\" >{}; echo ready >&$MESH_READY_FD; exec sleep 600",
+        out.display()
+    );
+    let spec = |name: &str| NativeSpec {
+        name: name.into(),
+        bind: vec!["to-gpu".into()],
+        command: sh(&script),
+        ready_timeout: Duration::from_secs(10),
+    };
+    let outsider = Arc::new(StandIn { dir: "/tmp/our-pipes".into(), ours: false, terminated: Default::default() });
+    let n = Natives::new(&mb).with_grace(Duration::from_millis(200));
+    n.set_membership(outsider.clone());
+    let err = spawn_direct(&n, spec("outsider")).unwrap_err();
+    assert!(err.contains("not a client of meshd's MPS server") && err.contains("no client list"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "/tmp/our-pipes mps", "started with our pipe directory");
+    assert!(n.rows().is_empty());
+    let member = Arc::new(StandIn { dir: "/tmp/our-pipes".into(), ours: true, terminated: Default::default() });
+    n.set_membership(member.clone());
+    let row = spawn_direct(&n, spec("member")).unwrap();
+    assert_eq!((row.state.as_str(), row.isolation.as_str()), ("running", "mps"));
+    // SIGTERM is ignored: SIGKILL after the grace period, once the worker is cut off its server.
+    let stubborn = NativeSpec {
+        command: sh("trap '' TERM; echo ready >&$MESH_READY_FD; while :; do sleep 0.05; done"),
+        ..spec("stubborn")
+    };
+    let s = spawn_direct(&n, stubborn).unwrap();
+    let stopped = n.stop("stubborn").unwrap();
+    assert_eq!(stopped.state, "killed(signal 9)");
+    assert!(member.terminated.lock().unwrap().contains(&s.pid), "terminate_client before SIGKILL");
+    n.stop_all();
+    assert!(!alive(row.pid) && n.rows().is_empty());
+}
