@@ -229,8 +229,8 @@ fn a_faulting_program_is_left_stopped_and_the_others_relaunched() {
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     d.ok(&["load", "fault", &ptx_file("fault")]);
-    // The fault reaches the clients some time after the launch; the first request after that notices
-    // it and recovers before answering.
+    // The fault reaches the clients some time after the launch; the watchdog notices it with no
+    // request and recovers (ps reads the snapshot it publishes).
     let mut rows = ps(&d);
     let noticed = wait_until(Duration::from_secs(10), || {
         rows = ps(&d);

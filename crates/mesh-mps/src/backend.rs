@@ -287,8 +287,10 @@ impl MpsBackend {
         let mut s = self.lock();
         let Some(control) = s.control.clone() else { return Vec::new() };
         let evidence = self.evidence(&mut s, &control, started);
-        let servers = control.servers().unwrap_or_default();
-        let server_gone = s.programs.iter().any(|p| !servers.contains(&p.worker.server));
+        // Only a list that answers and lacks our server says it went away.
+        let server_gone = control.servers().is_ok_and(|servers| {
+            s.programs.iter().filter(|p| on_watch(p)).any(|p| !servers.contains(&p.worker.server))
+        });
         let verdict = if server_gone { Verdict::NoCulprit } else { watch::name_culprit(&evidence, watch::TICK) };
         let mut log = vec![format!(
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
