@@ -61,6 +61,17 @@ if [ -x "$NVCC" ]; then
 fi
 # --- end image kinds ---
 
+# --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ]; then
+  if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
+      native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
+    ROWS+=("nvcc native-cuda|built bin/native-cuda")
+  else
+    ROWS+=("nvcc native-cuda|FAILED (log: nvcc-native.log): test-native skips the exchange")
+  fi
+fi
+# --- end native-cuda ---
+
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   for t in bin/test-*; do
     [ -x "$t" ] || continue

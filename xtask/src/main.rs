@@ -135,6 +135,14 @@ fn bundle(dir: &Path) -> Result<()> {
         }
     }
     std::fs::copy("crates/mesh-shm/include/mesh.cuh", dir.join("programs/mesh.cuh"))?;
+    // The native worker example in C (examples/native-cuda), compiled by `run` with nvcc against mesh-shm-c.
+    run(cargo().args(["build", "--release", "-p", "mesh-shm-c"]))?;
+    std::fs::create_dir_all(dir.join("native"))?;
+    std::fs::copy(target.join("release/libmesh_shm_c.a"), dir.join("native/libmesh_shm_c.a"))?;
+    std::fs::copy("crates/mesh-shm-c/include/mesh_shm.h", dir.join("native/mesh_shm.h"))?;
+    for f in ["native_echo.cu", "native_kernel.cuh"] {
+        std::fs::copy(Path::new("examples/native-cuda").join(f), dir.join("native").join(f))?;
+    }
     std::fs::copy("tests/gpu-run.sh", dir.join("run"))?;
     std::fs::copy("scripts/demo.sh", dir.join("demo"))?;
     std::fs::set_permissions(dir.join("demo"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;

@@ -1,0 +1,131 @@
+//! Native GPU workers end to end (`meshd spawn`): the C example (examples/native-cuda, built by the bundle's `run` with nvcc) exchanging 100,000 sequence-checked messages with the resident echo_warp in each mode; a worker with a wrong MPS pipe directory refused; a worker that never says ready refused.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mesh_gpu_tests::harness::Meshd;
+use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
+
+const COUNT: u64 = 100_000;
+
+/// The C example's binary: `MESH_NATIVE_CUDA`, else `native-cuda` beside this test binary (a bundle's bin/).
+fn native_cuda() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MESH_NATIVE_CUDA") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().skip(1).take(2).map(|d| d.join("native-cuda")).find(|p| p.is_file())
+}
+
+fn worker_or_skip(test: &str) -> Option<PathBuf> {
+    let w = native_cuda();
+    if w.is_none() {
+        eprintln!(
+            "SKIPPED {test}: no native-cuda binary (the bundle's run builds it with nvcc; or set MESH_NATIVE_CUDA)"
+        );
+    }
+    w
+}
+
+/// meshd with echo_warp between `to-echo` and `from-echo`.
+fn mesh_with_echo(extra: &[&str]) -> Meshd {
+    let m = Meshd::start(extra);
+    m.ok(&["channel", "create", "to-echo", "--msg-size", "16", "--capacity", "1024"]);
+    m.ok(&["channel", "create", "from-echo", "--msg-size", "16", "--capacity", "1024"]);
+    let ptx = programs_dir().join("echo_warp.ptx").display().to_string();
+    m.ok(&["load", "echo", &ptx, "--bind", "to-echo", "--bind", "from-echo"]);
+    m
+}
+
+/// The `ps` line of native worker `name`, if listed.
+fn ps_line(m: &Meshd, name: &str) -> Option<String> {
+    m.ok(&["ps"])
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name) && l.contains(" native "))
+        .map(str::to_string)
+}
+
+fn exchange(mode: &str, extra: &[&str]) {
+    let Some(worker) = worker_or_skip(&format!("native_{mode}")) else { return };
+    let m = mesh_with_echo(extra);
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result");
+    let count = COUNT.to_string();
+    let out = m.ok(&[
+        "spawn",
+        "nat",
+        "--bind",
+        "to-echo",
+        "--bind",
+        "from-echo",
+        "--",
+        worker.to_str().unwrap(),
+        &count,
+        result.to_str().unwrap(),
+    ]);
+    println!("{}", out.trim());
+    assert!(out.contains(&format!("{mode} mode")), "{out}");
+    if mode == "blink" {
+        assert!(out.contains("time-slices"), "spawn says what blink mode means for the worker: {out}");
+    }
+    assert!(ps_line(&m, "nat").is_some(), "ps lists the worker");
+    let ended = wait_until(Duration::from_secs(120), || ps_line(&m, "nat").is_some_and(|l| l.contains("exited(")));
+    let line = ps_line(&m, "nat").unwrap_or_default();
+    let text = std::fs::read_to_string(&result).unwrap_or_default();
+    assert!(ended && line.contains("exited(0)"), "worker: {line}\nresult: {text}\nlog:\n{}", m.log_text());
+    let field =
+        |k: &str| text.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
+    assert_eq!((field("messages"), field("errors")), (count.clone(), "0".to_string()), "{text}");
+    println!("native {mode}: {COUNT} messages in {} ms", field("ms"));
+    m.ok(&["stop", "nat"]);
+    assert!(ps_line(&m, "nat").is_none());
+    assert_eq!(m.heartbeats().len(), 1, "echo still runs");
+}
+
+#[test]
+fn native_blink() {
+    require_gpu!("native_blink");
+    exchange("blink", &[]);
+}
+
+#[test]
+fn native_mps() {
+    require_gpu!("native_mps");
+    exchange("mps", &["--isolation", "mps", "--pool", "1"]);
+}
+
+#[test]
+fn native_worker_with_a_wrong_pipe_directory_is_refused() {
+    require_gpu!("native_worker_with_a_wrong_pipe_directory_is_refused");
+    let Some(worker) = worker_or_skip("native_worker_with_a_wrong_pipe_directory_is_refused") else { return };
+    let m = mesh_with_echo(&["--isolation", "mps", "--pool", "1"]);
+    let wrong = tempfile::tempdir().unwrap();
+    let pipe = format!("CUDA_MPS_PIPE_DIRECTORY={}", wrong.path().display());
+    let err = m.refused(&[
+        "spawn",
+        "stray",
+        "--bind",
+        "to-echo",
+        "--bind",
+        "from-echo",
+        "--",
+        "env",
+        &pipe,
+        worker.to_str().unwrap(),
+        "10",
+    ]);
+    println!("native wrong pipe directory refused: {}", err.trim());
+    assert!(err.contains("not a client of meshd's MPS server"), "{err}\nlog:\n{}", m.log_text());
+    assert!(ps_line(&m, "stray").is_none(), "a refused worker is not listed");
+    assert_eq!(m.heartbeats().len(), 1, "echo still runs");
+}
+
+#[test]
+fn native_worker_that_never_says_ready_is_refused() {
+    require_gpu!("native_worker_that_never_says_ready_is_refused");
+    let m = Meshd::start(&[]);
+    let err = m.refused(&["spawn", "mute", "--ready-timeout", "2", "--", "sleep", "600"]);
+    println!("native never ready refused: {}", err.trim());
+    assert!(err.contains("did not report ready within 2.0 s"), "{err}");
+    assert!(ps_line(&m, "mute").is_none());
+}
