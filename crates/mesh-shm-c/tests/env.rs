@@ -1,7 +1,6 @@
 //! The calls that read what `meshd spawn` puts in a native worker's environment (`MESH_MAILBOX`, `MESH_CHANNELS`, `MESH_READY_FD`): one test, alone in its binary, so that no other thread reads the environment while it changes.
 
 use std::ffi::c_char;
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::ptr::{null, null_mut};
 
@@ -45,13 +44,13 @@ fn environment_of_a_native_worker() {
         assert_eq!((ctx.binding_count, ctx.bindings[0].msg_size, ctx.bindings[1].msg_size), (2, 32, 16));
         mesh_shm_close(mb);
     }
-    let (mut r, w) = std::io::pipe().unwrap();
+    let ready = dir.path().join("ready");
+    let w = std::fs::File::create(&ready).unwrap();
     // SAFETY: nothing else in this binary touches the environment.
     unsafe { std::env::set_var("MESH_READY_FD", w.as_raw_fd().to_string()) };
     assert_eq!(mesh_shm_ready(), MESH_OK);
     drop(w);
-    let mut got = String::new();
-    r.read_to_string(&mut got).unwrap();
+    let got = std::fs::read_to_string(&ready).unwrap();
     assert_eq!(got, "ready\n");
     // SAFETY: as above.
     unsafe { std::env::set_var("MESH_READY_FD", "not-a-number") };

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
@@ -251,7 +251,7 @@ impl Natives {
             self.mailbox.channel(c).map_err(|e| format!("native worker {name}: {e}"))?;
         }
         let membership = lock(&self.membership).clone();
-        let (read_end, write_end) = std::io::pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
+        let (read_end, write_end) = ready_pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
         let fd = write_end.as_raw_fd();
         let mut cmd = Command::new(program);
         cmd.args(&spec.command[1..])
@@ -301,7 +301,7 @@ impl Natives {
             },
         );
         self.reap_in_background(name.clone(), child.clone());
-        Ok((child, read_end.into()))
+        Ok((child, read_end))
     }
 
     /// One thread per worker waits for its exit and records it (the one place it is reaped).
@@ -416,6 +416,17 @@ impl Natives {
             }
         });
     }
+}
+
+/// A pipe, both ends close-on-exec (the worker's end is made inheritable in the child only).
+fn ready_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Why a worker did not become ready.
