@@ -22,6 +22,7 @@ const ENTRY_POINTS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxReset_v2",
     "cuCtxSetCurrent",
     "cuModuleLoadData",
     "cuModuleUnload",
