@@ -1,4 +1,5 @@
-//! A GPU as meshd sees it: name, SMs, compute capability and `sm_XY`, host-native atomics, MPS, SM partitioning.
+//! A GPU as meshd sees it: name, UUID, SMs, compute capability and `sm_XY`, host-native atomics, MPS, SM partitioning;
+//! a device chosen by ordinal or by UUID.
 
 use std::ffi::CStr;
 
@@ -91,6 +92,54 @@ impl Device {
         })
     }
 
+    /// The device `selector` names: an ordinal (`1`, in the order the driver enumerates, which
+    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes `nvidia-smi -L`'s) or a UUID as `nvidia-smi -L` prints it
+    /// (`GPU-5f3a…`, any case, a unique prefix of at least `GPU-` and 4 digits accepted), looked up
+    /// among the visible devices with `cuDeviceGetUuid`.
+    pub fn find(selector: &str) -> Result<Self, CudaError> {
+        let selector = selector.trim();
+        if let Ok(ordinal) = selector.parse::<i32>() {
+            return Self::get(ordinal);
+        }
+        let Some(wanted) = normalize_uuid_prefix(selector) else {
+            return Err(CudaError::NoDevice(format!(
+                "{selector:?} is neither a device ordinal nor a GPU UUID (GPU-xxxxxxxx-…, as `nvidia-smi -L` prints)"
+            )));
+        };
+        driver::init()?;
+        let mut count = 0;
+        // SAFETY: the driver is initialised; valid out-pointer.
+        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+        let mut seen = Vec::new();
+        let mut found = Vec::new();
+        for ordinal in 0..count {
+            let device = Self::get(ordinal)?;
+            let uuid = device.uuid()?;
+            if uuid.starts_with(&wanted) {
+                found.push(device);
+            }
+            seen.push(uuid);
+        }
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(CudaError::NoDevice(format!("no visible GPU has UUID {selector} (visible: {})", seen.join(", ")))),
+            n => Err(CudaError::NoDevice(format!("{selector} is a prefix of {n} GPUs' UUIDs: give more of it"))),
+        }
+    }
+
+    /// `cuDeviceGetUuid`, formatted as `nvidia-smi -L` prints it: `GPU-` and 8-4-4-4-12 lowercase hex digits.
+    pub fn uuid(&self) -> Result<String, CudaError> {
+        // SAFETY: the struct is 16 plain bytes; zero is a valid value.
+        let mut uuid: sys::CUuuid = unsafe { std::mem::zeroed() };
+        // `cuDeviceGetUuid_v2`: what CUDA 13's header calls cuDeviceGetUuid (for a whole GPU the same UUID).
+        if !driver::missing_symbols(&["cuDeviceGetUuid_v2"]).is_empty() {
+            return Err(CudaError::NoDriver("libcuda lacks cuDeviceGetUuid_v2: the driver is too old".into()));
+        }
+        // SAFETY: valid out-pointer and device; the entry point exists (checked above).
+        check("cuDeviceGetUuid_v2", unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, self.handle) })?;
+        Ok(format_uuid(&uuid.bytes.map(|b| b as u8)))
+    }
+
     /// The architecture nvJitLink targets: `sm_90` for compute capability 9.0.
     pub fn arch(&self) -> String {
         format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
@@ -115,5 +164,41 @@ impl Device {
             min_partition: sm.minSmPartitionSize,
             alignment: sm.smCoscheduledAlignment,
         })
+    }
+}
+
+/// A UUID's 16 bytes as `nvidia-smi -L` prints them: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lowercase.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// `s` as the start of a GPU UUID in [`format_uuid`]'s form (`GPU-` prefix any case, hex lowercased),
+/// or `None` when it is not one (`GPU-` then at least 4 hex digits and dashes, at most a whole UUID).
+pub fn normalize_uuid_prefix(s: &str) -> Option<String> {
+    let rest = s.get(..4).filter(|p| p.eq_ignore_ascii_case("GPU-")).map(|_| &s[4..])?;
+    let digits = rest.chars().filter(char::is_ascii_hexdigit).count();
+    let valid =
+        rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-') && (4..=32).contains(&digits) && rest.len() <= 36;
+    valid.then(|| format!("GPU-{}", rest.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_written_as_nvidia_smi_writes_them() {
+        let bytes = [0x5f, 0x3a, 0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd];
+        assert_eq!(format_uuid(&bytes), "GPU-5f3a0011-2233-4455-6677-8899aabbccdd");
+        assert_eq!(
+            normalize_uuid_prefix("gpu-5F3A0011-2233-4455-6677-8899AABBCCDD").as_deref(),
+            Some("GPU-5f3a0011-2233-4455-6677-8899aabbccdd")
+        );
+        assert_eq!(normalize_uuid_prefix("GPU-5f3a").as_deref(), Some("GPU-5f3a"));
+        for bad in ["0", "GPU-", "GPU-12", "MIG-5f3a0011", "GPU-zz3a0011", "GPU-5f3a0011-2233-4455-6677-8899aabbccdd00"]
+        {
+            assert_eq!(normalize_uuid_prefix(bad), None, "{bad}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! `mesh-mps-worker --mailbox PATH [--sms N]`: one MPS client of meshd's server, running one program at a time.
+//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID]`: one MPS client of meshd's server, running one program at a time.
 //!
 //! Started by meshd with `CUDA_MPS_PIPE_DIRECTORY` set to its private server. It creates its context
 //! (checking that it really is an MPS client), maps and registers the mailbox, takes a green context
@@ -25,6 +25,10 @@ struct Args {
     /// A green context of this many SMs instead of the whole GPU.
     #[arg(long, value_name = "N")]
     sms: Option<u32>,
+    /// The GPU: an ordinal among the devices this process sees, or a UUID (`GPU-…`, what meshd
+    /// passes: an MPS client sees the server's devices renumbered). Default: device 0.
+    #[arg(long, value_name = "ORDINAL|UUID", default_value = "0")]
+    device: String,
 }
 
 struct Worker {
@@ -42,8 +46,8 @@ fn say(reply: &Reply) {
     let _ = out.flush();
 }
 
-fn start(mailbox_path: &Path, sms: Option<u32>) -> Result<(Worker, Ready), String> {
-    let device = Device::get(0).map_err(|e| e.to_string())?;
+fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worker, Ready), String> {
+    let device = Device::find(selector).map_err(|e| format!("device {selector}: {e}"))?;
     let started = Instant::now();
     let ctx = match sms {
         Some(n) => Context::green(&device, n),
@@ -52,7 +56,7 @@ fn start(mailbox_path: &Path, sms: Option<u32>) -> Result<(Worker, Ready), Strin
     .map_err(|e| format!("creating the context: {e}"))?;
     let context_ms = started.elapsed().as_millis() as u64;
     // Read after the context exists: only then has the driver connected to (or missed) the MPS server.
-    let device = Device::get(0).map_err(|e| e.to_string())?;
+    let device = Device::find(selector).map_err(|e| e.to_string())?;
     if !device.mps_enabled {
         return Err("not an MPS client (CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0): was the worker started with meshd's CUDA_MPS_PIPE_DIRECTORY?".into());
     }
@@ -152,7 +156,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let (mut worker, ready) = match start(&args.mailbox, args.sms) {
+    let (mut worker, ready) = match start(&args.mailbox, args.sms, &args.device) {
         Ok(w) => w,
         Err(e) => {
             say(&Reply::refused(RefusalKind::Start, e));
@@ -182,7 +186,9 @@ mod tests {
     #[test]
     fn the_arguments_parse_and_bad_ones_are_refused() {
         let a = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "/dev/shm/m", "--sms", "16"]).unwrap();
-        assert_eq!((a.mailbox, a.sms), (PathBuf::from("/dev/shm/m"), Some(16)));
+        assert_eq!((a.mailbox, a.sms, a.device.as_str()), (PathBuf::from("/dev/shm/m"), Some(16), "0"));
+        let b = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--device", "GPU-5f3a0011"]).unwrap();
+        assert_eq!(b.device, "GPU-5f3a0011");
         assert!(Args::try_parse_from(["mesh-mps-worker"]).is_err(), "--mailbox is required");
         assert!(Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--sms", "many"]).is_err());
     }

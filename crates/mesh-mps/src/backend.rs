@@ -36,8 +36,7 @@ use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
 /// fault reached the clients about 150 ms after the faulting launch.
 pub const FAULT_WATCH: Duration = Duration::from_millis(600);
 
-/// MPS client contexts per device on Volta and later (NVIDIA's MPS documentation; 60 from CUDA 13.1).
-pub const MAX_CLIENTS: u32 = 48;
+pub use crate::pool::MAX_CLIENTS;
 
 /// Options of the MPS backend.
 #[derive(Debug, Clone)]
@@ -48,13 +47,16 @@ pub struct MpsConfig {
     pub mps_dir: Option<PathBuf>,
     /// Workers started before any program runs.
     pub pool: u32,
+    /// Whether a load or upgrade that finds the pool empty may create an MPS client (stalling every
+    /// running program once, counted), and whether discarded workers are replaced; else it is refused.
+    pub pool_grow: bool,
     /// How long a program gets to stop before its worker is cut off.
     pub stop_deadline: Duration,
 }
 
 impl Default for MpsConfig {
     fn default() -> Self {
-        Self { sms: None, mps_dir: None, pool: 2, stop_deadline: Duration::from_secs(2) }
+        Self { sms: None, mps_dir: None, pool: 2, pool_grow: false, stop_deadline: Duration::from_secs(2) }
     }
 }
 
@@ -96,6 +98,8 @@ pub struct MpsBackend {
     cubins: PathBuf,
     next_cubin: AtomicU64,
     shut_down: bool,
+    /// MPS clients the device takes (48, or 60 from CUDA 13.1).
+    client_limit: u32,
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -121,10 +125,14 @@ fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError
 impl MpsBackend {
     /// Starts the private daemon and the pool (each worker checked to be our client) before any program runs.
     pub fn open(mailbox: &Mailbox, config: MpsConfig) -> Result<Self> {
-        if config.pool > MAX_CLIENTS {
-            return Err(BackendError::ClientLimit { asked: config.pool, limit: MAX_CLIENTS });
+        let (client_limit, limit_source) = crate::pool::client_limit(mesh_cuda::driver::init().ok().map(|d| d.version));
+        if config.pool > client_limit {
+            return Err(BackendError::ClientLimit { asked: config.pool, limit: client_limit });
         }
         let device = Device::get(0)?;
+        // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
+        crate::worker::set_device(device.uuid()?);
+        crate::pool::open(config.pool, config.pool_grow, client_limit, limit_source);
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
@@ -156,9 +164,11 @@ impl MpsBackend {
             Ok(j) => j,
             Err(e) => {
                 cleanup::run_one(cleanup_id);
+                crate::pool::close();
                 return Err(e);
             }
         };
+        crate::pool::publish(shared.lock().idle.len(), 0);
         Ok(Self {
             shared,
             mailbox: mailbox.clone(),
@@ -169,6 +179,7 @@ impl MpsBackend {
             cubins,
             next_cubin: AtomicU64::new(0),
             shut_down: false,
+            client_limit,
         })
     }
 
@@ -208,29 +219,94 @@ impl MpsBackend {
         Ok(())
     }
 
-    /// An idle worker with `sms`, or a new one (a new MPS client: it stalls the running kernels once).
-    fn take_worker(&mut self, sms: Option<u32>) -> Result<Worker> {
-        let found = {
+    /// An idle worker with `sms` for `op` (`load`, `upgrade`) of `program`. None idle: refused with
+    /// the reason, unless growth is allowed (`--pool-grow`); then a new MPS client, which stalls the
+    /// running programs once: counted, logged, and shown by `info` and the request's reply.
+    fn take_worker(&mut self, sms: Option<u32>, program: &str, op: &'static str) -> Result<Worker> {
+        let (found, idle_sms, in_use) = {
             let mut s = self.lock();
             let pos = s.idle.iter().position(|w| sms.is_none_or(|n| w.ready.sms == n));
-            pos.map(|p| s.idle.swap_remove(p))
+            let found = pos.map(|p| s.idle.swap_remove(p));
+            (found, s.idle.iter().map(|w| w.ready.sms).collect::<Vec<u32>>(), s.programs.len())
         };
         if let Some(w) = found {
+            self.publish_pool();
             return Ok(w);
         }
-        let clients = {
-            let s = self.lock();
-            (s.idle.len() + s.programs.len()) as u32
-        };
-        if clients + 1 > MAX_CLIENTS {
-            return Err(BackendError::ClientLimit { asked: clients + 1, limit: MAX_CLIENTS });
+        if !self.config.pool_grow {
+            let why = crate::pool::refusal(op, program, sms, &idle_sms, in_use, self.config.pool);
+            tracing::warn!("{why}");
+            return Err(BackendError::Invalid { what: "MPS pool".into(), reason: why });
         }
-        tracing::warn!(
-            "no idle worker{}: starting one (creating an MPS client stalls the running kernels once)",
-            sms.map_or(String::new(), |n| format!(" of {n} SMs"))
-        );
+        self.grow(sms.or(self.config.sms), program, op)
+    }
+
+    /// A new worker (a new MPS client) for `op` of `program`, growth being allowed: every running
+    /// program stalls once, which is counted and logged.
+    fn grow(&self, sms: Option<u32>, program: &str, op: &'static str) -> Result<Worker> {
+        let (clients, running) = {
+            let s = self.lock();
+            ((s.idle.len() + s.programs.len()) as u32, s.programs.iter().filter(|p| on_watch(p)).count() as u32)
+        };
+        if clients + 1 > self.client_limit {
+            return Err(BackendError::ClientLimit { asked: clients + 1, limit: self.client_limit });
+        }
         let control = self.control()?;
-        Worker::start(&control, self.mailbox.path(), sms.or(self.config.sms), WORKER_LOAD)
+        let started = Instant::now();
+        let w = Worker::start(&control, self.mailbox.path(), sms, WORKER_LOAD)?;
+        if running > 0 {
+            let n = crate::pool::record_growth(program, op, running);
+            tracing::warn!(
+                program,
+                "MPS pool grown for {op} of {program:?} (--pool-grow): worker {} created in {:?}; its client creation \
+                 stalled {running} running program(s) (stall #{n} since start)",
+                w.pid(),
+                started.elapsed()
+            );
+        } else {
+            tracing::info!(
+                program,
+                "MPS pool grown for {op} of {program:?}: worker {} (no program was running)",
+                w.pid()
+            );
+        }
+        Ok(w)
+    }
+
+    /// After an unload or upgrade of `program`: workers discarded (a program cut off, a failed
+    /// kernel) so that fewer than `--pool` exist are replaced only when growth is allowed (each
+    /// replacement stalls the running programs once, counted). Workers that return from programs
+    /// refill the pool by themselves.
+    fn grow_back(&self, program: &str) {
+        let missing = {
+            let s = self.lock();
+            (self.config.pool as usize).saturating_sub(s.idle.len() + s.programs.len())
+        };
+        if missing > 0 && !self.config.pool_grow {
+            tracing::info!(
+                "MPS pool: {missing} worker(s) discarded below --pool {} not replaced (creating a client stalls the \
+                 running programs; --pool-grow allows it)",
+                self.config.pool
+            );
+        }
+        if self.config.pool_grow {
+            for _ in 0..missing {
+                match self.grow(self.config.sms, program, "refill") {
+                    Ok(w) => self.lock().idle.push(w),
+                    Err(e) => {
+                        tracing::warn!("growing the MPS pool back: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        self.publish_pool();
+    }
+
+    /// The pool's counts for `info`.
+    fn publish_pool(&self) {
+        let s = self.lock();
+        crate::pool::publish(s.idle.len(), s.programs.len());
     }
 
     /// Returns a worker to the pool after unloading its module; a worker that will not is discarded.
@@ -576,7 +652,7 @@ impl Backend for MpsBackend {
         }
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
-        let mut worker = self.take_worker(spec.sms)?;
+        let mut worker = self.take_worker(spec.sms, &spec.name, "load")?;
         let prepared = self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None);
         let (share, cubin) =
             match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
@@ -601,6 +677,7 @@ impl Backend for MpsBackend {
         let program = Program { core, worker, cubin };
         let status = self.status_of(&program, KernelState::Busy);
         self.lock().programs.push(program);
+        self.publish_pool();
         Ok(status)
     }
 
@@ -614,7 +691,7 @@ impl Backend for MpsBackend {
             (p.core.shape, Some(p.worker.ready.sms).filter(|_| self.config.sms.is_some()))
         };
         // The new image is loaded and probed in another worker while the old one runs.
-        let mut fresh = self.take_worker(sms)?;
+        let mut fresh = self.take_worker(sms, name, "upgrade")?;
         let (share, cubin) = match self.prepare(&mut fresh, name, image, kind, &shape, Some(name)) {
             Ok(s) => s,
             Err(e) => {
@@ -649,6 +726,7 @@ impl Backend for MpsBackend {
         }
         let status = self.status_of(&old, if launched.is_ok() { KernelState::Busy } else { KernelState::Idle });
         self.lock().programs.insert(i, old);
+        self.grow_back(name);
         launched?;
         Ok(status)
     }
@@ -663,6 +741,7 @@ impl Backend for MpsBackend {
         if let Some(w) = kept {
             self.give_back(w);
         }
+        self.grow_back(name);
         Ok(())
     }
 
@@ -674,6 +753,7 @@ impl Backend for MpsBackend {
             // A program left stopped has no kernel to ask about.
             .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
             .collect();
+        crate::pool::publish(s.idle.len(), s.programs.len());
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
     }
 
@@ -743,6 +823,7 @@ impl Backend for MpsBackend {
             w.exit();
         }
         cleanup::run_one(self.cleanup_id);
+        crate::pool::close();
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! * [`control`]: the daemon (`nvidia-cuda-mps-control -f` as meshd's child, pipe and log directories
 //!   of mode 0700), its commands, and the membership check (`get_server_list`, `get_client_list`).
 //! * [`worker`]: a worker process as meshd sees it.
+//! * [`pool`]: the pool's policy (a load past it refused unless `--pool-grow`) and its counters for `info`.
 //! * [`MpsBackend`]: the backend; [`native_pipe_dir`] and [`check_native`] for native GPU workers.
 //!
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
@@ -10,6 +11,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod pool;
 pub mod process;
 pub mod worker;
 

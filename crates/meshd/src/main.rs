@@ -25,9 +25,14 @@ use meshd::state::{self, StateStore};
     about = "Hosts GPU programs as resident kernels that talk through a shared-memory mailbox"
 )]
 struct Cli {
-    /// The control socket.
-    #[arg(long, global = true, env = "MESHD_SOCKET", default_value = "/tmp/meshd.sock")]
-    socket: PathBuf,
+    /// The control socket (default /tmp/meshd.sock; with --device, /tmp/meshd-<GPU UUID>.sock).
+    #[arg(long, global = true, env = "MESHD_SOCKET")]
+    socket: Option<PathBuf>,
+    /// The GPU: an ordinal as `nvidia-smi -L` numbers them, or its UUID (GPU-…). meshd and all it
+    /// starts use that GPU alone, and its default socket, mailbox, MPS directory and state directory
+    /// derive from the GPU's UUID; a client given the same --device reaches that meshd.
+    #[arg(long, global = true, env = "MESHD_DEVICE", value_name = "N|UUID")]
+    device: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -157,15 +162,20 @@ struct RunArgs {
     /// SMs for a green context (blink: all programs; mps: per worker).
     #[arg(long)]
     sms: Option<u32>,
-    /// MPS pipe and log directories (default /tmp/meshd-mps.PID).
+    /// MPS pipe and log directories (default /tmp/meshd-mps.PID, removed at exit; with --device, /tmp/meshd-mps-<GPU UUID>).
     #[arg(long)]
     mps_dir: Option<PathBuf>,
-    /// MPS workers started before any program runs.
+    /// MPS workers started before any program runs. A load or upgrade that finds none idle is
+    /// refused (creating an MPS client stalls every running program), unless --pool-grow.
     #[arg(long, default_value_t = 2)]
     pool: u32,
-    /// The mailbox file.
-    #[arg(long, default_value = "/dev/shm/meshd.mailbox")]
-    shm: PathBuf,
+    /// Let a load or upgrade past the pool create an MPS client, and discarded workers be replaced:
+    /// every running program then stalls once, counted in info and ps and said in the reply.
+    #[arg(long)]
+    pool_grow: bool,
+    /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
+    #[arg(long)]
+    shm: Option<PathBuf>,
     /// Mailbox size, bytes (K, M, G suffixes).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     shm_size: u64,
@@ -226,6 +236,8 @@ fn refused(e: impl Into<anyhow::Error>) -> Exit {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // SAFETY: nothing but this thread runs yet (clap spawns none), and the driver is not loaded.
+    unsafe { start::select_device_env(cli.device.as_deref()) };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MESHD_LOG").unwrap_or_else(|_| "info".into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
@@ -238,10 +250,32 @@ fn main() -> ExitCode {
     }
 }
 
+/// A client's socket: --socket or MESHD_SOCKET; else, with --device, the GPU's (a whole UUID names
+/// it without the driver; an ordinal or a prefix is looked up: cuInit, cuDeviceGet, cuDeviceGetUuid,
+/// no context); else /tmp/meshd.sock.
+fn client_socket(socket: Option<PathBuf>, device: Option<&str>) -> Result<PathBuf, Exit> {
+    if let Some(s) = socket {
+        return Ok(s);
+    }
+    let uuid = match device {
+        None => None,
+        Some(d) => Some(match start::whole_uuid(d) {
+            Some(u) => u,
+            None => start::lookup_uuid(d).map_err(|e| {
+                Exit(2, anyhow!("{e:#}; or give --socket, MESHD_SOCKET or the GPU's whole UUID (GPU-…)"))
+            })?,
+        }),
+    };
+    Ok(start::default_paths(uuid.as_deref()).socket)
+}
+
 fn dispatch(cli: Cli) -> Result<(), Exit> {
-    let socket = cli.socket;
+    if let Command::Run(args) = cli.command {
+        return run(args, cli.socket, cli.device).map_err(refused);
+    }
+    let socket = client_socket(cli.socket, cli.device.as_deref())?;
     match cli.command {
-        Command::Run(args) => run(args, &socket).map_err(refused),
+        Command::Run(_) => unreachable!("handled above"),
         Command::Load { name, image, grid, block, shared_mem, bind, sms } => {
             load(&socket, name, &image, LaunchShape { grid, block, shared_mem }, bind, sms)
         }
@@ -280,28 +314,68 @@ fn load(
     let bytes = read_image(image)?;
     let LaunchShape { grid, block, shared_mem } = shape;
     let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms };
+    let since = unix_ms();
     let resp = call(socket, &req, &bytes)?;
     for p in resp.programs.as_deref().unwrap_or_default() {
         let took = backend_time(&resp);
         println!("loaded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+        print_stalls(socket, &p.name, since);
     }
     Ok(())
 }
 
 fn upgrade(socket: &Path, name: String, image: &Path) -> Result<(), Exit> {
     let bytes = read_image(image)?;
+    let since = unix_ms();
     let resp = call(socket, &Request::Upgrade { name, image_len: bytes.len() }, &bytes)?;
     for p in resp.programs.as_deref().unwrap_or_default() {
         let took = backend_time(&resp);
         println!("upgraded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+        print_stalls(socket, &p.name, since);
     }
     Ok(())
 }
 
 fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
+    let since = unix_ms();
     let resp = call(socket, &Request::Unload { name: name.to_string() }, &[])?;
     println!("unloaded {name}{}", backend_time(&resp));
+    print_stalls(socket, name, since);
     Ok(())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// MPS mode: the client creations this request of `program` caused (the pool was empty and
+/// --pool-grow let meshd create one), each of which stalled every running program. Read from `info`,
+/// which records every such creation with its program and time.
+fn print_stalls(socket: &Path, program: &str, since_ms: u64) {
+    let Ok(Some(info)) = call(socket, &Request::Info, &[]).map(|r| r.info) else { return };
+    let Some(pool) = info.extra.pool else { return };
+    for g in pool.recent.iter().filter(|g| g.program == program && g.unix_ms >= since_ms) {
+        println!(
+            "note: the MPS pool had no idle worker: meshd created an MPS client for this {} (--pool-grow), which \
+             stalled {} running program(s) (stall #{} of {} since start)",
+            g.op, g.stalled, g.seq, pool.stalls
+        );
+    }
+}
+
+/// `ps`'s last line in MPS mode: the pool, and how often it grew while programs ran.
+fn print_pool(pool: &meshd::protocol::PoolRow) {
+    println!(
+        "MPS pool: {} idle, {} in use (--pool {}; limit {} clients: {}); growth {}; {} MPS client creation(s) stalled \
+         the running programs since start",
+        pool.idle,
+        pool.in_use,
+        pool.size,
+        pool.client_limit,
+        pool.client_limit_source,
+        if pool.grow { "allowed (--pool-grow)" } else { "refused (no --pool-grow)" },
+        pool.stalls
+    );
 }
 
 fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
@@ -336,6 +410,9 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         );
     }
     print_natives(&natives);
+    if let Ok(Some(pool)) = call(socket, &Request::Info, &[]).map(|r| r.info.and_then(|i| i.extra.pool)) {
+        print_pool(&pool);
+    }
     Ok(())
 }
 
@@ -438,17 +515,46 @@ fn open_mailbox(socket: &Path) -> Result<Mailbox, Exit> {
 
 /// `meshd run`: the mailbox and its lock first (refusal and takeover happen before any GPU work),
 /// then the backend on its own thread, then the socket; serves until shutdown or a signal.
-fn run(args: RunArgs, socket: &Path) -> Result<()> {
+fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
     let _cleanup = cleanup::RunOnDrop;
+    // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
+    let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
+    if let Some(u) = &uuid {
+        start::set_device(start::DeviceId { selector: device.clone(), uuid: u.clone() });
+    }
+    let defaults = start::default_paths(uuid.as_deref());
+    let derived_mps_dir = args.shm.is_none() && args.mps_dir.is_none() && defaults.mps_dir.is_some();
+    let socket = socket.unwrap_or(defaults.socket);
+    let socket = socket.as_path();
+    let shm = args.shm.take().unwrap_or(defaults.shm);
+    args.mps_dir = args.mps_dir.take().or(defaults.mps_dir);
+    if let Some(u) = &uuid {
+        tracing::info!(
+            "device {} = {u}: socket {}, mailbox {}",
+            device.as_deref().unwrap_or_default(),
+            socket.display(),
+            shm.display()
+        );
+    }
     start::check_socket_free(socket)?;
     let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
-    let claimed = start::claim_mailbox(&args.shm, &config, args.fresh)?;
+    let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
     let lock = claimed.lock;
+    if derived_mps_dir && mode == IsolationMode::Mps {
+        // Ours alone while we hold this GPU's mailbox lock: what is there a dead meshd left (a stale
+        // control pipe would pass for a live daemon).
+        if let Some(dir) = args.mps_dir.as_ref().filter(|d| d.exists()) {
+            tracing::info!("removing {} left by a previous meshd of this GPU", dir.display());
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                tracing::warn!("removing the stale MPS directory {}: {e}", dir.display());
+            }
+        }
+    }
     // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
     cleanup::register("mailbox lock", move || lock.remove());
-    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&args.shm));
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&shm));
     if args.fresh {
         StateStore::forget(&state_dir)?;
     }
@@ -474,7 +580,7 @@ fn run(args: RunArgs, socket: &Path) -> Result<()> {
             // A mailbox made just now holds nothing: leave nothing behind. One taken over holds
             // channels and messages: keep it, and its state, for the next start.
             if created {
-                let _ = std::fs::remove_file(&args.shm);
+                let _ = std::fs::remove_file(&shm);
                 if StateStore::open(&state_dir).is_ok_and(|s| s.recorded().programs.is_empty()) {
                     let _ = StateStore::forget(&state_dir);
                 }
@@ -489,13 +595,13 @@ fn run(args: RunArgs, socket: &Path) -> Result<()> {
             let _ = StateStore::forget(&dir);
         });
     }
-    start::remove_at_exit("mailbox", args.shm.clone(), args.keep_shm);
+    start::remove_at_exit("mailbox", shm.clone(), args.keep_shm);
     start::remove_at_exit("control socket", socket.to_path_buf(), false);
     server.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let (relaunched, failed) = server.relaunched;
     tracing::info!(
         "ready: {mode} mode, mailbox {}, socket {}, state {}{}",
-        args.shm.display(),
+        shm.display(),
         socket.display(),
         state_dir.display(),
         if relaunched + failed > 0 {
@@ -556,6 +662,7 @@ struct BackendArgs {
     sms: Option<u32>,
     mps_dir: Option<PathBuf>,
     pool: u32,
+    pool_grow: bool,
     stop_deadline: Duration,
 }
 
@@ -565,6 +672,7 @@ impl From<&RunArgs> for BackendArgs {
             sms: a.sms,
             mps_dir: a.mps_dir.clone(),
             pool: a.pool,
+            pool_grow: a.pool_grow,
             stop_deadline: Duration::from_millis(a.stop_timeout_ms),
         }
     }
@@ -590,19 +698,34 @@ fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> R
                 sms: args.sms,
                 mps_dir: args.mps_dir.clone(),
                 pool: args.pool,
+                pool_grow: args.pool_grow,
                 stop_deadline: args.stop_deadline,
             };
             let b = mesh_mps::MpsBackend::open(mailbox, config)?;
+            let pool = mesh_mps::pool::snapshot().unwrap_or_default();
             tracing::info!(
-                "MPS mode: private daemon with pipe directory {}, {} pool workers {:?}",
+                "MPS mode: private daemon with pipe directory {}; pool of {} workers {:?} (limit {} clients: {}); {}",
                 b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
                 b.idle_workers().len(),
-                b.idle_workers()
+                b.idle_workers(),
+                pool.limit,
+                pool.limit_source,
+                if args.pool_grow {
+                    "--pool-grow: a load past the pool creates a client, stalling the running programs (counted)"
+                } else {
+                    "a load that finds the pool empty is refused (--pool-grow allows growth)"
+                }
             );
             Box::new(b)
         }
     };
-    tracing::info!("device {} ({})", device.name, device.arch());
+    match device.uuid() {
+        Ok(uuid) => {
+            tracing::info!("device {} ({}), {uuid}", device.name, device.arch());
+            start::set_device(start::DeviceId { selector: None, uuid });
+        }
+        Err(e) => tracing::info!("device {} ({}); its UUID: {e}", device.name, device.arch()),
+    }
     Ok(Opened { backend, device: device.name.clone() })
 }
 

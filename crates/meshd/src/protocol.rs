@@ -166,6 +166,97 @@ pub struct Info {
     pub host_atomics: bool,
     /// Every channel.
     pub channels: Vec<ChannelRow>,
+    /// The GPU's identity and, in MPS mode, the worker pool.
+    #[serde(flatten)]
+    pub extra: InfoExtra,
+}
+
+/// What `info` shows beyond the snapshot, read from process-wide state when it is answered (so
+/// without waiting for the backend): the GPU's UUID and how `--device` named it, and the MPS pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InfoExtra {
+    /// The GPU's UUID (`GPU-…`, as `nvidia-smi -L` prints it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_uuid: Option<String>,
+    /// `--device` as given (an ordinal or a UUID); absent when meshd was started without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_selector: Option<String>,
+    /// The MPS worker pool (MPS mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolRow>,
+}
+
+impl InfoExtra {
+    /// What this process knows now.
+    pub fn now() -> Self {
+        let device = crate::start::device();
+        Self {
+            device_uuid: device.as_ref().map(|d| d.uuid.clone()),
+            device_selector: device.and_then(|d| d.selector),
+            pool: mesh_mps::pool::snapshot().map(|p| PoolRow::from(&p)),
+        }
+    }
+}
+
+/// The MPS worker pool in `info`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolRow {
+    /// `--pool`: workers made at start.
+    pub size: u32,
+    /// Idle workers now.
+    pub idle: u32,
+    /// Workers running a program.
+    pub in_use: u32,
+    /// MPS clients the device takes (48 on Volta and later, 60 from CUDA 13.1).
+    pub client_limit: u32,
+    /// Where that figure comes from.
+    pub client_limit_source: String,
+    /// `--pool-grow`: a load past the pool creates a client (stalling the running programs) instead of being refused.
+    pub grow: bool,
+    /// MPS clients created while programs ran, since start: each stalled every running program once.
+    pub stalls: u64,
+    /// The last few of those.
+    pub recent: Vec<GrowthRow>,
+}
+
+/// One client creation that stalled running programs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GrowthRow {
+    /// Its number since start.
+    pub seq: u64,
+    /// The program it was made for.
+    pub program: String,
+    /// load, upgrade or refill (the pool grown back after an unload or upgrade discarded a worker).
+    pub op: String,
+    /// Programs that were running, and stalled.
+    pub stalled: u32,
+    /// When, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+impl From<&mesh_mps::pool::PoolSnapshot> for PoolRow {
+    fn from(p: &mesh_mps::pool::PoolSnapshot) -> Self {
+        Self {
+            size: p.size,
+            idle: p.idle,
+            in_use: p.in_use,
+            client_limit: p.limit,
+            client_limit_source: p.limit_source.clone(),
+            grow: p.grow,
+            stalls: p.stalls,
+            recent: p
+                .recent
+                .iter()
+                .map(|g| GrowthRow {
+                    seq: g.seq,
+                    program: g.program.clone(),
+                    op: g.op.to_string(),
+                    stalled: g.stalled,
+                    unix_ms: g.unix_ms,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The daemon's answer.

@@ -414,6 +414,7 @@ fn info(shared: &Shared) -> Response {
             device: snap.device.clone(),
             host_atomics: snap.host_atomics,
             channels,
+            extra: crate::protocol::InfoExtra::now(),
         }),
         ..Response::default()
     }

@@ -1,4 +1,5 @@
-//! `meshd run`'s first phase, before any GPU work: the mailbox's lock, the mailbox itself (taken over or created), the control socket.
+//! `meshd run`'s first phase, before any GPU work: the default paths (per GPU with `--device`), the mailbox's lock,
+//! the mailbox itself (taken over or created), the control socket.
 //!
 //! A live meshd holds an exclusive `flock` on `<mailbox>.lock`. The kernel drops it when the
 //! process dies, however it dies and whatever PID namespace it runs in, so "nobody holds the lock"
@@ -237,5 +238,134 @@ pub fn remove_at_exit(what: &'static str, path: PathBuf, keep: bool) {
         cleanup::register(what, move || {
             let _ = std::fs::remove_file(&path);
         });
+    }
+}
+
+// ---- One meshd per GPU: `--device` and the paths derived from the GPU's UUID ----
+
+/// The default socket, mailbox and MPS directory of a meshd (every explicit flag overrides its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultPaths {
+    /// The control socket.
+    pub socket: PathBuf,
+    /// The mailbox (its lock is `<mailbox>.lock`, its default state directory derives from it).
+    pub shm: PathBuf,
+    /// The MPS pipe and log directories; `None`: `/tmp/meshd-mps.PID`, removed at exit.
+    pub mps_dir: Option<PathBuf>,
+}
+
+/// The defaults for the GPU whose UUID is `uuid` (`GPU-…`, any case), or today's single-GPU
+/// defaults without `--device`: `/tmp/meshd.sock`, `/dev/shm/meshd.mailbox`. A pure function of
+/// the UUID, so one GPU gets the same paths whether `--device` named it by ordinal or by UUID.
+pub fn default_paths(uuid: Option<&str>) -> DefaultPaths {
+    match uuid {
+        None => DefaultPaths {
+            socket: PathBuf::from("/tmp/meshd.sock"),
+            shm: PathBuf::from("/dev/shm/meshd.mailbox"),
+            mps_dir: None,
+        },
+        Some(u) => {
+            let u = mesh_cuda::device::normalize_uuid_prefix(u).unwrap_or_else(|| u.to_string());
+            DefaultPaths {
+                socket: PathBuf::from(format!("/tmp/meshd-{u}.sock")),
+                shm: PathBuf::from(format!("/dev/shm/meshd-{u}.mailbox")),
+                mps_dir: Some(PathBuf::from(format!("/tmp/meshd-mps-{u}"))),
+            }
+        }
+    }
+}
+
+/// `selector` as a whole GPU UUID in `nvidia-smi -L`'s form, when it is one (a client then needs no driver).
+pub fn whole_uuid(selector: &str) -> Option<String> {
+    mesh_cuda::device::normalize_uuid_prefix(selector.trim()).filter(|u| {
+        let parts: Vec<usize> = u["GPU-".len()..].split('-').map(str::len).collect();
+        parts == [8, 4, 4, 4, 12]
+    })
+}
+
+/// Sets, for this process and every child, `CUDA_DEVICE_ORDER=PCI_BUS_ID` (ordinals then match
+/// `nvidia-smi -L`) and, with `--device`, `CUDA_VISIBLE_DEVICES` to it: the driver then shows meshd
+/// that one GPU as device 0, and the MPS control daemon, which inherits it, runs its server on that
+/// GPU alone. Both take effect only before `cuInit`.
+///
+/// # Safety
+/// Call at process start, before any other thread exists (it changes the environment).
+pub unsafe fn select_device_env(device: Option<&str>) {
+    // SAFETY: the caller guarantees no other thread runs, so nothing reads the environment meanwhile.
+    unsafe {
+        std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+        if let Some(d) = device {
+            std::env::set_var("CUDA_VISIBLE_DEVICES", d.trim());
+        }
+    }
+}
+
+/// The GPU this meshd serves, for `info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceId {
+    /// `--device` as given.
+    pub selector: Option<String>,
+    /// Its UUID.
+    pub uuid: String,
+}
+
+static DEVICE: std::sync::OnceLock<DeviceId> = std::sync::OnceLock::new();
+
+/// Records the GPU this meshd serves (the first call wins).
+pub fn set_device(id: DeviceId) {
+    let _ = DEVICE.set(id);
+}
+
+/// The GPU this meshd serves, once known.
+pub fn device() -> Option<DeviceId> {
+    DEVICE.get().cloned()
+}
+
+/// The UUID of the GPU `--device` named (after [`select_device_env`]: the one device the driver
+/// shows). `cuInit`, `cuDeviceGet` and `cuDeviceGetUuid` only: no context, so no MPS client, no stall.
+pub fn lookup_uuid(selector: &str) -> Result<String> {
+    let device = mesh_cuda::Device::get(0)
+        .and_then(|d| d.uuid())
+        .with_context(|| format!("--device {selector}: the GPU could not be found (`nvidia-smi -L` lists them)"))?;
+    if let Some(prefix) = mesh_cuda::device::normalize_uuid_prefix(selector.trim()) {
+        if !device.starts_with(&prefix) {
+            bail!("--device {selector}: the driver shows {device} instead");
+        }
+    }
+    Ok(device)
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    const UUID: &str = "GPU-5f3a0011-2233-4455-6677-8899aabbccdd";
+
+    #[test]
+    fn paths_derive_from_the_uuid_alone() {
+        let p = default_paths(Some(UUID));
+        assert_eq!(p.socket, PathBuf::from(format!("/tmp/meshd-{UUID}.sock")));
+        assert_eq!(p.shm, PathBuf::from(format!("/dev/shm/meshd-{UUID}.mailbox")));
+        assert_eq!(p.mps_dir, Some(PathBuf::from(format!("/tmp/meshd-mps-{UUID}"))));
+        // However it is written, one GPU gets one set of paths.
+        assert_eq!(default_paths(Some(&UUID.to_uppercase())), p);
+        assert_ne!(default_paths(Some("GPU-00000000-2233-4455-6677-8899aabbccdd")), p);
+        // Without --device: today's defaults.
+        let d = default_paths(None);
+        assert_eq!(
+            (d.socket.to_str(), d.shm.to_str(), d.mps_dir),
+            (Some("/tmp/meshd.sock"), Some("/dev/shm/meshd.mailbox"), None)
+        );
+    }
+
+    #[test]
+    fn only_a_whole_uuid_needs_no_driver() {
+        assert_eq!(whole_uuid(&UUID.to_uppercase()).as_deref(), Some(UUID));
+        assert_eq!(whole_uuid(" gpu-5f3a0011-2233-4455-6677-8899aabbccdd ").as_deref(), Some(UUID));
+        for partial in
+            ["0", "1", "GPU-5f3a", "GPU-5f3a00112233445566778899aabbccdd", "MIG-5f3a0011-2233-4455-6677-8899aabbccdd"]
+        {
+            assert_eq!(whole_uuid(partial), None, "{partial}");
+        }
     }
 }
