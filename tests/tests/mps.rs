@@ -1,6 +1,7 @@
 //! MPS mode end to end: loads that halt no other program (a bystander's largest gap, beside blink mode),
-//! no MPS client created during cycles, the membership check, kill -9 leaving nothing, a missing control
-//! binary refused, and what a faulting program does to the others.
+//! no MPS client created during cycles, a load or upgrade past the pool refused (and with `--pool-grow`
+//! the one stall it causes, measured and counted), the membership check, kill -9 leaving nothing, a
+//! missing control binary refused, and what a faulting program does to the others.
 
 use std::path::Path;
 use std::process::Command;
@@ -64,6 +65,12 @@ fn clients(pipe: &Path) -> Vec<u32> {
     all
 }
 
+/// `info`'s pool.
+fn pool_info(d: &Meshd) -> serde_json::Value {
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    info["pool"].clone()
+}
+
 fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
     rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} not in ps: {rows:?}"))
 }
@@ -125,8 +132,14 @@ fn mps_loads_halt_no_other_program_and_create_no_client() {
         during as f64 / 1e3,
         during as f64 / alone.max(1) as f64
     );
+    eprintln!(
+        "MPS sized pool (--pool 3): goal during <= 2x alone: {}",
+        if during <= 2 * alone { "met" } else { "NOT met" }
+    );
     assert_eq!(generations, 0, "in MPS mode the bystander is never stopped by other programs' loads");
     assert_eq!(after, pool, "no MPS client was created during the cycles (pool {pool:?}, after {after:?})");
+    let p = pool_info(&d);
+    assert_eq!((p["stalls"].as_u64(), p["size"].as_u64()), (Some(0), Some(3)), "a sized pool never stalls: {p}");
     d.ok(&["shutdown"]);
     assert!(
         wait_until(Duration::from_secs(15), || leftovers().is_empty()),
@@ -268,7 +281,8 @@ fn a_faulting_program_is_left_stopped_and_the_others_relaunched() {
 #[test]
 fn a_program_that_ignores_stop_is_cut_off_and_the_others_live_on() {
     require_gpu!("a_program_that_ignores_stop_is_cut_off_and_the_others_live_on");
-    let d = Meshd::start(&["--isolation", "mps", "--pool", "2", "--stop-timeout-ms", "500"]);
+    // Three workers: beat's, stubborn's (discarded once cut off), and one for the load after.
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "3", "--stop-timeout-ms", "500"]);
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
     d.ok(&["load", "stubborn", &ptx_file("ignore_stop")]);
     let stubborn_worker = row(&ps(&d), "stubborn")["worker_pid"].as_u64().unwrap() as u32;
@@ -288,8 +302,78 @@ fn a_program_that_ignores_stop_is_cut_off_and_the_others_live_on() {
         wait_until(Duration::from_secs(2), || row(&ps(&d), "beat")["heartbeat"].as_u64().unwrap() > h0),
         "and keeps beating"
     );
-    // A fresh load still works (the pool is refilled on demand).
+    // A fresh load still works, from the pool's last worker: the discarded one is not replaced
+    // without --pool-grow (that would stall beat).
     d.ok(&["load", "again", &ptx_file("heartbeat")]);
+    assert_eq!(pool_info(&d)["stalls"], 0, "{}", d.log_text());
+    d.ok(&["shutdown"]);
+    assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
+}
+
+#[test]
+fn an_empty_pool_refuses_and_growth_counts_the_stall_it_causes() {
+    require_gpu!("an_empty_pool_refuses_and_growth_counts_the_stall_it_causes");
+    assert!(leftovers().is_empty(), "MPS processes before the test: {:?}", leftovers());
+    // Without --pool-grow: the second load, and an upgrade (it needs an idle worker), are refused.
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "1"]);
+    d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
+    let err = d.refused(&["load", "second", &ptx_file("heartbeat")]);
+    eprintln!("load past the pool: {err}");
+    assert!(err.contains("load of \"second\" refused: the pool is empty (1 workers in use, --pool 1)"), "{err}");
+    assert!(err.contains("stall every running program") && err.contains("--pool-grow"), "{err}");
+    let err = d.refused(&["upgrade", "bystander", &ptx_file("heartbeat")]);
+    eprintln!("upgrade with an empty pool: {err}");
+    assert!(err.contains("an MPS upgrade loads the new image in another (idle) worker"), "{err}");
+    assert!(err.contains("--pool-grow"), "{err}");
+    let p = pool_info(&d);
+    eprintln!("info's pool: {p}");
+    assert_eq!((p["size"].as_u64(), p["idle"].as_u64(), p["in_use"].as_u64()), (Some(1), Some(0), Some(1)), "{p}");
+    assert_eq!((p["stalls"].as_u64(), p["grow"].as_bool()), (Some(0), Some(false)), "{p}");
+    let limit = p["client_limit"].as_u64().unwrap();
+    assert!(limit == 48 || limit == 60, "{p}");
+    assert_eq!(row(&ps(&d), "bystander")["state"], "running");
+    d.ok(&["shutdown"]);
+    assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
+
+    // With --pool-grow: the load creates a client; the bystander's largest gap shows the stall.
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "1", "--pool-grow"]);
+    d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
+    let mailbox = d.mailbox();
+    let gap = |d: &Meshd| {
+        let slot = row(&ps(d), "bystander")["slot"].as_u64().unwrap() as u32;
+        mailbox.slot(slot).unwrap().user_words()[0]
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let alone = gap(&d);
+    let out = d.ok(&["load", "grown", &ptx_file("heartbeat")]);
+    std::thread::sleep(Duration::from_millis(200));
+    let after = gap(&d);
+    eprintln!(
+        "MPS --pool 1 --pool-grow: bystander largest gap alone {:.1} µs, after one client creation {:.1} µs (ratio {:.2})",
+        alone as f64 / 1e3,
+        after as f64 / 1e3,
+        after as f64 / alone.max(1) as f64
+    );
+    eprintln!("the load's reply: {out}");
+    assert!(out.contains("stalled 1 running program(s) (stall #1 of 1 since start)"), "{out}");
+    let p = pool_info(&d);
+    assert_eq!((p["stalls"].as_u64(), p["grow"].as_bool()), (Some(1), Some(true)), "{p}");
+    let g = &p["recent"][0];
+    assert_eq!(
+        (g["program"].as_str(), g["op"].as_str(), g["stalled"].as_u64()),
+        (Some("grown"), Some("load"), Some(1)),
+        "{p}"
+    );
+    let table = d.ok(&["ps"]);
+    assert!(table.contains("1 MPS client creation(s) stalled the running programs"), "{table}");
+    // Back in the pool after the unload: the next load and an upgrade create nothing.
+    d.ok(&["unload", "grown"]);
+    d.ok(&["load", "again", &ptx_file("heartbeat")]);
+    d.ok(&["unload", "again"]);
+    let out = d.ok(&["upgrade", "bystander", &ptx_file("heartbeat")]);
+    assert!(!out.contains("stalled"), "{out}");
+    assert_eq!(pool_info(&d)["stalls"], 1, "{}", d.log_text());
+    assert!(d.log_text().contains("stall #1 since start"), "the log says so:\n{}", d.log_text());
     d.ok(&["shutdown"]);
     assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
 }
