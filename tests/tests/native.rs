@@ -1,6 +1,6 @@
-//! Native GPU workers end to end (`meshd spawn`): the C example (examples/native-cuda, built by the bundle's `run` with nvcc) exchanging 100,000 sequence-checked messages with the resident echo_warp in each mode; a worker with a wrong MPS pipe directory refused; a worker that never says ready refused.
+//! Native GPU workers end to end (`meshd spawn`): the C example (examples/native-cuda, built by the bundle's `run` with nvcc) and the Rust one (examples/native-rust, `mesh-native-rust`, built by cargo) each exchanging 100,000 sequence-checked messages with the resident echo_warp in each mode; a worker with a wrong MPS pipe directory refused; a worker that never says ready refused; the Rust worker run outside meshd refused with exit 1 (no GPU needed).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mesh_gpu_tests::harness::Meshd;
@@ -8,13 +8,33 @@ use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 
 const COUNT: u64 = 100_000;
 
-/// The C example's binary: `MESH_NATIVE_CUDA`, else `native-cuda` beside this test binary (a bundle's bin/).
-fn native_cuda() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("MESH_NATIVE_CUDA") {
+/// A worker binary: the path in `var`, else `name` beside this test binary (a bundle's bin/, or cargo's target/PROFILE/).
+fn worker_binary(var: &str, name: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
         return Some(PathBuf::from(p));
     }
     let exe = std::env::current_exe().ok()?;
-    exe.ancestors().skip(1).take(2).map(|d| d.join("native-cuda")).find(|p| p.is_file())
+    exe.ancestors().skip(1).take(2).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The C example's binary: `MESH_NATIVE_CUDA`, else `native-cuda` beside this test binary (a bundle's bin/).
+fn native_cuda() -> Option<PathBuf> {
+    worker_binary("MESH_NATIVE_CUDA", "native-cuda")
+}
+
+/// The Rust example's binary: `MESH_NATIVE_RUST`, else `mesh-native-rust` beside this test binary.
+fn native_rust() -> Option<PathBuf> {
+    worker_binary("MESH_NATIVE_RUST", "mesh-native-rust")
+}
+
+fn rust_worker_or_skip(test: &str) -> Option<PathBuf> {
+    let w = native_rust();
+    if w.is_none() {
+        eprintln!(
+            "SKIPPED {test}: no mesh-native-rust binary (cargo build --release --workspace --bins puts it in the bundle; or set MESH_NATIVE_RUST)"
+        );
+    }
+    w
 }
 
 fn worker_or_skip(test: &str) -> Option<PathBuf> {
@@ -47,6 +67,12 @@ fn ps_line(m: &Meshd, name: &str) -> Option<String> {
 
 fn exchange(mode: &str, extra: &[&str]) {
     let Some(worker) = worker_or_skip(&format!("native_{mode}")) else { return };
+    exchange_with(&worker, "native", mode, extra);
+}
+
+/// Spawns `worker` (a native worker taking `COUNT RESULT`) beside echo_warp in `mode` and checks that
+/// all COUNT messages came back in order; prints `LABEL MODE: COUNT messages in MS ms`.
+fn exchange_with(worker: &Path, label: &str, mode: &str, extra: &[&str]) {
     let m = mesh_with_echo(extra);
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result");
@@ -76,7 +102,7 @@ fn exchange(mode: &str, extra: &[&str]) {
     let field =
         |k: &str| text.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
     assert_eq!((field("messages"), field("errors")), (count.clone(), "0".to_string()), "{text}");
-    println!("native {mode}: {COUNT} messages in {} ms", field("ms"));
+    println!("{label} {mode}: {COUNT} messages in {} ms", field("ms"));
     m.ok(&["stop", "nat"]);
     assert!(ps_line(&m, "nat").is_none());
     assert_eq!(m.heartbeats().len(), 1, "echo still runs");
@@ -92,6 +118,39 @@ fn native_blink() {
 fn native_mps() {
     require_gpu!("native_mps");
     exchange("mps", &["--isolation", "mps", "--pool", "1"]);
+}
+
+fn exchange_rust(mode: &str, extra: &[&str]) {
+    let Some(worker) = rust_worker_or_skip(&format!("native_rust_{mode}")) else { return };
+    exchange_with(&worker, "native-rust", mode, extra);
+}
+
+#[test]
+fn native_rust_blink() {
+    require_gpu!("native_rust_blink");
+    exchange_rust("blink", &[]);
+}
+
+#[test]
+fn native_rust_mps() {
+    require_gpu!("native_rust_mps");
+    exchange_rust("mps", &["--isolation", "mps", "--pool", "1"]);
+}
+
+/// No GPU needed: outside meshd (no `MESH_MAILBOX`) the Rust worker says what is missing and exits 1.
+#[test]
+fn native_rust_without_a_mailbox_exits_1() {
+    let Some(worker) = rust_worker_or_skip("native_rust_without_a_mailbox_exits_1") else { return };
+    let mut cmd = std::process::Command::new(&worker);
+    for v in ["MESH_MAILBOX", "MESH_CHANNELS", "MESH_READY_FD", "MESH_NATIVE_NAME", "MESH_ISOLATION"] {
+        cmd.env_remove(v);
+    }
+    let out = cmd.arg("10").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("MESH_MAILBOX is not set") && err.contains("meshd spawn"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    println!("native-rust without a mailbox: {}", err.trim());
 }
 
 #[test]

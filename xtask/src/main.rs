@@ -123,7 +123,8 @@ fn bundle(dir: &Path) -> Result<()> {
     for entry in std::fs::read_dir(target.join("release"))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
-        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench", "mesh-cli-bench"].contains(&name.as_str());
+        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench", "mesh-cli-bench", "mesh-native-rust"]
+            .contains(&name.as_str());
         if is_bin && path.is_file() {
             std::fs::copy(&path, dir.join("bin").join(&name))?;
         }
