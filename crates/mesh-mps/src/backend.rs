@@ -131,7 +131,10 @@ impl MpsBackend {
         }
         let device = Device::get(0)?;
         // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
-        crate::worker::set_device(device.uuid()?);
+        match device.uuid() {
+            Ok(uuid) => crate::worker::set_device(uuid),
+            Err(e) => tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0"),
+        }
         crate::pool::open(config.pool, config.pool_grow, client_limit, limit_source);
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;

@@ -355,10 +355,14 @@ fn print_stalls(socket: &Path, program: &str, since_ms: u64) {
     let Ok(Some(info)) = call(socket, &Request::Info, &[]).map(|r| r.info) else { return };
     let Some(pool) = info.extra.pool else { return };
     for g in pool.recent.iter().filter(|g| g.program == program && g.unix_ms >= since_ms) {
+        let why = if g.op == "refill" {
+            "a discarded worker was replaced to keep --pool (--pool-grow): meshd created an MPS client".to_string()
+        } else {
+            format!("the MPS pool had no idle worker: meshd created an MPS client for this {} (--pool-grow)", g.op)
+        };
         println!(
-            "note: the MPS pool had no idle worker: meshd created an MPS client for this {} (--pool-grow), which \
-             stalled {} running program(s) (stall #{} of {} since start)",
-            g.op, g.stalled, g.seq, pool.stalls
+            "note: {why}, which stalled {} running program(s) (stall #{} of {} since start)",
+            g.stalled, g.seq, pool.stalls
         );
     }
 }
