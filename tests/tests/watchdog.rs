@@ -90,5 +90,5 @@ fn watchdog_blink_recovers_eight_programs_and_names_the_culprit() {
 #[test]
 fn watchdog_mps_recovers_eight_programs_and_names_the_culprit() {
     require_gpu!("watchdog_mps_recovers_eight_programs_and_names_the_culprit");
-    eight_and_a_fault("mps", &["--isolation", "mps", "--pool", "2"]);
+    eight_and_a_fault("mps", &["--isolation", "mps", "--pool", "10"]);
 }

@@ -266,7 +266,9 @@ impl Natives {
                 let dir = m
                     .pipe_dir()
                     .ok_or_else(|| format!("native worker {name}: meshd's MPS daemon has no pipe directory"))?;
-                cmd.env(ENV_MPS_PIPE, dir).env(ENV_ISOLATION, "mps");
+                // An MPS client must not have CUDA_VISIBLE_DEVICES (NVIDIA's rule, as for our workers):
+                // the server already sees only meshd's GPU.
+                cmd.env(ENV_MPS_PIPE, dir).env(ENV_ISOLATION, "mps").env_remove("CUDA_VISIBLE_DEVICES");
                 "mps"
             }
             None => {

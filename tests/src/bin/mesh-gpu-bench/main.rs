@@ -207,7 +207,7 @@ fn mps_benches() {
     drop(b);
     // An empty pool: every load beyond the running ones starts a worker (a new MPS client).
     let mb = mesh_shm::Mailbox::create(dir.path().join("cold"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
-    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 0, ..MpsConfig::default() }).unwrap();
+    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 0, pool_grow: true, ..MpsConfig::default() }).unwrap();
     let mut cold = Vec::new();
     for i in 0..6 {
         let t = Instant::now();
