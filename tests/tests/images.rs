@@ -140,7 +140,8 @@ fn run_mps_child() -> Vec<(String, String)> {
     let _ = child.wait();
     let text = reader.join().unwrap_or_default();
     text.lines()
-        .filter_map(|l| l.strip_prefix(REPORT))
+        // Anywhere in the line: libtest prints `test NAME ... ` before the child's first line.
+        .filter_map(|l| l.split_once(REPORT).map(|(_, rest)| rest))
         .filter_map(|l| l.split_once('\t'))
         .map(|(form, got)| (form.to_string(), got.to_string()))
         .collect()

@@ -12,7 +12,7 @@ const USAGE: &str = "usage: cargo xtask <command>
                           for a GPU machine without a Rust toolchain
   bench                   build and run the GPU benchmarks here
   demo                    build meshd and run the main job (scripts/demo.sh): needs a GPU
-  ptx                     regenerate tests/programs/*.ptx from their CUDA sources (needs nvcc)";
+  ptx                     regenerate tests/programs/*.ptx and the native example's PTX from their CUDA sources (needs nvcc)";
 
 /// The GPU test programs, compiled to PTX by nvcc and committed beside their sources.
 const PROGRAMS_DIR: &str = "tests/programs";
@@ -171,6 +171,11 @@ fn ptx() -> Result<()> {
             run(Command::new(&nvcc).args(ptx_args(&path)))?;
         }
     }
+    // The Rust native-worker example embeds the C example's kernel, also built on mesh.cuh.
+    let mut native = ptx_args(Path::new("examples/native-cuda/native_kernel.cu"));
+    let out = native.iter().position(|a| a == "-o").expect("ptx_args names an output") + 1;
+    native[out] = "examples/native-rust/native_kernel.ptx".into();
+    run(Command::new(&nvcc).args(native))?;
     Ok(())
 }
 
