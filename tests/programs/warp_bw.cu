@@ -4,7 +4,8 @@
 // launch: mode, bytes (the buffer after the 8 KiB of parameters, a multiple of 16 KiB), passes.
 // Modes: 1 ld.volatile v2.u64 x16 per lane; 2 st.volatile v2.u64 x16; 3 ld.volatile u64 x32;
 // 4 ld.relaxed.sys u64 x32; 5 ld.global.cv u64 x32; 6 ld.global.cv v2.u64 x16;
-// 7 one thread, ld.volatile u64 x32; 8 one thread, ld.relaxed.sys u64 x32.
+// 7 one thread, ld.volatile u64 x32; 8 one thread, ld.relaxed.sys u64 x32; 9 ld.volatile v2.u64 x32
+// per lane (16 KiB in flight).
 // The benchmark times launch + synchronize. `cargo xtask ptx` regenerates warp_bw.ptx.
 #include "mesh.cuh"
 
@@ -38,11 +39,17 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (one && threadIdx.x != 0) return;
     volatile uint64_t* buf = p + 1024;  // 8 KiB past the parameters
     const uint64_t words = bytes / 8u;
-    const uint32_t lane = threadIdx.x, stride = one ? 1u : 32u, per_step = 32u * stride;
+    const uint32_t lane = threadIdx.x, stride = one ? 1u : 32u, per_step = mode == 9 ? 2048u : 32u * stride;
     uint64_t acc = 0;
     for (uint64_t pass = 0; pass < passes; pass++) {
         for (uint64_t base = 0; base < words; base += per_step) {
-            if (mode == 1 || mode == 2 || mode == 6) {
+            if (mode == 9) {
+                uint64_t a[32], b[32];
+#pragma unroll
+                for (uint32_t k = 0; k < 32; k++) mesh_ld_volatile_v2(buf + base + 2 * (lane + 32u * k), &a[k], &b[k]);
+#pragma unroll
+                for (uint32_t k = 0; k < 32; k++) acc ^= a[k] + b[k];
+            } else if (mode == 1 || mode == 2 || mode == 6) {
                 uint64_t a[16], b[16];
 #pragma unroll
                 for (uint32_t k = 0; k < 16; k++) {
