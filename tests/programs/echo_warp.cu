@@ -20,7 +20,11 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     for (uint32_t i = 0;; i++) {
         if ((i & 63u) == 0) {
             if (mesh_should_stop(ctx)) break;  // every lane reads the same word: they agree
-            if (leader) mesh_heartbeat(ctx, ++beat);
+            if (leader) {
+                mesh_heartbeat(ctx, ++beat);
+                // User word 0: polls that caught a message half-arrived (the benchmark reports them).
+                *(volatile uint32_t*)mesh_slot_at(ctx, MESH_SLOT_USER) = in.partial;
+            }
         }
         // Take only as many messages as can be sent on: a stop never strands one here.
         uint32_t room = mesh_chan_room(&out);

@@ -194,6 +194,7 @@ typedef struct {
     uint64_t published;   // what this end's index line holds
     uint32_t hint;        // consumer, warp calls: how many messages the next poll looks at (see below)
     uint32_t magic;       // ceil(2^32 / words per message): word index -> message index without a division
+    uint32_t partial;     // consumer: polls that found a message half-arrived (each costs a round trip)
     bool producer;
 } mesh_chan;
 
@@ -224,7 +225,7 @@ static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
 // which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
 static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, uint32_t b, bool producer) {
-    mesh_chan ch = {0, 0, 0, 0, 0, 0, 1, 0, producer};
+    mesh_chan ch = {0, 0, 0, 0, 0, 0, 1, 0, 0, producer};
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0) return ch;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
     ch.msg_size = c.bindings[b].msg_size;
@@ -309,6 +310,7 @@ static __device__ __forceinline__ bool mesh_try_recv_deferred(mesh_chan* ch, voi
             mesh_chan_drained(ch);
             return false;
         } else if (since == 0) {
+            ch->partial++;
             since = mesh_globaltimer();
         } else if (mesh_globaltimer() - since > MESH_PARTIAL_WAIT_NS) {
             return false;
@@ -421,7 +423,10 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
                 break;
             }
             // The first message is on its way: wait for its other words, within a bound.
-            if (since == 0) since = mesh_globaltimer();
+            if (since == 0) {
+                ch->partial++;
+                since = mesh_globaltimer();
+            }
             if (__shfl_sync(0xffffffffu, mesh_globaltimer() - since > MESH_PARTIAL_WAIT_NS, 0)) return 0;
         }
 #pragma unroll
