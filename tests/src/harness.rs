@@ -31,7 +31,8 @@ pub struct Meshd {
     /// Its control socket.
     pub socket: PathBuf,
     log: PathBuf,
-    _dir: tempfile::TempDir,
+    extra: Vec<String>,
+    dir: tempfile::TempDir,
 }
 
 impl Meshd {
@@ -40,25 +41,43 @@ impl Meshd {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let socket = dir.path().join("sock");
         let log = dir.path().join("meshd.log");
-        let child = Command::new(meshd_bin())
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = Self::spawn(dir.path(), &socket, &log, &extra);
+        let m = Self { child, socket, log, extra, dir };
+        m.wait_up();
+        m
+    }
+
+    fn spawn(dir: &std::path::Path, socket: &std::path::Path, log: &std::path::Path, extra: &[String]) -> Child {
+        Command::new(meshd_bin())
             .args(["--socket"])
-            .arg(&socket)
+            .arg(socket)
             .args(["run", "--shm"])
-            .arg(dir.path().join("mailbox"))
+            .arg(dir.join("mailbox"))
             // Recorded state inside the test's own directory, never the system's default.
             .arg("--state-dir")
-            .arg(dir.path().join("state"))
+            .arg(dir.join("state"))
             .args(extra)
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap())
             .spawn()
-            .expect("start meshd");
-        let m = Self { child, socket, log, _dir: dir };
+            .expect("start meshd")
+    }
+
+    fn wait_up(&self) {
         assert!(
-            wait_until(Duration::from_secs(30), || m.cli(&["ps"]).status.success()),
+            wait_until(Duration::from_secs(30), || self.cli(&["ps"]).status.success()),
             "meshd did not come up:\n{}",
-            m.log_text()
+            self.log_text()
         );
-        m
+    }
+
+    /// Kills the daemon with SIGKILL (a crash: nothing of its own runs) and starts it again on the same
+    /// mailbox, socket and state directory, with the same options; waits until it answers.
+    pub fn kill9_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra);
+        self.wait_up();
     }
 
     /// Runs a client subcommand against this daemon.

@@ -236,8 +236,13 @@ static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, ui
         uint64_t head = mesh_ld_volatile_u64(ch.ring + MESH_RING_HEAD);
         ch.published = head;
         if ((int64_t)(tail - head) > 0) head = tail;
-        // Skip messages written after the published head (a producer that stopped without closing).
-        while (head - tail <= ch.mask && (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head)) >> 32) == mesh_tag(head))
+        // Skip messages written after the published head (a producer that stopped without closing, or
+        // died): whole ones only, judged by their first and last words; one cut off mid-write is written
+        // again.
+        const uint32_t last = ch.msg_size / 4u - 1u;
+        while (head - tail <= ch.mask &&
+               (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head)) >> 32) == mesh_tag(head) &&
+               (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head) + last) >> 32) == mesh_tag(head))
             head++;
         ch.mine = head;
         ch.other = tail;
