@@ -209,7 +209,10 @@ static __device__ __forceinline__ void mesh_chan_flush(mesh_chan* ch) {
     if (ch->msg_size == 0) return;
     uint64_t v = ch->producer ? ch->mine : ch->other;
     if (v != ch->published) {
-        mesh_st_volatile_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), v);
+        // One store, from the lowest active lane: when a whole warp calls this, 32 stores of one word
+        // would each cross PCIe. A lone thread is its own lowest active lane.
+        if ((__activemask() & ((1u << mesh_lane()) - 1u)) == 0)
+            mesh_st_volatile_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), v);
         ch->published = v;
     }
 }
