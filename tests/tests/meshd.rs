@@ -214,23 +214,52 @@ fn a_program_that_ignores_stop_gives_a_bounded_error_and_meshd_still_answers() {
     assert!(!Path::new(&d.socket).exists(), "the socket is removed");
 }
 
+/// (name, heartbeat, state, restarts) of every program; empty while meshd replaces its process
+/// after a sticky fault (the socket is bound again by the new image).
+fn rows_now(d: &Meshd) -> Vec<(String, u64, String, u64)> {
+    let out = d.cli(&["ps", "--json"]);
+    let rows: Vec<serde_json::Value> =
+        if out.status.success() { serde_json::from_slice(&out.stdout).unwrap_or_default() } else { Vec::new() };
+    rows.iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or_default().to_string(),
+                r["heartbeat"].as_u64().unwrap_or(0),
+                r["state"].as_str().unwrap_or_default().to_string(),
+                r["restarts"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_fault_in_blink_mode_is_recovered_and_meshd_takes_changes_again() {
     require_gpu!("a_fault_in_blink_mode_is_recovered_and_meshd_takes_changes_again");
     let mut d = Meshd::start(&[]);
+    let pid = d.child.id();
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
+    let loaded = Instant::now();
     d.ok(&["load", "fault", &ptx_file("fault")]);
-    // No request but ps: the watchdog resets the context and relaunches beat; fault is left stopped.
-    let recovered = wait_until(Duration::from_secs(10), || {
-        let rows = d.heartbeats();
+    // No request but ps: the fault is sticky, so meshd replaces its process (same pid); the new image
+    // relaunches beat and finds the culprit by halves (both images were fresh: recency cannot tell).
+    let recovered = wait_until(Duration::from_secs(20), || {
+        let rows = rows_now(&d);
         rows.iter().any(|r| r.0 == "fault" && r.2.starts_with("faulted") && r.2.contains("left stopped"))
-            && rows.iter().any(|r| r.0 == "beat" && r.2 == "running")
+            && rows.iter().any(|r| r.0 == "beat" && r.2 == "running" && r.3 >= 1)
     });
-    let rows = d.heartbeats();
+    let took = loaded.elapsed();
+    let rows = rows_now(&d);
     for r in &rows {
-        eprintln!("blink mode after the fault: {} {}", r.0, r.2);
+        eprintln!("blink mode after the fault: {} {} restarts {}", r.0, r.2, r.3);
     }
     assert!(recovered, "recovered with the culprit left stopped: {rows:?}\n{}", d.log_text());
+    assert_eq!(d.child.id(), pid, "the same process");
+    assert!(d.child.try_wait().unwrap().is_none(), "meshd still runs:\n{}", d.log_text());
+    eprintln!(
+        "watchdog blink (2 programs, culprit searched): {:.0} ms from the faulting load to the culprit named; {}",
+        took.as_secs_f64() * 1e3,
+        d.log_text().lines().filter(|l| l.contains("recovered in")).collect::<Vec<_>>().join(" | ")
+    );
     let b0 = rows.iter().find(|r| r.0 == "beat").unwrap().1;
     assert!(
         wait_until(Duration::from_secs(2), || d.heartbeats().iter().find(|r| r.0 == "beat").unwrap().1 > b0),

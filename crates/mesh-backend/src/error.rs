@@ -128,6 +128,10 @@ pub enum BackendError {
         /// The limit.
         limit: u32,
     },
+    /// A sticky GPU fault left this process unable to use the GPU: meshd replaces its process (the
+    /// new one takes the mailbox over and relaunches the programs), and refuses changes meanwhile.
+    #[error("refused: {0}; meshd is replacing its process, try again in a moment")]
+    Replacing(String),
     /// The backend was shut down.
     #[error("the backend is shut down")]
     ShutDown,

@@ -208,6 +208,45 @@ pub fn search_by_halves(
     left.pop()
 }
 
+// ---- A fault that needs a new process ----
+
+/// A backend's request that meshd replace its process: the fault left the process unable to use
+/// the GPU again (a *sticky* error: NVIDIA documents that "the process must be terminated and
+/// relaunched"), so no in-place recovery can work. It carries what the backend saw, so that the
+/// new process can relaunch the others at once and leave the culprit stopped.
+///
+/// Process-wide, like the condition it reports: the backend asks with [`ask_replacement`] (from
+/// [`crate::Backend::watch`] or any call that met the fault) and meshd takes it with
+/// [`take_replacement`] after every backend call.
+#[derive(Debug, Clone)]
+pub struct Replacement {
+    /// The driver's error.
+    pub error: String,
+    /// The programs, in the backend's order: the indices of `verdict` point into this.
+    pub programs: Vec<String>,
+    /// Who caused it, from the evidence ([`name_culprit`]).
+    pub verdict: Verdict,
+    /// When the backend noticed the fault.
+    pub noticed: Instant,
+    /// Each program's loadable image as the backend linked it (name, image), so that the new
+    /// process loads it without linking again.
+    pub linked: Vec<(String, std::sync::Arc<Vec<u8>>)>,
+    /// The GPU's architecture those images were linked for (`sm_90`).
+    pub arch: String,
+}
+
+static REPLACEMENT: std::sync::Mutex<Option<Replacement>> = std::sync::Mutex::new(None);
+
+/// Asks meshd to replace the process (a later request replaces an earlier one not yet taken).
+pub fn ask_replacement(r: Replacement) {
+    *REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+}
+
+/// The pending request to replace the process, taken (so it is acted on once).
+pub fn take_replacement() -> Option<Replacement> {
+    REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +334,22 @@ mod tests {
             }
         }
         assert_eq!(search_by_halves(&[], None, |_| true), None);
+    }
+
+    #[test]
+    fn a_replacement_is_taken_once() {
+        let r = Replacement {
+            error: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            programs: vec!["a".into(), "b".into()],
+            verdict: Verdict::Culprit { index: 1, why: "test".into() },
+            noticed: Instant::now(),
+            linked: Vec::new(),
+            arch: "sm_90".into(),
+        };
+        ask_replacement(r);
+        let taken = take_replacement().expect("asked");
+        assert_eq!((taken.programs.len(), taken.arch.as_str()), (2, "sm_90"));
+        assert!(take_replacement().is_none(), "taken once");
     }
 
     #[test]

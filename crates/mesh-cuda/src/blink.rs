@@ -13,13 +13,22 @@
 //! evidence (mesh-backend's `watch`) or found by halves: relaunch a half, watch it for
 //! [`FAULT_WATCH`], reset again if the fault came back. A program that ended itself (`mesh_exit`)
 //! is reported once and not relaunched.
+//!
+//! **A sticky fault** (an illegal address, an illegal instruction, a trap, an assert: [`is_sticky`])
+//! cannot be recovered in place: NVIDIA documents that the process must be terminated and
+//! relaunched, and on the H200 (driver 580) even `cuDevicePrimaryCtxRetain` fails with the fault's
+//! code afterwards. Then the watchdog names the culprit from the same evidence and asks meshd to
+//! replace the process ([`watch::ask_replacement`], with every program's linked image so that the
+//! new process need not link again); until then every change is refused
+//! ([`BackendError::Replacing`]). Any other fault is recovered in place, and when that fails the
+//! process is replaced too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_backend::roster::{self, HasCore};
-use mesh_backend::watch::{self, Evidence, FaultNote, Verdict};
+use mesh_backend::watch::{self, Evidence, FaultNote, Replacement, Verdict};
 use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
@@ -51,6 +60,30 @@ impl Default for BlinkConfig {
 
 /// How long a program relaunched by the watchdog's search is watched for the fault to come back.
 pub const FAULT_WATCH: Duration = Duration::from_millis(250);
+
+/// The driver errors after which no CUDA call of this process works again (NVIDIA's "sticky"
+/// errors: "the process must be terminated and relaunched").
+pub const STICKY: [&str; 12] = [
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+];
+
+/// Whether `error` (a failed stream's text, `NAME: description` as the driver names it) is sticky:
+/// the process must be replaced, no reset in place can work.
+pub fn is_sticky(error: &str) -> bool {
+    let name = error.split(':').next().unwrap_or_default().trim();
+    STICKY.contains(&name)
+}
 
 /// A program's kernel and stream in the one context (gone only while a reset recreates it).
 #[derive(Debug)]
@@ -116,6 +149,8 @@ pub struct BlinkBackend {
     last_blink: BlinkTimes,
     /// Why the backend is unusable after a failed recovery (only status and shutdown are served).
     broken: Option<String>,
+    /// A sticky fault: meshd was asked to replace the process (changes are refused meanwhile).
+    replacing: bool,
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
@@ -141,6 +176,7 @@ impl BlinkBackend {
             config,
             stuck: Vec::new(),
             broken: None,
+            replacing: false,
             shut_down: false,
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
@@ -173,6 +209,9 @@ impl BlinkBackend {
             let _ = self.recover(&error);
         }
         if let Some(why) = &self.broken {
+            if self.replacing {
+                return Err(BackendError::Replacing(why.clone()));
+            }
             return Err(BackendError::Degraded(why.clone()));
         }
         if !self.stuck.is_empty() {
@@ -381,6 +420,9 @@ impl BlinkBackend {
         let started = Instant::now();
         let evidence = self.evidence(started);
         let verdict = watch::name_culprit(&evidence, watch::TICK);
+        if is_sticky(error) {
+            return vec![self.replace_process(error, verdict, started, "the error is sticky")];
+        }
         for (p, e) in self.programs.iter_mut().zip(&evidence) {
             if e.on_gpu {
                 p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
@@ -405,12 +447,32 @@ impl BlinkBackend {
                 ));
             }
             Err(e) => {
-                let why = format!("recovering from a GPU fault ({error}) failed: {e}; restart meshd");
-                log.push(why.clone());
-                self.broken = Some(why);
+                log.push(format!("recovering from a GPU fault ({error}) in place failed: {e}"));
+                log.push(self.replace_process(error, verdict, started, "recovery in place failed"));
             }
         }
         log
+    }
+
+    /// Asks meshd to replace the process (`why`: the fault is sticky, or the reset in place failed),
+    /// handing it the verdict and every program's linked image; from now on changes are refused.
+    /// Returns the log line.
+    fn replace_process(&mut self, error: &str, verdict: Verdict, noticed: Instant, why: &str) -> String {
+        let line = format!(
+            "GPU fault in the context ({error}): {why}, so this process cannot use the GPU again; {verdict:?}; \
+             asking meshd to replace its process"
+        );
+        watch::ask_replacement(Replacement {
+            error: error.to_string(),
+            programs: self.programs.iter().map(|p| p.core.name.clone()).collect(),
+            verdict,
+            noticed,
+            linked: self.programs.iter().map(|p| (p.core.name.clone(), p.cubin.clone())).collect(),
+            arch: self.jit.arch().to_string(),
+        });
+        self.broken = Some(format!("a GPU fault ({error}) left this process unable to use the GPU ({why})"));
+        self.replacing = true;
+        line
     }
 
     fn recover_with(
@@ -632,5 +694,20 @@ impl Backend for BlinkBackend {
 impl Drop for BlinkBackend {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_illegal_address_is_sticky_and_a_busy_stream_is_not() {
+        assert!(is_sticky("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"));
+        assert!(is_sticky("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"));
+        assert!(is_sticky("CUDA_ERROR_ASSERT"));
+        assert!(!is_sticky("CUDA_ERROR_NOT_READY: device not ready"));
+        assert!(!is_sticky("CUDA_ERROR_OUT_OF_MEMORY: out of memory"));
+        assert!(!is_sticky("?: ?"));
     }
 }

@@ -1,10 +1,11 @@
-//! meshd as a library: the control protocol, the control plane over any [`mesh_backend::Backend`], the crash-safe start, the desired state and the native GPU workers.
+//! meshd as a library: the control protocol, the control plane over any [`mesh_backend::Backend`], the crash-safe start, the desired state, the replacement of the process after a sticky GPU fault and the native GPU workers.
 //!
 //! The `meshd` binary wires these to the CUDA backends; the tests wire them to stand-ins, so that
 //! everything but the GPU is tested on any machine.
 
 pub mod native;
 pub mod protocol;
+pub mod replace;
 pub mod server;
 pub mod start;
 pub mod state;

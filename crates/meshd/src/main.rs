@@ -235,6 +235,7 @@ fn refused(e: impl Into<anyhow::Error>) -> Exit {
 }
 
 fn main() -> ExitCode {
+    meshd::replace::mark_process_start();
     let cli = Cli::parse();
     // SAFETY: nothing but this thread runs yet (clap spawns none), and the driver is not loaded.
     unsafe { start::select_device_env(cli.device.as_deref()) };
@@ -400,7 +401,7 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         println!(
             "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} {}",
             p.name,
-            p.slot,
+            if p.slot == meshd::server::HELD_SLOT { "-".to_string() } else { p.slot.to_string() },
             p.state,
             p.generation,
             p.heartbeat,
@@ -730,7 +731,7 @@ fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> R
         }
         Err(e) => tracing::info!("device {} ({}); its UUID: {e}", device.name, device.arch()),
     }
-    Ok(Opened { backend, device: device.name.clone() })
+    Ok(Opened { backend, device: device.name.clone(), arch: Some(device.arch().to_string()) })
 }
 
 // ---- Native GPU workers: `spawn`, `stop`, and their rows in `ps` ----

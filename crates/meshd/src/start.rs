@@ -369,3 +369,23 @@ mod device_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod lock_tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn the_lock_is_close_on_exec_so_a_new_image_of_meshd_can_take_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mailbox = dir.path().join("mb");
+        let lock = MailboxLock::try_take(&mailbox).unwrap().expect("free");
+        // SAFETY: reads the flags of a descriptor the lock owns.
+        let flags = unsafe { libc::fcntl(lock.file.as_raw_fd(), libc::F_GETFD) };
+        assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "flags {flags:#x}");
+        assert!(MailboxLock::try_take(&mailbox).unwrap().is_none(), "held");
+        drop(lock);
+        assert!(MailboxLock::try_take(&mailbox).unwrap().is_some(), "free again once its descriptor is closed");
+    }
+}

@@ -1,10 +1,16 @@
 //! The desired state: what meshd runs (channels; programs with their image, shape, bindings, SMs), recorded in a state directory so that a start after a crash relaunches it.
 //!
 //! Layout of the directory (mode 0700): `state.json`, written atomically (a temporary file, fsync,
-//! rename) on every change, and `images/<sha256>`, each image stored once by content hash. It lives
+//! rename) on every change, `images/<sha256>`, each image stored once by content hash, and
+//! `linked/<sha256>.<arch>`, the image as the backend linked it for that GPU architecture (stored
+//! when meshd replaces its process after a sticky GPU fault, so that the new process loads it
+//! without linking again; a cache: checked by its own hash, ignored when unreadable). Beside the
+//! programs, `state.json` carries what a replacement must not lose ([`Carried`]: restarts, the last
+//! fault, a program left stopped; [`Recovery`]: recent replacements, a culprit search). It lives
 //! as long as the mailbox: a clean shutdown that removes the mailbox forgets it too, `--fresh`
 //! forgets it, a crash (or `--keep-shm`) leaves both for the next start.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -12,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mesh_backend::{LaunchShape, ProgramSpec};
+
+use crate::replace::Search;
 use mesh_shm::Mailbox;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -64,6 +72,70 @@ impl Recorded {
     }
 }
 
+/// What meshd carries about one program across a replacement of its process (and a crash): what
+/// `ps` showed, which the new process's backend cannot know.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Carried {
+    /// Relaunches after faults so far (the new backend counts from zero; `ps` adds this).
+    #[serde(default)]
+    pub restarts: u32,
+    /// The last fault that stopped it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fault: Option<String>,
+    /// When meshd noticed it, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fault_unix_ms: Option<u64>,
+    /// Left stopped: not relaunched until an upgrade or a new load of its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<HeldMark>,
+}
+
+/// Why a program is left stopped across replacements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldMark {
+    /// `ps`'s `stopped_why`.
+    pub why: String,
+    /// It caused a GPU fault (`ps` shows it faulted); else it is only not relaunched (the bound on
+    /// replacements was reached).
+    pub culprit: bool,
+}
+
+/// A replacement of the process under way, as the old process left it for the new one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    /// The pid that asked (an exec keeps it: a different pid means a crash came in between).
+    pub from_pid: u32,
+    /// The driver's error.
+    pub error: String,
+    /// When the fault was noticed, `CLOCK_MONOTONIC` ns (one clock for both images).
+    pub noticed_mono_ns: u64,
+    /// When the old process called exec, `CLOCK_MONOTONIC` ns.
+    pub exec_mono_ns: u64,
+    /// The culprit, where it was named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub culprit: Option<String>,
+}
+
+/// What the watchdog's replacements of the process record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// When the recent replacements happened, ms since the Unix epoch (the bound counts them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reexecs_unix_ms: Vec<u64>,
+    /// A search by halves for an unnamed culprit, across replacements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<Search>,
+    /// The replacement under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
+}
+
+impl Recovery {
+    fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
 /// The whole record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
@@ -73,6 +145,12 @@ pub struct DesiredState {
     pub channels: Vec<RecordedChannel>,
     /// Programs, in load order.
     pub programs: Vec<Recorded>,
+    /// What each program carries across a replacement of the process, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub carried: BTreeMap<String, Carried>,
+    /// The watchdog's replacements of the process.
+    #[serde(default, skip_serializing_if = "Recovery::is_empty")]
+    pub recovery: Recovery,
 }
 
 /// The state directory and what it records.
@@ -111,6 +189,11 @@ impl StateStore {
             .recursive(true)
             .mode(0o700)
             .create(dir.join("images"))
+            .with_context(|| format!("state directory {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("linked"))
             .with_context(|| format!("state directory {}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("state directory {}", dir.display()))?;
@@ -154,6 +237,52 @@ impl StateStore {
     /// What is recorded.
     pub fn recorded(&self) -> &DesiredState {
         &self.state
+    }
+
+    /// Changes the record with `f` and writes it (the watchdog's marks and counts).
+    pub fn update(&mut self, f: impl FnOnce(&mut DesiredState)) -> Result<()> {
+        let before = self.state.clone();
+        f(&mut self.state);
+        if self.state == before { Ok(()) } else { self.write() }
+    }
+
+    /// The program recorded as `name`.
+    pub fn program(&self, name: &str) -> Option<&Recorded> {
+        self.state.programs.iter().find(|p| p.name == name)
+    }
+
+    /// Stores `linked`, the image of hash `image_sha256` as linked for `arch`, unless it is there
+    /// (`linked/<hash>.<arch>`: its own SHA-256, then the bytes). A cache: not synced.
+    pub fn store_linked(&self, image_sha256: &str, arch: &str, linked: &[u8]) -> Result<()> {
+        let path = self.linked_path(image_sha256, arch)?;
+        if path.exists() {
+            return Ok(());
+        }
+        let mut bytes = Sha256::digest(linked).to_vec();
+        bytes.extend_from_slice(linked);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp.{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let written = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The stored linked image of hash `image_sha256` for `arch`, when there is one and it is whole.
+    pub fn linked(&self, image_sha256: &str, arch: &str) -> Option<Vec<u8>> {
+        let bytes = std::fs::read(self.linked_path(image_sha256, arch).ok()?).ok()?;
+        let (sum, linked) = bytes.split_at_checked(32)?;
+        (Sha256::digest(linked).as_slice() == sum && !linked.is_empty()).then(|| linked.to_vec())
+    }
+
+    fn linked_path(&self, image_sha256: &str, arch: &str) -> Result<PathBuf> {
+        let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain(image_sha256) || !plain(arch) {
+            bail!("linked image {image_sha256:?} for {arch:?}: not a plain name");
+        }
+        Ok(self.dir.join("linked").join(format!("{image_sha256}.{arch}")))
     }
 
     /// The load that relaunches `p`: its stored image, shape, bindings and SMs.
@@ -201,6 +330,8 @@ impl StateStore {
     pub fn record_load(&mut self, p: Recorded, image: &[u8]) -> Result<()> {
         self.store_image(&p.image_sha256, image)?;
         self.state.programs.retain(|q| q.name != p.name);
+        // A new program of that name: nothing carried over (a fault mark cleared).
+        self.state.carried.remove(&p.name);
         self.state.programs.push(p);
         self.write()?;
         self.collect_images()
@@ -213,6 +344,10 @@ impl StateStore {
         if let Some(p) = self.state.programs.iter_mut().find(|p| p.name == name) {
             p.image_sha256 = hash;
         }
+        // A new image may run again: its fault mark is cleared (restarts and the last fault stay).
+        if let Some(c) = self.state.carried.get_mut(name) {
+            c.held = None;
+        }
         self.write()?;
         self.collect_images()
     }
@@ -220,6 +355,7 @@ impl StateStore {
     /// Forgets an unloaded program.
     pub fn record_unload(&mut self, name: &str) -> Result<()> {
         self.state.programs.retain(|p| p.name != name);
+        self.state.carried.remove(name);
         self.write()?;
         self.collect_images()
     }
@@ -232,14 +368,18 @@ impl StateStore {
         write_atomically(&path, image)
     }
 
-    /// Removes images no recorded program names.
+    /// Removes images (and linked images) no recorded program names.
     fn collect_images(&self) -> Result<()> {
-        let images = self.dir.join("images");
-        for entry in std::fs::read_dir(&images).with_context(|| format!("{}", images.display()))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !self.state.programs.iter().any(|p| p.image_sha256 == name) {
-                let _ = std::fs::remove_file(entry.path());
+        for sub in ["images", "linked"] {
+            let dir = self.dir.join(sub);
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let hash = name.split('.').next().unwrap_or_default();
+                if !self.state.programs.iter().any(|p| p.image_sha256 == hash) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
             }
         }
         Ok(())
@@ -303,6 +443,79 @@ mod tests {
         assert!(StateStore::open(&at).unwrap().recorded().programs.is_empty());
         StateStore::forget(&at).unwrap();
         assert!(!at.exists());
+    }
+
+    #[test]
+    fn marks_restarts_and_the_search_survive_reopening_and_a_new_image_clears_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("state");
+        let mut s = StateStore::open(&at).unwrap();
+        for name in ["a", "b"] {
+            let spec = ProgramSpec::new(name, [PTX, name.as_bytes()].concat()).unwrap();
+            s.record_load(Recorded::of(&spec), &spec.image).unwrap();
+        }
+        let search = Search {
+            error: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            suspects: vec!["a".into(), "b".into()],
+            likely: None,
+            answers: vec![true],
+            noticed_mono_ns: 5,
+        };
+        s.update(|st| {
+            st.carried.insert(
+                "a".into(),
+                Carried {
+                    restarts: 2,
+                    last_fault: Some("GPU fault: x (caused by this program: y)".into()),
+                    last_fault_unix_ms: Some(7),
+                    held: Some(HeldMark { why: "caused a GPU fault: left stopped".into(), culprit: true }),
+                },
+            );
+            st.carried.insert("b".into(), Carried { restarts: 3, ..Carried::default() });
+            st.recovery.reexecs_unix_ms = vec![1, 2];
+            st.recovery.search = Some(search.clone());
+        })
+        .unwrap();
+        let mut back = StateStore::open(&at).unwrap();
+        let a = &back.recorded().carried["a"];
+        assert_eq!((a.restarts, a.last_fault_unix_ms, a.held.as_ref().map(|h| h.culprit)), (2, Some(7), Some(true)));
+        assert_eq!(back.recorded().carried["b"].restarts, 3);
+        assert_eq!(back.recorded().recovery.reexecs_unix_ms, [1, 2]);
+        assert_eq!(back.recorded().recovery.search.as_ref(), Some(&search));
+        // An upgrade clears the mark and keeps the count; a new load of the name forgets both.
+        back.record_upgrade("a", &[PTX, b"// v2\n"].concat()).unwrap();
+        let a = StateStore::open(&at).unwrap().recorded().carried["a"].clone();
+        assert_eq!((a.held.is_none(), a.restarts), (true, 2));
+        let spec = ProgramSpec::new("b", PTX.to_vec()).unwrap();
+        back.record_load(Recorded::of(&spec), &spec.image).unwrap();
+        assert!(!StateStore::open(&at).unwrap().recorded().carried.contains_key("b"));
+        back.record_unload("a").unwrap();
+        assert!(StateStore::open(&at).unwrap().recorded().carried.is_empty());
+        // A record without any of this (an older meshd's) still reads.
+        std::fs::write(at.join("state.json"), b"{\"version\": 1, \"channels\": [], \"programs\": []}").unwrap();
+        assert!(StateStore::open(&at).unwrap().recorded().recovery.search.is_none());
+    }
+
+    #[test]
+    fn a_linked_image_is_found_by_hash_and_arch_and_a_torn_one_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = StateStore::open(dir.path()).unwrap();
+        let spec = ProgramSpec::new("a", PTX.to_vec()).unwrap();
+        let rec = Recorded::of(&spec);
+        s.record_load(rec.clone(), &spec.image).unwrap();
+        let cubin = b"\x7fELF linked for sm_90".to_vec();
+        s.store_linked(&rec.image_sha256, "sm_90", &cubin).unwrap();
+        assert_eq!(s.linked(&rec.image_sha256, "sm_90").as_deref(), Some(&cubin[..]));
+        assert_eq!(s.linked(&rec.image_sha256, "sm_100"), None, "another GPU architecture");
+        assert!(s.store_linked("../x", "sm_90", &cubin).is_err());
+        let path = dir.path().join("linked").join(format!("{}.sm_90", rec.image_sha256));
+        let mut torn = std::fs::read(&path).unwrap();
+        torn.truncate(torn.len() - 3);
+        std::fs::write(&path, torn).unwrap();
+        assert_eq!(s.linked(&rec.image_sha256, "sm_90"), None, "a torn file is no image");
+        // Collected with the image.
+        s.record_unload("a").unwrap();
+        assert!(!path.exists());
     }
 
     #[test]

@@ -414,6 +414,7 @@ fn watched(
         Ok(meshd::server::Opened {
             backend: Box::new(Watched { inner: ListBackend::new(mb), fault: f, calls: c, hold, entered }),
             device: "test double".into(),
+            arch: None,
         })
     })
     .unwrap();

@@ -45,7 +45,7 @@ impl ListBackend {
 
     /// What `Server::start` wants.
     pub fn opened(self) -> anyhow::Result<Opened> {
-        Ok(Opened { backend: Box::new(self), device: "test double".into() })
+        Ok(Opened { backend: Box::new(self), device: "test double".into(), arch: None })
     }
 }
 
