@@ -15,7 +15,9 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
@@ -106,10 +108,7 @@ impl Jit {
                 for req in rx {
                     let result = link(&arch_owned, &req.name, &req.image, req.kind);
                     if let Ok(linked) = &result {
-                        thread_cache
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(key(&arch_owned, req.kind, &req.image), linked.clone());
+                        thread_cache.lock().insert(key(&arch_owned, req.kind, &req.image), linked.clone());
                     }
                     let _ = req.reply.send(result);
                 }
@@ -127,7 +126,7 @@ impl Jit {
     /// Queues a link; a cached image is answered at once without touching the thread.
     pub fn submit(&self, name: &str, image: Vec<u8>, kind: ImageKind) -> Pending {
         let (reply, rx) = bounded(1);
-        let hit = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key(&self.arch, kind, &image)).cloned();
+        let hit = self.cache.lock().get(&key(&self.arch, kind, &image)).cloned();
         if let Some(mut linked) = hit {
             linked.cached = true;
             linked.link_time = Duration::ZERO;
@@ -145,7 +144,7 @@ impl Jit {
 
     /// Cached images.
     pub fn cache_len(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.cache.lock().len()
     }
 }
 

@@ -590,22 +590,28 @@ impl SlotRef<'_> {
         unsafe { self.mailbox.base().add(self.offset() as usize).cast::<Slot>() }
     }
 
-    fn word32(&self, field: *mut u32) -> &AtomicU32 {
-        // SAFETY: `field` points into this slot inside the mapping, is 4-aligned, and is accessed only
-        // atomically from the host (the GPU's accesses are outside Rust's model).
+    /// One 32-bit word of this slot as an atomic.
+    ///
+    /// # Safety
+    /// `field` must point at a 4-aligned `u32` inside this slot (a field projected from
+    /// [`SlotRef::ptr`]), which the host accesses only atomically (the GPU's accesses are outside
+    /// Rust's model).
+    unsafe fn word32(&self, field: *mut u32) -> &AtomicU32 {
+        // SAFETY: the caller's contract: the word lies in the mapping, which outlives `&self`.
         unsafe { AtomicU32::from_ptr(field) }
     }
 
     /// Asks the kernel to stop (`mesh_should_stop` becomes true).
     pub fn request_stop(&self) {
-        // SAFETY: the slot pointer is valid; `&raw mut` takes the field's address without a reference.
-        self.word32(unsafe { &raw mut (*self.ptr()).control.stop }).store(1, Ordering::Release);
+        // SAFETY: the slot pointer is valid and `control.stop` a 4-aligned u32 of it, used only
+        // atomically by the host; `&raw mut` takes the field's address without a reference.
+        unsafe { self.word32(&raw mut (*self.ptr()).control.stop) }.store(1, Ordering::Release);
     }
 
     /// Whether a stop is requested.
     pub fn stop_requested(&self) -> bool {
         // SAFETY: as in `request_stop`.
-        self.word32(unsafe { &raw mut (*self.ptr()).control.stop }).load(Ordering::Acquire) != 0
+        unsafe { self.word32(&raw mut (*self.ptr()).control.stop) }.load(Ordering::Acquire) != 0
     }
 
     /// Prepares a (re)launch: clears the stop request, sets the generation, marks the kernel idle.
@@ -666,30 +672,30 @@ impl SlotRef<'_> {
     /// Frees the slot.
     pub fn release(&self) {
         // SAFETY: as in `request_stop`.
-        self.word32(unsafe { &raw mut (*self.ptr()).control.in_use }).store(0, Ordering::Release);
+        unsafe { self.word32(&raw mut (*self.ptr()).control.in_use) }.store(0, Ordering::Release);
     }
 
     /// Whether a program owns the slot.
     pub fn in_use(&self) -> bool {
         // SAFETY: as in `request_stop`.
-        self.word32(unsafe { &raw mut (*self.ptr()).control.in_use }).load(Ordering::Acquire) != 0
+        unsafe { self.word32(&raw mut (*self.ptr()).control.in_use) }.load(Ordering::Acquire) != 0
     }
 
     /// The generation meshd last armed.
     pub fn generation(&self) -> u32 {
         // SAFETY: as in `request_stop`.
-        self.word32(unsafe { &raw mut (*self.ptr()).control.generation }).load(Ordering::Acquire)
+        unsafe { self.word32(&raw mut (*self.ptr()).control.generation) }.load(Ordering::Acquire)
     }
 
     /// The channel indices bound to the slot.
     pub fn bindings(&self) -> Vec<u32> {
         let p = self.ptr();
         // SAFETY: as in `request_stop`.
-        let count = self.word32(unsafe { &raw mut (*p).control.binding_count }).load(Ordering::Acquire) as usize;
+        let count = unsafe { self.word32(&raw mut (*p).control.binding_count) }.load(Ordering::Acquire) as usize;
         (0..count.min(MAX_BINDINGS))
             .map(|i| {
                 // SAFETY: `i < MAX_BINDINGS`, inside the array.
-                self.word32(unsafe { (&raw mut (*p).control.bindings).cast::<u32>().add(i) }).load(Ordering::Relaxed)
+                unsafe { self.word32((&raw mut (*p).control.bindings).cast::<u32>().add(i)) }.load(Ordering::Relaxed)
             })
             .collect()
     }
@@ -714,7 +720,7 @@ impl SlotRef<'_> {
         let mut out = [0u32; 32];
         for (i, o) in out.iter_mut().enumerate() {
             // SAFETY: `i < 32`, inside the user line.
-            *o = self.word32(unsafe { (&raw mut (*p).user.words).cast::<u32>().add(i) }).load(Ordering::Acquire);
+            *o = unsafe { self.word32((&raw mut (*p).user.words).cast::<u32>().add(i)) }.load(Ordering::Acquire);
         }
         out
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::{Args, Parser, Subcommand};
 use mesh_backend::{IsolationMode, LaunchShape, cleanup};
 use mesh_shm::{Consumer, Mailbox, MailboxConfig, Producer, ShmError};
@@ -157,7 +157,7 @@ enum ChannelCommand {
 #[derive(Args, Debug)]
 struct RunArgs {
     /// blink (default): one context, loads stop and relaunch every program; mps: one MPS client per program.
-    #[arg(long, default_value = "blink")]
+    #[arg(long, default_value = "blink", value_parser = clap::builder::PossibleValuesParser::new(["blink", "mps"]))]
     isolation: String,
     /// SMs for a green context (blink: all programs; mps: per worker).
     #[arg(long)]
@@ -460,7 +460,7 @@ fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) 
     for _ in 0..count {
         rx.recv(&mut buf, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
         let line = if hex {
-            buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            hex::encode(&buf)
         } else {
             let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
             String::from_utf8_lossy(&buf[..end]).into_owned()
@@ -484,10 +484,7 @@ fn shm_exit(e: ShmError) -> Exit {
 }
 
 fn decode_hex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!("{s:?} is not an even number of hex digits");
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(Into::into)).collect()
+    hex::decode(s).map_err(|e| anyhow!("{s:?} is not an even number of hex digits ({e})"))
 }
 
 fn read_image(path: &Path) -> Result<Vec<u8>, Exit> {

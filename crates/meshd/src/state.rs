@@ -161,7 +161,7 @@ pub struct StateStore {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// The state directory for `mailbox` when `--state-dir` is not given: under `/var/lib/meshd` where

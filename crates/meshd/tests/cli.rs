@@ -40,7 +40,9 @@ fn mps_mode_without_a_driver_is_refused_without_falling_back() {
         assert!(!err.contains("blink mode"), "no fallback: {err}");
     }
     let out = meshd(&["run", "--isolation", "fast"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected blink or mps"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "bad usage: {err}");
+    assert!(err.contains("invalid value 'fast'") && err.contains("[possible values: blink, mps]"), "{err}");
 }
 
 #[test]
