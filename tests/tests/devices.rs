@@ -88,33 +88,9 @@ fn device_0_by_ordinal_and_by_uuid_is_one_meshd_with_one_set_of_paths() {
 }
 
 /// Runs one MPS control command against the daemon whose pipe directory is `pipe`.
-fn mps_control(pipe: &Path, cmd: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(mesh_mps::control::find_control().unwrap())
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
-}
-
 /// (servers, clients) of the MPS daemon whose pipe directory is `pipe`.
 fn membership(pipe: &Path) -> (Vec<u32>, Vec<u32>) {
-    let servers: Vec<u32> =
-        mps_control(pipe, "get_server_list").split_whitespace().filter_map(|s| s.parse().ok()).collect();
-    let mut clients: Vec<u32> = servers
-        .iter()
-        .flat_map(|server| {
-            mps_control(pipe, &format!("get_client_list {server}"))
-                .split_whitespace()
-                .filter_map(|c| c.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    clients.sort_unstable();
-    (servers, clients)
+    mesh_gpu_tests::harness::mps_membership(pipe)
 }
 
 fn rows(d: &Meshd) -> Vec<serde_json::Value> {

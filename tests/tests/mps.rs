@@ -37,32 +37,9 @@ fn leftovers() -> Vec<(String, u32)> {
         .collect()
 }
 
-/// Runs one MPS control command against the daemon whose pipe directory is `pipe`.
-fn mps_control(pipe: &Path, cmd: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(mesh_mps::control::find_control().unwrap())
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
-}
-
+/// Our server's clients (sorted).
 fn clients(pipe: &Path) -> Vec<u32> {
-    let mut all: Vec<u32> = mps_control(pipe, "get_server_list")
-        .split_whitespace()
-        .filter_map(|s| s.parse::<u32>().ok())
-        .flat_map(|server| {
-            mps_control(pipe, &format!("get_client_list {server}"))
-                .split_whitespace()
-                .filter_map(|c| c.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    all.sort_unstable();
-    all
+    mesh_gpu_tests::harness::mps_membership(pipe).1
 }
 
 /// `info`'s pool.
