@@ -96,6 +96,10 @@ fn eight_and_a_fault(mode: &str, extra: &[&str]) {
             .collect::<Vec<_>>()
             .join(" | ")
     );
+    // The daemon's own account of the recovery, line by line, for the record of where the time went.
+    for line in d.log_text().lines().filter(|l| l.contains("WARN") || l.contains("watchdog")) {
+        eprintln!("watchdog {mode} log: {line}");
+    }
     // meshd still takes changes.
     d.ok(&["load", "late", &ptx_file("heartbeat")]);
     d.ok(&["unload", "fault"]);
