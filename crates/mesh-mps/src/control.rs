@@ -58,6 +58,9 @@ pub struct MpsControl {
     root: PathBuf,
     owned_root: bool,
     child: Mutex<Option<SharedChild>>,
+    /// Pids our servers have logged as connected clients (from the daemon's own output), so that a
+    /// client that has already exited can still be told apart from a stranger.
+    connected: std::sync::Arc<Mutex<std::collections::HashSet<u32>>>,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -75,7 +78,7 @@ impl MpsControl {
         let root =
             root.map_or_else(|| PathBuf::from(format!("/tmp/meshd-mps.{}", std::process::id())), Path::to_path_buf);
         mkdir_private(&root)?;
-        let control = Self { binary, root, owned_root, child: Mutex::new(None) };
+        let control = Self { binary, root, owned_root, child: Mutex::new(None), connected: Default::default() };
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
         let mut cmd = Command::new(&control.binary);
@@ -96,8 +99,12 @@ impl MpsControl {
         .into_iter()
         .flatten()
         {
+            let connected = control.connected.clone();
             let _ = std::thread::Builder::new().name("mps-control-log".into()).spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Some(pid) = connected_client(&line) {
+                        connected.lock().insert(pid);
+                    }
                     tracing::info!(target: "mps-control", "{line}");
                 }
             });
@@ -207,6 +214,11 @@ impl MpsControl {
                 return Ok(server);
             }
         }
+        // Gone from the lists, but our server logged it as its client: a worker that finished (and
+        // exited) before this check ran was ours all the same.
+        if self.connected.lock().contains(&pid) {
+            return Ok(servers.first().copied().unwrap_or(0));
+        }
         Err(BackendError::NotOurClient {
             pid,
             detail: if servers.is_empty() {
@@ -242,6 +254,13 @@ impl MpsControl {
     }
 }
 
+/// The client pid of a server log line `... Client {PID: 18807, Context ID: 0} connected`, else `None`.
+fn connected_client(line: &str) -> Option<u32> {
+    let rest = &line[line.find("Client {PID: ")? + "Client {PID: ".len()..];
+    let (pid, tail) = rest.split_once(',')?;
+    tail.trim_end().ends_with("} connected").then(|| pid.trim().parse().ok()).flatten()
+}
+
 /// The pids of a server or client list: one number per line; any other line (an error message) is no pid.
 fn pids(text: &str) -> Vec<u32> {
     text.lines().filter_map(|l| l.trim().parse().ok()).collect()
@@ -250,6 +269,16 @@ fn pids(text: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_connected_line_names_its_client() {
+        let line = "[2026-12-02 18:49:23.060 Server 18663] Client {PID: 18807, Context ID: 0} connected";
+        assert_eq!(connected_client(line), Some(18807));
+        assert_eq!(connected_client("[..] Client process 18807 disconnected"), None);
+        assert_eq!(connected_client("[..] Received new client request for {PID: 18807, Context ID: 0}"), None);
+        assert_eq!(connected_client("[..] Status of client {PID: 18807, Context ID: 1} is ACTIVE"), None);
+        assert_eq!(connected_client("[..] Client {PID: x, Context ID: 0} connected"), None);
+    }
 
     #[test]
     fn a_missing_control_binary_names_where_it_was_looked_for() {
