@@ -630,7 +630,7 @@ fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
 fn report_origin(origin: &Origin, mailbox: &Mailbox, asked: &MailboxConfig) {
     match origin {
         Origin::Created => tracing::info!("mailbox {} created", mailbox.path().display()),
-        Origin::TakenOver { previous_pid, channels, released_slots } => {
+        Origin::TakenOver { previous_pid, channels, released_slots, replay } => {
             tracing::info!(
                 "mailbox {} taken over from meshd pid {} (it holds no lock any more), with its {channels} channels \
                  and their messages; {} program slots it left in use released",
@@ -638,6 +638,15 @@ fn report_origin(origin: &Origin, mailbox: &Mailbox, asked: &MailboxConfig) {
                 previous_pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
                 released_slots.len()
             );
+            for r in replay {
+                tracing::warn!(
+                    "channel {}: a GPU consumer may receive again up to {} message(s) from position {} (it had \
+                     published its position up to there when meshd died: at-least-once after a crash)",
+                    r.channel,
+                    r.at_most,
+                    r.from
+                );
+            }
             let g = mailbox.geometry();
             if let Ok(want) = mesh_shm::Geometry::plan(asked) {
                 if (want.file_size, want.slot_count, want.channel_count) != (g.file_size, g.slot_count, g.channel_count)

@@ -143,7 +143,41 @@ pub enum Origin {
         channels: usize,
         /// Program slots the dead meshd left in use, now released.
         released_slots: Vec<u32>,
+        /// Channels those programs bound whose consumer end no host process holds (so a GPU program
+        /// may have consumed them), with the published consumer position and how many messages
+        /// after it may be delivered again: a GPU consumer publishes its position in batches, so what
+        /// it had taken since its last publication comes again after a crash (at-least-once).
+        replay: Vec<Replay>,
     },
+}
+
+/// Messages of one channel that may be delivered again after a crash (see [`Origin::TakenOver`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The channel.
+    pub channel: String,
+    /// The consumer position published last: delivery resumes here.
+    pub from: u64,
+    /// Messages between it and the producer's published position: at most this many come again.
+    pub at_most: u64,
+}
+
+/// The channels a crash may replay: bound by a slot still in use, consumer end held by no host process.
+fn replay_windows(mailbox: &Mailbox) -> Vec<Replay> {
+    let mut bound = std::collections::BTreeSet::new();
+    for i in 0..mailbox.geometry().slot_count {
+        if let Ok(slot) = mailbox.slot(i) {
+            if slot.in_use() {
+                bound.extend(slot.bindings());
+            }
+        }
+    }
+    let Ok(channels) = mailbox.channels() else { return Vec::new() };
+    channels
+        .into_iter()
+        .filter(|c| bound.contains(&c.index) && c.consumer_pid.is_none() && c.head > c.tail)
+        .map(|c| Replay { channel: c.name, from: c.tail, at_most: c.head - c.tail })
+        .collect()
 }
 
 /// The mailbox, locked, and how it was obtained.
@@ -187,8 +221,9 @@ pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result
         })?;
         let previous_pid = mailbox.owner_pid();
         let channels = mailbox.channels().map_err(|source| StartError::Invalid { source })?.len();
+        let replay = replay_windows(&mailbox);
         let released_slots = release_slots(&mailbox);
-        (mailbox, Origin::TakenOver { previous_pid, channels, released_slots })
+        (mailbox, Origin::TakenOver { previous_pid, channels, released_slots, replay })
     };
     mailbox.set_owner_pid(std::process::id());
     Ok(Claimed { mailbox, lock, origin })

@@ -90,9 +90,11 @@ fn a_held_mailbox_is_refused_with_the_holders_pid_and_taken_over_after_kill_9() 
     child.wait().unwrap();
     let claimed = claim_mailbox(&mailbox, &config(), false).expect("a mailbox nobody holds is taken over");
     match &claimed.origin {
-        Origin::TakenOver { previous_pid, channels, released_slots } => {
+        Origin::TakenOver { previous_pid, channels, released_slots, replay } => {
             assert_eq!((*previous_pid, *channels), (Some(child.id()), 1));
             assert_eq!(released_slots, &[0], "the dead meshd's program slot is released");
+            // p bound q and no host holds q's consumer end: the 3 messages after position 0 may come again.
+            assert_eq!(replay, &[meshd::start::Replay { channel: "q".into(), from: 0, at_most: 3 }]);
         }
         o => panic!("{o:?}"),
     }
