@@ -145,10 +145,11 @@ enum ChannelCommand {
     Create {
         /// Channel name.
         name: String,
-        /// Bytes per message (a multiple of 8).
+        /// Payload bytes per message (a multiple of 8, at most 65536). The ring takes twice this per
+        /// message: each 8-byte word carries 4 payload bytes and a sequence tag.
         #[arg(long, default_value_t = 64)]
         msg_size: u32,
-        /// Messages the ring holds (a power of two).
+        /// Messages the ring holds (a power of two, at most 2^24).
         #[arg(long, default_value_t = 1024)]
         capacity: u32,
     },
