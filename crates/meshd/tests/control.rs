@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::{ListBackend, PTX, ask, load_req, within};
-use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use mesh_shm::Mailbox;
 use meshd::protocol::{MAX_LINE, Request, read_response};
 use meshd::server::{Limits, Server, StopHandle};
 use meshd::start::bind_socket;
@@ -36,12 +36,7 @@ impl Running {
     fn start_with_state(make: impl FnOnce(&Mailbox) -> ListBackend + Send + 'static, state: Option<&Path>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("sock");
-        let mailbox = Mailbox::create(
-            dir.path().join("mb"),
-            &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
-            CreateMode::Exclusive,
-        )
-        .unwrap();
+        let mailbox = common::small_mailbox(dir.path());
         let store = state.map(|s| StateStore::open(s).unwrap());
         let server = Server::start(mailbox.clone(), Limits::default(), store, move |mb| make(mb).opened()).unwrap();
         let listener = bind_socket(&socket).unwrap();
@@ -271,12 +266,7 @@ fn programs_are_recorded_and_relaunched_by_the_next_server() {
     assert_eq!(d.ended(), Some(true));
     // A new server (a new mailbox: the channel is recreated from the record first) relaunches "a".
     let dir = tempfile::tempdir().unwrap();
-    let mailbox = Mailbox::create(
-        dir.path().join("mb"),
-        &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
-        CreateMode::Exclusive,
-    )
-    .unwrap();
+    let mailbox = common::small_mailbox(dir.path());
     let mut store = StateStore::open(state.path()).unwrap();
     assert_eq!(store.restore_channels(&mailbox).unwrap(), 1);
     let server =
@@ -404,12 +394,7 @@ fn watched(
     let (f, c) = (fault.clone(), calls.clone());
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("sock");
-    let mailbox = Mailbox::create(
-        dir.path().join("mb"),
-        &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
-        CreateMode::Exclusive,
-    )
-    .unwrap();
+    let mailbox = common::small_mailbox(dir.path());
     let server = Server::start(mailbox.clone(), Limits::default(), None, move |mb| {
         Ok(meshd::server::Opened {
             backend: Box::new(Watched { inner: ListBackend::new(mb), fault: f, calls: c, hold, entered }),

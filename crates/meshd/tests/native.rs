@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ListBackend, ask, wait_until};
-use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use mesh_shm::Mailbox;
 use meshd::native::{Membership, NativeRow, NativeSpec, Natives};
 use meshd::protocol::{Request, Response};
 use meshd::server::{Limits, Server, StopHandle};
@@ -46,9 +46,7 @@ impl Drop for Running {
 }
 
 fn mailbox(dir: &Path) -> Mailbox {
-    let mb =
-        Mailbox::create(dir.join("mb"), &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 }, CreateMode::Exclusive)
-            .unwrap();
+    let mb = common::small_mailbox(dir);
     mb.create_channel("to-gpu", 16, 8).unwrap();
     mb.create_channel("from-gpu", 16, 8).unwrap();
     mb

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{ListBackend, PTX, ask, load_req, wait_until};
 use mesh_backend::watch::{self, Replacement, Verdict};
 use mesh_backend::{Backend, IsolationMode, ProgramSpec, ProgramStatus};
-use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use mesh_shm::Mailbox;
 use meshd::protocol::{ProgramRow, Request};
 use meshd::server::{Limits, Server, StopHandle};
 use meshd::start::bind_socket;
@@ -142,12 +142,7 @@ impl Image {
 #[test]
 fn a_sticky_fault_replaces_the_process_and_the_new_image_relaunches_all_but_the_culprit() {
     let dir = tempfile::tempdir().unwrap();
-    let mailbox = Mailbox::create(
-        dir.path().join("mb"),
-        &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 },
-        CreateMode::Exclusive,
-    )
-    .unwrap();
+    let mailbox = common::small_mailbox(dir.path());
     let state = dir.path().join("state");
 
     // The first image: three programs, then a fault whose culprit is named.

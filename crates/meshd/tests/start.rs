@@ -22,6 +22,22 @@ fn config() -> MailboxConfig {
     MailboxConfig { size: 1 << 20, slots: 4, channels: 4 }
 }
 
+/// `meshd run` on `mailbox` (plus `extra` options), which must be refused (exit 1) on this machine
+/// without a GPU, or before any GPU work; its stderr.
+fn refused_run(socket: &Path, mailbox: &Path, extra: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["run", "--shm"])
+        .arg(mailbox)
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
+}
+
 /// The child: claims the mailbox, serves it on `<mailbox>.sock`, says "ready", runs until killed.
 #[test]
 fn child_meshd() {
@@ -75,15 +91,7 @@ fn a_held_mailbox_is_refused_with_the_holders_pid_and_taken_over_after_kill_9() 
         assert!(matches!(err, StartError::Held { .. }), "{err}");
         assert!(err.to_string().contains(&format!("pid {}", child.id())), "{err}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .arg("--socket")
-        .arg(dir.path().join("other.sock"))
-        .args(["run", "--shm"])
-        .arg(&mailbox)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_run(&dir.path().join("other.sock"), &mailbox, &[]);
     assert!(err.contains(&format!("in use by meshd pid {}", child.id())) && err.contains("--shm"), "{err}");
 
     child.kill().unwrap(); // SIGKILL: no cleanup runs, the lock goes with the process.
@@ -137,15 +145,7 @@ fn fresh_starts_empty_and_another_layout_version_is_refused_naming_fresh() {
     let msg = err.to_string();
     assert!(msg.contains("layout version 1") && msg.contains("--fresh"), "{msg}");
     // Through the CLI, before any GPU work: the same refusal, exit 1.
-    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .arg("--socket")
-        .arg(dir.path().join("sock"))
-        .args(["run", "--shm"])
-        .arg(&mailbox)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_run(&dir.path().join("sock"), &mailbox, &[]);
     assert!(err.contains("layout version 1") && err.contains("--fresh"), "{err}");
     assert!(mailbox.exists(), "a refused start leaves the file as it was");
     assert!(claim_mailbox(&mailbox, &config(), true).is_ok(), "--fresh replaces it");
@@ -165,17 +165,8 @@ fn without_a_gpu_a_taken_over_mailbox_is_kept_with_its_messages() {
         Producer::claim(&c.mailbox, "q").unwrap().send(&7u64.to_le_bytes(), Duration::from_secs(1)).unwrap();
         // Dropped without cleanup, as a killed meshd leaves it.
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .arg("--socket")
-        .arg(dir.path().join("sock"))
-        .args(["run", "--shm"])
-        .arg(&mailbox)
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let state = dir.path().join("state");
+    let err = refused_run(&dir.path().join("sock"), &mailbox, &["--state-dir".as_ref(), state.as_os_str()]);
     assert!(err.contains("taken over") && err.contains("1 channels"), "the takeover happens before the GPU: {err}");
     assert!(err.contains("libcuda") || err.contains("no usable GPU"), "{err}");
     let m = mesh_shm::Mailbox::open(&mailbox).expect("the taken-over mailbox is kept after the failed start");

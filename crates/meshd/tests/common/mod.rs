@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus};
-use mesh_shm::Mailbox;
+use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::server::Opened;
 
@@ -178,4 +178,10 @@ pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send +
         let _ = tx.send(f());
     });
     rx.recv_timeout(limit).ok()
+}
+
+/// A small new mailbox (1 MiB, 8 slots, 8 channels) at `dir/mb`, what every server test starts from.
+pub fn small_mailbox(dir: &Path) -> Mailbox {
+    Mailbox::create(dir.join("mb"), &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 }, CreateMode::Exclusive)
+        .unwrap()
 }
