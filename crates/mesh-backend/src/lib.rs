@@ -13,6 +13,7 @@
 
 pub mod cleanup;
 mod error;
+pub mod event;
 pub mod life;
 pub mod residency;
 pub mod roster;
@@ -20,6 +21,7 @@ mod spec;
 pub mod watch;
 
 pub use error::{BackendError, Result};
+pub use event::{BackendEvent, RecoveryMethod, RecoveryOutcome};
 pub use life::{Life, Phase};
 pub use residency::{KernelFigures, SmBudget, check_resident};
 pub use roster::{HasCore, ProgramCore, SlotReading};
@@ -57,4 +59,10 @@ pub trait Backend: Send {
 
     /// Whether host and device may share atomics on one word (`HOST_NATIVE_ATOMIC_SUPPORTED`).
     fn host_atomics(&self) -> bool;
+
+    /// What the backend did since the last call that meshd's metrics count (blink pauses,
+    /// recoveries in place), oldest first; each event is handed over once. The default has none.
+    fn take_events(&mut self) -> Vec<BackendEvent> {
+        Vec::new()
+    }
 }

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use mesh_backend::roster::{self, HasCore};
 use mesh_backend::watch::{self, Evidence, FaultNote, Replacement, Verdict};
 use mesh_backend::{
-    Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore, ProgramSpec,
-    ProgramStatus, Result, SmBudget, check_resident,
+    Backend, BackendError, BackendEvent, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore,
+    ProgramSpec, ProgramStatus, RecoveryMethod, RecoveryOutcome, Result, SmBudget, check_resident,
 };
 use mesh_shm::Mailbox;
 use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
@@ -154,6 +154,8 @@ pub struct BlinkBackend {
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
+    /// Blink pauses and recoveries not yet handed to meshd's metrics ([`Backend::take_events`]).
+    events: Vec<BackendEvent>,
 }
 
 impl BlinkBackend {
@@ -180,6 +182,7 @@ impl BlinkBackend {
             shut_down: false,
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
+            events: Vec::new(),
         })
     }
 
@@ -321,6 +324,8 @@ impl BlinkBackend {
     /// A failed change relaunches the programs as they were, so that a refusal loses nothing.
     fn blink<T>(&mut self, change: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let started = Instant::now();
+        let paused: Vec<String> =
+            self.programs.iter().filter(|p| p.relaunchable()).map(|p| p.core.name.clone()).collect();
         self.stop_all(started)?;
         let stopped = started.elapsed();
         let result = change(self);
@@ -328,6 +333,11 @@ impl BlinkBackend {
         let relaunched = self.relaunch_all(&[]);
         let total = started.elapsed();
         self.last_blink = BlinkTimes { stop: stopped, change: changed - stopped, relaunch: total - changed, total };
+        let again = paused
+            .into_iter()
+            .filter(|n| self.programs.iter().any(|p| &p.core.name == n && p.state() == StreamState::Busy))
+            .collect();
+        self.events.push(BackendEvent::BlinkPause { took: total, relaunched: again });
         let value = result?;
         relaunched?;
         Ok(value)
@@ -445,9 +455,19 @@ impl BlinkBackend {
                     started.elapsed().as_secs_f64() * 1e3,
                     self.programs.iter().filter(|p| p.state() == StreamState::Busy).count()
                 ));
+                self.events.push(BackendEvent::Recovery {
+                    method: RecoveryMethod::InPlace,
+                    outcome: RecoveryOutcome::Recovered,
+                    took: started.elapsed(),
+                });
             }
             Err(e) => {
                 log.push(format!("recovering from a GPU fault ({error}) in place failed: {e}"));
+                self.events.push(BackendEvent::Recovery {
+                    method: RecoveryMethod::InPlace,
+                    outcome: RecoveryOutcome::Failed,
+                    took: started.elapsed(),
+                });
                 log.push(self.replace_process(error, verdict, started, "recovery in place failed"));
             }
         }
@@ -684,6 +704,10 @@ impl Backend for BlinkBackend {
             std::mem::forget(self.ctx.clone());
             Err(BackendError::StopTimeout { programs: stuck, waited_ms: self.config.stop_deadline.as_millis() as u64 })
         }
+    }
+
+    fn take_events(&mut self) -> Vec<BackendEvent> {
+        std::mem::take(&mut self.events)
     }
 
     fn host_atomics(&self) -> bool {

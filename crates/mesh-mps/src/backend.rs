@@ -100,6 +100,8 @@ pub struct MpsBackend {
     shut_down: bool,
     /// MPS clients the device takes (48, or 60 from CUDA 13.1).
     client_limit: u32,
+    /// Recoveries not yet handed to meshd's metrics ([`Backend::take_events`]).
+    events: Vec<mesh_backend::BackendEvent>,
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -183,6 +185,7 @@ impl MpsBackend {
             next_cubin: AtomicU64::new(0),
             shut_down: false,
             client_limit,
+            events: Vec::new(),
         })
     }
 
@@ -803,9 +806,20 @@ impl Backend for MpsBackend {
             failure
         };
         if let Some(error) = failure {
+            let started = Instant::now();
             log.extend(self.recover(&error));
+            // An MPS recovery always ends with every relaunchable program in a fresh worker.
+            self.events.push(mesh_backend::BackendEvent::Recovery {
+                method: mesh_backend::RecoveryMethod::InPlace,
+                outcome: mesh_backend::RecoveryOutcome::Recovered,
+                took: started.elapsed(),
+            });
         }
         log
+    }
+
+    fn take_events(&mut self) -> Vec<mesh_backend::BackendEvent> {
+        std::mem::take(&mut self.events)
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -3,6 +3,9 @@
 //! The `meshd` binary wires these to the CUDA backends; the tests wire them to stand-ins, so that
 //! everything but the GPU is tested on any machine.
 
+pub mod health;
+pub mod http;
+pub mod metrics;
 pub mod native;
 pub mod protocol;
 pub mod replace;

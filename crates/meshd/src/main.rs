@@ -62,6 +62,9 @@ enum Command {
         /// SMs for this program (MPS mode).
         #[arg(long)]
         sms: Option<u32>,
+        /// /readyz does not count this program's heartbeat (one that beats rarely by design).
+        #[arg(long)]
+        no_readiness: bool,
     },
     /// Replace a program's image; its slot, channels and messages are kept.
     Upgrade {
@@ -135,6 +138,9 @@ enum Command {
     },
     /// The daemon's mode, device, mailbox and channels.
     Info,
+    /// Prometheus metrics in the text format (what `--metrics-addr` serves at /metrics), e.g. for
+    /// node_exporter's textfile collector.
+    Metrics,
     /// Stop every program and the daemon.
     Shutdown,
 }
@@ -200,6 +206,8 @@ struct RunArgs {
     /// How long a blink waits for programs to stop, ms.
     #[arg(long, default_value_t = 2000)]
     stop_timeout_ms: u64,
+    #[command(flatten)]
+    monitor: meshd::http::MonitorArgs,
 }
 
 fn parse_dim3(s: &str) -> Result<[u32; 3], String> {
@@ -278,8 +286,8 @@ fn dispatch(cli: Cli) -> Result<(), Exit> {
     let socket = client_socket(cli.socket, cli.device.as_deref())?;
     match cli.command {
         Command::Run(_) => unreachable!("handled above"),
-        Command::Load { name, image, grid, block, shared_mem, bind, sms } => {
-            load(&socket, name, &image, LaunchShape { grid, block, shared_mem }, bind, sms)
+        Command::Load { name, image, grid, block, shared_mem, bind, sms, no_readiness } => {
+            load(&socket, name, &image, LaunchShape { grid, block, shared_mem }, bind, sms, no_readiness)
         }
         Command::Upgrade { name, image } => upgrade(&socket, name, &image),
         Command::Unload { name } => unload(&socket, &name),
@@ -292,6 +300,11 @@ fn dispatch(cli: Cli) -> Result<(), Exit> {
         Command::Spawn { name, bind, ready_timeout, command } => spawn(&socket, name, bind, ready_timeout, command),
         Command::Stop { name } => stop(&socket, &name),
         Command::Info => info(&socket),
+        Command::Metrics => {
+            let text = call(&socket, &Request::Metrics, &[])?.metrics.unwrap_or_default();
+            print!("{text}");
+            Ok(())
+        }
         Command::Shutdown => {
             call(&socket, &Request::Shutdown, &[])?;
             println!("meshd is shutting down");
@@ -312,10 +325,11 @@ fn load(
     shape: LaunchShape,
     bind: Vec<String>,
     sms: Option<u32>,
+    no_readiness: bool,
 ) -> Result<(), Exit> {
     let bytes = read_image(image)?;
     let LaunchShape { grid, block, shared_mem } = shape;
-    let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms };
+    let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms, no_readiness };
     let since = unix_ms();
     let resp = call(socket, &req, &bytes)?;
     for p in resp.programs.as_deref().unwrap_or_default() {
@@ -541,6 +555,8 @@ fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
         );
     }
     start::check_socket_free(socket)?;
+    // Bound before the GPU is touched: a taken port refuses the start at once.
+    let endpoint = args.monitor.metrics_addr.as_deref().map(meshd::http::Endpoint::bind).transpose()?;
     let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
     let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
@@ -601,6 +617,11 @@ fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
     start::remove_at_exit("mailbox", shm.clone(), args.keep_shm);
     start::remove_at_exit("control socket", socket.to_path_buf(), false);
     server.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let monitor = server.monitor();
+    monitor.metrics().set_health(args.monitor.health());
+    if let Some(endpoint) = endpoint {
+        endpoint.serve(monitor.clone(), meshd::http::HttpLimits::default())?;
+    }
     let (relaunched, failed) = server.relaunched;
     tracing::info!(
         "ready: {mode} mode, mailbox {}, socket {}, state {}{}",
@@ -613,7 +634,11 @@ fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
             String::new()
         }
     );
-    if !server.run(listener)? {
+    meshd::health::notify_ready();
+    meshd::health::spawn_systemd_watchdog(move || monitor.live())?;
+    let clean = server.run(listener)?;
+    meshd::health::notify_stopping();
+    if !clean {
         // A kernel that ignores its stop request keeps the context busy, and releasing the context
         // (or libcuda's exit handlers) would wait for it. Run the cleanup, then leave at once: the
         // kernel driver tears the context down, kernel included, when the process is gone.

@@ -34,6 +34,9 @@ pub enum Request {
         bind: Vec<String>,
         /// SMs (MPS mode).
         sms: Option<u32>,
+        /// `/readyz` does not count this program's heartbeat (one that beats rarely by design).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_readiness: bool,
     },
     /// Replace a program's image; `image_len` raw bytes follow.
     Upgrade {
@@ -78,6 +81,8 @@ pub enum Request {
         /// Its name.
         name: String,
     },
+    /// The Prometheus exposition (`GET /metrics`'s text), from the snapshot.
+    Metrics,
 }
 
 /// A program's row in `ps`.
@@ -280,6 +285,9 @@ pub struct Response {
     /// queueing excluded: what the control plane adds is the client's round trip minus this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_us: Option<u64>,
+    /// The Prometheus exposition (metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 impl Response {
@@ -443,6 +451,7 @@ mod tests {
             shared_mem: 0,
             bind: vec!["a".into(), "b".into()],
             sms: None,
+            no_readiness: true,
         };
         let mut buf = Vec::new();
         write_request(&mut buf, &req, b"hello").unwrap();

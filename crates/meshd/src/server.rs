@@ -30,7 +30,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use mesh_backend::watch::{self, Replacement};
-use mesh_backend::{Backend, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
+use mesh_backend::{
+    Backend, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus, RecoveryMethod,
+    RecoveryOutcome,
+};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_EXITED;
 use rustix::event::{PollFd, PollFlags};
@@ -148,6 +151,8 @@ struct Shared {
     waker: Waker,
     /// Native GPU workers (`meshd spawn`).
     natives: crate::native::Natives,
+    /// What the monitoring endpoint and `meshd metrics` read beside the snapshot.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Shared {
@@ -156,6 +161,8 @@ impl Shared {
     }
 
     fn publish(&self, programs: Vec<ProgramStatus>) {
+        let fresh: Vec<ProgramStatus> = programs.iter().map(|p| fresh(&self.mailbox, p)).collect();
+        self.metrics.observe_heartbeats(crate::metrics::beats_of(&fresh));
         let mut s = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
         let mut next = (**s).clone();
         next.programs = programs;
@@ -217,6 +224,7 @@ impl Server {
             connections: AtomicUsize::new(0),
             waker: Waker(Arc::new(wake_tx)),
             natives: crate::native::Natives::new(&mailbox),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         });
         let (jobs, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
@@ -236,6 +244,11 @@ impl Server {
                 Err(anyhow!("the backend thread ended while opening the backend"))
             }
         }
+    }
+
+    /// What the monitoring endpoint (`--metrics-addr`) serves: the metrics and health read from this server.
+    pub fn monitor(&self) -> crate::metrics::Monitor {
+        crate::metrics::Monitor::new(self.shared.metrics.clone(), self.shared.clone())
     }
 
     /// A handle that stops the server from another thread.
@@ -387,6 +400,10 @@ fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8
         },
         Request::Stop { name } => native_stop(shared, &name),
         Request::Info => info(shared),
+        Request::Metrics => {
+            let text = crate::metrics::exposition(&shared.metrics, shared);
+            Response { ok: true, metrics: Some(text), ..Response::default() }
+        }
         Request::Shutdown => {
             let (reply, answer) = mpsc::sync_channel(1);
             shared.stopping.store(true, Ordering::Release);
@@ -427,6 +444,18 @@ fn fresh(mailbox: &Mailbox, p: &ProgramStatus) -> ProgramStatus {
         }
     }
     p
+}
+
+impl crate::metrics::Source for Shared {
+    fn scrape(&self) -> crate::metrics::Scrape {
+        let info = info(self);
+        crate::metrics::Scrape {
+            programs: ps_rows(self),
+            natives: self.natives.rows(),
+            info: info.info.ok_or_else(|| info.error.unwrap_or_default()),
+            stopping: self.stopping.load(Ordering::Acquire),
+        }
+    }
 }
 
 fn info(shared: &Shared) -> Response {
@@ -553,6 +582,10 @@ fn ms_between(from_ns: u64, to_ns: u64) -> f64 {
 
 impl BackendWorker<'_> {
     fn publish(&self) {
+        if let Some(s) = &self.state {
+            let exempt = s.recorded().programs.iter().filter(|p| p.no_readiness);
+            self.shared.metrics.set_exempt(exempt.map(|p| p.name.as_str()));
+        }
         self.shared.publish(self.statuses());
     }
 
@@ -706,6 +739,13 @@ impl BackendWorker<'_> {
                 ms_between(main, self.opened_mono_ns),
                 ms_between(started, done),
             );
+            if question.is_none() {
+                // With a search under way the recovery ends when the search does (search_tick).
+                let outcome = if failed == 0 { RecoveryOutcome::Recovered } else { RecoveryOutcome::Failed };
+                let took = Duration::from_nanos(done.saturating_sub(pending.noticed_mono_ns));
+                let (method, mode) = (RecoveryMethod::ProcessReplacement, self.backend.mode());
+                self.shared.metrics.recovery(mode, method, outcome, took);
+            }
             let culprit = match (&pending.culprit, &question) {
                 (Some(c), _) => c.clone(),
                 (None, Some(_)) => "being searched".into(),
@@ -789,6 +829,9 @@ impl BackendWorker<'_> {
                 self.search = None;
                 self.record(|st| st.update(|d| d.recovery.search = None));
                 let running = self.backend.status().iter().filter(|p| p.state == ProgramState::Running).count();
+                let took = Duration::from_nanos(mono_ns().saturating_sub(s.noticed_mono_ns));
+                let (method, mode) = (RecoveryMethod::ProcessReplacement, self.backend.mode());
+                self.shared.metrics.recovery(mode, method, RecoveryOutcome::Recovered, took);
                 tracing::warn!(
                     target: "watchdog",
                     "watchdog blink: recovered in {:.1} ms (from the fault, by replacing the process and searching by \
@@ -970,6 +1013,7 @@ impl BackendWorker<'_> {
         let tick = limits.watch.min(Duration::from_millis(50));
         let mut next_publish = Instant::now() + limits.refresh;
         loop {
+            self.shared.metrics.backend_pass();
             let job = jobs.recv_timeout(tick);
             if !matches!(job, Err(mpsc::RecvTimeoutError::Timeout)) {
                 next_publish = Instant::now() + limits.refresh;
@@ -1011,6 +1055,7 @@ impl BackendWorker<'_> {
             for line in &seen {
                 tracing::warn!(target: "watchdog", "{line}");
             }
+            self.shared.metrics.backend_events(self.backend.mode(), self.backend.take_events());
             if !stopping {
                 self.check_replacement();
                 self.search_tick();
@@ -1039,9 +1084,11 @@ impl BackendWorker<'_> {
     /// Applies one change; the answer says how long the backend took.
     fn change(&mut self, req: Request, image: Vec<u8>) -> Response {
         let what = describe(&req);
+        let op = crate::metrics::op_of(&req);
         let started = Instant::now();
         let result = self.apply(req, image);
         let backend_us = Some(started.elapsed().as_micros() as u64);
+        self.shared.metrics.change_done(op, result.is_ok(), started.elapsed());
         match result {
             Ok(mut r) => {
                 r.backend_us = backend_us;
@@ -1057,12 +1104,12 @@ impl BackendWorker<'_> {
 
     fn apply(&mut self, req: Request, image: Vec<u8>) -> Result<Response> {
         match req {
-            Request::Load { name, grid, block, shared_mem, bind, sms, .. } => {
+            Request::Load { name, grid, block, shared_mem, bind, sms, no_readiness, .. } => {
                 let mut spec = ProgramSpec::new(&name, image)?;
                 spec.shape = LaunchShape { grid, block, shared_mem };
                 spec.bindings = bind;
                 spec.sms = sms;
-                let record = Recorded::of(&spec);
+                let record = Recorded { no_readiness, ..Recorded::of(&spec) };
                 let status = self.backend.load(spec.clone())?;
                 tracing::info!(program = %name, slot = status.slot, "loaded");
                 self.record(|s| s.record_load(record, &spec.image));
@@ -1113,9 +1160,12 @@ impl BackendWorker<'_> {
                 Ok(Response::ok())
             }
             // Answered by the connection threads; never queued.
-            Request::Ps | Request::Info | Request::Shutdown | Request::Spawn { .. } | Request::Stop { .. } => {
-                Ok(Response::ok())
-            }
+            Request::Ps
+            | Request::Info
+            | Request::Metrics
+            | Request::Shutdown
+            | Request::Spawn { .. }
+            | Request::Stop { .. } => Ok(Response::ok()),
         }
     }
 
@@ -1149,6 +1199,7 @@ fn describe(req: &Request) -> String {
         Request::Shutdown => "shutdown".into(),
         Request::Spawn { name, .. } => format!("spawn {name:?}"),
         Request::Stop { name } => format!("stop {name:?}"),
+        Request::Metrics => "metrics".into(),
     }
 }
 

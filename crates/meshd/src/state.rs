@@ -55,6 +55,9 @@ pub struct Recorded {
     pub bindings: Vec<String>,
     /// SMs (MPS mode).
     pub sms: Option<u32>,
+    /// `/readyz` leaves its heartbeat out (`meshd load --no-readiness`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_readiness: bool,
 }
 
 impl Recorded {
@@ -68,6 +71,7 @@ impl Recorded {
             shared_mem: spec.shape.shared_mem,
             bindings: spec.bindings.clone(),
             sms: spec.sms,
+            no_readiness: false,
         }
     }
 }

@@ -83,7 +83,7 @@ proptest! {
 
     #[test]
     fn written_requests_read_back(name in "[ -~]{0,40}", len in 0usize..256, bind in proptest::collection::vec("[a-z]{1,8}", 0..4)) {
-        let req = Request::Load { name, image_len: len, grid: [1, 2, 3], block: [32, 1, 1], shared_mem: 0, bind, sms: Some(8) };
+        let req = Request::Load { name, image_len: len, grid: [1, 2, 3], block: [32, 1, 1], shared_mem: 0, bind, sms: Some(8), no_readiness: false };
         let image = vec![7u8; len];
         let mut buf = Vec::new();
         write_request(&mut buf, &req, &image).unwrap();

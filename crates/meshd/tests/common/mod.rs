@@ -148,6 +148,7 @@ pub fn load_req(name: &str, bind: &[&str]) -> Request {
         shared_mem: 0,
         bind: bind.iter().map(|s| s.to_string()).collect(),
         sms: None,
+        no_readiness: false,
     }
 }
 
