@@ -119,8 +119,25 @@ impl Endpoint {
     }
 }
 
+/// Connections past the limit waiting for their 503 (more are closed unanswered).
+const REFUSALS_QUEUED: usize = 64;
+
 fn accept_loop(listener: &TcpListener, monitor: &Monitor, limits: HttpLimits) {
     let active = Arc::new(AtomicUsize::new(0));
+    // One thread answers the connections past the limit, one at a time, so that the accept loop
+    // never waits on a client.
+    let (refuse, refusals) = std::sync::mpsc::sync_channel::<(TcpStream, usize)>(REFUSALS_QUEUED);
+    let refuser = std::thread::Builder::new().name("meshd-http-refuse".into()).spawn(move || {
+        for (mut conn, n) in refusals {
+            // Read the request first (briefly), so that closing does not reset the connection and lose the answer.
+            let _ = read_head(&mut conn, HttpLimits { idle: REFUSAL_READ, ..limits });
+            let body = format!("meshd's monitoring endpoint is serving {n} connections, its limit; try again\n");
+            let _ = respond(&conn, 503, TEXT, &body, false);
+        }
+    });
+    if let Err(e) = refuser {
+        tracing::warn!("monitoring endpoint: no thread for refusals ({e}); connections past the limit are closed");
+    }
     loop {
         let conn = match listener.accept() {
             Ok((conn, _)) => conn,
@@ -136,8 +153,8 @@ fn accept_loop(listener: &TcpListener, monitor: &Monitor, limits: HttpLimits) {
         let n = active.fetch_add(1, Ordering::AcqRel);
         let slot = Slot(active.clone());
         if n >= limits.max_connections {
-            let body = format!("meshd's monitoring endpoint is serving {n} connections, its limit; try again\n");
-            let _ = respond(&conn, 503, "text/plain; charset=utf-8", &body, true);
+            drop(slot);
+            let _ = refuse.try_send((conn, n));
             continue;
         }
         let monitor = monitor.clone();
@@ -302,21 +319,44 @@ fn reason(code: u16) -> &'static str {
     }
 }
 
-/// Writes one answer and closes the connection's sending side.
+/// How long a refused client's request is waited for.
+const REFUSAL_READ: Duration = Duration::from_millis(250);
+
+/// How long, after answering, meshd waits for the client to close (see [`respond`]).
+const LINGER: Duration = Duration::from_millis(250);
+
+/// Writes one answer (in one write) and closes the connection: its sending side first, then,
+/// after reading what the client still sends for up to [`LINGER`], the whole. Closing a socket
+/// with unread data resets it, and a reset can discard the answer before the client reads it.
 fn respond(mut conn: &TcpStream, code: u16, ctype: &str, body: &str, head_only: bool) -> std::io::Result<()> {
     let allow = if code == 405 { "Allow: GET, HEAD\r\n" } else { "" };
-    let head = format!(
+    let mut out = format!(
         "HTTP/1.1 {code} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n{allow}\
          Connection: close\r\n\r\n",
         reason(code),
         body.len()
     );
-    conn.write_all(head.as_bytes())?;
     if !head_only {
-        conn.write_all(body.as_bytes())?;
+        out.push_str(body);
     }
+    conn.write_all(out.as_bytes())?;
     conn.flush()?;
-    conn.shutdown(Shutdown::Write)
+    conn.shutdown(Shutdown::Write)?;
+    let deadline = Instant::now() + LINGER;
+    let mut sink = [0u8; 4096];
+    let mut drained = 0usize;
+    while drained < (64 << 10) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        conn.set_read_timeout(Some(left))?;
+        match conn.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
