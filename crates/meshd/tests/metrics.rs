@@ -486,3 +486,33 @@ fn other_paths_and_methods_are_refused_with_their_reason() {
     c.read_to_string(&mut raw).unwrap();
     assert!(raw.starts_with("HTTP/1.1 200 OK\r\n") && raw.ends_with("\r\n\r\n"), "HEAD: no body: {raw}");
 }
+
+#[test]
+fn a_bad_or_taken_metrics_address_refuses_the_start_before_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("mb");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .arg("run")
+            .arg("--shm")
+            .arg(&shm)
+            .arg("--socket")
+            .arg(dir.path().join("sock"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--metrics-addr", "nine"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--metrics-addr \"nine\": expected PORT or HOST:PORT"), "{err}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = run(&["--metrics-addr", &port]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("binding 127.0.0.1:{port}")), "a bare port is loopback's: {err}");
+    assert!(!shm.exists(), "refused before the mailbox is made (and the GPU touched)");
+    let out = run(&["--health-max-heartbeat-age", "0"]);
+    assert_eq!(out.status.code(), Some(2), "bad usage: {}", String::from_utf8_lossy(&out.stderr));
+}
