@@ -21,7 +21,7 @@ use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::health::{self, HealthConfig};
@@ -92,17 +92,18 @@ impl Metrics {
     pub fn new() -> Self {
         // Loads link in tens of ms and hit the cache in a fraction of one; recoveries take from a
         // few ms (in place) to seconds (a search by halves); a blink pauses for tens of µs to ms.
+        // Decimal 1-2.5-5 steps: bucket bounds an operator reads as they are.
         fn changes() -> Histogram {
-            Histogram::new(exponential_buckets(0.0001, 4.0, 10))
+            Histogram::new(steps(1e-4, 30.0))
         }
         fn recoveries() -> Histogram {
-            Histogram::new(exponential_buckets(0.001, 2.5, 12))
+            Histogram::new(steps(1e-3, 60.0))
         }
         Self {
             changes: Family::new_with_constructor(changes),
             recoveries: Family::default(),
             recovery_seconds: Family::new_with_constructor(recoveries),
-            blink_pauses: Histogram::new(exponential_buckets(0.00001, 3.0, 12)),
+            blink_pauses: Histogram::new(steps(1e-5, 2.5)),
             blink_relaunches: Mutex::new(HashMap::new()),
             beats: Mutex::new(HashMap::new()),
             exempt: Mutex::new(HashSet::new()),
@@ -219,6 +220,23 @@ pub fn op_of(req: &Request) -> Option<&'static str> {
         Request::ChannelCreate { .. } => "channel_create",
         _ => return None,
     })
+}
+
+/// Bucket bounds 1, 2.5, 5 × 10^k from `from` up to `to` (both included), as short decimals.
+fn steps(from: f64, to: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut decade = from;
+    while decade <= to * 1.0001 {
+        for m in [1.0, 2.5, 5.0] {
+            // Rounded to 6 significant digits, so that 2.5e-5 prints as 0.000025, not 2.5000000000000004e-5.
+            let v: f64 = format!("{:.5e}", decade * m).parse().unwrap_or(decade * m);
+            if v <= to * 1.0001 {
+                out.push(v);
+            }
+        }
+        decade *= 10.0;
+    }
+    out
 }
 
 fn secs(d: Duration) -> f64 {
@@ -531,6 +549,17 @@ pub fn beats_of(programs: &[ProgramStatus]) -> impl Iterator<Item = (&str, u32, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_step_by_1_2_5_and_print_short() {
+        assert_eq!(
+            steps(1e-5, 2.5),
+            [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+        );
+        assert_eq!(steps(1e-3, 60.0).last(), Some(&50.0));
+        let all = [steps(1e-5, 2.5), steps(1e-4, 30.0), steps(1e-3, 60.0)].concat();
+        assert!(all.iter().all(|b| b.to_string().len() <= 8), "no float noise such as 2.5000000000000004e-5: {all:?}");
+    }
 
     #[test]
     fn a_state_loses_its_detail() {

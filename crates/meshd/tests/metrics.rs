@@ -516,3 +516,106 @@ fn a_bad_or_taken_metrics_address_refuses_the_start_before_the_gpu() {
     let out = run(&["--health-max-heartbeat-age", "0"]);
     assert_eq!(out.status.code(), Some(2), "bad usage: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// An exposition with every family: a pool, a faulted program, a native worker, every kind of event.
+fn everything() -> Exposition {
+    use meshd::metrics::{Metrics, Scrape, render};
+    use meshd::protocol::{ChannelRow, Info, InfoExtra, PoolRow, ProgramRow};
+    let m = Metrics::new();
+    m.change_done(Some("load"), true, Duration::from_millis(3));
+    m.change_done(Some("load"), false, Duration::from_millis(1));
+    m.backend_events(
+        IsolationMode::Mps,
+        vec![
+            BackendEvent::BlinkPause { took: Duration::from_micros(80), relaunched: vec!["a".into()] },
+            BackendEvent::Recovery {
+                method: RecoveryMethod::InPlace,
+                outcome: RecoveryOutcome::Failed,
+                took: Duration::from_millis(9),
+            },
+        ],
+    );
+    m.backend_pass();
+    let row = |name: &str, state: &str| ProgramRow {
+        name: name.into(),
+        slot: 0,
+        state: state.into(),
+        generation: 3,
+        heartbeat: 10,
+        worker_pid: Some(77),
+        sms: Some(16),
+        kind: "ptx".into(),
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        restarts: 1,
+        last_fault: Some("GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS".into()),
+        last_fault_unix_ms: Some(1_700_000_000_000),
+        stopped_why: None,
+    };
+    let info = Info {
+        mode: "mps".into(),
+        mailbox: "/dev/shm/mb".into(),
+        device: "NVIDIA H200".into(),
+        host_atomics: false,
+        channels: vec![ChannelRow { name: "c".into(), msg_size: 64, capacity: 8, head: 9, tail: 4 }],
+        extra: InfoExtra {
+            device_uuid: Some("GPU-5f3a".into()),
+            device_selector: Some("GPU-5f3a".into()),
+            pool: Some(PoolRow { size: 2, idle: 1, in_use: 1, client_limit: 48, stalls: 3, ..PoolRow::default() }),
+        },
+    };
+    let native = meshd::native::NativeRow {
+        name: "n".into(),
+        pid: 9,
+        state: "exited(0)".into(),
+        bind: vec![],
+        command: "true".into(),
+        isolation: "mps".into(),
+    };
+    let scrape = Scrape {
+        programs: vec![row("a", "running"), row("b", "faulted: caused a GPU fault")],
+        natives: vec![native],
+        info: Ok(info),
+        stopping: false,
+    };
+    m.observe_heartbeats(scrape.programs.iter().map(|p| (p.name.as_str(), p.generation, p.heartbeat)));
+    let text = render(&m, &scrape, false);
+    if std::env::var("PRINT_EXPOSITION").is_ok() {
+        eprintln!("{text}");
+    }
+    parse_exposition(&text)
+}
+
+#[test]
+fn every_family_renders_with_dcgm_labels_and_the_dashboard_asks_only_for_those() {
+    let m = everything();
+    assert!(m.samples.iter().all(|s| s.labels.get("UUID").map(String::as_str) == Some("GPU-5f3a")), "UUID on all");
+    assert!(m.samples.iter().all(|s| !s.labels.contains_key("gpu")), "a UUID selector names no ordinal");
+    assert_eq!(m.value("meshd_mps_pool_workers", &[("state", "idle")]), 1.0);
+    assert_eq!(m.value("meshd_mps_client_creation_stalls_total", &[]), 3.0);
+    assert_eq!(m.value("meshd_program_state", &[("program", "b"), ("state", "faulted")]), 1.0);
+    assert_eq!(m.value("meshd_program_up", &[("program", "b")]), 0.0);
+    assert_eq!(m.value("meshd_program_last_fault_timestamp_seconds", &[("program", "a")]), 1_700_000_000.0);
+    assert_eq!(m.value("meshd_program_sms", &[("program", "a")]), 16.0);
+    assert_eq!(m.value("meshd_channel_depth_messages", &[("channel", "c")]), 5.0);
+    assert_eq!(m.value("meshd_native_workers", &[("state", "exited")]), 1.0);
+    assert_eq!(m.value("meshd_native_workers", &[("state", "running")]), 0.0);
+    let rec = [("mode", "mps"), ("method", "in_place"), ("outcome", "failed")];
+    assert_eq!(m.value("meshd_recoveries_total", &rec), 1.0);
+    assert_eq!(m.value("meshd_ready", &[]), 0.0);
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/meshd-dashboard.json");
+    let dashboard = std::fs::read_to_string(path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert_eq!(json["uid"], "meshd-overview");
+    let mut asked = Vec::new();
+    for (i, _) in dashboard.match_indices("meshd_") {
+        let name: String = dashboard[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        asked.push(name);
+    }
+    assert!(asked.len() > 20, "the dashboard queries meshd's metrics");
+    for name in asked {
+        let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(&name);
+        assert!(m.types.contains_key(family), "the dashboard asks for {name}, which meshd does not export");
+    }
+}
