@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod mps_dir;
 pub mod pool;
 pub mod process;
 pub mod worker;
