@@ -13,6 +13,7 @@ pub mod blink;
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod entry;
 pub mod error;
 pub mod image;
 pub mod jit;

@@ -334,24 +334,36 @@ impl MpsBackend {
         probe
     }
 
-    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the
+    /// Links `image` and reads its entry point, before any worker is taken: an image refused for
+    /// its format, architecture, link or entry is refused for that reason in both modes, never for
+    /// an empty pool (and no idle worker is spent on it).
+    fn link_checked(&self, name: &str, image: Vec<u8>, kind: ImageKind) -> Result<Arc<Vec<u8>>> {
+        let linked = self.jit.link(name, image, kind)?;
+        if mesh_cuda::entry::function(&linked.cubin, "mesh_main") == mesh_cuda::entry::Entry::Missing {
+            return Err(BackendError::NoEntry {
+                program: name.to_string(),
+                detail: "the linked cubin's symbol table defines no function mesh_main".into(),
+            });
+        }
+        Ok(linked.cubin)
+    }
+
+    /// Has `worker` load and probe the linked `cubin`, and checks that it can be resident beside the
     /// others: every block within the worker's own context, its share counted of the device's SMs,
     /// which every worker shares. Returns the launch's share and the cubin.
     fn prepare(
         &mut self,
         worker: &mut Worker,
         name: &str,
-        image: Vec<u8>,
-        kind: ImageKind,
+        cubin: Arc<Vec<u8>>,
         shape: &LaunchShape,
         replacing: Option<&str>,
     ) -> Result<(f64, Arc<Vec<u8>>)> {
-        let linked = self.jit.link(name, image, kind)?;
-        let probe = self.load_into(worker, name, &linked.cubin, shape)?;
+        let probe = self.load_into(worker, name, &cubin, shape)?;
         let held = roster::held_share(&self.lock().programs, replacing);
         let sms = SmBudget::own_context(probe.sms, self.device.sm_count);
         let share = check_resident(name, shape, &probe.figures(), sms, held)?;
-        Ok((share, linked.cubin))
+        Ok((share, cubin))
     }
 
     /// After a GPU fault: NVIDIA documents (and the H200 showed) that a fatal fault in one client is
@@ -655,8 +667,9 @@ impl Backend for MpsBackend {
         }
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
+        let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;
         let mut worker = self.take_worker(spec.sms, &spec.name, "load")?;
-        let prepared = self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None);
+        let prepared = self.prepare(&mut worker, &spec.name, cubin, &spec.shape, None);
         let (share, cubin) =
             match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
                 Ok(p) => p,
@@ -693,9 +706,10 @@ impl Backend for MpsBackend {
             let p = &s.programs[i];
             (p.core.shape, Some(p.worker.ready.sms).filter(|_| self.config.sms.is_some()))
         };
-        // The new image is loaded and probed in another worker while the old one runs.
+        // The new image is linked first, then loaded and probed in another worker while the old one runs.
+        let cubin = self.link_checked(name, image, kind)?;
         let mut fresh = self.take_worker(sms, name, "upgrade")?;
-        let (share, cubin) = match self.prepare(&mut fresh, name, image, kind, &shape, Some(name)) {
+        let (share, cubin) = match self.prepare(&mut fresh, name, cubin, &shape, Some(name)) {
             Ok(s) => s,
             Err(e) => {
                 self.give_back(fresh);
