@@ -1,5 +1,6 @@
 //! The daemon: `meshd run` claims the mailbox, prepares the backend and the socket, and serves.
 
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,9 +15,28 @@ use crate::cli::RunArgs;
 
 /// `meshd run`: the mailbox and its lock first (refusal and takeover happen before any GPU work),
 /// then the backend on its own thread, then the socket; serves until shutdown or a signal.
-pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
+pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
     let _cleanup = cleanup::RunOnDrop;
+    let claimed = claim(args, socket, device, mode)?;
+    let (server, listener) = prepare(&claimed, mode)?;
+    serve(&claimed, mode, server, listener)
+}
+
+/// What `meshd run` holds once the mailbox is claimed.
+struct Claimed {
+    args: RunArgs,
+    socket: PathBuf,
+    shm: PathBuf,
+    state_dir: PathBuf,
+    mailbox: Mailbox,
+    /// The mailbox was made now (not taken over).
+    created: bool,
+}
+
+/// Resolves the paths (from the GPU's UUID with --device), checks the socket is free, claims the
+/// mailbox and its lock, and clears what a dead meshd of this GPU left.
+fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mode: IsolationMode) -> Result<Claimed> {
     // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
     let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
     if let Some(u) = &uuid {
@@ -25,7 +45,6 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
     let defaults = start::default_paths(uuid.as_deref());
     let derived_mps_dir = args.shm.is_none() && args.mps_dir.is_none() && defaults.mps_dir.is_some();
     let socket = socket.unwrap_or(defaults.socket);
-    let socket = socket.as_path();
     let shm = args.shm.take().unwrap_or(defaults.shm);
     args.mps_dir = args.mps_dir.take().or(defaults.mps_dir);
     if let Some(u) = &uuid {
@@ -36,7 +55,7 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
             shm.display()
         );
     }
-    start::check_socket_free(socket)?;
+    start::check_socket_free(&socket)?;
     let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
     let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
@@ -59,34 +78,41 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
     }
     report_origin(&origin, &mailbox, &config);
     let created = origin == Origin::Created;
+    Ok(Claimed { args, socket, shm, state_dir, mailbox, created })
+}
+
+/// Opens the state directory (recreating the recorded channels), starts the backend on its thread
+/// and binds the socket. On failure a mailbox made just now is removed again.
+fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
+    let Claimed { args, socket, shm, state_dir, mailbox, created } = c;
     let prepared = (|| {
-        let mut store = StateStore::open(&state_dir)?;
-        let restored = store.restore_channels(&mailbox)?;
+        let mut store = StateStore::open(state_dir)?;
+        let restored = store.restore_channels(mailbox)?;
         if restored > 0 {
             tracing::info!("{restored} recorded channels recreated in the new mailbox");
         }
-        store.record_channels(&mailbox)?;
-        let backend_args = BackendArgs::from(&args);
+        store.record_channels(mailbox)?;
+        let backend_args = BackendArgs::from(args);
         let server = Server::start(mailbox.clone(), Limits::default(), Some(store), move |mb| {
             open_backend(mode, &backend_args, mb)
         })?;
         let listener = start::bind_socket(socket)?;
         Ok::<_, anyhow::Error>((server, listener))
     })();
-    let (server, listener) = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            // A mailbox made just now holds nothing: leave nothing behind. One taken over holds
-            // channels and messages: keep it, and its state, for the next start.
-            if created {
-                let _ = std::fs::remove_file(&shm);
-                if StateStore::open(&state_dir).is_ok_and(|s| s.recorded().programs.is_empty()) {
-                    let _ = StateStore::forget(&state_dir);
-                }
-            }
-            return Err(e);
+    if prepared.is_err() && *created {
+        // A mailbox made just now holds nothing: leave nothing behind. One taken over holds
+        // channels and messages: keep it, and its state, for the next start.
+        let _ = std::fs::remove_file(shm);
+        if StateStore::open(state_dir).is_ok_and(|s| s.recorded().programs.is_empty()) {
+            let _ = StateStore::forget(state_dir);
         }
-    };
+    }
+    prepared
+}
+
+/// Registers what a clean exit removes, stops on SIGINT and SIGTERM, and serves until shutdown.
+fn serve(c: &Claimed, mode: IsolationMode, server: Server, listener: UnixListener) -> Result<()> {
+    let Claimed { args, socket, shm, state_dir, .. } = c;
     // A clean exit tears the mesh down: the recorded state goes with the mailbox (both kept with --keep-shm).
     if !args.keep_shm {
         let dir = state_dir.clone();
@@ -95,7 +121,7 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
         });
     }
     start::remove_at_exit("mailbox", shm.clone(), args.keep_shm);
-    start::remove_at_exit("control socket", socket.to_path_buf(), false);
+    start::remove_at_exit("control socket", socket.clone(), false);
     server.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let (relaunched, failed) = server.relaunched;
     tracing::info!(

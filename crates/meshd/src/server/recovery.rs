@@ -64,36 +64,7 @@ impl BackendWorker<'_> {
             tracing::info!("relaunched {ok} of {} recorded programs", ok + failed);
         }
         if let Some(pending) = pending {
-            self.count_restarts(&relaunched);
-            self.record(|s| s.update(|st| st.recovery.pending = None));
-            self.publish();
-            let done = mono_ns();
-            let same = pending.from_pid == std::process::id();
-            let main = replace::process_start().unwrap_or(started);
-            tracing::info!(
-                "after the replacement of pid {} ({}): exec {:.1} ms after the fault, this image's main {:.1} ms after \
-                 the exec, backend open {:.1} ms later, {ok} program(s) relaunched in {:.1} ms",
-                pending.from_pid,
-                if same { "an exec of this process" } else { "a crash came in between" },
-                ms_between(pending.noticed_mono_ns, pending.exec_mono_ns),
-                ms_between(pending.exec_mono_ns, main),
-                ms_between(main, self.opened_mono_ns),
-                ms_between(started, done),
-            );
-            let culprit = match (&pending.culprit, &question) {
-                (Some(c), _) => c.clone(),
-                (None, Some(_)) => "being searched".into(),
-                (None, None) => "none".into(),
-            };
-            tracing::warn!(
-                target: "watchdog",
-                "watchdog blink: recovered in {:.1} ms by replacing the process (pid {}): culprit {culprit}; {ok} \
-                 program(s) running, {} held back; fault {}",
-                ms_between(pending.noticed_mono_ns, done),
-                std::process::id(),
-                self.held.len(),
-                pending.error
-            );
+            self.finish_replacement(&pending, &relaunched, started, question.is_some());
         }
         if let Some((s, set)) = question {
             tracing::warn!(
@@ -106,6 +77,42 @@ impl BackendWorker<'_> {
             self.search = Some((s, Instant::now()));
         }
         (ok, failed)
+    }
+
+    /// The first relaunch after a replacement of the process: counts the restarts, clears the
+    /// pending fault, and logs where the recovery's time went.
+    fn finish_replacement(&mut self, pending: &Pending, relaunched: &[String], started: u64, searching: bool) {
+        let ok = relaunched.len();
+        self.count_restarts(relaunched);
+        self.record(|s| s.update(|st| st.recovery.pending = None));
+        self.publish();
+        let done = mono_ns();
+        let same = pending.from_pid == std::process::id();
+        let main = replace::process_start().unwrap_or(started);
+        tracing::info!(
+            "after the replacement of pid {} ({}): exec {:.1} ms after the fault, this image's main {:.1} ms after \
+             the exec, backend open {:.1} ms later, {ok} program(s) relaunched in {:.1} ms",
+            pending.from_pid,
+            if same { "an exec of this process" } else { "a crash came in between" },
+            ms_between(pending.noticed_mono_ns, pending.exec_mono_ns),
+            ms_between(pending.exec_mono_ns, main),
+            ms_between(main, self.opened_mono_ns),
+            ms_between(started, done),
+        );
+        let culprit = match (&pending.culprit, searching) {
+            (Some(c), _) => c.clone(),
+            (None, true) => "being searched".into(),
+            (None, false) => "none".into(),
+        };
+        tracing::warn!(
+            target: "watchdog",
+            "watchdog blink: recovered in {:.1} ms by replacing the process (pid {}): culprit {culprit}; {ok} \
+             program(s) running, {} held back; fault {}",
+            ms_between(pending.noticed_mono_ns, done),
+            std::process::id(),
+            self.held.len(),
+            pending.error
+        );
     }
 
     /// The watched question of a culprit search ran clean for [`QUESTION_WATCH`]: records the
@@ -133,19 +140,7 @@ impl BackendWorker<'_> {
             let error = s.error.clone();
             self.mark_culprit(name, &error, &why);
         }
-        let mut relaunched = Vec::new();
-        for name in &to_run {
-            let Some(p) = self.state.as_ref().and_then(|st| st.program(name).cloned()) else { continue };
-            self.unhold(name);
-            match self.load_recorded(&p) {
-                Ok(_) => relaunched.push(name.clone()),
-                Err(e) => {
-                    tracing::error!(program = %name, "relaunch refused: {}", plain(&e));
-                    self.hold(&p, format!("relaunch after a GPU fault failed: {}", plain(&e)), false);
-                }
-            }
-        }
-        self.count_restarts(&relaunched);
+        self.relaunch_held(&to_run);
         match step {
             Step::Ask(set) => {
                 tracing::warn!(
@@ -174,6 +169,24 @@ impl BackendWorker<'_> {
             }
         }
         self.publish();
+    }
+
+    /// Relaunches the held programs `names` (a search's next set, or the innocent after it ends);
+    /// one that fails is held again with why.
+    fn relaunch_held(&mut self, names: &[String]) {
+        let mut relaunched = Vec::new();
+        for name in names {
+            let Some(p) = self.state.as_ref().and_then(|st| st.program(name).cloned()) else { continue };
+            self.unhold(name);
+            match self.load_recorded(&p) {
+                Ok(_) => relaunched.push(name.clone()),
+                Err(e) => {
+                    tracing::error!(program = %name, "relaunch refused: {}", plain(&e));
+                    self.hold(&p, format!("relaunch after a GPU fault failed: {}", plain(&e)), false);
+                }
+            }
+        }
+        self.count_restarts(&relaunched);
     }
 
     /// Records `name` as the culprit of the fault `error` (named: `why`), holds it back, and names
