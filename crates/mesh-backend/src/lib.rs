@@ -52,6 +52,12 @@ pub trait Backend: Send {
         Vec::new()
     }
 
+    /// The pending request to replace the process after a sticky fault, taken (so that it is acted
+    /// on once; a later request replaces an earlier one not yet taken). The default has none.
+    fn take_replacement(&mut self) -> Option<watch::Replacement> {
+        None
+    }
+
     /// Stops every program and releases the GPU; later calls are refused.
     fn shutdown(&mut self) -> Result<()>;
 

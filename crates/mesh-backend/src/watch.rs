@@ -215,9 +215,8 @@ pub fn search_by_halves(
 /// relaunched"), so no in-place recovery can work. It carries what the backend saw, so that the
 /// new process can relaunch the others at once and leave the culprit stopped.
 ///
-/// Process-wide, like the condition it reports: the backend asks with [`ask_replacement`] (from
-/// [`crate::Backend::watch`] or any call that met the fault) and meshd takes it with
-/// [`take_replacement`] after every backend call.
+/// The backend keeps it from [`crate::Backend::watch`] or any call that met the fault, and meshd
+/// takes it with [`crate::Backend::take_replacement`] after every backend call.
 #[derive(Debug, Clone)]
 pub struct Replacement {
     /// The driver's error.
@@ -235,16 +234,21 @@ pub struct Replacement {
     pub arch: String,
 }
 
-static REPLACEMENT: std::sync::Mutex<Option<Replacement>> = std::sync::Mutex::new(None);
+/// Where a backend keeps its request to replace the process until meshd takes it: a later request
+/// replaces an earlier one not yet taken, and a request is taken once.
+#[derive(Debug, Default)]
+pub struct ReplacementSlot(Option<Replacement>);
 
-/// Asks meshd to replace the process (a later request replaces an earlier one not yet taken).
-pub fn ask_replacement(r: Replacement) {
-    *REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-}
+impl ReplacementSlot {
+    /// Asks meshd to replace the process.
+    pub fn ask(&mut self, r: Replacement) {
+        self.0 = Some(r);
+    }
 
-/// The pending request to replace the process, taken (so it is acted on once).
-pub fn take_replacement() -> Option<Replacement> {
-    REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// The pending request, taken.
+    pub fn take(&mut self) -> Option<Replacement> {
+        self.0.take()
+    }
 }
 
 #[cfg(test)]
@@ -346,10 +350,11 @@ mod tests {
             linked: Vec::new(),
             arch: "sm_90".into(),
         };
-        ask_replacement(r);
-        let taken = take_replacement().expect("asked");
+        let mut slot = ReplacementSlot::default();
+        slot.ask(r);
+        let taken = slot.take().expect("asked");
         assert_eq!((taken.programs.len(), taken.arch.as_str()), (2, "sm_90"));
-        assert!(take_replacement().is_none(), "taken once");
+        assert!(slot.take().is_none(), "taken once");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! cannot be recovered in place: NVIDIA documents that the process must be terminated and
 //! relaunched, and on the H200 (driver 580) even `cuDevicePrimaryCtxRetain` fails with the fault's
 //! code afterwards. Then the watchdog names the culprit from the same evidence and asks meshd to
-//! replace the process ([`watch::ask_replacement`], with every program's linked image so that the
+//! replace the process ([`Backend::take_replacement`], with every program's linked image so that the
 //! new process need not link again); until then every change is refused
 //! ([`BackendError::Replacing`]). Any other fault is recovered in place, and when that fails the
 //! process is replaced too.
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_backend::roster::{self, HasCore};
-use mesh_backend::watch::{self, Evidence, FaultNote, Replacement, Verdict};
+use mesh_backend::watch::{self, Evidence, FaultNote, Replacement, ReplacementSlot, Verdict};
 use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
@@ -151,6 +151,8 @@ pub struct BlinkBackend {
     broken: Option<String>,
     /// A sticky fault: meshd was asked to replace the process (changes are refused meanwhile).
     replacing: bool,
+    /// That request, until meshd takes it.
+    replacement: ReplacementSlot,
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
@@ -177,6 +179,7 @@ impl BlinkBackend {
             stuck: Vec::new(),
             broken: None,
             replacing: false,
+            replacement: ReplacementSlot::default(),
             shut_down: false,
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
@@ -462,7 +465,7 @@ impl BlinkBackend {
             "GPU fault in the context ({error}): {why}, so this process cannot use the GPU again; {verdict:?}; \
              asking meshd to replace its process"
         );
-        watch::ask_replacement(Replacement {
+        self.replacement.ask(Replacement {
             error: error.to_string(),
             programs: self.programs.iter().map(|p| p.core.name.clone()).collect(),
             verdict,
@@ -552,6 +555,10 @@ impl BlinkBackend {
 impl Backend for BlinkBackend {
     fn mode(&self) -> IsolationMode {
         IsolationMode::Blink
+    }
+
+    fn take_replacement(&mut self) -> Option<Replacement> {
+        self.replacement.take()
     }
 
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {

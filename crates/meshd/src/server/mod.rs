@@ -7,7 +7,7 @@
 //!   Between changes it is the **watchdog**: every [`Limits::watch`] (25 ms) it calls
 //!   [`Backend::watch`], which polls the kernels and recovers from a fault with no request; while
 //!   a recovery runs, `ps` answers from the last snapshot. When the backend says the fault is
-//!   sticky ([`mesh_backend::watch::take_replacement`], after every backend call), it records what
+//!   sticky ([`Backend::take_replacement`], after every backend call), it records what
 //!   the new process needs and replaces the process ([`crate::replace`]); the new image's backend
 //!   thread relaunches the recorded programs but the culprit, which `ps` shows left stopped, and
 //!   runs a culprit search's next question.

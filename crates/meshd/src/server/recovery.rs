@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use mesh_backend::ProgramState;
-use mesh_backend::watch::{self, Replacement};
+use mesh_backend::watch::Replacement;
 
 use super::worker::{BackendWorker, ms_between, plain, unix_ms};
 use crate::replace::{self, Plan, QUESTION_WATCH, Step, mono_ns};
@@ -225,7 +225,7 @@ impl BackendWorker<'_> {
 
     /// Acts on a pending request to replace the process, if the backend made one.
     pub(super) fn check_replacement(&mut self) {
-        if let Some(r) = watch::take_replacement() {
+        if let Some(r) = self.backend.take_replacement() {
             self.replace(r);
         }
     }
