@@ -14,6 +14,7 @@
 pub mod cleanup;
 mod error;
 pub mod life;
+pub mod pool;
 pub mod residency;
 pub mod roster;
 mod spec;
@@ -50,6 +51,12 @@ pub trait Backend: Send {
     /// status at once). The default polls nothing.
     fn watch(&mut self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// The worker pool's figures (MPS mode), a handle meshd reads whenever `info` asks, without
+    /// waiting for the backend. The default has no pool.
+    fn pool(&self) -> Option<pool::PoolFigures> {
+        None
     }
 
     /// The pending request to replace the process after a sticky fault, taken (so that it is acted

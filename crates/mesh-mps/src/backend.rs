@@ -37,6 +37,7 @@ use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
 pub const FAULT_WATCH: Duration = Duration::from_millis(600);
 
 pub use crate::pool::MAX_CLIENTS;
+use crate::pool::PoolFigures;
 
 /// Options of the MPS backend.
 #[derive(Debug, Clone)]
@@ -100,6 +101,8 @@ pub struct MpsBackend {
     shut_down: bool,
     /// MPS clients the device takes (48, or 60 from CUDA 13.1).
     client_limit: u32,
+    /// The pool's figures, shared with meshd's `info`.
+    pool: PoolFigures,
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -131,15 +134,19 @@ impl MpsBackend {
         }
         let device = Device::get(0)?;
         // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
-        match device.uuid() {
-            Ok(uuid) => crate::worker::set_device(uuid),
-            Err(e) => tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0"),
-        }
-        crate::pool::open(config.pool, config.pool_grow, client_limit, limit_source);
+        let uuid = match device.uuid() {
+            Ok(uuid) => Some(uuid),
+            Err(e) => {
+                tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0");
+                None
+            }
+        };
+        let pool = PoolFigures::default();
+        pool.open(config.pool, config.pool_grow, client_limit, limit_source);
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
-        let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?);
+        let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid));
         let shared = Arc::new(Mutex::new(Shared { control: Some(control.clone()), ..Shared::default() }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
@@ -167,11 +174,11 @@ impl MpsBackend {
             Ok(j) => j,
             Err(e) => {
                 cleanup::run_one(cleanup_id);
-                crate::pool::close();
+                pool.close();
                 return Err(e);
             }
         };
-        crate::pool::publish(shared.lock().idle.len(), 0);
+        pool.publish(shared.lock().idle.len(), 0);
         Ok(Self {
             shared,
             mailbox: mailbox.clone(),
@@ -183,6 +190,7 @@ impl MpsBackend {
             next_cubin: AtomicU64::new(0),
             shut_down: false,
             client_limit,
+            pool,
         })
     }
 
@@ -258,7 +266,7 @@ impl MpsBackend {
         let started = Instant::now();
         let w = Worker::start(&control, self.mailbox.path(), sms, WORKER_LOAD)?;
         if running > 0 {
-            let n = crate::pool::record_growth(program, op, running);
+            let n = self.pool.record_growth(program, op, running);
             tracing::warn!(
                 program,
                 "MPS pool grown for {op} of {program:?} (--pool-grow): worker {} created in {:?}; its client creation \
@@ -309,7 +317,7 @@ impl MpsBackend {
     /// The pool's counts for `info`.
     fn publish_pool(&self) {
         let s = self.lock();
-        crate::pool::publish(s.idle.len(), s.programs.len());
+        self.pool.publish(s.idle.len(), s.programs.len());
     }
 
     /// Returns a worker to the pool after unloading its module; a worker that will not is discarded.
@@ -646,6 +654,10 @@ impl Backend for MpsBackend {
         IsolationMode::Mps
     }
 
+    fn pool(&self) -> Option<PoolFigures> {
+        Some(self.pool.clone())
+    }
+
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
         self.ready()?;
         spec.validate()?;
@@ -756,7 +768,7 @@ impl Backend for MpsBackend {
             // A program left stopped has no kernel to ask about.
             .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
             .collect();
-        crate::pool::publish(s.idle.len(), s.programs.len());
+        self.pool.publish(s.idle.len(), s.programs.len());
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
     }
 
@@ -826,7 +838,7 @@ impl Backend for MpsBackend {
             w.exit();
         }
         cleanup::run_one(self.cleanup_id);
-        crate::pool::close();
+        self.pool.close();
         Ok(())
     }
 

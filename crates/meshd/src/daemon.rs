@@ -2,13 +2,14 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Result;
-use mesh_backend::{IsolationMode, cleanup};
+use mesh_backend::{Backend, IsolationMode, cleanup};
 use mesh_shm::{Mailbox, MailboxConfig};
 use meshd::server::{Limits, Opened, Server};
-use meshd::start::{self, Origin};
+use meshd::start::{self, DeviceId, Origin};
 use meshd::state::{self, StateStore};
 
 use crate::cli::RunArgs;
@@ -32,6 +33,8 @@ struct Claimed {
     mailbox: Mailbox,
     /// The mailbox was made now (not taken over).
     created: bool,
+    /// The GPU `--device` named, found before the mailbox was claimed.
+    device_id: Option<DeviceId>,
 }
 
 /// Resolves the paths (from the GPU's UUID with --device), checks the socket is free, claims the
@@ -39,9 +42,7 @@ struct Claimed {
 fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mode: IsolationMode) -> Result<Claimed> {
     // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
     let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
-    if let Some(u) = &uuid {
-        start::set_device(start::DeviceId { selector: device.clone(), uuid: u.clone() });
-    }
+    let device_id = uuid.clone().map(|uuid| DeviceId { selector: device.clone(), uuid });
     let defaults = start::default_paths(uuid.as_deref());
     let derived_mps_dir = args.shm.is_none() && args.mps_dir.is_none() && defaults.mps_dir.is_some();
     let socket = socket.unwrap_or(defaults.socket);
@@ -78,13 +79,13 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     }
     report_origin(&origin, &mailbox, &config);
     let created = origin == Origin::Created;
-    Ok(Claimed { args, socket, shm, state_dir, mailbox, created })
+    Ok(Claimed { args, socket, shm, state_dir, mailbox, created, device_id })
 }
 
 /// Opens the state directory (recreating the recorded channels), starts the backend on its thread
 /// and binds the socket. On failure a mailbox made just now is removed again.
 fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
-    let Claimed { args, socket, shm, state_dir, mailbox, created } = c;
+    let Claimed { args, socket, shm, state_dir, mailbox, created, device_id } = c;
     let prepared = (|| {
         let mut store = StateStore::open(state_dir)?;
         let restored = store.restore_channels(mailbox)?;
@@ -93,9 +94,15 @@ fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
         }
         store.record_channels(mailbox)?;
         let backend_args = BackendArgs::from(args);
+        // The backend learns the GPU's UUID when it opens; --device's lookup, where given, names it first.
+        let found = Arc::new(OnceLock::new());
+        let found_by_backend = found.clone();
         let server = Server::start(mailbox.clone(), Limits::default(), Some(store), move |mb| {
-            open_backend(mode, &backend_args, mb)
+            open_backend(mode, &backend_args, mb, &found_by_backend)
         })?;
+        if let Some(id) = device_id.clone().or_else(|| found.get().cloned()) {
+            server.set_device(id);
+        }
         let listener = start::bind_socket(socket)?;
         Ok::<_, anyhow::Error>((server, listener))
     })();
@@ -214,7 +221,12 @@ impl From<&RunArgs> for BackendArgs {
 
 /// Opens the chosen backend; runs on the backend thread, which owns it until meshd ends.
 /// No fallback between the modes: whatever the chosen one lacks is an error.
-fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> Result<Opened> {
+fn open_backend(
+    mode: IsolationMode,
+    args: &BackendArgs,
+    mailbox: &Mailbox,
+    found: &OnceLock<DeviceId>,
+) -> Result<Opened> {
     let device = mesh_cuda::Device::get(0)?;
     let backend: Box<dyn mesh_backend::Backend> = match mode {
         IsolationMode::Blink => {
@@ -236,7 +248,7 @@ fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> R
                 stop_deadline: args.stop_deadline,
             };
             let b = mesh_mps::MpsBackend::open(mailbox, config)?;
-            let pool = mesh_mps::pool::snapshot().unwrap_or_default();
+            let pool = b.pool().and_then(|p| p.snapshot()).unwrap_or_default();
             tracing::info!(
                 "MPS mode: private daemon with pipe directory {}; pool of {} workers {:?} (limit {} clients: {}); {}",
                 b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
@@ -256,7 +268,7 @@ fn open_backend(mode: IsolationMode, args: &BackendArgs, mailbox: &Mailbox) -> R
     match device.uuid() {
         Ok(uuid) => {
             tracing::info!("device {} ({}), {uuid}", device.name, device.arch());
-            start::set_device(start::DeviceId { selector: None, uuid });
+            let _ = found.set(DeviceId { selector: None, uuid });
         }
         Err(e) => tracing::info!("device {} ({}); its UUID: {e}", device.name, device.arch()),
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
 use anyhow::{Context, Result, anyhow};
+use mesh_backend::pool::PoolFigures;
 use mesh_backend::{ProgramState, ProgramStatus};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_EXITED;
@@ -16,7 +17,8 @@ use rustix::event::{PollFd, PollFlags};
 use super::natives::native_stop;
 use super::{Job, Query, Routed, Server, Shared};
 use crate::protocol::{
-    ChannelRow, Info, ProgramRow, Request, RequestError, Response, read_request_within, write_response,
+    ChannelRow, Info, InfoExtra, PoolRow, ProgramRow, Request, RequestError, Response, read_request_within,
+    write_response,
 };
 
 impl Server {
@@ -220,7 +222,11 @@ fn info(shared: &Shared) -> Response {
             device: snap.device.clone(),
             host_atomics: snap.host_atomics,
             channels,
-            extra: crate::protocol::InfoExtra::now(),
+            extra: InfoExtra {
+                device_uuid: shared.device_id.get().map(|d| d.uuid.clone()),
+                device_selector: shared.device_id.get().and_then(|d| d.selector.clone()),
+                pool: snap.pool.as_ref().and_then(PoolFigures::snapshot).map(|p| PoolRow::from(&p)),
+            },
         }),
         ..Response::default()
     }

@@ -27,17 +27,19 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use mesh_backend::pool::PoolFigures;
 use mesh_backend::{Backend, IsolationMode, ProgramStatus};
 use mesh_shm::Mailbox;
 
 use crate::native::NativeSpec;
 use crate::protocol::{Request, Response};
 use crate::replace;
+use crate::start::DeviceId;
 use crate::state::StateStore;
 
 pub use listener::peer_allowed;
@@ -99,6 +101,8 @@ struct Snapshot {
     mode: IsolationMode,
     device: String,
     host_atomics: bool,
+    /// The MPS pool's figures, read fresh by each `info`.
+    pool: Option<PoolFigures>,
 }
 
 /// What the connection threads answer themselves: reads of the snapshot and the mailbox, a
@@ -196,6 +200,8 @@ struct Shared {
     waker: Waker,
     /// Native GPU workers (`meshd spawn`).
     natives: crate::native::Natives,
+    /// The GPU's UUID and how `--device` named it, for `info` ([`Server::set_device`]).
+    device_id: OnceLock<DeviceId>,
 }
 
 impl Shared {
@@ -258,7 +264,9 @@ impl Server {
                 mode: IsolationMode::default(),
                 device: String::new(),
                 host_atomics: false,
+                pool: None,
             })),
+            device_id: OnceLock::new(),
             stopping: Arc::new(AtomicBool::new(false)),
             limits,
             own_uid: rustix::process::getuid().as_raw(),
@@ -284,6 +292,11 @@ impl Server {
                 Err(anyhow!("the backend thread ended while opening the backend"))
             }
         }
+    }
+
+    /// Names the GPU for `info` (its UUID, and `--device` as given); the first call wins.
+    pub fn set_device(&self, id: DeviceId) {
+        let _ = self.shared.device_id.set(id);
     }
 
     /// A handle that stops the server from another thread.

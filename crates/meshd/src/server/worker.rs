@@ -45,6 +45,7 @@ where
             mode: backend.mode(),
             device,
             host_atomics: backend.host_atomics(),
+            pool: backend.pool(),
         });
     }
     if backend.mode() == IsolationMode::Mps {
