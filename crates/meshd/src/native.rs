@@ -18,16 +18,20 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_mps::SharedChild;
 use mesh_shm::Mailbox;
+use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags};
+use rustix::io::FdFlags;
+use rustix::pipe::PipeFlags;
+use rustix::process::{Pid, Signal};
 use serde::{Deserialize, Serialize};
 
 /// The mailbox's path.
@@ -157,23 +161,21 @@ pub struct Natives {
 
 impl std::fmt::Debug for Natives {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Natives({} workers)", lock(&self.table).len())
+        write!(f, "Natives({} workers)", self.table.lock().len())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Signals the worker's process group while its leader is not reaped (so that the group id is still
 /// ours), then the leader itself through its handle.
-fn signal_group(child: &SharedChild, sig: i32) {
+fn signal_group(child: &SharedChild, sig: Signal) {
+    // The group is the worker's own (process_group(0) at spawn) and its leader is not reaped, so
+    // the id is not reused.
     if child.try_wait().is_ok_and(|s| s.is_none()) {
-        // SAFETY: kill(2) with a negative pid signals that process group; the group is the worker's
-        // own (process_group(0) at spawn) and its leader is not reaped, so the id is not reused.
-        unsafe { libc::kill(-(child.id() as i32), sig) };
+        if let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process_group(group, sig);
+        }
     }
-    if sig == libc::SIGKILL {
+    if sig == Signal::KILL {
         let _ = child.kill();
     }
 }
@@ -197,12 +199,13 @@ impl Natives {
 
     /// MPS mode: workers join `m`'s server and must pass its check.
     pub fn set_membership(&self, m: Arc<dyn Membership>) {
-        *lock(&self.membership) = Some(m);
+        *self.membership.lock() = Some(m);
     }
 
     /// Every worker, by name.
     pub fn rows(&self) -> Vec<NativeRow> {
-        lock(&self.table)
+        self.table
+            .lock()
             .iter()
             .map(|(name, e)| NativeRow {
                 name: name.clone(),
@@ -241,7 +244,7 @@ impl Natives {
         let Some(program) = spec.command.first() else {
             return Err(format!("native worker {name}: no command given (meshd spawn NAME -- CMD [ARGS...])"));
         };
-        if let Some(e) = lock(&self.table).get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
+        if let Some(e) = self.table.lock().get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
             return Err(format!("native worker {name} already runs (pid {}); `meshd stop {name}` first", e.child.id()));
         }
         for c in &spec.bind {
@@ -250,7 +253,7 @@ impl Natives {
             }
             self.mailbox.channel(c).map_err(|e| format!("native worker {name}: {e}"))?;
         }
-        let membership = lock(&self.membership).clone();
+        let membership = self.membership.lock().clone();
         let (read_end, write_end) = ready_pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
         let fd = write_end.as_raw_fd();
         let mut cmd = Command::new(program);
@@ -277,12 +280,11 @@ impl Natives {
             }
         };
         let keep_fd = move || {
-            // SAFETY: fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the
-            // forked child lets the worker inherit it under the number MESH_READY_FD names.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            // SAFETY: `fd` is the pipe's write end, which the forked child holds open until exec.
+            let write_end = unsafe { BorrowedFd::borrow_raw(fd) };
+            // fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the forked
+            // child lets the worker inherit it under the number MESH_READY_FD names.
+            rustix::io::fcntl_setfd(write_end, FdFlags::empty()).map_err(std::io::Error::from)
         };
         // SAFETY: `keep_fd` runs between fork and exec and makes one async-signal-safe call.
         unsafe { cmd.pre_exec(keep_fd) };
@@ -292,7 +294,7 @@ impl Natives {
         drop(write_end);
         let child = Arc::new(child);
         tracing::info!(native = %name, pid = child.id(), "native worker started: {}", spec.command.join(" "));
-        lock(&self.table).insert(
+        self.table.lock().insert(
             name.clone(),
             Entry {
                 child: child.clone(),
@@ -312,7 +314,7 @@ impl Natives {
         let spawned = std::thread::Builder::new().name("meshd-native-reap".into()).spawn(move || {
             if let Ok(status) = child.wait() {
                 tracing::info!(native = %name, pid = child.id(), "native worker {}", describe_exit(status));
-                if let Some(e) = lock(&table).get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
+                if let Some(e) = table.lock().get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
                     e.life = Life::Ended(status);
                 }
             }
@@ -326,13 +328,13 @@ impl Natives {
     fn await_ready(&self, spec: &NativeSpec, child: &Arc<SharedChild>, read_end: OwnedFd) -> Result<NativeRow, String> {
         let (name, pid) = (&spec.name, child.id());
         let outcome =
-            wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match lock(&self.membership).clone() {
+            wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match self.membership.lock().clone() {
                 Some(m) => m.check(pid).map_err(|why| Why::Other(format!("not a client of meshd's MPS server: {why}"))),
                 None => Ok(()),
             });
         let refused = match outcome {
             Ok(()) => {
-                let mut table = lock(&self.table);
+                let mut table = self.table.lock();
                 if let Some(e) = table.get_mut(name).filter(|e| Arc::ptr_eq(&e.child, child)) {
                     if e.life == Life::Starting {
                         e.life = Life::Running;
@@ -354,7 +356,7 @@ impl Natives {
             Err(Why::Other(e)) => e,
         };
         self.end(child, Duration::ZERO);
-        lock(&self.table).remove(name);
+        self.table.lock().remove(name);
         let why = format!("native worker {name} (pid {pid}) refused and killed: {refused}");
         tracing::warn!("{why}");
         Err(why)
@@ -363,17 +365,17 @@ impl Natives {
     /// SIGTERM to the worker's group; SIGKILL after `grace` (MPS: after cutting it off the server).
     fn end(&self, child: &SharedChild, grace: Duration) {
         if !grace.is_zero() {
-            signal_group(child, libc::SIGTERM);
+            signal_group(child, Signal::TERM);
             if let Ok(Some(_)) = child.wait_timeout(grace) {
                 return;
             }
         }
-        if let Some(m) = lock(&self.membership).clone() {
+        if let Some(m) = self.membership.lock().clone() {
             if child.try_wait().is_ok_and(|s| s.is_none()) {
                 m.terminate(child.id());
             }
         }
-        signal_group(child, libc::SIGKILL);
+        signal_group(child, Signal::KILL);
         let _ = child.wait();
     }
 
@@ -381,7 +383,7 @@ impl Natives {
     /// row, whose state says how it ended.
     pub fn stop(&self, name: &str) -> Result<NativeRow, String> {
         let child = {
-            let mut table = lock(&self.table);
+            let mut table = self.table.lock();
             let Some(e) = table.get_mut(name) else {
                 return Err(format!(
                     "no native worker {name} (a resident program is ended with `meshd unload {name}`)"
@@ -396,7 +398,7 @@ impl Natives {
         self.end(&child, self.grace);
         let how = child.try_wait().ok().flatten().map_or_else(|| "ended".to_string(), describe_exit);
         let mut row = self.rows().into_iter().find(|r| r.name == name);
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         if table.get(name).is_some_and(|e| Arc::ptr_eq(&e.child, &child)) {
             table.remove(name);
         }
@@ -409,7 +411,7 @@ impl Natives {
 
     /// Ends every worker (meshd's shutdown), each with the grace period, all at once.
     pub fn stop_all(&self) {
-        let names: Vec<String> = lock(&self.table).keys().cloned().collect();
+        let names: Vec<String> = self.table.lock().keys().cloned().collect();
         std::thread::scope(|s| {
             for n in &names {
                 s.spawn(move || {
@@ -422,13 +424,7 @@ impl Natives {
 
 /// A pipe, both ends close-on-exec (the worker's end is made inheritable in the child only).
 fn ready_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two descriptors into the two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(PipeFlags::CLOEXEC)?)
 }
 
 /// Why a worker did not become ready.

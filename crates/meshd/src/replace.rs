@@ -22,10 +22,12 @@
 //! cannot loop.
 
 use std::ffi::OsString;
+use std::os::fd::BorrowedFd;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use mesh_backend::watch::{self, Verdict};
+use rustix::io::FdFlags;
 use serde::{Deserialize, Serialize};
 
 /// At most this many replacements of the process within [`REEXEC_WINDOW`] relaunch programs.
@@ -201,16 +203,13 @@ pub fn close_on_exec_all() -> std::io::Result<usize> {
         .collect();
     let mut marked = 0;
     for fd in fds {
-        // SAFETY: F_GETFD / F_SETFD only read and set the descriptor's flags; a descriptor that is
-        // gone by now (the directory's own) just fails.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0
-                && flags & libc::FD_CLOEXEC == 0
-                && libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) == 0
-            {
-                marked += 1;
-            }
+        // SAFETY: the borrow is used only for F_GETFD / F_SETFD, which touch no memory: a descriptor
+        // gone by now (the directory's own) just fails, and one reused meanwhile is marked
+        // close-on-exec, as every descriptor is about to be.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(flags) = rustix::io::fcntl_getfd(fd) else { continue };
+        if !flags.contains(FdFlags::CLOEXEC) && rustix::io::fcntl_setfd(fd, flags | FdFlags::CLOEXEC).is_ok() {
+            marked += 1;
         }
     }
     Ok(marked)

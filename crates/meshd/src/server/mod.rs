@@ -27,7 +27,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use anyhow::{Context, Result, anyhow};
 use mesh_backend::pool::PoolFigures;
 use mesh_backend::{Backend, IsolationMode, ProgramStatus};
 use mesh_shm::Mailbox;
+use parking_lot::Mutex;
 
 use crate::native::NativeSpec;
 use crate::protocol::{Request, Response};
@@ -206,11 +207,11 @@ struct Shared {
 
 impl Shared {
     fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.snapshot.lock().clone()
     }
 
     fn publish(&self, programs: Vec<ProgramStatus>) {
-        let mut s = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.snapshot.lock();
         let mut next = (**s).clone();
         next.programs = programs;
         *s = Arc::new(next);

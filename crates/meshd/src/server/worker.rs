@@ -39,7 +39,7 @@ where
         }
     };
     {
-        let mut s = shared.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = shared.snapshot.lock();
         *s = Arc::new(Snapshot {
             programs: backend.status(),
             mode: backend.mode(),
