@@ -95,6 +95,48 @@ impl Membership for MpsMembership {
     }
 }
 
+/// Why a native worker was refused, or could not be stopped.
+#[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's message")]
+pub enum NativeError {
+    /// A name `ps` could not show.
+    #[error("native worker name {0:?}: 1 to 48 characters, no spaces")]
+    BadName(String),
+    /// `meshd spawn NAME` with nothing after `--`.
+    #[error("native worker {0}: no command given (meshd spawn NAME -- CMD [ARGS...])")]
+    NoCommand(String),
+    /// A live worker holds the name.
+    #[error("native worker {name} already runs (pid {pid}); `meshd stop {name}` first")]
+    AlreadyRuns { name: String, pid: u32 },
+    /// `MESH_CHANNELS` is comma-separated.
+    #[error("channel {0:?}: a native worker's channel name may not hold a comma")]
+    CommaInChannel(String),
+    /// A channel to bind that the mailbox refused.
+    #[error("native worker {name}: {source}")]
+    Channel { name: String, source: mesh_shm::ShmError },
+    /// The ready pipe could not be made.
+    #[error("native worker {name}: a pipe: {source}")]
+    Pipe { name: String, source: std::io::Error },
+    /// MPS mode without a server to join.
+    #[error("native worker {0}: meshd's MPS daemon has no pipe directory")]
+    NoMpsPipe(String),
+    /// The command could not be started.
+    #[error("native worker {name}: starting {program:?}: {source}")]
+    Start { name: String, program: String, source: std::io::Error },
+    /// It became ready but its row is gone (stopped meanwhile).
+    #[error("{0} vanished")]
+    Vanished(String),
+    /// It did not become ready (or is not our MPS server's client): it was killed.
+    #[error("native worker {name} (pid {pid}) refused and killed: {why}")]
+    Refused { name: String, pid: u32, why: String },
+    /// `meshd stop` of a name no worker has.
+    #[error("no native worker {0} (a resident program is ended with `meshd unload {0}`)")]
+    Unknown(String),
+    /// Another worker took the name while this one stopped.
+    #[error("native worker {0} was replaced while stopping")]
+    Replaced(String),
+}
+
 /// Where a native worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -220,7 +262,7 @@ impl Natives {
 
     /// Starts `spec` (call on the thread that lives as long as meshd: PDEATHSIG watches it) and
     /// hands the outcome to `reply` from a thread of its own once the worker is ready or refused.
-    pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, String>) + Send + 'static) {
+    pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, NativeError>) + Send + 'static) {
         match self.start(&spec) {
             Ok((child, read_end)) => {
                 let this = self.clone();
@@ -236,25 +278,11 @@ impl Natives {
     }
 
     /// Checks `spec`, spawns the worker and records it as starting; returns it and the ready pipe's read end.
-    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), String> {
+    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), NativeError> {
+        let program = self.check(spec)?;
         let name = &spec.name;
-        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
-            return Err(format!("native worker name {name:?}: 1 to 48 characters, no spaces"));
-        }
-        let Some(program) = spec.command.first() else {
-            return Err(format!("native worker {name}: no command given (meshd spawn NAME -- CMD [ARGS...])"));
-        };
-        if let Some(e) = self.table.lock().get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
-            return Err(format!("native worker {name} already runs (pid {}); `meshd stop {name}` first", e.child.id()));
-        }
-        for c in &spec.bind {
-            if c.contains(',') {
-                return Err(format!("channel {c:?}: a native worker's channel name may not hold a comma"));
-            }
-            self.mailbox.channel(c).map_err(|e| format!("native worker {name}: {e}"))?;
-        }
         let membership = self.membership.lock().clone();
-        let (read_end, write_end) = ready_pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
+        let (read_end, write_end) = ready_pipe().map_err(|source| NativeError::Pipe { name: name.clone(), source })?;
         let fd = write_end.as_raw_fd();
         let mut cmd = Command::new(program);
         cmd.args(&spec.command[1..])
@@ -266,9 +294,7 @@ impl Natives {
             .process_group(0);
         let isolation = match &membership {
             Some(m) => {
-                let dir = m
-                    .pipe_dir()
-                    .ok_or_else(|| format!("native worker {name}: meshd's MPS daemon has no pipe directory"))?;
+                let dir = m.pipe_dir().ok_or_else(|| NativeError::NoMpsPipe(name.clone()))?;
                 // An MPS client must not have CUDA_VISIBLE_DEVICES (NVIDIA's rule, as for our workers):
                 // the server already sees only meshd's GPU.
                 cmd.env(ENV_MPS_PIPE, dir).env(ENV_ISOLATION, "mps").env_remove("CUDA_VISIBLE_DEVICES");
@@ -289,7 +315,7 @@ impl Natives {
         // SAFETY: `keep_fd` runs between fork and exec and makes one async-signal-safe call.
         unsafe { cmd.pre_exec(keep_fd) };
         let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
-            .map_err(|e| format!("native worker {name}: starting {program:?}: {e}"))?;
+            .map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
         // Only the worker holds the write end now: its exit closes the pipe.
         drop(write_end);
         let child = Arc::new(child);
@@ -306,6 +332,27 @@ impl Natives {
         );
         self.reap_in_background(name.clone(), child.clone());
         Ok((child, read_end))
+    }
+
+    /// Checks `spec`'s name, command and channels; returns the program to run.
+    fn check<'s>(&self, spec: &'s NativeSpec) -> Result<&'s String, NativeError> {
+        let name = &spec.name;
+        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
+            return Err(NativeError::BadName(name.clone()));
+        }
+        let Some(program) = spec.command.first() else {
+            return Err(NativeError::NoCommand(name.clone()));
+        };
+        if let Some(e) = self.table.lock().get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
+            return Err(NativeError::AlreadyRuns { name: name.clone(), pid: e.child.id() });
+        }
+        for c in &spec.bind {
+            if c.contains(',') {
+                return Err(NativeError::CommaInChannel(c.clone()));
+            }
+            self.mailbox.channel(c).map_err(|source| NativeError::Channel { name: name.clone(), source })?;
+        }
+        Ok(program)
     }
 
     /// One thread per worker waits for its exit and records it (the one place it is reaped).
@@ -325,7 +372,12 @@ impl Natives {
     }
 
     /// Waits for `ready\n` on `read_end` until the spec's timeout; in MPS mode checks membership.
-    fn await_ready(&self, spec: &NativeSpec, child: &Arc<SharedChild>, read_end: OwnedFd) -> Result<NativeRow, String> {
+    fn await_ready(
+        &self,
+        spec: &NativeSpec,
+        child: &Arc<SharedChild>,
+        read_end: OwnedFd,
+    ) -> Result<NativeRow, NativeError> {
         let (name, pid) = (&spec.name, child.id());
         let outcome =
             wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match self.membership.lock().clone() {
@@ -342,7 +394,11 @@ impl Natives {
                 }
                 drop(table);
                 tracing::info!(native = %name, pid, "native worker ready");
-                return self.rows().into_iter().find(|r| &r.name == name).ok_or_else(|| format!("{name} vanished"));
+                return self
+                    .rows()
+                    .into_iter()
+                    .find(|r| &r.name == name)
+                    .ok_or_else(|| NativeError::Vanished(name.clone()));
             }
             Err(Why::Eof) => match child.wait_timeout(Duration::from_secs(2)) {
                 Ok(Some(s)) => format!("{} before it reported ready", describe_exit(s)),
@@ -357,7 +413,7 @@ impl Natives {
         };
         self.end(child, Duration::ZERO);
         self.table.lock().remove(name);
-        let why = format!("native worker {name} (pid {pid}) refused and killed: {refused}");
+        let why = NativeError::Refused { name: name.clone(), pid, why: refused };
         tracing::warn!("{why}");
         Err(why)
     }
@@ -381,13 +437,11 @@ impl Natives {
 
     /// Ends worker `name` (SIGTERM, SIGKILL after the grace period) and forgets it; returns its last
     /// row, whose state says how it ended.
-    pub fn stop(&self, name: &str) -> Result<NativeRow, String> {
+    pub fn stop(&self, name: &str) -> Result<NativeRow, NativeError> {
         let child = {
             let mut table = self.table.lock();
             let Some(e) = table.get_mut(name) else {
-                return Err(format!(
-                    "no native worker {name} (a resident program is ended with `meshd unload {name}`)"
-                ));
+                return Err(NativeError::Unknown(name.to_string()));
             };
             if !matches!(e.life, Life::Ended(_)) {
                 e.life = Life::Stopping;
@@ -404,7 +458,7 @@ impl Natives {
         }
         drop(table);
         tracing::info!(native = %name, "native worker stopped: {how} after {:.3} s", started.elapsed().as_secs_f64());
-        let mut row = row.take().ok_or_else(|| format!("native worker {name} was replaced while stopping"))?;
+        let mut row = row.take().ok_or_else(|| NativeError::Replaced(name.to_string()))?;
         row.state = how;
         Ok(row)
     }
