@@ -41,6 +41,7 @@ impl std::error::Error for DriverError {}
 
 /// What the CUDA layer refuses or fails with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs, reason = "a field whose name says what it is (reason) needs no line of its own")]
 pub enum CudaError {
     /// No CUDA driver library could be loaded, or it lacks an entry point.
     #[error("CUDA driver unavailable: {0}")]
@@ -64,7 +65,6 @@ pub enum CudaError {
     Invalid {
         /// What was refused.
         what: String,
-        /// Why.
         reason: String,
     },
     /// The mailbox could not be registered for the GPU.
