@@ -8,6 +8,7 @@
 //!   the SM counts it divides by made explicit), [`roster`] (what each backend keeps about a
 //!   program, and the look-ups over all of them).
 //! * [`watch`]: the watchdog's reasoning (health records, naming a fault's culprit, the search by halves).
+//! * [`recover`]: the one recovery from a GPU fault, driven through a backend's [`Recovery`].
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
 
@@ -15,6 +16,7 @@ pub mod cleanup;
 mod error;
 pub mod life;
 pub mod pool;
+pub mod recover;
 pub mod residency;
 pub mod roster;
 mod spec;
@@ -22,10 +24,11 @@ pub mod watch;
 
 pub use error::{BackendError, Result};
 pub use life::{Life, Phase};
+pub use recover::Recovery;
 pub use residency::{KernelFigures, SmBudget, check_resident};
 pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
-pub use watch::{Evidence, FaultNote, Health, Verdict};
+pub use watch::{Cause, Evidence, FaultNote, Health, Verdict};
 
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.
 pub trait Backend: Send {

@@ -36,14 +36,53 @@ pub const FAULT_WINDOW: Duration = Duration::from_millis(1500);
 pub struct FaultNote {
     /// When meshd noticed it.
     pub at: SystemTime,
-    /// What happened: the driver's error, and the culprit where it is known.
-    pub what: String,
+    /// The driver's error.
+    pub error: String,
+    /// Who caused it, as far as known.
+    pub cause: Cause,
 }
 
+/// Who caused a fault, as a program's note says it. Rendered only for display: `ps` shows
+/// `GPU fault: ERROR (caused by NAME)` and the like ([`FaultNote`]'s `Display`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// Not known yet (the recovery is under way).
+    Unknown,
+    /// This program, named for the reason given.
+    ThisProgram(String),
+    /// Another program, by name.
+    Other(String),
+    /// The recovery named no one.
+    NoneNamed,
+    /// A culprit search by halves is under way.
+    Searching,
+}
+
+impl std::fmt::Display for FaultNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&fault_text(&self.error, &self.cause))
+    }
+}
+
+/// The one wording of a fault and its cause, for `ps` (and meshd's record of it across a
+/// replacement of the process).
+pub fn fault_text(error: &str, cause: &Cause) -> String {
+    match cause {
+        Cause::Unknown => format!("GPU fault: {error}"),
+        Cause::ThisProgram(why) => format!("GPU fault: {error} (caused by this program: {why})"),
+        Cause::Other(name) => format!("GPU fault: {error} (caused by {name})"),
+        Cause::NoneNamed => format!("GPU fault: {error} (no culprit named)"),
+        Cause::Searching => format!("GPU fault: {error} {SEARCHING}"),
+    }
+}
+
+/// The end of a fault's text while its culprit is searched for ([`Cause::Searching`]).
+pub const SEARCHING: &str = "(its culprit is being searched)";
+
 impl FaultNote {
-    /// A note of `what`, now.
-    pub fn now(what: impl Into<String>) -> Self {
-        Self { at: SystemTime::now(), what: what.into() }
+    /// A note of `error`, caused by `cause`, now.
+    pub fn now(error: impl Into<String>, cause: Cause) -> Self {
+        Self { at: SystemTime::now(), error: error.into(), cause }
     }
 
     /// Milliseconds since the Unix epoch (what `ps --json` shows).
@@ -338,6 +377,19 @@ mod tests {
             }
         }
         assert_eq!(search_by_halves(&[], None, |_| true), None);
+    }
+
+    #[test]
+    fn a_fault_note_says_the_error_and_who_caused_it() {
+        let note = |cause| FaultNote::now("CUDA_ERROR_ILLEGAL_ADDRESS", cause).to_string();
+        assert_eq!(note(Cause::Unknown), "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(note(Cause::Other("bad".into())), "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (caused by bad)");
+        assert_eq!(
+            note(Cause::ThisProgram("loaded 40 ms before".into())),
+            "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (caused by this program: loaded 40 ms before)"
+        );
+        assert!(note(Cause::Searching).ends_with(SEARCHING));
+        assert!(note(Cause::NoneNamed).ends_with("(no culprit named)"));
     }
 
     #[test]

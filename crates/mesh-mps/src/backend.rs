@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mesh_backend::cleanup::{self, CleanupId};
+use mesh_backend::recover::{self, Recovery};
 use mesh_backend::roster::{self, HasCore};
-use mesh_backend::watch::{self, Evidence, FaultNote, Verdict};
+use mesh_backend::watch::{self, Evidence, Verdict};
 use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec, ProgramStatus,
     Result, SmBudget, check_resident,
@@ -123,6 +124,43 @@ fn tear_down(shared: &Mutex<Shared>) {
 /// A refused life transition (a bug), as the contract's error naming the program.
 fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError {
     BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
+}
+
+/// The MPS backend as a recovery drives it, under its lock: a reset ends every client, a relaunch
+/// starts fresh workers side by side.
+struct Clients<'a> {
+    backend: &'a MpsBackend,
+    s: &'a mut Shared,
+    control: &'a MpsControl,
+}
+
+impl Recovery for Clients<'_> {
+    type Error = std::convert::Infallible;
+
+    fn reset(&mut self) -> std::result::Result<(), Self::Error> {
+        self.backend.end_all_clients(self.s, self.control);
+        Ok(())
+    }
+
+    fn relaunch(&mut self, which: &[usize]) {
+        self.backend.relaunch(self.s, self.control, which);
+    }
+
+    fn faulted_within(&mut self, running: &[usize]) -> bool {
+        faulted_within(self.s, running)
+    }
+
+    fn core(&mut self, i: usize) -> &mut ProgramCore {
+        &mut self.s.programs[i].core
+    }
+
+    fn relaunchable(&self, i: usize) -> bool {
+        relaunchable(&self.s.programs[i])
+    }
+
+    fn count(&self) -> usize {
+        self.s.programs.len()
+    }
 }
 
 impl MpsBackend {
@@ -383,66 +421,18 @@ impl MpsBackend {
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
-        for (p, e) in s.programs.iter_mut().zip(&evidence) {
-            if e.on_gpu {
-                p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
-            }
-        }
-        self.end_all_clients(&mut s, &control);
-        let candidates: Vec<usize> =
-            (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i]) || evidence[i].on_gpu).collect();
-        let culprit = match &verdict {
-            Verdict::Culprit { index, why } => Some((*index, why.clone())),
-            Verdict::NoCulprit => None,
-            Verdict::Search { suspects, likely } => {
-                let innocent: Vec<usize> = candidates.iter().copied().filter(|i| !suspects.contains(i)).collect();
-                let mut running: Vec<usize> = Vec::new();
-                let mut poisoned = false;
-                let mut questions = 0;
-                let found = watch::search_by_halves(suspects, *likely, |half| {
-                    questions += 1;
-                    if poisoned {
-                        self.end_all_clients(&mut s, &control);
-                        running.clear();
-                    }
-                    let set: Vec<usize> = innocent.iter().chain(half).copied().collect();
-                    let new: Vec<usize> = set.iter().copied().filter(|i| !running.contains(i)).collect();
-                    self.relaunch(&mut s, &control, &new);
-                    running = set;
-                    poisoned = faulted_within(&mut s, &running);
-                    poisoned
-                });
-                if poisoned {
-                    self.end_all_clients(&mut s, &control);
-                }
-                log.push(format!("the culprit was searched by halves: {questions} relaunch(es) watched"));
-                found.map(|i| (i, format!("found by halves in {questions} relaunch(es) of {}", suspects.len())))
-            }
-        };
+        let culprit = recover::recover(
+            &mut Clients { backend: self, s: &mut s, control: &control },
+            &verdict,
+            error,
+            &evidence,
+            &mut log,
+        );
+        let Ok(culprit) = culprit;
         if let Some((i, why)) = &culprit {
-            let p = &mut s.programs[*i];
-            tracing::error!(program = p.core.name, "caused the GPU fault ({why}): left stopped");
-            p.core.life.returned();
-            p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
-            p.core.health.last_fault =
-                Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
+            tracing::error!(program = s.programs[*i].core.name, "caused the GPU fault ({why}): left stopped");
         }
         let name = culprit.as_ref().map_or_else(|| "none".to_string(), |(i, _)| s.programs[*i].core.name.clone());
-        let rest: Vec<usize> = candidates
-            .into_iter()
-            .filter(|&i| {
-                let p = &s.programs[i];
-                relaunchable(p) && matches!(p.core.life.phase(), Phase::Loaded | Phase::Stopped)
-            })
-            .collect();
-        self.relaunch(&mut s, &control, &rest);
-        for p in s.programs.iter_mut().filter(|p| p.core.name != name) {
-            if let Some(note) = &mut p.core.health.last_fault {
-                if note.what == format!("GPU fault: {error}") {
-                    note.what = format!("GPU fault: {error} (caused by {name})");
-                }
-            }
-        }
         let running = s.programs.iter().filter(|p| p.core.life.phase() == &Phase::Running).count();
         log.push(format!(
             "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running",

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use mesh_backend::ProgramState;
-use mesh_backend::watch::Replacement;
+use mesh_backend::watch::{Cause, Replacement, SEARCHING, fault_text};
 
 use super::worker::{BackendWorker, ms_between, plain, unix_ms};
 use crate::replace::{self, Plan, QUESTION_WATCH, Step, mono_ns};
@@ -12,8 +12,6 @@ use crate::state::{Carried, HeldMark, Pending};
 
 /// Why a program stays stopped while a culprit search asks about others.
 const SEARCH_HELD: &str = "held back while the culprit of a GPU fault is searched by halves";
-/// The end of the others' last fault while a search looks for its culprit.
-const SEARCHED: &str = "(its culprit is being searched)";
 
 /// `ps`'s `stopped_why` of a culprit named `why`.
 fn culprit_why(why: &str) -> String {
@@ -199,18 +197,20 @@ impl BackendWorker<'_> {
                 for (n, c) in st.carried.iter_mut() {
                     if n == name {
                         c.held = Some(HeldMark { why: stopped.clone(), culprit: true });
-                        c.last_fault = Some(format!("GPU fault: {error} (caused by this program: {why})"));
+                        c.last_fault = Some(fault_text(error, &Cause::ThisProgram(why.to_string())));
                         c.last_fault_unix_ms = Some(at);
                     } else if let Some(f) = &mut c.last_fault {
-                        if f.ends_with(SEARCHED) {
-                            *f = format!("{}(caused by {name})", f.trim_end_matches(SEARCHED));
+                        // The state keeps the text: a fault whose culprit was being searched ends
+                        // with SEARCHING, whatever error it names.
+                        if let Some(head) = f.strip_suffix(SEARCHING) {
+                            *f = format!("{head}(caused by {name})");
                         }
                     }
                 }
                 if !st.carried.contains_key(name) {
                     let c = Carried {
                         held: Some(HeldMark { why: stopped.clone(), culprit: true }),
-                        last_fault: Some(format!("GPU fault: {error} (caused by this program: {why})")),
+                        last_fault: Some(fault_text(error, &Cause::ThisProgram(why.to_string()))),
                         last_fault_unix_ms: Some(at),
                         ..Carried::default()
                     };
@@ -285,7 +285,7 @@ impl BackendWorker<'_> {
                 match &culprit {
                     Some((n, why)) if *n == name => {
                         c.held = Some(HeldMark { why: culprit_why(why), culprit: true });
-                        c.last_fault = Some(format!("GPU fault: {error} (caused by this program: {why})"));
+                        c.last_fault = Some(fault_text(error, &Cause::ThisProgram(why.to_string())));
                         c.last_fault_unix_ms = Some(now);
                         continue;
                     }
@@ -295,9 +295,9 @@ impl BackendWorker<'_> {
                     continue;
                 }
                 c.last_fault = Some(match &culprit {
-                    Some((n, _)) => format!("GPU fault: {error} (caused by {n})"),
-                    None if search.is_some() => format!("GPU fault: {error} {SEARCHED}"),
-                    None => format!("GPU fault: {error} (no culprit named)"),
+                    Some((n, _)) => fault_text(error, &Cause::Other(n.clone())),
+                    None if search.is_some() => fault_text(error, &Cause::Searching),
+                    None => fault_text(error, &Cause::NoneNamed),
                 });
                 c.last_fault_unix_ms = Some(now);
                 if let Some(h) = &halted {
