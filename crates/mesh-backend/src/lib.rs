@@ -12,6 +12,8 @@
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
 
+#![warn(clippy::cast_possible_truncation)]
+
 pub mod cleanup;
 mod error;
 pub mod life;

@@ -69,14 +69,16 @@ impl PoolFigures {
     /// The backend's counts now.
     pub fn publish(&self, idle: usize, in_use: usize) {
         if let Some(p) = self.0.lock().as_mut() {
-            p.idle = idle as u32;
-            p.in_use = in_use as u32;
+            p.idle = u32::try_from(idle).unwrap_or(u32::MAX);
+            p.in_use = u32::try_from(in_use).unwrap_or(u32::MAX);
         }
     }
 
     /// A client created while `stalled` programs ran; returns the stall's number.
     pub fn record_growth(&self, program: &str, op: &'static str, stalled: u32) -> u64 {
-        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut guard = self.0.lock();
         let Some(p) = guard.as_mut() else { return 0 };
         p.stalls += 1;

@@ -87,7 +87,7 @@ impl FaultNote {
 
     /// Milliseconds since the Unix epoch (what `ps --json` shows).
     pub fn unix_ms(&self) -> u64 {
-        self.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+        self.at.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -366,7 +366,7 @@ mod tests {
                 let mut asked = Vec::new();
                 let found = search_by_halves(&suspects, None, oracle(culprit, &mut asked));
                 assert_eq!(found, Some(culprit), "n {n}");
-                let bound = (n as f64).log2().ceil() as usize;
+                let bound = n.next_power_of_two().ilog2() as usize;
                 assert!(asked.len() <= bound, "n {n} culprit {culprit}: {} questions {asked:?}", asked.len());
                 // Every set asked holds every program cleared before it: the healthy ones run on.
                 for pair in asked.windows(2) {

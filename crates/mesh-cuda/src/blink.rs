@@ -252,7 +252,7 @@ impl BlinkBackend {
                 self.stuck = names.clone();
                 return Err(BackendError::StopTimeout {
                     programs: names,
-                    waited_ms: self.config.stop_deadline.as_millis() as u64,
+                    waited_ms: u64::try_from(self.config.stop_deadline.as_millis()).unwrap_or(u64::MAX),
                 });
             }
             // Spin: a blink's pause is what every program feels, and a sleep costs 50 µs or more.
@@ -643,7 +643,10 @@ impl Backend for BlinkBackend {
             // them to process exit (see meshd, which then exits without running destructors).
             std::mem::forget(self.registered.take());
             std::mem::forget(self.ctx.clone());
-            Err(BackendError::StopTimeout { programs: stuck, waited_ms: self.config.stop_deadline.as_millis() as u64 })
+            Err(BackendError::StopTimeout {
+                programs: stuck,
+                waited_ms: u64::try_from(self.config.stop_deadline.as_millis()).unwrap_or(u64::MAX),
+            })
         }
     }
 

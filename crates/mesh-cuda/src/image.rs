@@ -222,6 +222,7 @@ impl Elf {
             )));
         }
         for i in 0..shnum {
+            #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
             let at = (shoff + i * shentsize) as usize;
             const SHT_NOBITS: u32 = 8;
             let sh_type = u32_at(b, at + 4).unwrap_or(0);
@@ -231,6 +232,7 @@ impl Elf {
             }
         }
         for i in 0..phnum {
+            #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
             let at = (phoff + i * phentsize) as usize;
             let (offset, filesz) = (u64_at(b, at + 8).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
             if !table_fits(offset, 1, filesz, b.len()) {
@@ -660,9 +662,11 @@ pub(crate) mod tests {
             for _ in 0..20_000 {
                 let mut b = image.clone();
                 for _ in 0..1 + next() % 4 {
+                    #[allow(clippy::cast_possible_truncation, reason = "less than b.len()")]
                     let at = (next() % b.len() as u64) as usize;
-                    b[at] = next() as u8;
+                    b[at] = next().to_le_bytes()[0];
                 }
+                #[allow(clippy::cast_possible_truncation, reason = "less than b.len()")]
                 let len = if next() % 4 == 0 { (next() % b.len() as u64) as usize } else { b.len() };
                 for kind in [ImageKind::Cubin, ImageKind::Fatbin] {
                     let _ = plan("sm_90", kind, &b[..len]);

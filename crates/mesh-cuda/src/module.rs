@@ -134,7 +134,7 @@ impl Function {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut n,
                 self.raw,
-                shape.threads_per_block() as i32,
+                i32::try_from(shape.threads_per_block()).unwrap_or(i32::MAX),
                 shape.shared_mem as usize,
             )
         })?;

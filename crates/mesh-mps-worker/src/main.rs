@@ -5,6 +5,8 @@
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
 //! gone). Every failure is a reply with its kind and reason, never a panic.
 
+#![warn(clippy::cast_possible_truncation)]
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -54,7 +56,7 @@ fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worke
         None => Context::primary(&device),
     }
     .map_err(|e| format!("creating the context: {e}"))?;
-    let context_ms = started.elapsed().as_millis() as u64;
+    let context_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     // Read after the context exists: only then has the driver connected to (or missed) the MPS server.
     let device = Device::find(selector).map_err(|e| e.to_string())?;
     if !device.mps_enabled {

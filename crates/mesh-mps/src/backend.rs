@@ -295,7 +295,8 @@ impl MpsBackend {
     fn grow(&self, sms: Option<u32>, program: &str, op: &'static str) -> Result<Worker> {
         let (clients, running) = {
             let s = self.lock();
-            ((s.idle.len() + s.programs.len()) as u32, s.programs.iter().filter(|p| on_watch(p)).count() as u32)
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            (count(s.idle.len() + s.programs.len()), count(s.programs.iter().filter(|p| on_watch(p)).count()))
         };
         if clients + 1 > self.client_limit {
             return Err(BackendError::ClientLimit { asked: clients + 1, limit: self.client_limit });

@@ -194,7 +194,10 @@ impl Worker {
 
     /// Waits up to `wait` for the kernel to return (the worker answers within `wait` + `slack`).
     pub fn wait(&mut self, wait: Duration, slack: Duration) -> Result<KernelState, BackendError> {
-        match self.exchange(&WorkerCommand::Wait { timeout_ms: wait.as_millis() as u64 }, wait + slack)? {
+        match self.exchange(
+            &WorkerCommand::Wait { timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
+            wait + slack,
+        )? {
             Reply::State { state } => Ok(state),
             Reply::Refused(r) => Err(refused(self.pid(), r)),
             other => Err(unexpected(self.pid(), "state", &other)),

@@ -107,7 +107,9 @@ fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
 }
 
 fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// MPS mode: the client creations this request of `program` caused (the pool was empty and
@@ -282,6 +284,7 @@ fn spawn(socket: &Path, name: String, bind: Vec<String>, ready_timeout: f64, com
     if !(ready_timeout.is_finite() && ready_timeout > 0.0) {
         return Err(Exit(2, anyhow!("--ready-timeout {ready_timeout}: expected a positive number of seconds")));
     }
+    #[allow(clippy::cast_possible_truncation, reason = "positive and finite (checked above); a float cast saturates")]
     let ready_timeout_ms = (ready_timeout * 1000.0).ceil() as u64;
     let resp = call(socket, &Request::Spawn { name, bind, command, ready_timeout_ms }, &[])?;
     for n in resp.natives.as_deref().unwrap_or_default() {

@@ -43,7 +43,7 @@ pub const QUESTION_WATCH: Duration = Duration::from_millis(250);
 
 /// The replacements in `history` (ms since the Unix epoch) that fall within the window before `now_ms`.
 pub fn recent(history: &[u64], now_ms: u64) -> Vec<u64> {
-    let window = REEXEC_WINDOW.as_millis() as u64;
+    let window = u64::try_from(REEXEC_WINDOW.as_millis()).unwrap_or(u64::MAX);
     history.iter().copied().filter(|&t| t <= now_ms && now_ms - t < window).collect()
 }
 
@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn the_bound_counts_only_replacements_within_the_window() {
         let now = 1_000_000;
-        let window = REEXEC_WINDOW.as_millis() as u64;
+        let window = u64::try_from(REEXEC_WINDOW.as_millis()).unwrap_or(u64::MAX);
         let mut history: Vec<u64> = (0..MAX_REEXECS as u64 - 1).map(|i| now - i * 1000).collect();
         assert!(reexec_allowed(&history, now), "{} within the window", history.len());
         history.push(now - 5);
@@ -304,7 +304,7 @@ mod tests {
             for culprit in 0..n {
                 let (found, processes, questions) = play(n, culprit, None);
                 assert_eq!(found, format!("p{culprit}"), "n {n}");
-                let bound = (n as f64).log2().ceil() as usize;
+                let bound = n.next_power_of_two().ilog2() as usize;
                 assert!(questions <= bound, "n {n} culprit {culprit}: {questions} questions");
                 assert!(processes <= bound + 1, "n {n} culprit {culprit}: {processes} processes");
             }

@@ -235,7 +235,7 @@ impl BackendWorker<'_> {
     /// the fault and the linked images in the state directory, and executes meshd again. Returns
     /// only when that could not be done (the backend then refuses every change, as before).
     fn replace(&mut self, r: Replacement) {
-        let noticed = mono_ns().saturating_sub(r.noticed.elapsed().as_nanos() as u64);
+        let noticed = mono_ns().saturating_sub(u64::try_from(r.noticed.elapsed().as_nanos()).unwrap_or(u64::MAX));
         if self.state.is_none() {
             tracing::error!(
                 "a sticky GPU fault ({}) needs a new process, but there is no state directory to \

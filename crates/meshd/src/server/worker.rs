@@ -108,7 +108,9 @@ pub(super) struct BackendWorker<'a> {
 }
 
 pub(super) fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn ms_between(from_ns: u64, to_ns: u64) -> f64 {
@@ -287,7 +289,7 @@ impl BackendWorker<'_> {
         let what = describe(&change);
         let started = Instant::now();
         let result = self.apply(change, image);
-        let backend_us = Some(started.elapsed().as_micros() as u64);
+        let backend_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
         match result {
             Ok(mut r) => {
                 r.backend_us = backend_us;
