@@ -211,34 +211,7 @@ impl Elf {
         let flags = u32_at(b, 48).unwrap_or(0);
         let (phoff, phentsize, phnum) = (field64(32), u64::from(field16(54)), u64::from(field16(56)));
         let (shoff, shentsize, shnum) = (field64(40), u64::from(field16(58)), u64::from(field16(60)));
-        if phnum > 0 && (phentsize < 56 || !table_fits(phoff, phnum, phentsize, b.len())) {
-            return Err(truncated(&format!(
-                "{phnum} program headers of {phentsize} bytes at {phoff} do not fit in the file"
-            )));
-        }
-        if shnum > 0 && (shentsize < 64 || !table_fits(shoff, shnum, shentsize, b.len())) {
-            return Err(truncated(&format!(
-                "{shnum} section headers of {shentsize} bytes at {shoff} do not fit in the file"
-            )));
-        }
-        for i in 0..shnum {
-            #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
-            let at = (shoff + i * shentsize) as usize;
-            const SHT_NOBITS: u32 = 8;
-            let sh_type = u32_at(b, at + 4).unwrap_or(0);
-            let (offset, size) = (u64_at(b, at + 24).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
-            if sh_type != SHT_NOBITS && sh_type != 0 && !table_fits(offset, 1, size, b.len()) {
-                return Err(truncated(&format!("section {i} ({size} bytes at {offset}) runs past the end")));
-            }
-        }
-        for i in 0..phnum {
-            #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
-            let at = (phoff + i * phentsize) as usize;
-            let (offset, filesz) = (u64_at(b, at + 8).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
-            if !table_fits(offset, 1, filesz, b.len()) {
-                return Err(truncated(&format!("segment {i} ({filesz} bytes at {offset}) runs past the end")));
-            }
-        }
+        check_tables(b, (phoff, phentsize, phnum), (shoff, shentsize, shnum))?;
         let sm = match b[8] {
             ELFABIVERSION_CUDA_V1 => flags & 0xff,
             ELFABIVERSION_CUDA_V2 => (flags >> 8) & 0xff,
@@ -248,6 +221,45 @@ impl Elf {
         };
         Ok(Self { e_type, sm })
     }
+}
+
+/// Checks that an ELF's program and section headers, each table given as (offset, entry size,
+/// count), and every section and segment they describe, lie inside `b`.
+fn check_tables(
+    b: &[u8],
+    (phoff, phentsize, phnum): (u64, u64, u64),
+    (shoff, shentsize, shnum): (u64, u64, u64),
+) -> Result<(), ImageError> {
+    let truncated = |what: &str| ImageError::TruncatedElf { len: b.len(), what: what.to_string() };
+    if phnum > 0 && (phentsize < 56 || !table_fits(phoff, phnum, phentsize, b.len())) {
+        return Err(truncated(&format!(
+            "{phnum} program headers of {phentsize} bytes at {phoff} do not fit in the file"
+        )));
+    }
+    if shnum > 0 && (shentsize < 64 || !table_fits(shoff, shnum, shentsize, b.len())) {
+        return Err(truncated(&format!(
+            "{shnum} section headers of {shentsize} bytes at {shoff} do not fit in the file"
+        )));
+    }
+    for i in 0..shnum {
+        #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
+        let at = (shoff + i * shentsize) as usize;
+        const SHT_NOBITS: u32 = 8;
+        let sh_type = u32_at(b, at + 4).unwrap_or(0);
+        let (offset, size) = (u64_at(b, at + 24).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
+        if sh_type != SHT_NOBITS && sh_type != 0 && !table_fits(offset, 1, size, b.len()) {
+            return Err(truncated(&format!("section {i} ({size} bytes at {offset}) runs past the end")));
+        }
+    }
+    for i in 0..phnum {
+        #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
+        let at = (phoff + i * phentsize) as usize;
+        let (offset, filesz) = (u64_at(b, at + 8).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
+        if !table_fits(offset, 1, filesz, b.len()) {
+            return Err(truncated(&format!("segment {i} ({filesz} bytes at {offset}) runs past the end")));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `cubin` is a CUDA ELF file holding code: a `SHT_PROGBITS` section with

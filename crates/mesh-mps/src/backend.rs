@@ -106,6 +106,24 @@ pub struct MpsBackend {
     pool: PoolFigures,
 }
 
+/// Starts the pool's workers one after the other (the first one's context creation also starts
+/// the MPS server), each checked to be our client, into `shared`'s idle list.
+fn start_pool(control: &MpsControl, mailbox: &Mailbox, config: &MpsConfig, shared: &Mutex<Shared>) -> Result<()> {
+    for i in 0..config.pool {
+        let started = Instant::now();
+        let w = Worker::start(control, mailbox.path(), config.sms, WORKER_LOAD)?;
+        tracing::info!(
+            worker = w.pid(),
+            server = w.server,
+            context_ms = w.ready.context_ms,
+            "pool worker {i} ready in {:?}",
+            started.elapsed()
+        );
+        shared.lock().idle.push(w);
+    }
+    Ok(())
+}
+
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
 fn tear_down(shared: &Mutex<Shared>) {
     let mut s = shared.lock();
@@ -190,24 +208,10 @@ impl MpsBackend {
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
-        let built = (|| {
-            std::fs::create_dir_all(&cubins)
-                .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))?;
-            for i in 0..config.pool {
-                let started = Instant::now();
-                // The first worker's context creation also starts the MPS server.
-                let w = Worker::start(&control, mailbox.path(), config.sms, WORKER_LOAD)?;
-                tracing::info!(
-                    worker = w.pid(),
-                    server = w.server,
-                    context_ms = w.ready.context_ms,
-                    "pool worker {i} ready in {:?}",
-                    started.elapsed()
-                );
-                shared.lock().idle.push(w);
-            }
-            Jit::start(&device.arch())
-        })();
+        let built = std::fs::create_dir_all(&cubins)
+            .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared))
+            .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
             Err(e) => {
