@@ -108,6 +108,11 @@ pub(crate) fn missing_symbols(names: &[&'static str]) -> Vec<&'static str> {
         .collect()
 }
 
+/// Names the entry point behind an error of cudarc's result layer (a bare `CUresult`).
+pub(crate) fn named(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DriverError {
+    move |e| DriverError { call, code: e.0 }
+}
+
 /// Turns a CUresult into `Ok` or an error naming the call.
 pub fn check(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {
     if code == sys::CUresult::CUDA_SUCCESS { Ok(()) } else { Err(DriverError { call, code }) }
