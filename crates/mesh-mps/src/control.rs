@@ -64,6 +64,8 @@ pub struct MpsControl {
     /// Pids our servers have logged as connected clients (from the daemon's own output), so that a
     /// client that has already exited can still be told apart from a stranger.
     connected: std::sync::Arc<Mutex<std::collections::HashSet<u32>>>,
+    /// The GPU every worker opens, by UUID ([`MpsControl::with_device`]).
+    device: Option<String>,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -88,8 +90,15 @@ impl MpsControl {
             root.map_or_else(|| PathBuf::from(format!("/tmp/meshd-mps.{}", std::process::id())), Path::to_path_buf);
         mkdir_private(&root)?;
         let claim = DirClaim::take(&root)?;
-        let control =
-            Self { binary, root, owned_root, child: Mutex::new(None), _claim: claim, connected: Default::default() };
+        let control = Self {
+            binary,
+            root,
+            owned_root,
+            child: Mutex::new(None),
+            _claim: claim,
+            connected: Default::default(),
+            device: None,
+        };
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
         wait_for_previous_processes(&control.pipe_dir(), PREVIOUS_TEARDOWN)?;
@@ -166,6 +175,20 @@ impl MpsControl {
 
     fn exited(&self) -> Option<std::process::ExitStatus> {
         self.child.lock().as_ref().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Names the GPU (its UUID) that every worker started from now on opens. A worker looks it up by
+    /// UUID among the devices it sees: an MPS client sees the server's devices, renumbered from 0 when
+    /// the server was started with `CUDA_VISIBLE_DEVICES`, so an ordinal would not do.
+    #[must_use]
+    pub fn with_device(mut self, uuid: Option<String>) -> Self {
+        self.device = uuid;
+        self
+    }
+
+    /// The GPU's UUID the workers open, if named.
+    pub fn device(&self) -> Option<&str> {
+        self.device.as_deref()
     }
 
     /// Whether the daemon process still runs.

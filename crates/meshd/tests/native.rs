@@ -185,7 +185,7 @@ impl Membership for StandIn {
 fn spawn_direct(n: &Natives, spec: NativeSpec) -> Result<NativeRow, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     n.spawn(spec, move |r| {
-        let _ = tx.send(r);
+        let _ = tx.send(r.map_err(|e| e.to_string()));
     });
     rx.recv_timeout(DEADLINE).expect("an answer")
 }
