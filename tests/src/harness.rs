@@ -143,6 +143,7 @@ impl Meshd {
     pub fn heartbeats(&self) -> Vec<(String, u64, String)> {
         let rows: Vec<serde_json::Value> = serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap();
         rows.iter()
+            .filter(|r| r["native"] != true)
             .map(|r| {
                 (
                     r["name"].as_str().unwrap().to_string(),

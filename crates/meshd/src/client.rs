@@ -151,7 +151,7 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
     let natives = resp.natives.clone().unwrap_or_default();
     let rows = resp.programs.unwrap_or_default();
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows).map_err(refused)?);
+        println!("{}", ps_json(&rows, &natives).map_err(refused)?);
         return Ok(());
     }
     println!(
@@ -182,6 +182,23 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         print_pool(&pool);
     }
     Ok(())
+}
+
+/// `ps --json`: one array, the programs' rows, then the native workers' rows marked `"native": true`
+/// (an array, as before natives were listed, so that a script iterating over programs by name keeps working).
+fn ps_json(
+    programs: &[meshd::protocol::ProgramRow],
+    natives: &[meshd::native::NativeRow],
+) -> serde_json::Result<String> {
+    let mut rows: Vec<serde_json::Value> = programs.iter().map(serde_json::to_value).collect::<Result<_, _>>()?;
+    for n in natives {
+        let mut row = serde_json::to_value(n)?;
+        if let Some(obj) = row.as_object_mut() {
+            obj.insert("native".into(), serde_json::Value::Bool(true));
+        }
+        rows.push(row);
+    }
+    serde_json::to_string_pretty(&rows)
 }
 
 /// `ps`'s last column: why a program is stopped, else its last fault and when (seconds ago).
@@ -311,5 +328,28 @@ fn print_natives(natives: &[meshd::native::NativeRow]) {
             "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {}",
             n.name, "-", n.state, "-", "-", "-", n.pid, "native", n.command
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ps_json_lists_native_workers_after_the_programs_marked_native() {
+        let native = meshd::native::NativeRow {
+            name: "feeder".into(),
+            pid: 42,
+            state: "running".into(),
+            bind: vec!["to-gpu".into()],
+            command: "/bin/feeder --fast".into(),
+            isolation: "mps".into(),
+        };
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&ps_json(&[], &[native]).unwrap()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["native"], true);
+        assert_eq!(rows[0]["name"], "feeder");
+        assert_eq!(rows[0]["bind"][0], "to-gpu");
+        assert_eq!(ps_json(&[], &[]).unwrap().trim(), "[]", "no natives: the programs' array as before");
     }
 }

@@ -184,6 +184,8 @@ pub struct NativeRow {
 }
 
 struct Entry {
+    /// What it was started from: what a restarted meshd starts again.
+    spec: NativeSpec,
     child: Arc<SharedChild>,
     life: Life,
     bind: Vec<String>,
@@ -261,6 +263,17 @@ impl Natives {
             .collect()
     }
 
+    /// The workers meshd wants running (starting or running, not stopping or ended), as they were
+    /// started: the desired state a restarted meshd starts again.
+    pub fn wanted(&self) -> Vec<NativeSpec> {
+        self.table
+            .lock()
+            .values()
+            .filter(|e| matches!(e.life, Life::Starting | Life::Running))
+            .map(|e| e.spec.clone())
+            .collect()
+    }
+
     /// Starts `spec` (call on the thread that lives as long as meshd: PDEATHSIG watches it) and
     /// hands the outcome to `reply` from a thread of its own once the worker is ready or refused.
     pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, NativeError>) + Send + 'static) {
@@ -324,6 +337,7 @@ impl Natives {
         self.table.lock().insert(
             name.clone(),
             Entry {
+                spec: spec.clone(),
                 child: child.clone(),
                 life: Life::Starting,
                 bind: spec.bind.clone(),

@@ -14,7 +14,7 @@ use super::natives::native_spawn;
 use super::{Change, HELD_SLOT, Job, Opened, Replacer, Shared, Snapshot};
 use crate::protocol::{ProgramRow, Response};
 use crate::replace::{Search, mono_ns};
-use crate::state::{Recorded, StateStore};
+use crate::state::{Recorded, RecordedNative, StateStore};
 
 pub(super) type Ready = mpsc::SyncSender<Result<(usize, usize)>>;
 
@@ -62,7 +62,10 @@ where
         replacer,
         opened_mono_ns: mono_ns(),
     };
+    // Read before the relaunch, whose publishing records the (still empty) table of native workers.
+    let natives = worker.state.as_ref().map(|s| s.recorded().natives.clone()).unwrap_or_default();
     let relaunched = worker.relaunch();
+    worker.respawn_natives(natives);
     let _ = ready.send(Ok(relaunched));
     let clean = worker.serve(jobs);
     drop(worker);
@@ -118,8 +121,46 @@ pub(super) fn ms_between(from_ns: u64, to_ns: u64) -> f64 {
 }
 
 impl BackendWorker<'_> {
-    pub(super) fn publish(&self) {
+    pub(super) fn publish(&mut self) {
         self.shared.publish(self.statuses());
+        self.record_natives();
+    }
+
+    /// Keeps the native workers meshd wants running in the desired state, so that a restart (after
+    /// a crash, or a clean stop with the state kept) starts them again. Not while stopping: a
+    /// shutdown ends them, and what was wanted before it is what a later start wants.
+    fn record_natives(&mut self) {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let mut wanted: Vec<RecordedNative> = self.shared.natives.wanted().iter().map(RecordedNative::of).collect();
+        wanted.sort_by(|a, b| a.name.cmp(&b.name));
+        self.record(|s| s.record_natives(wanted));
+    }
+
+    /// Starts again the native workers the desired state lists (after the programs are relaunched,
+    /// so that their channels' GPU ends run); each outcome goes to the log.
+    fn respawn_natives(&mut self, recorded: Vec<RecordedNative>) {
+        for n in recorded {
+            let (reply, outcome) = mpsc::sync_channel(1);
+            native_spawn(self.shared, n.spec(), reply);
+            let name = n.name.clone();
+            let logged =
+                std::thread::Builder::new().name("meshd-native-restart".into()).spawn(move || match outcome.recv() {
+                    Ok(r) if r.ok => {
+                        tracing::info!(native = %name, "native worker started again from the desired state")
+                    }
+                    Ok(r) => tracing::error!(
+                        native = %name,
+                        "native worker from the desired state not started again: {}",
+                        r.error.unwrap_or_default()
+                    ),
+                    Err(_) => {}
+                });
+            if let Err(e) = logged {
+                tracing::warn!("no thread to log a native worker's restart: {e}");
+            }
+        }
     }
 
     /// What `ps` shows: the backend's programs with what the state carries across replacements
