@@ -3,11 +3,15 @@
 //! ```text
 //! peer mailbox PATH NAME:MSG_SIZE:CAPACITY...   a new mailbox (replacing any file) with these channels
 //! peer bump-version PATH                        make PATH a mailbox of the next layout version
-//! peer produce PATH CHANNEL COUNT [--from-head] [--sleep-every N]
-//!                                               COUNT messages numbered from 0 (or from the channel's head)
-//! peer consume PATH CHANNEL COUNT [--from-tail] COUNT messages, each checked to carry the next number
+//! peer produce PATH CHANNEL COUNT [--from-head] [--first-word]
+//!                                               COUNT messages numbered from 0 (or from the channel's head;
+//!                                               --first-word: only the number word written, the rest zero)
+//! peer consume PATH CHANNEL COUNT [--from-tail] [--first-word]
+//!                                               COUNT messages, each checked to carry the next number
+//!                                               (--first-word: only the number word, as the benchmark's Python side)
 //! peer echo PATH IN OUT COUNT                   COUNT messages from IN sent back unchanged on OUT
 //! peer pair PATH CHANNEL COUNT                  try_send + try_recv pairs in one thread: ns per pair
+//! peer ping PATH OUT IN COUNT                   round trips through an echo (a peer's or a GPU program's): median, p99
 //! peer serve SOCKET MAILBOX                     meshd's control plane over a stand-in backend, until shutdown
 //! ```
 //!
@@ -35,6 +39,7 @@ fn main() -> Result<()> {
         ["consume", path, channel, count, opts @ ..] => consume(Path::new(path), channel, count.parse()?, opts),
         ["echo", path, input, output, count] => echo(Path::new(path), input, output, count.parse()?),
         ["pair", path, channel, count] => pair(Path::new(path), channel, count.parse()?),
+        ["ping", path, out, input, count] => ping(Path::new(path), out, input, count.parse()?),
         ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox)),
         _ => bail!("usage: see the top of crates/mesh-py/examples/peer.rs (got {args:?})"),
     }
@@ -80,11 +85,16 @@ fn produce(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
     let mailbox = Mailbox::open(path)?;
     let mut tx = Producer::claim(&mailbox, channel)?;
     let first = if opts.contains(&"--from-head") { mailbox.channel(channel)?.head } else { 0 };
+    let first_word = opts.contains(&"--first-word");
     let mut msg = vec![0u8; tx.info().msg_size as usize];
     println!("first {first}");
     let start = Instant::now();
     for n in first..first + count {
-        fill(&mut msg, n);
+        if first_word {
+            msg[..8].copy_from_slice(&n.to_le_bytes());
+        } else {
+            fill(&mut msg, n);
+        }
         tx.send(&msg, PATIENCE)?;
     }
     println!("sent {count}");
@@ -95,6 +105,7 @@ fn produce(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
 fn consume(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> {
     let mailbox = Mailbox::open(path)?;
     let mut rx = Consumer::claim(&mailbox, channel)?;
+    let first_word = opts.contains(&"--first-word");
     let mut next = if opts.contains(&"--from-tail") { mailbox.channel(channel)?.tail } else { 0 };
     let size = rx.info().msg_size as usize;
     // Batches of up to 64 messages: the consumer keeps up with any producer, as a real one would.
@@ -106,7 +117,8 @@ fn consume(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
         let n = rx.recv_batch(&mut buf[..want * size], PATIENCE)?;
         start.get_or_insert_with(Instant::now);
         for msg in buf[..n * size].chunks_exact(size) {
-            match check(msg) {
+            let number = if first_word { Some(u64::from_le_bytes(msg[..8].try_into()?)) } else { check(msg) };
+            match number {
                 Some(v) if v == next => next += 1,
                 other => bail!("message {got}: expected number {next}, got {other:?} (first bytes {:?})", &msg[..16]),
             }
@@ -147,6 +159,37 @@ fn pair(path: &Path, channel: &str, count: u64) -> Result<()> {
     }
     let ns = start.elapsed().as_nanos() as f64 / count as f64;
     println!("ns_per_pair {ns}");
+    Ok(())
+}
+
+fn ping(path: &Path, out: &str, input: &str, count: usize) -> Result<()> {
+    let mailbox = Mailbox::open(path)?;
+    let mut tx = Producer::claim(&mailbox, out)?;
+    let mut rx = Consumer::claim(&mailbox, input)?;
+    let mut msg = vec![0u8; tx.info().msg_size as usize];
+    let mut back = msg.clone();
+    let warm = 1000;
+    let mut rtt = Vec::with_capacity(count);
+    for i in 0..warm + count {
+        fill(&mut msg, i as u64);
+        let start = Instant::now();
+        tx.send(&msg, PATIENCE)?;
+        let deadline = start + PATIENCE;
+        while !rx.try_recv(&mut back)? {
+            if Instant::now() > deadline {
+                bail!("round trip {i}: no answer within {PATIENCE:?}");
+            }
+        }
+        if i >= warm {
+            rtt.push(start.elapsed().as_nanos() as u64);
+        }
+        if back != msg {
+            bail!("round trip {i}: the answer differs from the message");
+        }
+    }
+    rtt.sort_unstable();
+    println!("median_ns {}", rtt[rtt.len() / 2]);
+    println!("p99_ns {}", rtt[rtt.len() * 99 / 100]);
     Ok(())
 }
 
