@@ -112,6 +112,20 @@ def python_stream_in(mb: meshd.Mailbox, channel: str, count: int) -> float:
         return time.perf_counter() - t
 
 
+def python_stream_in_batch(mb: meshd.Mailbox, channel: str, count: int) -> float:
+    """As python_stream_in, with recv_batch into a 16-message numpy buffer."""
+    with mb.consumer(channel) as rx:
+        buf = np.empty((16, rx.msg_size // 8), dtype=np.uint64)
+        got = rx.recv_batch(buf[:1], timeout=60)
+        t = time.perf_counter()
+        while got < count:
+            k = rx.recv_batch(buf[: min(16, count - got)], timeout=60)
+            if not np.array_equal(buf[:k, 0], np.arange(got, got + k, dtype=np.uint64)):
+                sys.exit(f"stream: out of sequence after {got}")
+            got += k
+        return time.perf_counter() - t
+
+
 def gbps(size: int, count: int, seconds: float) -> float:
     return size * (count - 1) / seconds / 1e9
 
@@ -165,6 +179,22 @@ def host(peer: Path, pairs: int, pings: int) -> None:
     finish(p)
     rp = gbps(STREAM_SIZE, n, secs)
     print(f"| Rust -> Python `recv_into` (numpy) | {rp:.2f} ({rp / rr:.0%} of Rust) |")
+    # The batch forms, as the Rust consumer uses them (up to 16 messages per call).
+    base = mb.channel("stream").head
+    c = start(peer, "consume", path, "stream", n, "--first-word", "--from-tail")
+    with mb.producer("stream") as tx:
+        msgs = np.zeros((16, STREAM_SIZE // 8), dtype=np.uint64)
+        for first in range(base, base + n, 16):
+            k = min(16, base + n - first)
+            msgs[:k, 0] = np.arange(first, first + k, dtype=np.uint64)
+            tx.send_batch(msgs[:k], timeout=60)
+    pb = gbps(STREAM_SIZE, n, float(finish(c)["seconds"]))
+    print(f"| Python `send_batch` (numpy, 16 per call) -> Rust | {pb:.2f} ({pb / rr:.0%} of Rust) |")
+    p = start(peer, "produce", path, "stream", n, "--first-word")
+    secs = python_stream_in_batch(mb, "stream", n)
+    finish(p)
+    rb = gbps(STREAM_SIZE, n, secs)
+    print(f"| Rust -> Python `recv_batch` (numpy, up to 16 per call) | {rb:.2f} ({rb / rr:.0%} of Rust) |")
 
 
 def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
