@@ -200,7 +200,9 @@ def host(peer: Path, pairs: int, pings: int) -> None:
 def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-gpu-"))
     sock, shm = tmp / "sock", tmp / "mailbox"
-    daemon = subprocess.Popen([str(meshd_bin), "--socket", str(sock), "run", "--shm", str(shm), "--fresh"])
+    args = [str(meshd_bin), "--socket", str(sock), "run", "--shm", str(shm), "--fresh", "--state-dir", str(tmp / "state")]
+    log = open(tmp / "meshd.log", "w")
+    daemon = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     client = meshd.Client(sock, timeout=120)
     try:
         deadline = time.monotonic() + 60
@@ -210,7 +212,7 @@ def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
                 break
             except meshd.MeshdUnreachable:
                 if time.monotonic() > deadline or daemon.poll() is not None:
-                    sys.exit("meshd did not come up")
+                    sys.exit(f"meshd did not come up:\n{(tmp / 'meshd.log').read_text()[-2000:]}")
                 time.sleep(0.1)
         print(f"## Python client beside the Rust client, host <-> GPU ({info['device']})\n")
         print("### Round trip through the echo program, median / p99, µs\n")
