@@ -8,11 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
-use meshd::native::NativeRow;
-use meshd::protocol::{
-    ChannelRow, GrowthRow, Info, InfoExtra, PoolRow, ProgramRow, Request, Response, write_request, write_response,
-};
+use meshd::protocol::{Request, Response, write_request, write_response};
 use meshd::start::{StartError, claim_mailbox};
+use serde_json::{Value, json};
 
 /// The image bytes every load and upgrade case carries.
 const IMAGE: &[u8] = b".version 8.0\n.target sm_90\n";
@@ -51,142 +49,92 @@ fn assert_none_differ(differ: Vec<String>) {
     );
 }
 
-fn request_cases() -> Vec<(&'static str, Request, &'static [u8])> {
-    let s = |v: &str| v.to_string();
+/// Each request as the Python client writes it. Parsed into [`Request`] (meshd must accept it) and
+/// written back by [`write_request`]: the golden file is that encoding. Given as JSON rather than as
+/// struct literals so that a field added later with a serde default (which the client may leave out)
+/// changes nothing here unless it changes the bytes.
+fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
     vec![
         (
             "load",
-            Request::Load {
-                name: s("echo"),
-                image_len: IMAGE.len(),
-                grid: [1, 1, 1],
-                block: [32, 1, 1],
-                shared_mem: 0,
-                bind: vec![s("to-gpu"), s("from-gpu")],
-                sms: None,
-            },
+            json!({"op": "load", "name": "echo", "image_len": IMAGE.len(), "grid": [1, 1, 1], "block": [32, 1, 1],
+                   "shared_mem": 0, "bind": ["to-gpu", "from-gpu"], "sms": null}),
             IMAGE,
         ),
         (
             "load_shaped",
-            Request::Load {
-                name: s("wide"),
-                image_len: IMAGE.len(),
-                grid: [4, 2, 1],
-                block: [128, 1, 1],
-                shared_mem: 1024,
-                bind: vec![],
-                sms: Some(16),
-            },
+            json!({"op": "load", "name": "wide", "image_len": IMAGE.len(), "grid": [4, 2, 1], "block": [128, 1, 1],
+                   "shared_mem": 1024, "bind": [], "sms": 16}),
             IMAGE,
         ),
-        ("upgrade", Request::Upgrade { name: s("echo"), image_len: IMAGE.len() }, IMAGE),
-        ("unload", Request::Unload { name: s("echo") }, b""),
-        ("ps", Request::Ps, b""),
-        ("info", Request::Info, b""),
-        ("shutdown", Request::Shutdown, b""),
-        ("channel_create", Request::ChannelCreate { name: s("to-gpu"), msg_size: 64, capacity: 16 }, b""),
+        ("upgrade", json!({"op": "upgrade", "name": "echo", "image_len": IMAGE.len()}), IMAGE),
+        ("unload", json!({"op": "unload", "name": "echo"}), b""),
+        ("ps", json!({"op": "ps"}), b""),
+        ("info", json!({"op": "info"}), b""),
+        ("shutdown", json!({"op": "shutdown"}), b""),
+        ("channel_create", json!({"op": "channel_create", "name": "to-gpu", "msg_size": 64, "capacity": 16}), b""),
         // A name outside ASCII: serde_json writes UTF-8 as it is, and so must the client.
-        ("channel_create_utf8", Request::ChannelCreate { name: s("entrée-é"), msg_size: 8, capacity: 1024 }, b""),
         (
-            "spawn",
-            Request::Spawn {
-                name: s("worker"),
-                bind: vec![s("to-gpu"), s("from-gpu")],
-                command: vec![s("./native-cuda"), s("--iterations"), s("3")],
-                ready_timeout_ms: 2500,
-            },
+            "channel_create_utf8",
+            json!({"op": "channel_create", "name": "entrée-é", "msg_size": 8, "capacity": 1024}),
             b"",
         ),
-        ("stop", Request::Stop { name: s("worker") }, b""),
+        (
+            "spawn",
+            json!({"op": "spawn", "name": "worker", "bind": ["to-gpu", "from-gpu"],
+                   "command": ["./native-cuda", "--iterations", "3"], "ready_timeout_ms": 2500}),
+            b"",
+        ),
+        ("stop", json!({"op": "stop", "name": "worker"}), b""),
     ]
 }
 
-fn program(name: &str, slot: u32, fault: bool) -> ProgramRow {
-    ProgramRow {
-        name: name.into(),
-        slot,
-        state: if fault { "stopped".into() } else { "running".into() },
-        generation: 3,
-        heartbeat: 123_456_789_012,
-        worker_pid: if fault { None } else { Some(4242) },
-        sms: Some(16).filter(|_| !fault),
-        kind: "ptx".into(),
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        restarts: u32::from(fault),
-        last_fault: fault.then(|| "CUDA_ERROR_ILLEGAL_ADDRESS (culprit: this program)".into()),
-        last_fault_unix_ms: fault.then_some(1_764_748_800_000),
-        stopped_why: fault.then(|| "caused a GPU fault: left stopped; upgrade or reload it to run it again".into()),
+/// A program's row, running or left stopped after a fault.
+fn program(name: &str, slot: u32, fault: bool) -> Value {
+    let mut row = json!({
+        "name": name, "slot": slot, "state": if fault { "stopped" } else { "running" }, "generation": 3,
+        "heartbeat": 123_456_789_012_u64, "worker_pid": if fault { Value::Null } else { json!(4242) },
+        "sms": if fault { Value::Null } else { json!(16) }, "kind": "ptx", "grid": [1, 1, 1], "block": [32, 1, 1],
+        "restarts": u32::from(fault),
+    });
+    if fault {
+        row["last_fault"] = json!("CUDA_ERROR_ILLEGAL_ADDRESS (culprit: this program)");
+        row["last_fault_unix_ms"] = json!(1_764_748_800_000_u64);
+        row["stopped_why"] = json!("caused a GPU fault: left stopped; upgrade or reload it to run it again");
     }
+    row
 }
 
-fn native(name: &str) -> NativeRow {
-    NativeRow {
-        name: name.into(),
-        pid: 31337,
-        state: "running".into(),
-        bind: vec!["to-gpu".into(), "from-gpu".into()],
-        command: "./native-cuda --iterations 3".into(),
-        isolation: "mps".into(),
-    }
+fn native(name: &str) -> Value {
+    json!({"name": name, "pid": 31337, "state": "running", "bind": ["to-gpu", "from-gpu"],
+           "command": "./native-cuda --iterations 3", "isolation": "mps"})
 }
 
-fn response_cases() -> Vec<(&'static str, Response)> {
-    let info = Info {
-        mode: "mps".into(),
-        mailbox: "/dev/shm/meshd.mailbox".into(),
-        device: "NVIDIA H200".into(),
-        host_atomics: true,
-        channels: vec![
-            ChannelRow { name: "to-gpu".into(), msg_size: 64, capacity: 16, head: 10, tail: 9 },
-            ChannelRow { name: "entrée-é".into(), msg_size: 8, capacity: 1024, head: 0, tail: 0 },
+/// Each answer's shape, parsed into [`Response`] and written back by [`write_response`].
+fn response_cases() -> Vec<(&'static str, Value)> {
+    let info = json!({
+        "mode": "mps", "mailbox": "/dev/shm/meshd.mailbox", "device": "NVIDIA H200", "host_atomics": true,
+        "channels": [
+            {"name": "to-gpu", "msg_size": 64, "capacity": 16, "head": 10, "tail": 9},
+            {"name": "entrée-é", "msg_size": 8, "capacity": 1024, "head": 0, "tail": 0},
         ],
-        extra: InfoExtra {
-            device_uuid: Some("GPU-00000000-1111-2222-3333-444444444444".into()),
-            device_selector: Some("0".into()),
-            pool: Some(PoolRow {
-                size: 2,
-                idle: 1,
-                in_use: 1,
-                client_limit: 48,
-                client_limit_source: "CUDA 13.0 (48 clients from Volta on)".into(),
-                grow: false,
-                stalls: 1,
-                recent: vec![GrowthRow {
-                    seq: 1,
-                    program: "echo".into(),
-                    op: "load".into(),
-                    stalled: 2,
-                    unix_ms: 1_764_748_800_000,
-                }],
-            }),
-        },
-    };
+        "device_uuid": "GPU-00000000-1111-2222-3333-444444444444", "device_selector": "0",
+        "pool": {"size": 2, "idle": 1, "in_use": 1, "client_limit": 48,
+                 "client_limit_source": "CUDA 13.0 (48 clients from Volta on)", "grow": false, "stalls": 1,
+                 "recent": [{"seq": 1, "program": "echo", "op": "load", "stalled": 2, "unix_ms": 1_764_748_800_000_u64}]},
+    });
     vec![
-        ("ok", Response::ok()),
-        ("refused", Response { backend_us: Some(87), ..Response::error("program \"zzz\": no such program") }),
-        (
-            "load",
-            Response {
-                ok: true,
-                programs: Some(vec![program("echo", 0, false)]),
-                backend_us: Some(125_000),
-                ..Response::default()
-            },
-        ),
+        ("ok", json!({"ok": true})),
+        ("refused", json!({"ok": false, "error": "program \"zzz\": no such program", "backend_us": 87})),
+        ("load", json!({"ok": true, "programs": [program("echo", 0, false)], "backend_us": 125_000})),
         (
             "ps",
-            Response {
-                ok: true,
-                programs: Some(vec![program("echo", 0, false), program("fault", 1, true)]),
-                natives: Some(vec![native("worker")]),
-                ..Response::default()
-            },
+            json!({"ok": true, "programs": [program("echo", 0, false), program("fault", 1, true)],
+                   "natives": [native("worker")]}),
         ),
-        ("ps_empty", Response { ok: true, programs: Some(vec![]), natives: Some(vec![]), ..Response::default() }),
-        ("info", Response { ok: true, info: Some(info), ..Response::default() }),
-        ("spawn", Response { ok: true, natives: Some(vec![native("worker")]), ..Response::default() }),
+        ("ps_empty", json!({"ok": true, "programs": [], "natives": []})),
+        ("info", json!({"ok": true, "info": info})),
+        ("spawn", json!({"ok": true, "natives": [native("worker")]})),
     ]
 }
 
@@ -194,6 +142,8 @@ fn response_cases() -> Vec<(&'static str, Response)> {
 fn requests_match_the_golden_files() {
     let mut differ = Vec::new();
     for (name, req, image) in request_cases() {
+        let req: Request =
+            serde_json::from_value(req).unwrap_or_else(|e| panic!("meshd refuses the {name} request: {e}"));
         let mut bytes = Vec::new();
         write_request(&mut bytes, &req, image).unwrap();
         golden(&format!("{name}.request"), &bytes, &mut differ);
@@ -205,6 +155,7 @@ fn requests_match_the_golden_files() {
 fn responses_match_the_golden_files() {
     let mut differ = Vec::new();
     for (name, resp) in response_cases() {
+        let resp: Response = serde_json::from_value(resp).unwrap_or_else(|e| panic!("the {name} answer: {e}"));
         let mut bytes = Vec::new();
         write_response(&mut bytes, &resp).unwrap();
         // The file is what the client parses: it must read back as the same answer.

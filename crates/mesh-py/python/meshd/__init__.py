@@ -5,7 +5,7 @@
   place; ``recv_into`` fills a writable one; blocking calls release the GIL and wake for Ctrl-C;
   ``await consumer.arecv()`` is the asyncio form.
 * :class:`Client`: the control socket (load, upgrade, unload, ps, info, channel create, spawn,
-  stop, shutdown), speaking the same protocol as the ``meshd`` command line.
+  stop, shutdown, metrics), speaking the same protocol as the ``meshd`` command line.
 * Errors: :class:`MeshError` and one subclass per kind (``meshd._errors``), with meshd's texts.
 """
 
@@ -16,6 +16,7 @@ from ._errors import (
     ChannelExistsError,
     ClaimedError,
     CorruptError,
+    DevicePlacementError,
     LayoutVersionError,
     MailboxConfigError,
     MailboxExistsError,
@@ -28,6 +29,7 @@ from ._errors import (
     MeshError,
     MeshTimeoutError,
     MessageSizeError,
+    NoDeviceRingError,
     NoSuchChannelError,
     NoSuchSlotError,
     TooManyBindingsError,
@@ -47,6 +49,7 @@ __all__ = [
     "ChannelExistsError",
     "ClaimedError",
     "CorruptError",
+    "DevicePlacementError",
     "LayoutVersionError",
     "MailboxConfigError",
     "MailboxExistsError",
@@ -59,6 +62,7 @@ __all__ = [
     "MeshError",
     "MeshTimeoutError",
     "MessageSizeError",
+    "NoDeviceRingError",
     "NoSuchChannelError",
     "NoSuchSlotError",
     "TooManyBindingsError",

@@ -26,6 +26,8 @@ __all__ = [
     "CorruptError",
     "NoSuchSlotError",
     "TooManyBindingsError",
+    "DevicePlacementError",
+    "NoDeviceRingError",
     "MeshdRefused",
     "MeshdUnreachable",
     "MeshdProtocolError",
@@ -103,6 +105,14 @@ class NoSuchSlotError(MeshError, LookupError):
 
 class TooManyBindingsError(MeshError, ValueError):
     """Too many channel bindings for one program (``index``, ``count``, ``max``)."""
+
+
+class DevicePlacementError(MeshError):
+    """The channel's ring is in GPU memory (``--placement device``): only GPU programs use its ends (``channel``)."""
+
+
+class NoDeviceRingError(MeshError):
+    """A device channel's ring has no address in the launching context (``channel``)."""
 
 
 class MeshdRefused(MeshError):

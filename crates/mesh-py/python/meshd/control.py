@@ -72,14 +72,15 @@ class NativeRow(TypedDict):
     isolation: str
 
 
-class ChannelRow(TypedDict):
-    """A channel's row in ``info``."""
+class ChannelRow(TypedDict, total=False):
+    """A channel's row in ``info`` (``placement`` where the meshd reports it)."""
 
     name: str
     msg_size: int
     capacity: int
     head: int
     tail: int
+    placement: str
 
 
 class Info(TypedDict, total=False):
@@ -219,8 +220,13 @@ class Client:
         shared_mem: int = 0,
         bind: Sequence[str] = (),
         sms: int | None = None,
+        no_readiness: bool = False,
     ) -> ProgramRow:
-        """Loads a program (PTX, LTO-IR, cubin or fatbin bytes, or a path to one); its row."""
+        """Loads a program (PTX, LTO-IR, cubin or fatbin bytes, or a path to one); its row.
+
+        ``no_readiness``: meshd's readiness check ignores this program's heartbeat (one that beats
+        rarely by design); sent only when true, as the CLI does (a meshd without it ignores it).
+        """
         data = _image_bytes(image)
         req = {
             "op": "load",
@@ -232,6 +238,8 @@ class Client:
             "bind": list(bind),
             "sms": sms,
         }
+        if no_readiness:
+            req["no_readiness"] = True
         return self._program(self.call(req, data))
 
     def upgrade(self, name: str, image: Image) -> ProgramRow:
@@ -266,9 +274,24 @@ class Client:
         result: Info = info  # type: ignore[assignment]
         return result
 
-    def channel_create(self, name: str, msg_size: int = 64, capacity: int = 1024) -> None:
-        """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults)."""
-        self.call({"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity})
+    def channel_create(
+        self, name: str, msg_size: int = 64, capacity: int = 1024, *, placement: str | None = None
+    ) -> None:
+        """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
+
+        ``placement`` (``"host"`` or ``"device"``), where the meshd has it: sent only when given.
+        """
+        req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
+        if placement:
+            req["placement"] = placement
+        self.call(req)
+
+    def metrics(self) -> str:
+        """meshd's Prometheus exposition (what its ``/metrics`` endpoint serves), from its snapshot."""
+        text = self.call({"op": "metrics"}).get("metrics")
+        if not isinstance(text, str):
+            raise MeshdProtocolError("meshd answered metrics without the exposition")
+        return text
 
     def shutdown(self) -> None:
         """Stops every program; meshd exits."""
