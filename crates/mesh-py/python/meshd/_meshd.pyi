@@ -2,6 +2,7 @@
 
 from collections.abc import Awaitable
 from os import PathLike
+from pathlib import Path
 from types import TracebackType
 from typing import Final
 
@@ -39,7 +40,7 @@ class Mailbox:
     def open(path: str | PathLike[str]) -> Mailbox:
         """Maps the mailbox at ``path`` after validating it; LayoutVersionError names --fresh."""
     @property
-    def path(self) -> str: ...
+    def path(self) -> Path: ...
     @property
     def owner_pid(self) -> int | None: ...
     def channels(self) -> list[ChannelInfo]: ...
