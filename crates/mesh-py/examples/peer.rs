@@ -296,6 +296,10 @@ fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
     let listener = meshd::start::bind_socket(&socket)?;
     println!("ready");
     let clean = server.run(listener)?;
+    // `run` returns once the backend has stopped, without joining the connection threads: the one
+    // answering `shutdown` may not have written its answer yet, and leaving now would cut it off
+    // (meshd's own main has the same window). Give it a moment before the process ends.
+    std::thread::sleep(Duration::from_millis(200));
     println!("stopped clean={clean}");
     Ok(())
 }

@@ -252,6 +252,9 @@ def test_blocking_calls_release_the_gil(mailbox_path: Path) -> None:
 
 def test_ctrl_c_interrupts_a_blocking_receive(mailbox_path: Path) -> None:
     rx = meshd.Mailbox.open(mailbox_path).consumer("small")
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell starts background jobs
+    # with SIGINT ignored, and Python then installs no handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -259,6 +262,7 @@ def test_ctrl_c_interrupts_a_blocking_receive(mailbox_path: Path) -> None:
             rx.recv(timeout=DEADLINE)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     # The consumer is still usable afterwards.
     assert rx.try_recv() is None
 
