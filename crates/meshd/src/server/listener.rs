@@ -50,7 +50,9 @@ impl Server {
         self.shared.stopping.store(true, Ordering::Release);
         // The backend thread may already have ended (after a shutdown request): then this send fails, harmlessly.
         let _ = self.jobs.send(Job::Shutdown { reply: None });
-        self.backend.join().map_err(|_| anyhow!("the backend thread panicked"))
+        let clean = self.backend.join().map_err(|_| anyhow!("the backend thread panicked"))?;
+        let_answers_out(&self.shared, std::time::Duration::from_millis(500));
+        Ok(clean)
     }
 
     fn accept(&self, listener: &UnixListener) {
@@ -85,6 +87,17 @@ impl Server {
         if let Err(e) = spawned {
             tracing::warn!("no thread for a connection: {e}");
         }
+    }
+}
+
+/// Gives the connection threads still answering (the `shutdown` request's own reply, above all) up
+/// to `within` to finish: the process may exit right after [`Server::run`] returns, and a reply cut off
+/// then reads as "meshd closed the connection without answering". Bounded, because a silent client is
+/// only dropped after the idle timeout.
+fn let_answers_out(shared: &Shared, within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while shared.connections.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 
