@@ -174,9 +174,20 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::copy("scripts/demo.sh", dir.join("demo"))?;
     std::fs::set_permissions(dir.join("demo"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     std::fs::set_permissions(dir.join("run"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    // The Python package's wheel, tests and Rust peer (the run script's pytest step), where maturin is here.
+    if which_maturin() {
+        run(Command::new("crates/mesh-py/bundle.sh").arg(dir))?;
+    } else {
+        eprintln!("SKIPPED the Python package in the bundle: no maturin here (python3 -m pip install maturin)");
+    }
     let size: u64 = walk(dir)?.iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     eprintln!("bundle {}: {:.1} MiB", dir.display(), size as f64 / (1 << 20) as f64);
     Ok(())
+}
+
+/// Whether `maturin` runs here.
+fn which_maturin() -> bool {
+    Command::new("maturin").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
