@@ -4,6 +4,7 @@
 //! The CUDA layer is used by the MPS worker, the tests and benchmarks too: they see what failed in
 //! the driver's terms (the call and its `CUresult`) and can ask for the code, not search a message.
 
+use std::ffi::CStr;
 use std::fmt;
 
 use cudarc::driver::sys;
@@ -21,8 +22,24 @@ pub struct DriverError {
 impl DriverError {
     /// The driver's own `CUDA_ERROR_NAME: message` for the code.
     pub fn message(&self) -> String {
-        crate::driver::describe(self.code)
+        describe(self.code)
     }
+}
+
+/// `CUDA_ERROR_NAME: the driver's message`.
+pub fn describe(code: sys::CUresult) -> String {
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: valid out-pointers; the driver returns static strings or leaves them null.
+    unsafe {
+        sys::cuGetErrorName(code, &mut name);
+        sys::cuGetErrorString(code, &mut text);
+    }
+    let s = |p: *const std::ffi::c_char| {
+        // SAFETY: non-null pointers from the driver are static NUL-terminated strings.
+        if p.is_null() { "?".to_string() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+    };
+    format!("{}: {}", s(name), s(text))
 }
 
 impl fmt::Display for DriverError {
@@ -41,6 +58,7 @@ impl std::error::Error for DriverError {}
 
 /// What the CUDA layer refuses or fails with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs, reason = "a field whose name says what it is (reason) needs no line of its own")]
 pub enum CudaError {
     /// No CUDA driver library could be loaded, or it lacks an entry point.
     #[error("CUDA driver unavailable: {0}")]
@@ -64,7 +82,6 @@ pub enum CudaError {
     Invalid {
         /// What was refused.
         what: String,
-        /// Why.
         reason: String,
     },
     /// The mailbox could not be registered for the GPU.

@@ -1,0 +1,275 @@
+//! The exposition's text: the families a scrape renders from the snapshot (programs, channels,
+//! the MPS pool, native workers) beside what [`Metrics`] recorded.
+
+use std::borrow::Cow;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::{Labels, Metrics, Scrape, secs};
+use crate::native::NativeRow;
+use crate::protocol::{ChannelRow, Info, ProgramRow};
+
+/// The `gpu` and `UUID` labels DCGM exporter puts on every series: the ordinal `--device` gave
+/// (none given: 0, the only GPU meshd sees in PCI order), and the GPU's UUID. An empty value is
+/// left out (a UUID selector names no ordinal; the test double has no UUID).
+fn dcgm_labels(info: Option<&Info>) -> Vec<(Cow<'static, str>, Cow<'static, str>)> {
+    let Some(info) = info else { return Vec::new() };
+    let gpu = match info.extra.device_selector.as_deref() {
+        None => Some("0".to_string()),
+        Some(s) if s.parse::<u32>().is_ok() => Some(s.to_string()),
+        Some(_) => None,
+    };
+    let mut labels = Vec::new();
+    if let Some(g) = gpu {
+        labels.push((Cow::Borrowed("gpu"), Cow::Owned(g)));
+    }
+    if let Some(u) = info.extra.device_uuid.clone().filter(|u| !u.is_empty()) {
+        labels.push((Cow::Borrowed("UUID"), Cow::Owned(u)));
+    }
+    labels
+}
+
+/// A program's state without its detail: `exited(3)` → `exited`, `faulted: …` → `faulted`.
+pub fn state_name(state: &str) -> &str {
+    let end = state.find(['(', ':', ' ']).unwrap_or(state.len());
+    &state[..end]
+}
+
+/// The states `meshd_program_state` always lists (one of them 1).
+const STATES: [&str; 4] = ["running", "stopped", "exited", "faulted"];
+
+/// A channel's placement (`host`: its ring in the mailbox's host memory). Read through the row's
+/// serialized form so that a `placement` field, once channels carry one, is shown as it is;
+/// until then every ring is in host memory.
+fn placement(c: &ChannelRow) -> String {
+    serde_json::to_value(c)
+        .ok()
+        .and_then(|v| v.get("placement").and_then(|p| p.as_str().map(str::to_string)))
+        .unwrap_or_else(|| "host".to_string())
+}
+
+/// A fresh family of `M`.
+fn family<M: Default + prometheus_client::metrics::TypedMetric>() -> Family<Labels, M> {
+    Family::default()
+}
+
+fn prog(name: &str) -> Labels {
+    vec![("program", name.to_string())]
+}
+
+/// The text of one scrape: the snapshot's figures beside what `metrics` recorded.
+pub fn render(metrics: &Metrics, scrape: &Scrape, ready: bool) -> String {
+    let info = scrape.info.as_ref().ok();
+    let mut reg = Registry::with_prefix_and_labels("meshd", dcgm_labels(info).into_iter());
+    render_identity(metrics, info, ready, &mut reg);
+    render_programs(metrics, scrape, &mut reg);
+    if let Some(i) = info {
+        render_channels(&i.channels, &mut reg);
+        render_pool(i, &mut reg);
+    }
+    render_natives(&scrape.natives, &mut reg);
+    register_recorded(metrics, &mut reg);
+    let mut text = String::new();
+    // Writing to a String cannot fail; an encoder error would be a bug in a name or label here.
+    if let Err(e) = prometheus_text::encode(&mut text, &reg) {
+        tracing::error!("encoding the metrics: {e}");
+    }
+    text
+}
+
+/// Who answers: meshd's build and mode, the GPU, readiness and the backend thread's last pass.
+fn render_identity(metrics: &Metrics, info: Option<&Info>, ready: bool, reg: &mut Registry) {
+    let mode = info.map_or_else(String::new, |i| i.mode.clone());
+    let build: Family<Labels, Gauge> = family();
+    build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("mode", mode)]).set(1);
+    reg.register("build_info", "meshd's version and isolation mode (always 1)", build);
+    if let Some(i) = info {
+        let gpu: Family<Labels, Gauge> = family();
+        let mut labels =
+            vec![("modelName", i.device.clone()), ("mode", i.mode.clone()), ("mailbox", i.mailbox.clone())];
+        if let Some(s) = &i.extra.device_selector {
+            labels.push(("device_selector", s.clone()));
+        }
+        gpu.get_or_create(&labels).set(1);
+        reg.register("gpu_info", "The GPU meshd serves: its name, meshd's isolation mode and mailbox (always 1)", gpu);
+    }
+    let up: Family<Labels, Gauge> = family();
+    up.get_or_create(&vec![]).set(i64::from(ready));
+    reg.register("ready", "1 when /readyz would answer 200: every program that should run beats", up);
+    if let Some(age) = metrics.since_backend_pass() {
+        let g: Gauge<f64, AtomicU64> = Gauge::default();
+        g.set(secs(age));
+        reg.register("backend_last_pass_age_seconds", "Seconds since the backend thread last passed between jobs", g);
+    }
+}
+
+/// What the backend thread recorded as it worked: change, blink-pause and recovery figures.
+fn register_recorded(metrics: &Metrics, reg: &mut Registry) {
+    reg.register(
+        "change_duration_seconds",
+        "Backend time of each change (load, upgrade, unload, channel_create), applied or refused",
+        metrics.changes.clone(),
+    );
+    reg.register(
+        "blink_pause_duration_seconds",
+        "Blink mode: how long every program stood stopped around a module change",
+        metrics.blink_pauses.clone(),
+    );
+    reg.register(
+        "recoveries",
+        "Recoveries from GPU faults by isolation mode, method (in_place, process_replacement) and outcome",
+        metrics.recoveries.clone(),
+    );
+    reg.register(
+        "recovery_duration_seconds",
+        "Time from a GPU fault noticed to the programs relaunched",
+        metrics.recovery_seconds.clone(),
+    );
+}
+
+/// The per-program families of one scrape, filled a program at a time.
+#[derive(Default)]
+struct Programs {
+    info: Family<Labels, Gauge>,
+    up: Family<Labels, Gauge>,
+    state: Family<Labels, Gauge>,
+    restarts: Family<Labels, Counter>,
+    beats: Family<Labels, Counter>,
+    age: Family<Labels, Gauge<f64, AtomicU64>>,
+    fault: Family<Labels, Gauge<f64, AtomicU64>>,
+    relaunches: Family<Labels, Counter>,
+    sms: Family<Labels, Gauge>,
+    generation: Family<Labels, Gauge>,
+    exempt: Family<Labels, Gauge>,
+}
+
+impl Programs {
+    /// `p`'s series; `blinks`: its relaunches by blinks.
+    fn add(&self, metrics: &Metrics, p: &ProgramRow, blinks: u64) {
+        let l = prog(&p.name);
+        let current = state_name(&p.state);
+        self.up.get_or_create(&l).set(i64::from(current == "running"));
+        for s in STATES {
+            self.state
+                .get_or_create(&vec![("program", p.name.clone()), ("state", s.to_string())])
+                .set(i64::from(current == s));
+        }
+        self.restarts.get_or_create(&l).inc_by(u64::from(p.restarts));
+        self.beats.get_or_create(&l).inc_by(p.heartbeat);
+        if let Some(a) = metrics.heartbeat_age(&p.name) {
+            self.age.get_or_create(&l).set(secs(a));
+        }
+        if let Some(ms) = p.last_fault_unix_ms {
+            self.fault.get_or_create(&l).set(ms as f64 / 1e3);
+        }
+        self.relaunches.get_or_create(&l).inc_by(blinks);
+        if let Some(n) = p.sms {
+            self.sms.get_or_create(&l).set(i64::from(n));
+        }
+        self.generation.get_or_create(&l).set(i64::from(p.generation));
+        self.exempt.get_or_create(&l).set(i64::from(metrics.is_exempt(&p.name)));
+        let slot = if p.slot == crate::server::HELD_SLOT { "-".to_string() } else { p.slot.to_string() };
+        self.info.get_or_create(&vec![("program", p.name.clone()), ("kind", p.kind.clone()), ("slot", slot)]).set(1);
+    }
+
+    fn register(self, reg: &mut Registry) {
+        reg.register("program_info", "A program's image kind and mailbox slot (always 1)", self.info);
+        reg.register("program_up", "1 when the program's kernel runs", self.up);
+        reg.register(
+            "program_state",
+            "The program's state: 1 for the current one of running, stopped, exited, faulted",
+            self.state,
+        );
+        reg.register(
+            "program_restarts",
+            "Relaunches by the watchdog after GPU faults (carried across replacements)",
+            self.restarts,
+        );
+        reg.register("program_heartbeats", "The program's heartbeat counter (mesh_heartbeat)", self.beats);
+        reg.register(
+            "program_heartbeat_age_seconds",
+            "Seconds since the program's heartbeat last moved (or its launch was first seen)",
+            self.age,
+        );
+        reg.register(
+            "program_last_fault_timestamp_seconds",
+            "When meshd noticed the last GPU fault that stopped the program, Unix time",
+            self.fault,
+        );
+        reg.register(
+            "program_blink_relaunches",
+            "Times a blink stopped and relaunched the program (its own loads and upgrades included)",
+            self.relaunches,
+        );
+        reg.register("program_sms", "SMs the program's context holds (absent: the whole GPU)", self.sms);
+        reg.register("program_generation", "The program's launches so far in this process", self.generation);
+        reg.register("program_readiness_exempt", "1 when the program was loaded with --no-readiness", self.exempt);
+    }
+}
+
+fn render_programs(metrics: &Metrics, scrape: &Scrape, reg: &mut Registry) {
+    let families = Programs::default();
+    {
+        let mut blinks = metrics.blink_relaunches.lock();
+        blinks.retain(|n, _| scrape.programs.iter().any(|p| &p.name == n));
+        for p in &scrape.programs {
+            families.add(metrics, p, blinks.get(&p.name).copied().unwrap_or(0));
+        }
+    }
+    families.register(reg);
+}
+
+fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
+    let (sent, received, capacity, depth, size) =
+        (family::<Counter>(), family::<Counter>(), family::<Gauge>(), family::<Gauge>(), family::<Gauge>());
+    for c in channels {
+        let l = vec![("channel", c.name.clone()), ("placement", placement(c))];
+        sent.get_or_create(&l).inc_by(c.head);
+        received.get_or_create(&l).inc_by(c.tail);
+        capacity.get_or_create(&l).set(i64::from(c.capacity));
+        depth.get_or_create(&l).set(i64::try_from(c.head.saturating_sub(c.tail)).unwrap_or(i64::MAX));
+        size.get_or_create(&l).set(i64::from(c.msg_size));
+    }
+    reg.register("channel_sent_messages", "Messages sent on the channel (its producer's position)", sent);
+    reg.register("channel_received_messages", "Messages received from the channel (its consumer's position)", received);
+    reg.register("channel_capacity_messages", "Messages the channel's ring holds", capacity);
+    reg.register("channel_depth_messages", "Messages sent and not yet received", depth);
+    reg.register("channel_message_size_bytes", "Payload bytes per message", size);
+}
+
+fn render_pool(info: &Info, reg: &mut Registry) {
+    let Some(pool) = &info.extra.pool else { return };
+    let workers: Family<Labels, Gauge> = family();
+    workers.get_or_create(&vec![("state", "idle".to_string())]).set(i64::from(pool.idle));
+    workers.get_or_create(&vec![("state", "in_use".to_string())]).set(i64::from(pool.in_use));
+    reg.register("mps_pool_workers", "MPS workers by state", workers);
+    let size: Gauge = Gauge::default();
+    size.set(i64::from(pool.size));
+    reg.register("mps_pool_size_workers", "--pool: MPS workers made at start", size);
+    let limit: Gauge = Gauge::default();
+    limit.set(i64::from(pool.client_limit));
+    reg.register("mps_client_limit", "MPS clients the device takes", limit);
+    let stalls: Counter = Counter::default();
+    stalls.inc_by(pool.stalls);
+    reg.register(
+        "mps_client_creation_stalls",
+        "MPS clients created while programs ran (--pool-grow): each stalled every running program once",
+        stalls,
+    );
+}
+
+fn render_natives(natives: &[NativeRow], reg: &mut Registry) {
+    let by_state: Family<Labels, Gauge> = family();
+    for s in ["starting", "running", "stopping", "exited", "killed"] {
+        by_state.get_or_create(&vec![("state", s.to_string())]).set(0);
+    }
+    for n in natives {
+        by_state.get_or_create(&vec![("state", state_name(&n.state).to_string())]).inc();
+    }
+    reg.register("native_workers", "Native GPU workers (meshd spawn) by state", by_state);
+}
