@@ -75,10 +75,9 @@ pub fn init() -> Result<Driver, CudaError> {
             if let Some(missing) = missing_symbols(ENTRY_POINTS).first() {
                 return Err(format!("libcuda lacks {missing}: the driver is too old for meshd"));
             }
-            // SAFETY: every entry point was checked above; cuInit takes flags 0.
-            let code = unsafe { sys::cuInit(0) };
-            if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuInit: {}", describe(code)));
+            // Every entry point was checked above, so cudarc's call does not panic.
+            if let Err(e) = cudarc::driver::result::init() {
+                return Err(format!("cuInit: {}", describe(e.0)));
             }
             let mut version = 0;
             // SAFETY: valid out-pointer.

@@ -28,18 +28,10 @@ impl DriverError {
 
 /// `CUDA_ERROR_NAME: the driver's message`.
 pub fn describe(code: sys::CUresult) -> String {
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    let mut text: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: valid out-pointers; the driver returns static strings or leaves them null.
-    unsafe {
-        sys::cuGetErrorName(code, &mut name);
-        sys::cuGetErrorString(code, &mut text);
-    }
-    let s = |p: *const std::ffi::c_char| {
-        // SAFETY: non-null pointers from the driver are static NUL-terminated strings.
-        if p.is_null() { "?".to_string() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
-    };
-    format!("{}: {}", s(name), s(text))
+    let e = cudarc::driver::DriverError(code);
+    // A code the driver does not know has no name or text.
+    let s = |r: Result<&CStr, _>| r.map_or_else(|_| "?".to_string(), |c| c.to_string_lossy().into_owned());
+    format!("{}: {}", s(e.error_name()), s(e.error_string()))
 }
 
 impl fmt::Display for DriverError {
