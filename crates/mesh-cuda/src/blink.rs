@@ -38,6 +38,7 @@ use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 
 use crate::context::{Context, Stream, StreamState};
 use crate::device::Device;
+use crate::device_ring::DeviceRings;
 use crate::jit::Jit;
 use crate::memory::RegisteredMailbox;
 use crate::module::{Function, Module};
@@ -138,6 +139,8 @@ pub struct BlinkTimes {
 pub struct BlinkBackend {
     programs: Vec<Program>,
     registered: Option<RegisteredMailbox>,
+    /// Device channels' slots, in this context.
+    device_rings: DeviceRings,
     mailbox: Mailbox,
     jit: Jit,
     ctx: Context,
@@ -169,6 +172,7 @@ impl BlinkBackend {
         Ok(Self {
             programs: Vec::new(),
             registered: Some(registered),
+            device_rings: DeviceRings::default(),
             mailbox: mailbox.clone(),
             jit,
             ctx,
@@ -283,7 +287,13 @@ impl BlinkBackend {
             .launch()
             .map_err(|e| BackendError::Invalid { what: format!("program {:?}", p.core.name), reason: e.to_string() })?;
         slots::arm(&self.mailbox, p.core.slot, generation)?;
-        let ctx = self.mailbox.mesh_ctx(p.core.slot, base).map_err(BackendError::mailbox)?;
+        let ctx = self.device_rings.mesh_ctx(&self.ctx, &self.mailbox, p.core.slot, base)?;
+        for loss in self.device_rings.take_losses() {
+            eprintln!(
+                "meshd: channel {:?}: its device ring was made anew, empty: {} messages lost",
+                loss.channel, loss.lost
+            );
+        }
         p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
         let gpu = p.gpu.as_ref().ok_or_else(|| BackendError::Degraded("the context is being recreated".into()))?;
         Ok(gpu.entry.launch(&p.core.shape, &gpu.stream, &ctx)?)
@@ -360,6 +370,7 @@ impl BlinkBackend {
             p.core.life.returned();
         }
         self.registered = None;
+        self.device_rings.forget_all();
         if self.ctx.is_green() {
             let n = self.ctx.sms();
             // The old green context goes with its last clone, here.

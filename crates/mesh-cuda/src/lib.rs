@@ -12,6 +12,7 @@
 pub mod blink;
 pub mod context;
 pub mod device;
+pub mod device_ring;
 pub mod driver;
 pub mod error;
 pub mod image;

@@ -4,6 +4,7 @@
 //! everything but the GPU is tested on any machine.
 
 pub mod native;
+pub mod placement;
 pub mod protocol;
 pub mod replace;
 pub mod server;

@@ -57,6 +57,9 @@ pub enum Request {
         msg_size: u32,
         /// Messages the ring holds.
         capacity: u32,
+        /// Where its slots live: `host` (the mailbox; absent means host) or `device` (GPU memory).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        placement: String,
     },
     /// The daemon's mode, mailbox path and channels.
     Info,
@@ -147,6 +150,9 @@ pub struct ChannelRow {
     pub msg_size: u32,
     /// Capacity.
     pub capacity: u32,
+    /// Where its slots live: `host` or `device`.
+    #[serde(default)]
+    pub placement: String,
     /// Messages sent.
     pub head: u64,
     /// Messages received.

@@ -437,7 +437,14 @@ fn info(shared: &Shared) -> Response {
     };
     let channels = channels
         .into_iter()
-        .map(|c| ChannelRow { name: c.name, msg_size: c.msg_size, capacity: c.capacity, head: c.head, tail: c.tail })
+        .map(|c| ChannelRow {
+            placement: c.placement.to_string(),
+            name: c.name,
+            msg_size: c.msg_size,
+            capacity: c.capacity,
+            head: c.head,
+            tail: c.tail,
+        })
         .collect();
     Response {
         ok: true,
@@ -1105,9 +1112,10 @@ impl BackendWorker<'_> {
                 self.record(|s| s.record_unload(&name));
                 Ok(Response::ok())
             }
-            Request::ChannelCreate { name, msg_size, capacity } => {
-                self.shared.mailbox.create_channel(&name, msg_size, capacity)?;
-                tracing::info!(channel = %name, msg_size, capacity, "channel created");
+            Request::ChannelCreate { name, msg_size, capacity, placement } => {
+                let placement = crate::placement::parse(&placement, self.backend.mode())?;
+                self.shared.mailbox.create_channel_placed(&name, msg_size, capacity, placement)?;
+                tracing::info!(channel = %name, msg_size, capacity, %placement, "channel created");
                 let mailbox = self.shared.mailbox.clone();
                 self.record(move |s| s.record_channels(&mailbox));
                 Ok(Response::ok())
