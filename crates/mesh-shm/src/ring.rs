@@ -2,7 +2,7 @@
 //!
 //! Kept free of files and mappings so that Miri can run it over heap memory.
 //!
-//! **Format (layout version 2).** A message of `msg_size` payload bytes occupies `msg_size / 4`
+//! **Format (layout version 3).** A message of `msg_size` payload bytes occupies `msg_size / 4`
 //! 8-byte *words* in its slot; each word carries 4 payload bytes in its low half and the tag of
 //! the message's sequence number in its high half (`tag(seq)`: its low 31 bits, top bit set), the packing of
 //! NCCL's LL protocol. A word is valid on its own: 8 bytes is the only single-copy atomic unit
