@@ -87,16 +87,16 @@ probes() {
 if [ "$WHAT" = chan ]; then
   {
     probes "plain context"
-    timeout -k 10 240 bin/mesh-gpu-bench rt blink; echo "rt blink rc=$?"
-    timeout -k 10 240 bin/mesh-gpu-bench g2g blink; echo "g2g blink rc=$?"
-    timeout -k 10 240 bin/mesh-gpu-bench rt mps; echo "rt mps rc=$?"
-    timeout -k 10 240 bin/mesh-gpu-bench g2g mps; echo "g2g mps rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench rt blink; echo "rt blink rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench g2g blink; echo "g2g blink rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench rt mps; echo "rt mps rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench g2g mps; echo "g2g mps rc=$?"
     [ -x bin/ll_roundtrip ] && { echo "== LL probe, raw word again (drift)"; timeout -k 5 60 bin/ll_roundtrip | head -1; }
   } 2>&1 | tee "$OUT/chan-bench.log"
   ROWS+=("chan bench|$(grep -c 'rc=0' "$OUT/chan-bench.log")/4 rc=0 (log: chan-bench.log)")
-  for t in ${CHAN_TESTS:-bin/test-*}; do
+  for t in ${CHAN_TESTS:-bin/test-channels bin/test-[a-bd-z]* bin/test-c[a-gi-z]*}; do
     name=$(basename "$t")
-    timeout -k 10 400 "$t" --test-threads=1 --nocapture ${CHAN_FILTER:-} >"$OUT/$name.log" 2>&1
+    timeout -k 10 150 "$t" --test-threads=1 --nocapture ${CHAN_FILTER:-} >"$OUT/$name.log" 2>&1
     rc=$?
     ROWS+=("$name|rc=$rc $(grep -E '^test result:' "$OUT/$name.log" | tail -1)")
     grep -E '^test .* (FAILED|ok)$|^channel-' "$OUT/$name.log" | sed "s/^/  [$name] /"

@@ -267,6 +267,17 @@ impl BlinkBackend {
         // One binding for every launch: each launch then finds the context current.
         self.ctx.bind()?;
         let mut first_err = None;
+        // Device rings before any kernel runs again (those skipped now too, which may be launched
+        // beside running ones later): an allocation may wait for the work before it.
+        for i in 0..self.programs.len() {
+            if !self.programs[i].relaunchable() {
+                continue;
+            }
+            if let Err(e) = self.device_rings.prepare(&self.ctx, &self.mailbox, self.programs[i].core.slot) {
+                self.programs[i].core.life.fault(e.to_string());
+                first_err.get_or_insert(e.into());
+            }
+        }
         for i in 0..self.programs.len() {
             if skip.contains(&i) || !self.programs[i].relaunchable() {
                 continue;

@@ -16,6 +16,10 @@ use crate::context::Context;
 use crate::driver::check;
 use crate::error::CudaError;
 
+fn invalid(slot: u32, e: mesh_shm::ShmError) -> CudaError {
+    CudaError::Invalid { what: format!("program slot {slot}"), reason: e.to_string() }
+}
+
 /// One ring's slots in device memory, freed on drop.
 #[derive(Debug)]
 struct DeviceSlots {
@@ -31,9 +35,13 @@ impl DeviceSlots {
         // SAFETY: an out pointer and a size; the context is current.
         check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
         let slots = Self { ptr, bytes, ctx: ctx.clone() };
-        // Zero: no word carries a tag, so every slot reads as empty.
-        // SAFETY: `ptr` holds `bytes` bytes, just allocated in this context.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) })?;
+        // Zero: no word carries a tag, so every slot reads as empty. On a stream of its own, waited
+        // for alone: the legacy stream's memset would not be ordered before the kernels' own
+        // non-blocking streams, and a context-wide wait would wait for resident kernels.
+        let stream = ctx.stream()?;
+        // SAFETY: `ptr` holds `bytes` bytes, just allocated in this context; the stream is its own.
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, stream.raw()) })?;
+        stream.synchronize()?;
         Ok(slots)
     }
 }
@@ -63,17 +71,24 @@ pub struct DeviceRings {
 }
 
 impl DeviceRings {
-    /// The kernel argument of program slot `slot`: its device channels' slots allocated first where
-    /// this context has none yet (each renewed in the mailbox, its loss recorded).
-    pub fn mesh_ctx(&mut self, ctx: &Context, mailbox: &Mailbox, slot: u32, base: u64) -> Result<MeshCtx, CudaError> {
-        let invalid =
-            |e: mesh_shm::ShmError| CudaError::Invalid { what: format!("program slot {slot}"), reason: e.to_string() };
-        for info in mailbox.bound_channels(slot).map_err(invalid)? {
+    /// Allocates the slots of every device channel that program slot `slot` binds and this context
+    /// has none of yet (each renewed in the mailbox, its loss recorded). Call it while no kernel of
+    /// the context runs (a blink's change): an allocation may wait for the work before it.
+    pub fn prepare(&mut self, ctx: &Context, mailbox: &Mailbox, slot: u32) -> Result<(), CudaError> {
+        for info in mailbox.bound_channels(slot).map_err(|e| invalid(slot, e))? {
             if info.placement == Placement::Device && !self.rings.contains_key(&info.index) {
                 self.allocate(ctx, mailbox, &info)?;
             }
         }
-        mailbox.mesh_ctx_with(slot, base, |info| self.rings.get(&info.index).map(|r| r.ptr)).map_err(invalid)
+        Ok(())
+    }
+
+    /// The kernel argument of program slot `slot` (its device channels prepared first, see `prepare`).
+    pub fn mesh_ctx(&mut self, ctx: &Context, mailbox: &Mailbox, slot: u32, base: u64) -> Result<MeshCtx, CudaError> {
+        self.prepare(ctx, mailbox, slot)?;
+        mailbox
+            .mesh_ctx_with(slot, base, |info| self.rings.get(&info.index).map(|r| r.ptr))
+            .map_err(|e| invalid(slot, e))
     }
 
     fn allocate(&mut self, ctx: &Context, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {

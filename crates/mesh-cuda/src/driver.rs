@@ -34,7 +34,7 @@ const ENTRY_POINTS: &[&str] = &[
     "cuMemHostGetDevicePointer_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
-    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
     "cuLaunchKernel",
     "cuStreamCreate",
     "cuStreamDestroy_v2",

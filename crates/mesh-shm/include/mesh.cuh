@@ -23,8 +23,8 @@
 //     }
 //
 // mesh_should_stop(ctx) is cheap to call on every iteration: it reads meshd's stop word at most once
-// every MESH_STOP_PERIOD_NS of %globaltimer and never waits for that read (see below), so the loop
-// polls its channels at full speed; a stop is seen within about two periods.
+// every MESH_STOP_PERIOD_NS (100 µs) of %globaltimer and never branches on a read in flight (see
+// below), so the loop polls its channels at full speed; a stop is seen within about two periods.
 //
 // Channels (see "Channels" below) carry a tag in every 8-byte word of a message, so a receiver polls
 // the message itself: one round trip per message, no index read, no fence. A channel's slots are in
@@ -149,16 +149,19 @@ static __device__ __forceinline__ uint32_t mesh_smid(void) {
 }
 
 // How often, in ns of %globaltimer, mesh_should_stop(ctx) reads meshd's stop word. Define it before
-// including mesh.cuh to change it: a stop is seen within about two periods.
+// including mesh.cuh to change it: a stop is seen within about two periods. Why so rarely: on the
+// H200 a load of host memory delays the loads issued after it (device-memory polls too) by its whole
+// PCIe round trip even though nothing waits for its value; read every 8 µs it cost GPU↔GPU round
+// trips on device channels 0.64 µs on average (BENCHMARKS.md, layout 3).
 #ifndef MESH_STOP_PERIOD_NS
-#define MESH_STOP_PERIOD_NS 8192u
+#define MESH_STOP_PERIOD_NS 100000u
 #endif
 
 // True once meshd asks the program to stop. Call it on every iteration, with mesh_main's own `ctx`
 // (it keeps the check's state in ctx.stop_due and ctx.stop_seen): it reads the stop word with a
 // relaxed load at most once every MESH_STOP_PERIOD_NS, and looks at what that load brought only at
-// the next check, a period later, so the loop never waits for the PCIe read and a program whose
-// channels are in device memory polls no host memory while it waits.
+// the next check, a period later, so the loop's branch never waits for the PCIe read and a program
+// whose channels are in device memory touches host memory once a period.
 static __device__ __forceinline__ bool mesh_should_stop(mesh_ctx& c) {
     const uint64_t now = mesh_globaltimer();
     if (now < c.stop_due) return false;
@@ -340,10 +343,17 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }
 
-// A receive found the ring empty: hand back the credit held so far.
+// Whether a receiver that finds its ring empty publishes its position then (1), or only every half
+// ring and on mesh_chan_close (0: no store to the mailbox per message; the producer always has half a
+// ring of credit).
+#ifndef MESH_PUBLISH_ON_DRAIN
+#define MESH_PUBLISH_ON_DRAIN 0
+#endif
+
+// A receive found the ring empty.
 static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
     ch->hint = 1;
-    mesh_chan_flush(ch);
+    if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(ch);
 }
 
 // How long a receiver waits for the rest of a message whose first words have arrived, in ns of
@@ -520,62 +530,11 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
     return got;
 }
 
-// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived. Up to 4 KiB
-// the lean path: each lane loads its words with 16-byte loads, all in flight together, and one vote
-// decides; larger messages take the batch path, one round trip per 4 KiB.
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived. (A lean
+// single-message receive, every word of the message loaded and checked by one vote, measured slower
+// than the batch path at every size on the H200 and 4x slower at 4 KiB: BENCHMARKS.md, layout 3.)
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
-    if (ch->msg_size == 0 || ch->producer) return false;
-    const uint32_t words = ch->msg_size / 4u;
-    if (words > 64u * MESH_WARP_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
-    const uint32_t lane = mesh_lane();
-    const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
-    const uint32_t t = mesh_tag(ch->mine);
-    uint64_t a[MESH_WARP_PAIRS], b[MESH_WARP_PAIRS];
-    uint64_t since = 0;
-    for (;;) {
-        bool whole = true, some = false;
-#pragma unroll
-        for (uint32_t k = 0; k < MESH_WARP_PAIRS; k++) {
-            const uint32_t idx = 2u * (lane + 32u * k);
-            if (idx < words) mesh_ld_volatile_v2(src + idx, &a[k], &b[k]);
-        }
-#pragma unroll
-        for (uint32_t k = 0; k < MESH_WARP_PAIRS; k++) {
-            const uint32_t idx = 2u * (lane + 32u * k);
-            if (idx < words) {
-                const bool ka = (uint32_t)(a[k] >> 32) == t, kb = (uint32_t)(b[k] >> 32) == t;
-                whole &= ka & kb;
-                some |= ka | kb;
-            }
-        }
-        if (__all_sync(0xffffffffu, whole)) break;
-        if (!__any_sync(0xffffffffu, some)) {
-            mesh_chan_drained(ch);
-            return false;
-        }
-        // Part of it is there: the rest is on its way. Poll again, within a bound.
-        if (since == 0) {
-            ch->partial++;
-            since = mesh_globaltimer();
-        } else if (__shfl_sync(0xffffffffu, mesh_globaltimer() - since > MESH_PARTIAL_WAIT_NS, 0)) {
-            return false;
-        }
-    }
-    uint32_t* dst = (uint32_t*)buf;
-#pragma unroll
-    for (uint32_t k = 0; k < MESH_WARP_PAIRS; k++) {
-        const uint32_t idx = 2u * (lane + 32u * k);
-        if (idx < words) {
-            dst[idx] = (uint32_t)a[k];
-            dst[idx + 1] = (uint32_t)b[k];
-        }
-    }
-    __syncwarp();
-    ch->hint = 2;
-    ch->mine += 1;
-    ch->other = ch->mine;
-    mesh_chan_progress(ch);
-    return true;
+    return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
 }
 
 // Sends up to `count` messages from `buf` (count * msg_size bytes, 4-byte aligned), as many as there is

@@ -136,20 +136,28 @@ pub fn host_round_trips(mps: bool) {
     println!("Round trip host→GPU→host, {mode} mode, µs, median / p99 of {ROUNDS} (after {WARMUP} warm-up).");
     println!("Raw relaxed mapped word (raw_pingpong, same run): {raw_median:.2} / {raw_p99:.2}");
     println!();
-    println!("| mode | size | echo_header (header's loop) | ×raw | p99/median | echo_warp | ×raw |");
-    println!("|------|-----:|----------------------------:|-----:|-----------:|----------:|-----:|");
+    println!("Variants (same run, same client; each tests/programs/echo_x_*.cu says what it changes):");
+    println!("drainflush = a position store per message (layout 2),");
+    println!("rarestop = stop checked every 4096th iteration only.");
+    println!();
+    println!("| mode | size | echo_header (header's loop) | ×raw | p99/median | echo_warp | drainflush | rarestop |");
+    println!("|------|-----:|----------------------------:|-----:|-----------:|----------:|--------:|---------:|");
     for size in SIZES {
         let h = echo(&mut b, "echo_header", size);
-        let w = echo(&mut b, "echo_warp", size);
+        let cells: Vec<String> = ["echo_warp", "echo_x_drainflush", "echo_x_rarestop"]
+            .iter()
+            .map(|p| {
+                let (m, p99) = echo(&mut b, p, size);
+                format!("{m:.2} / {p99:.2}")
+            })
+            .collect();
         println!(
-            "| {mode} | {size} | {:.2} / {:.2} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} |",
+            "| {mode} | {size} | {:.2} / {:.2} | {:.2} | {:.2} | {} |",
             h.0,
             h.1,
             h.0 / raw_median,
             h.1 / h.0,
-            w.0,
-            w.1,
-            w.0 / raw_median
+            cells.join(" | ")
         );
     }
     let (raw2, _) = raw(&mut b);
@@ -158,10 +166,10 @@ pub fn host_round_trips(mps: bool) {
 }
 
 /// GPU↔GPU: `ping` ↔ `echo_header` over two channels of `placement`. (mean, fastest, slowest) µs, errors.
-fn ping_pong(b: &mut Bench, size: u32, placement: Placement, n: u64) -> (f64, f64, f64, u32) {
+fn ping_pong(b: &mut Bench, size: u32, placement: Placement, n: u64, pair: (&str, &str)) -> (f64, f64, f64, u32) {
     let (to, from) = (b.channel(size, 64, placement), b.channel(size, 64, placement));
-    b.load("echo", "echo_header", &[&to, &from]);
-    let slot = b.load("ping", "ping", &[&to, &from]);
+    b.load("echo", pair.1, &[&to, &from]);
+    let slot = b.load("ping", pair.0, &[&to, &from]);
     let words = || b.mb.slot(slot).unwrap().user_words();
     let got = wait_until(Duration::from_secs(60), || {
         let w = words();
@@ -184,16 +192,30 @@ pub fn gpu_round_trips(mps: bool) {
     println!("GPU↔GPU round trip, {mode} mode: ping ↔ echo_header (both the header's loop), timed by the GPU");
     println!("(%globaltimer), µs: mean [fastest, slowest] over ≥ 100,000 round trips after 1,000 warm-up.");
     println!();
-    println!("| mode | size | device channels | host channels | errors |");
-    println!("|------|-----:|----------------:|--------------:|-------:|");
+    println!("Variants on device channels: rarestop = ping_x_rarestop ↔ echo_x_rarestop (stop checked every");
+    println!("4096th iteration), drainflush = ping_x_drainflush ↔ echo_x_drainflush (a position store per message).");
+    println!();
+    println!("| mode | size | device channels | host channels | device, rarestop | device, drainflush | errors |");
+    println!("|------|-----:|----------------:|--------------:|-----------------:|----------------:|-------:|");
+    let cell = |r: Option<(f64, f64, f64, u32)>| {
+        r.map_or("(MPS: not shared yet)".to_string(), |(m, lo, hi, _)| format!("{m:.2} [{lo:.2}, {hi:.1}]"))
+    };
     for size in [8u32, 64, 256, 1024, 4096] {
-        let dev = (!mps).then(|| ping_pong(&mut b, size, Placement::Device, 100_000));
-        let host = ping_pong(&mut b, size, Placement::Host, 100_000);
-        let cell = |r: Option<(f64, f64, f64, u32)>| {
-            r.map_or("(MPS: not shared yet)".to_string(), |(m, lo, hi, _)| format!("{m:.2} [{lo:.2}, {hi:.1}]"))
-        };
-        let errors = dev.map_or(0, |d| d.3) + host.3;
-        println!("| {mode} | {size} | {} | {} | {errors} |", cell(dev), cell(Some(host)));
+        let n = 100_000;
+        let dev = (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping", "echo_header")));
+        let host = ping_pong(&mut b, size, Placement::Host, n, ("ping", "echo_header"));
+        let rare =
+            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_rarestop", "echo_x_rarestop")));
+        let drainflush =
+            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_drainflush", "echo_x_drainflush")));
+        let errors: u32 = [dev, Some(host), rare, drainflush].iter().flatten().map(|r| r.3).sum();
+        println!(
+            "| {mode} | {size} | {} | {} | {} | {} | {errors} |",
+            cell(dev),
+            cell(Some(host)),
+            cell(rare),
+            cell(drainflush)
+        );
     }
     b.shutdown();
 }
