@@ -371,6 +371,39 @@ fn device_channel_survives_twenty_upgrades_of_each_end() {
     m.d.ok(&["shutdown"]);
 }
 
+/// The channel's row in `meshd info`: (head, tail, lost).
+fn channel_row(d: &Meshd, name: &str) -> (u64, u64, u64) {
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    let row = info["channels"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned();
+    let row = row.unwrap_or_else(|| panic!("{name} not in info: {info}"));
+    (row["head"].as_u64().unwrap(), row["tail"].as_u64().unwrap(), row["lost"].as_u64().unwrap())
+}
+
+/// meshd killed with SIGKILL while a device ring holds messages: the new meshd makes the ring anew,
+/// empty, and `info` and the log say exactly how many messages were lost (a full ring: its capacity).
+#[test]
+fn a_device_rings_loss_after_a_crash_is_reported_exactly() {
+    require_gpu!("a_device_rings_loss_after_a_crash_is_reported_exactly");
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mesh::start(false, dir.path());
+    let (data, knob) = m.channels_placed(64, stress::knobs(0, 64, false), "device");
+    // A source and no consumer: the ring fills, and a full ring makes the producer publish its head.
+    m.load("source", "source", true, &[&data, &knob]);
+    let full = u64::from(CAPACITY);
+    assert!(wait_until(DEADLINE, || channel_row(&m.d, &data) == (full, 0, 0)), "{:?}", channel_row(&m.d, &data));
+    m.d.kill9_and_restart();
+    // The source runs again (recorded state) on a new, empty ring and fills it once more.
+    assert!(
+        wait_until(DEADLINE, || channel_row(&m.d, &data) == (2 * full, full, full)),
+        "head, tail, lost: {:?}; log:\n{}",
+        channel_row(&m.d, &data),
+        m.d.log_text()
+    );
+    let log = m.d.log_text();
+    assert!(log.contains(&format!("{full} messages lost")), "the log says what was lost:\n{log}");
+    m.d.ok(&["shutdown"]);
+}
+
 /// In MPS mode each program is a process of its own: a device channel is refused at creation, saying so.
 #[test]
 fn device_channels_are_refused_in_mps_mode_with_the_reason() {

@@ -150,8 +150,11 @@ pub struct ChannelDesc {
     /// Offset of the message slots from the file's start, page aligned (host placement); 0 for a
     /// device channel, whose slots are in GPU memory and whose ring in the file is its header alone.
     pub slots_offset: u64,
+    /// Messages lost with a device ring's slots, counted over every renewal (host only: meshd adds
+    /// to it when it makes a device ring anew after a start or a GPU fault; see `renew_device_ring`).
+    pub lost: AtomicU64,
     /// Pads the descriptor to one line.
-    pub pad: [u8; 48],
+    pub pad: [u8; 40],
 }
 
 /// [`ChannelDesc::placement`]: the slots are in the mailbox (host memory), mapped into every context.

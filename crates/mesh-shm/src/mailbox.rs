@@ -262,6 +262,8 @@ pub struct ChannelInfo {
     pub placement: Placement,
     /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
     pub slots_offset: u64,
+    /// Messages lost with a device ring's slots over every renewal (always 0 for a host channel).
+    pub lost: u64,
     /// Messages ever sent.
     pub head: u64,
     /// Messages ever received.
@@ -563,6 +565,7 @@ impl Mailbox {
             ring_offset,
             placement,
             slots_offset,
+            lost: self.desc(index).lost.load(Ordering::Acquire),
             head: ring.producer.head.load(Ordering::Acquire),
             tail: ring.consumer.tail.load(Ordering::Acquire),
             producer_pid: holder(&ring.claims.producer),
@@ -620,6 +623,7 @@ impl Mailbox {
         let at = head.max(tail);
         ring.producer.head.store(at, Ordering::Release);
         ring.consumer.tail.store(at, Ordering::Release);
+        self.desc(info.index).lost.fetch_add(lost, Ordering::AcqRel);
         Ok(lost)
     }
 

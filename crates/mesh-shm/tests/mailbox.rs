@@ -227,6 +227,9 @@ fn a_renewed_device_ring_reports_what_its_indices_still_counted() {
     assert_eq!(mb.renew_device_ring(&d).unwrap(), 7);
     let now = mb.channel("dev").unwrap();
     assert_eq!((now.head, now.tail), (12, 12), "both ends resume on an empty ring");
+    assert_eq!(now.lost, 7, "the loss is kept in the mailbox for info and ps");
+    assert_eq!(mb.renew_device_ring(&now).unwrap(), 0);
+    assert_eq!(Mailbox::open(mb.path()).unwrap().channel("dev").unwrap().lost, 7, "and survives a reopen");
     let host = mb.create_channel("host", 8, 4).unwrap();
     assert!(mb.renew_device_ring(&host).is_err(), "a host channel's slots are never renewed");
 }

@@ -153,6 +153,9 @@ pub struct ChannelRow {
     /// Where its slots live: `host` or `device`.
     #[serde(default)]
     pub placement: String,
+    /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.
+    #[serde(default)]
+    pub lost: u64,
     /// Messages sent.
     pub head: u64,
     /// Messages received.
