@@ -123,6 +123,30 @@ if [ "$WHAT" = all ] || [ "$WHAT" = demo ]; then
   ROWS+=("demo (README main job)|rc=$? $(grep -m1 'the GPU answered' "$OUT/demo.log")")
 fi
 
+# --- Python package (crates/mesh-py, added by crates/mesh-py/bundle.sh): the wheel installed without an
+# index into a scratch directory, its GPU pytest (echo driven from Python), and its host <-> GPU benchmark ---
+if ls python/meshd-*.whl >/dev/null 2>&1 && command -v python3 >/dev/null; then
+  PYSITE=$(mktemp -d /tmp/meshd-site.XXXXXX)
+  if python3 -m pip install --no-index --no-deps --target "$PYSITE" python/meshd-*.whl >"$OUT/pytest-gpu.log" 2>&1; then
+    if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+      (cd python && PYTHONPATH=$PYSITE MESHD_BIN=$HERE/bin/meshd MESH_PY_PEER=$HERE/bin/peer timeout -k 10 300 python3 -m pytest -rs -v \
+        -p no:cacheprovider tests >>"$OUT/pytest-gpu.log" 2>&1)
+      ROWS+=("pytest (Python package)|rc=$? $(grep -E '(passed|failed)' "$OUT/pytest-gpu.log" | tail -1)")
+    fi
+    if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/peer ]; then
+      PYTHONPATH=$PYSITE timeout -k 10 300 python3 python/bench/bench.py --gpu --meshd bin/meshd \
+        --echo programs/echo.ptx --peer bin/peer >"$OUT/bench-python-gpu.md" 2>&1
+      ROWS+=("Python bench host<->GPU|rc=$? (bench-python-gpu.md)")
+      PYTHONPATH=$PYSITE timeout -k 10 300 python3 python/bench/bench.py --peer bin/peer >"$OUT/bench-python-host.md" 2>&1
+      ROWS+=("Python bench host<->host|rc=$? (bench-python-host.md)")
+    fi
+  else
+    ROWS+=("pytest (Python package)|pip could not install the wheel (pytest-gpu.log)")
+  fi
+  rm -rf "$PYSITE"
+fi
+# --- end Python package ---
+
 if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; then
   timeout -k 10 300 bin/mesh-gpu-bench >"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench|rc=$?")

@@ -48,6 +48,22 @@ impl Meshd {
         m
     }
 
+    /// Starts `meshd run` as [`Meshd::start`] does, expecting it to refuse to start; returns its log.
+    pub fn try_start_refused(extra: &[&str]) -> String {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let log = dir.path().join("meshd.log");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut child = Self::spawn(dir.path(), &dir.path().join("sock"), &log, &extra);
+        let ended = wait_until(Duration::from_secs(30), || child.try_wait().is_ok_and(|s| s.is_some()));
+        if !ended {
+            let _ = child.kill();
+        }
+        let status = child.wait().unwrap();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(ended && !status.success(), "meshd {extra:?} should have refused to start ({status}):\n{text}");
+        text
+    }
+
     fn spawn(dir: &std::path::Path, socket: &std::path::Path, log: &std::path::Path, extra: &[String]) -> Child {
         Command::new(meshd_bin())
             .args(["--socket"])
@@ -75,6 +91,14 @@ impl Meshd {
     /// mailbox, socket and state directory, with the same options; waits until it answers.
     pub fn kill9_and_restart(&mut self) {
         let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra);
+        self.wait_up();
+    }
+
+    /// After the daemon has ended (a `shutdown`, say), starts it again with the same options, mailbox,
+    /// socket and state directory; waits until it answers.
+    pub fn restart(&mut self) {
         let _ = self.child.wait();
         self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra);
         self.wait_up();
@@ -119,6 +143,7 @@ impl Meshd {
     pub fn heartbeats(&self) -> Vec<(String, u64, String)> {
         let rows: Vec<serde_json::Value> = serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap();
         rows.iter()
+            .filter(|r| r["native"] != true)
             .map(|r| {
                 (
                     r["name"].as_str().unwrap().to_string(),

@@ -37,6 +37,8 @@ const TEST: &str = "every_image_kind_loads_or_is_refused_in_both_modes";
 const CHILD: &str = "MESH_IMAGES_MPS_CHILD";
 /// How the child reports one form's outcome on its stdout.
 const REPORT: &str = "mps-outcome\t";
+/// The suffix of a form's report when MPS mode tried it with no idle worker.
+const EMPTY_POOL: &str = "+empty-pool";
 
 /// The forms whose files exist, with their bytes; a `SKIPPED` line for each missing one.
 fn present_forms(say_skipped: bool) -> Vec<(&'static str, Vec<u8>, Expect)> {
@@ -111,6 +113,22 @@ fn mps_half() {
     for (form, image, _) in present_forms(false) {
         println!("{REPORT}{form}\t{}", outcome(&mut backend, form, image));
     }
+    // The pool's only worker taken by a running program: a bad image must still be refused for its
+    // own reason (it is checked before a worker is taken), not because the pool is empty.
+    let holder = std::fs::read(programs_dir().join("heartbeat.ptx")).expect("heartbeat.ptx");
+    match ProgramSpec::new("holder", holder).and_then(|spec| backend.load(spec)) {
+        Ok(_) => {
+            for (form, image, expect) in present_forms(false) {
+                if expect.is_some() {
+                    let got = ProgramSpec::new(form, image).and_then(|spec| backend.load(spec));
+                    let got =
+                        got.map_or_else(|e| format!("refused: {}", one_line(&e.to_string())), |_| "loaded".into());
+                    println!("{REPORT}{form}{EMPTY_POOL}\t{got}");
+                }
+            }
+        }
+        Err(e) => println!("{REPORT}holder\tthe pool's one worker could not be taken: {}", one_line(&e.to_string())),
+    }
     let _ = backend.shutdown();
 }
 
@@ -175,7 +193,13 @@ fn every_image_kind_loads_or_is_refused_in_both_modes() {
         let m =
             mps.iter().find(|(f, _)| f == form).map_or("no report from the MPS child".to_string(), |(_, g)| g.clone());
         println!("image-kind {form} blink={b} mps={m}");
-        for (mode, got) in [("blink", &b), ("mps", &m)] {
+        let empty = format!("{form}{EMPTY_POOL}");
+        let e = mps.iter().find(|(f, _)| *f == empty).map(|(_, g)| g.clone());
+        if expect.is_some() {
+            println!("image-kind {form} mps with the pool empty={}", e.as_deref().unwrap_or("no report"));
+        }
+        let e = e.unwrap_or_else(|| if expect.is_some() { "no report from the MPS child".into() } else { b.clone() });
+        for (mode, got) in [("blink", &b), ("mps", &m), ("mps with no idle worker", &e)] {
             if !matches(got, expect) {
                 failures.push(format!("{form} in {mode}: got {got:?}, wanted {expect:?} (None: loaded)"));
             }

@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`, `ptx`.
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
@@ -57,11 +58,36 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// CPU tests: the whole workspace, then the GPU test crate again with its skip notices shown.
+/// CPU tests: the whole workspace, then the GPU test crate again with its skip notices shown and
+/// counted, the count said in one line at the end.
 fn test() -> Result<()> {
     run(cargo().args(["test", "--workspace", "--all-targets"]).env_remove(GPU_GATE))?;
-    run(cargo().args(["test", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"]).env_remove(GPU_GATE))?;
+    let skipped = run_counting_skips(
+        cargo().args(["test", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"]).env_remove(GPU_GATE),
+    )?;
+    eprintln!("GPU tests: {skipped} skipped here (each said SKIPPED above); `cargo xtask gpu-test` runs them on a GPU");
     Ok(())
+}
+
+/// [`run`], passing the command's stderr through and counting its lines that start with `SKIPPED`
+/// (where a GPU test says it did not run).
+fn run_counting_skips(cmd: &mut Command) -> Result<usize> {
+    eprintln!("$ {cmd:?}");
+    let mut child = cmd.stderr(Stdio::piped()).spawn().with_context(|| format!("running {cmd:?}"))?;
+    let stderr = child.stderr.take().context("the test's stderr")?;
+    let mut skipped = 0;
+    for line in std::io::BufReader::new(stderr).split(b'\n') {
+        let line = line.context("reading the test's stderr")?;
+        if line.trim_ascii_start().starts_with(b"SKIPPED") {
+            skipped += 1;
+        }
+        eprintln!("{}", String::from_utf8_lossy(&line));
+    }
+    let status = child.wait().with_context(|| format!("waiting for {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(skipped)
 }
 
 fn gpu_test_here() -> Result<()> {
@@ -160,9 +186,20 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::copy("scripts/demo.sh", dir.join("demo"))?;
     std::fs::set_permissions(dir.join("demo"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     std::fs::set_permissions(dir.join("run"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    // The Python package's wheel, tests and Rust peer (the run script's pytest step), where maturin is here.
+    if which_maturin() {
+        run(Command::new("crates/mesh-py/bundle.sh").arg(dir))?;
+    } else {
+        eprintln!("SKIPPED the Python package in the bundle: no maturin here (python3 -m pip install maturin)");
+    }
     let size: u64 = walk(dir)?.iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     eprintln!("bundle {}: {:.1} MiB", dir.display(), size as f64 / (1 << 20) as f64);
     Ok(())
+}
+
+/// Whether `maturin` runs here.
+fn which_maturin() -> bool {
+    Command::new("maturin").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 fn walk(dir: &Path) -> Result<Vec<PathBuf>> {

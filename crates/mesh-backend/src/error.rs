@@ -2,13 +2,13 @@
 
 /// A backend's refusal.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "a field whose name says what it is (program, pid, reason) needs no line of its own")]
 pub enum BackendError {
     /// A request or option is malformed.
     #[error("{what}: {reason}")]
     Invalid {
         /// What was refused.
         what: String,
-        /// Why.
         reason: String,
     },
     /// No CUDA driver library could be loaded, or it lacks an entry point.
@@ -33,7 +33,6 @@ pub enum BackendError {
     /// nvJitLink refused the image; its error log.
     #[error("program {program:?}: linking for {arch} failed:\n{log}")]
     Link {
-        /// The program.
         program: String,
         /// The target (`sm_90`).
         arch: String,
@@ -44,7 +43,6 @@ pub enum BackendError {
     /// object), built for another architecture, holding nothing for this one, or truncated or corrupt.
     #[error("program {program:?}: image refused: {reason}")]
     Image {
-        /// The program.
         program: String,
         /// Why, with what to build instead where that helps.
         reason: String,
@@ -52,7 +50,6 @@ pub enum BackendError {
     /// The image has no `mesh_main`.
     #[error("program {program:?}: the image has no entry point mesh_main ({detail})")]
     NoEntry {
-        /// The program.
         program: String,
         /// What the driver said.
         detail: String,
@@ -60,7 +57,6 @@ pub enum BackendError {
     /// The launch cannot be resident beside the running programs (kcheck).
     #[error("program {program:?}: cannot be resident: {detail}")]
     NotResident {
-        /// The program.
         program: String,
         /// The occupancy figures.
         detail: String,
@@ -96,7 +92,6 @@ pub enum BackendError {
     /// A program's kernel failed.
     #[error("program {program:?} faulted: {detail}")]
     Fault {
-        /// The program.
         program: String,
         /// The driver's error.
         detail: String,
@@ -107,7 +102,6 @@ pub enum BackendError {
     /// A worker is not a client of meshd's MPS server.
     #[error("process {pid} is not a client of meshd's MPS server: {detail}")]
     NotOurClient {
-        /// The process.
         pid: u32,
         /// What the server lists said.
         detail: String,
@@ -125,7 +119,6 @@ pub enum BackendError {
     ClientLimit {
         /// Clients that would exist.
         asked: u32,
-        /// The limit.
         limit: u32,
     },
     /// A sticky GPU fault left this process unable to use the GPU: meshd replaces its process (the

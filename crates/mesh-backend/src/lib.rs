@@ -8,12 +8,17 @@
 //!   the SM counts it divides by made explicit), [`roster`] (what each backend keeps about a
 //!   program, and the look-ups over all of them).
 //! * [`watch`]: the watchdog's reasoning (health records, naming a fault's culprit, the search by halves).
+//! * [`recover`]: the one recovery from a GPU fault, driven through a backend's [`Recovery`].
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
+
+#![warn(clippy::cast_possible_truncation)]
 
 pub mod cleanup;
 mod error;
 pub mod life;
+pub mod pool;
+pub mod recover;
 pub mod residency;
 pub mod roster;
 mod spec;
@@ -21,10 +26,11 @@ pub mod watch;
 
 pub use error::{BackendError, Result};
 pub use life::{Life, Phase};
+pub use recover::Recovery;
 pub use residency::{KernelFigures, SmBudget, check_resident};
 pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
-pub use watch::{Evidence, FaultNote, Health, Verdict};
+pub use watch::{Cause, Evidence, FaultNote, Health, Verdict};
 
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.
 pub trait Backend: Send {
@@ -50,6 +56,18 @@ pub trait Backend: Send {
     /// status at once). The default polls nothing.
     fn watch(&mut self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// The worker pool's figures (MPS mode), a handle meshd reads whenever `info` asks, without
+    /// waiting for the backend. The default has no pool.
+    fn pool(&self) -> Option<pool::PoolFigures> {
+        None
+    }
+
+    /// The pending request to replace the process after a sticky fault, taken (so that it is acted
+    /// on once; a later request replaces an earlier one not yet taken). The default has none.
+    fn take_replacement(&mut self) -> Option<watch::Replacement> {
+        None
     }
 
     /// Stops every program and releases the GPU; later calls are refused.

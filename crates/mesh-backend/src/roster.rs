@@ -75,7 +75,7 @@ impl ProgramCore {
             shape: self.shape,
             kind: self.kind,
             restarts: self.health.restarts,
-            last_fault: fault.map(|f| f.what.clone()),
+            last_fault: fault.map(ToString::to_string),
             last_fault_unix_ms: fault.map(|f| f.unix_ms()),
             stopped_why,
         }

@@ -36,19 +36,58 @@ pub const FAULT_WINDOW: Duration = Duration::from_millis(1500);
 pub struct FaultNote {
     /// When meshd noticed it.
     pub at: SystemTime,
-    /// What happened: the driver's error, and the culprit where it is known.
-    pub what: String,
+    /// The driver's error.
+    pub error: String,
+    /// Who caused it, as far as known.
+    pub cause: Cause,
 }
 
+/// Who caused a fault, as a program's note says it. Rendered only for display: `ps` shows
+/// `GPU fault: ERROR (caused by NAME)` and the like ([`FaultNote`]'s `Display`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// Not known yet (the recovery is under way).
+    Unknown,
+    /// This program, named for the reason given.
+    ThisProgram(String),
+    /// Another program, by name.
+    Other(String),
+    /// The recovery named no one.
+    NoneNamed,
+    /// A culprit search by halves is under way.
+    Searching,
+}
+
+impl std::fmt::Display for FaultNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&fault_text(&self.error, &self.cause))
+    }
+}
+
+/// The one wording of a fault and its cause, for `ps` (and meshd's record of it across a
+/// replacement of the process).
+pub fn fault_text(error: &str, cause: &Cause) -> String {
+    match cause {
+        Cause::Unknown => format!("GPU fault: {error}"),
+        Cause::ThisProgram(why) => format!("GPU fault: {error} (caused by this program: {why})"),
+        Cause::Other(name) => format!("GPU fault: {error} (caused by {name})"),
+        Cause::NoneNamed => format!("GPU fault: {error} (no culprit named)"),
+        Cause::Searching => format!("GPU fault: {error} {SEARCHING}"),
+    }
+}
+
+/// The end of a fault's text while its culprit is searched for ([`Cause::Searching`]).
+pub const SEARCHING: &str = "(its culprit is being searched)";
+
 impl FaultNote {
-    /// A note of `what`, now.
-    pub fn now(what: impl Into<String>) -> Self {
-        Self { at: SystemTime::now(), what: what.into() }
+    /// A note of `error`, caused by `cause`, now.
+    pub fn now(error: impl Into<String>, cause: Cause) -> Self {
+        Self { at: SystemTime::now(), error: error.into(), cause }
     }
 
     /// Milliseconds since the Unix epoch (what `ps --json` shows).
     pub fn unix_ms(&self) -> u64 {
-        self.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+        self.at.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -215,9 +254,8 @@ pub fn search_by_halves(
 /// relaunched"), so no in-place recovery can work. It carries what the backend saw, so that the
 /// new process can relaunch the others at once and leave the culprit stopped.
 ///
-/// Process-wide, like the condition it reports: the backend asks with [`ask_replacement`] (from
-/// [`crate::Backend::watch`] or any call that met the fault) and meshd takes it with
-/// [`take_replacement`] after every backend call.
+/// The backend keeps it from [`crate::Backend::watch`] or any call that met the fault, and meshd
+/// takes it with [`crate::Backend::take_replacement`] after every backend call.
 #[derive(Debug, Clone)]
 pub struct Replacement {
     /// The driver's error.
@@ -235,16 +273,21 @@ pub struct Replacement {
     pub arch: String,
 }
 
-static REPLACEMENT: std::sync::Mutex<Option<Replacement>> = std::sync::Mutex::new(None);
+/// Where a backend keeps its request to replace the process until meshd takes it: a later request
+/// replaces an earlier one not yet taken, and a request is taken once.
+#[derive(Debug, Default)]
+pub struct ReplacementSlot(Option<Replacement>);
 
-/// Asks meshd to replace the process (a later request replaces an earlier one not yet taken).
-pub fn ask_replacement(r: Replacement) {
-    *REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-}
+impl ReplacementSlot {
+    /// Asks meshd to replace the process.
+    pub fn ask(&mut self, r: Replacement) {
+        self.0 = Some(r);
+    }
 
-/// The pending request to replace the process, taken (so it is acted on once).
-pub fn take_replacement() -> Option<Replacement> {
-    REPLACEMENT.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// The pending request, taken.
+    pub fn take(&mut self) -> Option<Replacement> {
+        self.0.take()
+    }
 }
 
 #[cfg(test)]
@@ -323,7 +366,7 @@ mod tests {
                 let mut asked = Vec::new();
                 let found = search_by_halves(&suspects, None, oracle(culprit, &mut asked));
                 assert_eq!(found, Some(culprit), "n {n}");
-                let bound = (n as f64).log2().ceil() as usize;
+                let bound = n.next_power_of_two().ilog2() as usize;
                 assert!(asked.len() <= bound, "n {n} culprit {culprit}: {} questions {asked:?}", asked.len());
                 // Every set asked holds every program cleared before it: the healthy ones run on.
                 for pair in asked.windows(2) {
@@ -337,6 +380,19 @@ mod tests {
     }
 
     #[test]
+    fn a_fault_note_says_the_error_and_who_caused_it() {
+        let note = |cause| FaultNote::now("CUDA_ERROR_ILLEGAL_ADDRESS", cause).to_string();
+        assert_eq!(note(Cause::Unknown), "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(note(Cause::Other("bad".into())), "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (caused by bad)");
+        assert_eq!(
+            note(Cause::ThisProgram("loaded 40 ms before".into())),
+            "GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (caused by this program: loaded 40 ms before)"
+        );
+        assert!(note(Cause::Searching).ends_with(SEARCHING));
+        assert!(note(Cause::NoneNamed).ends_with("(no culprit named)"));
+    }
+
+    #[test]
     fn a_replacement_is_taken_once() {
         let r = Replacement {
             error: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
@@ -346,10 +402,11 @@ mod tests {
             linked: Vec::new(),
             arch: "sm_90".into(),
         };
-        ask_replacement(r);
-        let taken = take_replacement().expect("asked");
+        let mut slot = ReplacementSlot::default();
+        slot.ask(r);
+        let taken = slot.take().expect("asked");
         assert_eq!((taken.programs.len(), taken.arch.as_str()), (2, "sm_90"));
-        assert!(take_replacement().is_none(), "taken once");
+        assert!(slot.take().is_none(), "taken once");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! cannot be recovered in place: NVIDIA documents that the process must be terminated and
 //! relaunched, and on the H200 (driver 580) even `cuDevicePrimaryCtxRetain` fails with the fault's
 //! code afterwards. Then the watchdog names the culprit from the same evidence and asks meshd to
-//! replace the process ([`watch::ask_replacement`], with every program's linked image so that the
+//! replace the process ([`Backend::take_replacement`], with every program's linked image so that the
 //! new process need not link again); until then every change is refused
 //! ([`BackendError::Replacing`]). Any other fault is recovered in place, and when that fails the
 //! process is replaced too.
@@ -27,8 +27,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mesh_backend::recover::{self, Recovery};
 use mesh_backend::roster::{self, HasCore};
-use mesh_backend::watch::{self, Evidence, FaultNote, Replacement, Verdict};
+use mesh_backend::watch::{self, Evidence, Replacement, ReplacementSlot, Verdict};
 use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, KernelFigures, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
@@ -154,6 +155,8 @@ pub struct BlinkBackend {
     broken: Option<String>,
     /// A sticky fault: meshd was asked to replace the process (changes are refused meanwhile).
     replacing: bool,
+    /// That request, until meshd takes it.
+    replacement: ReplacementSlot,
     /// kcheck figures by (cubin, shape): the driver's occupancy calculation is a measurable part of a
     /// blink, and the same cubin always gives the same figures.
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
@@ -181,6 +184,7 @@ impl BlinkBackend {
             stuck: Vec::new(),
             broken: None,
             replacing: false,
+            replacement: ReplacementSlot::default(),
             shut_down: false,
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
@@ -252,7 +256,7 @@ impl BlinkBackend {
                 self.stuck = names.clone();
                 return Err(BackendError::StopTimeout {
                     programs: names,
-                    waited_ms: self.config.stop_deadline.as_millis() as u64,
+                    waited_ms: u64::try_from(self.config.stop_deadline.as_millis()).unwrap_or(u64::MAX),
                 });
             }
             // Spin: a blink's pause is what every program feels, and a sleep costs 50 µs or more.
@@ -445,23 +449,11 @@ impl BlinkBackend {
         if is_sticky(error) {
             return vec![self.replace_process(error, verdict, started, "the error is sticky")];
         }
-        for (p, e) in self.programs.iter_mut().zip(&evidence) {
-            if e.on_gpu {
-                p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
-            }
-        }
         let mut log = vec![format!("GPU fault in the context ({error}): resetting it; {verdict:?}")];
-        let recovered = self.recover_with(&verdict, error, &evidence, &mut log);
+        let recovered = recover::recover(&mut InPlace(self), &verdict, error, &evidence, &mut log);
         match recovered {
             Ok(culprit) => {
-                let culprit = culprit.map_or_else(|| "none".to_string(), |i| self.programs[i].core.name.clone());
-                for p in self.programs.iter_mut().filter(|p| p.core.name != culprit) {
-                    if let Some(note) = &mut p.core.health.last_fault {
-                        if note.what == format!("GPU fault: {error}") {
-                            note.what = format!("GPU fault: {error} (caused by {culprit})");
-                        }
-                    }
-                }
+                let culprit = culprit.map_or_else(|| "none".to_string(), |(i, _)| self.programs[i].core.name.clone());
                 log.push(format!(
                     "watchdog blink: recovered in {:.1} ms; culprit {culprit}; {} program(s) running",
                     started.elapsed().as_secs_f64() * 1e3,
@@ -484,7 +476,7 @@ impl BlinkBackend {
             "GPU fault in the context ({error}): {why}, so this process cannot use the GPU again; {verdict:?}; \
              asking meshd to replace its process"
         );
-        watch::ask_replacement(Replacement {
+        self.replacement.ask(Replacement {
             error: error.to_string(),
             programs: self.programs.iter().map(|p| p.core.name.clone()).collect(),
             verdict,
@@ -496,84 +488,53 @@ impl BlinkBackend {
         self.replacing = true;
         line
     }
+}
 
-    fn recover_with(
-        &mut self,
-        verdict: &Verdict,
-        error: &str,
-        evidence: &[Evidence],
-        log: &mut Vec<String>,
-    ) -> Result<Option<usize>> {
-        self.reset()?;
-        self.ctx.bind()?;
-        let candidates: Vec<usize> =
-            (0..self.programs.len()).filter(|&i| self.programs[i].relaunchable() || evidence[i].on_gpu).collect();
-        let culprit = match verdict {
-            Verdict::Culprit { index, why } => Some((*index, why.clone())),
-            Verdict::NoCulprit => None,
-            Verdict::Search { suspects, likely } => {
-                // Each question: relaunch a set (the context reset first if the last one faulted).
-                let mut poisoned = false;
-                let mut running: Vec<usize> = Vec::new();
-                let mut failure = None;
-                let mut questions = 0;
-                // Programs whose kernels were off the GPU are innocent: they run with every question.
-                let innocent: Vec<usize> = candidates.iter().copied().filter(|i| !suspects.contains(i)).collect();
-                let found = watch::search_by_halves(suspects, *likely, |half| {
-                    let set: Vec<usize> = innocent.iter().chain(half).copied().collect();
-                    questions += 1;
-                    if poisoned {
-                        if let Err(e) = self.reset().and_then(|()| Ok(self.ctx.bind()?)) {
-                            failure.get_or_insert(e);
-                            return false;
-                        }
-                        running.clear();
-                        poisoned = false;
-                    }
-                    let base = self.device_base();
-                    for &i in set.iter().filter(|i| !running.contains(i)) {
-                        if let Err(e) = self.restart(i, base) {
-                            self.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
-                        }
-                    }
-                    running = set.to_vec();
-                    poisoned = self.faulted_within(&running);
-                    poisoned
-                });
-                if let Some(e) = failure {
-                    return Err(e);
-                }
-                log.push(format!("the culprit was searched by halves: {questions} relaunch(es) watched"));
-                if poisoned {
-                    self.reset()?;
-                    self.ctx.bind()?;
-                }
-                found.map(|i| (i, format!("found by halves in {questions} relaunch(es) of {}", suspects.len())))
-            }
-        };
-        if let Some((i, why)) = &culprit {
-            let p = &mut self.programs[*i];
-            p.core.life.returned();
-            p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
-            p.core.health.last_fault =
-                Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
-        }
-        let base = self.device_base();
-        for i in candidates {
-            let p = &self.programs[i];
-            if p.relaunchable() && matches!(p.core.life.phase(), Phase::Loaded | Phase::Stopped) {
-                if let Err(e) = self.restart(i, base) {
-                    self.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
-                }
+/// The blink backend as a recovery drives it: a reset is the context's (bound again after it),
+/// a relaunch a launch of the kernel on its stream.
+struct InPlace<'a>(&'a mut BlinkBackend);
+
+impl Recovery for InPlace<'_> {
+    type Error = BackendError;
+
+    fn reset(&mut self) -> Result<()> {
+        self.0.reset()?;
+        Ok(self.0.ctx.bind()?)
+    }
+
+    fn relaunch(&mut self, which: &[usize]) {
+        let base = self.0.device_base();
+        for &i in which {
+            if let Err(e) = self.0.restart(i, base) {
+                self.0.programs[i].core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
             }
         }
-        Ok(culprit.map(|(i, _)| i))
+    }
+
+    fn faulted_within(&mut self, running: &[usize]) -> bool {
+        self.0.faulted_within(running)
+    }
+
+    fn core(&mut self, i: usize) -> &mut ProgramCore {
+        &mut self.0.programs[i].core
+    }
+
+    fn relaunchable(&self, i: usize) -> bool {
+        self.0.programs[i].relaunchable()
+    }
+
+    fn count(&self) -> usize {
+        self.0.programs.len()
     }
 }
 
 impl Backend for BlinkBackend {
     fn mode(&self) -> IsolationMode {
         IsolationMode::Blink
+    }
+
+    fn take_replacement(&mut self) -> Option<Replacement> {
+        self.replacement.take()
     }
 
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
@@ -704,7 +665,10 @@ impl Backend for BlinkBackend {
             // them to process exit (see meshd, which then exits without running destructors).
             std::mem::forget(self.registered.take());
             std::mem::forget(self.ctx.clone());
-            Err(BackendError::StopTimeout { programs: stuck, waited_ms: self.config.stop_deadline.as_millis() as u64 })
+            Err(BackendError::StopTimeout {
+                programs: stuck,
+                waited_ms: u64::try_from(self.config.stop_deadline.as_millis()).unwrap_or(u64::MAX),
+            })
         }
     }
 

@@ -10,10 +10,10 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys};
 
 use crate::device::Device;
-use crate::driver::check;
+use crate::driver::{check, named};
 use crate::error::CudaError;
 
 thread_local! {
@@ -65,7 +65,7 @@ impl Drop for Inner {
         unsafe {
             match self.kind {
                 Kind::Primary => {
-                    sys::cuDevicePrimaryCtxRelease_v2(self.device.handle);
+                    let _ = result::primary_ctx::release(self.device.handle);
                 }
                 Kind::Green(g) => {
                     sys::cuGreenCtxDestroy(g);
@@ -84,9 +84,8 @@ pub struct Context {
 impl Context {
     /// The device's primary context, made current on this thread.
     pub fn primary(device: &Device) -> Result<Self, CudaError> {
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: valid device, valid out-pointer.
-        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device.handle) })?;
+        // SAFETY: a device the driver returned.
+        let ctx = unsafe { result::primary_ctx::retain(device.handle) }.map_err(named("cuDevicePrimaryCtxRetain"))?;
         let c = Self { inner: Arc::new(Inner::new(device, ctx, Kind::Primary, device.sm_count)) };
         c.bind()?;
         Ok(c)
@@ -167,7 +166,7 @@ impl Context {
     /// with a driver call whatever this thread had current.
     pub fn bind(&self) -> Result<(), CudaError> {
         // SAFETY: a live context handle.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.inner.ctx) })?;
+        unsafe { result::ctx::set_current(self.inner.ctx) }.map_err(named("cuCtxSetCurrent"))?;
         CURRENT.with(|c| c.set(self.inner.id));
         Ok(())
     }
@@ -279,7 +278,7 @@ impl Stream {
     /// Waits until the stream's work has finished.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         // SAFETY: a live stream.
-        Ok(check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.raw) })?)
+        Ok(unsafe { result::stream::synchronize(self.raw) }.map_err(named("cuStreamSynchronize"))?)
     }
 }
 
@@ -287,6 +286,6 @@ impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.ctx.make_current();
         // SAFETY: created in `Context::stream`, destroyed once; an error cannot be acted on here.
-        unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        let _ = unsafe { result::stream::destroy(self.raw) };
     }
 }

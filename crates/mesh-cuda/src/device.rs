@@ -1,10 +1,9 @@
 //! A GPU as meshd sees it: name, UUID, SMs, compute capability and `sm_XY`, host-native atomics, MPS, SM partitioning;
 //! a device chosen by ordinal or by UUID.
 
-use std::ffi::CStr;
-
-use crate::driver::{self, check};
+use crate::driver::{self, check, named};
 use crate::error::CudaError;
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUdevice_attribute as A};
 
 /// How SMs may be split into green contexts on this device.
@@ -58,25 +57,15 @@ impl Device {
     /// Device `ordinal`, after loading and initialising the driver.
     pub fn get(ordinal: i32) -> Result<Self, CudaError> {
         driver::init()?;
-        let mut count = 0;
-        // SAFETY: the driver is initialised; valid out-pointer.
-        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+        let count = result::device::get_count().map_err(named("cuDeviceGetCount"))?;
         if ordinal >= count {
             return Err(CudaError::NoDevice(format!("device {ordinal} asked for, the driver sees {count}")));
         }
-        let mut handle = 0;
-        // SAFETY: valid out-pointer, ordinal in range.
-        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut handle, ordinal) })?;
-        let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: the buffer's length is passed.
-        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, handle) })?;
-        // SAFETY: the driver NUL-terminates the name within the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let handle = result::device::get(ordinal).map_err(named("cuDeviceGet"))?;
+        let name = result::device::get_name(handle).map_err(named("cuDeviceGetName"))?;
         let attr = |a: A| -> Result<i32, CudaError> {
-            let mut v = 0;
-            // SAFETY: valid out-pointer, valid device.
-            check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut v, a, handle) })?;
-            Ok(v)
+            // SAFETY: a device the driver just returned.
+            Ok(unsafe { result::device::get_attribute(handle, a) }.map_err(named("cuDeviceGetAttribute"))?)
         };
         Ok(Self {
             handle,
@@ -107,9 +96,7 @@ impl Device {
             )));
         };
         driver::init()?;
-        let mut count = 0;
-        // SAFETY: the driver is initialised; valid out-pointer.
-        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+        let count = result::device::get_count().map_err(named("cuDeviceGetCount"))?;
         let mut seen = Vec::new();
         let mut found = Vec::new();
         for ordinal in 0..count {
@@ -129,14 +116,12 @@ impl Device {
 
     /// `cuDeviceGetUuid`, formatted as `nvidia-smi -L` prints it: `GPU-` and 8-4-4-4-12 lowercase hex digits.
     pub fn uuid(&self) -> Result<String, CudaError> {
-        // SAFETY: the struct is 16 plain bytes; zero is a valid value.
-        let mut uuid: sys::CUuuid = unsafe { std::mem::zeroed() };
         // `cuDeviceGetUuid_v2`: what CUDA 13's header calls cuDeviceGetUuid (for a whole GPU the same UUID).
         if !driver::missing_symbols(&["cuDeviceGetUuid_v2"]).is_empty() {
             return Err(CudaError::NoDriver("libcuda lacks cuDeviceGetUuid_v2: the driver is too old".into()));
         }
-        // SAFETY: valid out-pointer and device; the entry point exists (checked above).
-        check("cuDeviceGetUuid_v2", unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, self.handle) })?;
+        // cudarc's get_uuid calls it (its cuda-13000 feature); the entry point exists (checked above).
+        let uuid = result::device::get_uuid(self.handle).map_err(named("cuDeviceGetUuid_v2"))?;
         Ok(format_uuid(&uuid.bytes.map(|b| b as u8)))
     }
 

@@ -5,11 +5,11 @@
 //! library and every entry point this crate calls before the first call, and
 //! only then runs `cuInit`.
 
-use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+pub use crate::error::describe;
 use crate::error::{CudaError, DriverError};
 
 /// Every driver entry point mesh-cuda calls, by the name cudarc resolves.
@@ -78,10 +78,9 @@ pub fn init() -> Result<Driver, CudaError> {
             if let Some(missing) = missing_symbols(ENTRY_POINTS).first() {
                 return Err(format!("libcuda lacks {missing}: the driver is too old for meshd"));
             }
-            // SAFETY: every entry point was checked above; cuInit takes flags 0.
-            let code = unsafe { sys::cuInit(0) };
-            if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuInit: {}", describe(code)));
+            // Every entry point was checked above, so cudarc's call does not panic.
+            if let Err(e) = cudarc::driver::result::init() {
+                return Err(format!("cuInit: {}", describe(e.0)));
             }
             let mut version = 0;
             // SAFETY: valid out-pointer.
@@ -111,20 +110,9 @@ pub(crate) fn missing_symbols(names: &[&'static str]) -> Vec<&'static str> {
         .collect()
 }
 
-/// `CUDA_ERROR_NAME: the driver's message`.
-pub fn describe(code: sys::CUresult) -> String {
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    let mut text: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: valid out-pointers; the driver returns static strings or leaves them null.
-    unsafe {
-        sys::cuGetErrorName(code, &mut name);
-        sys::cuGetErrorString(code, &mut text);
-    }
-    let s = |p: *const std::ffi::c_char| {
-        // SAFETY: non-null pointers from the driver are static NUL-terminated strings.
-        if p.is_null() { "?".to_string() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
-    };
-    format!("{}: {}", s(name), s(text))
+/// Names the entry point behind an error of cudarc's result layer (a bare `CUresult`).
+pub(crate) fn named(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DriverError {
+    move |e| DriverError { call, code: e.0 }
 }
 
 /// Turns a CUresult into `Ok` or an error naming the call.

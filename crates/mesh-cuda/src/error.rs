@@ -4,6 +4,7 @@
 //! The CUDA layer is used by the MPS worker, the tests and benchmarks too: they see what failed in
 //! the driver's terms (the call and its `CUresult`) and can ask for the code, not search a message.
 
+use std::ffi::CStr;
 use std::fmt;
 
 use cudarc::driver::sys;
@@ -21,8 +22,16 @@ pub struct DriverError {
 impl DriverError {
     /// The driver's own `CUDA_ERROR_NAME: message` for the code.
     pub fn message(&self) -> String {
-        crate::driver::describe(self.code)
+        describe(self.code)
     }
+}
+
+/// `CUDA_ERROR_NAME: the driver's message`.
+pub fn describe(code: sys::CUresult) -> String {
+    let e = cudarc::driver::DriverError(code);
+    // A code the driver does not know has no name or text.
+    let s = |r: Result<&CStr, _>| r.map_or_else(|_| "?".to_string(), |c| c.to_string_lossy().into_owned());
+    format!("{}: {}", s(e.error_name()), s(e.error_string()))
 }
 
 impl fmt::Display for DriverError {
@@ -41,6 +50,7 @@ impl std::error::Error for DriverError {}
 
 /// What the CUDA layer refuses or fails with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs, reason = "a field whose name says what it is (reason) needs no line of its own")]
 pub enum CudaError {
     /// No CUDA driver library could be loaded, or it lacks an entry point.
     #[error("CUDA driver unavailable: {0}")]
@@ -64,7 +74,6 @@ pub enum CudaError {
     Invalid {
         /// What was refused.
         what: String,
-        /// Why.
         reason: String,
     },
     /// The mailbox could not be registered for the GPU.

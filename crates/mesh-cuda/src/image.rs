@@ -81,7 +81,7 @@ const FATBIN_KIND_IR: u16 = 8;
 
 /// Decides what the JIT does with `image` (detected as `kind`) for a device of architecture `arch`
 /// (`sm_90`); `Err` is the reason for a refusal, worded for the user.
-pub fn plan(arch: &str, kind: ImageKind, image: &[u8]) -> Result<Plan, String> {
+pub fn plan(arch: &str, kind: ImageKind, image: &[u8]) -> Result<Plan, ImageError> {
     match kind {
         ImageKind::Ptx => Ok(Plan::Link { input: InputType::Ptx, lto: false }),
         ImageKind::LtoIr => Ok(Plan::Link { input: InputType::LtoIr, lto: true }),
@@ -91,21 +91,67 @@ pub fn plan(arch: &str, kind: ImageKind, image: &[u8]) -> Result<Plan, String> {
             match elf.e_type {
                 ET_REL => Ok(Plan::Link { input: InputType::Cubin, lto: false }),
                 ET_EXEC if elf.sm == sm => Ok(Plan::AsIs),
-                ET_EXEC => Err(format!(
-                    "the cubin is built for sm_{}; this GPU is sm_{sm} (rebuild with -arch=sm_{sm})",
-                    elf.sm
-                )),
-                other => Err(format!("an ELF cubin of type {other}, neither executable (2) nor relocatable (1)")),
+                ET_EXEC => Err(ImageError::WrongArch { built: elf.sm, gpu: sm }),
+                other => Err(ImageError::ElfType(other)),
             }
         }
         ImageKind::Fatbin => plan_fatbin(device_sm(arch)?, image),
     }
 }
 
+/// Why an image is refused for this GPU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's message")]
+pub enum ImageError {
+    /// The device's architecture is not `sm_XY`.
+    #[error("the device architecture {0:?} is not of the form sm_XY")]
+    BadArch(String),
+    /// An executable cubin for another SM.
+    #[error("the cubin is built for sm_{built}; this GPU is sm_{gpu} (rebuild with -arch=sm_{gpu})")]
+    WrongArch { built: u32, gpu: u32 },
+    /// An ELF type other than executable or relocatable.
+    #[error("an ELF cubin of type {0}, neither executable (2) nor relocatable (1)")]
+    ElfType(u16),
+    /// A CUDA ELF cut short or whose tables point past its end.
+    #[error("truncated or corrupt ELF ({len} bytes): {what}")]
+    TruncatedElf { len: usize, what: String },
+    /// An ELF file for another machine (`e_machine`): a host object, say.
+    #[error("{}", not_cuda(*.0))]
+    NotCuda(u16),
+    /// A CUDA ELF of another class or byte order.
+    #[error("a CUDA ELF that is not 64-bit little-endian (class {class}, data {data}): not a cubin this GPU takes")]
+    NotElf64Le { class: u8, data: u8 },
+    /// A CUDA ELF ABI version whose flags meshd cannot read the SM from.
+    #[error(
+        "CUDA ELF ABI version {abi} (e_flags {flags:#010x}): meshd reads versions 7 and 8 only, so the cubin's \
+         architecture cannot be checked"
+    )]
+    ElfAbi { abi: u8, flags: u32 },
+    /// A fatbin cut short or whose entries run past its end.
+    #[error("truncated or corrupt fatbin ({len} bytes): {what}")]
+    TruncatedFatbin { len: usize, what: String },
+    /// A fatbin's SASS entry that is no readable cubin.
+    #[error("fatbin entry {n} (sm_{arch} SASS): {source}")]
+    FatbinEntry { n: usize, arch: u32, source: Box<ImageError> },
+    /// A fatbin holding nothing at all.
+    #[error("a fatbin with no entries")]
+    EmptyFatbin,
+    /// A fatbin entry whose cubin says another SM than the entry.
+    #[error("corrupt fatbin: an entry marked sm_{marked} holds a cubin built for sm_{built}")]
+    MismatchedEntry { marked: u32, built: u32 },
+    /// A fatbin with nothing this GPU runs or links.
+    #[error(
+        "the fatbin holds {}: nothing for this GPU, sm_{sm} (it needs sm_{sm} SASS, or PTX / LTO-IR for compute_{sm} \
+         or older)",
+        held.join(", ")
+    )]
+    NothingForGpu { held: Vec<String>, sm: u32 },
+}
+
 /// `sm_90` → 90 (a suffix such as `a` is ignored: it names features, not the SM).
-fn device_sm(arch: &str) -> Result<u32, String> {
+fn device_sm(arch: &str) -> Result<u32, ImageError> {
     let digits: String = arch.strip_prefix("sm_").unwrap_or("").chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().map_err(|_| format!("the device architecture {arch:?} is not of the form sm_XY"))
+    digits.parse().map_err(|_| ImageError::BadArch(arch.to_string()))
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -136,8 +182,8 @@ struct Elf {
 impl Elf {
     /// Reads and checks the header of an ELF image: a CUDA ELF64 file whose header, section and
     /// program tables, and every section and segment they describe, lie inside the bytes.
-    fn read(b: &[u8]) -> Result<Self, String> {
-        let truncated = |what: &str| format!("truncated or corrupt ELF ({} bytes): {what}", b.len());
+    fn read(b: &[u8]) -> Result<Self, ImageError> {
+        let truncated = |what: &str| ImageError::TruncatedElf { len: b.len(), what: what.to_string() };
         if b.get(..4) != Some(&ELF_MAGIC[..]) {
             return Err(truncated("no ELF magic"));
         }
@@ -150,13 +196,10 @@ impl Elf {
             _ => return Err(truncated("shorter than an ELF header (64 bytes)")),
         };
         if machine != EM_CUDA {
-            return Err(not_cuda(machine));
+            return Err(ImageError::NotCuda(machine));
         }
         if b[4] != 2 || b[5] != 1 {
-            return Err(format!(
-                "a CUDA ELF that is not 64-bit little-endian (class {}, data {}): not a cubin this GPU takes",
-                b[4], b[5]
-            ));
+            return Err(ImageError::NotElf64Le { class: b[4], data: b[5] });
         }
         if b.len() < ELF64_HEADER {
             return Err(truncated("shorter than an ELF header (64 bytes)"));
@@ -168,44 +211,55 @@ impl Elf {
         let flags = u32_at(b, 48).unwrap_or(0);
         let (phoff, phentsize, phnum) = (field64(32), u64::from(field16(54)), u64::from(field16(56)));
         let (shoff, shentsize, shnum) = (field64(40), u64::from(field16(58)), u64::from(field16(60)));
-        if phnum > 0 && (phentsize < 56 || !table_fits(phoff, phnum, phentsize, b.len())) {
-            return Err(truncated(&format!(
-                "{phnum} program headers of {phentsize} bytes at {phoff} do not fit in the file"
-            )));
-        }
-        if shnum > 0 && (shentsize < 64 || !table_fits(shoff, shnum, shentsize, b.len())) {
-            return Err(truncated(&format!(
-                "{shnum} section headers of {shentsize} bytes at {shoff} do not fit in the file"
-            )));
-        }
-        for i in 0..shnum {
-            let at = (shoff + i * shentsize) as usize;
-            const SHT_NOBITS: u32 = 8;
-            let sh_type = u32_at(b, at + 4).unwrap_or(0);
-            let (offset, size) = (u64_at(b, at + 24).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
-            if sh_type != SHT_NOBITS && sh_type != 0 && !table_fits(offset, 1, size, b.len()) {
-                return Err(truncated(&format!("section {i} ({size} bytes at {offset}) runs past the end")));
-            }
-        }
-        for i in 0..phnum {
-            let at = (phoff + i * phentsize) as usize;
-            let (offset, filesz) = (u64_at(b, at + 8).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
-            if !table_fits(offset, 1, filesz, b.len()) {
-                return Err(truncated(&format!("segment {i} ({filesz} bytes at {offset}) runs past the end")));
-            }
-        }
+        check_tables(b, (phoff, phentsize, phnum), (shoff, shentsize, shnum))?;
         let sm = match b[8] {
             ELFABIVERSION_CUDA_V1 => flags & 0xff,
             ELFABIVERSION_CUDA_V2 => (flags >> 8) & 0xff,
             other => {
-                return Err(format!(
-                    "CUDA ELF ABI version {other} (e_flags {flags:#010x}): meshd reads versions 7 and 8 only, so the \
-                     cubin's architecture cannot be checked"
-                ));
+                return Err(ImageError::ElfAbi { abi: other, flags });
             }
         };
         Ok(Self { e_type, sm })
     }
+}
+
+/// Checks that an ELF's program and section headers, each table given as (offset, entry size,
+/// count), and every section and segment they describe, lie inside `b`.
+fn check_tables(
+    b: &[u8],
+    (phoff, phentsize, phnum): (u64, u64, u64),
+    (shoff, shentsize, shnum): (u64, u64, u64),
+) -> Result<(), ImageError> {
+    let truncated = |what: &str| ImageError::TruncatedElf { len: b.len(), what: what.to_string() };
+    if phnum > 0 && (phentsize < 56 || !table_fits(phoff, phnum, phentsize, b.len())) {
+        return Err(truncated(&format!(
+            "{phnum} program headers of {phentsize} bytes at {phoff} do not fit in the file"
+        )));
+    }
+    if shnum > 0 && (shentsize < 64 || !table_fits(shoff, shnum, shentsize, b.len())) {
+        return Err(truncated(&format!(
+            "{shnum} section headers of {shentsize} bytes at {shoff} do not fit in the file"
+        )));
+    }
+    for i in 0..shnum {
+        #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
+        let at = (shoff + i * shentsize) as usize;
+        const SHT_NOBITS: u32 = 8;
+        let sh_type = u32_at(b, at + 4).unwrap_or(0);
+        let (offset, size) = (u64_at(b, at + 24).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
+        if sh_type != SHT_NOBITS && sh_type != 0 && !table_fits(offset, 1, size, b.len()) {
+            return Err(truncated(&format!("section {i} ({size} bytes at {offset}) runs past the end")));
+        }
+    }
+    for i in 0..phnum {
+        #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
+        let at = (phoff + i * phentsize) as usize;
+        let (offset, filesz) = (u64_at(b, at + 8).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
+        if !table_fits(offset, 1, filesz, b.len()) {
+            return Err(truncated(&format!("segment {i} ({filesz} bytes at {offset}) runs past the end")));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `cubin` is a CUDA ELF file holding code: a `SHT_PROGBITS` section with
@@ -273,8 +327,8 @@ impl Entry {
 }
 
 /// Reads every entry of a fatbin, refusing one whose header or payload runs past its bytes.
-fn fatbin_entries(b: &[u8]) -> Result<Vec<Entry>, String> {
-    let truncated = |what: String| format!("truncated or corrupt fatbin ({} bytes): {what}", b.len());
+fn fatbin_entries(b: &[u8]) -> Result<Vec<Entry>, ImageError> {
+    let truncated = |what: String| ImageError::TruncatedFatbin { len: b.len(), what };
     if u32_at(b, 0) != Some(FATBIN_MAGIC) {
         return Err(truncated("no fatbin magic".into()));
     }
@@ -311,7 +365,7 @@ fn fatbin_entries(b: &[u8]) -> Result<Vec<Entry>, String> {
         const COMPRESSED: u64 = 0x2000 | 0x8000;
         let data = &b[from..to];
         let elf = if kind == FATBIN_KIND_ELF && flags & COMPRESSED == 0 && data.starts_with(&ELF_MAGIC) {
-            Some(Elf::read(data).map_err(|e| format!("fatbin entry {n} (sm_{arch} SASS): {e}"))?)
+            Some(Elf::read(data).map_err(|e| ImageError::FatbinEntry { n, arch, source: Box::new(e) })?)
         } else {
             None
         };
@@ -321,18 +375,14 @@ fn fatbin_entries(b: &[u8]) -> Result<Vec<Entry>, String> {
     Ok(entries)
 }
 
-fn plan_fatbin(sm: u32, b: &[u8]) -> Result<Plan, String> {
+fn plan_fatbin(sm: u32, b: &[u8]) -> Result<Plan, ImageError> {
     let entries = fatbin_entries(b)?;
     if entries.is_empty() {
-        return Err("a fatbin with no entries".into());
+        return Err(ImageError::EmptyFatbin);
     }
     let sass = |e: &Entry| e.kind == FATBIN_KIND_ELF && e.arch == sm;
     if let Some(e) = entries.iter().find(|e| sass(e) && e.elf.is_some_and(|elf| elf.sm != sm)) {
-        return Err(format!(
-            "corrupt fatbin: an entry marked sm_{} holds a cubin built for sm_{}",
-            e.arch,
-            e.elf.map_or(0, |elf| elf.sm)
-        ));
+        return Err(ImageError::MismatchedEntry { marked: e.arch, built: e.elf.map_or(0, |elf| elf.sm) });
     }
     if entries.iter().any(|e| sass(e) && e.elf.is_some_and(|elf| elf.e_type == ET_EXEC)) {
         return Ok(Plan::AsIs);
@@ -348,11 +398,7 @@ fn plan_fatbin(sm: u32, b: &[u8]) -> Result<Plan, String> {
     if !usable.is_empty() {
         return Ok(Plan::Link { input: InputType::Fatbin, lto });
     }
-    let held: Vec<String> = entries.iter().map(Entry::describe).collect();
-    Err(format!(
-        "the fatbin holds {}: nothing for this GPU, sm_{sm} (it needs sm_{sm} SASS, or PTX / LTO-IR for compute_{sm} or older)",
-        held.join(", ")
-    ))
+    Err(ImageError::NothingForGpu { held: entries.iter().map(Entry::describe).collect(), sm })
 }
 
 #[cfg(test)]
@@ -420,16 +466,16 @@ pub(crate) mod tests {
         b
     }
 
-    fn cubin(b: &[u8]) -> Result<Plan, String> {
+    fn cubin(b: &[u8]) -> Result<Plan, ImageError> {
         plan("sm_90", ImageKind::Cubin, b)
     }
 
-    fn fat(b: &[u8]) -> Result<Plan, String> {
+    fn fat(b: &[u8]) -> Result<Plan, ImageError> {
         plan("sm_90", ImageKind::Fatbin, b)
     }
 
-    fn refused(r: Result<Plan, String>, words: &[&str]) {
-        let why = r.expect_err("should be refused");
+    fn refused(r: Result<Plan, ImageError>, words: &[&str]) {
+        let why = r.expect_err("should be refused").to_string();
         for w in words {
             assert!(why.contains(w), "{why:?} lacks {w:?}");
         }
@@ -628,9 +674,11 @@ pub(crate) mod tests {
             for _ in 0..20_000 {
                 let mut b = image.clone();
                 for _ in 0..1 + next() % 4 {
+                    #[allow(clippy::cast_possible_truncation, reason = "less than b.len()")]
                     let at = (next() % b.len() as u64) as usize;
-                    b[at] = next() as u8;
+                    b[at] = next().to_le_bytes()[0];
                 }
+                #[allow(clippy::cast_possible_truncation, reason = "less than b.len()")]
                 let len = if next() % 4 == 0 { (next() % b.len() as u64) as usize } else { b.len() };
                 for kind in [ImageKind::Cubin, ImageKind::Fatbin] {
                     let _ = plan("sm_90", kind, &b[..len]);

@@ -176,7 +176,7 @@ pub fn link(arch: &str, name: &str, image: &[u8], kind: ImageKind) -> Result<Lin
         cached: false,
         link_time: start.elapsed(),
     };
-    match image::plan(arch, kind, image).map_err(refused)? {
+    match image::plan(arch, kind, image).map_err(|e| refused(e.to_string()))? {
         Plan::AsIs => Ok(as_is(String::new())),
         Plan::Link { input, lto } => nvjitlink(arch, name, image, input, lto, start),
         // Compressed SASS for this GPU: linked if relocatable; executable SASS links to no code,

@@ -1,7 +1,10 @@
 //! meshd's CUDA layer over cudarc's driver bindings (loaded at run time), and the JIT.
 //!
-//! Layers, after cudarc: cudarc's `sys` (raw, dynamically loaded); [`driver`] (the `result` layer:
-//! libcuda and every entry point checked before the first call, each CUresult a [`DriverError`]);
+//! Layers, after cudarc: cudarc's `sys` (raw, dynamically loaded) and `result` layers, the latter
+//! wherever it has the call; [`driver`] checks libcuda and every entry point before the first call
+//! (cudarc would panic on a missing one), names the entry point in each [`DriverError`], and calls
+//! `sys` itself only for what cudarc's `result` lacks (green contexts, host registration with
+//! flags, the primary context's reset, stream creation with flags and stream queries);
 //! the owning types ([`Device`], [`Context`] and [`Stream`], [`Module`] and the [`Function`]s that
 //! keep it loaded, [`RegisteredMailbox`]), whose `Drop` never panics and which hand no raw handle
 //! out. Their errors are [`CudaError`], turned into the contract's `BackendError` by `From` where
@@ -9,11 +12,14 @@
 //! image needs (used as it is, linked, or refused). [`blink`] is the blink backend; [`slots`] what
 //! it and the MPS backend do with the mailbox alike.
 
+#![warn(clippy::cast_possible_truncation)]
+
 pub mod blink;
 pub mod context;
 pub mod device;
 pub mod device_ring;
 pub mod driver;
+pub mod entry;
 pub mod error;
 pub mod image;
 pub mod jit;

@@ -7,12 +7,13 @@
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUfunction_attribute as FA};
 use mesh_backend::{KernelFigures, LaunchShape};
 use mesh_shm::MeshCtx;
 
 use crate::context::{Context, Stream};
-use crate::driver::check;
+use crate::driver::named;
 use crate::error::CudaError;
 
 #[derive(Debug)]
@@ -32,7 +33,7 @@ impl Drop for Loaded {
         let _ = self.ctx.make_current();
         // SAFETY: loaded in `Module::load`, unloaded once, here, when no Module or Function refers
         // to it any more; an error cannot be acted on in Drop.
-        unsafe { sys::cuModuleUnload(self.raw) };
+        let _ = unsafe { result::module::unload(self.raw) };
     }
 }
 
@@ -72,9 +73,8 @@ impl Module {
     /// Loads `cubin` into `ctx` (made current).
     pub fn load(ctx: &Context, cubin: &[u8]) -> Result<Self, CudaError> {
         ctx.make_current()?;
-        let mut raw = std::ptr::null_mut();
         // SAFETY: the driver parses the image; it copies what it needs before returning.
-        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut raw, cubin.as_ptr().cast()) })?;
+        let raw = unsafe { result::module::load_data(cubin.as_ptr().cast()) }.map_err(named("cuModuleLoadData"))?;
         Ok(Self { inner: Arc::new(Loaded { raw, ctx: ctx.clone() }) })
     }
 
@@ -82,9 +82,9 @@ impl Module {
     pub fn function(&self, name: &str) -> Result<Function, CudaError> {
         let cname = CString::new(name)
             .map_err(|_| CudaError::Invalid { what: "kernel name".into(), reason: "holds a NUL".into() })?;
-        let mut raw = std::ptr::null_mut();
         // SAFETY: a live module and a NUL-terminated name.
-        check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut raw, self.inner.raw, cname.as_ptr()) })?;
+        let raw =
+            unsafe { result::module::get_function(self.inner.raw, cname) }.map_err(named("cuModuleGetFunction"))?;
         Ok(Function { raw, module: self.clone() })
     }
 
@@ -109,9 +109,9 @@ unsafe impl Sync for Function {}
 
 impl Function {
     fn attr(&self, a: FA) -> Result<u32, CudaError> {
-        let mut v = 0;
-        // SAFETY: a live function, valid out-pointer.
-        check("cuFuncGetAttribute", unsafe { sys::cuFuncGetAttribute(&mut v, a, self.raw) })?;
+        // SAFETY: a live function.
+        let v =
+            unsafe { result::function::get_function_attribute(self.raw, a) }.map_err(named("cuFuncGetAttribute"))?;
         Ok(v as u32)
     }
 
@@ -128,16 +128,12 @@ impl Function {
     /// Blocks of `shape` that fit on one SM at once.
     pub fn max_active_blocks_per_sm(&self, shape: &LaunchShape) -> Result<u32, CudaError> {
         self.module.context().make_current()?;
-        let mut n = 0;
-        // SAFETY: a live function, valid out-pointer.
-        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut n,
-                self.raw,
-                shape.threads_per_block() as i32,
-                shape.shared_mem as usize,
-            )
-        })?;
+        let threads = i32::try_from(shape.threads_per_block()).unwrap_or(i32::MAX);
+        // SAFETY: a live function.
+        let n = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(self.raw, threads, shape.shared_mem as usize)
+        }
+        .map_err(named("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
         Ok(n as u32)
     }
 
@@ -167,25 +163,22 @@ impl Function {
         context.make_current()?;
         let mut arg = *ctx;
         let mut params = [(&raw mut arg).cast::<c_void>()];
+        let (grid, block) = (shape.grid, shape.block);
         // SAFETY: `self` holds its module, so the function is loaded; its context, which is also
         // the stream's (checked above), is current on this thread. mesh_main takes one mesh_ctx by
         // value, which `MeshCtx` mirrors (checked against mesh.cuh); the driver copies the argument
         // before returning.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
+        unsafe {
+            result::launch_kernel(
                 self.raw,
-                shape.grid[0],
-                shape.grid[1],
-                shape.grid[2],
-                shape.block[0],
-                shape.block[1],
-                shape.block[2],
+                (grid[0], grid[1], grid[2]),
+                (block[0], block[1], block[2]),
                 shape.shared_mem,
                 stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
+                &mut params,
             )
-        })?;
+        }
+        .map_err(named("cuLaunchKernel"))?;
         Ok(())
     }
 }

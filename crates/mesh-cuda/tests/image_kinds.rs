@@ -16,13 +16,13 @@ fn fixture(name: &str) -> Vec<u8> {
 fn classify(name: &str) -> (ImageKind, Result<Plan, String>) {
     let bytes = fixture(name);
     let kind = ImageKind::detect(&bytes).unwrap_or_else(|| panic!("{name}: not recognised as an image"));
-    (kind, plan("sm_90", kind, &bytes))
+    (kind, plan("sm_90", kind, &bytes).map_err(|e| e.to_string()))
 }
 
 fn refused(name: &str, arch: &str, words: &[&str]) {
     let bytes = fixture(name);
     let kind = ImageKind::detect(&bytes).unwrap_or_else(|| panic!("{name}: not recognised"));
-    let why = plan(arch, kind, &bytes).expect_err(name);
+    let why = plan(arch, kind, &bytes).expect_err(name).to_string();
     for w in words {
         assert!(why.contains(w), "{name} on {arch}: {why:?} lacks {w:?}");
     }

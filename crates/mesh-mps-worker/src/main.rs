@@ -5,14 +5,17 @@
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
 //! gone). Every failure is a reply with its kind and reason, never a panic.
 
+#![warn(clippy::cast_possible_truncation)]
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use mesh_cuda::CudaError;
 use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
 use mesh_mps_worker::{Command, Probe, Ready, Refusal, RefusalKind, Reply, encode};
-use mesh_shm::Mailbox;
+use mesh_shm::{Mailbox, ShmError};
 
 /// The command line. Every error, usage included, is the first line on stdout as a refusal, since
 /// that line is what meshd reads.
@@ -46,23 +49,41 @@ fn say(reply: &Reply) {
     let _ = out.flush();
 }
 
-fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worker, Ready), String> {
-    let device = Device::find(selector).map_err(|e| format!("device {selector}: {e}"))?;
+/// Why the worker could not start (told to meshd as a refusal).
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("device {selector}: {source}")]
+    Device { selector: String, source: CudaError },
+    #[error("creating the context: {0}")]
+    Context(CudaError),
+    #[error(
+        "not an MPS client (CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0): was the worker started with meshd's \
+         CUDA_MPS_PIPE_DIRECTORY?"
+    )]
+    NotMpsClient,
+    #[error("{0}")]
+    Cuda(#[from] CudaError),
+    #[error("{0}")]
+    Mailbox(#[from] ShmError),
+}
+
+fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worker, Ready), StartError> {
+    let device = Device::find(selector).map_err(|source| StartError::Device { selector: selector.into(), source })?;
     let started = Instant::now();
     let ctx = match sms {
         Some(n) => Context::green(&device, n),
         None => Context::primary(&device),
     }
-    .map_err(|e| format!("creating the context: {e}"))?;
-    let context_ms = started.elapsed().as_millis() as u64;
+    .map_err(StartError::Context)?;
+    let context_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     // Read after the context exists: only then has the driver connected to (or missed) the MPS server.
-    let device = Device::find(selector).map_err(|e| e.to_string())?;
+    let device = Device::find(selector)?;
     if !device.mps_enabled {
-        return Err("not an MPS client (CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0): was the worker started with meshd's CUDA_MPS_PIPE_DIRECTORY?".into());
+        return Err(StartError::NotMpsClient);
     }
-    let mailbox = Mailbox::open(mailbox_path).map_err(|e| e.to_string())?;
-    let registered = RegisteredMailbox::register(&ctx, &mailbox).map_err(|e| e.to_string())?;
-    let stream = ctx.stream().map_err(|e| e.to_string())?;
+    let mailbox = Mailbox::open(mailbox_path)?;
+    let registered = RegisteredMailbox::register(&ctx, &mailbox)?;
+    let stream = ctx.stream()?;
     let ready = Ready {
         pid: std::process::id(),
         device: device.name.clone(),

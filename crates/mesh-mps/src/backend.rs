@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mesh_backend::cleanup::{self, CleanupId};
+use mesh_backend::recover::{self, Recovery};
 use mesh_backend::roster::{self, HasCore};
-use mesh_backend::watch::{self, Evidence, FaultNote, Verdict};
+use mesh_backend::watch::{self, Evidence, Verdict};
 use mesh_backend::{
     Backend, BackendError, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec, ProgramStatus,
     Result, SmBudget, check_resident,
@@ -37,6 +38,7 @@ use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
 pub const FAULT_WATCH: Duration = Duration::from_millis(600);
 
 pub use crate::pool::MAX_CLIENTS;
+use crate::pool::PoolFigures;
 
 /// Options of the MPS backend.
 #[derive(Debug, Clone)]
@@ -100,6 +102,26 @@ pub struct MpsBackend {
     shut_down: bool,
     /// MPS clients the device takes (48, or 60 from CUDA 13.1).
     client_limit: u32,
+    /// The pool's figures, shared with meshd's `info`.
+    pool: PoolFigures,
+}
+
+/// Starts the pool's workers one after the other (the first one's context creation also starts
+/// the MPS server), each checked to be our client, into `shared`'s idle list.
+fn start_pool(control: &MpsControl, mailbox: &Mailbox, config: &MpsConfig, shared: &Mutex<Shared>) -> Result<()> {
+    for i in 0..config.pool {
+        let started = Instant::now();
+        let w = Worker::start(control, mailbox.path(), config.sms, WORKER_LOAD)?;
+        tracing::info!(
+            worker = w.pid(),
+            server = w.server,
+            context_ms = w.ready.context_ms,
+            "pool worker {i} ready in {:?}",
+            started.elapsed()
+        );
+        shared.lock().idle.push(w);
+    }
+    Ok(())
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -122,6 +144,43 @@ fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError
     BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
 }
 
+/// The MPS backend as a recovery drives it, under its lock: a reset ends every client, a relaunch
+/// starts fresh workers side by side.
+struct Clients<'a> {
+    backend: &'a MpsBackend,
+    s: &'a mut Shared,
+    control: &'a MpsControl,
+}
+
+impl Recovery for Clients<'_> {
+    type Error = std::convert::Infallible;
+
+    fn reset(&mut self) -> std::result::Result<(), Self::Error> {
+        self.backend.end_all_clients(self.s, self.control);
+        Ok(())
+    }
+
+    fn relaunch(&mut self, which: &[usize]) {
+        self.backend.relaunch(self.s, self.control, which);
+    }
+
+    fn faulted_within(&mut self, running: &[usize]) -> bool {
+        faulted_within(self.s, running)
+    }
+
+    fn core(&mut self, i: usize) -> &mut ProgramCore {
+        &mut self.s.programs[i].core
+    }
+
+    fn relaunchable(&self, i: usize) -> bool {
+        relaunchable(&self.s.programs[i])
+    }
+
+    fn count(&self) -> usize {
+        self.s.programs.len()
+    }
+}
+
 impl MpsBackend {
     /// Starts the private daemon and the pool (each worker checked to be our client) before any program runs.
     pub fn open(mailbox: &Mailbox, config: MpsConfig) -> Result<Self> {
@@ -131,47 +190,37 @@ impl MpsBackend {
         }
         let device = Device::get(0)?;
         // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
-        match device.uuid() {
-            Ok(uuid) => crate::worker::set_device(uuid),
-            Err(e) => tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0"),
-        }
-        crate::pool::open(config.pool, config.pool_grow, client_limit, limit_source);
+        let uuid = match device.uuid() {
+            Ok(uuid) => Some(uuid),
+            Err(e) => {
+                tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0");
+                None
+            }
+        };
+        let pool = PoolFigures::default();
+        pool.open(config.pool, config.pool_grow, client_limit, limit_source);
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
-        let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?);
+        let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid));
         let shared = Arc::new(Mutex::new(Shared { control: Some(control.clone()), ..Shared::default() }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
-        let built = (|| {
-            std::fs::create_dir_all(&cubins)
-                .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))?;
-            for i in 0..config.pool {
-                let started = Instant::now();
-                // The first worker's context creation also starts the MPS server.
-                let w = Worker::start(&control, mailbox.path(), config.sms, WORKER_LOAD)?;
-                tracing::info!(
-                    worker = w.pid(),
-                    server = w.server,
-                    context_ms = w.ready.context_ms,
-                    "pool worker {i} ready in {:?}",
-                    started.elapsed()
-                );
-                shared.lock().idle.push(w);
-            }
-            Jit::start(&device.arch())
-        })();
+        let built = std::fs::create_dir_all(&cubins)
+            .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared))
+            .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
             Err(e) => {
                 cleanup::run_one(cleanup_id);
-                crate::pool::close();
+                pool.close();
                 return Err(e);
             }
         };
-        crate::pool::publish(shared.lock().idle.len(), 0);
+        pool.publish(shared.lock().idle.len(), 0);
         Ok(Self {
             shared,
             mailbox: mailbox.clone(),
@@ -183,6 +232,7 @@ impl MpsBackend {
             next_cubin: AtomicU64::new(0),
             shut_down: false,
             client_limit,
+            pool,
         })
     }
 
@@ -249,7 +299,8 @@ impl MpsBackend {
     fn grow(&self, sms: Option<u32>, program: &str, op: &'static str) -> Result<Worker> {
         let (clients, running) = {
             let s = self.lock();
-            ((s.idle.len() + s.programs.len()) as u32, s.programs.iter().filter(|p| on_watch(p)).count() as u32)
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            (count(s.idle.len() + s.programs.len()), count(s.programs.iter().filter(|p| on_watch(p)).count()))
         };
         if clients + 1 > self.client_limit {
             return Err(BackendError::ClientLimit { asked: clients + 1, limit: self.client_limit });
@@ -258,7 +309,7 @@ impl MpsBackend {
         let started = Instant::now();
         let w = Worker::start(&control, self.mailbox.path(), sms, WORKER_LOAD)?;
         if running > 0 {
-            let n = crate::pool::record_growth(program, op, running);
+            let n = self.pool.record_growth(program, op, running);
             tracing::warn!(
                 program,
                 "MPS pool grown for {op} of {program:?} (--pool-grow): worker {} created in {:?}; its client creation \
@@ -309,7 +360,7 @@ impl MpsBackend {
     /// The pool's counts for `info`.
     fn publish_pool(&self) {
         let s = self.lock();
-        crate::pool::publish(s.idle.len(), s.programs.len());
+        self.pool.publish(s.idle.len(), s.programs.len());
     }
 
     /// Returns a worker to the pool after unloading its module; a worker that will not is discarded.
@@ -334,24 +385,36 @@ impl MpsBackend {
         probe
     }
 
-    /// Links `image`, has `worker` load and probe it, and checks that it can be resident beside the
+    /// Links `image` and reads its entry point, before any worker is taken: an image refused for
+    /// its format, architecture, link or entry is refused for that reason in both modes, never for
+    /// an empty pool (and no idle worker is spent on it).
+    fn link_checked(&self, name: &str, image: Vec<u8>, kind: ImageKind) -> Result<Arc<Vec<u8>>> {
+        let linked = self.jit.link(name, image, kind)?;
+        if mesh_cuda::entry::function(&linked.cubin, "mesh_main") == mesh_cuda::entry::Entry::Missing {
+            return Err(BackendError::NoEntry {
+                program: name.to_string(),
+                detail: "the linked cubin's symbol table defines no function mesh_main".into(),
+            });
+        }
+        Ok(linked.cubin)
+    }
+
+    /// Has `worker` load and probe the linked `cubin`, and checks that it can be resident beside the
     /// others: every block within the worker's own context, its share counted of the device's SMs,
     /// which every worker shares. Returns the launch's share and the cubin.
     fn prepare(
         &mut self,
         worker: &mut Worker,
         name: &str,
-        image: Vec<u8>,
-        kind: ImageKind,
+        cubin: Arc<Vec<u8>>,
         shape: &LaunchShape,
         replacing: Option<&str>,
     ) -> Result<(f64, Arc<Vec<u8>>)> {
-        let linked = self.jit.link(name, image, kind)?;
-        let probe = self.load_into(worker, name, &linked.cubin, shape)?;
+        let probe = self.load_into(worker, name, &cubin, shape)?;
         let held = roster::held_share(&self.lock().programs, replacing);
         let sms = SmBudget::own_context(probe.sms, self.device.sm_count);
         let share = check_resident(name, shape, &probe.figures(), sms, held)?;
-        Ok((share, linked.cubin))
+        Ok((share, cubin))
     }
 
     /// After a GPU fault: NVIDIA documents (and the H200 showed) that a fatal fault in one client is
@@ -375,66 +438,18 @@ impl MpsBackend {
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
-        for (p, e) in s.programs.iter_mut().zip(&evidence) {
-            if e.on_gpu {
-                p.core.health.last_fault = Some(FaultNote::now(format!("GPU fault: {error}")));
-            }
-        }
-        self.end_all_clients(&mut s, &control);
-        let candidates: Vec<usize> =
-            (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i]) || evidence[i].on_gpu).collect();
-        let culprit = match &verdict {
-            Verdict::Culprit { index, why } => Some((*index, why.clone())),
-            Verdict::NoCulprit => None,
-            Verdict::Search { suspects, likely } => {
-                let innocent: Vec<usize> = candidates.iter().copied().filter(|i| !suspects.contains(i)).collect();
-                let mut running: Vec<usize> = Vec::new();
-                let mut poisoned = false;
-                let mut questions = 0;
-                let found = watch::search_by_halves(suspects, *likely, |half| {
-                    questions += 1;
-                    if poisoned {
-                        self.end_all_clients(&mut s, &control);
-                        running.clear();
-                    }
-                    let set: Vec<usize> = innocent.iter().chain(half).copied().collect();
-                    let new: Vec<usize> = set.iter().copied().filter(|i| !running.contains(i)).collect();
-                    self.relaunch(&mut s, &control, &new);
-                    running = set;
-                    poisoned = faulted_within(&mut s, &running);
-                    poisoned
-                });
-                if poisoned {
-                    self.end_all_clients(&mut s, &control);
-                }
-                log.push(format!("the culprit was searched by halves: {questions} relaunch(es) watched"));
-                found.map(|i| (i, format!("found by halves in {questions} relaunch(es) of {}", suspects.len())))
-            }
-        };
+        let culprit = recover::recover(
+            &mut Clients { backend: self, s: &mut s, control: &control },
+            &verdict,
+            error,
+            &evidence,
+            &mut log,
+        );
+        let Ok(culprit) = culprit;
         if let Some((i, why)) = &culprit {
-            let p = &mut s.programs[*i];
-            tracing::error!(program = p.core.name, "caused the GPU fault ({why}): left stopped");
-            p.core.life.returned();
-            p.core.life.fault(format!("left stopped: it caused a GPU fault ({error}); named: {why}"));
-            p.core.health.last_fault =
-                Some(FaultNote::now(format!("GPU fault: {error} (caused by this program: {why})")));
+            tracing::error!(program = s.programs[*i].core.name, "caused the GPU fault ({why}): left stopped");
         }
         let name = culprit.as_ref().map_or_else(|| "none".to_string(), |(i, _)| s.programs[*i].core.name.clone());
-        let rest: Vec<usize> = candidates
-            .into_iter()
-            .filter(|&i| {
-                let p = &s.programs[i];
-                relaunchable(p) && matches!(p.core.life.phase(), Phase::Loaded | Phase::Stopped)
-            })
-            .collect();
-        self.relaunch(&mut s, &control, &rest);
-        for p in s.programs.iter_mut().filter(|p| p.core.name != name) {
-            if let Some(note) = &mut p.core.health.last_fault {
-                if note.what == format!("GPU fault: {error}") {
-                    note.what = format!("GPU fault: {error} (caused by {name})");
-                }
-            }
-        }
         let running = s.programs.iter().filter(|p| p.core.life.phase() == &Phase::Running).count();
         log.push(format!(
             "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running",
@@ -646,6 +661,10 @@ impl Backend for MpsBackend {
         IsolationMode::Mps
     }
 
+    fn pool(&self) -> Option<PoolFigures> {
+        Some(self.pool.clone())
+    }
+
     fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
         self.ready()?;
         spec.validate()?;
@@ -655,8 +674,9 @@ impl Backend for MpsBackend {
         }
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
+        let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;
         let mut worker = self.take_worker(spec.sms, &spec.name, "load")?;
-        let prepared = self.prepare(&mut worker, &spec.name, spec.image, spec.kind, &spec.shape, None);
+        let prepared = self.prepare(&mut worker, &spec.name, cubin, &spec.shape, None);
         let (share, cubin) =
             match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
                 Ok(p) => p,
@@ -693,9 +713,10 @@ impl Backend for MpsBackend {
             let p = &s.programs[i];
             (p.core.shape, Some(p.worker.ready.sms).filter(|_| self.config.sms.is_some()))
         };
-        // The new image is loaded and probed in another worker while the old one runs.
+        // The new image is linked first, then loaded and probed in another worker while the old one runs.
+        let cubin = self.link_checked(name, image, kind)?;
         let mut fresh = self.take_worker(sms, name, "upgrade")?;
-        let (share, cubin) = match self.prepare(&mut fresh, name, image, kind, &shape, Some(name)) {
+        let (share, cubin) = match self.prepare(&mut fresh, name, cubin, &shape, Some(name)) {
             Ok(s) => s,
             Err(e) => {
                 self.give_back(fresh);
@@ -756,7 +777,7 @@ impl Backend for MpsBackend {
             // A program left stopped has no kernel to ask about.
             .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
             .collect();
-        crate::pool::publish(s.idle.len(), s.programs.len());
+        self.pool.publish(s.idle.len(), s.programs.len());
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
     }
 
@@ -826,7 +847,7 @@ impl Backend for MpsBackend {
             w.exit();
         }
         cleanup::run_one(self.cleanup_id);
-        crate::pool::close();
+        self.pool.close();
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use rustix::process::Signal;
 use shared_child::SharedChild;
 
+use crate::mps_dir::{DirClaim, PREVIOUS_TEARDOWN, remove_stale_pipes, wait_for_previous_processes};
 use crate::process;
 
 /// The control binary's name.
@@ -58,9 +59,13 @@ pub struct MpsControl {
     root: PathBuf,
     owned_root: bool,
     child: Mutex<Option<SharedChild>>,
+    /// This meshd's claim on `root` (an flock the kernel drops when meshd dies), held while the daemon runs.
+    _claim: DirClaim,
     /// Pids our servers have logged as connected clients (from the daemon's own output), so that a
     /// client that has already exited can still be told apart from a stranger.
     connected: std::sync::Arc<Mutex<std::collections::HashSet<u32>>>,
+    /// The GPU every worker opens, by UUID ([`MpsControl::with_device`]).
+    device: Option<String>,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -72,15 +77,32 @@ fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
 impl MpsControl {
     /// Starts `nvidia-cuda-mps-control -f` as this process's child, with pipe and log directories
     /// (mode 0700) under `root` (default `/tmp/meshd-mps.PID`, removed at quit).
+    ///
+    /// A directory a previous daemon used is taken over whatever way that daemon ended (quit, kill -9,
+    /// power loss): another meshd holding it is refused naming its pid; processes of a dead meshd that
+    /// the driver is still tearing down are waited for; the stale pipe files are removed (an old
+    /// `control` pipe would pass for a live daemon, and a client started against it runs as a plain
+    /// context); and the daemon counts as ready only once it answers a command.
     pub fn start(root: Option<&Path>) -> Result<Self, BackendError> {
         let binary = find_control()?;
         let owned_root = root.is_none();
         let root =
             root.map_or_else(|| PathBuf::from(format!("/tmp/meshd-mps.{}", std::process::id())), Path::to_path_buf);
         mkdir_private(&root)?;
-        let control = Self { binary, root, owned_root, child: Mutex::new(None), connected: Default::default() };
+        let claim = DirClaim::take(&root)?;
+        let control = Self {
+            binary,
+            root,
+            owned_root,
+            child: Mutex::new(None),
+            _claim: claim,
+            connected: Default::default(),
+            device: None,
+        };
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
+        wait_for_previous_processes(&control.pipe_dir(), PREVIOUS_TEARDOWN)?;
+        remove_stale_pipes(&control.pipe_dir())?;
         let mut cmd = Command::new(&control.binary);
         cmd.arg("-f")
             .env(PIPE_ENV, control.pipe_dir())
@@ -91,7 +113,18 @@ impl MpsControl {
         // SIGTERM, not SIGKILL: the daemon then shuts its server down, which a SIGKILL would orphan.
         let child = process::spawn_tied(&mut cmd, Signal::TERM)
             .map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
-        // In the foreground the daemon logs to its standard output: forward it to meshd's log.
+        control.forward_log(&child);
+        *control.child.lock() = Some(child);
+        if let Err(e) = control.wait_ready(Duration::from_secs(10)) {
+            control.quit();
+            return Err(e);
+        }
+        Ok(control)
+    }
+
+    /// In the foreground the daemon logs to its standard output: forward it to meshd's log, noting
+    /// the clients our servers report as connected.
+    fn forward_log(&self, child: &SharedChild) {
         for stream in [
             child.take_stdout().map(|s| Box::new(s) as Box<dyn Read + Send>),
             child.take_stderr().map(|s| Box::new(s) as Box<dyn Read + Send>),
@@ -99,7 +132,7 @@ impl MpsControl {
         .into_iter()
         .flatten()
         {
-            let connected = control.connected.clone();
+            let connected = self.connected.clone();
             let _ = std::thread::Builder::new().name("mps-control-log".into()).spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if let Some(pid) = connected_client(&line) {
@@ -109,30 +142,53 @@ impl MpsControl {
                 }
             });
         }
-        *control.child.lock() = Some(child);
-        // The daemon is ready once its control pipe exists.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !control.pipe_dir().join("control").exists() {
-            if let Some(status) = control.exited() {
+    }
+
+    /// Ready means answering: the control pipe exists (the stale one was removed before the start, so
+    /// this one is the new daemon's) and a `get_server_list` comes back.
+    fn wait_ready(&self, within: Duration) -> Result<(), BackendError> {
+        let deadline = Instant::now() + within;
+        let mut last = String::from("no control pipe yet");
+        loop {
+            if let Some(status) = self.exited() {
                 return Err(BackendError::MpsDaemon(format!(
                     "{} -f exited at start ({status}); see meshd's log",
-                    control.binary.display()
+                    self.binary.display()
                 )));
             }
+            if self.pipe_dir().join("control").exists() {
+                match self.command_within("get_server_list", Duration::from_secs(2)) {
+                    Ok(_) => return Ok(()),
+                    Err(e) => last = e.to_string(),
+                }
+            }
             if Instant::now() >= deadline {
-                control.quit();
                 return Err(BackendError::MpsDaemon(format!(
-                    "{} -f created no control pipe in 10 s",
-                    control.binary.display()
+                    "{} -f did not answer within {} s (last: {last})",
+                    self.binary.display(),
+                    within.as_secs()
                 )));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(control)
     }
 
     fn exited(&self) -> Option<std::process::ExitStatus> {
         self.child.lock().as_ref().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Names the GPU (its UUID) that every worker started from now on opens. A worker looks it up by
+    /// UUID among the devices it sees: an MPS client sees the server's devices, renumbered from 0 when
+    /// the server was started with `CUDA_VISIBLE_DEVICES`, so an ordinal would not do.
+    #[must_use]
+    pub fn with_device(mut self, uuid: Option<String>) -> Self {
+        self.device = uuid;
+        self
+    }
+
+    /// The GPU's UUID the workers open, if named.
+    pub fn device(&self) -> Option<&str> {
+        self.device.as_deref()
     }
 
     /// Whether the daemon process still runs.
@@ -162,6 +218,10 @@ impl MpsControl {
 
     /// Runs one control command (`get_server_list`, …) and returns its output, within [`COMMAND_TIMEOUT`].
     pub fn command(&self, line: &str) -> Result<String, BackendError> {
+        self.command_within(line, COMMAND_TIMEOUT)
+    }
+
+    fn command_within(&self, line: &str, timeout: Duration) -> Result<String, BackendError> {
         let err = |m: String| BackendError::MpsDaemon(format!("{line:?}: {m}"));
         let mut cmd = Command::new(&self.binary);
         cmd.env(PIPE_ENV, self.pipe_dir())
@@ -180,8 +240,8 @@ impl MpsControl {
             let _ = stdout.read_to_string(&mut s);
             s
         });
-        if !process::wait_or_kill(&child, COMMAND_TIMEOUT) {
-            return Err(err(format!("no answer within {} s", COMMAND_TIMEOUT.as_secs())));
+        if !process::wait_or_kill(&child, timeout) {
+            return Err(err(format!("no answer within {} ms", timeout.as_millis())));
         }
         let out = reader.join().unwrap_or_default();
         let status = child.wait().map_err(|e| err(e.to_string()))?;

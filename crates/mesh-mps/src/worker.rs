@@ -19,16 +19,6 @@ pub const WORKER_LOAD: Duration = Duration::from_millis(30_000);
 /// A launch's answer.
 pub const WORKER_LAUNCH: Duration = Duration::from_millis(2_000);
 
-/// The GPU every worker is started on (`--device`), by UUID: set by the backend at open.
-static DEVICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// Names the GPU (its UUID) that every worker started from now on opens. A worker looks it up by
-/// UUID among the devices it sees: an MPS client sees the server's devices, renumbered from 0 when
-/// the server was started with `CUDA_VISIBLE_DEVICES`, so an ordinal would not do. Later calls keep the first.
-pub fn set_device(uuid: String) {
-    let _ = DEVICE.set(uuid);
-}
-
 /// The worker binary: `MESH_MPS_WORKER`, beside the running executable, or on `PATH` (else the bare
 /// name, so that the spawn's error names what was missing).
 pub fn worker_binary() -> PathBuf {
@@ -87,7 +77,7 @@ impl Worker {
         // NVIDIA: CUDA_VISIBLE_DEVICES must not be set in an MPS client's environment (the server's
         // own, inherited from meshd, already picked the GPU); the worker finds it by UUID instead.
         cmd.env_remove("CUDA_VISIBLE_DEVICES");
-        if let Some(uuid) = DEVICE.get() {
+        if let Some(uuid) = control.device() {
             cmd.arg("--device").arg(uuid);
         }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
@@ -204,7 +194,10 @@ impl Worker {
 
     /// Waits up to `wait` for the kernel to return (the worker answers within `wait` + `slack`).
     pub fn wait(&mut self, wait: Duration, slack: Duration) -> Result<KernelState, BackendError> {
-        match self.exchange(&WorkerCommand::Wait { timeout_ms: wait.as_millis() as u64 }, wait + slack)? {
+        match self.exchange(
+            &WorkerCommand::Wait { timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
+            wait + slack,
+        )? {
             Reply::State { state } => Ok(state),
             Reply::Refused(r) => Err(refused(self.pid(), r)),
             other => Err(unexpected(self.pid(), "state", &other)),

@@ -54,9 +54,25 @@ fn the_control_daemon_is_driven_through_its_command_protocol() {
     assert_eq!(std::fs::read_to_string(control.pipe_dir().join("terminated")).unwrap().trim(), "4242 101");
     let err = control.command("frobnicate").unwrap_err().to_string();
     assert!(err.contains("frobnicate") && err.contains("unknown command"), "{err}");
+    let err = MpsControl::start(Some(&mps)).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("is in use by the meshd with pid {}", std::process::id())),
+        "a directory a live meshd holds is refused naming it: {err}"
+    );
     control.quit();
     assert!(!control.alive(), "quit ends the daemon and waits for it");
     assert!(mps.exists(), "a --mps-dir given by the user is left in place");
+
+    // The same directory again: the stand-in's `control` and `quit` files are still there (as the real
+    // daemon leaves `control`, `control_lock` and `control_privileged`); a start removes them, so the
+    // new daemon is not taken for the old one and does not see the old quit.
+    let pipe = control.pipe_dir();
+    drop(control); // the claim on the directory lasts as long as the MpsControl (meshd's life)
+    assert!(pipe.join("control").exists() && pipe.join("quit").exists());
+    let again = MpsControl::start(Some(&mps)).unwrap();
+    assert!(again.alive(), "a daemon on a reused --mps-dir runs");
+    assert_eq!(again.servers().unwrap(), [4242], "and answers");
+    again.quit();
 
     // The default directory is meshd's own, and removed at quit.
     let owned = MpsControl::start(None).unwrap();

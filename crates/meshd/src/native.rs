@@ -16,19 +16,24 @@
 //!   `terminate_client`) SIGKILL. A worker that has ended stays listed with its exit until it is
 //!   stopped (removed) or a new one takes its name.
 
+mod ready;
+
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_mps::SharedChild;
 use mesh_shm::Mailbox;
-use rustix::event::{PollFd, PollFlags};
+use parking_lot::Mutex;
+use rustix::io::FdFlags;
+use rustix::process::{Pid, Signal};
 use serde::{Deserialize, Serialize};
+
+use ready::{Why, ready_pipe, wait_for_ready};
 
 /// The mailbox's path.
 pub const ENV_MAILBOX: &str = "MESH_MAILBOX";
@@ -91,6 +96,48 @@ impl Membership for MpsMembership {
     }
 }
 
+/// Why a native worker was refused, or could not be stopped.
+#[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's message")]
+pub enum NativeError {
+    /// A name `ps` could not show.
+    #[error("native worker name {0:?}: 1 to 48 characters, no spaces")]
+    BadName(String),
+    /// `meshd spawn NAME` with nothing after `--`.
+    #[error("native worker {0}: no command given (meshd spawn NAME -- CMD [ARGS...])")]
+    NoCommand(String),
+    /// A live worker holds the name.
+    #[error("native worker {name} already runs (pid {pid}); `meshd stop {name}` first")]
+    AlreadyRuns { name: String, pid: u32 },
+    /// `MESH_CHANNELS` is comma-separated.
+    #[error("channel {0:?}: a native worker's channel name may not hold a comma")]
+    CommaInChannel(String),
+    /// A channel to bind that the mailbox refused.
+    #[error("native worker {name}: {source}")]
+    Channel { name: String, source: mesh_shm::ShmError },
+    /// The ready pipe could not be made.
+    #[error("native worker {name}: a pipe: {source}")]
+    Pipe { name: String, source: std::io::Error },
+    /// MPS mode without a server to join.
+    #[error("native worker {0}: meshd's MPS daemon has no pipe directory")]
+    NoMpsPipe(String),
+    /// The command could not be started.
+    #[error("native worker {name}: starting {program:?}: {source}")]
+    Start { name: String, program: String, source: std::io::Error },
+    /// It became ready but its row is gone (stopped meanwhile).
+    #[error("{0} vanished")]
+    Vanished(String),
+    /// It did not become ready (or is not our MPS server's client): it was killed.
+    #[error("native worker {name} (pid {pid}) refused and killed: {why}")]
+    Refused { name: String, pid: u32, why: String },
+    /// `meshd stop` of a name no worker has.
+    #[error("no native worker {0} (a resident program is ended with `meshd unload {0}`)")]
+    Unknown(String),
+    /// Another worker took the name while this one stopped.
+    #[error("native worker {0} was replaced while stopping")]
+    Replaced(String),
+}
+
 /// Where a native worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -137,6 +184,8 @@ pub struct NativeRow {
 }
 
 struct Entry {
+    /// What it was started from: what a restarted meshd starts again.
+    spec: NativeSpec,
     child: Arc<SharedChild>,
     life: Life,
     bind: Vec<String>,
@@ -157,23 +206,21 @@ pub struct Natives {
 
 impl std::fmt::Debug for Natives {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Natives({} workers)", lock(&self.table).len())
+        write!(f, "Natives({} workers)", self.table.lock().len())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Signals the worker's process group while its leader is not reaped (so that the group id is still
 /// ours), then the leader itself through its handle.
-fn signal_group(child: &SharedChild, sig: i32) {
+fn signal_group(child: &SharedChild, sig: Signal) {
+    // The group is the worker's own (process_group(0) at spawn) and its leader is not reaped, so
+    // the id is not reused.
     if child.try_wait().is_ok_and(|s| s.is_none()) {
-        // SAFETY: kill(2) with a negative pid signals that process group; the group is the worker's
-        // own (process_group(0) at spawn) and its leader is not reaped, so the id is not reused.
-        unsafe { libc::kill(-(child.id() as i32), sig) };
+        if let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process_group(group, sig);
+        }
     }
-    if sig == libc::SIGKILL {
+    if sig == Signal::KILL {
         let _ = child.kill();
     }
 }
@@ -197,12 +244,13 @@ impl Natives {
 
     /// MPS mode: workers join `m`'s server and must pass its check.
     pub fn set_membership(&self, m: Arc<dyn Membership>) {
-        *lock(&self.membership) = Some(m);
+        *self.membership.lock() = Some(m);
     }
 
     /// Every worker, by name.
     pub fn rows(&self) -> Vec<NativeRow> {
-        lock(&self.table)
+        self.table
+            .lock()
             .iter()
             .map(|(name, e)| NativeRow {
                 name: name.clone(),
@@ -215,9 +263,20 @@ impl Natives {
             .collect()
     }
 
+    /// The workers meshd wants running (starting or running, not stopping or ended), as they were
+    /// started: the desired state a restarted meshd starts again.
+    pub fn wanted(&self) -> Vec<NativeSpec> {
+        self.table
+            .lock()
+            .values()
+            .filter(|e| matches!(e.life, Life::Starting | Life::Running))
+            .map(|e| e.spec.clone())
+            .collect()
+    }
+
     /// Starts `spec` (call on the thread that lives as long as meshd: PDEATHSIG watches it) and
     /// hands the outcome to `reply` from a thread of its own once the worker is ready or refused.
-    pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, String>) + Send + 'static) {
+    pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, NativeError>) + Send + 'static) {
         match self.start(&spec) {
             Ok((child, read_end)) => {
                 let this = self.clone();
@@ -233,25 +292,11 @@ impl Natives {
     }
 
     /// Checks `spec`, spawns the worker and records it as starting; returns it and the ready pipe's read end.
-    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), String> {
+    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), NativeError> {
+        let program = self.check(spec)?;
         let name = &spec.name;
-        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
-            return Err(format!("native worker name {name:?}: 1 to 48 characters, no spaces"));
-        }
-        let Some(program) = spec.command.first() else {
-            return Err(format!("native worker {name}: no command given (meshd spawn NAME -- CMD [ARGS...])"));
-        };
-        if let Some(e) = lock(&self.table).get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
-            return Err(format!("native worker {name} already runs (pid {}); `meshd stop {name}` first", e.child.id()));
-        }
-        for c in &spec.bind {
-            if c.contains(',') {
-                return Err(format!("channel {c:?}: a native worker's channel name may not hold a comma"));
-            }
-            self.mailbox.channel(c).map_err(|e| format!("native worker {name}: {e}"))?;
-        }
-        let membership = lock(&self.membership).clone();
-        let (read_end, write_end) = ready_pipe().map_err(|e| format!("native worker {name}: a pipe: {e}"))?;
+        let membership = self.membership.lock().clone();
+        let (read_end, write_end) = ready_pipe().map_err(|source| NativeError::Pipe { name: name.clone(), source })?;
         let fd = write_end.as_raw_fd();
         let mut cmd = Command::new(program);
         cmd.args(&spec.command[1..])
@@ -263,9 +308,7 @@ impl Natives {
             .process_group(0);
         let isolation = match &membership {
             Some(m) => {
-                let dir = m
-                    .pipe_dir()
-                    .ok_or_else(|| format!("native worker {name}: meshd's MPS daemon has no pipe directory"))?;
+                let dir = m.pipe_dir().ok_or_else(|| NativeError::NoMpsPipe(name.clone()))?;
                 // An MPS client must not have CUDA_VISIBLE_DEVICES (NVIDIA's rule, as for our workers):
                 // the server already sees only meshd's GPU.
                 cmd.env(ENV_MPS_PIPE, dir).env(ENV_ISOLATION, "mps").env_remove("CUDA_VISIBLE_DEVICES");
@@ -277,24 +320,24 @@ impl Natives {
             }
         };
         let keep_fd = move || {
-            // SAFETY: fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the
-            // forked child lets the worker inherit it under the number MESH_READY_FD names.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            // SAFETY: `fd` is the pipe's write end, which the forked child holds open until exec.
+            let write_end = unsafe { BorrowedFd::borrow_raw(fd) };
+            // fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the forked
+            // child lets the worker inherit it under the number MESH_READY_FD names.
+            rustix::io::fcntl_setfd(write_end, FdFlags::empty()).map_err(std::io::Error::from)
         };
         // SAFETY: `keep_fd` runs between fork and exec and makes one async-signal-safe call.
         unsafe { cmd.pre_exec(keep_fd) };
         let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
-            .map_err(|e| format!("native worker {name}: starting {program:?}: {e}"))?;
+            .map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
         // Only the worker holds the write end now: its exit closes the pipe.
         drop(write_end);
         let child = Arc::new(child);
         tracing::info!(native = %name, pid = child.id(), "native worker started: {}", spec.command.join(" "));
-        lock(&self.table).insert(
+        self.table.lock().insert(
             name.clone(),
             Entry {
+                spec: spec.clone(),
                 child: child.clone(),
                 life: Life::Starting,
                 bind: spec.bind.clone(),
@@ -306,13 +349,34 @@ impl Natives {
         Ok((child, read_end))
     }
 
+    /// Checks `spec`'s name, command and channels; returns the program to run.
+    fn check<'s>(&self, spec: &'s NativeSpec) -> Result<&'s String, NativeError> {
+        let name = &spec.name;
+        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
+            return Err(NativeError::BadName(name.clone()));
+        }
+        let Some(program) = spec.command.first() else {
+            return Err(NativeError::NoCommand(name.clone()));
+        };
+        if let Some(e) = self.table.lock().get(name).filter(|e| !matches!(e.life, Life::Ended(_))) {
+            return Err(NativeError::AlreadyRuns { name: name.clone(), pid: e.child.id() });
+        }
+        for c in &spec.bind {
+            if c.contains(',') {
+                return Err(NativeError::CommaInChannel(c.clone()));
+            }
+            self.mailbox.channel(c).map_err(|source| NativeError::Channel { name: name.clone(), source })?;
+        }
+        Ok(program)
+    }
+
     /// One thread per worker waits for its exit and records it (the one place it is reaped).
     fn reap_in_background(&self, name: String, child: Arc<SharedChild>) {
         let table = self.table.clone();
         let spawned = std::thread::Builder::new().name("meshd-native-reap".into()).spawn(move || {
             if let Ok(status) = child.wait() {
                 tracing::info!(native = %name, pid = child.id(), "native worker {}", describe_exit(status));
-                if let Some(e) = lock(&table).get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
+                if let Some(e) = table.lock().get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
                     e.life = Life::Ended(status);
                 }
             }
@@ -323,16 +387,21 @@ impl Natives {
     }
 
     /// Waits for `ready\n` on `read_end` until the spec's timeout; in MPS mode checks membership.
-    fn await_ready(&self, spec: &NativeSpec, child: &Arc<SharedChild>, read_end: OwnedFd) -> Result<NativeRow, String> {
+    fn await_ready(
+        &self,
+        spec: &NativeSpec,
+        child: &Arc<SharedChild>,
+        read_end: OwnedFd,
+    ) -> Result<NativeRow, NativeError> {
         let (name, pid) = (&spec.name, child.id());
         let outcome =
-            wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match lock(&self.membership).clone() {
+            wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match self.membership.lock().clone() {
                 Some(m) => m.check(pid).map_err(|why| Why::Other(format!("not a client of meshd's MPS server: {why}"))),
                 None => Ok(()),
             });
         let refused = match outcome {
             Ok(()) => {
-                let mut table = lock(&self.table);
+                let mut table = self.table.lock();
                 if let Some(e) = table.get_mut(name).filter(|e| Arc::ptr_eq(&e.child, child)) {
                     if e.life == Life::Starting {
                         e.life = Life::Running;
@@ -340,7 +409,11 @@ impl Natives {
                 }
                 drop(table);
                 tracing::info!(native = %name, pid, "native worker ready");
-                return self.rows().into_iter().find(|r| &r.name == name).ok_or_else(|| format!("{name} vanished"));
+                return self
+                    .rows()
+                    .into_iter()
+                    .find(|r| &r.name == name)
+                    .ok_or_else(|| NativeError::Vanished(name.clone()));
             }
             Err(Why::Eof) => match child.wait_timeout(Duration::from_secs(2)) {
                 Ok(Some(s)) => format!("{} before it reported ready", describe_exit(s)),
@@ -354,8 +427,8 @@ impl Natives {
             Err(Why::Other(e)) => e,
         };
         self.end(child, Duration::ZERO);
-        lock(&self.table).remove(name);
-        let why = format!("native worker {name} (pid {pid}) refused and killed: {refused}");
+        self.table.lock().remove(name);
+        let why = NativeError::Refused { name: name.clone(), pid, why: refused };
         tracing::warn!("{why}");
         Err(why)
     }
@@ -363,29 +436,27 @@ impl Natives {
     /// SIGTERM to the worker's group; SIGKILL after `grace` (MPS: after cutting it off the server).
     fn end(&self, child: &SharedChild, grace: Duration) {
         if !grace.is_zero() {
-            signal_group(child, libc::SIGTERM);
+            signal_group(child, Signal::TERM);
             if let Ok(Some(_)) = child.wait_timeout(grace) {
                 return;
             }
         }
-        if let Some(m) = lock(&self.membership).clone() {
+        if let Some(m) = self.membership.lock().clone() {
             if child.try_wait().is_ok_and(|s| s.is_none()) {
                 m.terminate(child.id());
             }
         }
-        signal_group(child, libc::SIGKILL);
+        signal_group(child, Signal::KILL);
         let _ = child.wait();
     }
 
     /// Ends worker `name` (SIGTERM, SIGKILL after the grace period) and forgets it; returns its last
     /// row, whose state says how it ended.
-    pub fn stop(&self, name: &str) -> Result<NativeRow, String> {
+    pub fn stop(&self, name: &str) -> Result<NativeRow, NativeError> {
         let child = {
-            let mut table = lock(&self.table);
+            let mut table = self.table.lock();
             let Some(e) = table.get_mut(name) else {
-                return Err(format!(
-                    "no native worker {name} (a resident program is ended with `meshd unload {name}`)"
-                ));
+                return Err(NativeError::Unknown(name.to_string()));
             };
             if !matches!(e.life, Life::Ended(_)) {
                 e.life = Life::Stopping;
@@ -396,20 +467,20 @@ impl Natives {
         self.end(&child, self.grace);
         let how = child.try_wait().ok().flatten().map_or_else(|| "ended".to_string(), describe_exit);
         let mut row = self.rows().into_iter().find(|r| r.name == name);
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         if table.get(name).is_some_and(|e| Arc::ptr_eq(&e.child, &child)) {
             table.remove(name);
         }
         drop(table);
         tracing::info!(native = %name, "native worker stopped: {how} after {:.3} s", started.elapsed().as_secs_f64());
-        let mut row = row.take().ok_or_else(|| format!("native worker {name} was replaced while stopping"))?;
+        let mut row = row.take().ok_or_else(|| NativeError::Replaced(name.to_string()))?;
         row.state = how;
         Ok(row)
     }
 
     /// Ends every worker (meshd's shutdown), each with the grace period, all at once.
     pub fn stop_all(&self) {
-        let names: Vec<String> = lock(&self.table).keys().cloned().collect();
+        let names: Vec<String> = self.table.lock().keys().cloned().collect();
         std::thread::scope(|s| {
             for n in &names {
                 s.spawn(move || {
@@ -417,59 +488,5 @@ impl Natives {
                 });
             }
         });
-    }
-}
-
-/// A pipe, both ends close-on-exec (the worker's end is made inheritable in the child only).
-fn ready_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two descriptors into the two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Why a worker did not become ready.
-enum Why {
-    Eof,
-    Timeout,
-    Said(String),
-    Other(String),
-}
-
-/// Reads the ready pipe until a whole line arrives, it closes, or `timeout` passes.
-fn wait_for_ready(fd: &OwnedFd, timeout: Duration) -> Result<(), Why> {
-    let deadline = Instant::now() + timeout;
-    let mut line = Vec::new();
-    let mut file = std::fs::File::from(fd.try_clone().map_err(|e| Why::Other(e.to_string()))?);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Why::Timeout);
-        }
-        let ts = rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(Why::Other(format!("poll on the ready pipe: {e}"))),
-        }
-        let mut buf = [0u8; 64];
-        match file.read(&mut buf) {
-            Ok(0) => return Err(Why::Eof),
-            Ok(n) => line.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Why::Other(format!("reading the ready pipe: {e}"))),
-        }
-        if let Some(end) = line.iter().position(|&b| b == b'\n') {
-            let said = String::from_utf8_lossy(&line[..end]).trim().to_string();
-            return if said == "ready" { Ok(()) } else { Err(Why::Said(said)) };
-        }
-        if line.len() > 256 {
-            return Err(Why::Said(String::from_utf8_lossy(&line).into_owned()));
-        }
     }
 }

@@ -5,6 +5,7 @@ use std::io::{BufRead, Read, Write};
 
 use anyhow::{Context, Result, bail};
 use mesh_backend::ProgramStatus;
+use mesh_backend::pool::PoolSnapshot;
 use serde::{Deserialize, Serialize};
 
 /// Largest image a client may send.
@@ -180,8 +181,8 @@ pub struct Info {
     pub extra: InfoExtra,
 }
 
-/// What `info` shows beyond the snapshot, read from process-wide state when it is answered (so
-/// without waiting for the backend): the GPU's UUID and how `--device` named it, and the MPS pool.
+/// What `info` shows beyond the GPU's name and mode: the GPU's UUID and how `--device` named it,
+/// and the MPS pool (read when `info` is answered, without waiting for the backend).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InfoExtra {
     /// The GPU's UUID (`GPU-…`, as `nvidia-smi -L` prints it).
@@ -193,18 +194,6 @@ pub struct InfoExtra {
     /// The MPS worker pool (MPS mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolRow>,
-}
-
-impl InfoExtra {
-    /// What this process knows now.
-    pub fn now() -> Self {
-        let device = crate::start::device();
-        Self {
-            device_uuid: device.as_ref().map(|d| d.uuid.clone()),
-            device_selector: device.and_then(|d| d.selector),
-            pool: mesh_mps::pool::snapshot().map(|p| PoolRow::from(&p)),
-        }
-    }
 }
 
 /// The MPS worker pool in `info`.
@@ -243,8 +232,8 @@ pub struct GrowthRow {
     pub unix_ms: u64,
 }
 
-impl From<&mesh_mps::pool::PoolSnapshot> for PoolRow {
-    fn from(p: &mesh_mps::pool::PoolSnapshot) -> Self {
+impl From<&PoolSnapshot> for PoolRow {
+    fn from(p: &PoolSnapshot) -> Self {
         Self {
             size: p.size,
             idle: p.idle,

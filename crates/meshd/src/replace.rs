@@ -22,10 +22,12 @@
 //! cannot loop.
 
 use std::ffi::OsString;
+use std::os::fd::BorrowedFd;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use mesh_backend::watch::{self, Verdict};
+use rustix::io::FdFlags;
 use serde::{Deserialize, Serialize};
 
 /// At most this many replacements of the process within [`REEXEC_WINDOW`] relaunch programs.
@@ -41,7 +43,7 @@ pub const QUESTION_WATCH: Duration = Duration::from_millis(250);
 
 /// The replacements in `history` (ms since the Unix epoch) that fall within the window before `now_ms`.
 pub fn recent(history: &[u64], now_ms: u64) -> Vec<u64> {
-    let window = REEXEC_WINDOW.as_millis() as u64;
+    let window = u64::try_from(REEXEC_WINDOW.as_millis()).unwrap_or(u64::MAX);
     history.iter().copied().filter(|&t| t <= now_ms && now_ms - t < window).collect()
 }
 
@@ -201,16 +203,13 @@ pub fn close_on_exec_all() -> std::io::Result<usize> {
         .collect();
     let mut marked = 0;
     for fd in fds {
-        // SAFETY: F_GETFD / F_SETFD only read and set the descriptor's flags; a descriptor that is
-        // gone by now (the directory's own) just fails.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0
-                && flags & libc::FD_CLOEXEC == 0
-                && libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) == 0
-            {
-                marked += 1;
-            }
+        // SAFETY: the borrow is used only for F_GETFD / F_SETFD, which touch no memory: a descriptor
+        // gone by now (the directory's own) just fails, and one reused meanwhile is marked
+        // close-on-exec, as every descriptor is about to be.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(flags) = rustix::io::fcntl_getfd(fd) else { continue };
+        if !flags.contains(FdFlags::CLOEXEC) && rustix::io::fcntl_setfd(fd, flags | FdFlags::CLOEXEC).is_ok() {
+            marked += 1;
         }
     }
     Ok(marked)
@@ -242,7 +241,7 @@ mod tests {
     #[test]
     fn the_bound_counts_only_replacements_within_the_window() {
         let now = 1_000_000;
-        let window = REEXEC_WINDOW.as_millis() as u64;
+        let window = u64::try_from(REEXEC_WINDOW.as_millis()).unwrap_or(u64::MAX);
         let mut history: Vec<u64> = (0..MAX_REEXECS as u64 - 1).map(|i| now - i * 1000).collect();
         assert!(reexec_allowed(&history, now), "{} within the window", history.len());
         history.push(now - 5);
@@ -305,7 +304,7 @@ mod tests {
             for culprit in 0..n {
                 let (found, processes, questions) = play(n, culprit, None);
                 assert_eq!(found, format!("p{culprit}"), "n {n}");
-                let bound = (n as f64).log2().ceil() as usize;
+                let bound = n.next_power_of_two().ilog2() as usize;
                 assert!(questions <= bound, "n {n} culprit {culprit}: {questions} questions");
                 assert!(processes <= bound + 1, "n {n} culprit {culprit}: {processes} processes");
             }

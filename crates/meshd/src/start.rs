@@ -344,18 +344,6 @@ pub struct DeviceId {
     pub uuid: String,
 }
 
-static DEVICE: std::sync::OnceLock<DeviceId> = std::sync::OnceLock::new();
-
-/// Records the GPU this meshd serves (the first call wins).
-pub fn set_device(id: DeviceId) {
-    let _ = DEVICE.set(id);
-}
-
-/// The GPU this meshd serves, once known.
-pub fn device() -> Option<DeviceId> {
-    DEVICE.get().cloned()
-}
-
 /// The UUID of the GPU `--device` named (after [`select_device_env`]: the one device the driver
 /// shows). `cuInit`, `cuDeviceGet` and `cuDeviceGetUuid` only: no context, so no MPS client, no stall.
 pub fn lookup_uuid(selector: &str) -> Result<String> {

@@ -41,6 +41,41 @@ pub struct RecordedChannel {
     pub placement: String,
 }
 
+/// A native worker as recorded (`meshd spawn`): what a restarted meshd starts again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedNative {
+    /// Name.
+    pub name: String,
+    /// Its channels, in order.
+    pub bind: Vec<String>,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// How long it may take to say `ready`, ms.
+    pub ready_timeout_ms: u64,
+}
+
+impl RecordedNative {
+    /// The record of `spec`.
+    pub fn of(spec: &crate::native::NativeSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            bind: spec.bind.clone(),
+            command: spec.command.clone(),
+            ready_timeout_ms: u64::try_from(spec.ready_timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The spec to start it from.
+    pub fn spec(&self) -> crate::native::NativeSpec {
+        crate::native::NativeSpec {
+            name: self.name.clone(),
+            bind: self.bind.clone(),
+            command: self.command.clone(),
+            ready_timeout: std::time::Duration::from_millis(self.ready_timeout_ms),
+        }
+    }
+}
+
 /// A program as recorded: everything a load needs, the image by its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recorded {
@@ -148,6 +183,9 @@ pub struct DesiredState {
     pub channels: Vec<RecordedChannel>,
     /// Programs, in load order.
     pub programs: Vec<Recorded>,
+    /// Native workers meshd keeps running, by name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub natives: Vec<RecordedNative>,
     /// What each program carries across a replacement of the process, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub carried: BTreeMap<String, Carried>,
@@ -344,6 +382,14 @@ impl StateStore {
         self.state.programs.push(p);
         self.write()?;
         self.collect_images()
+    }
+
+    /// Records the native workers meshd wants running (written only when they changed).
+    pub fn record_natives(&mut self, natives: Vec<RecordedNative>) -> Result<()> {
+        if self.state.natives == natives {
+            return Ok(());
+        }
+        self.update(|s| s.natives = natives)
     }
 
     /// Records a program's new image.

@@ -185,7 +185,7 @@ impl Membership for StandIn {
 fn spawn_direct(n: &Natives, spec: NativeSpec) -> Result<NativeRow, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     n.spawn(spec, move |r| {
-        let _ = tx.send(r);
+        let _ = tx.send(r.map_err(|e| e.to_string()));
     });
     rx.recv_timeout(DEADLINE).expect("an answer")
 }
@@ -227,4 +227,58 @@ fn mps_membership_is_checked_after_ready_and_a_stubborn_worker_is_killed_after_t
     assert!(member.terminated.lock().unwrap().contains(&s.pid), "terminate_client before SIGKILL");
     n.stop_all();
     assert!(!alive(row.pid) && n.rows().is_empty());
+}
+
+/// A server over `dir`'s mailbox with its desired state in `dir/state`, as `meshd run` has.
+fn start_with_state(dir: &Path, mb: &Mailbox) -> (PathBuf, StopHandle, std::thread::JoinHandle<bool>) {
+    let socket = dir.join(format!("sock-{}", std::time::SystemTime::now().elapsed().map_or(0, |d| d.as_nanos())));
+    let store = meshd::state::StateStore::open(&dir.join("state")).unwrap();
+    let server = Server::start(mb.clone(), Limits::default(), Some(store), |mb| ListBackend::new(mb).opened()).unwrap();
+    let listener = bind_socket(&socket).unwrap();
+    let stop = server.stop_handle();
+    (socket, stop, std::thread::spawn(move || server.run(listener).unwrap()))
+}
+
+fn recorded_natives(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("state/state.json")).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["natives"].as_array().map_or_else(Vec::new, |a| a.iter().map(|n| n["name"].as_str().unwrap().into()).collect())
+}
+
+#[test]
+fn native_workers_are_in_the_desired_state_and_started_again_by_the_next_meshd() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = mailbox(dir.path());
+    let (socket, stop, server) = start_with_state(dir.path(), &mb);
+    let script = "echo ready >&$MESH_READY_FD; exec sleep 600";
+    let r = ask(&socket, &spawn_req("keeper", &["to-gpu"], script, 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    let first = natives(&r)[0].pid;
+    assert!(
+        wait_until(DEADLINE, || recorded_natives(dir.path()) == ["keeper"]),
+        "recorded: {:?}",
+        recorded_natives(dir.path())
+    );
+    let r = ask(&socket, &spawn_req("passing", &[], "echo ready >&$MESH_READY_FD; exec sleep 600", 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    assert!(wait_until(DEADLINE, || recorded_natives(dir.path()) == ["keeper", "passing"]));
+    let r = ask(&socket, &Request::Stop { name: "passing".into() }, &[]);
+    assert!(r.ok, "{r:?}");
+    assert!(wait_until(DEADLINE, || recorded_natives(dir.path()) == ["keeper"]), "a stopped worker is forgotten");
+    // meshd ends (its workers with it); the next one starts again what the state lists.
+    stop.stop();
+    assert!(server.join().unwrap());
+    assert!(!alive(first), "the old worker ended with its meshd");
+    assert_eq!(recorded_natives(dir.path()), ["keeper"], "a shutdown keeps what was wanted");
+    let (socket, stop, server) = start_with_state(dir.path(), &mb);
+    let running_again = wait_until(DEADLINE, || {
+        natives(&ask(&socket, &Request::Ps, &[])).iter().any(|n| n.name == "keeper" && n.state == "running")
+    });
+    let rows = natives(&ask(&socket, &Request::Ps, &[]));
+    assert!(running_again, "keeper was not started again: {rows:?}");
+    assert_eq!(rows.len(), 1, "only what the state lists: {rows:?}");
+    assert_eq!(rows[0].bind, ["to-gpu"], "with its bindings");
+    assert_ne!(rows[0].pid, first, "a new process");
+    stop.stop();
+    assert!(server.join().unwrap());
 }

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{ListBackend, PTX, ask, load_req, wait_until};
-use mesh_backend::watch::{self, Replacement, Verdict};
+use mesh_backend::watch::{Replacement, Verdict};
 use mesh_backend::{Backend, IsolationMode, ProgramSpec, ProgramStatus};
 use mesh_shm::Mailbox;
 use meshd::protocol::{ProgramRow, Request};
@@ -30,6 +30,7 @@ const UNNAMED: u8 = 2;
 struct Sticky {
     inner: ListBackend,
     fault: Arc<AtomicU8>,
+    replacement: Option<Replacement>,
 }
 
 impl Backend for Sticky {
@@ -62,7 +63,7 @@ impl Backend for Sticky {
             _ => Verdict::Search { suspects: (0..programs.len()).collect(), likely: None },
         };
         let linked = programs.iter().map(|p| (p.clone(), Arc::new(b"\x7fELF linked".to_vec()))).collect();
-        watch::ask_replacement(Replacement {
+        self.replacement = Some(Replacement {
             error: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered".into(),
             programs,
             verdict,
@@ -71,6 +72,9 @@ impl Backend for Sticky {
             arch: "sm_90".into(),
         });
         vec!["sticky fault".into()]
+    }
+    fn take_replacement(&mut self) -> Option<Replacement> {
+        self.replacement.take()
     }
     fn shutdown(&mut self) -> mesh_backend::Result<()> {
         self.inner.shutdown()
@@ -106,7 +110,7 @@ impl Image {
             }),
             move |mb| {
                 Ok(meshd::server::Opened {
-                    backend: Box::new(Sticky { inner: ListBackend::new(mb), fault: f }),
+                    backend: Box::new(Sticky { inner: ListBackend::new(mb), fault: f, replacement: None }),
                     device: "test double".into(),
                     arch: Some("sm_90".into()),
                 })

@@ -14,6 +14,8 @@
 //! of its major. We ask the library its version and resolve `_{major}_{minor}` down to `_{major}_0`,
 //! then the plain name.
 
+#![warn(clippy::cast_possible_truncation)]
+
 use std::ffi::{CStr, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -273,8 +275,10 @@ impl NvJitLink {
     pub unsafe fn create(&self, options: &[&CStr]) -> Result<NvJitLinkHandle, Error> {
         let ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
         let mut handle: NvJitLinkHandle = std::ptr::null_mut();
+        #[allow(clippy::cast_possible_truncation, reason = "a handful of link options")]
+        let count = ptrs.len() as u32;
         // SAFETY: `ptrs` holds valid C strings for the call's duration; `handle` is a valid out-pointer.
-        Self::check("nvJitLinkCreate", unsafe { (self.create)(&mut handle, ptrs.len() as u32, ptrs.as_ptr()) })?;
+        Self::check("nvJitLinkCreate", unsafe { (self.create)(&mut handle, count, ptrs.as_ptr()) })?;
         Ok(handle)
     }
 

@@ -1,0 +1,202 @@
+//! Taking over an `--mps-dir` whatever way the last meshd on it ended: a claim, the dead one's processes, stale pipes.
+//!
+//! The MPS control daemon leaves `control`, `control_lock` and `control_privileged` in its pipe
+//! directory when it quits or dies, and a client started against an old `control` pipe silently runs
+//! as a plain context (gpu.md). So a start claims the directory (an flock the kernel drops when meshd
+//! dies, so a crash never leaves it claimed), waits for the processes of a dead meshd that the driver
+//! is still tearing down (up to about 2 s after a kill -9), and removes what they left.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mesh_backend::BackendError;
+use rustix::fs::FlockOperation;
+
+use crate::control::PIPE_ENV;
+
+/// The file in an MPS directory whose flock says which meshd holds the directory; it holds that pid.
+pub const CLAIM_FILE: &str = "meshd.lock";
+
+/// How long a start waits for a previous meshd's MPS processes to be torn down by the driver.
+pub const PREVIOUS_TEARDOWN: Duration = Duration::from_secs(10);
+
+/// This meshd's hold on an MPS directory: an exclusive flock on [`CLAIM_FILE`], released by the
+/// kernel when the file closes, which a crash does too.
+#[derive(Debug)]
+pub struct DirClaim {
+    _lock: File,
+}
+
+impl DirClaim {
+    /// Claims `root`, or refuses naming the pid of the meshd that holds it.
+    pub fn take(root: &Path) -> Result<Self, BackendError> {
+        let path = root.join(CLAIM_FILE);
+        let fail = |e: &dyn std::fmt::Display| BackendError::MpsDaemon(format!("claiming {}: {e}", path.display()));
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| fail(&e))?;
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(BackendError::MpsDaemon(format!(
+                    "MPS directory {} is in use by the meshd with pid {} (it holds {}): stop that meshd or give another --mps-dir",
+                    root.display(),
+                    if holder.is_empty() { "unknown" } else { holder },
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(fail(&e)),
+        }
+        file.set_len(0).and_then(|()| writeln!(file, "{}", std::process::id())).map_err(|e| fail(&e))?;
+        Ok(Self { _lock: file })
+    }
+}
+
+/// A process other than this one whose environment names `pipe_dir` as its MPS pipe directory: a
+/// daemon, server or client of that directory. `(pid, command name)`.
+pub fn processes_using(pipe_dir: &Path) -> Vec<(u32, String)> {
+    let wanted = format!("{PIPE_ENV}={}", pipe_dir.display()).into_bytes();
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found: Vec<(u32, String)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            // Unreadable (another user's, or gone) and empty (a zombie, or past the point where the
+            // kernel dropped its memory) environments hold nothing of ours.
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == wanted.as_slice()))
+        })
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            (pid, comm.trim().to_string())
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// Waits until no process uses `pipe_dir` (those of a meshd that died, which the driver may take
+/// seconds to tear down), saying so in the log; refuses, naming them, if some are still there after `within`.
+pub fn wait_for_previous_processes(pipe_dir: &Path, within: Duration) -> Result<(), BackendError> {
+    let start = Instant::now();
+    let mut lingering = processes_using(pipe_dir);
+    if lingering.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(
+        "waiting up to {} s for {} MPS process(es) of a previous meshd on {} to end: {}",
+        within.as_secs(),
+        lingering.len(),
+        pipe_dir.display(),
+        describe(&lingering)
+    );
+    while !lingering.is_empty() {
+        if start.elapsed() >= within {
+            return Err(BackendError::MpsDaemon(format!(
+                "MPS pipe directory {} is still in use after {} s by {}: another MPS daemon or client lives there; stop it or give another --mps-dir",
+                pipe_dir.display(),
+                within.as_secs(),
+                describe(&lingering)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        lingering = processes_using(pipe_dir);
+    }
+    tracing::info!("the previous meshd's MPS processes ended after {} ms", start.elapsed().as_millis());
+    Ok(())
+}
+
+/// Removes whatever a previous daemon left in `pipe_dir`; with nothing alive there, all of it is stale.
+pub fn remove_stale_pipes(pipe_dir: &Path) -> Result<(), BackendError> {
+    let entries = std::fs::read_dir(pipe_dir)
+        .map_err(|e| BackendError::MpsDaemon(format!("reading {}: {e}", pipe_dir.display())))?;
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let gone = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        gone.map_err(|e| BackendError::MpsDaemon(format!("removing the stale {}: {e}", path.display())))?;
+        removed.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    if !removed.is_empty() {
+        removed.sort();
+        tracing::info!("removed what a previous MPS daemon left in {}: {}", pipe_dir.display(), removed.join(", "));
+    }
+    Ok(())
+}
+
+fn describe(procs: &[(u32, String)]) -> String {
+    procs.iter().map(|(pid, comm)| format!("{pid} ({comm})")).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claimed_directory_is_refused_naming_the_holder_and_free_again_once_released() {
+        let root = tempfile::tempdir().unwrap();
+        let claim = DirClaim::take(root.path()).unwrap();
+        let err = DirClaim::take(root.path()).unwrap_err().to_string();
+        assert!(err.contains(&format!("in use by the meshd with pid {}", std::process::id())), "{err}");
+        assert!(err.contains("--mps-dir"), "{err}");
+        drop(claim);
+        DirClaim::take(root.path()).expect("a released claim (as after a crash) can be taken again");
+    }
+
+    #[test]
+    fn stale_pipe_files_are_removed_and_logs_elsewhere_untouched() {
+        let root = tempfile::tempdir().unwrap();
+        let pipe = root.path().join("pipe");
+        std::fs::create_dir(&pipe).unwrap();
+        for f in ["control", "control_lock", "control_privileged"] {
+            std::fs::write(pipe.join(f), b"").unwrap();
+        }
+        std::fs::create_dir(pipe.join("server-dir")).unwrap();
+        std::fs::write(root.path().join("keep.log"), b"x").unwrap();
+        remove_stale_pipes(&pipe).unwrap();
+        assert_eq!(std::fs::read_dir(&pipe).unwrap().count(), 0);
+        assert!(root.path().join("keep.log").exists());
+    }
+
+    #[test]
+    fn a_process_living_on_the_pipe_directory_is_found_waited_for_and_named() {
+        let root = tempfile::tempdir().unwrap();
+        let pipe = root.path().join("pipe");
+        std::fs::create_dir(&pipe).unwrap();
+        assert!(processes_using(&pipe).is_empty());
+        // An absolute path: another test of this binary points PATH elsewhere.
+        let mut child = std::process::Command::new("/bin/sleep").arg("30").env(PIPE_ENV, &pipe).spawn().unwrap();
+        let pid = child.id();
+        // Until it has exec'd, the forked child still carries this process's environment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !processes_using(&pipe).iter().any(|(p, comm)| *p == pid && comm == "sleep") {
+            assert!(Instant::now() < deadline, "pid {pid} with {PIPE_ENV} set was not found");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let err = wait_for_previous_processes(&pipe, Duration::from_millis(200)).unwrap_err().to_string();
+        assert!(err.contains(&format!("{pid} (sleep)")) && err.contains("still in use"), "{err}");
+        // One that ends while the start waits is waited for, not refused.
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
+        wait_for_previous_processes(&pipe, Duration::from_secs(10)).unwrap();
+        killer.join().unwrap();
+    }
+}

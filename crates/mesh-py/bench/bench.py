@@ -1,0 +1,259 @@
+"""The Python client beside the Rust client, in one run: try_send/try_recv pair cost, round trips and 64 KiB streams.
+
+Host <-> host (any machine):
+
+    cargo build --release -p mesh-py --example peer
+    (cd crates/mesh-py && maturin build --release -o /tmp/wheels) && pip install /tmp/wheels/meshd-*.whl
+    python3 crates/mesh-py/bench/bench.py
+
+Host <-> GPU (a machine with meshd and a GPU; round trips through the echo program, 8 to 256 bytes):
+
+    python3 bench.py --gpu --meshd bin/meshd --echo programs/echo.ptx --peer bin/peer
+
+Prints Markdown tables. The Rust side of every row is the peer (crates/mesh-py/examples/peer.rs)
+doing the same thing with mesh-shm's API; each figure is one run (no loops of runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import meshd
+
+SIZES = [8, 64, 256, 4096, 65536]
+GPU_SIZES = [8, 64, 256]
+STREAM_SIZE = 65536
+STREAM_COUNT = 20_000
+
+
+def run(peer: Path, *args: object) -> dict[str, str]:
+    out = subprocess.run([str(peer), *map(str, args)], capture_output=True, text=True, timeout=600, check=True)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def start(peer: Path, *args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(peer), *map(str, args)], stdout=subprocess.PIPE, text=True)
+
+
+def finish(child: subprocess.Popen[str]) -> dict[str, str]:
+    out, _ = child.communicate(timeout=600)
+    if child.returncode != 0:
+        sys.exit(f"peer failed ({child.returncode}): {out}")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def python_pair(mb: meshd.Mailbox, channel: str, count: int) -> tuple[float, float]:
+    """ns per try_send + try_recv_into pair, and per try_send + try_recv (a new bytes each)."""
+    with mb.producer(channel) as tx, mb.consumer(channel) as rx:
+        msg = bytes(tx.msg_size)
+        out = bytearray(tx.msg_size)
+        send, recv_into, recv = tx.try_send, rx.try_recv_into, rx.try_recv
+        t = time.perf_counter_ns()
+        for _ in range(count):
+            send(msg)
+            recv_into(out)
+        into = (time.perf_counter_ns() - t) / count
+        t = time.perf_counter_ns()
+        for _ in range(count):
+            send(msg)
+            recv()
+        fresh = (time.perf_counter_ns() - t) / count
+    return into, fresh
+
+
+def python_ping(mb: meshd.Mailbox, out: str, back: str, count: int) -> tuple[float, float]:
+    """Median and p99 round trip in ns (1,000 warm-up round trips first), the answer checked."""
+    with mb.producer(out) as tx, mb.consumer(back) as rx:
+        msg = np.zeros(tx.msg_size // 8, dtype=np.uint64)
+        got = np.empty_like(msg)
+        send, recv_into = tx.try_send, rx.try_recv_into
+        rtt = []
+        for i in range(1000 + count):
+            msg[0] = i
+            t = time.perf_counter_ns()
+            while not send(msg):
+                pass
+            while not recv_into(got):
+                pass
+            if i >= 1000:
+                rtt.append(time.perf_counter_ns() - t)
+            if got[0] != i:
+                sys.exit(f"round trip {i}: the answer differs")
+    rtt.sort()
+    return float(rtt[len(rtt) // 2]), float(rtt[len(rtt) * 99 // 100])
+
+
+def python_stream_out(mb: meshd.Mailbox, channel: str, count: int) -> None:
+    with mb.producer(channel) as tx:
+        msg = np.zeros(tx.msg_size // 8, dtype=np.uint64)
+        for i in range(count):
+            msg[0] = i
+            tx.send(msg, timeout=60)
+
+
+def python_stream_in(mb: meshd.Mailbox, channel: str, count: int) -> float:
+    """Seconds from the first message to the last, each message's number checked (as the peer's --first-word)."""
+    with mb.consumer(channel) as rx:
+        buf = np.empty(rx.msg_size // 8, dtype=np.uint64)
+        rx.recv_into(buf, timeout=60)
+        t = time.perf_counter()
+        for i in range(1, count):
+            rx.recv_into(buf, timeout=60)
+            if buf[0] != i:
+                sys.exit(f"stream: message {i} carries {buf[0]}")
+        return time.perf_counter() - t
+
+
+def python_stream_in_batch(mb: meshd.Mailbox, channel: str, count: int) -> float:
+    """As python_stream_in, with recv_batch into a 16-message numpy buffer."""
+    with mb.consumer(channel) as rx:
+        buf = np.empty((16, rx.msg_size // 8), dtype=np.uint64)
+        got = rx.recv_batch(buf[:1], timeout=60)
+        t = time.perf_counter()
+        while got < count:
+            k = rx.recv_batch(buf[: min(16, count - got)], timeout=60)
+            if not np.array_equal(buf[:k, 0], np.arange(got, got + k, dtype=np.uint64)):
+                sys.exit(f"stream: out of sequence after {got}")
+            got += k
+        return time.perf_counter() - t
+
+
+def gbps(size: int, count: int, seconds: float) -> float:
+    return size * (count - 1) / seconds / 1e9
+
+
+def host(peer: Path, pairs: int, pings: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-"))
+    path = tmp / "mailbox"
+    chans = [f"p{s}:{s}:64" for s in SIZES] + [f"o{s}:{s}:64" for s in SIZES] + [f"i{s}:{s}:64" for s in SIZES]
+    run(peer, "mailbox", path, *chans, f"stream:{STREAM_SIZE}:64")
+    mb = meshd.Mailbox.open(path)
+    print(f"## Python client beside the Rust client, host <-> host ({os.cpu_count()} CPUs)\n")
+    print("### try_send + try_recv pair, one thread, ns (lower is better)\n")
+    print("| message | Rust | Python, try_recv_into | Python, try_recv (new bytes) | Python - Rust |")
+    print("| --- | --- | --- | --- | --- |")
+    for s in SIZES:
+        count = max(10_000, min(pairs, (1 << 30) // s))  # at most 1 GiB of copying per row
+        rust = float(run(peer, "pair", path, f"p{s}", count)["ns_per_pair"])
+        into, fresh = python_pair(mb, f"p{s}", count)
+        print(f"| {s} B | {rust:.0f} | {into:.0f} | {fresh:.0f} | {into - rust:+.0f} |")
+    print("\n### Round trip through a Rust echo peer (another process), median / p99, µs\n")
+    print("| message | Rust | Python |")
+    print("| --- | --- | --- |")
+    for s in SIZES:
+        echo = start(peer, "echo", path, f"o{s}", f"i{s}", 2 * (1000 + pings))
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"
+        r = run(peer, "ping", path, f"o{s}", f"i{s}", pings)
+        py_med, py_p99 = python_ping(mb, f"o{s}", f"i{s}", pings)
+        finish(echo)
+        rm, rp = float(r["median_ns"]) / 1000, float(r["p99_ns"]) / 1000
+        print(f"| {s} B | {rm:.2f} / {rp:.2f} | {py_med / 1000:.2f} / {py_p99 / 1000:.2f} |")
+    print(f"\n### Streaming {STREAM_SIZE // 1024} KiB messages one way ({STREAM_COUNT} messages), GB/s\n")
+    print("| producer -> consumer | GB/s |")
+    print("| --- | --- |")
+    n = STREAM_COUNT
+    c = start(peer, "consume", path, "stream", n, "--first-word")
+    run(peer, "produce", path, "stream", n, "--first-word")
+    rr = gbps(STREAM_SIZE, n, float(finish(c)["seconds"]))
+    print(f"| Rust -> Rust | {rr:.2f} |")
+    base = mb.channel("stream").head
+    c = start(peer, "consume", path, "stream", n, "--first-word", "--from-tail")
+    # The Python producer numbers from the channel's position, as the peer's --from-tail expects.
+    with mb.producer("stream") as tx:
+        msg = np.zeros(STREAM_SIZE // 8, dtype=np.uint64)
+        for i in range(base, base + n):
+            msg[0] = i
+            tx.send(msg, timeout=60)
+    pr = gbps(STREAM_SIZE, n, float(finish(c)["seconds"]))
+    print(f"| Python `send` (numpy) -> Rust | {pr:.2f} ({pr / rr:.0%} of Rust) |")
+    p = start(peer, "produce", path, "stream", n, "--first-word")
+    secs = python_stream_in(mb, "stream", n)
+    finish(p)
+    rp = gbps(STREAM_SIZE, n, secs)
+    print(f"| Rust -> Python `recv_into` (numpy) | {rp:.2f} ({rp / rr:.0%} of Rust) |")
+    # The batch forms, as the Rust consumer uses them (up to 16 messages per call).
+    base = mb.channel("stream").head
+    c = start(peer, "consume", path, "stream", n, "--first-word", "--from-tail")
+    with mb.producer("stream") as tx:
+        msgs = np.zeros((16, STREAM_SIZE // 8), dtype=np.uint64)
+        for first in range(base, base + n, 16):
+            k = min(16, base + n - first)
+            msgs[:k, 0] = np.arange(first, first + k, dtype=np.uint64)
+            tx.send_batch(msgs[:k], timeout=60)
+    pb = gbps(STREAM_SIZE, n, float(finish(c)["seconds"]))
+    print(f"| Python `send_batch` (numpy, 16 per call) -> Rust | {pb:.2f} ({pb / rr:.0%} of Rust) |")
+    p = start(peer, "produce", path, "stream", n, "--first-word")
+    secs = python_stream_in_batch(mb, "stream", n)
+    finish(p)
+    rb = gbps(STREAM_SIZE, n, secs)
+    print(f"| Rust -> Python `recv_batch` (numpy, up to 16 per call) | {rb:.2f} ({rb / rr:.0%} of Rust) |")
+
+
+def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-gpu-"))
+    sock, shm = tmp / "sock", tmp / "mailbox"
+    args = [str(meshd_bin), "--socket", str(sock), "run", "--shm", str(shm), "--fresh", "--state-dir", str(tmp / "state")]
+    log = open(tmp / "meshd.log", "w")
+    daemon = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    client = meshd.Client(sock, timeout=120)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                info = client.info()
+                break
+            except meshd.MeshdUnreachable:
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    sys.exit(f"meshd did not come up:\n{(tmp / 'meshd.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+        print(f"## Python client beside the Rust client, host <-> GPU ({info['device']})\n")
+        print("### Round trip through the echo program, median / p99, µs\n")
+        print("| message | Rust | Python |")
+        print("| --- | --- | --- |")
+        mb = client.mailbox()
+        for s in GPU_SIZES:
+            client.channel_create(f"to{s}", msg_size=s, capacity=64)
+            client.channel_create(f"from{s}", msg_size=s, capacity=64)
+            client.load(f"echo{s}", echo, bind=[f"to{s}", f"from{s}"])
+            r = run(peer, "ping", shm, f"to{s}", f"from{s}", pings)
+            py_med, py_p99 = python_ping(mb, f"to{s}", f"from{s}", pings)
+            client.unload(f"echo{s}")
+            rm, rp = float(r["median_ns"]) / 1000, float(r["p99_ns"]) / 1000
+            print(f"| {s} B | {rm:.2f} / {rp:.2f} | {py_med / 1000:.2f} / {py_p99 / 1000:.2f} |")
+        client.shutdown()
+        daemon.wait(timeout=60)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+
+
+def main() -> None:
+    here = Path(__file__).resolve()
+    default_peer = here.parents[3] / "target" / "release" / "examples" / "peer"
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peer", type=Path, default=default_peer, help="the Rust peer (release build)")
+    ap.add_argument("--pairs", type=int, default=1_000_000)
+    ap.add_argument("--pings", type=int, default=20_000)
+    ap.add_argument("--gpu", action="store_true", help="round trips through meshd's echo program on the GPU")
+    ap.add_argument("--meshd", type=Path, default=Path("meshd"))
+    ap.add_argument("--echo", type=Path, default=here.parents[3] / "tests" / "programs" / "echo.ptx")
+    args = ap.parse_args()
+    if not args.peer.exists():
+        sys.exit(f"{args.peer}: build it with `cargo build --release -p mesh-py --example peer`")
+    print(f"meshd package: {meshd.__file__}; Python {sys.version.split()[0]}; mailbox layout {meshd.LAYOUT_VERSION}\n")
+    if args.gpu:
+        gpu(args.peer, args.meshd, args.echo, args.pings)
+    else:
+        host(args.peer, args.pairs, args.pings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Type stubs of the extension module ``meshd._meshd`` (the mailbox's host side, in Rust)."""
+
+from collections.abc import Awaitable
+from os import PathLike
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from typing_extensions import Buffer, Self
+
+#: The mailbox layout version this build reads (a file of another version is refused).
+LAYOUT_VERSION: Final[int]
+#: The largest message size a channel may have.
+MAX_MSG_SIZE: Final[int]
+
+class ChannelInfo:
+    """A channel as the mailbox's table describes it, with a snapshot of its indices and claims."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def msg_size(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def head(self) -> int: ...
+    @property
+    def tail(self) -> int: ...
+    @property
+    def producer_pid(self) -> int | None: ...
+    @property
+    def consumer_pid(self) -> int | None: ...
+
+class Mailbox:
+    """A mapped mailbox file."""
+
+    @staticmethod
+    def open(path: str | PathLike[str]) -> Mailbox:
+        """Maps the mailbox at ``path`` after validating it; LayoutVersionError names --fresh."""
+    @property
+    def path(self) -> Path: ...
+    @property
+    def owner_pid(self) -> int | None: ...
+    def channels(self) -> list[ChannelInfo]: ...
+    def channel(self, name: str) -> ChannelInfo: ...
+    def producer(self, name: str) -> Producer: ...
+    def consumer(self, name: str) -> Consumer: ...
+
+class Producer:
+    """The sending end of a channel, claimed for this process until closed."""
+
+    def __init__(self, mailbox: Mailbox, name: str) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def msg_size(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def try_send(self, msg: Buffer) -> bool:
+        """One message of at most ``msg_size`` bytes (zero-padded); False when full. Keeps the GIL."""
+    def send(self, msg: Buffer, timeout: float | None = None) -> None:
+        """One message, waiting for room (GIL released); MeshTimeoutError after ``timeout`` seconds."""
+    def try_send_batch(self, msgs: Buffer) -> int:
+        """As many ``msg_size``-byte records as fit, published once; how many."""
+    def send_batch(self, msgs: Buffer, timeout: float | None = None) -> None:
+        """Every record, waiting for room; on timeout the exception's ``sent`` says how many went."""
+    def close(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> bool: ...
+
+class Consumer:
+    """The receiving end of a channel, claimed for this process until closed."""
+
+    def __init__(self, mailbox: Mailbox, name: str) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def msg_size(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def try_recv(self) -> bytes | None:
+        """One message, or None when none is waiting. Keeps the GIL."""
+    def recv(self, timeout: float | None = None) -> bytes:
+        """One message, waiting (GIL released); MeshTimeoutError after ``timeout`` seconds."""
+    def try_recv_into(self, buffer: Buffer) -> bool:
+        """One message into a writable ``msg_size``-byte buffer; False when none is waiting."""
+    def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None: ...
+    def try_recv_batch(self, buffer: Buffer) -> int:
+        """As many messages as wait and fit in ``buffer`` (a multiple of ``msg_size``); how many."""
+    def recv_batch(self, buffer: Buffer, timeout: float | None = None) -> int:
+        """At least one message into ``buffer``, waiting; how many."""
+    def arecv(self, timeout: float | None = None) -> Awaitable[bytes]:
+        """``recv`` for asyncio: polled from the event loop, no thread."""
+    def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> bool: ...
+
+def _timeout_error(channel: str, waited_ms: int) -> BaseException: ...

@@ -1,0 +1,345 @@
+"""The control socket's client: the requests of the ``meshd`` command line, from Python.
+
+One request per connection, as the CLI does: a JSON line (plus the image's bytes for ``load`` and
+``upgrade``), then one JSON line back. The encoding is byte for byte the CLI's (serde_json's
+compact form, fields in the protocol's order); golden files written by meshd's Rust tests keep
+the two in step (``tests/golden``). A refusal raises :class:`MeshdRefused` with meshd's reason; no
+meshd on the socket raises :class:`MeshdUnreachable`.
+
+Messages do not go through the socket: :meth:`Client.producer` and :meth:`Client.consumer` ask
+``info`` for the mailbox and claim a channel's end there, as ``meshd send`` and ``meshd recv`` do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket as _socket
+from pathlib import Path
+from typing import Any, Sequence, TypedDict, Union
+
+from ._errors import MeshdProtocolError, MeshdRefused, MeshdUnreachable
+from ._meshd import Consumer, Mailbox, Producer
+
+__all__ = [
+    "Client",
+    "DEFAULT_SOCKET",
+    "ProgramRow",
+    "NativeRow",
+    "ChannelRow",
+    "Info",
+    "Ps",
+    "encode_request",
+    "decode_response",
+]
+
+#: The socket meshd listens on without --socket (and MESHD_SOCKET unset).
+DEFAULT_SOCKET = "/tmp/meshd.sock"
+#: The longest response line read (as the CLI: a broken peer cannot make the client grow without end).
+MAX_RESPONSE = 64 << 20
+
+Image = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+
+
+class ProgramRow(TypedDict, total=False):
+    """A program's row (``ps``, and the answer to ``load`` and ``upgrade``)."""
+
+    name: str
+    slot: int
+    state: str
+    generation: int
+    heartbeat: int
+    worker_pid: int | None
+    sms: int | None
+    kind: str
+    grid: list[int]
+    block: list[int]
+    restarts: int
+    last_fault: str
+    last_fault_unix_ms: int
+    stopped_why: str
+
+
+class NativeRow(TypedDict):
+    """A native GPU worker's row (``ps``, ``spawn``, ``stop``)."""
+
+    name: str
+    pid: int
+    state: str
+    bind: list[str]
+    command: str
+    isolation: str
+
+
+class ChannelRow(TypedDict, total=False):
+    """A channel's row in ``info`` (``placement`` where the meshd reports it)."""
+
+    name: str
+    msg_size: int
+    capacity: int
+    head: int
+    tail: int
+    placement: str
+
+
+class Info(TypedDict, total=False):
+    """The daemon's description of itself (``info``); ``pool`` in MPS mode."""
+
+    mode: str
+    mailbox: str
+    device: str
+    host_atomics: bool
+    channels: list[ChannelRow]
+    device_uuid: str
+    device_selector: str
+    pool: dict[str, Any]
+
+
+class Ps(TypedDict):
+    """``ps``: the programs, and the native GPU workers beside them."""
+
+    programs: list[ProgramRow]
+    natives: list[NativeRow]
+
+
+def encode_request(request: dict[str, Any], image: bytes = b"") -> bytes:
+    """A request as it goes on the wire: the JSON line (serde_json's compact form) and the image."""
+    return json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" + bytes(image)
+
+
+def decode_response(line: bytes) -> dict[str, Any]:
+    """One response line as a dict; raises MeshdRefused when meshd refused the request."""
+    try:
+        resp = json.loads(line)
+    except ValueError as e:
+        raise MeshdProtocolError(f"malformed response from meshd: {e}") from None
+    if not isinstance(resp, dict) or not isinstance(resp.get("ok"), bool):
+        raise MeshdProtocolError(f"malformed response from meshd: {line[:200]!r}")
+    if not resp["ok"]:
+        reason = resp.get("error") or "refused"
+        raise MeshdRefused(reason, backend_us=resp.get("backend_us"))
+    return resp
+
+
+def _image_bytes(image: Image) -> bytes:
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    path = Path(image)
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise MeshdRefused(f"image {path}: {e.strerror or e}") from None
+
+
+def _dim3(value: int | Sequence[int], what: str) -> list[int]:
+    dims = [value] if isinstance(value, int) else list(value)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and 0 < d < 2**32 for d in dims):
+        raise ValueError(f"{what} {value!r}: expected 1 to 3 positive integers")
+    return dims + [1] * (3 - len(dims))
+
+
+class Client:
+    """A client of one meshd's control socket.
+
+    ``socket``: the socket's path; default ``$MESHD_SOCKET``, else ``/tmp/meshd.sock`` (as the CLI).
+    ``timeout``: seconds to wait for an answer (None: as long as meshd takes; a load links first).
+    """
+
+    def __init__(self, socket: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
+        self.socket = Path(socket if socket is not None else os.environ.get("MESHD_SOCKET", DEFAULT_SOCKET))
+        self.timeout = timeout
+        #: Microseconds meshd's backend spent on the last change (load, upgrade, unload, channel create).
+        self.last_backend_us: int | None = None
+        self._mailbox: Mailbox | None = None
+
+    def __repr__(self) -> str:
+        return f"Client({str(self.socket)!r})"
+
+    # ---- the wire ----
+
+    def call(self, request: dict[str, Any], image: bytes = b"") -> dict[str, Any]:
+        """Sends one request (a dict in the protocol's field order) and returns meshd's answer."""
+        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            try:
+                conn.settimeout(self.timeout if self.timeout is not None else 5.0)
+                conn.connect(str(self.socket))
+            except OSError as e:
+                raise MeshdUnreachable(
+                    f"cannot reach meshd at {self.socket} (is `meshd run` running?): {e.strerror or e}",
+                    socket=str(self.socket),
+                ) from None
+            conn.settimeout(self.timeout)
+            # meshd may refuse before reading everything (a line too long) and close: the write then
+            # fails, but its answer is there to read, and it says why.
+            write_error: OSError | None = None
+            try:
+                conn.sendall(encode_request(request, image))
+            except OSError as e:
+                write_error = e
+            line = self._read_line(conn)
+            if not line:
+                why = f": {write_error}" if write_error else ""
+                raise MeshdProtocolError(f"meshd closed the connection without answering{why}")
+        finally:
+            conn.close()
+        resp = decode_response(line)
+        self.last_backend_us = resp.get("backend_us")
+        return resp
+
+    @staticmethod
+    def _read_line(conn: _socket.socket) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                chunk = conn.recv(1 << 16)
+            except TimeoutError:
+                raise
+            except OSError as e:
+                raise MeshdProtocolError(f"reading meshd's answer: {e}") from None
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if b"\n" in chunk:
+                return b"".join(chunks).split(b"\n", 1)[0]
+            if size > MAX_RESPONSE:
+                raise MeshdProtocolError(f"meshd's answer is longer than {MAX_RESPONSE} bytes")
+
+    # ---- programs ----
+
+    def load(
+        self,
+        name: str,
+        image: Image,
+        *,
+        grid: int | Sequence[int] = 1,
+        block: int | Sequence[int] = 32,
+        shared_mem: int = 0,
+        bind: Sequence[str] = (),
+        sms: int | None = None,
+        no_readiness: bool = False,
+    ) -> ProgramRow:
+        """Loads a program (PTX, LTO-IR, cubin or fatbin bytes, or a path to one); its row.
+
+        ``no_readiness``: meshd's readiness check ignores this program's heartbeat (one that beats
+        rarely by design); sent only when true, as the CLI does (a meshd without it ignores it).
+        """
+        data = _image_bytes(image)
+        req = {
+            "op": "load",
+            "name": name,
+            "image_len": len(data),
+            "grid": _dim3(grid, "grid"),
+            "block": _dim3(block, "block"),
+            "shared_mem": shared_mem,
+            "bind": list(bind),
+            "sms": sms,
+        }
+        if no_readiness:
+            req["no_readiness"] = True
+        return self._program(self.call(req, data))
+
+    def upgrade(self, name: str, image: Image) -> ProgramRow:
+        """Replaces a program's image; its row."""
+        data = _image_bytes(image)
+        return self._program(self.call({"op": "upgrade", "name": name, "image_len": len(data)}, data))
+
+    def unload(self, name: str) -> None:
+        """Stops a program and frees its slot."""
+        self.call({"op": "unload", "name": name})
+
+    def ps(self) -> Ps:
+        """Every program's status, and the native GPU workers."""
+        resp = self.call({"op": "ps"})
+        return {"programs": resp.get("programs") or [], "natives": resp.get("natives") or []}
+
+    @staticmethod
+    def _program(resp: dict[str, Any]) -> ProgramRow:
+        programs = resp.get("programs") or []
+        if not programs:
+            raise MeshdProtocolError("meshd answered without the program's row")
+        row: ProgramRow = programs[0]
+        return row
+
+    # ---- the daemon and its channels ----
+
+    def info(self) -> Info:
+        """The daemon's mode, mailbox path, device and channels."""
+        info = self.call({"op": "info"}).get("info")
+        if not isinstance(info, dict):
+            raise MeshdProtocolError("meshd sent no info")
+        result: Info = info  # type: ignore[assignment]
+        return result
+
+    def channel_create(
+        self, name: str, msg_size: int = 64, capacity: int = 1024, *, placement: str | None = None
+    ) -> None:
+        """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
+
+        ``placement`` (``"host"`` or ``"device"``), where the meshd has it: sent only when given.
+        """
+        req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
+        if placement:
+            req["placement"] = placement
+        self.call(req)
+
+    def metrics(self) -> str:
+        """meshd's Prometheus exposition (what its ``/metrics`` endpoint serves), from its snapshot."""
+        text = self.call({"op": "metrics"}).get("metrics")
+        if not isinstance(text, str):
+            raise MeshdProtocolError("meshd answered metrics without the exposition")
+        return text
+
+    def shutdown(self) -> None:
+        """Stops every program; meshd exits."""
+        self.call({"op": "shutdown"})
+
+    # ---- native GPU workers ----
+
+    def spawn(
+        self, name: str, command: Sequence[str], *, bind: Sequence[str] = (), ready_timeout: float = 30.0
+    ) -> NativeRow:
+        """Starts a native GPU worker (meshd's child); answered once it is ready."""
+        if not (ready_timeout > 0 and ready_timeout != float("inf")):
+            raise ValueError(f"ready_timeout {ready_timeout}: expected a positive number of seconds")
+        if not command:
+            raise ValueError("command: expected the program and its arguments, got nothing")
+        req = {
+            "op": "spawn",
+            "name": name,
+            "bind": list(bind),
+            "command": list(command),
+            "ready_timeout_ms": math.ceil(ready_timeout * 1000),
+        }
+        return self._native(self.call(req))
+
+    def stop(self, name: str) -> NativeRow:
+        """Ends a native GPU worker: SIGTERM, then SIGKILL after the grace period."""
+        return self._native(self.call({"op": "stop", "name": name}))
+
+    @staticmethod
+    def _native(resp: dict[str, Any]) -> NativeRow:
+        natives = resp.get("natives") or []
+        if not natives:
+            raise MeshdProtocolError("meshd answered without the worker's row")
+        row: NativeRow = natives[0]
+        return row
+
+    # ---- messages, through the mailbox ----
+
+    def mailbox(self) -> Mailbox:
+        """The mailbox ``info`` names, mapped once per client."""
+        if self._mailbox is None:
+            self._mailbox = Mailbox.open(self.info()["mailbox"])
+        return self._mailbox
+
+    def producer(self, channel: str) -> Producer:
+        """Claims the producer end of ``channel`` in this meshd's mailbox."""
+        return self.mailbox().producer(channel)
+
+    def consumer(self, channel: str) -> Consumer:
+        """Claims the consumer end of ``channel`` in this meshd's mailbox."""
+        return self.mailbox().consumer(channel)

@@ -1,0 +1,651 @@
+//! `meshd._meshd`: the mailbox's host side (mesh-shm) for Python: open, list channels, claim an end, send and receive.
+//!
+//! Host memory only: nothing here touches CUDA, so importing the package never makes the process a
+//! CUDA (or MPS) client. Messages go straight between Python buffers and the ring: `send` reads any
+//! C-contiguous buffer in place (bytes, bytearray, memoryview, numpy arrays), `recv_into` writes into
+//! a writable one, `recv` fills a new `bytes` object directly.
+//!
+//! Blocking calls release the GIL and come back for it every [`SIGNAL_CHECK`] to let Python run its
+//! signal handlers (Ctrl-C raises `KeyboardInterrupt` there); the `try_` calls keep the GIL, since
+//! releasing it costs more than one attempt. Errors are the classes of `meshd._errors`, one per
+//! mesh-shm error kind, carrying mesh-shm's own text.
+
+use std::time::{Duration, Instant};
+
+use mesh_shm::{ChannelInfo, Consumer, Mailbox, Producer, ShmError};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict};
+
+/// The longest stretch a blocking call spends without the GIL: signals are checked this often.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+/// How long a blocking call spins before it starts sleeping between polls (latency first, then CPU).
+const SPIN: Duration = Duration::from_micros(50);
+/// The longest sleep between two polls once spinning is over.
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+// ---- errors ----
+
+/// The Python class for a mesh-shm error and the values it carries beside its text.
+fn error_class(py: Python<'_>, e: &ShmError) -> (&'static str, Vec<(&'static str, Py<PyAny>)>) {
+    let s = |v: &str| -> Py<PyAny> { pyo3::types::PyString::new(py, v).into_any().unbind() };
+    let n = |v: u64| -> Py<PyAny> {
+        let Ok(int) = v.into_pyobject(py);
+        int.into_any().unbind()
+    };
+    match e {
+        ShmError::Io { path, op, source } => (
+            "MailboxIOError",
+            vec![
+                ("path", s(&path.to_string_lossy())),
+                ("op", s(op)),
+                ("errno", n(source.raw_os_error().unwrap_or(0) as u64)),
+            ],
+        ),
+        ShmError::Exists { path } => ("MailboxExistsError", vec![("path", s(&path.to_string_lossy()))]),
+        ShmError::Invalid { path, field: "layout version", .. } => {
+            ("LayoutVersionError", vec![("path", s(&path.to_string_lossy())), ("field", s("layout version"))])
+        }
+        ShmError::Invalid { path, field, .. } => {
+            ("MailboxInvalidError", vec![("path", s(&path.to_string_lossy())), ("field", s(field))])
+        }
+        ShmError::Config(_) => ("MailboxConfigError", vec![]),
+        ShmError::NoSuchChannel(c) => ("NoSuchChannelError", vec![("channel", s(c))]),
+        ShmError::ChannelExists(c) => ("ChannelExistsError", vec![("channel", s(c))]),
+        ShmError::ChannelConfig { name, .. } => ("ChannelConfigError", vec![("channel", s(name))]),
+        ShmError::Full { name, .. } => ("MailboxFullError", vec![("channel", s(name))]),
+        ShmError::Claimed { channel, end, pid } => {
+            ("ClaimedError", vec![("channel", s(channel)), ("end", s(&end.to_string())), ("pid", n(u64::from(*pid)))])
+        }
+        ShmError::MessageSize { channel, size, got } => {
+            ("MessageSizeError", vec![("channel", s(channel)), ("size", n(*size as u64)), ("got", n(*got as u64))])
+        }
+        ShmError::Timeout { channel, op, waited_ms } => {
+            ("MeshTimeoutError", vec![("channel", s(channel)), ("op", s(op)), ("waited_ms", n(*waited_ms as u64))])
+        }
+        ShmError::Corrupt { channel, head, tail, capacity } => (
+            "CorruptError",
+            vec![("channel", s(channel)), ("head", n(*head)), ("tail", n(*tail)), ("capacity", n(*capacity))],
+        ),
+        ShmError::NoSuchSlot { index, count } => {
+            ("NoSuchSlotError", vec![("index", n(u64::from(*index))), ("count", n(u64::from(*count)))])
+        }
+        ShmError::TooManyBindings { index, count, max } => (
+            "TooManyBindingsError",
+            vec![("index", n(u64::from(*index))), ("count", n(*count as u64)), ("max", n(*max as u64))],
+        ),
+        // A kind mesh-shm gained after this table was written is still raised, with its text, as the
+        // base class until it is given its own (ShmError is not #[non_exhaustive], so this arm is
+        // unreachable now, and a branch adding variants still builds).
+        #[allow(unreachable_patterns)]
+        _ => ("MeshError", vec![]),
+    }
+}
+
+/// The text of an error: mesh-shm's, except for a mailbox of another layout version, which gets
+/// meshd's own refusal (`meshd::start::StartError::OtherVersion`, kept equal by a golden file).
+fn error_text(e: &ShmError) -> String {
+    match e {
+        ShmError::Invalid { path, field: "layout version", reason } => format!(
+            "mailbox {}: layout version {reason}; start with --fresh to replace it with an empty mailbox (its \
+             channels and messages are lost), or give another --shm",
+            path.display()
+        ),
+        e => e.to_string(),
+    }
+}
+
+/// The `meshd._errors` module, imported once.
+fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    Ok(MODULE.get_or_try_init(py, || py.import("meshd._errors").map(Bound::unbind))?.bind(py))
+}
+
+/// A mesh-shm error as the Python exception of its kind.
+fn shm_err(py: Python<'_>, e: ShmError) -> PyErr {
+    let (class, fields) = error_class(py, &e);
+    let build = || -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        for (k, v) in fields {
+            kwargs.set_item(k, v)?;
+        }
+        let exc = errors_module(py)?.getattr(class)?.call((error_text(&e),), Some(&kwargs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|import_failed| import_failed)
+}
+
+// ---- buffers ----
+
+/// A Python object's bytes, held exported (so that a bytearray cannot be resized under us).
+struct Bytes {
+    buf: PyUntypedBuffer,
+}
+
+impl Bytes {
+    /// Exports `obj`'s buffer; refuses one that is not C-contiguous, or (for `writable`) a read-only one.
+    fn get(obj: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<Self> {
+        let buf = PyUntypedBuffer::get(obj)?;
+        if !buf.is_c_contiguous() {
+            return Err(PyBufferError::new_err(format!(
+                "{what}: the buffer is not C-contiguous (pass a contiguous copy, e.g. numpy.ascontiguousarray)"
+            )));
+        }
+        if writable && buf.readonly() {
+            return Err(PyBufferError::new_err(format!("{what}: the buffer is read-only")));
+        }
+        Ok(Self { buf })
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        let len = self.buf.len_bytes();
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: the exported buffer is C-contiguous (checked in `get`), so its `len_bytes` bytes
+        // start at `buf_ptr`, and stay valid while the export (held by `self`) lives. Python code
+        // may still write them concurrently (as with any buffer handed to native code): the bytes
+        // sent are then whatever was there, never memory outside the buffer.
+        unsafe { std::slice::from_raw_parts(self.buf.buf_ptr().cast::<u8>(), len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.buf.len_bytes();
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`; `get` checked the export writable, and `&mut self` keeps this
+        // the only slice of it made here.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.buf_ptr().cast::<u8>(), len) }
+    }
+}
+
+// ---- blocking ----
+
+/// A timeout argument in seconds (None: wait for ever) as a deadline.
+fn deadline(timeout: Option<f64>) -> PyResult<Option<(Instant, Duration)>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => {
+            let d = Duration::from_secs_f64(t.min(1e9));
+            Ok(Some((Instant::now() + d, d)))
+        }
+        Some(t) => Err(PyValueError::new_err(format!("timeout {t}: expected None or a number of seconds >= 0"))),
+    }
+}
+
+/// Polls `attempt` until it yields or the deadline passes, the GIL released: spin first, then
+/// sleep with back-off; every [`SIGNAL_CHECK`] the GIL is taken back for Python's signal handlers.
+/// `Ok(None)`: the deadline passed.
+fn wait_for<T: Send>(
+    py: Python<'_>,
+    deadline: Option<(Instant, Duration)>,
+    mut attempt: impl FnMut() -> Result<Option<T>, ShmError> + Send,
+) -> PyResult<Option<T>> {
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(1);
+    loop {
+        let stretch_end = Instant::now() + SIGNAL_CHECK;
+        let end = deadline.map_or(stretch_end, |(d, _)| d.min(stretch_end));
+        let got = py.detach(|| -> Result<Option<T>, ShmError> {
+            loop {
+                if let Some(v) = attempt()? {
+                    return Ok(Some(v));
+                }
+                let now = Instant::now();
+                if now >= end {
+                    return Ok(None);
+                }
+                if now - start < SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(nap.min(end - now));
+                    nap = (nap * 2).min(MAX_NAP);
+                }
+            }
+        });
+        match got {
+            Ok(Some(v)) => return Ok(Some(v)),
+            Ok(None) => {}
+            Err(e) => return Err(shm_err(py, e)),
+        }
+        py.check_signals()?;
+        if deadline.is_some_and(|(d, _)| Instant::now() >= d) {
+            return Ok(None);
+        }
+    }
+}
+
+fn timed_out(py: Python<'_>, channel: &str, op: &'static str, deadline: Option<(Instant, Duration)>) -> PyErr {
+    let waited_ms = deadline.map_or(0, |(_, d)| d.as_millis());
+    shm_err(py, ShmError::Timeout { channel: channel.to_string(), op, waited_ms })
+}
+
+// ---- the classes ----
+
+/// A channel as the mailbox's table describes it, with a snapshot of its indices and claims.
+#[pyclass(name = "ChannelInfo", module = "meshd", frozen, get_all)]
+#[derive(Debug)]
+struct PyChannelInfo {
+    /// Index in the descriptor table (what a program slot binds).
+    index: u32,
+    /// The channel's name.
+    name: String,
+    /// Bytes per message.
+    msg_size: u32,
+    /// Messages the ring holds.
+    capacity: u32,
+    /// Messages ever sent (a GPU producer publishes in batches: a lower bound).
+    head: u64,
+    /// Messages ever received (likewise a lower bound for a GPU consumer).
+    tail: u64,
+    /// Pid holding the producer end, if any.
+    producer_pid: Option<u32>,
+    /// Pid holding the consumer end, if any.
+    consumer_pid: Option<u32>,
+}
+
+impl From<ChannelInfo> for PyChannelInfo {
+    fn from(c: ChannelInfo) -> Self {
+        Self {
+            index: c.index,
+            name: c.name,
+            msg_size: c.msg_size,
+            capacity: c.capacity,
+            head: c.head,
+            tail: c.tail,
+            producer_pid: c.producer_pid,
+            consumer_pid: c.consumer_pid,
+        }
+    }
+}
+
+#[pymethods]
+impl PyChannelInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "ChannelInfo(name={:?}, index={}, msg_size={}, capacity={}, head={}, tail={}, producer_pid={:?}, consumer_pid={:?})",
+            self.name,
+            self.index,
+            self.msg_size,
+            self.capacity,
+            self.head,
+            self.tail,
+            self.producer_pid,
+            self.consumer_pid
+        )
+    }
+}
+
+/// A mapped mailbox file.
+#[pyclass(name = "Mailbox", module = "meshd", frozen)]
+#[derive(Debug)]
+struct PyMailbox {
+    inner: Mailbox,
+}
+
+#[pymethods]
+impl PyMailbox {
+    /// Maps the mailbox at `path` after validating it (a file of another layout version is refused).
+    #[staticmethod]
+    fn open(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        Mailbox::open(&path).map(|inner| Self { inner }).map_err(|e| shm_err(py, e))
+    }
+
+    /// The file's path.
+    #[getter]
+    fn path(&self) -> std::path::PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    /// The pid of the meshd serving this mailbox, as it recorded it (None: none recorded).
+    #[getter]
+    fn owner_pid(&self) -> Option<u32> {
+        self.inner.owner_pid()
+    }
+
+    /// Every live channel.
+    fn channels(&self, py: Python<'_>) -> PyResult<Vec<PyChannelInfo>> {
+        let list = self.inner.channels().map_err(|e| shm_err(py, e))?;
+        Ok(list.into_iter().map(PyChannelInfo::from).collect())
+    }
+
+    /// One channel by name.
+    fn channel(&self, py: Python<'_>, name: &str) -> PyResult<PyChannelInfo> {
+        self.inner.channel(name).map(PyChannelInfo::from).map_err(|e| shm_err(py, e))
+    }
+
+    /// Claims the producer end of channel `name`.
+    fn producer(&self, py: Python<'_>, name: &str) -> PyResult<PyProducer> {
+        PyProducer::new(py, self, name)
+    }
+
+    /// Claims the consumer end of channel `name`.
+    fn consumer(&self, py: Python<'_>, name: &str) -> PyResult<PyConsumer> {
+        PyConsumer::new(py, self, name)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Mailbox({:?})", self.inner.path().display().to_string())
+    }
+}
+
+/// The sending end of a channel, claimed for this process until closed.
+#[pyclass(name = "Producer", module = "meshd")]
+#[derive(Debug)]
+struct PyProducer {
+    inner: Option<Producer>,
+    name: String,
+    msg_size: u32,
+    capacity: u32,
+}
+
+impl PyProducer {
+    fn end(&mut self) -> PyResult<&mut Producer> {
+        let name = &self.name;
+        self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: producer is closed")))
+    }
+}
+
+#[pymethods]
+impl PyProducer {
+    #[new]
+    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str) -> PyResult<Self> {
+        let p = Producer::claim(&mailbox.inner, name).map_err(|e| shm_err(py, e))?;
+        let (name, msg_size, capacity) = (p.info().name.clone(), p.info().msg_size, p.info().capacity);
+        Ok(Self { inner: Some(p), name, msg_size, capacity })
+    }
+
+    /// The channel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes per message (shorter messages are zero-padded).
+    #[getter]
+    fn msg_size(&self) -> u32 {
+        self.msg_size
+    }
+
+    /// Messages the ring holds.
+    #[getter]
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Sends one message (any C-contiguous buffer of at most `msg_size` bytes) if there is room;
+    /// False when the ring is full. Keeps the GIL.
+    fn try_send(&mut self, py: Python<'_>, msg: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let bytes = Bytes::get(msg, "send", false)?;
+        self.end()?.try_send(bytes.as_slice()).map_err(|e| shm_err(py, e))
+    }
+
+    /// Sends one message, waiting for room (the GIL released) until `timeout` seconds pass (None: for ever).
+    #[pyo3(signature = (msg, timeout=None))]
+    fn send(&mut self, py: Python<'_>, msg: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let bytes = Bytes::get(msg, "send", false)?;
+        let deadline = deadline(timeout)?;
+        let msg = bytes.as_slice();
+        let end = self.end()?;
+        if end.try_send(msg).map_err(|e| shm_err(py, e))? {
+            return Ok(());
+        }
+        match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => Err(timed_out(py, &self.name, "send", deadline)),
+        }
+    }
+
+    /// Sends as many whole messages of `msgs` (a buffer of `msg_size`-byte records) as fit,
+    /// publishing once; returns how many. Keeps the GIL.
+    fn try_send_batch(&mut self, py: Python<'_>, msgs: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let bytes = Bytes::get(msgs, "send_batch", false)?;
+        self.end()?.try_send_batch(bytes.as_slice()).map_err(|e| shm_err(py, e))
+    }
+
+    /// Sends every record of `msgs`, waiting for room until `timeout` seconds pass (None: for ever).
+    /// On a timeout, the exception's `sent` says how many records went.
+    #[pyo3(signature = (msgs, timeout=None))]
+    fn send_batch(&mut self, py: Python<'_>, msgs: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let bytes = Bytes::get(msgs, "send_batch", false)?;
+        let deadline = deadline(timeout)?;
+        let all = bytes.as_slice();
+        let size = self.msg_size as usize;
+        let end = self.end()?;
+        let mut done = end.try_send_batch(all).map_err(|e| shm_err(py, e))?;
+        if done * size == all.len() {
+            return Ok(());
+        }
+        let finished = wait_for(py, deadline, || {
+            done += end.try_send_batch(&all[done * size..])?;
+            Ok((done * size == all.len()).then_some(()))
+        })?;
+        match finished {
+            Some(()) => Ok(()),
+            None => {
+                let err = timed_out(py, &self.name, "send", deadline);
+                err.value(py).setattr("sent", done)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Releases the claim (further calls raise ValueError). Also done when the object is collected.
+    fn close(&mut self) {
+        self.inner = None;
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.inner.is_some() { "" } else { ", closed" };
+        format!("Producer({:?}, msg_size={}, capacity={}{state})", self.name, self.msg_size, self.capacity)
+    }
+}
+
+/// The receiving end of a channel, claimed for this process until closed.
+#[pyclass(name = "Consumer", module = "meshd")]
+#[derive(Debug)]
+struct PyConsumer {
+    inner: Option<Consumer>,
+    name: String,
+    msg_size: u32,
+    capacity: u32,
+}
+
+impl PyConsumer {
+    fn end(&mut self) -> PyResult<&mut Consumer> {
+        let name = &self.name;
+        self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: consumer is closed")))
+    }
+}
+
+/// The asyncio helpers of `meshd._aio`, imported once.
+fn aio<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    MODULE.get_or_try_init(py, || py.import("meshd._aio").map(Bound::unbind))?.bind(py).getattr(name)
+}
+
+#[pymethods]
+impl PyConsumer {
+    #[new]
+    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str) -> PyResult<Self> {
+        let c = Consumer::claim(&mailbox.inner, name).map_err(|e| shm_err(py, e))?;
+        let (name, msg_size, capacity) = (c.info().name.clone(), c.info().msg_size, c.info().capacity);
+        Ok(Self { inner: Some(c), name, msg_size, capacity })
+    }
+
+    /// The channel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes per message.
+    #[getter]
+    fn msg_size(&self) -> u32 {
+        self.msg_size
+    }
+
+    /// Messages the ring holds.
+    #[getter]
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// One message as bytes (`msg_size` long), or None when none is waiting. Keeps the GIL.
+    fn try_recv<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let end = self.end()?;
+        let mut got = false;
+        let bytes = PyBytes::new_with(py, end.info().msg_size as usize, |out| {
+            got = end.try_recv(out).map_err(|e| shm_err(py, e))?;
+            Ok(())
+        })?;
+        Ok(got.then_some(bytes))
+    }
+
+    /// One message as bytes, waiting (the GIL released) until `timeout` seconds pass (None: for ever).
+    #[pyo3(signature = (timeout=None))]
+    fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
+        let deadline = deadline(timeout)?;
+        let name = self.name.clone();
+        let end = self.end()?;
+        PyBytes::new_with(py, end.info().msg_size as usize, |out| {
+            if end.try_recv(out).map_err(|e| shm_err(py, e))? {
+                return Ok(());
+            }
+            match wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))? {
+                Some(()) => Ok(()),
+                None => Err(timed_out(py, &name, "recv", deadline)),
+            }
+        })
+    }
+
+    /// Receives one message into `buffer` (writable, C-contiguous, exactly `msg_size` bytes);
+    /// False when none is waiting. Keeps the GIL.
+    fn try_recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let mut bytes = Bytes::get(buffer, "recv_into", true)?;
+        self.end()?.try_recv(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
+    }
+
+    /// Receives one message into `buffer`, waiting (the GIL released) until `timeout` seconds pass.
+    #[pyo3(signature = (buffer, timeout=None))]
+    fn recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let mut bytes = Bytes::get(buffer, "recv_into", true)?;
+        let deadline = deadline(timeout)?;
+        let out = bytes.as_mut_slice();
+        let end = self.end()?;
+        if end.try_recv(out).map_err(|e| shm_err(py, e))? {
+            return Ok(());
+        }
+        match wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => Err(timed_out(py, &self.name, "recv", deadline)),
+        }
+    }
+
+    /// Receives as many whole messages as are waiting and fit in `buffer` (writable, a multiple of
+    /// `msg_size` bytes), publishing once; returns how many (0: none waiting). Keeps the GIL.
+    fn try_recv_batch(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
+        self.end()?.try_recv_batch(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
+    }
+
+    /// Receives at least one message into `buffer` (as `try_recv_batch`), waiting until `timeout`
+    /// seconds pass; returns how many.
+    #[pyo3(signature = (buffer, timeout=None))]
+    fn recv_batch(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<usize> {
+        let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
+        let deadline = deadline(timeout)?;
+        let out = bytes.as_mut_slice();
+        let end = self.end()?;
+        let n = end.try_recv_batch(out).map_err(|e| shm_err(py, e))?;
+        if n > 0 {
+            return Ok(n);
+        }
+        match wait_for(py, deadline, || {
+            let n = end.try_recv_batch(out)?;
+            Ok((n > 0).then_some(n))
+        })? {
+            Some(n) => Ok(n),
+            None => Err(timed_out(py, &self.name, "recv", deadline)),
+        }
+    }
+
+    /// `await consumer.arecv(timeout)`: `recv` for asyncio, polling from the event loop (no thread).
+    #[pyo3(signature = (timeout=None))]
+    fn arecv<'py>(slf: Bound<'py, Self>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        aio(slf.py(), "arecv")?.call1((slf, timeout))
+    }
+
+    /// `await consumer.arecv_into(buffer, timeout)`: `recv_into` for asyncio, polling from the event loop.
+    #[pyo3(signature = (buffer, timeout=None))]
+    fn arecv_into<'py>(
+        slf: Bound<'py, Self>,
+        buffer: Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        aio(slf.py(), "arecv_into")?.call1((slf, buffer, timeout))
+    }
+
+    /// Releases the claim (further calls raise ValueError). Also done when the object is collected.
+    fn close(&mut self) {
+        self.inner = None;
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.inner.is_some() { "" } else { ", closed" };
+        format!("Consumer({:?}, msg_size={}, capacity={}{state})", self.name, self.msg_size, self.capacity)
+    }
+}
+
+/// A timeout error for the asyncio helpers (`meshd._aio`), with the same text as a blocking call's.
+#[pyfunction]
+fn _timeout_error<'py>(py: Python<'py>, channel: &str, waited_ms: u64) -> Bound<'py, PyAny> {
+    let err = ShmError::Timeout { channel: channel.to_string(), op: "recv", waited_ms: u128::from(waited_ms) };
+    shm_err(py, err).into_value(py).into_bound(py).into_any()
+}
+
+/// The extension module.
+#[pymodule]
+fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMailbox>()?;
+    m.add_class::<PyProducer>()?;
+    m.add_class::<PyConsumer>()?;
+    m.add_class::<PyChannelInfo>()?;
+    m.add_function(wrap_pyfunction!(_timeout_error, m)?)?;
+    m.add("LAYOUT_VERSION", mesh_shm::layout::LAYOUT_VERSION)?;
+    m.add("MAX_MSG_SIZE", mesh_shm::layout::MAX_MSG_SIZE)?;
+    Ok(())
+}

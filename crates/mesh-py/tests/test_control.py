@@ -1,0 +1,84 @@
+"""The control client against meshd's control plane over a stand-in backend (the peer's `serve`), and messages through the mailbox that `info` names."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import meshd
+from conftest import DEADLINE, Peer
+
+PTX = b".version 8.0\n.target sm_90\n"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, peer: Peer) -> Iterator[tuple[meshd.Client, subprocess.Popen[str]]]:
+    socket = tmp_path / "sock"
+    child = peer.start("serve", socket, tmp_path / "mailbox")
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    yield meshd.Client(socket, timeout=DEADLINE), child
+
+
+def test_every_request_is_served_and_refusals_carry_meshds_reason(
+    daemon: tuple[meshd.Client, subprocess.Popen[str]], tmp_path: Path, peer: Peer
+) -> None:
+    client, child = daemon
+    info = client.info()
+    assert (info["mode"], info["device"], info["channels"]) == ("blink", "stand-in (no GPU)", [])
+    client.channel_create("to-gpu", msg_size=64, capacity=16)
+    client.channel_create("from-gpu", msg_size=64, capacity=16)
+    with pytest.raises(meshd.MeshdRefused) as e:
+        client.channel_create("odd", msg_size=12, capacity=8)
+    assert "multiple of 8" in e.value.reason and str(e.value) == e.value.reason
+    assert [c["name"] for c in client.info()["channels"]] == ["to-gpu", "from-gpu"]
+
+    row = client.load("echo", PTX, grid=2, block=(64,), bind=["to-gpu", "from-gpu"])
+    assert (row["name"], row["grid"], row["block"], row["generation"]) == ("echo", [2, 1, 1], [64, 1, 1], 1)
+    assert client.last_backend_us is not None
+    image = tmp_path / "echo.ptx"
+    image.write_bytes(PTX)
+    with pytest.raises(meshd.MeshdRefused, match="already loaded"):
+        client.load("echo", image)
+    with pytest.raises(meshd.MeshdRefused, match="neither PTX"):
+        client.load("junk", b"junk")
+    assert client.upgrade("echo", image)["generation"] == 2
+    ps = client.ps()
+    assert [p["name"] for p in ps["programs"]] == ["echo"] and ps["natives"] == []
+    client.unload("echo")
+    assert client.ps()["programs"] == []
+    with pytest.raises(meshd.MeshdRefused):
+        client.unload("echo")
+    with pytest.raises(meshd.MeshdRefused):
+        client.stop("no-such-worker")
+
+    # Messages go through the mailbox info names, as `meshd send` and `meshd recv` do.
+    with client.producer("to-gpu") as tx, client.consumer("to-gpu") as rx:
+        tx.send(b"hello from python", timeout=DEADLINE)
+        assert rx.recv(timeout=DEADLINE).rstrip(b"\0") == b"hello from python"
+    assert client.info()["channels"][0]["head"] == 1
+
+    client.shutdown()
+    assert peer.finish(child)["stopped"] == "clean=true"
+    with pytest.raises(meshd.MeshdUnreachable) as e2:
+        client.ps()
+    assert isinstance(e2.value, ConnectionError) and "is `meshd run` running?" in str(e2.value)
+
+
+def test_bad_arguments_are_refused_before_sending(daemon: tuple[meshd.Client, subprocess.Popen[str]]) -> None:
+    client, _ = daemon
+    with pytest.raises(ValueError, match="grid"):
+        client.load("x", PTX, grid=(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="ready_timeout"):
+        client.spawn("w", ["true"], ready_timeout=0)
+    with pytest.raises(meshd.MeshdRefused, match="image"):
+        client.load("x", "/nonexistent/image.ptx")
+
+
+def test_the_default_socket_follows_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MESHD_SOCKET", raising=False)
+    assert str(meshd.Client().socket) == "/tmp/meshd.sock"
+    monkeypatch.setenv("MESHD_SOCKET", "/run/x.sock")
+    assert str(meshd.Client().socket) == "/run/x.sock"

@@ -1,0 +1,218 @@
+//! The command line's types: what clap parses.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "meshd",
+    version,
+    about = "Hosts GPU programs as resident kernels that talk through a shared-memory mailbox"
+)]
+pub struct Cli {
+    /// The control socket (default /tmp/meshd.sock; with --device, /tmp/meshd-<GPU UUID>.sock).
+    #[arg(long, global = true, env = "MESHD_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The GPU: an ordinal as `nvidia-smi -L` numbers them, or its UUID (GPU-…). meshd and all it
+    /// starts use that GPU alone, and its default socket, mailbox, MPS directory and state directory
+    /// derive from the GPU's UUID; a client given the same --device reaches that meshd.
+    #[arg(long, global = true, env = "MESHD_DEVICE", value_name = "N|UUID")]
+    pub device: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start the daemon.
+    Run(RunArgs),
+    /// Load a program: IMAGE is PTX, cubin, fatbin or LTO-IR whose mesh_main runs resident.
+    Load {
+        /// Unique program name.
+        name: String,
+        /// The image file.
+        image: PathBuf,
+        /// Grid dimensions, `X[,Y[,Z]]`.
+        #[arg(long, default_value = "1", value_parser = parse_dim3)]
+        grid: [u32; 3],
+        /// Block dimensions, `X[,Y[,Z]]`.
+        #[arg(long, default_value = "32", value_parser = parse_dim3)]
+        block: [u32; 3],
+        /// Dynamic shared memory per block, bytes.
+        #[arg(long, default_value_t = 0)]
+        shared_mem: u32,
+        /// A channel to bind (repeat: binding 0, 1, …).
+        #[arg(long = "bind")]
+        bind: Vec<String>,
+        /// SMs for this program (MPS mode).
+        #[arg(long)]
+        sms: Option<u32>,
+    },
+    /// Replace a program's image; its slot, channels and messages are kept.
+    Upgrade {
+        /// Program name.
+        name: String,
+        /// The new image.
+        image: PathBuf,
+    },
+    /// Stop a program and free its slot.
+    Unload {
+        /// Program name.
+        name: String,
+    },
+    /// List the programs.
+    Ps {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Channels of the mailbox.
+    #[command(subcommand)]
+    Channel(ChannelCommand),
+    /// Send messages on a channel (claims its producer end for the duration).
+    Send {
+        /// Channel name.
+        channel: String,
+        /// Messages, as text (zero-padded to the channel's message size).
+        #[arg(required = true)]
+        messages: Vec<String>,
+        /// The messages are hex.
+        #[arg(long)]
+        hex: bool,
+        /// Give up after this long, ms.
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+    },
+    /// Receive messages from a channel (claims its consumer end for the duration).
+    Recv {
+        /// Channel name.
+        channel: String,
+        /// Messages to wait for.
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        /// Print hex instead of text.
+        #[arg(long)]
+        hex: bool,
+        /// Give up after this long, ms.
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+    },
+    /// Start a native GPU worker: CMD runs as meshd's child with the mailbox and its channels in its
+    /// environment (MESH_MAILBOX, MESH_CHANNELS, MESH_READY_FD, MESH_NATIVE_NAME, MESH_ISOLATION, and in
+    /// MPS mode CUDA_MPS_PIPE_DIRECTORY) and must write "ready\n" to the descriptor MESH_READY_FD names.
+    Spawn {
+        /// Its name in `ps`.
+        name: String,
+        /// A channel to tell it about (repeat: MESH_CHANNELS lists them in this order).
+        #[arg(long = "bind")]
+        bind: Vec<String>,
+        /// Seconds it may take to report ready before it is killed and refused.
+        #[arg(long, default_value_t = 30.0)]
+        ready_timeout: f64,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// End a native GPU worker: SIGTERM, then SIGKILL after a grace period of 5 s.
+    Stop {
+        /// Its name.
+        name: String,
+    },
+    /// The daemon's mode, device, mailbox and channels.
+    Info,
+    /// Stop every program and the daemon.
+    Shutdown,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ChannelCommand {
+    /// Create a channel.
+    Create {
+        /// Channel name.
+        name: String,
+        /// Payload bytes per message (a multiple of 8, at most 65536). The ring takes twice this per
+        /// message: each 8-byte word carries 4 payload bytes and a sequence tag.
+        #[arg(long, default_value_t = 64)]
+        msg_size: u32,
+        /// Messages the ring holds (a power of two, at most 2^24).
+        #[arg(long, default_value_t = 1024)]
+        capacity: u32,
+        /// Where the ring's slots live: host (the mailbox: host processes and GPU programs) or device
+        /// (GPU memory that meshd owns: between GPU programs only, blink mode).
+        #[arg(long, default_value = "host", value_parser = clap::builder::PossibleValuesParser::new(["host", "device"]))]
+        placement: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// blink (default): one context, loads stop and relaunch every program; mps: one MPS client per program.
+    #[arg(long, default_value = "blink", value_parser = clap::builder::PossibleValuesParser::new(["blink", "mps"]))]
+    pub isolation: String,
+    /// SMs for a green context (blink: all programs; mps: per worker).
+    #[arg(long)]
+    pub sms: Option<u32>,
+    /// MPS pipe and log directories (default /tmp/meshd-mps.PID, removed at exit; with --device, /tmp/meshd-mps-<GPU UUID>).
+    #[arg(long)]
+    pub mps_dir: Option<PathBuf>,
+    /// MPS workers started before any program runs. A load or upgrade that finds none idle is
+    /// refused (creating an MPS client stalls every running program), unless --pool-grow.
+    #[arg(long, default_value_t = 2)]
+    pub pool: u32,
+    /// Let a load or upgrade past the pool create an MPS client, and discarded workers be replaced:
+    /// every running program then stalls once, counted in info and ps and said in the reply.
+    #[arg(long)]
+    pub pool_grow: bool,
+    /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
+    #[arg(long)]
+    pub shm: Option<PathBuf>,
+    /// Mailbox size, bytes (K, M, G suffixes).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub shm_size: u64,
+    /// Program slots in the mailbox.
+    #[arg(long, default_value_t = 64)]
+    pub slots: u32,
+    /// Channel descriptors in the mailbox.
+    #[arg(long, default_value_t = 256)]
+    pub channels: u32,
+    /// Start empty: replace the mailbox (its channels and messages are lost) and forget the recorded
+    /// programs. Without it, a mailbox no live meshd holds is taken over as it is, and the programs
+    /// recorded in the state directory are relaunched. (`--replace-shm` is an old name for it.)
+    #[arg(long, alias = "replace-shm")]
+    pub fresh: bool,
+    /// Where meshd records what it runs (default: /var/lib/meshd/<mailbox path> where writable, else <mailbox>.state).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Leave the mailbox file and the state directory at exit.
+    #[arg(long)]
+    pub keep_shm: bool,
+    /// How long a blink waits for programs to stop, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub stop_timeout_ms: u64,
+}
+
+fn parse_dim3(s: &str) -> Result<[u32; 3], String> {
+    let parts: Vec<&str> = s.split(',').collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return Err(format!("{s:?}: expected X, X,Y or X,Y,Z"));
+    }
+    let mut out = [1u32; 3];
+    for (o, p) in out.iter_mut().zip(&parts) {
+        *o = p.trim().parse().map_err(|_| format!("{s:?}: {p:?} is not a number"))?;
+    }
+    Ok(out)
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?}: expected a size such as 64M"))
+}

@@ -1,0 +1,356 @@
+//! The client: one function per subcommand, each one request to the control socket (`send` and
+//! `recv` then use the mailbox directly).
+
+use std::io::{BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use mesh_backend::LaunchShape;
+use mesh_shm::{Consumer, Mailbox, Producer, ShmError};
+use meshd::protocol::{Request, Response, read_response, write_request};
+use meshd::start;
+
+use crate::cli::{ChannelCommand, Command};
+use crate::{Exit, refused};
+
+/// A client's socket: --socket or MESHD_SOCKET; else, with --device, the GPU's (a whole UUID names
+/// it without the driver; an ordinal or a prefix is looked up: cuInit, cuDeviceGet, cuDeviceGetUuid,
+/// no context); else /tmp/meshd.sock.
+pub fn socket(socket: Option<PathBuf>, device: Option<&str>) -> Result<PathBuf, Exit> {
+    if let Some(s) = socket {
+        return Ok(s);
+    }
+    let uuid = match device {
+        None => None,
+        Some(d) => Some(match start::whole_uuid(d) {
+            Some(u) => u,
+            None => start::lookup_uuid(d).map_err(|e| {
+                Exit(2, anyhow!("{e:#}; or give --socket, MESHD_SOCKET or the GPU's whole UUID (GPU-…)"))
+            })?,
+        }),
+    };
+    Ok(start::default_paths(uuid.as_deref()).socket)
+}
+
+/// Runs a client subcommand against `socket`.
+pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
+    match command {
+        Command::Run(_) => unreachable!("`meshd run` is the daemon, not a client"),
+        Command::Load { name, image, grid, block, shared_mem, bind, sms } => {
+            load(socket, name, &image, LaunchShape { grid, block, shared_mem }, bind, sms)
+        }
+        Command::Upgrade { name, image } => upgrade(socket, name, &image),
+        Command::Unload { name } => unload(socket, &name),
+        Command::Ps { json } => ps(socket, json),
+        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement }) => {
+            channel_create(socket, &name, msg_size, capacity, placement)
+        }
+        Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
+        Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
+        Command::Spawn { name, bind, ready_timeout, command } => spawn(socket, name, bind, ready_timeout, command),
+        Command::Stop { name } => stop(socket, &name),
+        Command::Info => info(socket),
+        Command::Shutdown => {
+            call(socket, &Request::Shutdown, &[])?;
+            println!("meshd is shutting down");
+            Ok(())
+        }
+    }
+}
+
+/// ` (backend 0.125 ms)` when meshd said how long its backend took.
+fn backend_time(resp: &Response) -> String {
+    resp.backend_us.map_or_else(String::new, |us| format!(" (backend {:.3} ms)", us as f64 / 1000.0))
+}
+
+fn load(
+    socket: &Path,
+    name: String,
+    image: &Path,
+    shape: LaunchShape,
+    bind: Vec<String>,
+    sms: Option<u32>,
+) -> Result<(), Exit> {
+    let bytes = read_image(image)?;
+    let LaunchShape { grid, block, shared_mem } = shape;
+    let req = Request::Load { name, image_len: bytes.len(), grid, block, shared_mem, bind, sms };
+    let since = unix_ms();
+    let resp = call(socket, &req, &bytes)?;
+    for p in resp.programs.as_deref().unwrap_or_default() {
+        let took = backend_time(&resp);
+        println!("loaded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+        print_stalls(socket, &p.name, since);
+    }
+    Ok(())
+}
+
+fn upgrade(socket: &Path, name: String, image: &Path) -> Result<(), Exit> {
+    let bytes = read_image(image)?;
+    let since = unix_ms();
+    let resp = call(socket, &Request::Upgrade { name, image_len: bytes.len() }, &bytes)?;
+    for p in resp.programs.as_deref().unwrap_or_default() {
+        let took = backend_time(&resp);
+        println!("upgraded {} (slot {}, generation {}, {}){took}", p.name, p.slot, p.generation, p.state);
+        print_stalls(socket, &p.name, since);
+    }
+    Ok(())
+}
+
+fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
+    let since = unix_ms();
+    let resp = call(socket, &Request::Unload { name: name.to_string() }, &[])?;
+    println!("unloaded {name}{}", backend_time(&resp));
+    print_stalls(socket, name, since);
+    Ok(())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// MPS mode: the client creations this request of `program` caused (the pool was empty and
+/// --pool-grow let meshd create one), each of which stalled every running program. Read from `info`,
+/// which records every such creation with its program and time.
+fn print_stalls(socket: &Path, program: &str, since_ms: u64) {
+    let Ok(Some(info)) = call(socket, &Request::Info, &[]).map(|r| r.info) else { return };
+    let Some(pool) = info.extra.pool else { return };
+    for g in pool.recent.iter().filter(|g| g.program == program && g.unix_ms >= since_ms) {
+        let why = if g.op == "refill" {
+            "a discarded worker was replaced to keep --pool (--pool-grow): meshd created an MPS client".to_string()
+        } else {
+            format!("the MPS pool had no idle worker: meshd created an MPS client for this {} (--pool-grow)", g.op)
+        };
+        println!(
+            "note: {why}, which stalled {} running program(s) (stall #{} of {} since start)",
+            g.stalled, g.seq, pool.stalls
+        );
+    }
+}
+
+/// `ps`'s last line in MPS mode: the pool, and how often it grew while programs ran.
+fn print_pool(pool: &meshd::protocol::PoolRow) {
+    println!(
+        "MPS pool: {} idle, {} in use (--pool {}; limit {} clients: {}); growth {}; {} MPS client creation(s) stalled \
+         the running programs since start",
+        pool.idle,
+        pool.in_use,
+        pool.size,
+        pool.client_limit,
+        pool.client_limit_source,
+        if pool.grow { "allowed (--pool-grow)" } else { "refused (no --pool-grow)" },
+        pool.stalls
+    );
+}
+
+fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
+    let resp = call(socket, &Request::Ps, &[])?;
+    let natives = resp.natives.clone().unwrap_or_default();
+    let rows = resp.programs.unwrap_or_default();
+    if json {
+        println!("{}", ps_json(&rows, &natives).map_err(refused)?);
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} NOTE",
+        "NAME", "SLOT", "STATE", "GEN", "HEARTBEAT", "SMS", "WORKER", "KIND", "GRID", "BLOCK", "RESTARTS"
+    );
+    let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    for p in rows {
+        println!(
+            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} {}",
+            p.name,
+            if p.slot == meshd::server::HELD_SLOT { "-".to_string() } else { p.slot.to_string() },
+            p.state,
+            p.generation,
+            p.heartbeat,
+            opt(p.sms),
+            opt(p.worker_pid),
+            p.kind,
+            dims(p.grid),
+            dims(p.block),
+            p.restarts,
+            ps_note(&p)
+        );
+    }
+    print_natives(&natives);
+    if let Ok(Some(pool)) = call(socket, &Request::Info, &[]).map(|r| r.info.and_then(|i| i.extra.pool)) {
+        print_pool(&pool);
+    }
+    Ok(())
+}
+
+/// `ps --json`: one array, the programs' rows, then the native workers' rows marked `"native": true`
+/// (an array, as before natives were listed, so that a script iterating over programs by name keeps working).
+fn ps_json(
+    programs: &[meshd::protocol::ProgramRow],
+    natives: &[meshd::native::NativeRow],
+) -> serde_json::Result<String> {
+    let mut rows: Vec<serde_json::Value> = programs.iter().map(serde_json::to_value).collect::<Result<_, _>>()?;
+    for n in natives {
+        let mut row = serde_json::to_value(n)?;
+        if let Some(obj) = row.as_object_mut() {
+            obj.insert("native".into(), serde_json::Value::Bool(true));
+        }
+        rows.push(row);
+    }
+    serde_json::to_string_pretty(&rows)
+}
+
+/// `ps`'s last column: why a program is stopped, else its last fault and when (seconds ago).
+fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
+    if let Some(why) = &p.stopped_why {
+        return why.clone();
+    }
+    match (&p.last_fault, p.last_fault_unix_ms) {
+        (Some(f), Some(at)) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            format!("last fault {:.1} s ago: {f}", now.saturating_sub(u128::from(at)) as f64 / 1000.0)
+        }
+        (Some(f), None) => format!("last fault: {f}"),
+        _ => "-".into(),
+    }
+}
+
+fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32, placement: String) -> Result<(), Exit> {
+    let req = Request::ChannelCreate { name: name.to_string(), msg_size, capacity, placement: placement.clone() };
+    call(socket, &req, &[])?;
+    println!("created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory)");
+    Ok(())
+}
+
+fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
+    let mailbox = open_mailbox(socket)?;
+    let mut tx = Producer::claim(&mailbox, channel).map_err(refused)?;
+    for m in messages {
+        let bytes = if hex { decode_hex(m).map_err(refused)? } else { m.as_bytes().to_vec() };
+        tx.send(&bytes, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+    }
+    Ok(())
+}
+
+fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) -> Result<(), Exit> {
+    let mailbox = open_mailbox(socket)?;
+    let mut rx = Consumer::claim(&mailbox, channel).map_err(refused)?;
+    let mut buf = vec![0u8; rx.info().msg_size as usize];
+    let stdout = std::io::stdout();
+    for _ in 0..count {
+        rx.recv(&mut buf, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+        let line = if hex {
+            hex::encode(&buf)
+        } else {
+            let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            String::from_utf8_lossy(&buf[..end]).into_owned()
+        };
+        writeln!(stdout.lock(), "{line}").map_err(refused)?;
+    }
+    Ok(())
+}
+
+fn info(socket: &Path) -> Result<(), Exit> {
+    let info = call(socket, &Request::Info, &[])?.info.ok_or_else(|| refused(anyhow!("meshd sent no info")))?;
+    println!("{}", serde_json::to_string_pretty(&info).map_err(refused)?);
+    Ok(())
+}
+
+fn shm_exit(e: ShmError) -> Exit {
+    match e {
+        ShmError::Timeout { .. } => Exit(4, e.into()),
+        e => refused(e),
+    }
+}
+
+fn decode_hex(s: &str) -> Result<Vec<u8>> {
+    hex::decode(s).map_err(|e| anyhow!("{s:?} is not an even number of hex digits ({e})"))
+}
+
+fn read_image(path: &Path) -> Result<Vec<u8>, Exit> {
+    std::fs::read(path).with_context(|| format!("image {}", path.display())).map_err(refused)
+}
+
+/// One request to the daemon; a refusal becomes exit 1, an unreachable daemon exit 3.
+fn call(socket: &Path, req: &Request, image: &[u8]) -> Result<Response, Exit> {
+    let conn = UnixStream::connect(socket)
+        .with_context(|| format!("cannot reach meshd at {} (is `meshd run` running?)", socket.display()))
+        .map_err(|e| Exit(3, e))?;
+    let mut writer = conn.try_clone().map_err(|e| Exit(3, e.into()))?;
+    // meshd may refuse before reading everything (a peer it does not serve, a line too long) and
+    // close: then the write fails, but its answer is there to read, and it says why.
+    let written = write_request(&mut writer, req, image);
+    let resp = match (read_response(&mut BufReader::new(conn)), written) {
+        (Ok(resp), _) => resp,
+        (Err(_), Err(e)) | (Err(e), Ok(())) => return Err(Exit(3, e)),
+    };
+    if !resp.ok {
+        return Err(refused(anyhow!(resp.error.unwrap_or_else(|| "refused".into()))));
+    }
+    Ok(resp)
+}
+
+fn open_mailbox(socket: &Path) -> Result<Mailbox, Exit> {
+    let info = call(socket, &Request::Info, &[])?.info.ok_or_else(|| refused(anyhow!("meshd sent no info")))?;
+    Mailbox::open(&info.mailbox).map_err(refused)
+}
+
+// ---- Native GPU workers: `spawn`, `stop`, and their rows in `ps` ----
+
+fn spawn(socket: &Path, name: String, bind: Vec<String>, ready_timeout: f64, command: Vec<String>) -> Result<(), Exit> {
+    if !(ready_timeout.is_finite() && ready_timeout > 0.0) {
+        return Err(Exit(2, anyhow!("--ready-timeout {ready_timeout}: expected a positive number of seconds")));
+    }
+    #[allow(clippy::cast_possible_truncation, reason = "positive and finite (checked above); a float cast saturates")]
+    let ready_timeout_ms = (ready_timeout * 1000.0).ceil() as u64;
+    let resp = call(socket, &Request::Spawn { name, bind, command, ready_timeout_ms }, &[])?;
+    for n in resp.natives.as_deref().unwrap_or_default() {
+        println!("spawned {} (pid {}, {} mode, channels [{}]): ready", n.name, n.pid, n.isolation, n.bind.join(", "));
+        if n.isolation == "blink" {
+            println!("note: {}", meshd::native::BLINK_NOTE);
+        }
+    }
+    Ok(())
+}
+
+fn stop(socket: &Path, name: &str) -> Result<(), Exit> {
+    let resp = call(socket, &Request::Stop { name: name.to_string() }, &[])?;
+    for n in resp.natives.as_deref().unwrap_or_default() {
+        println!("stopped {} (pid {}): {}", n.name, n.pid, n.state);
+    }
+    Ok(())
+}
+
+/// Native workers under `ps`'s programs, in the same columns (KIND `native`, WORKER its pid), then the command.
+fn print_natives(natives: &[meshd::native::NativeRow]) {
+    for n in natives {
+        println!(
+            "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {}",
+            n.name, "-", n.state, "-", "-", "-", n.pid, "native", n.command
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ps_json_lists_native_workers_after_the_programs_marked_native() {
+        let native = meshd::native::NativeRow {
+            name: "feeder".into(),
+            pid: 42,
+            state: "running".into(),
+            bind: vec!["to-gpu".into()],
+            command: "/bin/feeder --fast".into(),
+            isolation: "mps".into(),
+        };
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&ps_json(&[], &[native]).unwrap()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["native"], true);
+        assert_eq!(rows[0]["name"], "feeder");
+        assert_eq!(rows[0]["bind"][0], "to-gpu");
+        assert_eq!(ps_json(&[], &[]).unwrap().trim(), "[]", "no natives: the programs' array as before");
+    }
+}

@@ -1,0 +1,276 @@
+//! The daemon: `meshd run` claims the mailbox, prepares the backend and the socket, and serves.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Result;
+use mesh_backend::{Backend, IsolationMode, cleanup};
+use mesh_shm::{Mailbox, MailboxConfig};
+use meshd::server::{Limits, Opened, Server};
+use meshd::start::{self, DeviceId, Origin};
+use meshd::state::{self, StateStore};
+
+use crate::cli::RunArgs;
+
+/// `meshd run`: the mailbox and its lock first (refusal and takeover happen before any GPU work),
+/// then the backend on its own thread, then the socket; serves until shutdown or a signal.
+pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
+    let mode: IsolationMode = args.isolation.parse()?;
+    let _cleanup = cleanup::RunOnDrop;
+    let claimed = claim(args, socket, device, mode)?;
+    let (server, listener) = prepare(&claimed, mode)?;
+    serve(&claimed, mode, server, listener)
+}
+
+/// What `meshd run` holds once the mailbox is claimed.
+struct Claimed {
+    args: RunArgs,
+    socket: PathBuf,
+    shm: PathBuf,
+    state_dir: PathBuf,
+    mailbox: Mailbox,
+    /// The mailbox was made now (not taken over).
+    created: bool,
+    /// The GPU `--device` named, found before the mailbox was claimed.
+    device_id: Option<DeviceId>,
+}
+
+/// Resolves the paths (from the GPU's UUID with --device), checks the socket is free, claims the
+/// mailbox and its lock, and clears what a dead meshd of this GPU left.
+fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mode: IsolationMode) -> Result<Claimed> {
+    // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
+    let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
+    let device_id = uuid.clone().map(|uuid| DeviceId { selector: device.clone(), uuid });
+    let defaults = start::default_paths(uuid.as_deref());
+    let derived_mps_dir = args.shm.is_none() && args.mps_dir.is_none() && defaults.mps_dir.is_some();
+    let socket = socket.unwrap_or(defaults.socket);
+    let shm = args.shm.take().unwrap_or(defaults.shm);
+    args.mps_dir = args.mps_dir.take().or(defaults.mps_dir);
+    if let Some(u) = &uuid {
+        tracing::info!(
+            "device {} = {u}: socket {}, mailbox {}",
+            device.as_deref().unwrap_or_default(),
+            socket.display(),
+            shm.display()
+        );
+    }
+    start::check_socket_free(&socket)?;
+    let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
+    let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
+    let (mailbox, origin) = (claimed.mailbox, claimed.origin);
+    let lock = claimed.lock;
+    if derived_mps_dir && mode == IsolationMode::Mps {
+        // Ours alone while we hold this GPU's mailbox lock: what is there a dead meshd left (a stale
+        // control pipe would pass for a live daemon).
+        if let Some(dir) = args.mps_dir.as_ref().filter(|d| d.exists()) {
+            tracing::info!("removing {} left by a previous meshd of this GPU", dir.display());
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                tracing::warn!("removing the stale MPS directory {}: {e}", dir.display());
+            }
+        }
+    }
+    // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
+    cleanup::register("mailbox lock", move || lock.remove());
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&shm));
+    if args.fresh {
+        StateStore::forget(&state_dir)?;
+    }
+    report_origin(&origin, &mailbox, &config);
+    let created = origin == Origin::Created;
+    Ok(Claimed { args, socket, shm, state_dir, mailbox, created, device_id })
+}
+
+/// Opens the state directory (recreating the recorded channels), starts the backend on its thread
+/// and binds the socket. On failure a mailbox made just now is removed again.
+fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
+    let Claimed { args, socket, shm, state_dir, mailbox, created, device_id } = c;
+    let prepared = (|| {
+        let mut store = StateStore::open(state_dir)?;
+        let restored = store.restore_channels(mailbox)?;
+        if restored > 0 {
+            tracing::info!("{restored} recorded channels recreated in the new mailbox");
+        }
+        store.record_channels(mailbox)?;
+        let backend_args = BackendArgs::from(args);
+        // The backend learns the GPU's UUID when it opens; --device's lookup, where given, names it first.
+        let found = Arc::new(OnceLock::new());
+        let found_by_backend = found.clone();
+        let server = Server::start(mailbox.clone(), Limits::default(), Some(store), move |mb| {
+            open_backend(mode, &backend_args, mb, &found_by_backend)
+        })?;
+        if let Some(id) = device_id.clone().or_else(|| found.get().cloned()) {
+            server.set_device(id);
+        }
+        let listener = start::bind_socket(socket)?;
+        Ok::<_, anyhow::Error>((server, listener))
+    })();
+    if prepared.is_err() && *created {
+        // A mailbox made just now holds nothing: leave nothing behind. One taken over holds
+        // channels and messages: keep it, and its state, for the next start.
+        let _ = std::fs::remove_file(shm);
+        if StateStore::open(state_dir).is_ok_and(|s| s.recorded().programs.is_empty()) {
+            let _ = StateStore::forget(state_dir);
+        }
+    }
+    prepared
+}
+
+/// Registers what a clean exit removes, stops on SIGINT and SIGTERM, and serves until shutdown.
+fn serve(c: &Claimed, mode: IsolationMode, server: Server, listener: UnixListener) -> Result<()> {
+    let Claimed { args, socket, shm, state_dir, .. } = c;
+    // A clean exit tears the mesh down: the recorded state goes with the mailbox (both kept with --keep-shm).
+    if !args.keep_shm {
+        let dir = state_dir.clone();
+        cleanup::register("state directory", move || {
+            let _ = StateStore::forget(&dir);
+        });
+    }
+    start::remove_at_exit("mailbox", shm.clone(), args.keep_shm);
+    start::remove_at_exit("control socket", socket.clone(), false);
+    server.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let (relaunched, failed) = server.relaunched;
+    tracing::info!(
+        "ready: {mode} mode, mailbox {}, socket {}, state {}{}",
+        shm.display(),
+        socket.display(),
+        state_dir.display(),
+        if relaunched + failed > 0 {
+            format!(", {relaunched} programs relaunched, {failed} failed")
+        } else {
+            String::new()
+        }
+    );
+    if !server.run(listener)? {
+        // A kernel that ignores its stop request keeps the context busy, and releasing the context
+        // (or libcuda's exit handlers) would wait for it. Run the cleanup, then leave at once: the
+        // kernel driver tears the context down, kernel included, when the process is gone.
+        cleanup::run_all();
+        tracing::warn!("exiting with programs still running on the GPU; process exit ends them");
+        // SAFETY: _exit ends the process without running destructors or atexit handlers; the
+        // cleanup registry (mailbox and socket removal) has already run.
+        unsafe { libc::_exit(0) };
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Logs how the mailbox was obtained; warns when an existing one differs from the asked geometry.
+fn report_origin(origin: &Origin, mailbox: &Mailbox, asked: &MailboxConfig) {
+    match origin {
+        Origin::Created => tracing::info!("mailbox {} created", mailbox.path().display()),
+        Origin::TakenOver { previous_pid, channels, released_slots, replay } => {
+            tracing::info!(
+                "mailbox {} taken over from meshd pid {} (it holds no lock any more), with its {channels} channels \
+                 and their messages; {} program slots it left in use released",
+                mailbox.path().display(),
+                previous_pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+                released_slots.len()
+            );
+            for r in replay {
+                tracing::warn!(
+                    "channel {}: a GPU consumer may receive again up to {} message(s) from position {} (it had \
+                     published its position up to there when meshd died: at-least-once after a crash)",
+                    r.channel,
+                    r.at_most,
+                    r.from
+                );
+            }
+            let g = mailbox.geometry();
+            if let Ok(want) = mesh_shm::Geometry::plan(asked) {
+                if (want.file_size, want.slot_count, want.channel_count) != (g.file_size, g.slot_count, g.channel_count)
+                {
+                    tracing::warn!(
+                        "keeping the existing mailbox's geometry ({} bytes, {} slots, {} channels), not the one asked \
+                         for ({} bytes, {} slots, {} channels); start with --fresh to make a new one",
+                        g.file_size,
+                        g.slot_count,
+                        g.channel_count,
+                        want.file_size,
+                        want.slot_count,
+                        want.channel_count
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// What the backend thread needs from the command line.
+#[derive(Debug, Clone)]
+struct BackendArgs {
+    sms: Option<u32>,
+    mps_dir: Option<PathBuf>,
+    pool: u32,
+    pool_grow: bool,
+    stop_deadline: Duration,
+}
+
+impl From<&RunArgs> for BackendArgs {
+    fn from(a: &RunArgs) -> Self {
+        Self {
+            sms: a.sms,
+            mps_dir: a.mps_dir.clone(),
+            pool: a.pool,
+            pool_grow: a.pool_grow,
+            stop_deadline: Duration::from_millis(a.stop_timeout_ms),
+        }
+    }
+}
+
+/// Opens the chosen backend; runs on the backend thread, which owns it until meshd ends.
+/// No fallback between the modes: whatever the chosen one lacks is an error.
+fn open_backend(
+    mode: IsolationMode,
+    args: &BackendArgs,
+    mailbox: &Mailbox,
+    found: &OnceLock<DeviceId>,
+) -> Result<Opened> {
+    let device = mesh_cuda::Device::get(0)?;
+    let backend: Box<dyn mesh_backend::Backend> = match mode {
+        IsolationMode::Blink => {
+            let config = mesh_cuda::BlinkConfig { sms: args.sms, stop_deadline: args.stop_deadline };
+            let b = mesh_cuda::BlinkBackend::open(mailbox, config)?;
+            tracing::info!(
+                "blink mode: one context of {} SMs{}",
+                b.context().sms(),
+                if b.context().is_green() { " (green)" } else { "" }
+            );
+            Box::new(b)
+        }
+        IsolationMode::Mps => {
+            let config = mesh_mps::MpsConfig {
+                sms: args.sms,
+                mps_dir: args.mps_dir.clone(),
+                pool: args.pool,
+                pool_grow: args.pool_grow,
+                stop_deadline: args.stop_deadline,
+            };
+            let b = mesh_mps::MpsBackend::open(mailbox, config)?;
+            let pool = b.pool().and_then(|p| p.snapshot()).unwrap_or_default();
+            tracing::info!(
+                "MPS mode: private daemon with pipe directory {}; pool of {} workers {:?} (limit {} clients: {}); {}",
+                b.pipe_dir().map(|p| p.display().to_string()).unwrap_or_default(),
+                b.idle_workers().len(),
+                b.idle_workers(),
+                pool.limit,
+                pool.limit_source,
+                if args.pool_grow {
+                    "--pool-grow: a load past the pool creates a client, stalling the running programs (counted)"
+                } else {
+                    "a load that finds the pool empty is refused (--pool-grow allows growth)"
+                }
+            );
+            Box::new(b)
+        }
+    };
+    match device.uuid() {
+        Ok(uuid) => {
+            tracing::info!("device {} ({}), {uuid}", device.name, device.arch());
+            let _ = found.set(DeviceId { selector: None, uuid });
+        }
+        Err(e) => tracing::info!("device {} ({}); its UUID: {e}", device.name, device.arch()),
+    }
+    Ok(Opened { backend, device: device.name.clone(), arch: Some(device.arch().to_string()) })
+}

@@ -1,0 +1,254 @@
+//! The listener: the accept loop, one thread per connection, and the answers read from the
+//! snapshot and the mailbox (`ps`, `info`) without asking the backend thread.
+
+use std::io::{BufReader, Read};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use anyhow::{Context, Result, anyhow};
+use mesh_backend::pool::PoolFigures;
+use mesh_backend::{ProgramState, ProgramStatus};
+use mesh_shm::Mailbox;
+use mesh_shm::layout::STATE_EXITED;
+use rustix::event::{PollFd, PollFlags};
+
+use super::natives::native_stop;
+use super::{Job, Query, Routed, Server, Shared};
+use crate::protocol::{
+    ChannelRow, Info, InfoExtra, PoolRow, ProgramRow, Request, RequestError, Response, read_request_within,
+    write_response,
+};
+
+impl Server {
+    /// Serves `listener` until a `shutdown` request or a stop (signal or [`StopHandle`]).
+    /// Returns whether every program stopped (false: some kernel ignored its stop request and still runs).
+    pub fn run(self, listener: UnixListener) -> Result<bool> {
+        listener.set_nonblocking(true)?;
+        loop {
+            let (conn_ready, wake_ready) = {
+                let mut fds = [PollFd::new(&listener, PollFlags::IN), PollFd::new(&self.wake_rx, PollFlags::IN)];
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e).context("poll on the control socket"),
+                }
+                (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
+            };
+            if wake_ready {
+                let mut buf = [0u8; 64];
+                while matches!((&self.wake_rx).read(&mut buf), Ok(n) if n > 0) {}
+            }
+            if self.shared.stopping.load(Ordering::Acquire) || self.backend.is_finished() {
+                break;
+            }
+            if conn_ready {
+                self.accept(&listener);
+            }
+        }
+        self.shared.stopping.store(true, Ordering::Release);
+        // The backend thread may already have ended (after a shutdown request): then this send fails, harmlessly.
+        let _ = self.jobs.send(Job::Shutdown { reply: None });
+        let clean = self.backend.join().map_err(|_| anyhow!("the backend thread panicked"))?;
+        let_answers_out(&self.shared, std::time::Duration::from_millis(500));
+        Ok(clean)
+    }
+
+    fn accept(&self, listener: &UnixListener) {
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                // EMFILE and the like: wait a little for descriptors to free, watching for a stop.
+                tracing::warn!("accept: {e}");
+                let mut fds = [PollFd::new(&self.wake_rx, PollFlags::IN)];
+                let _ = rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 50_000_000 }));
+                return;
+            }
+        };
+        let _ = conn.set_nonblocking(false);
+        let n = self.shared.connections.fetch_add(1, Ordering::AcqRel);
+        let guard = ConnectionSlot(self.shared.clone());
+        if n >= self.shared.limits.max_connections {
+            tracing::warn!("refused a connection: {n} already being served");
+            let _ = conn.set_write_timeout(Some(self.shared.limits.write));
+            let _ = write_response(
+                &mut &conn,
+                &Response::error(format!("meshd is serving {n} connections, its limit; try again")),
+            );
+            return;
+        }
+        let (shared, jobs) = (self.shared.clone(), self.jobs.clone());
+        let spawned = std::thread::Builder::new().name("meshd-conn".into()).spawn(move || {
+            let _guard = guard;
+            serve_connection(&shared, &jobs, &conn);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread for a connection: {e}");
+        }
+    }
+}
+
+/// Gives the connection threads still answering (the `shutdown` request's own reply, above all) up
+/// to `within` to finish: the process may exit right after [`Server::run`] returns, and a reply cut off
+/// then reads as "meshd closed the connection without answering". Bounded, because a silent client is
+/// only dropped after the idle timeout.
+fn let_answers_out(shared: &Shared, within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while shared.connections.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Counts a connection until dropped.
+struct ConnectionSlot(Arc<Shared>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether a peer of `uid` may talk to a meshd running as `own_uid`: that uid and root.
+pub fn peer_allowed(uid: u32, own_uid: u32) -> bool {
+    uid == own_uid || uid == 0
+}
+
+fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream) {
+    let limits = shared.limits;
+    let _ = conn.set_write_timeout(Some(limits.write));
+    let peer = match rustix::net::sockopt::socket_peercred(conn.as_fd()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("refused a connection: no peer credentials ({e})");
+            let _ = write_response(&mut &*conn, &Response::error(format!("no peer credentials: {e}")));
+            return;
+        }
+    };
+    let (pid, uid) = (peer.pid.as_raw_nonzero().get(), peer.uid.as_raw());
+    if !peer_allowed(uid, shared.own_uid) {
+        tracing::warn!(peer_pid = pid, peer_uid = uid, "refused a client of another user");
+        let why = format!("uid {uid} may not control this meshd (it serves uid {} and root)", shared.own_uid);
+        let _ = write_response(&mut &*conn, &Response::error(why));
+        return;
+    }
+    if let Err(e) = conn.set_read_timeout(Some(limits.idle)) {
+        tracing::warn!("connection from pid {pid}: {e}");
+        return;
+    }
+    let response = match read_request_within(&mut BufReader::new(conn), Some(limits.idle)) {
+        Ok((req, image)) => answer(shared, jobs, req, image),
+        Err(RequestError::Closed) => {
+            tracing::debug!(peer_pid = pid, "a client closed its connection without a request");
+            return;
+        }
+        Err(e @ RequestError::Idle(_)) => {
+            tracing::info!(peer_pid = pid, "dropped a silent client: {e}");
+            Response::error(e)
+        }
+        Err(e) => {
+            tracing::warn!(peer_pid = pid, "refused a request: {e}");
+            Response::error(e)
+        }
+    };
+    if let Err(e) = write_response(&mut &*conn, &response) {
+        tracing::warn!(peer_pid = pid, "answering a client: {e}");
+    }
+}
+
+/// Answers `ps` and `info` from the snapshot; queues anything else for the backend thread.
+fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8>) -> Response {
+    let (reply, answer) = mpsc::sync_channel(1);
+    let job = match Routed::from(req) {
+        Routed::Query(query) => return self::query(shared, jobs, query),
+        Routed::Change(change) => Job::Change { change, image, reply },
+        Routed::Spawn(spec) => Job::Spawn { spec, reply },
+    };
+    if shared.stopping.load(Ordering::Acquire) {
+        return Response::error("meshd is shutting down");
+    }
+    if jobs.send(job).is_err() {
+        return Response::error("meshd is shutting down");
+    }
+    answer.recv().unwrap_or_else(|_| Response::error("meshd is shutting down"))
+}
+
+/// Answers a query on the connection thread.
+fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
+    match query {
+        Query::Ps => Response {
+            ok: true,
+            programs: Some(ps_rows(shared)),
+            natives: Some(shared.natives.rows()),
+            ..Response::default()
+        },
+        Query::Stop { name } => native_stop(shared, &name),
+        Query::Info => info(shared),
+        Query::Shutdown => {
+            let (reply, answer) = mpsc::sync_channel(1);
+            shared.stopping.store(true, Ordering::Release);
+            if jobs.send(Job::Shutdown { reply: Some(reply) }).is_err() {
+                return Response::ok();
+            }
+            // The backend thread may have ended already (a signal raced): the daemon stops either way.
+            answer.recv().unwrap_or_else(|_| Response::ok())
+        }
+    }
+}
+
+/// The snapshot's programs with heartbeat and exit read now from their slots (plain host memory).
+fn ps_rows(shared: &Shared) -> Vec<ProgramRow> {
+    let snap = shared.snapshot();
+    snap.programs.iter().map(|p| ProgramRow::from(&fresh(&shared.mailbox, p))).collect()
+}
+
+/// `p` with what its slot says now: the heartbeat, and an exit the backend has not seen yet.
+fn fresh(mailbox: &Mailbox, p: &ProgramStatus) -> ProgramStatus {
+    let mut p = p.clone();
+    if let Ok(slot) = mailbox.slot(p.slot) {
+        let now = slot.status();
+        p.heartbeat = now.heartbeat;
+        // Only an exit is taken from the slot: a stop happens at the backend's request, and it publishes that itself.
+        if p.state == ProgramState::Running && now.state == STATE_EXITED {
+            p.state = ProgramState::Exited(now.exit_code);
+        }
+    }
+    p
+}
+
+fn info(shared: &Shared) -> Response {
+    let snap = shared.snapshot();
+    let channels = match shared.mailbox.channels() {
+        Ok(c) => c,
+        Err(e) => return Response::error(e),
+    };
+    let channels = channels
+        .into_iter()
+        .map(|c| ChannelRow {
+            placement: c.placement.to_string(),
+            lost: c.lost,
+            name: c.name,
+            msg_size: c.msg_size,
+            capacity: c.capacity,
+            head: c.head,
+            tail: c.tail,
+        })
+        .collect();
+    Response {
+        ok: true,
+        info: Some(Info {
+            mode: snap.mode.to_string(),
+            mailbox: shared.mailbox.path().display().to_string(),
+            device: snap.device.clone(),
+            host_atomics: snap.host_atomics,
+            channels,
+            extra: InfoExtra {
+                device_uuid: shared.device_id.get().map(|d| d.uuid.clone()),
+                device_selector: shared.device_id.get().and_then(|d| d.selector.clone()),
+                pool: snap.pool.as_ref().and_then(PoolFigures::snapshot).map(|p| PoolRow::from(&p)),
+            },
+        }),
+        ..Response::default()
+    }
+}

@@ -1,0 +1,436 @@
+//! The change worker: the backend thread, which opens the backend, applies changes one at a
+//! time in arrival order and, between them, runs the watchdog.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use mesh_backend::{Backend, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
+use mesh_shm::Mailbox;
+
+use super::natives::native_spawn;
+use super::{Change, HELD_SLOT, Job, Opened, Replacer, Shared, Snapshot};
+use crate::protocol::{ProgramRow, Response};
+use crate::replace::{Search, mono_ns};
+use crate::state::{Recorded, RecordedNative, StateStore};
+
+pub(super) type Ready = mpsc::SyncSender<Result<(usize, usize)>>;
+
+/// The backend thread: open, relaunch what is recorded, then apply changes until shutdown.
+/// Returns whether every program stopped.
+pub(super) fn backend_thread<F>(
+    shared: &Shared,
+    open: F,
+    state: Option<StateStore>,
+    replacer: Replacer,
+    jobs: &mpsc::Receiver<Job>,
+    ready: &Ready,
+) -> bool
+where
+    F: FnOnce(&Mailbox) -> Result<Opened>,
+{
+    let Opened { mut backend, device, arch } = match open(&shared.mailbox) {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return true;
+        }
+    };
+    {
+        let mut s = shared.snapshot.lock();
+        *s = Arc::new(Snapshot {
+            programs: backend.status(),
+            mode: backend.mode(),
+            device,
+            host_atomics: backend.host_atomics(),
+            pool: backend.pool(),
+        });
+    }
+    if backend.mode() == IsolationMode::Mps {
+        shared.natives.set_membership(Arc::new(crate::native::MpsMembership));
+    }
+    let mut worker = BackendWorker {
+        backend: &mut *backend,
+        shared,
+        state,
+        arch,
+        held: Vec::new(),
+        kinds: HashMap::new(),
+        search: None,
+        replacer,
+        opened_mono_ns: mono_ns(),
+    };
+    // Read before the relaunch, whose publishing records the (still empty) table of native workers.
+    let natives = worker.state.as_ref().map(|s| s.recorded().natives.clone()).unwrap_or_default();
+    let relaunched = worker.relaunch();
+    worker.respawn_natives(natives);
+    let _ = ready.send(Ok(relaunched));
+    let clean = worker.serve(jobs);
+    drop(worker);
+    if clean {
+        // Dropped here, on the thread that opened it (MPS: the thread its children's PDEATHSIG watches).
+        drop(backend);
+    } else {
+        // A kernel ignored its stop request: releasing the context would wait for it. meshd leaves
+        // with `_exit` right after (the driver then ends the kernel), so the backend is never dropped.
+        std::mem::forget(backend);
+    }
+    shared.waker.wake();
+    clean
+}
+
+/// A recorded program that is not in the backend: left stopped across a replacement of the
+/// process, or held back while a culprit search asks about others.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) name: String,
+    pub(super) why: String,
+    /// It caused a GPU fault (`ps`: faulted); else only stopped.
+    pub(super) culprit: bool,
+    pub(super) kind: ImageKind,
+}
+
+pub(super) struct BackendWorker<'a> {
+    pub(super) backend: &'a mut dyn Backend,
+    pub(super) shared: &'a Shared,
+    pub(super) state: Option<StateStore>,
+    /// The key of the stored linked images.
+    pub(super) arch: Option<String>,
+    /// Recorded programs not in the backend, in record order.
+    pub(super) held: Vec<Held>,
+    /// The image kind `ps` shows for programs relaunched from a stored linked image (the backend
+    /// was given the cubin).
+    pub(super) kinds: HashMap<String, ImageKind>,
+    /// A culprit search's question being watched, since when.
+    pub(super) search: Option<(Search, Instant)>,
+    pub(super) replacer: Replacer,
+    /// When the backend was open (`CLOCK_MONOTONIC` ns), for the recovery's log.
+    pub(super) opened_mono_ns: u64,
+}
+
+pub(super) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+pub(super) fn ms_between(from_ns: u64, to_ns: u64) -> f64 {
+    to_ns.saturating_sub(from_ns) as f64 / 1e6
+}
+
+impl BackendWorker<'_> {
+    pub(super) fn publish(&mut self) {
+        self.shared.publish(self.statuses());
+        self.record_natives();
+    }
+
+    /// Keeps the native workers meshd wants running in the desired state, so that a restart (after
+    /// a crash, or a clean stop with the state kept) starts them again. Not while stopping: a
+    /// shutdown ends them, and what was wanted before it is what a later start wants.
+    fn record_natives(&mut self) {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let mut wanted: Vec<RecordedNative> = self.shared.natives.wanted().iter().map(RecordedNative::of).collect();
+        wanted.sort_by(|a, b| a.name.cmp(&b.name));
+        self.record(|s| s.record_natives(wanted));
+    }
+
+    /// Starts again the native workers the desired state lists (after the programs are relaunched,
+    /// so that their channels' GPU ends run); each outcome goes to the log.
+    fn respawn_natives(&mut self, recorded: Vec<RecordedNative>) {
+        for n in recorded {
+            let (reply, outcome) = mpsc::sync_channel(1);
+            native_spawn(self.shared, n.spec(), reply);
+            let name = n.name.clone();
+            let logged =
+                std::thread::Builder::new().name("meshd-native-restart".into()).spawn(move || match outcome.recv() {
+                    Ok(r) if r.ok => {
+                        tracing::info!(native = %name, "native worker started again from the desired state")
+                    }
+                    Ok(r) => tracing::error!(
+                        native = %name,
+                        "native worker from the desired state not started again: {}",
+                        r.error.unwrap_or_default()
+                    ),
+                    Err(_) => {}
+                });
+            if let Err(e) = logged {
+                tracing::warn!("no thread to log a native worker's restart: {e}");
+            }
+        }
+    }
+
+    /// What `ps` shows: the backend's programs with what the state carries across replacements
+    /// (restarts added, the last fault where the backend saw none), then the programs held back.
+    pub(super) fn statuses(&self) -> Vec<ProgramStatus> {
+        let recorded = self.state.as_ref().map(StateStore::recorded);
+        let carried = |name: &str| recorded.and_then(|r| r.carried.get(name));
+        let mut rows = self.backend.status();
+        for r in &mut rows {
+            if let Some(kind) = self.kinds.get(&r.name) {
+                r.kind = *kind;
+            }
+            if let Some(c) = carried(&r.name) {
+                r.restarts += c.restarts;
+                if r.last_fault.is_none() {
+                    r.last_fault = c.last_fault.clone();
+                    r.last_fault_unix_ms = c.last_fault_unix_ms;
+                }
+            }
+        }
+        for h in &self.held {
+            let Some(p) = recorded.and_then(|r| r.programs.iter().find(|p| p.name == h.name)) else { continue };
+            let c = carried(&h.name).cloned().unwrap_or_default();
+            rows.push(ProgramStatus {
+                name: h.name.clone(),
+                slot: HELD_SLOT,
+                state: if h.culprit { ProgramState::Faulted(h.why.clone()) } else { ProgramState::Stopped },
+                generation: 0,
+                heartbeat: 0,
+                worker_pid: None,
+                sms: p.sms,
+                shape: LaunchShape { grid: p.grid, block: p.block, shared_mem: p.shared_mem },
+                kind: h.kind,
+                restarts: c.restarts,
+                last_fault: c.last_fault,
+                last_fault_unix_ms: c.last_fault_unix_ms,
+                stopped_why: Some(h.why.clone()),
+            });
+        }
+        rows
+    }
+
+    pub(super) fn is_held(&self, name: &str) -> bool {
+        self.held.iter().any(|h| h.name == name)
+    }
+
+    pub(super) fn unhold(&mut self, name: &str) {
+        self.held.retain(|h| h.name != name);
+    }
+
+    /// Holds `p` back (not loaded), with `why`.
+    pub(super) fn hold(&mut self, p: &Recorded, why: String, culprit: bool) {
+        let kind = self.state.as_ref().and_then(|s| s.spec_of(p).ok()).map_or(ImageKind::Ptx, |s| s.kind);
+        self.unhold(&p.name);
+        self.held.push(Held { name: p.name.clone(), why, culprit, kind });
+    }
+
+    /// Loads the recorded `p`: from its stored linked image where there is one for this GPU (no
+    /// link), else from its image.
+    pub(super) fn load_recorded(&mut self, p: &Recorded) -> Result<ProgramStatus> {
+        let state = self.state.as_ref().context("no state directory")?;
+        let spec = state.spec_of(p)?;
+        let linked = self.arch.as_deref().and_then(|arch| state.linked(&p.image_sha256, arch));
+        if let Some(image) = linked.filter(|i| ImageKind::detect(i).is_some()) {
+            let mut fast = spec.clone();
+            fast.kind = ImageKind::detect(&image).unwrap_or(spec.kind);
+            fast.image = image;
+            match self.backend.load(fast) {
+                Ok(status) => {
+                    self.kinds.insert(p.name.clone(), spec.kind);
+                    return Ok(status);
+                }
+                Err(e) => {
+                    tracing::warn!(program = %p.name, "its stored linked image was refused ({}); linking it again", plain(&e))
+                }
+            }
+        }
+        self.kinds.remove(&p.name);
+        Ok(self.backend.load(spec)?)
+    }
+
+    /// Adds one restart to each of `names` (relaunched after a fault).
+    pub(super) fn count_restarts(&mut self, names: &[String]) {
+        self.record(|s| {
+            s.update(|st| {
+                for n in names {
+                    st.carried.entry(n.clone()).or_default().restarts += 1;
+                }
+            })
+        });
+    }
+
+    /// Applies changes in arrival order until a shutdown, and between them runs the watchdog every
+    /// [`Limits::watch`] (publishing at once when it changed something, else every
+    /// [`Limits::refresh`]); returns whether every program stopped.
+    fn serve(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+        let limits = self.shared.limits;
+        let tick = limits.watch.min(Duration::from_millis(50));
+        let mut next_publish = Instant::now() + limits.refresh;
+        loop {
+            let job = jobs.recv_timeout(tick);
+            if !matches!(job, Err(mpsc::RecvTimeoutError::Timeout)) {
+                next_publish = Instant::now() + limits.refresh;
+            }
+            match job {
+                Ok(Job::Spawn { spec, reply }) => native_spawn(self.shared, spec, reply),
+                Ok(Job::Change { change, image, reply }) => {
+                    let response = if self.shared.stopping.load(Ordering::Acquire) {
+                        Response::error("meshd is shutting down")
+                    } else if let Some((s, _)) = &self.search {
+                        Response::error(format!(
+                            "meshd is searching the culprit of a GPU fault by halves (question {}); try again in a \
+                             moment",
+                            s.answers.len() + 1
+                        ))
+                    } else {
+                        self.change(change, image)
+                    };
+                    self.publish();
+                    let _ = reply.send(response);
+                    // A change that met a sticky fault: the refusal is on its way; then the process is replaced.
+                    self.check_replacement();
+                }
+                Ok(Job::Shutdown { reply }) => {
+                    self.shared.stopping.store(true, Ordering::Release);
+                    // Answer first: the client need not wait while every program stops.
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Response::ok());
+                    }
+                    return self.shutdown();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
+            }
+            let stopping = self.shared.stopping.load(Ordering::Acquire);
+            let seen = if stopping { Vec::new() } else { self.backend.watch() };
+            for line in &seen {
+                tracing::warn!(target: "watchdog", "{line}");
+            }
+            if !stopping {
+                self.check_replacement();
+                self.search_tick();
+            }
+            if !seen.is_empty() || Instant::now() >= next_publish {
+                self.publish();
+                next_publish = Instant::now() + limits.refresh;
+            }
+        }
+    }
+
+    fn shutdown(&mut self) -> bool {
+        self.shared.natives.stop_all();
+        tracing::info!("shutting down: stopping every program");
+        let clean = match self.backend.shutdown() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!("shutdown: {}", plain(&e));
+                false
+            }
+        };
+        self.shared.publish(Vec::new());
+        clean
+    }
+
+    /// Applies one change; the answer says how long the backend took.
+    fn change(&mut self, change: Change, image: Vec<u8>) -> Response {
+        let what = describe(&change);
+        let started = Instant::now();
+        let result = self.apply(change, image);
+        let backend_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        match result {
+            Ok(mut r) => {
+                r.backend_us = backend_us;
+                r
+            }
+            Err(e) => {
+                let msg = plain(&e);
+                tracing::warn!("{what} refused: {msg}");
+                Response { backend_us, ..Response::error(msg) }
+            }
+        }
+    }
+
+    fn apply(&mut self, change: Change, image: Vec<u8>) -> Result<Response> {
+        match change {
+            Change::Load { name, grid, block, shared_mem, bind, sms } => {
+                let mut spec = ProgramSpec::new(&name, image)?;
+                spec.shape = LaunchShape { grid, block, shared_mem };
+                spec.bindings = bind;
+                spec.sms = sms;
+                let record = Recorded::of(&spec);
+                let status = self.backend.load(spec.clone())?;
+                tracing::info!(program = %name, slot = status.slot, "loaded");
+                self.record(|s| s.record_load(record, &spec.image));
+                // A program left stopped of that name is replaced by this one.
+                self.unhold(&name);
+                self.kinds.remove(&name);
+                Ok(Response { ok: true, programs: Some(vec![ProgramRow::from(&status)]), ..Response::default() })
+            }
+            Change::Upgrade { name } if self.is_held(&name) => {
+                // Left stopped (not in the backend): the new image is loaded with its recorded shape.
+                let p = self.state.as_ref().and_then(|s| s.program(&name).cloned()).context("not recorded")?;
+                let mut spec = ProgramSpec::new(&name, image.clone())?;
+                spec.shape = LaunchShape { grid: p.grid, block: p.block, shared_mem: p.shared_mem };
+                spec.bindings = p.bindings.clone();
+                spec.sms = p.sms;
+                let status = self.backend.load(spec)?;
+                tracing::info!(program = %name, slot = status.slot, "upgraded (it was left stopped): running again");
+                self.record(|s| s.record_upgrade(&name, &image));
+                self.unhold(&name);
+                self.kinds.remove(&name);
+                Ok(Response { ok: true, programs: Some(vec![ProgramRow::from(&status)]), ..Response::default() })
+            }
+            Change::Unload { name } if self.is_held(&name) => {
+                tracing::info!(program = %name, "unloaded (it was left stopped)");
+                self.record(|s| s.record_unload(&name));
+                self.unhold(&name);
+                Ok(Response::ok())
+            }
+            Change::Upgrade { name } => {
+                self.kinds.remove(&name);
+                let status = self.backend.upgrade(&name, image.clone())?;
+                tracing::info!(program = %name, generation = status.generation, "upgraded");
+                self.record(|s| s.record_upgrade(&name, &image));
+                Ok(Response { ok: true, programs: Some(vec![ProgramRow::from(&status)]), ..Response::default() })
+            }
+            Change::Unload { name } => {
+                self.kinds.remove(&name);
+                self.backend.unload(&name)?;
+                tracing::info!(program = %name, "unloaded");
+                self.record(|s| s.record_unload(&name));
+                Ok(Response::ok())
+            }
+            Change::ChannelCreate { name, msg_size, capacity, placement } => {
+                let placement = crate::placement::parse(&placement, self.backend.mode())?;
+                self.shared.mailbox.create_channel_placed(&name, msg_size, capacity, placement)?;
+                tracing::info!(channel = %name, msg_size, capacity, %placement, "channel created");
+                let mailbox = self.shared.mailbox.clone();
+                self.record(move |s| s.record_channels(&mailbox));
+                Ok(Response::ok())
+            }
+        }
+    }
+
+    /// Writes a change to the state directory; a failure is logged, the change stands (the GPU has it).
+    pub(super) fn record(&mut self, f: impl FnOnce(&mut StateStore) -> Result<()>) {
+        if let Some(state) = &mut self.state {
+            if let Err(e) = f(state) {
+                tracing::error!("recording the desired state in {}: {e:#}", state.dir().display());
+            }
+        }
+    }
+}
+
+/// How a request is named in the log.
+fn describe(change: &Change) -> String {
+    match change {
+        Change::Load { name, .. } => format!("load {name:?}"),
+        Change::Upgrade { name } => format!("upgrade {name:?}"),
+        Change::Unload { name } => format!("unload {name:?}"),
+        Change::ChannelCreate { name, .. } => format!("channel create {name:?}"),
+    }
+}
+
+/// An error's text without a leading "refused: ": the answer is a refusal already, and the log line
+/// and the CLI say so once (some backend errors carry the word in their own text).
+pub(super) fn plain(e: &dyn std::fmt::Display) -> String {
+    let text = format!("{e:#}");
+    match text.strip_prefix("refused: ") {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}

@@ -1,0 +1,192 @@
+//! Golden files of the control protocol for the Python client: every request kind and the answers' shapes, byte for byte as meshd writes them, plus meshd's refusal of a mailbox of another layout version.
+//!
+//! The files live in `crates/mesh-py/tests/golden/`; the Python package's tests build the same
+//! requests with its client and compare bytes, and parse the answers. This test fails when the
+//! protocol's encoding changes without the files; `MESH_GOLDEN_WRITE=1 cargo test -p meshd --test
+//! golden_protocol` rewrites them (then run the Python tests, which say what the client must follow).
+
+use std::path::{Path, PathBuf};
+
+use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+use meshd::protocol::{Request, Response, write_request, write_response};
+use meshd::start::{StartError, claim_mailbox};
+use serde_json::{Value, json};
+
+/// The image bytes every load and upgrade case carries.
+const IMAGE: &[u8] = b".version 8.0\n.target sm_90\n";
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mesh-py/tests/golden")
+}
+
+/// Compares `bytes` with the golden file `name`, or writes it when `MESH_GOLDEN_WRITE` is set.
+/// Returns the names that differ instead of failing at the first, so one run lists them all.
+fn golden(name: &str, bytes: &[u8], differ: &mut Vec<String>) {
+    let path = golden_dir().join(name);
+    if std::env::var_os("MESH_GOLDEN_WRITE").is_some() {
+        std::fs::create_dir_all(golden_dir()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        return;
+    }
+    match std::fs::read(&path) {
+        Ok(old) if old == bytes => {}
+        Ok(old) => differ.push(format!(
+            "{name}:\n  file: {}\n  now:  {}",
+            String::from_utf8_lossy(&old).trim_end(),
+            String::from_utf8_lossy(bytes).trim_end()
+        )),
+        Err(e) => differ.push(format!("{name}: {e}")),
+    }
+}
+
+fn assert_none_differ(differ: Vec<String>) {
+    assert!(
+        differ.is_empty(),
+        "the control protocol no longer matches the Python client's golden files (crates/mesh-py/tests/golden):\n{}\n\
+         If the change is meant, rewrite them with MESH_GOLDEN_WRITE=1 cargo test -p meshd --test golden_protocol \
+         and update the Python client (crates/mesh-py/python/meshd/control.py) until its tests pass",
+        differ.join("\n")
+    );
+}
+
+/// Each request as the Python client writes it. Parsed into [`Request`] (meshd must accept it) and
+/// written back by [`write_request`]: the golden file is that encoding. Given as JSON rather than as
+/// struct literals so that a field added later with a serde default (which the client may leave out)
+/// changes nothing here unless it changes the bytes.
+fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
+    vec![
+        (
+            "load",
+            json!({"op": "load", "name": "echo", "image_len": IMAGE.len(), "grid": [1, 1, 1], "block": [32, 1, 1],
+                   "shared_mem": 0, "bind": ["to-gpu", "from-gpu"], "sms": null}),
+            IMAGE,
+        ),
+        (
+            "load_shaped",
+            json!({"op": "load", "name": "wide", "image_len": IMAGE.len(), "grid": [4, 2, 1], "block": [128, 1, 1],
+                   "shared_mem": 1024, "bind": [], "sms": 16}),
+            IMAGE,
+        ),
+        ("upgrade", json!({"op": "upgrade", "name": "echo", "image_len": IMAGE.len()}), IMAGE),
+        ("unload", json!({"op": "unload", "name": "echo"}), b""),
+        ("ps", json!({"op": "ps"}), b""),
+        ("info", json!({"op": "info"}), b""),
+        ("shutdown", json!({"op": "shutdown"}), b""),
+        ("channel_create", json!({"op": "channel_create", "name": "to-gpu", "msg_size": 64, "capacity": 16}), b""),
+        // A name outside ASCII: serde_json writes UTF-8 as it is, and so must the client.
+        (
+            "channel_create_utf8",
+            json!({"op": "channel_create", "name": "entrée-é", "msg_size": 8, "capacity": 1024}),
+            b"",
+        ),
+        (
+            "spawn",
+            json!({"op": "spawn", "name": "worker", "bind": ["to-gpu", "from-gpu"],
+                   "command": ["./native-cuda", "--iterations", "3"], "ready_timeout_ms": 2500}),
+            b"",
+        ),
+        ("stop", json!({"op": "stop", "name": "worker"}), b""),
+    ]
+}
+
+/// A program's row, running or left stopped after a fault.
+fn program(name: &str, slot: u32, fault: bool) -> Value {
+    let mut row = json!({
+        "name": name, "slot": slot, "state": if fault { "stopped" } else { "running" }, "generation": 3,
+        "heartbeat": 123_456_789_012_u64, "worker_pid": if fault { Value::Null } else { json!(4242) },
+        "sms": if fault { Value::Null } else { json!(16) }, "kind": "ptx", "grid": [1, 1, 1], "block": [32, 1, 1],
+        "restarts": u32::from(fault),
+    });
+    if fault {
+        row["last_fault"] = json!("CUDA_ERROR_ILLEGAL_ADDRESS (culprit: this program)");
+        row["last_fault_unix_ms"] = json!(1_764_748_800_000_u64);
+        row["stopped_why"] = json!("caused a GPU fault: left stopped; upgrade or reload it to run it again");
+    }
+    row
+}
+
+fn native(name: &str) -> Value {
+    json!({"name": name, "pid": 31337, "state": "running", "bind": ["to-gpu", "from-gpu"],
+           "command": "./native-cuda --iterations 3", "isolation": "mps"})
+}
+
+/// Each answer's shape, parsed into [`Response`] and written back by [`write_response`].
+fn response_cases() -> Vec<(&'static str, Value)> {
+    let info = json!({
+        "mode": "mps", "mailbox": "/dev/shm/meshd.mailbox", "device": "NVIDIA H200", "host_atomics": true,
+        "channels": [
+            {"name": "to-gpu", "msg_size": 64, "capacity": 16, "head": 10, "tail": 9},
+            {"name": "entrée-é", "msg_size": 8, "capacity": 1024, "head": 0, "tail": 0},
+        ],
+        "device_uuid": "GPU-00000000-1111-2222-3333-444444444444", "device_selector": "0",
+        "pool": {"size": 2, "idle": 1, "in_use": 1, "client_limit": 48,
+                 "client_limit_source": "CUDA 13.0 (48 clients from Volta on)", "grow": false, "stalls": 1,
+                 "recent": [{"seq": 1, "program": "echo", "op": "load", "stalled": 2, "unix_ms": 1_764_748_800_000_u64}]},
+    });
+    vec![
+        ("ok", json!({"ok": true})),
+        ("refused", json!({"ok": false, "error": "program \"zzz\": no such program", "backend_us": 87})),
+        ("load", json!({"ok": true, "programs": [program("echo", 0, false)], "backend_us": 125_000})),
+        (
+            "ps",
+            json!({"ok": true, "programs": [program("echo", 0, false), program("fault", 1, true)],
+                   "natives": [native("worker")]}),
+        ),
+        ("ps_empty", json!({"ok": true, "programs": [], "natives": []})),
+        ("info", json!({"ok": true, "info": info})),
+        ("spawn", json!({"ok": true, "natives": [native("worker")]})),
+    ]
+}
+
+#[test]
+fn requests_match_the_golden_files() {
+    let mut differ = Vec::new();
+    for (name, req, image) in request_cases() {
+        let req: Request =
+            serde_json::from_value(req).unwrap_or_else(|e| panic!("meshd refuses the {name} request: {e}"));
+        let mut bytes = Vec::new();
+        write_request(&mut bytes, &req, image).unwrap();
+        golden(&format!("{name}.request"), &bytes, &mut differ);
+    }
+    assert_none_differ(differ);
+}
+
+#[test]
+fn responses_match_the_golden_files() {
+    let mut differ = Vec::new();
+    for (name, resp) in response_cases() {
+        let resp: Response = serde_json::from_value(resp).unwrap_or_else(|e| panic!("the {name} answer: {e}"));
+        let mut bytes = Vec::new();
+        write_response(&mut bytes, &resp).unwrap();
+        // The file is what the client parses: it must read back as the same answer.
+        let back = meshd::protocol::read_response(&mut std::io::Cursor::new(&bytes)).unwrap();
+        assert_eq!(back, resp, "{name} does not survive its own encoding");
+        golden(&format!("{name}.response"), &bytes, &mut differ);
+    }
+    assert_none_differ(differ);
+}
+
+/// meshd's refusal of a mailbox of another layout version, with `{path}`, `{found}` and `{expected}`
+/// in place of the values: the Python package raises the same text when it opens such a file.
+#[test]
+fn other_layout_version_refusal_matches_the_golden_file() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mb");
+    let config = MailboxConfig { size: 1 << 20, slots: 8, channels: 8 };
+    drop(Mailbox::create(&path, &config, CreateMode::Exclusive).unwrap());
+    let expected = mesh_shm::layout::LAYOUT_VERSION;
+    let found = expected + 1;
+    let at = core::mem::offset_of!(mesh_shm::layout::Header, version) as u64;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&found.to_le_bytes(), at).unwrap();
+    let err = claim_mailbox(&path, &config, false).unwrap_err();
+    assert!(matches!(err, StartError::OtherVersion { .. }), "{err}");
+    let text = err.to_string().replace(&path.display().to_string(), "{path}").replace(
+        &format!("{found}, this build reads version {expected}"),
+        "{found}, this build reads version {expected}",
+    );
+    assert!(text.contains("--fresh") && text.contains("{found}") && text.contains("{path}"), "{text}");
+    let mut differ = Vec::new();
+    golden("layout_version_error.txt", format!("{text}\n").as_bytes(), &mut differ);
+    assert_none_differ(differ);
+}
