@@ -343,11 +343,11 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }
 
-// Whether a receiver that finds its ring empty publishes its position then (1), or only every half
-// ring and on mesh_chan_close (0: no store to the mailbox per message; the producer always has half a
-// ring of credit).
+// Whether a receiver that finds its ring empty publishes its position then (1, the default), or only
+// every half ring and on mesh_chan_close (0: no store to the mailbox per message; the producer always
+// has half a ring of credit). Measured on the H200: no difference above the noise (BENCHMARKS.md).
 #ifndef MESH_PUBLISH_ON_DRAIN
-#define MESH_PUBLISH_ON_DRAIN 0
+#define MESH_PUBLISH_ON_DRAIN 1
 #endif
 
 // A receive found the ring empty.

@@ -137,14 +137,14 @@ pub fn host_round_trips(mps: bool) {
     println!("Raw relaxed mapped word (raw_pingpong, same run): {raw_median:.2} / {raw_p99:.2}");
     println!();
     println!("Variants (same run, same client; each tests/programs/echo_x_*.cu says what it changes):");
-    println!("drainflush = a position store per message (layout 2),");
+    println!("nodrain = no position store per message (every half ring),");
     println!("rarestop = stop checked every 4096th iteration only.");
     println!();
-    println!("| mode | size | echo_header (header's loop) | ×raw | p99/median | echo_warp | drainflush | rarestop |");
+    println!("| mode | size | echo_header (header's loop) | ×raw | p99/median | echo_warp | nodrain | rarestop |");
     println!("|------|-----:|----------------------------:|-----:|-----------:|----------:|--------:|---------:|");
     for size in SIZES {
         let h = echo(&mut b, "echo_header", size);
-        let cells: Vec<String> = ["echo_warp", "echo_x_drainflush", "echo_x_rarestop"]
+        let cells: Vec<String> = ["echo_warp", "echo_x_nodrain", "echo_x_rarestop"]
             .iter()
             .map(|p| {
                 let (m, p99) = echo(&mut b, p, size);
@@ -193,9 +193,9 @@ pub fn gpu_round_trips(mps: bool) {
     println!("(%globaltimer), µs: mean [fastest, slowest] over ≥ 100,000 round trips after 1,000 warm-up.");
     println!();
     println!("Variants on device channels: rarestop = ping_x_rarestop ↔ echo_x_rarestop (stop checked every");
-    println!("4096th iteration), drainflush = ping_x_drainflush ↔ echo_x_drainflush (a position store per message).");
+    println!("4096th iteration), nodrain = ping_x_nodrain ↔ echo_x_nodrain (no position store per message).");
     println!();
-    println!("| mode | size | device channels | host channels | device, rarestop | device, drainflush | errors |");
+    println!("| mode | size | device channels | host channels | device, rarestop | device, nodrain | errors |");
     println!("|------|-----:|----------------:|--------------:|-----------------:|----------------:|-------:|");
     let cell = |r: Option<(f64, f64, f64, u32)>| {
         r.map_or("(MPS: not shared yet)".to_string(), |(m, lo, hi, _)| format!("{m:.2} [{lo:.2}, {hi:.1}]"))
@@ -206,15 +206,15 @@ pub fn gpu_round_trips(mps: bool) {
         let host = ping_pong(&mut b, size, Placement::Host, n, ("ping", "echo_header"));
         let rare =
             (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_rarestop", "echo_x_rarestop")));
-        let drainflush =
-            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_drainflush", "echo_x_drainflush")));
-        let errors: u32 = [dev, Some(host), rare, drainflush].iter().flatten().map(|r| r.3).sum();
+        let nodrain =
+            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_nodrain", "echo_x_nodrain")));
+        let errors: u32 = [dev, Some(host), rare, nodrain].iter().flatten().map(|r| r.3).sum();
         println!(
             "| {mode} | {size} | {} | {} | {} | {} | {errors} |",
             cell(dev),
             cell(Some(host)),
             cell(rare),
-            cell(drainflush)
+            cell(nodrain)
         );
     }
     b.shutdown();
