@@ -2,7 +2,8 @@
 # The `run` script of a GPU bundle (`cargo xtask gpu-test --bundle DIR`), for a GPU machine without cargo.
 # Compiles the test programs to PTX where nvcc exists (and keeps them in $OUT/ptx.tar to be committed),
 # runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
-# Usage: ./run [tests|bench|all]   (default all). Results go to $OUT (default ./out).
+# Usage: ./run [tests|bench|all|chan]   (default all). Results go to $OUT (default ./out).
+# chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
 set -u
 cd "$(dirname "$0")"
 HERE=$PWD
@@ -13,7 +14,9 @@ export MESH_GPU_TESTS=1 MESH_PROGRAMS=$HERE/programs PATH=$HERE/bin:$PATH RUST_B
 declare -a ROWS
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if [ -x "$NVCC" ]; then
+if [ "$WHAT" = chan ]; then
+  ROWS+=("nvcc -ptx|chan: the committed PTX (built with the same nvcc 13.0)")
+elif [ -x "$NVCC" ]; then
   ok=0; total=0
   for cu in programs/*.cu; do
     total=$((total + 1))
@@ -26,7 +29,7 @@ else
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
-if [ -x "$NVCC" ]; then
+if [ -x "$NVCC" ] && [ "$WHAT" != chan ]; then
   IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
   img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
     local file=$1; shift; img_total=$((img_total + 1))
@@ -62,7 +65,7 @@ fi
 # --- end image kinds ---
 
 # --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
-if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ]; then
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ]; then
   if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
       native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
     ROWS+=("nvcc native-cuda|built bin/native-cuda")
@@ -71,6 +74,34 @@ if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ]; then
   fi
 fi
 # --- end native-cuda ---
+
+# --- raw probes (tests/probes): the limits the channel benchmarks stand beside, in the same run ---
+probes() {
+  [ -x "$NVCC" ] || { echo "probes: no nvcc"; return; }
+  for p in ll_roundtrip g2g; do
+    timeout 180 "$NVCC" -O3 -arch=sm_90 -std=c++17 -o "bin/$p" "probes/$p.cu" >>"$OUT/nvcc-probes.log" 2>&1 || echo "probe $p: nvcc failed"
+  done
+  echo "== LL probe ($1)"; [ -x bin/ll_roundtrip ] && timeout -k 5 120 bin/ll_roundtrip
+  echo "== g2g probe ($1)"; [ -x bin/g2g ] && timeout -k 5 120 bin/g2g
+}
+if [ "$WHAT" = chan ]; then
+  {
+    probes "plain context"
+    timeout -k 10 90 bin/mesh-gpu-bench rt blink; echo "rt blink rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench g2g blink; echo "g2g blink rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench rt mps; echo "rt mps rc=$?"
+    timeout -k 10 90 bin/mesh-gpu-bench g2g mps; echo "g2g mps rc=$?"
+    [ -x bin/ll_roundtrip ] && { echo "== LL probe, raw word again (drift)"; timeout -k 5 60 bin/ll_roundtrip | head -1; }
+  } 2>&1 | tee "$OUT/chan-bench.log"
+  ROWS+=("chan bench|$(grep -c 'rc=0' "$OUT/chan-bench.log")/4 rc=0 (log: chan-bench.log)")
+  for t in ${CHAN_TESTS:-bin/test-channels bin/test-[a-bd-z]* bin/test-c[a-gi-z]*}; do
+    name=$(basename "$t")
+    timeout -k 10 150 "$t" --test-threads=1 --nocapture ${CHAN_FILTER:-} >"$OUT/$name.log" 2>&1
+    rc=$?
+    ROWS+=("$name|rc=$rc $(grep -E '^test result:' "$OUT/$name.log" | tail -1)")
+    grep -E '^test .* (FAILED|ok)$|^channel-' "$OUT/$name.log" | sed "s/^/  [$name] /"
+  done
+fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   for t in bin/test-*; do
@@ -121,6 +152,11 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
   ROWS+=("mesh-gpu-bench|rc=$?")
   timeout -k 10 200 bin/mesh-gpu-bench mps >>"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench mps|rc=$?")
+  probes "plain context" >>"$OUT/bench.log" 2>&1
+  for a in "rt blink" "g2g blink" "rt mps" "g2g mps"; do
+    timeout -k 10 240 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    ROWS+=("mesh-gpu-bench $a|rc=$?")
+  done
   [ -x bin/mesh-cli-bench ] && { timeout -k 10 200 bin/mesh-cli-bench >>"$OUT/bench.log" 2>&1; ROWS+=("mesh-cli-bench|rc=$?"); }
   cat "$OUT/bench.log"
 fi

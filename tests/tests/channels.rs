@@ -75,9 +75,25 @@ impl Mesh {
 
     /// A data channel and a knob channel holding one knob message.
     fn channels(&mut self, size: u32, knobs: [u8; 8]) -> (String, String) {
+        self.channels_placed(size, knobs, "host")
+    }
+
+    /// A data channel of `placement` (host or device) and a host knob channel holding one knob message.
+    fn channels_placed(&mut self, size: u32, knobs: [u8; 8], placement: &str) -> (String, String) {
         self.next += 1;
         let (data, knob) = (format!("c{}", self.next), format!("k{}", self.next));
-        self.d.ok(&["channel", "create", &data, "--msg-size", &size.to_string(), "--capacity", &CAPACITY.to_string()]);
+        let (size, capacity) = (size.to_string(), CAPACITY.to_string());
+        self.d.ok(&[
+            "channel",
+            "create",
+            &data,
+            "--msg-size",
+            &size,
+            "--capacity",
+            &capacity,
+            "--placement",
+            placement,
+        ]);
         self.d.ok(&["channel", "create", &knob, "--msg-size", "8", "--capacity", "2"]);
         Producer::claim(&self.mb, &knob).unwrap().send(&knobs, Duration::from_secs(1)).unwrap();
         (data, knob)
@@ -308,6 +324,96 @@ fn twenty_upgrades_lose_nothing_blink() {
 fn twenty_upgrades_lose_nothing_mps() {
     require_gpu!("twenty_upgrades_lose_nothing_mps");
     upgrades(true);
+}
+
+/// A device channel between two GPU programs, each end upgraded 20 times mid-stream (alternately): every
+/// message sequence-checked and checksummed by the sink, every relaunch resuming exactly; a host
+/// process is refused either end, with the reason.
+#[test]
+fn device_channel_survives_twenty_upgrades_of_each_end() {
+    require_gpu!("device_channel_survives_twenty_upgrades_of_each_end");
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mesh::start(false, dir.path());
+    for size in [8u32, 64, 1024, 4096] {
+        let what = format!("device channel {size} B, 20 upgrades of each end");
+        let (data, knob) = m.channels_placed(size, stress::knobs(0, 64, false), "device");
+        let (_, source_knob) = m.channels(8, stress::knobs(0, 64, false));
+        m.load("sink", "sink", true, &[&data, &knob]);
+        m.load("source", "source", true, &[&data, &source_knob]);
+        let started = Instant::now();
+        for k in 0..40 {
+            let before = user::count(&m.user_words("sink"));
+            assert!(
+                wait_until(DEADLINE, || user::count(&m.user_words("sink")) > before + u64::from(CAPACITY)),
+                "{what}: no traffic before upgrade {k}"
+            );
+            let end = if k % 2 == 0 { "sink" } else { "source" };
+            m.d.ok(&["upgrade", end, &ptx_file(end)]);
+        }
+        let total = user::count(&m.user_words("sink"));
+        let w = m.sink_passed("sink", total + 1000, &what);
+        assert!(w[user::LAUNCHES] >= 21, "{what}: the sink was launched {} times", w[user::LAUNCHES]);
+        let s = m.user_words("source");
+        assert!(s[user::LAUNCHES] >= 21, "{what}: the source was launched {} times", s[user::LAUNCHES]);
+        eprintln!("channel-device {what}: {} messages checked in {:?}", user::count(&w), started.elapsed());
+        if size == 8 {
+            for e in [Producer::claim(&m.mb, &data).unwrap_err(), Consumer::claim(&m.mb, &data).unwrap_err()] {
+                assert!(e.to_string().contains("device memory"), "a host end of a device channel: {e}");
+            }
+            let refused = m.d.refused(&["send", &data, "12345678"]);
+            assert!(refused.contains("device memory") && refused.contains("--placement host"), "{refused}");
+        }
+        m.d.ok(&["unload", "source"]);
+        m.d.ok(&["unload", "sink"]);
+    }
+    let info = m.d.ok(&["info"]);
+    assert!(info.contains("\"placement\": \"device\""), "info names the placement: {info}");
+    m.d.ok(&["shutdown"]);
+}
+
+/// The channel's row in `meshd info`: (head, tail, lost).
+fn channel_row(d: &Meshd, name: &str) -> (u64, u64, u64) {
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    let row = info["channels"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned();
+    let row = row.unwrap_or_else(|| panic!("{name} not in info: {info}"));
+    (row["head"].as_u64().unwrap(), row["tail"].as_u64().unwrap(), row["lost"].as_u64().unwrap())
+}
+
+/// meshd killed with SIGKILL while a device ring holds messages: the new meshd makes the ring anew,
+/// empty, and `info` and the log say exactly how many messages were lost (a full ring: its capacity).
+#[test]
+fn a_device_rings_loss_after_a_crash_is_reported_exactly() {
+    require_gpu!("a_device_rings_loss_after_a_crash_is_reported_exactly");
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mesh::start(false, dir.path());
+    let (data, knob) = m.channels_placed(64, stress::knobs(0, 64, false), "device");
+    // A source and no consumer: the ring fills, and a full ring makes the producer publish its head.
+    m.load("source", "source", true, &[&data, &knob]);
+    let full = u64::from(CAPACITY);
+    assert!(wait_until(DEADLINE, || channel_row(&m.d, &data) == (full, 0, 0)), "{:?}", channel_row(&m.d, &data));
+    m.d.kill9_and_restart();
+    // The source runs again (recorded state) on a new, empty ring and fills it once more.
+    assert!(
+        wait_until(DEADLINE, || channel_row(&m.d, &data) == (2 * full, full, full)),
+        "head, tail, lost: {:?}; log:\n{}",
+        channel_row(&m.d, &data),
+        m.d.log_text()
+    );
+    let log = m.d.log_text();
+    assert!(log.contains(&format!("{full} messages lost")), "the log says what was lost:\n{log}");
+    m.d.ok(&["shutdown"]);
+}
+
+/// In MPS mode each program is a process of its own: a device channel is refused at creation, saying so.
+#[test]
+fn device_channels_are_refused_in_mps_mode_with_the_reason() {
+    require_gpu!("device_channels_are_refused_in_mps_mode_with_the_reason");
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mesh::start(true, dir.path());
+    let refused =
+        m.d.refused(&["channel", "create", "d", "--msg-size", "8", "--capacity", "4", "--placement", "device"]);
+    assert!(refused.contains("MPS mode") && refused.contains("--placement host"), "{refused}");
+    m.d.ok(&["shutdown"]);
 }
 
 /// Host→host through the same rings (no GPU): every size, both speed orders, thousands of laps.

@@ -105,6 +105,13 @@ fn bench_here() -> Result<()> {
     run(cargo()
         .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
         .env(GPU_GATE, "1"))?;
+    // Round trips through meshd's backends, host↔GPU and GPU↔GPU, each mode in a process of its own.
+    for args in [["rt", "blink"], ["rt", "mps"], ["g2g", "blink"], ["g2g", "mps"]] {
+        run(cargo()
+            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--"])
+            .args(args)
+            .env(GPU_GATE, "1"))?;
+    }
     // The control plane through the CLI (needs meshd beside the benchmark binary).
     run(cargo().args(["build", "--release", "-p", "meshd"]))?;
     run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))
@@ -162,6 +169,11 @@ fn bundle(dir: &Path) -> Result<()> {
         }
     }
     std::fs::copy("crates/mesh-shm/include/mesh.cuh", dir.join("programs/mesh.cuh"))?;
+    // The raw limits the channel benchmarks stand beside (CUDA runtime programs, built by `run` with nvcc).
+    std::fs::create_dir_all(dir.join("probes"))?;
+    for f in ["ll_roundtrip.cu", "g2g.cu"] {
+        std::fs::copy(Path::new("tests/probes").join(f), dir.join("probes").join(f))?;
+    }
     // The native worker example in C (examples/native-cuda), compiled by `run` with nvcc against mesh-shm-c.
     run(cargo().args(["build", "--release", "-p", "mesh-shm-c"]))?;
     std::fs::create_dir_all(dir.join("native"))?;

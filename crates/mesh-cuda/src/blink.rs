@@ -39,6 +39,7 @@ use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 
 use crate::context::{Context, Stream, StreamState};
 use crate::device::Device;
+use crate::device_ring::DeviceRings;
 use crate::jit::Jit;
 use crate::memory::RegisteredMailbox;
 use crate::module::{Function, Module};
@@ -139,6 +140,8 @@ pub struct BlinkTimes {
 pub struct BlinkBackend {
     programs: Vec<Program>,
     registered: Option<RegisteredMailbox>,
+    /// Device channels' slots, in this context.
+    device_rings: DeviceRings,
     mailbox: Mailbox,
     jit: Jit,
     ctx: Context,
@@ -174,6 +177,7 @@ impl BlinkBackend {
         Ok(Self {
             programs: Vec::new(),
             registered: Some(registered),
+            device_rings: DeviceRings::default(),
             mailbox: mailbox.clone(),
             jit,
             ctx,
@@ -270,6 +274,17 @@ impl BlinkBackend {
         // One binding for every launch: each launch then finds the context current.
         self.ctx.bind()?;
         let mut first_err = None;
+        // Device rings before any kernel runs again (those skipped now too, which may be launched
+        // beside running ones later): an allocation may wait for the work before it.
+        for i in 0..self.programs.len() {
+            if !self.programs[i].relaunchable() {
+                continue;
+            }
+            if let Err(e) = self.device_rings.prepare(&self.ctx, &self.mailbox, self.programs[i].core.slot) {
+                self.programs[i].core.life.fault(e.to_string());
+                first_err.get_or_insert(e.into());
+            }
+        }
         for i in 0..self.programs.len() {
             if skip.contains(&i) || !self.programs[i].relaunchable() {
                 continue;
@@ -290,7 +305,13 @@ impl BlinkBackend {
             .launch()
             .map_err(|e| BackendError::Invalid { what: format!("program {:?}", p.core.name), reason: e.to_string() })?;
         slots::arm(&self.mailbox, p.core.slot, generation)?;
-        let ctx = self.mailbox.mesh_ctx(p.core.slot, base).map_err(BackendError::mailbox)?;
+        let ctx = self.device_rings.mesh_ctx(&self.ctx, &self.mailbox, p.core.slot, base)?;
+        for loss in self.device_rings.take_losses() {
+            eprintln!(
+                "meshd: channel {:?}: its device ring was made anew, empty: {} messages lost",
+                loss.channel, loss.lost
+            );
+        }
         p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
         let gpu = p.gpu.as_ref().ok_or_else(|| BackendError::Degraded("the context is being recreated".into()))?;
         Ok(gpu.entry.launch(&p.core.shape, &gpu.stream, &ctx)?)
@@ -374,6 +395,7 @@ impl BlinkBackend {
             p.core.life.returned();
         }
         self.registered = None;
+        self.device_rings.forget_all();
         if self.ctx.is_green() {
             let n = self.ctx.sms();
             // The old green context goes with its last clone, here.

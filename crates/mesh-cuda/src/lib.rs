@@ -17,6 +17,7 @@
 pub mod blink;
 pub mod context;
 pub mod device;
+pub mod device_ring;
 pub mod driver;
 pub mod entry;
 pub mod error;

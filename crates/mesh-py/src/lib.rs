@@ -76,6 +76,8 @@ fn error_class(py: Python<'_>, e: &ShmError) -> (&'static str, Vec<(&'static str
             "TooManyBindingsError",
             vec![("index", n(u64::from(*index))), ("count", n(*count as u64)), ("max", n(*max as u64))],
         ),
+        ShmError::DevicePlacement { channel } => ("DevicePlacementError", vec![("channel", s(channel))]),
+        ShmError::NoDeviceRing { channel } => ("NoDeviceRingError", vec![("channel", s(channel))]),
         // A kind mesh-shm gained after this table was written is still raised, with its text, as the
         // base class until it is given its own (ShmError is not #[non_exhaustive], so this arm is
         // unreachable now, and a branch adding variants still builds).

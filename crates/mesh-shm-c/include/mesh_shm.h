@@ -36,8 +36,8 @@ typedef struct MeshChannelInfo {
   uint32_t msg_size;
   // Messages the ring holds (a power of two).
   uint32_t capacity;
-  // Reserved, zero.
-  uint32_t reserved;
+  // Where its slots live: 0 host (the mailbox), 1 device (GPU memory: no host end can be claimed).
+  uint32_t placement;
   // Offset of the ring from the mailbox's start: `mesh_binding.ring_offset` in mesh.cuh.
   uint64_t ring_offset;
   // Messages ever sent, as last published.
@@ -50,10 +50,17 @@ typedef struct MeshChannelInfo {
 typedef struct MeshShmBinding {
   // Offset of the ring's header from the mailbox's start (0: unbound).
   uint64_t ring_offset;
+  // The device address of the ring's message slots in the kernel's context: `device_base` plus
+  // the channel's `slots_offset` (a native worker binds host channels only).
+  uint64_t slots;
   // Payload bytes per message.
   uint32_t msg_size;
   // Ring capacity.
   uint32_t capacity;
+  // 0: the slots are in the mailbox (host); 1: in GPU memory (never for a native worker).
+  uint32_t placement;
+  // Reserved, zero.
+  uint32_t reserved;
 } MeshShmBinding;
 
 // A kernel's context: the same bytes as mesh.cuh's `mesh_ctx` (copy it into one with `memcpy`).
@@ -71,6 +78,12 @@ typedef struct MeshShmCtx {
   uint32_t binding_count;
   // The channels, binding 0, 1, …
   struct MeshShmBinding bindings[MESH_SHM_MAX_BINDINGS];
+  // The kernel's own (mesh_should_stop's state); 0.
+  uint64_t stop_due;
+  // The kernel's own; 0.
+  uint32_t stop_seen;
+  // Reserved, zero.
+  uint32_t reserved;
 } MeshShmCtx;
 
 // Done.

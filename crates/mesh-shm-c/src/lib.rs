@@ -84,8 +84,8 @@ pub struct MeshChannelInfo {
     pub msg_size: u32,
     /// Messages the ring holds (a power of two).
     pub capacity: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Where its slots live: 0 host (the mailbox), 1 device (GPU memory: no host end can be claimed).
+    pub placement: u32,
     /// Offset of the ring from the mailbox's start: `mesh_binding.ring_offset` in mesh.cuh.
     pub ring_offset: u64,
     /// Messages ever sent, as last published.
@@ -100,7 +100,7 @@ impl From<&ChannelInfo> for MeshChannelInfo {
             index: c.index,
             msg_size: c.msg_size,
             capacity: c.capacity,
-            reserved: 0,
+            placement: c.placement.code(),
             ring_offset: c.ring_offset,
             head: c.head,
             tail: c.tail,
@@ -114,10 +114,17 @@ impl From<&ChannelInfo> for MeshChannelInfo {
 pub struct MeshShmBinding {
     /// Offset of the ring's header from the mailbox's start (0: unbound).
     pub ring_offset: u64,
+    /// The device address of the ring's message slots in the kernel's context: `device_base` plus
+    /// the channel's `slots_offset` (a native worker binds host channels only).
+    pub slots: u64,
     /// Payload bytes per message.
     pub msg_size: u32,
     /// Ring capacity.
     pub capacity: u32,
+    /// 0: the slots are in the mailbox (host); 1: in GPU memory (never for a native worker).
+    pub placement: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 /// A kernel's context: the same bytes as mesh.cuh's `mesh_ctx` (copy it into one with `memcpy`).
@@ -137,6 +144,12 @@ pub struct MeshShmCtx {
     pub binding_count: u32,
     /// The channels, binding 0, 1, …
     pub bindings: [MeshShmBinding; MESH_SHM_MAX_BINDINGS],
+    /// The kernel's own (mesh_should_stop's state); 0.
+    pub stop_due: u64,
+    /// The kernel's own; 0.
+    pub stop_seen: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 // The C structs are mesh-shm's own layout, byte for byte (mesh.cuh checks that one against the device).
@@ -150,6 +163,10 @@ const _: () = assert!(
 );
 const _: () =
     assert!(core::mem::offset_of!(MeshShmBinding, capacity) == core::mem::offset_of!(mesh_shm::MeshBinding, capacity));
+const _: () =
+    assert!(core::mem::offset_of!(MeshShmBinding, slots) == core::mem::offset_of!(mesh_shm::MeshBinding, slots));
+const _: () =
+    assert!(core::mem::offset_of!(MeshShmCtx, stop_due) == core::mem::offset_of!(mesh_shm::MeshCtx, stop_due));
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -423,7 +440,19 @@ pub unsafe extern "C" fn mesh_shm_ctx(
         for (b, name) in ctx.bindings.iter_mut().zip(&list) {
             // SAFETY: a live mailbox by the caller's contract.
             match unsafe { &*mb }.mailbox.channel(name) {
-                Ok(c) => *b = MeshShmBinding { ring_offset: c.ring_offset, msg_size: c.msg_size, capacity: c.capacity },
+                Ok(c) if c.placement != mesh_shm::Placement::Host => {
+                    return shm_fail(&mesh_shm::ShmError::DevicePlacement { channel: c.name });
+                }
+                Ok(c) => {
+                    *b = MeshShmBinding {
+                        ring_offset: c.ring_offset,
+                        slots: device_base + c.slots_offset,
+                        msg_size: c.msg_size,
+                        capacity: c.capacity,
+                        placement: 0,
+                        reserved: 0,
+                    }
+                }
                 Err(e) => return shm_fail(&e),
             }
         }

@@ -6,8 +6,31 @@
 // not instructions. The H200 has no host-native atomics, so each shared word has exactly one writer:
 // the kernel writes its status line and its rings' own indices, meshd the control line.
 //
+// The loop to write (an echo: every message received on binding 0 goes back on binding 1):
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         __shared__ uint32_t buf[1024];                    // one message, up to 4 KiB
+//         if (threadIdx.x >= 32) return;                    // one warp serves the channels
+//         if (threadIdx.x == 0) mesh_begin(ctx);
+//         mesh_chan in = mesh_chan_open(ctx, 0, false);
+//         mesh_chan out = mesh_chan_open(ctx, 1, true);
+//         while (!mesh_should_stop(ctx)) {
+//             if (mesh_chan_room(&out) > 0 && mesh_warp_try_recv(&in, buf)) mesh_warp_try_send(&out, buf);
+//         }
+//         mesh_chan_close(&in);                             // exact positions for the next launch
+//         mesh_chan_close(&out);
+//         if (threadIdx.x == 0) mesh_end(ctx);
+//     }
+//
+// mesh_should_stop(ctx) is cheap to call on every iteration: it reads meshd's stop word at most once
+// every MESH_STOP_PERIOD_NS (100 µs) of %globaltimer and never branches on a read in flight (see
+// below), so the loop polls its channels at full speed; a stop is seen within about two periods.
+//
 // Channels (see "Channels" below) carry a tag in every 8-byte word of a message, so a receiver polls
-// the message itself: one PCIe round trip per message, no index read, no fence. Two ways to use them:
+// the message itself: one round trip per message, no index read, no fence. A channel's slots are in
+// the mailbox (placement host: a host process or a GPU program at either end) or in GPU memory
+// (placement device, `meshd channel create --placement device`: GPU programs at both ends, no PCIe);
+// the calls are the same for both. Two ways to use them:
 //   * one thread: mesh_try_send / mesh_try_recv (and _deferred + mesh_chan_commit, mesh_chan_room).
 //     Correct at any size; fast up to 8-byte messages (one 16-byte load). Larger messages cost one
 //     round trip per 8 bytes, because one thread's loads of host memory do not overlap.
@@ -22,13 +45,16 @@
 // MESH_STATE_STOPPED (mesh_end after a stop request), MESH_STATE_EXITED (mesh_exit with a code).
 // A program may report up to MESH_SLOT_USER_WORDS words of its own through mesh_user_store; the
 // mailbox has layout version MESH_LAYOUT_VERSION, checked by meshd when it opens the file; each program
-// slot is MESH_SLOT_SIZE bytes (meshd passes its offset in mesh_ctx.slot_offset).
+// slot is MESH_SLOT_SIZE bytes (meshd passes its offset in mesh_ctx.slot_offset). A binding's
+// `placement` is MESH_PLACEMENT_HOST or MESH_PLACEMENT_DEVICE; its `slots` the address of its ring's
+// message slots in this context, MESH_RING_SLOTS the size of the ring's header (indices and claims,
+// always in the mailbox).
 #pragma once
 #include <stdint.h>
 #include <stddef.h>
 
 // BEGIN GENERATED LAYOUT (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)
-#define MESH_LAYOUT_VERSION 2u
+#define MESH_LAYOUT_VERSION 3u
 #define MESH_MAX_BINDINGS 8u
 #define MESH_SLOT_SIZE 384u
 #define MESH_SLOT_STOP 0u
@@ -47,10 +73,15 @@
 #define MESH_STATE_RUNNING 1u
 #define MESH_STATE_STOPPED 2u
 #define MESH_STATE_EXITED 3u
+#define MESH_PLACEMENT_HOST 0u
+#define MESH_PLACEMENT_DEVICE 1u
 typedef struct {
     uint64_t ring_offset;
+    uint64_t slots;
     uint32_t msg_size;
     uint32_t capacity;
+    uint32_t placement;
+    uint32_t reserved;
 } mesh_binding;
 typedef struct {
     uint64_t base;
@@ -58,15 +89,22 @@ typedef struct {
     uint32_t slot;
     uint32_t binding_count;
     mesh_binding bindings[MESH_MAX_BINDINGS];
+    uint64_t stop_due;
+    uint32_t stop_seen;
+    uint32_t reserved;
 } mesh_ctx;
-static_assert(sizeof(mesh_binding) == 16, "sizeof(mesh_binding) disagrees with mesh-shm");
-static_assert(offsetof(mesh_binding, msg_size) == 8, "offsetof(mesh_binding, msg_size) disagrees with mesh-shm");
-static_assert(offsetof(mesh_binding, capacity) == 12, "offsetof(mesh_binding, capacity) disagrees with mesh-shm");
-static_assert(sizeof(mesh_ctx) == 152, "sizeof(mesh_ctx) disagrees with mesh-shm");
+static_assert(sizeof(mesh_binding) == 32, "sizeof(mesh_binding) disagrees with mesh-shm");
+static_assert(offsetof(mesh_binding, slots) == 8, "offsetof(mesh_binding, slots) disagrees with mesh-shm");
+static_assert(offsetof(mesh_binding, msg_size) == 16, "offsetof(mesh_binding, msg_size) disagrees with mesh-shm");
+static_assert(offsetof(mesh_binding, capacity) == 20, "offsetof(mesh_binding, capacity) disagrees with mesh-shm");
+static_assert(offsetof(mesh_binding, placement) == 24, "offsetof(mesh_binding, placement) disagrees with mesh-shm");
+static_assert(sizeof(mesh_ctx) == 296, "sizeof(mesh_ctx) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, slot_offset) == 8, "offsetof(mesh_ctx, slot_offset) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, slot) == 16, "offsetof(mesh_ctx, slot) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, binding_count) == 20, "offsetof(mesh_ctx, binding_count) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, bindings) == 24, "offsetof(mesh_ctx, bindings) disagrees with mesh-shm");
+static_assert(offsetof(mesh_ctx, stop_due) == 280, "offsetof(mesh_ctx, stop_due) disagrees with mesh-shm");
+static_assert(offsetof(mesh_ctx, stop_seen) == 288, "offsetof(mesh_ctx, stop_seen) disagrees with mesh-shm");
 // END GENERATED LAYOUT
 
 static __device__ __forceinline__ uint64_t mesh_ld_acquire_u64(const void* p) {
@@ -77,6 +115,11 @@ static __device__ __forceinline__ uint64_t mesh_ld_acquire_u64(const void* p) {
 static __device__ __forceinline__ uint32_t mesh_ld_acquire_u32(const void* p) {
     uint32_t v;
     asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ uint32_t mesh_ld_relaxed_u32(const void* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 static __device__ __forceinline__ void mesh_st_release_u64(void* p, uint64_t v) {
@@ -105,9 +148,33 @@ static __device__ __forceinline__ uint32_t mesh_smid(void) {
     return id;
 }
 
-// True once meshd asks the program to stop. Cheap enough to poll every iteration (one PCIe read).
+// How often, in ns of %globaltimer, mesh_should_stop(ctx) reads meshd's stop word. Define it before
+// including mesh.cuh to change it: a stop is seen within about two periods. Why so rarely: on the
+// H200 a load of host memory delays the loads issued after it (device-memory polls too) by its whole
+// PCIe round trip even though nothing waits for its value; read every 8 µs it cost GPU↔GPU round
+// trips on device channels 0.64 µs on average (BENCHMARKS.md, layout 3).
+#ifndef MESH_STOP_PERIOD_NS
+#define MESH_STOP_PERIOD_NS 100000u
+#endif
+
+// True once meshd asks the program to stop. Call it on every iteration, with mesh_main's own `ctx`
+// (it keeps the check's state in ctx.stop_due and ctx.stop_seen): it reads the stop word with a
+// relaxed load at most once every MESH_STOP_PERIOD_NS, and looks at what that load brought only at
+// the next check, a period later, so the loop's branch never waits for the PCIe read and a program
+// whose channels are in device memory touches host memory once a period.
+static __device__ __forceinline__ bool mesh_should_stop(mesh_ctx& c) {
+    const uint64_t now = mesh_globaltimer();
+    if (now < c.stop_due) return false;
+    if (c.stop_seen != 0) return true;
+    c.stop_seen = mesh_ld_relaxed_u32(mesh_slot_at(c, MESH_SLOT_STOP));
+    c.stop_due = now + MESH_STOP_PERIOD_NS;
+    return false;
+}
+
+// The same question asked now: one PCIe read, waited for. For a context that cannot keep the state
+// above (a `const mesh_ctx&`); a loop should use mesh_should_stop(ctx).
 static __device__ __forceinline__ bool mesh_should_stop(const mesh_ctx& c) {
-    return mesh_ld_acquire_u32(mesh_slot_at(c, MESH_SLOT_STOP)) != 0;
+    return mesh_ld_relaxed_u32(mesh_slot_at(c, MESH_SLOT_STOP)) != 0;
 }
 
 // Marks the program running; call from one thread. Returns the heartbeat to continue from, so that
@@ -186,7 +253,8 @@ static __device__ __forceinline__ uint32_t mesh_tag(uint64_t seq) {
 
 // One end of a bound channel, held in registers by the thread (or by every lane of the warp) using it.
 typedef struct {
-    char* ring;           // the ring's header
+    char* ring;           // the ring's header (indices and claims, in the mailbox)
+    char* slots;          // the ring's message slots (the mailbox, or GPU memory for a device channel)
     uint32_t msg_size;    // payload bytes per message, a multiple of 8 (0: not bound)
     uint32_t mask;        // capacity - 1
     uint64_t mine;        // producer: the next message to write; consumer: the next to read
@@ -199,8 +267,7 @@ typedef struct {
 } mesh_chan;
 
 static __device__ __forceinline__ volatile uint64_t* mesh_chan_slot(const mesh_chan* ch, uint64_t seq) {
-    return (volatile uint64_t*)(ch->ring + MESH_RING_SLOTS +
-                                (seq & ch->mask) * (uint64_t)ch->msg_size * MESH_RING_WIRE_FACTOR);
+    return (volatile uint64_t*)(ch->slots + (seq & ch->mask) * (uint64_t)ch->msg_size * MESH_RING_WIRE_FACTOR);
 }
 
 // Stores this end's index (head for a producer, committed tail for a consumer). A plain store: the
@@ -228,9 +295,11 @@ static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
 // which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
 static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, uint32_t b, bool producer) {
-    mesh_chan ch = {0, 0, 0, 0, 0, 0, 1, 0, 0, producer};
-    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0) return ch;
+    mesh_chan ch = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, producer};
+    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
+        return ch;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
+    ch.slots = (char*)(uintptr_t)c.bindings[b].slots;
     ch.msg_size = c.bindings[b].msg_size;
     ch.mask = c.bindings[b].capacity - 1;
     ch.magic = (uint32_t)(((1ull << 32) + ch.msg_size / 4u - 1u) / (ch.msg_size / 4u));
@@ -274,10 +343,17 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }
 
-// A receive found the ring empty: hand back the credit held so far.
+// Whether a receiver that finds its ring empty publishes its position then (1, the default), or only
+// every half ring and on mesh_chan_close (0: no store to the mailbox per message; the producer always
+// has half a ring of credit). Measured on the H200: no difference above the noise (BENCHMARKS.md).
+#ifndef MESH_PUBLISH_ON_DRAIN
+#define MESH_PUBLISH_ON_DRAIN 1
+#endif
+
+// A receive found the ring empty.
 static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
     ch->hint = 1;
-    mesh_chan_flush(ch);
+    if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(ch);
 }
 
 // How long a receiver waits for the rest of a message whose first words have arrived, in ns of
@@ -454,7 +530,9 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
     return got;
 }
 
-// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived.
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived. (A lean
+// single-message receive, every word of the message loaded and checked by one vote, measured slower
+// than the batch path at every size on the H200 and 4x slower at 4 KiB: BENCHMARKS.md, layout 3.)
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
     return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
 }
@@ -480,7 +558,18 @@ static __device__ uint32_t mesh_warp_try_send_batch(mesh_chan* ch, const void* b
     return n;
 }
 
-// Sends one message from `buf` (msg_size bytes). False on every lane when the ring is full.
+// Sends one message from `buf` (msg_size bytes). False on every lane when the ring is full. Stores
+// only, 16 bytes per lane per store: nothing waits for PCIe.
 static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const void* buf) {
-    return mesh_warp_try_send_batch(ch, buf, 1) == 1;
+    if (ch->msg_size == 0 || !ch->producer) return false;
+    // Every lane reads the same tail (one request) when the ring looks full, so they agree.
+    if (mesh_chan_room(ch) == 0) return false;
+    const uint32_t words = ch->msg_size / 4u;
+    volatile uint64_t* dst = mesh_chan_slot(ch, ch->mine);
+    const uint64_t t = (uint64_t)mesh_tag(ch->mine) << 32;
+    const uint32_t* src = (const uint32_t*)buf;
+    for (uint32_t idx = 2u * mesh_lane(); idx < words; idx += 64u) mesh_st_volatile_v2(dst + idx, t | src[idx], t | src[idx + 1]);
+    ch->mine += 1;
+    mesh_chan_progress(ch);
+    return true;
 }

@@ -99,9 +99,10 @@ pub struct Producer {
 impl Producer {
     /// Claims the producer end of `name`.
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
-        let claim = EndClaim::take(mailbox, name, End::Producer)?;
         let info = mailbox.channel(name)?;
-        Ok(Self { core: ProducerCore::new(mailbox.ring_memory(&info)), info, _claim: claim })
+        let ring = mailbox.ring_memory(&info)?;
+        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        Ok(Self { core: ProducerCore::new(ring), info, _claim: claim })
     }
 
     /// The channel.
@@ -183,9 +184,10 @@ pub struct Consumer {
 impl Consumer {
     /// Claims the consumer end of `name`.
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
-        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
         let info = mailbox.channel(name)?;
-        let core = ConsumerCore::new(mailbox.ring_memory(&info)).map_err(|c| corrupt(&info, c))?;
+        let ring = mailbox.ring_memory(&info)?;
+        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        let core = ConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
         Ok(Self { core, info, _claim: claim })
     }
 

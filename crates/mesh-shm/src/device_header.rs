@@ -41,11 +41,14 @@ pub fn layout_block() -> String {
     def("MESH_STATE_RUNNING", STATE_RUNNING.into());
     def("MESH_STATE_STOPPED", STATE_STOPPED.into());
     def("MESH_STATE_EXITED", STATE_EXITED.into());
+    def("MESH_PLACEMENT_HOST", PLACEMENT_HOST.into());
+    def("MESH_PLACEMENT_DEVICE", PLACEMENT_DEVICE.into());
     let mut out = format!("{BEGIN} (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)\n{s}");
     out.push_str(
-        "typedef struct {\n    uint64_t ring_offset;\n    uint32_t msg_size;\n    uint32_t capacity;\n} mesh_binding;\n\
+        "typedef struct {\n    uint64_t ring_offset;\n    uint64_t slots;\n    uint32_t msg_size;\n    uint32_t capacity;\n    \
+         uint32_t placement;\n    uint32_t reserved;\n} mesh_binding;\n\
          typedef struct {\n    uint64_t base;\n    uint64_t slot_offset;\n    uint32_t slot;\n    uint32_t binding_count;\n    \
-         mesh_binding bindings[MESH_MAX_BINDINGS];\n} mesh_ctx;\n",
+         mesh_binding bindings[MESH_MAX_BINDINGS];\n    uint64_t stop_due;\n    uint32_t stop_seen;\n    uint32_t reserved;\n} mesh_ctx;\n",
     );
     let mut asserts = String::new();
     let mut check = |what: &str, value: usize| {
@@ -53,13 +56,17 @@ pub fn layout_block() -> String {
             .expect("write to String")
     };
     check("sizeof(mesh_binding)", size_of::<MeshBinding>());
+    check("offsetof(mesh_binding, slots)", offset_of!(MeshBinding, slots));
     check("offsetof(mesh_binding, msg_size)", offset_of!(MeshBinding, msg_size));
     check("offsetof(mesh_binding, capacity)", offset_of!(MeshBinding, capacity));
+    check("offsetof(mesh_binding, placement)", offset_of!(MeshBinding, placement));
     check("sizeof(mesh_ctx)", size_of::<MeshCtx>());
     check("offsetof(mesh_ctx, slot_offset)", offset_of!(MeshCtx, slot_offset));
     check("offsetof(mesh_ctx, slot)", offset_of!(MeshCtx, slot));
     check("offsetof(mesh_ctx, binding_count)", offset_of!(MeshCtx, binding_count));
     check("offsetof(mesh_ctx, bindings)", offset_of!(MeshCtx, bindings));
+    check("offsetof(mesh_ctx, stop_due)", offset_of!(MeshCtx, stop_due));
+    check("offsetof(mesh_ctx, stop_seen)", offset_of!(MeshCtx, stop_seen));
     out.push_str(&asserts);
     out.push_str(END);
     out

@@ -117,6 +117,24 @@ pub enum ShmError {
         /// Ring capacity.
         capacity: u64,
     },
+    /// A host process asked for an end of a channel whose ring is in GPU memory.
+    #[error(
+        "channel {channel:?}: its ring is in device memory (--placement device), so only GPU programs can \
+         use its ends; a host process needs a channel created with --placement host"
+    )]
+    DevicePlacement {
+        /// The channel.
+        channel: String,
+    },
+    /// A kernel's context was asked for with a device channel whose ring this context has no address for.
+    #[error(
+        "channel {channel:?}: its ring is in device memory and the launching context has no address for it \
+         (device channels work in blink mode; MPS mode does not share them yet)"
+    )]
+    NoDeviceRing {
+        /// The channel.
+        channel: String,
+    },
     /// A slot index past the table.
     #[error("program slot {index}: no such slot (the mailbox has {count})")]
     NoSuchSlot {

@@ -15,7 +15,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// `"MESHSHM1"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
 /// Bumped on any change to a structure in this file.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// The header page; the tables start after it.
 pub const HEADER_SIZE: u64 = 4096;
 /// One cache line of the GPU's and the host's coherence unit we separate writers by.
@@ -141,15 +141,27 @@ pub struct ChannelDesc {
     pub msg_size: u32,
     /// Messages the ring holds (a power of two, at most [`MAX_CAPACITY`]).
     pub capacity: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Where the ring's message slots live: [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
+    pub placement: u32,
     /// Offset of the channel's [`RingHeader`] from the file's start.
     pub ring_offset: u64,
     /// The channel's name, NUL-padded.
     pub name: [u8; NAME_LEN],
+    /// Offset of the message slots from the file's start, page aligned (host placement); 0 for a
+    /// device channel, whose slots are in GPU memory and whose ring in the file is its header alone.
+    pub slots_offset: u64,
+    /// Messages lost with a device ring's slots, counted over every renewal (host only: meshd adds
+    /// to it when it makes a device ring anew after a start or a GPU fault; see `renew_device_ring`).
+    pub lost: AtomicU64,
     /// Pads the descriptor to one line.
-    pub pad: [u8; 56],
+    pub pad: [u8; 40],
 }
+
+/// [`ChannelDesc::placement`]: the slots are in the mailbox (host memory), mapped into every context.
+pub const PLACEMENT_HOST: u32 = 0;
+/// [`ChannelDesc::placement`]: the slots are in GPU memory owned by meshd; only GPU programs use the
+/// ring (its indices stay in the mailbox, so that meshd can say what a lost ring held).
+pub const PLACEMENT_DEVICE: u32 = 1;
 
 /// A ring's producer index: written by the producer only.
 #[repr(C, align(128))]
@@ -195,12 +207,19 @@ pub struct RingHeader {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MeshBinding {
-    /// Offset of the ring's [`RingHeader`] (0: unbound).
+    /// Offset of the ring's [`RingHeader`] in the mailbox (0: unbound): the indices, always in host memory.
     pub ring_offset: u64,
+    /// The device address of the ring's message slots in the launching context: inside the mailbox's
+    /// mapping for a host channel, GPU memory for a device channel.
+    pub slots: u64,
     /// Bytes per message.
     pub msg_size: u32,
     /// Ring capacity (a power of two).
     pub capacity: u32,
+    /// [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
+    pub placement: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 /// The argument of `mesh_main`, passed by value.
@@ -217,6 +236,12 @@ pub struct MeshCtx {
     pub binding_count: u32,
     /// The program's channels, in the order it bound them.
     pub bindings: [MeshBinding; MAX_BINDINGS],
+    /// The kernel's own: when (%globaltimer ns) `mesh_should_stop` next reads the stop word. 0 from meshd.
+    pub stop_due: u64,
+    /// The kernel's own: the stop word as last read (the read is consumed one period after it is issued). 0 from meshd.
+    pub stop_seen: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 // Compile-time checks: each writer's words on a line of their own, and the sizes the device header states.
@@ -229,16 +254,35 @@ const _: () = assert!(offset_of!(Slot, status) == LINE as usize);
 const _: () = assert!(size_of::<ChannelDesc>() == LINE as usize);
 const _: () = assert!(size_of::<RingHeader>() == 3 * LINE as usize);
 const _: () = assert!(offset_of!(RingHeader, consumer) == LINE as usize);
-const _: () = assert!(size_of::<MeshBinding>() == 16);
-const _: () = assert!(size_of::<MeshCtx>() == 24 + 16 * MAX_BINDINGS);
+const _: () = assert!(size_of::<MeshBinding>() == 32);
+const _: () = assert!(size_of::<MeshCtx>() == 24 + 32 * MAX_BINDINGS + 16);
 
 /// Ring bytes per payload byte: each 8-byte word of a slot carries 4 payload bytes and a tag (see `ring`).
 pub const RING_WIRE_FACTOR: u64 = 2;
 
-/// Bytes a ring of `capacity` messages of `msg_size` payload bytes takes in the arena, rounded to a line.
-pub const fn ring_bytes(msg_size: u32, capacity: u32) -> u64 {
-    let raw = size_of::<RingHeader>() as u64 + RING_WIRE_FACTOR * msg_size as u64 * capacity as u64;
-    raw.div_ceil(LINE) * LINE
+/// Slots start on a page of their own, so that a slot of a power-of-two size never straddles two pages.
+pub const SLOTS_ALIGN: u64 = 4096;
+
+/// Bytes of message slots of a ring of `capacity` messages of `msg_size` payload bytes.
+pub const fn slot_bytes(msg_size: u32, capacity: u32) -> u64 {
+    RING_WIRE_FACTOR * msg_size as u64 * capacity as u64
+}
+
+/// Where a ring whose header is at `ring_offset` keeps its slots, for a host channel: the first page
+/// boundary after the header.
+pub const fn host_slots_offset(ring_offset: u64) -> u64 {
+    (ring_offset + size_of::<RingHeader>() as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+}
+
+/// Bytes a ring starting at `ring_offset` takes in the arena, up to the next line: its header, and
+/// for a host channel the gap to the page boundary and the slots.
+pub const fn ring_bytes_at(ring_offset: u64, msg_size: u32, capacity: u32, placement: u32) -> u64 {
+    let end = if placement == PLACEMENT_DEVICE {
+        ring_offset + size_of::<RingHeader>() as u64
+    } else {
+        host_slots_offset(ring_offset) + slot_bytes(msg_size, capacity)
+    };
+    end.div_ceil(LINE) * LINE - ring_offset
 }
 
 /// Encodes a name into a fixed NUL-padded field; `None` when it is empty, too long or holds a NUL.

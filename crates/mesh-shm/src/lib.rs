@@ -17,4 +17,4 @@ pub mod ring;
 pub use channel::{Consumer, EndClaim, Producer};
 pub use error::{End, Result, ShmError};
 pub use layout::{MeshBinding, MeshCtx};
-pub use mailbox::{ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, SlotRef, SlotStatusSnapshot};
+pub use mailbox::{ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, Placement, SlotRef, SlotStatusSnapshot};

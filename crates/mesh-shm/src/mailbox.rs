@@ -179,6 +179,72 @@ pub(crate) struct Mapped {
     geometry: Geometry,
 }
 
+/// Where a channel's message slots live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// In the mailbox, host memory mapped into every context: host processes and GPU programs alike.
+    #[default]
+    Host,
+    /// In GPU memory that meshd owns: between GPU programs only, never crossing PCIe.
+    Device,
+}
+
+impl Placement {
+    /// The descriptor's value ([`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`]).
+    pub fn code(self) -> u32 {
+        match self {
+            Placement::Host => PLACEMENT_HOST,
+            Placement::Device => PLACEMENT_DEVICE,
+        }
+    }
+
+    /// The placement a descriptor's value names, `None` for any other value.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            PLACEMENT_HOST => Some(Placement::Host),
+            PLACEMENT_DEVICE => Some(Placement::Device),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Host => "host",
+            Placement::Device => "device",
+        })
+    }
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "host" => Ok(Placement::Host),
+            "device" => Ok(Placement::Device),
+            other => Err(format!("placement {other:?}: must be host or device")),
+        }
+    }
+}
+
+/// A live descriptor's fields, checked.
+#[derive(Debug, Clone)]
+struct LiveDesc {
+    name: String,
+    msg_size: u32,
+    capacity: u32,
+    ring_offset: u64,
+    placement: Placement,
+    slots_offset: u64,
+}
+
+impl LiveDesc {
+    fn end(&self) -> u64 {
+        self.ring_offset + ring_bytes_at(self.ring_offset, self.msg_size, self.capacity, self.placement.code())
+    }
+}
+
 /// A channel as the table describes it, with a snapshot of its indices and claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChannelInfo {
@@ -190,8 +256,14 @@ pub struct ChannelInfo {
     pub msg_size: u32,
     /// Messages the ring holds.
     pub capacity: u32,
-    /// Offset of the ring from the file's start.
+    /// Offset of the ring's header (its indices and claims) from the file's start.
     pub ring_offset: u64,
+    /// Where its message slots live.
+    pub placement: Placement,
+    /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
+    pub slots_offset: u64,
+    /// Messages lost with a device ring's slots over every renewal (always 0 for a host channel).
+    pub lost: u64,
     /// Messages ever sent.
     pub head: u64,
     /// Messages ever received.
@@ -330,15 +402,20 @@ impl Mailbox {
     }
 
     /// A descriptor's fields if it is live and describes a ring inside the arena.
-    fn live_desc(&self, index: u32) -> std::result::Result<Option<(String, u32, u32, u64)>, String> {
+    fn live_desc(&self, index: u32) -> std::result::Result<Option<LiveDesc>, String> {
         let d = self.desc(index);
         if d.state.load(Ordering::Acquire) != 1 {
             return Ok(None);
         }
-        let (msg_size, capacity, ring_offset) = (d.msg_size, d.capacity, d.ring_offset);
+        let (msg_size, capacity, ring_offset, slots_offset) = (d.msg_size, d.capacity, d.ring_offset, d.slots_offset);
         check_channel_params(msg_size, capacity)?;
+        let placement = Placement::from_code(d.placement).ok_or_else(|| {
+            format!("placement {}: must be {PLACEMENT_HOST} (host) or {PLACEMENT_DEVICE} (device)", d.placement)
+        })?;
         let g = self.inner.geometry;
-        let end = ring_offset.checked_add(ring_bytes(msg_size, capacity)).ok_or("ring end overflows")?;
+        let end = ring_offset
+            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code()))
+            .ok_or("ring end overflows")?;
         if ring_offset % LINE != 0 || ring_offset < g.arena_offset || end > g.arena_offset + g.arena_size {
             return Err(format!(
                 "ring at {ring_offset}..{end} is not a {LINE}-aligned range of the arena {}..{}",
@@ -346,7 +423,16 @@ impl Mailbox {
                 g.arena_offset + g.arena_size
             ));
         }
-        Ok(Some((decode_name(&d.name), msg_size, capacity, ring_offset)))
+        let expected_slots = match placement {
+            Placement::Host => host_slots_offset(ring_offset),
+            Placement::Device => 0,
+        };
+        if slots_offset != expected_slots {
+            return Err(format!(
+                "slots at {slots_offset}: a {placement} ring whose header is at {ring_offset} has them at {expected_slots}"
+            ));
+        }
+        Ok(Some(LiveDesc { name: decode_name(&d.name), msg_size, capacity, ring_offset, placement, slots_offset }))
     }
 
     fn validate_tables(&self) -> Result<()> {
@@ -361,7 +447,7 @@ impl Mailbox {
         let mut rings = Vec::new();
         for i in 0..self.inner.geometry.channel_count {
             match self.live_desc(i) {
-                Ok(Some((_, m, c, off))) => rings.push((off, off + ring_bytes(m, c), i)),
+                Ok(Some(d)) => rings.push((d.ring_offset, d.end(), i)),
                 Ok(None) => {}
                 Err(reason) => return Err(invalid("channel table", format!("channel {i}: {reason}"))),
             }
@@ -378,8 +464,22 @@ impl Mailbox {
         Ok(())
     }
 
-    /// Creates a named channel of `capacity` messages (a power of two) of `msg_size` bytes (a multiple of 8).
+    /// Creates a named channel of `capacity` messages (a power of two) of `msg_size` bytes (a multiple of
+    /// 8), its slots in the mailbox.
     pub fn create_channel(&self, name: &str, msg_size: u32, capacity: u32) -> Result<ChannelInfo> {
+        self.create_channel_placed(name, msg_size, capacity, Placement::Host)
+    }
+
+    /// Creates a channel as [`Mailbox::create_channel`] does, its slots where `placement` says: for
+    /// [`Placement::Device`] the mailbox holds only the ring's header (indices and claims), and the
+    /// process that launches the programs provides the slots (see [`Mailbox::mesh_ctx_with`]).
+    pub fn create_channel_placed(
+        &self,
+        name: &str,
+        msg_size: u32,
+        capacity: u32,
+        placement: Placement,
+    ) -> Result<ChannelInfo> {
         let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let encoded =
             encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
@@ -396,8 +496,9 @@ impl Mailbox {
                     reason: format!("all {} channel descriptors are in use", g.channel_count),
                 }
             })?;
-        let need = ring_bytes(msg_size, capacity);
         let used = self.header().arena_used.load(Ordering::Acquire);
+        let ring_offset = g.arena_offset + used;
+        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code());
         if need > g.arena_size - used {
             return Err(ShmError::Full {
                 name: name.into(),
@@ -408,7 +509,10 @@ impl Mailbox {
                 ),
             });
         }
-        let ring_offset = g.arena_offset + used;
+        let slots_offset = match placement {
+            Placement::Host => host_slots_offset(ring_offset),
+            Placement::Device => 0,
+        };
         // SAFETY: the range lies in the arena (checked above) and belongs to no ring yet; the table lock
         // keeps any other creator out. Zeroed so that a reused file starts with empty indices and claims.
         unsafe { std::ptr::write_bytes(self.base().add(ring_offset as usize), 0, size_of::<RingHeader>()) };
@@ -420,6 +524,8 @@ impl Mailbox {
             (&raw mut (*d_ptr).msg_size).write(msg_size);
             (&raw mut (*d_ptr).capacity).write(capacity);
             (&raw mut (*d_ptr).ring_offset).write(ring_offset);
+            (&raw mut (*d_ptr).placement).write(placement.code());
+            (&raw mut (*d_ptr).slots_offset).write(slots_offset);
             (&raw mut (*d_ptr).name).write(encoded);
         }
         self.header().arena_used.store(used + need, Ordering::Release);
@@ -430,7 +536,7 @@ impl Mailbox {
     fn find_channel(&self, name: &str) -> Result<Option<u32>> {
         for i in 0..self.inner.geometry.channel_count {
             match self.live_desc(i) {
-                Ok(Some((n, ..))) if n == name => return Ok(Some(i)),
+                Ok(Some(d)) if d.name == name => return Ok(Some(i)),
                 Ok(_) => {}
                 Err(reason) => {
                     return Err(ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason });
@@ -441,9 +547,11 @@ impl Mailbox {
     }
 
     fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
-        let Some((name, msg_size, capacity, ring_offset)) = self
+        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, slots_offset }) = self
             .live_desc(index)
-            .map_err(|reason| ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason })?
+            .map_err(|reason| {
+            ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason }
+        })?
         else {
             return Ok(None);
         };
@@ -455,6 +563,9 @@ impl Mailbox {
             msg_size,
             capacity,
             ring_offset,
+            placement,
+            slots_offset,
+            lost: self.desc(index).lost.load(Ordering::Acquire),
             head: ring.producer.head.load(Ordering::Acquire),
             tail: ring.consumer.tail.load(Ordering::Acquire),
             producer_pid: holder(&ring.claims.producer),
@@ -479,11 +590,41 @@ impl Mailbox {
         unsafe { &*self.base().add(ring_offset as usize).cast::<RingHeader>() }
     }
 
-    pub(crate) fn ring_memory(&self, info: &ChannelInfo) -> RingMemory {
+    /// The ring of a host channel; a device channel's slots are not in this process's reach.
+    pub(crate) fn ring_memory(&self, info: &ChannelInfo) -> Result<RingMemory> {
+        if info.placement != Placement::Host {
+            return Err(ShmError::DevicePlacement { channel: info.name.clone() });
+        }
         let header = NonNull::from(self.ring_header(info.ring_offset));
+        // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
+        // inside the arena.
+        let slots = unsafe { NonNull::new_unchecked(self.base().add(info.slots_offset as usize)) };
         // SAFETY: `info` came from a validated descriptor: the header and its slots lie in the
         // arena of this mapping, which the caller keeps alive (ends hold the `Arc`).
-        unsafe { RingMemory::new(header, info.msg_size as usize, u64::from(info.capacity)) }
+        Ok(unsafe { RingMemory::new(header, slots.cast(), info.msg_size as usize, u64::from(info.capacity)) })
+    }
+
+    /// A device channel's ring got new, empty slots (meshd started, or its context was recreated after a
+    /// fault): both indices move to the larger of the two, so that its ends resume on an empty ring.
+    /// Returns how many messages the lost slots held by the published indices: `head - tail`, exact
+    /// when both ends had closed their channels, a lower bound otherwise (a GPU end publishes its
+    /// index in batches of half a ring). Call it only while no program bound to it runs.
+    pub fn renew_device_ring(&self, info: &ChannelInfo) -> Result<u64> {
+        if info.placement != Placement::Device {
+            return Err(ShmError::ChannelConfig {
+                name: info.name.clone(),
+                reason: "only a device channel's slots can be renewed".into(),
+            });
+        }
+        let ring = self.ring_header(info.ring_offset);
+        let head = ring.producer.head.load(Ordering::Acquire);
+        let tail = ring.consumer.tail.load(Ordering::Acquire);
+        let lost = head.saturating_sub(tail);
+        let at = head.max(tail);
+        ring.producer.head.store(at, Ordering::Release);
+        ring.consumer.tail.store(at, Ordering::Release);
+        self.desc(info.index).lost.fetch_add(lost, Ordering::AcqRel);
+        Ok(lost)
     }
 
     /// Program slot `index`.
@@ -495,8 +636,34 @@ impl Mailbox {
         Ok(SlotRef { mailbox: self, index })
     }
 
-    /// The kernel's argument for slot `index`, with `base` the mailbox's device address in the launching context.
+    /// Every live channel slot `index` binds (the channels its kernel's context will name).
+    pub fn bound_channels(&self, index: u32) -> Result<Vec<ChannelInfo>> {
+        let slot = self.slot(index)?;
+        let mut out = Vec::new();
+        for channel in slot.bindings() {
+            if channel >= self.inner.geometry.channel_count {
+                return Err(ShmError::NoSuchChannel(format!("#{channel}")));
+            }
+            out.push(self.channel_info_at(channel)?.ok_or_else(|| ShmError::NoSuchChannel(format!("#{channel}")))?);
+        }
+        Ok(out)
+    }
+
+    /// The kernel's argument for slot `index`, with `base` the mailbox's device address in the launching
+    /// context. A binding to a device channel is refused: see [`Mailbox::mesh_ctx_with`].
     pub fn mesh_ctx(&self, index: u32, base: u64) -> Result<MeshCtx> {
+        self.mesh_ctx_with(index, base, |_| None)
+    }
+
+    /// The kernel's argument for slot `index`, with `base` the mailbox's device address in the launching
+    /// context and `device_slots` the device address, in that context, of a device channel's slots
+    /// (`None`: this context has none, and the binding is refused).
+    pub fn mesh_ctx_with(
+        &self,
+        index: u32,
+        base: u64,
+        device_slots: impl Fn(&ChannelInfo) -> Option<u64>,
+    ) -> Result<MeshCtx> {
         let slot = self.slot(index)?;
         let mut ctx = MeshCtx { base, slot_offset: slot.offset(), slot: index, ..MeshCtx::default() };
         let bindings = slot.bindings();
@@ -506,7 +673,20 @@ impl Mailbox {
                 return Err(ShmError::NoSuchChannel(format!("#{channel}")));
             }
             let info = self.channel_info_at(channel)?.ok_or_else(|| ShmError::NoSuchChannel(format!("#{channel}")))?;
-            *b = MeshBinding { ring_offset: info.ring_offset, msg_size: info.msg_size, capacity: info.capacity };
+            let slots = match info.placement {
+                Placement::Host => base + info.slots_offset,
+                Placement::Device => {
+                    device_slots(&info).ok_or_else(|| ShmError::NoDeviceRing { channel: info.name.clone() })?
+                }
+            };
+            *b = MeshBinding {
+                ring_offset: info.ring_offset,
+                slots,
+                msg_size: info.msg_size,
+                capacity: info.capacity,
+                placement: info.placement.code(),
+                reserved: 0,
+            };
         }
         Ok(ctx)
     }

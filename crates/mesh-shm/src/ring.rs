@@ -2,7 +2,7 @@
 //!
 //! Kept free of files and mappings so that Miri can run it over heap memory.
 //!
-//! **Format (layout version 2).** A message of `msg_size` payload bytes occupies `msg_size / 4`
+//! **Format (layout version 3).** A message of `msg_size` payload bytes occupies `msg_size / 4`
 //! 8-byte *words* in its slot; each word carries 4 payload bytes in its low half and the tag of
 //! the message's sequence number in its high half (`tag(seq)`: its low 31 bits, top bit set), the packing of
 //! NCCL's LL protocol. A word is valid on its own: 8 bytes is the only single-copy atomic unit
@@ -52,6 +52,7 @@ pub const fn word(seq: u64, payload: u32) -> u64 {
 #[derive(Debug, Clone, Copy)]
 pub struct RingMemory {
     header: NonNull<RingHeader>,
+    slots: NonNull<AtomicU64>,
     msg_size: usize,
     capacity: u64,
 }
@@ -73,12 +74,13 @@ pub struct Corrupt {
 
 impl RingMemory {
     /// # Safety
-    /// `header` must point to a [`RingHeader`] followed by `capacity * msg_size * WIRE_FACTOR`
-    /// writable bytes, 128-byte aligned, valid for as long as the returned value and its copies are
-    /// used. `capacity` must be a power of two and non-zero; `msg_size` a non-zero multiple of 8.
-    pub unsafe fn new(header: NonNull<RingHeader>, msg_size: usize, capacity: u64) -> Self {
+    /// `header` must point to a [`RingHeader`], 128-byte aligned, and `slots` to `capacity *
+    /// msg_size * WIRE_FACTOR` writable bytes, 16-byte aligned, both valid for as long as the
+    /// returned value and its copies are used. `capacity` must be a power of two and non-zero;
+    /// `msg_size` a non-zero multiple of 8.
+    pub unsafe fn new(header: NonNull<RingHeader>, slots: NonNull<AtomicU64>, msg_size: usize, capacity: u64) -> Self {
         debug_assert!(capacity.is_power_of_two() && msg_size > 0 && msg_size % 8 == 0);
-        Self { header, msg_size, capacity }
+        Self { header, slots, msg_size, capacity }
     }
 
     /// Payload bytes per message.
@@ -119,10 +121,10 @@ impl RingMemory {
     fn words(&self, seq: u64) -> &[AtomicU64] {
         let n = self.words_per_message();
         let offset = (seq & (self.capacity - 1)) as usize * n;
-        // SAFETY: the slots follow the header (see `new`), are 8-aligned (the header is 384 bytes,
-        // every slot a multiple of 16), and `offset + n` words lie inside the `capacity * n` words
-        // `new` promised. AtomicU64 has the layout of u64, and every access to the words is atomic.
-        unsafe { core::slice::from_raw_parts(self.header.as_ptr().add(1).cast::<AtomicU64>().add(offset), n) }
+        // SAFETY: the slots are 16-aligned (see `new`), every slot a multiple of 16 bytes, and
+        // `offset + n` words lie inside the `capacity * n` words `new` promised. AtomicU64 has the
+        // layout of u64, and every access to the words is atomic.
+        unsafe { core::slice::from_raw_parts(self.slots.as_ptr().add(offset), n) }
     }
 
     /// Whether message `seq` is whole in its slot (every word tagged with `seq`).
@@ -336,7 +338,9 @@ mod tests {
             let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
             // SAFETY: the allocation holds the header and the slots, is 128-aligned and zeroed
             // (zero is a valid RingHeader and an untagged word), and lives as long as `self`.
-            let ring = unsafe { RingMemory::new(ptr.cast(), msg_size, capacity) };
+            let slots = NonNull::new(ptr.as_ptr().wrapping_add(core::mem::size_of::<RingHeader>())).unwrap();
+            // SAFETY: as above; the slots follow the header in the same allocation.
+            let ring = unsafe { RingMemory::new(ptr.cast(), slots.cast(), msg_size, capacity) };
             Self { ptr, layout, ring }
         }
 

@@ -81,6 +81,11 @@ fn a_ring_outside_the_arena_is_refused() {
     assert!(err.to_string().contains("channel 0") && err.to_string().contains("arena"), "{err}");
     let mut overlap = good.clone();
     put_u64(&mut overlap, desc0 + core::mem::offset_of!(ChannelDesc, ring_offset), ring1);
+    put_u64(
+        &mut overlap,
+        desc0 + core::mem::offset_of!(ChannelDesc, slots_offset),
+        mesh_shm::layout::host_slots_offset(ring1),
+    );
     assert_ne!(ring0, ring1);
     let err = open_bytes(&dir, &overlap).unwrap_err();
     assert!(err.to_string().contains("overlap"), "{err}");
@@ -122,7 +127,11 @@ proptest! {
             prop_assert_eq!(g.file_size, SIZE);
             for info in mb.channels().unwrap_or_default() {
                 prop_assert!(info.ring_offset >= g.arena_offset);
-                prop_assert!(info.ring_offset + mesh_shm::layout::ring_bytes(info.msg_size, info.capacity) <= g.file_size);
+                prop_assert!(
+                    info.ring_offset
+                        + mesh_shm::layout::ring_bytes_at(info.ring_offset, info.msg_size, info.capacity, info.placement.code())
+                        <= g.file_size
+                );
                 if let Ok(mut p) = Producer::claim(&mb, &info.name) {
                     let _ = p.try_send(&[1; 8]);
                 }

@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use mesh_shm::layout::{MAX_BINDINGS, NO_CHANNEL, STATE_IDLE};
-use mesh_shm::{Consumer, CreateMode, End, Mailbox, MailboxConfig, Producer, ShmError};
+use mesh_shm::{Consumer, CreateMode, End, Mailbox, MailboxConfig, Placement, Producer, ShmError};
 
 fn small() -> MailboxConfig {
     MailboxConfig { size: 1 << 20, slots: 8, channels: 16 }
@@ -154,4 +154,82 @@ fn slots_carry_control_status_and_the_kernel_context() {
     assert!(matches!(slot.bind("x", &[0; MAX_BINDINGS + 1]), Err(ShmError::TooManyBindings { .. })));
     slot.bind("bad", &[NO_CHANNEL - 1]).unwrap();
     assert!(mb.mesh_ctx(3, 0).is_err(), "a binding to no live channel is refused");
+}
+
+#[test]
+fn host_slots_start_on_a_page_and_the_binding_gives_their_device_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    let a = mb.create_channel("a", 8, 16).unwrap();
+    let b = mb.create_channel("b", 256, 64).unwrap();
+    for c in [&a, &b] {
+        assert_eq!(c.placement, Placement::Host);
+        assert_eq!(c.slots_offset % 4096, 0, "{}: slots at {}", c.name, c.slots_offset);
+        assert!(c.slots_offset >= c.ring_offset + 384, "the slots follow the ring's header");
+    }
+    assert!(b.ring_offset >= a.slots_offset + 2 * 8 * 16, "rings do not overlap");
+    let slot = mb.slot(0).unwrap();
+    slot.bind("p", &[a.index, b.index]).unwrap();
+    let ctx = mb.mesh_ctx(0, 0x7000_0000).unwrap();
+    assert_eq!(ctx.bindings[1].slots, 0x7000_0000 + b.slots_offset);
+    assert_eq!(ctx.bindings[1].placement, mesh_shm::layout::PLACEMENT_HOST);
+    assert_eq!((ctx.stop_due, ctx.stop_seen), (0, 0), "the kernel's own stop-check state starts at zero");
+    // Messages still go through, in a reopened file too.
+    Producer::claim(&mb, "b").unwrap().send(&[7; 256], Duration::from_secs(1)).unwrap();
+    let again = Mailbox::open(mb.path()).unwrap();
+    let mut out = [0u8; 256];
+    Consumer::claim(&again, "b").unwrap().recv(&mut out, Duration::from_secs(1)).unwrap();
+    assert_eq!(out, [7; 256]);
+}
+
+#[test]
+fn a_device_channel_is_for_gpu_programs_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    let before = mb.create_channel("host", 8, 4).unwrap();
+    let d = mb.create_channel_placed("dev", 4096, 1024, Placement::Device).unwrap();
+    assert_eq!((d.placement, d.slots_offset), (Placement::Device, 0));
+    let after = mb.create_channel("after", 8, 4).unwrap();
+    assert!(after.ring_offset - d.ring_offset < 4096, "a device ring takes only its header from the arena");
+    assert!(d.ring_offset > before.ring_offset);
+    // A host process is refused either end, with the reason.
+    for e in [Producer::claim(&mb, "dev").unwrap_err(), Consumer::claim(&mb, "dev").unwrap_err()] {
+        assert!(matches!(e, ShmError::DevicePlacement { .. }), "{e}");
+        assert!(e.to_string().contains("device memory") && e.to_string().contains("--placement host"), "{e}");
+    }
+    // No claim was left behind by the refusal.
+    assert_eq!(mb.channel("dev").unwrap().producer_pid, None);
+    // The kernel context needs the ring's address in the launching context.
+    let slot = mb.slot(1).unwrap();
+    slot.bind("p", &[before.index, d.index]).unwrap();
+    assert!(matches!(mb.mesh_ctx(1, 0x7000_0000), Err(ShmError::NoDeviceRing { .. })));
+    let ctx = mb.mesh_ctx_with(1, 0x7000_0000, |c| (c.name == "dev").then_some(0x9_0000_0000)).unwrap();
+    assert_eq!((ctx.bindings[1].slots, ctx.bindings[1].placement), (0x9_0000_0000, mesh_shm::layout::PLACEMENT_DEVICE));
+    assert_eq!(ctx.bindings[0].slots, 0x7000_0000 + before.slots_offset);
+    // A reopened mailbox keeps the placement.
+    let again = Mailbox::open(mb.path()).unwrap();
+    assert_eq!(again.channel("dev").unwrap().placement, Placement::Device);
+}
+
+#[test]
+fn a_renewed_device_ring_reports_what_its_indices_still_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    let d = mb.create_channel_placed("dev", 64, 16, Placement::Device).unwrap();
+    assert_eq!(mb.renew_device_ring(&d).unwrap(), 0, "a new ring lost nothing");
+    // A GPU producer published head 12, its consumer tail 5: 7 messages were in the slots.
+    let (base, _) = mb.as_raw_parts();
+    // SAFETY: the ring's header lies inside the mapping; head and tail are 8-aligned words.
+    unsafe {
+        (base.add(d.ring_offset as usize) as *mut u64).write_volatile(12);
+        (base.add(d.ring_offset as usize + 128) as *mut u64).write_volatile(5);
+    }
+    assert_eq!(mb.renew_device_ring(&d).unwrap(), 7);
+    let now = mb.channel("dev").unwrap();
+    assert_eq!((now.head, now.tail), (12, 12), "both ends resume on an empty ring");
+    assert_eq!(now.lost, 7, "the loss is kept in the mailbox for info and ps");
+    assert_eq!(mb.renew_device_ring(&now).unwrap(), 0);
+    assert_eq!(Mailbox::open(mb.path()).unwrap().channel("dev").unwrap().lost, 7, "and survives a reopen");
+    let host = mb.create_channel("host", 8, 4).unwrap();
+    assert!(mb.renew_device_ring(&host).is_err(), "a host channel's slots are never renewed");
 }

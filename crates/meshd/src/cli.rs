@@ -144,6 +144,10 @@ pub enum ChannelCommand {
         /// Messages the ring holds (a power of two, at most 2^24).
         #[arg(long, default_value_t = 1024)]
         capacity: u32,
+        /// Where the ring's slots live: host (the mailbox: host processes and GPU programs) or device
+        /// (GPU memory that meshd owns: between GPU programs only, blink mode).
+        #[arg(long, default_value = "host", value_parser = clap::builder::PossibleValuesParser::new(["host", "device"]))]
+        placement: String,
     },
 }
 

@@ -44,8 +44,8 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Upgrade { name, image } => upgrade(socket, name, &image),
         Command::Unload { name } => unload(socket, &name),
         Command::Ps { json } => ps(socket, json),
-        Command::Channel(ChannelCommand::Create { name, msg_size, capacity }) => {
-            channel_create(socket, &name, msg_size, capacity)
+        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement }) => {
+            channel_create(socket, &name, msg_size, capacity, placement)
         }
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
@@ -222,9 +222,10 @@ fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
     }
 }
 
-fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32) -> Result<(), Exit> {
-    call(socket, &Request::ChannelCreate { name: name.to_string(), msg_size, capacity }, &[])?;
-    println!("created channel {name} ({capacity} messages of {msg_size} bytes)");
+fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32, placement: String) -> Result<(), Exit> {
+    let req = Request::ChannelCreate { name: name.to_string(), msg_size, capacity, placement: placement.clone() };
+    call(socket, &req, &[])?;
+    println!("created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory)");
     Ok(())
 }
 

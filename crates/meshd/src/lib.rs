@@ -9,6 +9,7 @@ pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod native;
+pub mod placement;
 pub mod protocol;
 pub mod replace;
 pub mod server;

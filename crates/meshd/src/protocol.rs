@@ -61,6 +61,9 @@ pub enum Request {
         msg_size: u32,
         /// Messages the ring holds.
         capacity: u32,
+        /// Where its slots live: `host` (the mailbox; absent means host) or `device` (GPU memory).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        placement: String,
     },
     /// The daemon's mode, mailbox path and channels.
     Info,
@@ -153,6 +156,12 @@ pub struct ChannelRow {
     pub msg_size: u32,
     /// Capacity.
     pub capacity: u32,
+    /// Where its slots live: `host` or `device`.
+    #[serde(default)]
+    pub placement: String,
+    /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.
+    #[serde(default)]
+    pub lost: u64,
     /// Messages sent.
     pub head: u64,
     /// Messages received.

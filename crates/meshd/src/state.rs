@@ -36,6 +36,9 @@ pub struct RecordedChannel {
     pub msg_size: u32,
     /// Capacity.
     pub capacity: u32,
+    /// Where its slots live (absent in older records: host).
+    #[serde(default)]
+    pub placement: String,
 }
 
 /// A native worker as recorded (`meshd spawn`): what a restarted meshd starts again.
@@ -347,7 +350,8 @@ impl StateStore {
         let mut created = 0;
         for c in &self.state.channels {
             if mailbox.channel(&c.name).is_err() {
-                mailbox.create_channel(&c.name, c.msg_size, c.capacity)?;
+                let placement = c.placement.parse().unwrap_or_default();
+                mailbox.create_channel_placed(&c.name, c.msg_size, c.capacity, placement)?;
                 created += 1;
             }
         }
@@ -359,7 +363,12 @@ impl StateStore {
         let now: Vec<RecordedChannel> = mailbox
             .channels()?
             .into_iter()
-            .map(|c| RecordedChannel { name: c.name, msg_size: c.msg_size, capacity: c.capacity })
+            .map(|c| RecordedChannel {
+                placement: c.placement.to_string(),
+                name: c.name,
+                msg_size: c.msg_size,
+                capacity: c.capacity,
+            })
             .collect();
         if now != self.state.channels {
             self.state.channels = now;

@@ -83,8 +83,19 @@ fn requests_and_refusals_are_served_until_shutdown() {
     }
     let r = ask(&d.socket, &junk, b"junk");
     assert!(!r.ok && r.error.unwrap().contains("neither PTX"));
-    assert!(ask(&d.socket, &Request::ChannelCreate { name: "c".into(), msg_size: 16, capacity: 8 }, &[]).ok);
-    let r = ask(&d.socket, &Request::ChannelCreate { name: "d".into(), msg_size: 12, capacity: 8 }, &[]);
+    assert!(
+        ask(
+            &d.socket,
+            &Request::ChannelCreate { name: "c".into(), msg_size: 16, capacity: 8, placement: String::new() },
+            &[]
+        )
+        .ok
+    );
+    let r = ask(
+        &d.socket,
+        &Request::ChannelCreate { name: "d".into(), msg_size: 12, capacity: 8, placement: String::new() },
+        &[],
+    );
     assert!(!r.ok && r.error.unwrap().contains("multiple of 8"));
     let info = ask(&d.socket, &Request::Info, &[]).info.unwrap();
     assert_eq!((info.mode.as_str(), info.channels.len(), info.channels[0].name.as_str()), ("blink", 1, "c"));
@@ -195,7 +206,12 @@ fn many_clients_at_once_all_get_answers() {
                 let mut ok = 0;
                 for k in 0..5 {
                     let req = match k {
-                        0 => Request::ChannelCreate { name: format!("c{i}"), msg_size: 8, capacity: 2 },
+                        0 => Request::ChannelCreate {
+                            name: format!("c{i}"),
+                            msg_size: 8,
+                            capacity: 2,
+                            placement: String::new(),
+                        },
                         1 => load_req(&format!("p{i}"), &[]),
                         _ => Request::Ps,
                     };
@@ -255,7 +271,14 @@ fn a_refusal_says_refused_once() {
 fn programs_are_recorded_and_relaunched_by_the_next_server() {
     let state = tempfile::tempdir().unwrap();
     let mut d = Running::start_with_state(ListBackend::new, Some(state.path()));
-    assert!(ask(&d.socket, &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 4 }, &[]).ok);
+    assert!(
+        ask(
+            &d.socket,
+            &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 4, placement: String::new() },
+            &[]
+        )
+        .ok
+    );
     assert!(ask(&d.socket, &load_req("a", &["in"]), PTX).ok);
     assert!(ask(&d.socket, &load_req("b", &[]), PTX).ok);
     assert!(ask(&d.socket, &Request::Unload { name: "b".into() }, &[]).ok);

@@ -73,6 +73,11 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
         ("info", json!({"op": "info"}), b""),
         ("shutdown", json!({"op": "shutdown"}), b""),
         ("channel_create", json!({"op": "channel_create", "name": "to-gpu", "msg_size": 64, "capacity": 16}), b""),
+        (
+            "channel_create_device",
+            json!({"op": "channel_create", "name": "g2g", "msg_size": 64, "capacity": 16, "placement": "device"}),
+            b"",
+        ),
         // A name outside ASCII: serde_json writes UTF-8 as it is, and so must the client.
         (
             "channel_create_utf8",
@@ -115,8 +120,8 @@ fn response_cases() -> Vec<(&'static str, Value)> {
     let info = json!({
         "mode": "mps", "mailbox": "/dev/shm/meshd.mailbox", "device": "NVIDIA H200", "host_atomics": true,
         "channels": [
-            {"name": "to-gpu", "msg_size": 64, "capacity": 16, "head": 10, "tail": 9},
-            {"name": "entrée-é", "msg_size": 8, "capacity": 1024, "head": 0, "tail": 0},
+            {"name": "to-gpu", "msg_size": 64, "capacity": 16, "placement": "host", "lost": 0, "head": 10, "tail": 9},
+            {"name": "entrée-é", "msg_size": 8, "capacity": 1024, "placement": "device", "lost": 3, "head": 0, "tail": 0},
         ],
         "device_uuid": "GPU-00000000-1111-2222-3333-444444444444", "device_selector": "0",
         "pool": {"size": 2, "idle": 1, "in_use": 1, "client_limit": 48,

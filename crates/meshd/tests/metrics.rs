@@ -267,7 +267,14 @@ fn fast_liveness() -> HealthConfig {
 #[test]
 fn a_scrape_over_loopback_follows_ps_and_info() {
     let d = Running::start(HealthConfig::default(), HttpLimits::default());
-    assert!(ask(&d.socket, &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 16 }, &[]).ok);
+    assert!(
+        ask(
+            &d.socket,
+            &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 16, placement: String::new() },
+            &[]
+        )
+        .ok
+    );
     assert!(ask(&d.socket, &load_req("a", &["in"]), PTX).ok);
     let mut quiet = load_req("quiet", &[]);
     if let Request::Load { no_readiness, .. } = &mut quiet {
@@ -557,7 +564,15 @@ fn everything() -> Exposition {
         mailbox: "/dev/shm/mb".into(),
         device: "NVIDIA H200".into(),
         host_atomics: false,
-        channels: vec![ChannelRow { name: "c".into(), msg_size: 64, capacity: 8, head: 9, tail: 4 }],
+        channels: vec![ChannelRow {
+            name: "c".into(),
+            msg_size: 64,
+            capacity: 8,
+            placement: "host".into(),
+            lost: 0,
+            head: 9,
+            tail: 4,
+        }],
         extra: InfoExtra {
             device_uuid: Some("GPU-5f3a".into()),
             device_selector: Some("GPU-5f3a".into()),

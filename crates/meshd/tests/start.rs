@@ -75,7 +75,14 @@ fn a_held_mailbox_is_refused_with_the_holders_pid_and_taken_over_after_kill_9() 
     let mailbox = dir.path().join("mb");
     let mut child = spawn_child(&mailbox);
     let socket = mailbox.with_extension("sock");
-    assert!(ask(&socket, &Request::ChannelCreate { name: "q".into(), msg_size: 8, capacity: 8 }, &[]).ok);
+    assert!(
+        ask(
+            &socket,
+            &Request::ChannelCreate { name: "q".into(), msg_size: 8, capacity: 8, placement: String::new() },
+            &[]
+        )
+        .ok
+    );
     assert!(ask(&socket, &load_req("p", &["q"]), PTX).ok);
     let m = mesh_shm::Mailbox::open(&mailbox).unwrap();
     assert_eq!(m.owner_pid(), Some(child.id()), "the serving meshd records its pid");

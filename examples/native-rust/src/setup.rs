@@ -107,7 +107,17 @@ pub fn mesh_ctx(mailbox: &Mailbox, base: u64, names: &[String]) -> Result<MeshCt
     let mut ctx = MeshCtx { base, slot: NO_SLOT, binding_count: names.len() as u32, ..MeshCtx::default() };
     for (b, name) in ctx.bindings.iter_mut().zip(names) {
         let c = mailbox.channel(name).with_context(|| format!("{ENV_CHANNELS} names {name:?}"))?;
-        *b = MeshBinding { ring_offset: c.ring_offset, msg_size: c.msg_size, capacity: c.capacity };
+        if c.placement != mesh_shm::Placement::Host {
+            bail!("channel {name:?}: its ring is in device memory; a native worker binds host channels only");
+        }
+        *b = MeshBinding {
+            ring_offset: c.ring_offset,
+            slots: base + c.slots_offset,
+            msg_size: c.msg_size,
+            capacity: c.capacity,
+            placement: c.placement.code(),
+            reserved: 0,
+        };
     }
     Ok(ctx)
 }
@@ -211,8 +221,28 @@ mod tests {
         let names = vec!["to-echo".to_string(), "from-echo".to_string()];
         let ctx = mesh_ctx(&mb, 0x7000_0000, &names).unwrap();
         assert_eq!((ctx.base, ctx.slot, ctx.slot_offset, ctx.binding_count), (0x7000_0000, NO_SLOT, 0, 2));
-        assert_eq!(ctx.bindings[0], MeshBinding { ring_offset: a.ring_offset, msg_size: 16, capacity: 1024 });
-        assert_eq!(ctx.bindings[1], MeshBinding { ring_offset: b.ring_offset, msg_size: 16, capacity: 512 });
+        assert_eq!(
+            ctx.bindings[0],
+            MeshBinding {
+                ring_offset: a.ring_offset,
+                slots: 0x7000_0000 + a.slots_offset,
+                msg_size: 16,
+                capacity: 1024,
+                placement: 0,
+                reserved: 0
+            }
+        );
+        assert_eq!(
+            ctx.bindings[1],
+            MeshBinding {
+                ring_offset: b.ring_offset,
+                slots: 0x7000_0000 + b.slots_offset,
+                msg_size: 16,
+                capacity: 512,
+                placement: 0,
+                reserved: 0
+            }
+        );
         assert_eq!(ctx.bindings[2], MeshBinding::default());
         let e = mesh_ctx(&mb, 0, &["nope".to_string()]).unwrap_err();
         assert!(format!("{e:#}").contains("no such channel"), "{e:#}");

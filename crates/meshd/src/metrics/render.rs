@@ -43,14 +43,10 @@ pub fn state_name(state: &str) -> &str {
 /// The states `meshd_program_state` always lists (one of them 1).
 const STATES: [&str; 4] = ["running", "stopped", "exited", "faulted"];
 
-/// A channel's placement (`host`: its ring in the mailbox's host memory). Read through the row's
-/// serialized form so that a `placement` field, once channels carry one, is shown as it is;
-/// until then every ring is in host memory.
+/// A channel's placement: `host` (its ring in the mailbox) or `device` (in GPU memory meshd owns);
+/// a row from a meshd that did not say is in host memory.
 fn placement(c: &ChannelRow) -> String {
-    serde_json::to_value(c)
-        .ok()
-        .and_then(|v| v.get("placement").and_then(|p| p.as_str().map(str::to_string)))
-        .unwrap_or_else(|| "host".to_string())
+    if c.placement.is_empty() { "host".to_string() } else { c.placement.clone() }
 }
 
 /// A fresh family of `M`.
@@ -227,6 +223,7 @@ fn render_programs(metrics: &Metrics, scrape: &Scrape, reg: &mut Registry) {
 fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
     let (sent, received, capacity, depth, size) =
         (family::<Counter>(), family::<Counter>(), family::<Gauge>(), family::<Gauge>(), family::<Gauge>());
+    let lost = family::<Counter>();
     for c in channels {
         let l = vec![("channel", c.name.clone()), ("placement", placement(c))];
         sent.get_or_create(&l).inc_by(c.head);
@@ -234,12 +231,18 @@ fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
         capacity.get_or_create(&l).set(i64::from(c.capacity));
         depth.get_or_create(&l).set(i64::try_from(c.head.saturating_sub(c.tail)).unwrap_or(i64::MAX));
         size.get_or_create(&l).set(i64::from(c.msg_size));
+        lost.get_or_create(&l).inc_by(c.lost);
     }
     reg.register("channel_sent_messages", "Messages sent on the channel (its producer's position)", sent);
     reg.register("channel_received_messages", "Messages received from the channel (its consumer's position)", received);
     reg.register("channel_capacity_messages", "Messages the channel's ring holds", capacity);
     reg.register("channel_depth_messages", "Messages sent and not yet received", depth);
     reg.register("channel_message_size_bytes", "Payload bytes per message", size);
+    reg.register(
+        "channel_lost_messages",
+        "Messages a device channel lost with its GPU memory (a fault or a meshd crash), from its indices",
+        lost,
+    );
 }
 
 fn render_pool(info: &Info, reg: &mut Registry) {

@@ -242,7 +242,15 @@ fn info(shared: &Shared) -> Response {
     };
     let channels = channels
         .into_iter()
-        .map(|c| ChannelRow { name: c.name, msg_size: c.msg_size, capacity: c.capacity, head: c.head, tail: c.tail })
+        .map(|c| ChannelRow {
+            placement: c.placement.to_string(),
+            lost: c.lost,
+            name: c.name,
+            msg_size: c.msg_size,
+            capacity: c.capacity,
+            head: c.head,
+            tail: c.tail,
+        })
         .collect();
     Response {
         ok: true,

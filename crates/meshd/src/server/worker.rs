@@ -401,9 +401,10 @@ impl BackendWorker<'_> {
                 self.record(|s| s.record_unload(&name));
                 Ok(Response::ok())
             }
-            Change::ChannelCreate { name, msg_size, capacity } => {
-                self.shared.mailbox.create_channel(&name, msg_size, capacity)?;
-                tracing::info!(channel = %name, msg_size, capacity, "channel created");
+            Change::ChannelCreate { name, msg_size, capacity, placement } => {
+                let placement = crate::placement::parse(&placement, self.backend.mode())?;
+                self.shared.mailbox.create_channel_placed(&name, msg_size, capacity, placement)?;
+                tracing::info!(channel = %name, msg_size, capacity, %placement, "channel created");
                 let mailbox = self.shared.mailbox.clone();
                 self.record(move |s| s.record_channels(&mailbox));
                 Ok(Response::ok())

@@ -12,6 +12,7 @@ use mesh_cuda::StreamState;
 use mesh_gpu_tests::{Fixture, program};
 
 mod channels;
+mod roundtrip;
 use channels::channel_benches;
 
 const ONE: LaunchShape = LaunchShape { grid: [1, 1, 1], block: [32, 1, 1], shared_mem: 0 };
@@ -30,9 +31,18 @@ fn main() {
         return;
     }
     // MPS in a process of its own: this one's plain context would otherwise share the GPU with the server.
-    if std::env::args().nth(1).as_deref() == Some("mps") {
-        mps_benches();
-        return;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["mps"] => return mps_benches(),
+        ["rt", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips(*mode == "mps"),
+        ["g2g", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips(*mode == "mps"),
+        [] => {}
+        other => {
+            eprintln!(
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps` or `g2g blink|mps`"
+            );
+            std::process::exit(2);
+        }
     }
     let f = Fixture::new();
     println!("device: {} ({}), {} SMs", f.device.name, f.device.arch(), f.device.sm_count);

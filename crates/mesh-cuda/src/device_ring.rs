@@ -1,0 +1,133 @@
+//! Device channels' message slots: GPU memory that the blink backend's context allocates and owns.
+//!
+//! A channel created with placement device keeps its header (indices, claims) in the mailbox and its
+//! slots here, so that two programs of the context exchange messages without crossing PCIe. The
+//! memory is allocated when the first program bound to the channel is launched and lives as long as
+//! the context: blinks, upgrades, unloads and reloads leave it (and the messages in it) untouched.
+//! A new context (meshd started, or a reset after a fault) starts every ring empty: the mailbox's
+//! indices are moved together and the messages they still counted are reported as lost.
+
+use std::collections::HashMap;
+
+use cudarc::driver::sys;
+use mesh_shm::{ChannelInfo, Mailbox, MeshCtx, Placement};
+
+use crate::context::Context;
+use crate::driver::check;
+use crate::error::CudaError;
+
+fn invalid(slot: u32, e: mesh_shm::ShmError) -> CudaError {
+    CudaError::Invalid { what: format!("program slot {slot}"), reason: e.to_string() }
+}
+
+/// One ring's slots in device memory, freed on drop.
+#[derive(Debug)]
+struct DeviceSlots {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    ctx: Context,
+}
+
+impl DeviceSlots {
+    fn alloc(ctx: &Context, bytes: usize) -> Result<Self, CudaError> {
+        ctx.bind()?;
+        let mut ptr = 0;
+        // SAFETY: an out pointer and a size; the context is current.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        let slots = Self { ptr, bytes, ctx: ctx.clone() };
+        // Zero: no word carries a tag, so every slot reads as empty. On a stream of its own, waited
+        // for alone: the legacy stream's memset would not be ordered before the kernels' own
+        // non-blocking streams, and a context-wide wait would wait for resident kernels.
+        let stream = ctx.stream()?;
+        // SAFETY: `ptr` holds `bytes` bytes, just allocated in this context; the stream is its own.
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, stream.raw()) })?;
+        stream.synchronize()?;
+        Ok(slots)
+    }
+}
+
+impl Drop for DeviceSlots {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: allocated in `alloc` in this context, freed once; an error cannot be acted on here.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+/// A ring renewed empty whose indices still counted messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingLoss {
+    /// The channel.
+    pub channel: String,
+    /// Messages lost by the published indices (see `Mailbox::renew_device_ring`).
+    pub lost: u64,
+}
+
+/// The device channels' slots of one context, by channel index.
+#[derive(Debug, Default)]
+pub struct DeviceRings {
+    rings: HashMap<u32, DeviceSlots>,
+    losses: Vec<RingLoss>,
+}
+
+impl DeviceRings {
+    /// Allocates the slots of every device channel that program slot `slot` binds and this context
+    /// has none of yet (each renewed in the mailbox, its loss recorded). Call it while no kernel of
+    /// the context runs (a blink's change): an allocation may wait for the work before it.
+    pub fn prepare(&mut self, ctx: &Context, mailbox: &Mailbox, slot: u32) -> Result<(), CudaError> {
+        for info in mailbox.bound_channels(slot).map_err(|e| invalid(slot, e))? {
+            if info.placement == Placement::Device && !self.rings.contains_key(&info.index) {
+                self.allocate(ctx, mailbox, &info)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel argument of program slot `slot` (its device channels prepared first, see `prepare`).
+    pub fn mesh_ctx(&mut self, ctx: &Context, mailbox: &Mailbox, slot: u32, base: u64) -> Result<MeshCtx, CudaError> {
+        self.prepare(ctx, mailbox, slot)?;
+        mailbox
+            .mesh_ctx_with(slot, base, |info| self.rings.get(&info.index).map(|r| r.ptr))
+            .map_err(|e| invalid(slot, e))
+    }
+
+    fn allocate(&mut self, ctx: &Context, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {
+        // At most 2 × 64 KiB × 2^24 bytes (mesh-shm's limits): a usize on the 64-bit hosts CUDA runs on.
+        let bytes = usize::try_from(mesh_shm::layout::slot_bytes(info.msg_size, info.capacity)).map_err(|_| {
+            CudaError::Invalid {
+                what: format!("channel {:?}", info.name),
+                reason: "ring larger than this host's address space".into(),
+            }
+        })?;
+        let slots = DeviceSlots::alloc(ctx, bytes).map_err(|e| CudaError::Invalid {
+            what: format!("channel {:?}", info.name),
+            reason: format!("allocating its {bytes}-byte ring in device memory: {e}"),
+        })?;
+        let lost = mailbox
+            .renew_device_ring(info)
+            .map_err(|e| CudaError::Invalid { what: format!("channel {:?}", info.name), reason: e.to_string() })?;
+        if lost > 0 {
+            self.losses.push(RingLoss { channel: info.name.clone(), lost });
+        }
+        self.rings.insert(info.index, slots);
+        Ok(())
+    }
+
+    /// The context that held every ring is gone (reset after a fault): forget them without freeing
+    /// (the reset freed them); the next launch of each allocates it again, empty.
+    pub fn forget_all(&mut self) {
+        for (_, slots) in self.rings.drain() {
+            std::mem::forget(slots);
+        }
+    }
+
+    /// Rings renewed with messages in them since the last call, for the log.
+    pub fn take_losses(&mut self) -> Vec<RingLoss> {
+        std::mem::take(&mut self.losses)
+    }
+
+    /// Bytes of device memory held.
+    pub fn bytes(&self) -> usize {
+        self.rings.values().map(|r| r.bytes).sum()
+    }
+}

@@ -1,0 +1,221 @@
+//! Round trips through meshd's own backends, the same code in both modes (`mesh-gpu-bench rt blink|mps`,
+//! `mesh-gpu-bench g2g blink|mps`): the programs run where meshd runs them (blink: this process's
+//! context; MPS: a worker process, an MPS client), the host end is this process.
+//!
+//! * host↔GPU: `echo_header` (the loop of mesh.cuh's opening comment, exactly) and `echo_warp` beside
+//!   the raw relaxed mapped word (`raw_pingpong`), 20,000 round trips each, median and p99, by size.
+//!   The LL probe (`tests/probes/ll_roundtrip.cu`) is run by the bundle's script in the same run.
+//! * GPU↔GPU: `ping` ↔ `echo_header` on two channels, timed by the GPU (%globaltimer: mean, fastest,
+//!   slowest), on host and on device channels. The raw two-kernel limit (`tests/probes/g2g.cu`) is run
+//!   by the bundle's script in the same run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mesh_backend::{Backend, ProgramSpec};
+use mesh_gpu_tests::stress;
+use mesh_gpu_tests::{program, wait_until};
+use mesh_shm::{Consumer, Mailbox, Placement, Producer};
+
+use crate::{percentiles, us};
+
+const ROUNDS: usize = 20_000;
+const WARMUP: usize = 1_000;
+const SIZES: [u32; 5] = [8, 64, 256, 1024, 4096];
+
+/// A backend of either mode over its own mailbox.
+pub struct Bench {
+    pub mb: Mailbox,
+    pub backend: Box<dyn Backend>,
+    pub mode: &'static str,
+    next: u32,
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    pub fn open(mps: bool) -> Self {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let config = mesh_shm::MailboxConfig { size: 64 << 20, slots: 64, channels: 256 };
+        let mb = Mailbox::create(dir.path().join("mb"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
+        let backend: Box<dyn Backend> = if mps {
+            let config = mesh_mps::MpsConfig { pool: 3, ..mesh_mps::MpsConfig::default() };
+            Box::new(mesh_mps::MpsBackend::open(&mb, config).unwrap())
+        } else {
+            Box::new(mesh_cuda::BlinkBackend::open(&mb, mesh_cuda::BlinkConfig::default()).unwrap())
+        };
+        Self { mb, backend, mode: if mps { "mps" } else { "blink" }, next: 0, _dir: dir }
+    }
+
+    fn channel(&mut self, size: u32, capacity: u32, placement: Placement) -> String {
+        self.next += 1;
+        let name = format!("b{}", self.next);
+        self.mb.create_channel_placed(&name, size, capacity, placement).unwrap();
+        name
+    }
+
+    /// Loads `program` bound to `channels`; returns its slot.
+    fn load(&mut self, name: &str, program_name: &str, channels: &[&str]) -> u32 {
+        let mut spec = ProgramSpec::new(name, program(program_name)).unwrap();
+        spec.bindings = channels.iter().map(|c| c.to_string()).collect();
+        self.backend.load(spec).unwrap_or_else(|e| panic!("load {program_name}: {e}")).slot
+    }
+
+    pub fn shutdown(mut self) {
+        self.backend.shutdown().unwrap();
+    }
+}
+
+fn stats(v: Vec<Duration>) -> (f64, f64) {
+    let (median, p99, _) = percentiles(v);
+    (us(median), us(p99))
+}
+
+/// The raw relaxed mapped word through a resident `raw_pingpong` (the host stores a number into one
+/// word of the mailbox, the GPU copies it into another).
+fn raw(b: &mut Bench) -> (f64, f64) {
+    let scratch = b.channel(8, 2, Placement::Host);
+    let info = b.mb.channel(&scratch).unwrap();
+    b.load("raw", "raw_pingpong", &[&scratch]);
+    let (base, _) = b.mb.as_raw_parts();
+    // SAFETY: the ring's head and tail lines lie inside the mapping, 8-aligned; used as plain words here.
+    let (ping, pong) = unsafe {
+        (
+            AtomicU64::from_ptr(base.add(info.ring_offset as usize).cast()),
+            AtomicU64::from_ptr(base.add(info.ring_offset as usize + 128).cast()),
+        )
+    };
+    let mut times = Vec::with_capacity(ROUNDS);
+    for i in 1..=(ROUNDS + WARMUP) as u64 {
+        let t = Instant::now();
+        ping.store(i, Ordering::Release);
+        while pong.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        if i > WARMUP as u64 {
+            times.push(t.elapsed());
+        }
+    }
+    ping.store(u64::MAX, Ordering::Release);
+    // raw_pingpong ends itself on ~0; an unload of an ended program is refused by neither mode.
+    let _ = b.backend.unload("raw");
+    stats(times)
+}
+
+/// Round trips of `size`-byte messages through echo program `echo`, every reply checked.
+fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
+    let (to, from) = (b.channel(size, 64, Placement::Host), b.channel(size, 64, Placement::Host));
+    b.load("echo", echo, &[&to, &from]);
+    let mut tx = Producer::claim(&b.mb, &to).unwrap();
+    let mut rx = Consumer::claim(&b.mb, &from).unwrap();
+    let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
+    let mut times = Vec::with_capacity(ROUNDS);
+    for i in 0..(ROUNDS + WARMUP) as u64 {
+        stress::fill(&mut msg, i);
+        let t = Instant::now();
+        while !tx.try_send(&msg).unwrap() {}
+        while !rx.try_recv(&mut back).unwrap() {
+            std::hint::spin_loop();
+        }
+        let took = t.elapsed();
+        stress::check(&back, i).unwrap_or_else(|e| panic!("{echo} {size} B: {e}"));
+        if i >= WARMUP as u64 {
+            times.push(took);
+        }
+    }
+    drop((tx, rx));
+    b.backend.unload("echo").unwrap();
+    stats(times)
+}
+
+/// `mesh-gpu-bench rt MODE`: the host↔GPU table of one mode.
+pub fn host_round_trips(mps: bool) {
+    let mut b = Bench::open(mps);
+    let mode = b.mode;
+    let (raw_median, raw_p99) = raw(&mut b);
+    println!();
+    println!("Round trip host→GPU→host, {mode} mode, µs, median / p99 of {ROUNDS} (after {WARMUP} warm-up).");
+    println!("Raw relaxed mapped word (raw_pingpong, same run): {raw_median:.2} / {raw_p99:.2}");
+    println!();
+    println!("Variants (same run, same client; each tests/programs/echo_x_*.cu says what it changes):");
+    println!("nodrain = no position store per message (every half ring),");
+    println!("rarestop = stop checked every 4096th iteration only.");
+    println!();
+    println!("| mode | size | echo_header (header's loop) | ×raw | p99/median | echo_warp | nodrain | rarestop |");
+    println!("|------|-----:|----------------------------:|-----:|-----------:|----------:|--------:|---------:|");
+    for size in SIZES {
+        let h = echo(&mut b, "echo_header", size);
+        let cells: Vec<String> = ["echo_warp", "echo_x_nodrain", "echo_x_rarestop"]
+            .iter()
+            .map(|p| {
+                let (m, p99) = echo(&mut b, p, size);
+                format!("{m:.2} / {p99:.2}")
+            })
+            .collect();
+        println!(
+            "| {mode} | {size} | {:.2} / {:.2} | {:.2} | {:.2} | {} |",
+            h.0,
+            h.1,
+            h.0 / raw_median,
+            h.1 / h.0,
+            cells.join(" | ")
+        );
+    }
+    let (raw2, _) = raw(&mut b);
+    println!("Raw word again at the end: {raw2:.2} µs median (drift check)");
+    b.shutdown();
+}
+
+/// GPU↔GPU: `ping` ↔ `echo_header` over two channels of `placement`. (mean, fastest, slowest) µs, errors.
+fn ping_pong(b: &mut Bench, size: u32, placement: Placement, n: u64, pair: (&str, &str)) -> (f64, f64, f64, u32) {
+    let (to, from) = (b.channel(size, 64, placement), b.channel(size, 64, placement));
+    b.load("echo", pair.1, &[&to, &from]);
+    let slot = b.load("ping", pair.0, &[&to, &from]);
+    let words = || b.mb.slot(slot).unwrap().user_words();
+    let got = wait_until(Duration::from_secs(60), || {
+        let w = words();
+        (u64::from(w[0]) | u64::from(w[1]) << 32) >= n
+    });
+    let w = words();
+    assert!(got, "ping {size} B {placement}: {} of {n} round trips in 60 s", w[0]);
+    let count = u64::from(w[0]) | u64::from(w[1]) << 32;
+    let total = u64::from(w[2]) | u64::from(w[3]) << 32;
+    b.backend.unload("ping").unwrap();
+    b.backend.unload("echo").unwrap();
+    (total as f64 / count as f64 / 1e3, f64::from(w[4]) / 1e3, f64::from(w[6]) / 1e3, w[5])
+}
+
+/// `mesh-gpu-bench g2g MODE`: GPU↔GPU round trips by placement.
+pub fn gpu_round_trips(mps: bool) {
+    let mut b = Bench::open(mps);
+    let mode = b.mode;
+    println!();
+    println!("GPU↔GPU round trip, {mode} mode: ping ↔ echo_header (both the header's loop), timed by the GPU");
+    println!("(%globaltimer), µs: mean [fastest, slowest] over ≥ 100,000 round trips after 1,000 warm-up.");
+    println!();
+    println!("Variants on device channels: rarestop = ping_x_rarestop ↔ echo_x_rarestop (stop checked every");
+    println!("4096th iteration), nodrain = ping_x_nodrain ↔ echo_x_nodrain (no position store per message).");
+    println!();
+    println!("| mode | size | device channels | host channels | device, rarestop | device, nodrain | errors |");
+    println!("|------|-----:|----------------:|--------------:|-----------------:|----------------:|-------:|");
+    let cell = |r: Option<(f64, f64, f64, u32)>| {
+        r.map_or("(MPS: not shared yet)".to_string(), |(m, lo, hi, _)| format!("{m:.2} [{lo:.2}, {hi:.1}]"))
+    };
+    for size in [8u32, 64, 256, 1024, 4096] {
+        let n = 100_000;
+        let dev = (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping", "echo_header")));
+        let host = ping_pong(&mut b, size, Placement::Host, n, ("ping", "echo_header"));
+        let rare =
+            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_rarestop", "echo_x_rarestop")));
+        let nodrain =
+            (!mps).then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_nodrain", "echo_x_nodrain")));
+        let errors: u32 = [dev, Some(host), rare, nodrain].iter().flatten().map(|r| r.3).sum();
+        println!(
+            "| {mode} | {size} | {} | {} | {} | {} | {errors} |",
+            cell(dev),
+            cell(Some(host)),
+            cell(rare),
+            cell(nodrain)
+        );
+    }
+    b.shutdown();
+}
