@@ -5,6 +5,7 @@
 # Usage: crates/mesh-py/bundle.sh DIR   (needs maturin: python3 -m pip install maturin)
 set -euo pipefail
 DIR=${1:?usage: crates/mesh-py/bundle.sh DIR}
+mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) # absolute: maturin runs from the crate's directory
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 mkdir -p "$DIR/python" "$DIR/bin"
