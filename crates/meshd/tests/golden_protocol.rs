@@ -72,6 +72,7 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
         ("ps", json!({"op": "ps"}), b""),
         ("info", json!({"op": "info"}), b""),
         ("shutdown", json!({"op": "shutdown"}), b""),
+        ("metrics", json!({"op": "metrics"}), b""),
         ("channel_create", json!({"op": "channel_create", "name": "to-gpu", "msg_size": 64, "capacity": 16}), b""),
         (
             "channel_create_device",
@@ -140,6 +141,7 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         ("ps_empty", json!({"ok": true, "programs": [], "natives": []})),
         ("info", json!({"ok": true, "info": info})),
         ("spawn", json!({"ok": true, "natives": [native("worker")]})),
+        ("metrics", json!({"ok": true, "metrics": "# TYPE meshd_up gauge\nmeshd_up 1\n"})),
     ]
 }
 

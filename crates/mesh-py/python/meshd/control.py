@@ -73,7 +73,7 @@ class NativeRow(TypedDict):
 
 
 class ChannelRow(TypedDict, total=False):
-    """A channel's row in ``info`` (``placement`` where the meshd reports it)."""
+    """A channel's row in ``info`` (``placement`` and ``lost`` where the meshd reports them)."""
 
     name: str
     msg_size: int
@@ -81,6 +81,7 @@ class ChannelRow(TypedDict, total=False):
     head: int
     tail: int
     placement: str
+    lost: int
 
 
 class Info(TypedDict, total=False):
