@@ -4,8 +4,6 @@
 //! Every message is an enum that serde encodes: a [`Command`], a [`Reply`] whose kernel state is a
 //! [`KernelState`] and whose refusal carries a [`RefusalKind`], so neither side compares strings.
 
-#![warn(clippy::cast_possible_truncation)]
-
 use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
 
