@@ -15,9 +15,9 @@ pub enum Command {
     Load {
         /// A file meshd wrote (the worker reads it once).
         cubin: String,
-        /// Grid.
+        /// `mesh_main`'s grid, in blocks (x, y, z), as meshd's load request gave it.
         grid: [u32; 3],
-        /// Block.
+        /// `mesh_main`'s block, in threads (x, y, z).
         block: [u32; 3],
         /// Dynamic shared memory per block.
         shared_mem: u32,
@@ -161,7 +161,7 @@ pub enum Reply {
     Loaded(Probe),
     /// After `wait`.
     State {
-        /// The kernel's state.
+        /// Idle (returned or never launched), busy, or failed with the driver's error.
         state: KernelState,
     },
     /// After `launch`, `unload` and `exit`.
