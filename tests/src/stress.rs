@@ -18,6 +18,10 @@ fn finish(sum: u32, seq: u64) -> u32 {
 }
 
 /// Writes message `seq` into `buf` (its length is the message size, a multiple of 8).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "word 0 is the low half of seq, as the GPU writes it; k < a message's words, far below 2^32"
+)]
 pub fn fill(buf: &mut [u8], seq: u64) {
     let words = buf.len() / 4;
     let mut sum = 0u32;

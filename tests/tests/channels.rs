@@ -112,7 +112,7 @@ impl Mesh {
         let rows: Vec<serde_json::Value> = serde_json::from_str(&self.d.ok(&["ps", "--json"])).unwrap();
         let row = rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} not in ps: {rows:?}"));
         assert_eq!(row["state"], "running", "{name}: {row}");
-        self.mb.slot(row["slot"].as_u64().unwrap() as u32).unwrap().user_words()
+        self.mb.slot(u32::try_from(row["slot"].as_u64().unwrap()).unwrap()).unwrap().user_words()
     }
 
     /// Waits until sink `name` has passed `n` messages; asserts none failed and every relaunch resumed exactly.
@@ -166,7 +166,7 @@ fn host_recv(mb: &Mailbox, channel: &str, size: u32, n: u64, slow: bool, what: &
 fn run_case(m: &mut Mesh, dir: Dir, size: u32, warp: bool, slow: Slow) {
     let n = messages(size, warp);
     let what = format!("{dir:?} {size} B {} slow {slow:?}", if warp { "warp" } else { "thread" });
-    let gpu_pause = |gpu_end_is_slow: bool| if gpu_end_is_slow { PAUSE.as_nanos() as u32 } else { 0 };
+    let gpu_pause = |gpu_end_is_slow: bool| if gpu_end_is_slow { u32::try_from(PAUSE.as_nanos()).unwrap() } else { 0 };
     let started = Instant::now();
     match dir {
         Dir::HostToGpu => {

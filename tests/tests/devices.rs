@@ -102,7 +102,7 @@ fn names(d: &Meshd) -> Vec<String> {
 }
 
 fn worker_of(d: &Meshd, name: &str) -> u32 {
-    rows(d).iter().find(|r| r["name"] == name).unwrap()["worker_pid"].as_u64().unwrap() as u32
+    u32::try_from(rows(d).iter().find(|r| r["name"] == name).unwrap()["worker_pid"].as_u64().unwrap()).unwrap()
 }
 
 fn beats_on(d: &Meshd, name: &str) -> bool {

@@ -61,7 +61,7 @@ fn ps(d: &Meshd) -> Vec<serde_json::Value> {
 fn bystander(d: &Meshd, alone: Duration) -> (u32, u32, Duration, u64) {
     let mailbox = d.mailbox();
     let gap = |d: &Meshd| {
-        let slot = row(&ps(d), "bystander")["slot"].as_u64().unwrap() as u32;
+        let slot = u32::try_from(row(&ps(d), "bystander")["slot"].as_u64().unwrap()).unwrap();
         mailbox.slot(slot).unwrap().user_words()[0]
     };
     d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
@@ -262,7 +262,7 @@ fn a_program_that_ignores_stop_is_cut_off_and_the_others_live_on() {
     let d = Meshd::start(&["--isolation", "mps", "--pool", "3", "--stop-timeout-ms", "500"]);
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
     d.ok(&["load", "stubborn", &ptx_file("ignore_stop")]);
-    let stubborn_worker = row(&ps(&d), "stubborn")["worker_pid"].as_u64().unwrap() as u32;
+    let stubborn_worker = u32::try_from(row(&ps(&d), "stubborn")["worker_pid"].as_u64().unwrap()).unwrap();
     let t = Instant::now();
     d.ok(&["unload", "stubborn"]);
     eprintln!(
@@ -317,7 +317,7 @@ fn an_empty_pool_refuses_and_growth_counts_the_stall_it_causes() {
     d.ok(&["load", "bystander", &ptx_file("heartbeat")]);
     let mailbox = d.mailbox();
     let gap = |d: &Meshd| {
-        let slot = row(&ps(d), "bystander")["slot"].as_u64().unwrap() as u32;
+        let slot = u32::try_from(row(&ps(d), "bystander")["slot"].as_u64().unwrap()).unwrap();
         mailbox.slot(slot).unwrap().user_words()[0]
     };
     std::thread::sleep(Duration::from_secs(2));

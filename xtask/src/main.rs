@@ -197,7 +197,6 @@ fn bundle(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether `maturin` runs here.
 fn which_maturin() -> bool {
     Command::new("maturin").arg("--version").output().is_ok_and(|o| o.status.success())
 }

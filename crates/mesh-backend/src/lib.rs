@@ -12,8 +12,6 @@
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
 
-#![warn(clippy::cast_possible_truncation)]
-
 pub mod cleanup;
 mod error;
 pub mod event;

@@ -12,8 +12,6 @@
 //! image needs (used as it is, linked, or refused). [`blink`] is the blink backend; [`slots`] what
 //! it and the MPS backend do with the mailbox alike.
 
-#![warn(clippy::cast_possible_truncation)]
-
 pub mod blink;
 pub mod context;
 pub mod device;

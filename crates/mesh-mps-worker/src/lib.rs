@@ -4,8 +4,6 @@
 //! Every message is an enum that serde encodes: a [`Command`], a [`Reply`] whose kernel state is a
 //! [`KernelState`] and whose refusal carries a [`RefusalKind`], so neither side compares strings.
 
-#![warn(clippy::cast_possible_truncation)]
-
 use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
 
@@ -17,9 +15,9 @@ pub enum Command {
     Load {
         /// A file meshd wrote (the worker reads it once).
         cubin: String,
-        /// Grid.
+        /// `mesh_main`'s grid, in blocks (x, y, z), as meshd's load request gave it.
         grid: [u32; 3],
-        /// Block.
+        /// `mesh_main`'s block, in threads (x, y, z).
         block: [u32; 3],
         /// Dynamic shared memory per block.
         shared_mem: u32,
@@ -163,7 +161,7 @@ pub enum Reply {
     Loaded(Probe),
     /// After `wait`.
     State {
-        /// The kernel's state.
+        /// Idle (returned or never launched), busy, or failed with the driver's error.
         state: KernelState,
     },
     /// After `launch`, `unload` and `exit`.

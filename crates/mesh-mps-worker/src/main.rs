@@ -5,8 +5,6 @@
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
 //! gone). Every failure is a reply with its kind and reason, never a panic.
 
-#![warn(clippy::cast_possible_truncation)]
-
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

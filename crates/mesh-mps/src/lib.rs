@@ -9,8 +9,6 @@
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
 //! register refuses.
 
-#![warn(clippy::cast_possible_truncation)]
-
 pub mod backend;
 pub mod control;
 pub mod mps_dir;

@@ -113,7 +113,7 @@ fn consume(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
     let mut got = 0;
     let mut start = None;
     while got < count {
-        let want = ((count - got) as usize).min(64);
+        let want = usize::try_from(count - got).unwrap_or(usize::MAX).min(64);
         let n = rx.recv_batch(&mut buf[..want * size], PATIENCE)?;
         start.get_or_insert_with(Instant::now);
         for msg in buf[..n * size].chunks_exact(size) {
@@ -181,7 +181,7 @@ fn ping(path: &Path, out: &str, input: &str, count: usize) -> Result<()> {
             }
         }
         if i >= warm {
-            rtt.push(start.elapsed().as_nanos() as u64);
+            rtt.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
         }
         if back != msg {
             bail!("round trip {i}: the answer differs from the message");

@@ -62,9 +62,14 @@ fn error_class(py: Python<'_>, e: &ShmError) -> (&'static str, Vec<(&'static str
         ShmError::MessageSize { channel, size, got } => {
             ("MessageSizeError", vec![("channel", s(channel)), ("size", n(*size as u64)), ("got", n(*got as u64))])
         }
-        ShmError::Timeout { channel, op, waited_ms } => {
-            ("MeshTimeoutError", vec![("channel", s(channel)), ("op", s(op)), ("waited_ms", n(*waited_ms as u64))])
-        }
+        ShmError::Timeout { channel, op, waited_ms } => (
+            "MeshTimeoutError",
+            vec![
+                ("channel", s(channel)),
+                ("op", s(op)),
+                ("waited_ms", n(u64::try_from(*waited_ms).unwrap_or(u64::MAX))),
+            ],
+        ),
         ShmError::Corrupt { channel, head, tail, capacity } => (
             "CorruptError",
             vec![("channel", s(channel)), ("head", n(*head)), ("tail", n(*tail)), ("capacity", n(*capacity))],

@@ -343,8 +343,13 @@ pub unsafe extern "C" fn mesh_shm_bound_count(count: *mut u32) -> MeshStatus {
         }
         match bound_names() {
             Ok(names) => {
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "one environment variable names far fewer than 2^32 channels"
+                )]
+                let n = names.len() as u32;
                 // SAFETY: writable by the caller's contract.
-                unsafe { count.write(names.len() as u32) };
+                unsafe { count.write(n) };
                 MESH_OK
             }
             Err(code) => code,
@@ -435,8 +440,9 @@ pub unsafe extern "C" fn mesh_shm_ctx(
         if list.len() > MESH_SHM_MAX_BINDINGS {
             return fail(MESH_ERR_ARG, format!("{} channels: a mesh_ctx holds {MESH_SHM_MAX_BINDINGS}", list.len()));
         }
-        let mut ctx =
-            MeshShmCtx { base: device_base, slot: u32::MAX, binding_count: list.len() as u32, ..Default::default() };
+        #[allow(clippy::cast_possible_truncation, reason = "at most MESH_SHM_MAX_BINDINGS (checked above)")]
+        let binding_count = list.len() as u32;
+        let mut ctx = MeshShmCtx { base: device_base, slot: u32::MAX, binding_count, ..Default::default() };
         for (b, name) in ctx.bindings.iter_mut().zip(&list) {
             // SAFETY: a live mailbox by the caller's contract.
             match unsafe { &*mb }.mailbox.channel(name) {

@@ -23,8 +23,8 @@ fn mailbox(dir: &std::path::Path) -> Mailbox {
     )
     .unwrap();
     for size in SIZES {
-        mb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
-        mb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        mb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        mb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
     }
     mb
 }
@@ -172,8 +172,8 @@ fn bench(c: &mut Criterion) {
             CreateMode::Exclusive,
         )
         .unwrap();
-        pmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
-        pmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        pmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        pmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
         let mut child = spawn_child(&dir.path().join(&pair), size, "sink");
         let mut tx = Producer::claim(&pmb, &format!("data{size}")).unwrap();
         let mut rx = Consumer::claim(&pmb, &format!("back{size}")).unwrap();
@@ -201,8 +201,8 @@ fn bench(c: &mut Criterion) {
             CreateMode::Exclusive,
         )
         .unwrap();
-        lmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
-        lmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        lmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        lmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
         let mut child = spawn_child(&dir.path().join(&name), size, "echo");
         {
             let mut tx = Producer::claim(&lmb, &format!("data{size}")).unwrap();
@@ -223,8 +223,8 @@ fn bench(c: &mut Criterion) {
             CreateMode::Exclusive,
         )
         .unwrap();
-        tmb.create_channel(&format!("data{size}"), size as u32, CAPACITY).unwrap();
-        tmb.create_channel(&format!("back{size}"), size as u32, CAPACITY).unwrap();
+        tmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        tmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
         let emb = tmb.clone();
         let echo = std::thread::spawn(move || far_side(&emb, size, "echo"));
         let mut tx = Producer::claim(&tmb, &format!("data{size}")).unwrap();

@@ -149,11 +149,15 @@ impl Producer {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: msgs.len() % size });
         }
         let count = (msgs.len() / size) as u64;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "message indices and counts are at most msgs.len() / size, a usize"
+        )]
         let sent = self
             .core
             .push_with(count, |i| &msgs[i as usize * size..(i as usize + 1) * size])
-            .map_err(|c| corrupt(&self.info, c))?;
-        Ok(sent as usize)
+            .map_err(|c| corrupt(&self.info, c))? as usize;
+        Ok(sent)
     }
 
     /// Sends every message of `msgs`, waiting for room until `timeout` passes.
@@ -235,7 +239,9 @@ impl Consumer {
         if out.len() % size != 0 {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: out.len() % size });
         }
-        Ok(self.core.pop_into(out) as usize)
+        #[allow(clippy::cast_possible_truncation, reason = "at most out.len() / size messages, a usize")]
+        let got = self.core.pop_into(out) as usize;
+        Ok(got)
     }
 
     /// Receives at least one message into `out`, waiting until `timeout` passes; returns how many.

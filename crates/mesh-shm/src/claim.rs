@@ -19,6 +19,10 @@ pub struct Holder {
 
 impl Holder {
     /// Decodes a claim word; `None` for a free end.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "the word packs the pid in its low half, the start time in its high half"
+    )]
     pub fn from_word(word: u64) -> Option<Self> {
         (word != 0).then_some(Self { pid: word as u32, start: (word >> 32) as u32 })
     }
@@ -57,7 +61,9 @@ fn start_time(pid: u32) -> Option<u32> {
     // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     let field22 = rest.split_ascii_whitespace().nth(19)?;
-    Some(field22.parse::<u64>().ok()? as u32)
+    #[allow(clippy::cast_possible_truncation, reason = "the claim word keeps the low 32 bits, on purpose")]
+    let low = field22.parse::<u64>().ok()? as u32;
+    Some(low)
 }
 
 /// Outcome of a claim attempt that did not succeed.

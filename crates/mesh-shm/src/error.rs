@@ -26,24 +26,24 @@ pub enum ShmError {
     /// A system call on the file failed.
     #[error("mailbox {path}: {op}: {source}")]
     Io {
-        /// The file.
+        /// The mailbox file's path.
         path: PathBuf,
-        /// What was being done.
+        /// The step that failed: "open", "map", "set size", …
         op: &'static str,
-        /// The system's error.
+        /// The OS error (errno), as `std::io` reports it.
         #[source]
         source: std::io::Error,
     },
     /// `create` found a file there and was not asked to replace it.
     #[error("mailbox {path}: already exists (CreateMode::Replace overwrites it)")]
     Exists {
-        /// The file.
+        /// The path `create` would have taken.
         path: PathBuf,
     },
     /// `open` found a header field or table that does not describe a valid mailbox.
     #[error("mailbox {path}: invalid {field}: {reason}")]
     Invalid {
-        /// The file.
+        /// The mailbox file's path.
         path: PathBuf,
         /// The field or table at fault.
         field: &'static str,
@@ -62,9 +62,9 @@ pub enum ShmError {
     /// A channel's parameters are out of range.
     #[error("channel {name:?}: {reason}")]
     ChannelConfig {
-        /// The channel.
+        /// The name the channel was to be created with.
         name: String,
-        /// Why.
+        /// Which parameter, its value and the allowed range.
         reason: String,
     },
     /// The channel table or the ring arena has no room left.
@@ -78,43 +78,43 @@ pub enum ShmError {
     /// A live process already holds that end.
     #[error("channel {channel:?}: {end} end already claimed by pid {pid}")]
     Claimed {
-        /// The channel.
+        /// The channel's name.
         channel: String,
-        /// The end.
+        /// The end asked for: producer or consumer.
         end: End,
-        /// The holder.
+        /// The live process that holds it, from the end's claim word.
         pid: u32,
     },
     /// A message of the wrong size.
     #[error("channel {channel:?}: message of {got} bytes, the channel carries {size}-byte messages")]
     MessageSize {
-        /// The channel.
+        /// The channel's name.
         channel: String,
-        /// The channel's message size.
+        /// The channel's message size, in bytes.
         size: usize,
-        /// What was given.
+        /// The bytes given (for a batch, the remainder past whole messages).
         got: usize,
     },
     /// A send or receive with a deadline ran out of time.
     #[error("channel {channel:?}: {op} timed out after {waited_ms} ms")]
     Timeout {
-        /// The channel.
+        /// The channel's name.
         channel: String,
         /// `send` or `recv`.
         op: &'static str,
-        /// How long it waited.
+        /// Milliseconds waited before giving up (the caller's timeout, in whole milliseconds).
         waited_ms: u128,
     },
     /// The ring's shared indices are impossible (a buggy writer or a corrupted file).
     #[error("channel {channel:?}: ring indices corrupt: head {head}, tail {tail}, capacity {capacity}")]
     Corrupt {
-        /// The channel.
+        /// The channel's name.
         channel: String,
-        /// Producer index read.
+        /// The producer's index as read (messages ever sent).
         head: u64,
-        /// Consumer index read.
+        /// The consumer's index as read (messages ever received).
         tail: u64,
-        /// Ring capacity.
+        /// Messages the ring holds: indices further apart than this, or a tail past the head, are impossible.
         capacity: u64,
     },
     /// A host process asked for an end of a channel whose ring is in GPU memory.
@@ -123,7 +123,7 @@ pub enum ShmError {
          use its ends; a host process needs a channel created with --placement host"
     )]
     DevicePlacement {
-        /// The channel.
+        /// The channel's name.
         channel: String,
     },
     /// A kernel's context was asked for with a device channel whose ring this context has no address for.
@@ -132,25 +132,25 @@ pub enum ShmError {
          (device channels work in blink mode; MPS mode does not share them yet)"
     )]
     NoDeviceRing {
-        /// The channel.
+        /// The channel's name.
         channel: String,
     },
     /// A slot index past the table.
     #[error("program slot {index}: no such slot (the mailbox has {count})")]
     NoSuchSlot {
-        /// The index asked for.
+        /// The slot index asked for.
         index: u32,
-        /// Slots in the file.
+        /// Slots in the mailbox's table (valid indices are below it).
         count: u32,
     },
     /// Too many bindings for one program.
     #[error("program slot {index}: {count} channel bindings, at most {max}")]
     TooManyBindings {
-        /// The slot.
+        /// The program slot being bound.
         index: u32,
-        /// Bindings asked for.
+        /// Channel bindings asked for.
         count: usize,
-        /// The limit.
+        /// `MAX_BINDINGS`, what a slot and a `mesh_ctx` hold.
         max: usize,
     },
 }

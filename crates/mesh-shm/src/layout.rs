@@ -245,15 +245,15 @@ pub struct MeshCtx {
 }
 
 // Compile-time checks: each writer's words on a line of their own, and the sizes the device header states.
-const _: () = assert!(size_of::<Header>() <= HEADER_SIZE as usize);
-const _: () = assert!(size_of::<SlotControl>() == LINE as usize);
-const _: () = assert!(size_of::<SlotStatus>() == LINE as usize);
-const _: () = assert!(size_of::<SlotUser>() == LINE as usize);
-const _: () = assert!(size_of::<Slot>() == 3 * LINE as usize);
-const _: () = assert!(offset_of!(Slot, status) == LINE as usize);
-const _: () = assert!(size_of::<ChannelDesc>() == LINE as usize);
-const _: () = assert!(size_of::<RingHeader>() == 3 * LINE as usize);
-const _: () = assert!(offset_of!(RingHeader, consumer) == LINE as usize);
+const _: () = assert!(size_of::<Header>() as u64 <= HEADER_SIZE);
+const _: () = assert!(size_of::<SlotControl>() as u64 == LINE);
+const _: () = assert!(size_of::<SlotStatus>() as u64 == LINE);
+const _: () = assert!(size_of::<SlotUser>() as u64 == LINE);
+const _: () = assert!(size_of::<Slot>() as u64 == 3 * LINE);
+const _: () = assert!(offset_of!(Slot, status) as u64 == LINE);
+const _: () = assert!(size_of::<ChannelDesc>() as u64 == LINE);
+const _: () = assert!(size_of::<RingHeader>() as u64 == 3 * LINE);
+const _: () = assert!(offset_of!(RingHeader, consumer) as u64 == LINE);
 const _: () = assert!(size_of::<MeshBinding>() == 32);
 const _: () = assert!(size_of::<MeshCtx>() == 24 + 32 * MAX_BINDINGS + 16);
 

@@ -305,13 +305,13 @@ impl Mailbox {
                 header.write(Header {
                     magic: MAGIC,
                     version: LAYOUT_VERSION,
-                    header_size: HEADER_SIZE as u32,
+                    header_size: HEADER_SIZE_U32,
                     file_size: g.file_size,
                     slot_count: g.slot_count,
-                    slot_size: size_of::<Slot>() as u32,
+                    slot_size: u32_of(size_of::<Slot>()),
                     slots_offset: g.slots_offset,
                     channel_count: g.channel_count,
-                    channel_desc_size: size_of::<ChannelDesc>() as u32,
+                    channel_desc_size: u32_of(size_of::<ChannelDesc>()),
                     channels_offset: g.channels_offset,
                     arena_offset: g.arena_offset,
                     arena_size: g.arena_size,
@@ -380,7 +380,7 @@ impl Mailbox {
 
     /// The mapping's host address and length (what a CUDA context registers).
     pub fn as_raw_parts(&self) -> (*mut u8, usize) {
-        (self.inner.map.as_mut_ptr(), self.inner.geometry.file_size as usize)
+        (self.inner.map.as_mut_ptr(), in_map(self.inner.geometry.file_size))
     }
 
     fn base(&self) -> *mut u8 {
@@ -398,7 +398,7 @@ impl Mailbox {
         let off = self.inner.geometry.channels_offset + u64::from(index) * size_of::<ChannelDesc>() as u64;
         // SAFETY: the validated table lies inside the mapping; fields other than `state` are written
         // only before `state` is published with Release, and read after an Acquire load of it.
-        unsafe { &*self.base().add(off as usize).cast::<ChannelDesc>() }
+        unsafe { &*self.base().add(in_map(off)).cast::<ChannelDesc>() }
     }
 
     /// A descriptor's fields if it is live and describes a ring inside the arena.
@@ -515,7 +515,7 @@ impl Mailbox {
         };
         // SAFETY: the range lies in the arena (checked above) and belongs to no ring yet; the table lock
         // keeps any other creator out. Zeroed so that a reused file starts with empty indices and claims.
-        unsafe { std::ptr::write_bytes(self.base().add(ring_offset as usize), 0, size_of::<RingHeader>()) };
+        unsafe { std::ptr::write_bytes(self.base().add(in_map(ring_offset)), 0, size_of::<RingHeader>()) };
         let d = self.desc(index);
         let d_ptr = std::ptr::from_ref(d).cast_mut();
         // SAFETY: the descriptor is free (state 0), so no reader looks at these fields until the
@@ -587,7 +587,7 @@ impl Mailbox {
     pub(crate) fn ring_header(&self, ring_offset: u64) -> &RingHeader {
         // SAFETY: callers pass the offset of a live descriptor, checked by `live_desc` to lie in the arena.
         // The ring header holds only atomics.
-        unsafe { &*self.base().add(ring_offset as usize).cast::<RingHeader>() }
+        unsafe { &*self.base().add(in_map(ring_offset)).cast::<RingHeader>() }
     }
 
     /// The ring of a host channel; a device channel's slots are not in this process's reach.
@@ -598,7 +598,7 @@ impl Mailbox {
         let header = NonNull::from(self.ring_header(info.ring_offset));
         // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
         // inside the arena.
-        let slots = unsafe { NonNull::new_unchecked(self.base().add(info.slots_offset as usize)) };
+        let slots = unsafe { NonNull::new_unchecked(self.base().add(in_map(info.slots_offset))) };
         // SAFETY: `info` came from a validated descriptor: the header and its slots lie in the
         // arena of this mapping, which the caller keeps alive (ends hold the `Arc`).
         Ok(unsafe { RingMemory::new(header, slots.cast(), info.msg_size as usize, u64::from(info.capacity)) })
@@ -667,7 +667,7 @@ impl Mailbox {
         let slot = self.slot(index)?;
         let mut ctx = MeshCtx { base, slot_offset: slot.offset(), slot: index, ..MeshCtx::default() };
         let bindings = slot.bindings();
-        ctx.binding_count = bindings.len() as u32;
+        ctx.binding_count = u32_of(bindings.len());
         for (b, &channel) in ctx.bindings.iter_mut().zip(&bindings) {
             if channel >= self.inner.geometry.channel_count {
                 return Err(ShmError::NoSuchChannel(format!("#{channel}")));
@@ -693,6 +693,28 @@ impl Mailbox {
 }
 
 /// Checks a channel's message size and capacity.
+/// `HEADER_SIZE` as the header's 32-bit field stores it.
+#[allow(clippy::cast_possible_truncation, reason = "4096")]
+const HEADER_SIZE_U32: u32 = HEADER_SIZE as u32;
+
+/// An offset or length inside the mapping, as a `usize`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "offsets and file_size are validated against the mapping, whose length is a usize"
+)]
+const fn in_map(off: u64) -> usize {
+    off as usize
+}
+
+/// A slot or descriptor size, or a binding count, as the layout's 32-bit fields store it.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "layout sizes are at most 4096 and binding counts at most MAX_BINDINGS"
+)]
+const fn u32_of(n: usize) -> u32 {
+    n as u32
+}
+
 fn check_channel_params(msg_size: u32, capacity: u32) -> std::result::Result<(), String> {
     if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE {
         return Err(format!("message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE}"));
@@ -767,7 +789,7 @@ impl SlotRef<'_> {
 
     fn ptr(&self) -> *mut Slot {
         // SAFETY: `index` was checked against the validated slot table, which lies in the mapping.
-        unsafe { self.mailbox.base().add(self.offset() as usize).cast::<Slot>() }
+        unsafe { self.mailbox.base().add(in_map(self.offset())).cast::<Slot>() }
     }
 
     /// One 32-bit word of this slot as an atomic.
@@ -843,7 +865,7 @@ impl SlotRef<'_> {
                 let v = bindings.get(i).copied().unwrap_or(NO_CHANNEL);
                 self.word32((&raw mut (*p).control.bindings).cast::<u32>().add(i)).store(v, Ordering::Relaxed);
             }
-            self.word32(&raw mut (*p).control.binding_count).store(bindings.len() as u32, Ordering::Relaxed);
+            self.word32(&raw mut (*p).control.binding_count).store(u32_of(bindings.len()), Ordering::Relaxed);
             self.word32(&raw mut (*p).control.in_use).store(1, Ordering::Release);
         }
         Ok(())

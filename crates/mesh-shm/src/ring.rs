@@ -31,6 +31,7 @@ use crate::layout::RingHeader;
 /// Payload bytes one 8-byte word carries (the rest is its tag).
 pub const WORD_PAYLOAD: usize = 4;
 /// Bytes of ring memory per byte of payload.
+#[allow(clippy::cast_possible_truncation, reason = "2")]
 pub const WIRE_FACTOR: usize = crate::layout::RING_WIRE_FACTOR as usize;
 const _: () = assert!(WIRE_FACTOR * WORD_PAYLOAD == 8);
 
@@ -38,8 +39,16 @@ const _: () = assert!(WIRE_FACTOR * WORD_PAYLOAD == 8);
 /// that it is never 0 (untouched memory) and differs from a word left from the previous lap,
 /// `tag(seq - capacity)`, for every capacity below 2^31.
 #[inline]
+#[allow(clippy::cast_possible_truncation, reason = "the tag keeps only the low 31 bits of seq, on purpose")]
 pub const fn tag(seq: u64) -> u32 {
     (seq as u32) | 0x8000_0000
+}
+
+/// The payload of a word: its low half (the high half is the tag).
+#[inline]
+#[allow(clippy::cast_possible_truncation, reason = "keeps the low half, on purpose")]
+const fn payload(word: u64) -> u32 {
+    word as u32
 }
 
 /// One word of message `seq` carrying `payload`.
@@ -120,6 +129,10 @@ impl RingMemory {
     #[inline]
     fn words(&self, seq: u64) -> &[AtomicU64] {
         let n = self.words_per_message();
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "masked to capacity - 1, and the capacity's words are in memory"
+        )]
         let offset = (seq & (self.capacity - 1)) as usize * n;
         // SAFETY: the slots are 16-aligned (see `new`), every slot a multiple of 16 bytes, and
         // `offset + n` words lie inside the `capacity * n` words `new` promised. AtomicU64 has the
@@ -285,10 +298,10 @@ impl ConsumerCore {
             if (v >> 32) as u32 != t {
                 return false;
             }
-            o.copy_from_slice(&(v as u32).to_le_bytes());
+            o.copy_from_slice(&payload(v).to_le_bytes());
         }
-        out[..WORD_PAYLOAD].copy_from_slice(&(first as u32).to_le_bytes());
-        out[(n - 1) * WORD_PAYLOAD..].copy_from_slice(&(last as u32).to_le_bytes());
+        out[..WORD_PAYLOAD].copy_from_slice(&payload(first).to_le_bytes());
+        out[(n - 1) * WORD_PAYLOAD..].copy_from_slice(&payload(last).to_le_bytes());
         true
     }
 
@@ -319,6 +332,7 @@ impl ConsumerCore {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation, reason = "test capacities, indices and sequence numbers are small")]
 mod tests {
     use super::*;
     use std::alloc::{Layout, alloc_zeroed, dealloc};

@@ -54,7 +54,7 @@ fn each_header_field_is_named_when_wrong() {
     for (off, value, field) in cases {
         let mut bad = good.clone();
         if field == "layout version" {
-            bad[off..off + 4].copy_from_slice(&(value as u32).to_le_bytes());
+            bad[off..off + 4].copy_from_slice(&u32::try_from(value).unwrap().to_le_bytes());
         } else {
             put_u64(&mut bad, off, value);
         }
@@ -70,7 +70,7 @@ fn each_header_field_is_named_when_wrong() {
 fn a_ring_outside_the_arena_is_refused() {
     let (dir, good) = pristine();
     let mb = open_bytes(&dir, &good).unwrap();
-    let desc0 = mb.geometry().channels_offset as usize;
+    let desc0 = usize::try_from(mb.geometry().channels_offset).unwrap();
     let ring0 = mb.channel("one").unwrap().ring_offset;
     let ring1 = mb.channel("two").unwrap().ring_offset;
     // open_bytes rewrites the file this mapping shows: read everything needed first.

@@ -219,10 +219,11 @@ fn a_renewed_device_ring_reports_what_its_indices_still_counted() {
     assert_eq!(mb.renew_device_ring(&d).unwrap(), 0, "a new ring lost nothing");
     // A GPU producer published head 12, its consumer tail 5: 7 messages were in the slots.
     let (base, _) = mb.as_raw_parts();
+    let ring = usize::try_from(d.ring_offset).unwrap();
     // SAFETY: the ring's header lies inside the mapping; head and tail are 8-aligned words.
     unsafe {
-        (base.add(d.ring_offset as usize) as *mut u64).write_volatile(12);
-        (base.add(d.ring_offset as usize + 128) as *mut u64).write_volatile(5);
+        (base.add(ring) as *mut u64).write_volatile(12);
+        (base.add(ring + 128) as *mut u64).write_volatile(5);
     }
     assert_eq!(mb.renew_device_ring(&d).unwrap(), 7);
     let now = mb.channel("dev").unwrap();

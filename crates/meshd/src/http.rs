@@ -177,7 +177,6 @@ impl Drop for Slot {
     }
 }
 
-/// What was asked.
 #[derive(Debug, PartialEq, Eq)]
 struct Asked {
     head: bool,

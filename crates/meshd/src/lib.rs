@@ -3,8 +3,6 @@
 //! The `meshd` binary wires these to the CUDA backends; the tests wire them to stand-ins, so that
 //! everything but the GPU is tested on any machine.
 
-#![warn(clippy::cast_possible_truncation)]
-
 pub mod health;
 pub mod http;
 pub mod metrics;

@@ -3,8 +3,6 @@
 //! Exit codes a script can rely on: 0 done; 1 refused (meshd's reason on stderr); 2 bad usage;
 //! 3 meshd not reachable; 4 a send or receive timed out.
 
-#![warn(clippy::cast_possible_truncation)]
-
 mod cli;
 mod client;
 mod daemon;

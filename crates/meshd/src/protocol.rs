@@ -21,13 +21,13 @@ pub const MAX_LINE: usize = 64 << 10;
 pub enum Request {
     /// Load a program; `image_len` raw bytes follow the line.
     Load {
-        /// Program name.
+        /// Unique among loaded programs; `upgrade`, `unload` and `ps` name it by this.
         name: String,
-        /// Bytes of image after the line.
+        /// Raw image bytes that follow the line (at most [`MAX_IMAGE`]).
         image_len: usize,
-        /// Grid dimensions.
+        /// `mesh_main`'s grid, in blocks (x, y, z).
         grid: [u32; 3],
-        /// Block dimensions.
+        /// `mesh_main`'s block, in threads (x, y, z).
         block: [u32; 3],
         /// Dynamic shared memory per block.
         shared_mem: u32,
@@ -41,25 +41,25 @@ pub enum Request {
     },
     /// Replace a program's image; `image_len` raw bytes follow.
     Upgrade {
-        /// Program name.
+        /// A loaded program's name.
         name: String,
-        /// Bytes of image after the line.
+        /// Raw image bytes that follow the line (at most [`MAX_IMAGE`]).
         image_len: usize,
     },
     /// Stop a program and free its slot.
     Unload {
-        /// Program name.
+        /// A loaded program's name.
         name: String,
     },
     /// Every program's status.
     Ps,
-    /// Create a channel.
+    /// Create a channel in the mailbox's channel table; refused if the name exists.
     ChannelCreate {
-        /// Channel name.
+        /// Unique in the mailbox; programs bind the channel by this name.
         name: String,
-        /// Bytes per message.
+        /// Bytes per message, fixed for the channel's life.
         msg_size: u32,
-        /// Messages the ring holds.
+        /// Messages the ring holds before a producer must wait.
         capacity: u32,
         /// Where its slots live: `host` (the mailbox; absent means host) or `device` (GPU memory).
         #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -67,7 +67,7 @@ pub enum Request {
     },
     /// The daemon's mode, mailbox path and channels.
     Info,
-    /// Stop every program and exit.
+    /// Stop every program and native worker, then exit (what SIGTERM does too).
     Shutdown,
     /// Start a native GPU worker (a process of its own, meshd's child); answered once it is ready or refused.
     Spawn {
@@ -75,14 +75,14 @@ pub enum Request {
         name: String,
         /// Channels it is told about (`MESH_CHANNELS`), in order.
         bind: Vec<String>,
-        /// The program and its arguments.
+        /// The program and its arguments, run without a shell.
         command: Vec<String>,
         /// Milliseconds it may take to report ready.
         ready_timeout_ms: u64,
     },
     /// End a native GPU worker: SIGTERM, then SIGKILL after the grace period.
     Stop {
-        /// Its name.
+        /// The name it was spawned with.
         name: String,
     },
     /// The Prometheus exposition (`GET /metrics`'s text), from the snapshot.
@@ -92,25 +92,25 @@ pub enum Request {
 /// A program's row in `ps`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ProgramRow {
-    /// Name.
+    /// As given at load.
     pub name: String,
-    /// Mailbox slot.
+    /// Index of its slot in the mailbox's slot table (what `mesh_ctx` points the kernel at).
     pub slot: u32,
     /// running, stopped, exited(N), faulted: …
     pub state: String,
-    /// Launches so far.
+    /// Launches so far, bumped by every relaunch (blink, upgrade, recovery).
     pub generation: u32,
-    /// Kernel heartbeat.
+    /// The counter the kernel advances on every iteration of its loop; a still value means a stall.
     pub heartbeat: u64,
     /// Worker process (MPS mode).
     pub worker_pid: Option<u32>,
     /// SMs held (None: whole GPU).
     pub sms: Option<u32>,
-    /// Image format.
+    /// The image format it was loaded from: `ptx`, `cubin`, `fatbin` or `ltoir`.
     pub kind: String,
-    /// Grid.
+    /// Its launch grid, in blocks (x, y, z).
     pub grid: [u32; 3],
-    /// Block.
+    /// Its launch block, in threads (x, y, z).
     pub block: [u32; 3],
     /// Relaunches by the watchdog after faults.
     #[serde(default)]
@@ -150,11 +150,11 @@ impl From<&ProgramStatus> for ProgramRow {
 /// A channel's row in `info`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChannelRow {
-    /// Name.
+    /// As created.
     pub name: String,
     /// Bytes per message.
     pub msg_size: u32,
-    /// Capacity.
+    /// Messages the ring holds.
     pub capacity: u32,
     /// Where its slots live: `host` or `device`.
     #[serde(default)]
@@ -162,24 +162,24 @@ pub struct ChannelRow {
     /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.
     #[serde(default)]
     pub lost: u64,
-    /// Messages sent.
+    /// Messages ever sent, as the producer last published it (a GPU producer publishes in batches).
     pub head: u64,
-    /// Messages received.
+    /// Messages ever received, as the consumer last published it; `head - tail` are in flight.
     pub tail: u64,
 }
 
 /// The daemon's description of itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Info {
-    /// blink or mps.
+    /// The isolation mode: `blink` (one context, programs paused for a change) or `mps`.
     pub mode: String,
-    /// The mailbox file.
+    /// The mailbox file's path, which clients map to reach the channels.
     pub mailbox: String,
-    /// The GPU.
+    /// The GPU's name as the driver reports it.
     pub device: String,
-    /// Host-native atomics.
+    /// Whether the GPU does atomics on mapped host memory natively (`HOST_NATIVE_ATOMIC_SUPPORTED`).
     pub host_atomics: bool,
-    /// Every channel.
+    /// Every channel of the mailbox, in table order.
     pub channels: Vec<ChannelRow>,
     /// The GPU's identity and, in MPS mode, the worker pool.
     #[serde(flatten)]
@@ -206,28 +206,28 @@ pub struct InfoExtra {
 pub struct PoolRow {
     /// `--pool`: workers made at start.
     pub size: u32,
-    /// Idle workers now.
+    /// Workers waiting for a program, when `info` was answered.
     pub idle: u32,
-    /// Workers running a program.
+    /// Workers running a program, when `info` was answered.
     pub in_use: u32,
     /// MPS clients the device takes (48 on Volta and later, 60 from CUDA 13.1).
     pub client_limit: u32,
-    /// Where that figure comes from.
+    /// Where that figure comes from (the driver's version, or "unknown" and the older limit assumed).
     pub client_limit_source: String,
     /// `--pool-grow`: a load past the pool creates a client (stalling the running programs) instead of being refused.
     pub grow: bool,
     /// MPS clients created while programs ran, since start: each stalled every running program once.
     pub stalls: u64,
-    /// The last few of those.
+    /// The most recent of those stalls, oldest first.
     pub recent: Vec<GrowthRow>,
 }
 
 /// One client creation that stalled running programs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct GrowthRow {
-    /// Its number since start.
+    /// Counts from 1 since meshd started; a gap means older rows were dropped from `recent`.
     pub seq: u64,
-    /// The program it was made for.
+    /// The program whose load or upgrade needed the client (the one unloaded, for a refill).
     pub program: String,
     /// load, upgrade or refill (the pool grown back after an unload or upgrade discarded a worker).
     pub op: String,
@@ -265,9 +265,9 @@ impl From<&PoolSnapshot> for PoolRow {
 /// The daemon's answer.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Response {
-    /// Whether the request succeeded.
+    /// Whether the request succeeded; when false, `error` says why and the other fields are absent.
     pub ok: bool,
-    /// Why not.
+    /// What was refused and why; absent on success.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Programs (load, upgrade, ps).
@@ -289,12 +289,12 @@ pub struct Response {
 }
 
 impl Response {
-    /// A refusal.
+    /// A refusal carrying `e`'s message.
     pub fn error(e: impl std::fmt::Display) -> Self {
         Self { ok: false, error: Some(e.to_string()), ..Self::default() }
     }
 
-    /// A success without data.
+    /// A success with no rows (unload, shutdown, channel create).
     pub fn ok() -> Self {
         Self { ok: true, ..Self::default() }
     }
@@ -312,27 +312,27 @@ pub enum RequestError {
     /// The request line exceeds [`MAX_LINE`] (the rest is not read).
     #[error("request line longer than {max} bytes; connection closed")]
     LineTooLong {
-        /// The limit.
+        /// [`MAX_LINE`], in bytes.
         max: usize,
     },
-    /// The line is not a request.
+    /// The line is not a request: not JSON, an unknown `op`, or a field missing; the text is serde's.
     #[error("malformed request: {0}")]
     Malformed(String),
     /// The announced image exceeds [`MAX_IMAGE`].
     #[error("image of {len} bytes, at most {MAX_IMAGE}")]
     ImageTooLarge {
-        /// Bytes announced.
+        /// The `image_len` the request announced.
         len: usize,
     },
     /// Fewer image bytes arrived than announced.
     #[error("reading the {len}-byte image: the client closed the connection after {got} bytes")]
     ImageTruncated {
-        /// Bytes announced.
+        /// The `image_len` the request announced.
         len: usize,
-        /// Bytes received.
+        /// Bytes that arrived before the client closed.
         got: usize,
     },
-    /// The socket failed.
+    /// Reading the socket failed for another reason than the client's.
     #[error("reading the request: {0}")]
     Io(std::io::Error),
 }

@@ -26,7 +26,7 @@ pub enum StartError {
          or give this one another --shm"
     )]
     Held {
-        /// The mailbox.
+        /// The mailbox file's path (`--shm`).
         path: PathBuf,
         /// Its lock file.
         lock: PathBuf,
@@ -39,9 +39,9 @@ pub enum StartError {
          messages are lost), or give another --shm"
     )]
     OtherVersion {
-        /// The mailbox.
+        /// The mailbox file's path (`--shm`).
         path: PathBuf,
-        /// The versions.
+        /// The file's layout version against the one this meshd writes.
         reason: String,
     },
     /// The file is no valid mailbox.

@@ -17,6 +17,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use mesh_backend::watch::{Cause, fault_text};
 use mesh_backend::{LaunchShape, ProgramSpec};
 
 use crate::replace::Search;
@@ -130,6 +131,27 @@ pub struct Carried {
     /// Left stopped: not relaunched until an upgrade or a new load of its name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<HeldMark>,
+    /// The last fault's driver error while its culprit is searched for, so that the fault's text can
+    /// name the culprit once found ([`Carried::culprit_found`]); absent otherwise, and in a
+    /// `state.json` written before this field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub searching: Option<String>,
+}
+
+impl Carried {
+    /// Records `error`, caused by `cause`, as the last fault, noticed at `unix_ms`.
+    pub fn set_fault(&mut self, error: &str, cause: &Cause, unix_ms: u64) {
+        self.last_fault = Some(fault_text(error, cause));
+        self.last_fault_unix_ms = Some(unix_ms);
+        self.searching = matches!(cause, Cause::Searching).then(|| error.to_string());
+    }
+
+    /// A search named `culprit`: a fault still waiting for its culprit now names it (its time stays).
+    pub fn culprit_found(&mut self, culprit: &str) {
+        if let Some(error) = self.searching.take() {
+            self.last_fault = Some(fault_text(&error, &Cause::Other(culprit.to_string())));
+        }
+    }
 }
 
 /// Why a program is left stopped across replacements.
@@ -528,6 +550,7 @@ mod tests {
                     last_fault: Some("GPU fault: x (caused by this program: y)".into()),
                     last_fault_unix_ms: Some(7),
                     held: Some(HeldMark { why: "caused a GPU fault: left stopped".into(), culprit: true }),
+                    searching: None,
                 },
             );
             st.carried.insert("b".into(), Carried { restarts: 3, ..Carried::default() });
@@ -553,6 +576,39 @@ mod tests {
         // A record without any of this (an older meshd's) still reads.
         std::fs::write(at.join("state.json"), b"{\"version\": 1, \"channels\": [], \"programs\": []}").unwrap();
         assert!(StateStore::open(&at).unwrap().recorded().recovery.search.is_none());
+    }
+
+    #[test]
+    fn a_fault_waiting_for_its_culprit_names_it_once_found_even_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("state");
+        let mut s = StateStore::open(&at).unwrap();
+        s.update(|st| {
+            let waiting = st.carried.entry("bystander".into()).or_default();
+            waiting.set_fault("CUDA_ERROR_ILLEGAL_ADDRESS", &Cause::Searching, 7);
+            let named = st.carried.entry("other".into()).or_default();
+            named.set_fault("CUDA_ERROR_ILLEGAL_ADDRESS", &Cause::NoneNamed, 7);
+        })
+        .unwrap();
+        // The search ends in a later process: the mark comes back from state.json.
+        let mut back = StateStore::open(&at).unwrap();
+        assert_eq!(back.recorded().carried["bystander"].searching.as_deref(), Some("CUDA_ERROR_ILLEGAL_ADDRESS"));
+        back.update(|st| st.carried.values_mut().for_each(|c| c.culprit_found("bad"))).unwrap();
+        let reopened = StateStore::open(&at).unwrap();
+        let carried = &reopened.recorded().carried;
+        let bystander = &carried["bystander"];
+        assert_eq!(bystander.last_fault.as_deref(), Some("GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (caused by bad)"));
+        assert_eq!((bystander.last_fault_unix_ms, bystander.searching.as_deref()), (Some(7), None));
+        assert_eq!(
+            carried["other"].last_fault.as_deref(),
+            Some("GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS (no culprit named)"),
+            "a fault not waiting for a culprit is left alone"
+        );
+        // A record from before the field still reads, as not searching.
+        let old = br#"{"version": 1, "channels": [], "programs": [], "carried": {"a": {"restarts": 1, "last_fault": "GPU fault: x (no culprit named)"}}}"#;
+        std::fs::write(at.join("state.json"), old).unwrap();
+        let a = StateStore::open(&at).unwrap().recorded().carried["a"].clone();
+        assert_eq!((a.restarts, a.searching), (1, None));
     }
 
     #[test]

@@ -123,7 +123,7 @@ fn heartbeats_in_ps_are_read_fresh_from_the_slots() {
     let slot = d.mailbox.slot(0).unwrap();
     assert!(slot.in_use());
     let words = d.mailbox.as_raw_parts().0;
-    let heartbeat_at = slot.offset() as usize
+    let heartbeat_at = usize::try_from(slot.offset()).unwrap()
         + core::mem::offset_of!(mesh_shm::layout::Slot, status)
         + core::mem::offset_of!(mesh_shm::layout::SlotStatus, heartbeat);
     // SAFETY: the heartbeat word of slot 0 lies inside the mapping and is 8-aligned; nothing else writes it here.

@@ -111,7 +111,7 @@ impl Running {
     fn beat(&self, slot: u32, value: u64) {
         let s = self.mailbox.slot(slot).unwrap();
         let words = self.mailbox.as_raw_parts().0;
-        let at = s.offset() as usize
+        let at = usize::try_from(s.offset()).unwrap()
             + core::mem::offset_of!(mesh_shm::layout::Slot, status)
             + core::mem::offset_of!(mesh_shm::layout::SlotStatus, heartbeat);
         // SAFETY: the heartbeat word of this slot lies inside the mapping and is 8-aligned; only the
@@ -399,7 +399,7 @@ fn readyz_follows_heartbeats_and_leaves_out_the_opted_out() {
             while beating.load(Ordering::Acquire) {
                 n += 1;
                 let s = mailbox.slot(0).unwrap();
-                let at = s.offset() as usize
+                let at = usize::try_from(s.offset()).unwrap()
                     + core::mem::offset_of!(mesh_shm::layout::Slot, status)
                     + core::mem::offset_of!(mesh_shm::layout::SlotStatus, heartbeat);
                 // SAFETY: slot 0's heartbeat word, inside the mapping and 8-aligned; only this thread writes it.

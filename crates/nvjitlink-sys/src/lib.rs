@@ -14,8 +14,6 @@
 //! of its major. We ask the library its version and resolve `_{major}_{minor}` down to `_{major}_0`,
 //! then the plain name.
 
-#![warn(clippy::cast_possible_truncation)]
-
 use std::ffi::{CStr, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -104,7 +104,9 @@ pub fn mesh_ctx(mailbox: &Mailbox, base: u64, names: &[String]) -> Result<MeshCt
     if names.len() > MAX_BINDINGS {
         bail!("{} channels: a mesh_ctx holds {MAX_BINDINGS}", names.len());
     }
-    let mut ctx = MeshCtx { base, slot: NO_SLOT, binding_count: names.len() as u32, ..MeshCtx::default() };
+    #[allow(clippy::cast_possible_truncation, reason = "at most MAX_BINDINGS (checked above)")]
+    let binding_count = names.len() as u32;
+    let mut ctx = MeshCtx { base, slot: NO_SLOT, binding_count, ..MeshCtx::default() };
     for (b, name) in ctx.bindings.iter_mut().zip(names) {
         let c = mailbox.channel(name).with_context(|| format!("{ENV_CHANNELS} names {name:?}"))?;
         if c.placement != mesh_shm::Placement::Host {

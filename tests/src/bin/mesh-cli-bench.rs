@@ -25,6 +25,8 @@ fn ms(d: Duration) -> f64 {
 /// (median, p99) of `xs`, in ms.
 fn median_p99(xs: &mut [f64]) -> (f64, f64) {
     xs.sort_by(f64::total_cmp);
+    // q is in [0, 1], so the rounded position lies in 0..xs.len().
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a position in 0..xs.len()")]
     let at = |q: f64| xs[((xs.len() as f64 - 1.0) * q).round() as usize];
     (at(0.5), at(0.99))
 }

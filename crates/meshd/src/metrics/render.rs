@@ -49,7 +49,6 @@ fn placement(c: &ChannelRow) -> String {
     if c.placement.is_empty() { "host".to_string() } else { c.placement.clone() }
 }
 
-/// A fresh family of `M`.
 fn family<M: Default + prometheus_client::metrics::TypedMetric>() -> Family<Labels, M> {
     Family::default()
 }

@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use mesh_backend::watch::{Cause, Replacement, SEARCHING, fault_text};
+use mesh_backend::watch::{Cause, Replacement};
 use mesh_backend::{ProgramState, RecoveryMethod, RecoveryOutcome};
 
 use super::worker::{BackendWorker, ms_between, plain, unix_ms};
 use crate::replace::{self, Plan, QUESTION_WATCH, Step, mono_ns};
-use crate::state::{Carried, HeldMark, Pending};
+use crate::state::{HeldMark, Pending};
 
 /// Why a program stays stopped while a culprit search asks about others.
 const SEARCH_HELD: &str = "held back while the culprit of a GPU fault is searched by halves";
@@ -215,27 +215,13 @@ impl BackendWorker<'_> {
         self.record(|s| {
             s.update(|st| {
                 for (n, c) in st.carried.iter_mut() {
-                    if n == name {
-                        c.held = Some(HeldMark { why: stopped.clone(), culprit: true });
-                        c.last_fault = Some(fault_text(error, &Cause::ThisProgram(why.to_string())));
-                        c.last_fault_unix_ms = Some(at);
-                    } else if let Some(f) = &mut c.last_fault {
-                        // The state keeps the text: a fault whose culprit was being searched ends
-                        // with SEARCHING, whatever error it names.
-                        if let Some(head) = f.strip_suffix(SEARCHING) {
-                            *f = format!("{head}(caused by {name})");
-                        }
+                    if n != name {
+                        c.culprit_found(name);
                     }
                 }
-                if !st.carried.contains_key(name) {
-                    let c = Carried {
-                        held: Some(HeldMark { why: stopped.clone(), culprit: true }),
-                        last_fault: Some(fault_text(error, &Cause::ThisProgram(why.to_string()))),
-                        last_fault_unix_ms: Some(at),
-                        ..Carried::default()
-                    };
-                    st.carried.insert(name.to_string(), c);
-                }
+                let c = st.carried.entry(name.to_string()).or_default();
+                c.held = Some(HeldMark { why: stopped.clone(), culprit: true });
+                c.set_fault(error, &Cause::ThisProgram(why.to_string()), at);
             })
         });
         if let Some(p) = self.state.as_ref().and_then(|s| s.program(name).cloned()) {
@@ -305,8 +291,7 @@ impl BackendWorker<'_> {
                 match &culprit {
                     Some((n, why)) if *n == name => {
                         c.held = Some(HeldMark { why: culprit_why(why), culprit: true });
-                        c.last_fault = Some(fault_text(error, &Cause::ThisProgram(why.to_string())));
-                        c.last_fault_unix_ms = Some(now);
+                        c.set_fault(error, &Cause::ThisProgram(why.to_string()), now);
                         continue;
                     }
                     _ => {}
@@ -314,12 +299,12 @@ impl BackendWorker<'_> {
                 if c.held.is_some() {
                     continue;
                 }
-                c.last_fault = Some(match &culprit {
-                    Some((n, _)) => fault_text(error, &Cause::Other(n.clone())),
-                    None if search.is_some() => fault_text(error, &Cause::Searching),
-                    None => fault_text(error, &Cause::NoneNamed),
-                });
-                c.last_fault_unix_ms = Some(now);
+                let cause = match &culprit {
+                    Some((n, _)) => Cause::Other(n.clone()),
+                    None if search.is_some() => Cause::Searching,
+                    None => Cause::NoneNamed,
+                };
+                c.set_fault(error, &cause, now);
                 if let Some(h) = &halted {
                     c.held = Some(HeldMark { why: h.clone(), culprit: false });
                 }

@@ -75,8 +75,8 @@ fn raw_round_trip(f: &Fixture) -> (f64, f64) {
     // SAFETY: the ring's head and tail lines lie inside the mapping, 8-aligned; used as plain words here.
     let (ping, pong) = unsafe {
         (
-            AtomicU64::from_ptr(base.add(scratch.ring_offset as usize).cast()),
-            AtomicU64::from_ptr(base.add(scratch.ring_offset as usize + 128).cast()),
+            AtomicU64::from_ptr(base.add(usize::try_from(scratch.ring_offset).unwrap()).cast()),
+            AtomicU64::from_ptr(base.add(usize::try_from(scratch.ring_offset).unwrap() + 128).cast()),
         )
     };
     let mut times = Vec::with_capacity(ROUNDS);
@@ -139,7 +139,7 @@ fn launch_round_trip(f: &Fixture, size: u32, slot: u32) -> (f64, f64) {
     let ctx = f.mailbox.mesh_ctx(slot, f.registered.device_address()).unwrap();
     let stream = f.ctx.stream().unwrap();
     let (base, _) = f.mailbox.as_raw_parts();
-    let (src, dst) = (a.ring_offset as usize + 384, b.ring_offset as usize + 384);
+    let (src, dst) = (usize::try_from(a.ring_offset).unwrap() + 384, usize::try_from(b.ring_offset).unwrap() + 384);
     let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
     let mut times = Vec::with_capacity(ROUNDS);
     for i in 0..(ROUNDS + WARMUP) as u64 {
@@ -174,7 +174,7 @@ fn mapped_bandwidth(f: &Fixture, mode: u64, slot: u32) -> f64 {
     let s = f.mailbox.slot(slot).unwrap();
     s.bind("warp_bw", &[buf.index]).unwrap();
     let (base, _) = f.mailbox.as_raw_parts();
-    let params = base.wrapping_add(buf.ring_offset as usize + 384).cast::<u64>();
+    let params = base.wrapping_add(usize::try_from(buf.ring_offset).unwrap() + 384).cast::<u64>();
     // SAFETY: the ring's slot area (8 MiB: 8 KiB of parameters, then the buffer) lies inside the
     // mapping; no kernel runs yet.
     unsafe {
@@ -208,7 +208,7 @@ fn stream_to_gpu(f: &Fixture, size: u32, capacity: u32, n: u64, slot: u32) -> f6
     let t = Instant::now();
     let mut sent = 0u64;
     while sent < n {
-        let k = per_call.min((n - sent) as usize);
+        let k = per_call.min(usize::try_from(n - sent).unwrap_or(usize::MAX));
         for (j, m) in batch.chunks_mut(size as usize).take(k).enumerate() {
             m[..8].copy_from_slice(&(sent + j as u64).to_le_bytes());
         }

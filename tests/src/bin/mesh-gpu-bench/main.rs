@@ -85,37 +85,33 @@ fn main() {
 fn blink_benches(f: &Fixture) {
     use mesh_backend::{Backend, ProgramSpec};
     use mesh_cuda::{BlinkBackend, BlinkConfig, Module};
-    const REPEAT: usize = 20;
+    const REPEAT: u32 = 20;
     println!();
     println!("| blink pause, N resident programs             |       mean |        min |        max |");
     println!("|----------------------------------------------|------------|------------|------------|");
     let cubin = f.jit.link("heartbeat", program("heartbeat"), ImageKind::Ptx).unwrap().cubin;
-    for n in [1usize, 8, 32] {
+    for n in [1u32, 8, 32] {
         // Raw: the driver API alone: stop N kernels through their slots, load and unload a module, relaunch N.
         let module = Module::load(&f.ctx, &cubin).unwrap();
         let streams: Vec<_> = (0..n).map(|_| f.ctx.stream().unwrap()).collect();
         let base = f.registered.device_address();
         let launch_all = |generation: u32| {
-            for (i, s) in streams.iter().enumerate() {
-                let slot = f.mailbox.slot(i as u32).unwrap();
+            for (i, s) in (0u32..).zip(&streams) {
+                let slot = f.mailbox.slot(i).unwrap();
                 slot.arm(generation);
-                module
-                    .function("mesh_main")
-                    .unwrap()
-                    .launch(&ONE, s, &f.mailbox.mesh_ctx(i as u32, base).unwrap())
-                    .unwrap();
+                module.function("mesh_main").unwrap().launch(&ONE, s, &f.mailbox.mesh_ctx(i, base).unwrap()).unwrap();
             }
         };
         for i in 0..n {
-            f.mailbox.slot(i as u32).unwrap().bind("raw", &[]).unwrap();
+            f.mailbox.slot(i).unwrap().bind("raw", &[]).unwrap();
         }
         launch_all(1);
         let mut raw = Vec::new();
-        for g in 0..REPEAT as u32 {
+        for g in 0..REPEAT {
             std::thread::sleep(Duration::from_millis(2));
             let t = Instant::now();
             for i in 0..n {
-                f.mailbox.slot(i as u32).unwrap().request_stop();
+                f.mailbox.slot(i).unwrap().request_stop();
             }
             while streams.iter().any(|s| s.state() == StreamState::Busy) {}
             drop(Module::load(&f.ctx, &cubin).unwrap());
@@ -123,7 +119,7 @@ fn blink_benches(f: &Fixture) {
             raw.push(t.elapsed());
         }
         for i in 0..n {
-            f.mailbox.slot(i as u32).unwrap().request_stop();
+            f.mailbox.slot(i).unwrap().request_stop();
         }
         while streams.iter().any(|s| s.state() == StreamState::Busy) {}
         drop(streams);
@@ -174,7 +170,7 @@ fn blink_benches(f: &Fixture) {
 }
 
 fn stats_row(name: &str, v: &[Duration]) {
-    let mean = v.iter().sum::<Duration>() / v.len() as u32;
+    let mean = v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap();
     let min = *v.iter().min().unwrap();
     let max = *v.iter().max().unwrap();
     println!("| {name:<44} | {:>7.0} µs | {:>7.0} µs | {:>7.0} µs |", us(mean), us(min), us(max));

@@ -80,8 +80,8 @@ fn raw(b: &mut Bench) -> (f64, f64) {
     // SAFETY: the ring's head and tail lines lie inside the mapping, 8-aligned; used as plain words here.
     let (ping, pong) = unsafe {
         (
-            AtomicU64::from_ptr(base.add(info.ring_offset as usize).cast()),
-            AtomicU64::from_ptr(base.add(info.ring_offset as usize + 128).cast()),
+            AtomicU64::from_ptr(base.add(usize::try_from(info.ring_offset).unwrap()).cast()),
+            AtomicU64::from_ptr(base.add(usize::try_from(info.ring_offset).unwrap() + 128).cast()),
         )
     };
     let mut times = Vec::with_capacity(ROUNDS);
