@@ -77,7 +77,7 @@ pub enum CudaError {
         reason: String,
     },
     /// The mailbox could not be registered for the GPU.
-    #[error("registering {path} ({len} bytes) for the GPU: {source}")]
+    #[error("registering {path} ({len} bytes) for the GPU: {source}{hint}")]
     Register {
         /// The mailbox file.
         path: String,
@@ -85,6 +85,8 @@ pub enum CudaError {
         len: usize,
         /// The driver's error.
         source: DriverError,
+        /// What to do about it, where meshd can tell (empty, or starting with "; ").
+        hint: String,
     },
 }
 

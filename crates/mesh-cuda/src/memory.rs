@@ -48,7 +48,12 @@ impl RegisteredMailbox {
             // SAFETY: as above.
             registered = check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) });
         }
-        registered.map_err(|source| CudaError::Register { path: mailbox.path().display().to_string(), len, source })?;
+        registered.map_err(|source| CudaError::Register {
+            path: mailbox.path().display().to_string(),
+            len,
+            source,
+            hint: not_tmpfs_hint(mailbox.path()),
+        })?;
         let mut device = 0;
         // SAFETY: the range was just registered with DEVICEMAP.
         if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
@@ -77,10 +82,46 @@ impl RegisteredMailbox {
     }
 }
 
+/// Why a mailbox file may not register, where the file says: on the H200 a mailbox on a disk
+/// filesystem (`/tmp` there) failed `cuMemHostRegister` with INVALID_VALUE, and every mailbox on tmpfs
+/// (`/dev/shm`, the default) registered. Empty when the file is on tmpfs or its filesystem is unknown.
+pub fn not_tmpfs_hint(path: &std::path::Path) -> String {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    let Ok(fs) = rustix::fs::statfs(path) else { return String::new() };
+    #[allow(clippy::cast_sign_loss)] // f_type is a magic number, compared bit for bit
+    let kind = fs.f_type as u64;
+    if kind == TMPFS_MAGIC {
+        return String::new();
+    }
+    format!(
+        "; the mailbox is not on tmpfs (filesystem type {kind:#x}): the GPU maps host memory the driver can pin, \
+         so put it under /dev/shm (the default --shm) or another tmpfs"
+    )
+}
+
 impl Drop for RegisteredMailbox {
     fn drop(&mut self) {
         let _ = self.ctx.make_current();
         // SAFETY: registered in `register`, unregistered once; errors cannot be acted on in Drop.
         unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mailbox_off_tmpfs_is_told_to_move_to_dev_shm() {
+        assert_eq!(not_tmpfs_hint(std::path::Path::new("/dev/shm")), "", "/dev/shm is tmpfs");
+        assert_eq!(not_tmpfs_hint(std::path::Path::new("/nonexistent/mailbox")), "", "unknown: no guess");
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let hint = not_tmpfs_hint(here);
+        let on_tmpfs = rustix::fs::statfs(here).is_ok_and(|fs| fs.f_type == 0x0102_1994);
+        if on_tmpfs {
+            assert_eq!(hint, "");
+        } else {
+            assert!(hint.contains("not on tmpfs") && hint.contains("/dev/shm"), "{hint}");
+        }
     }
 }

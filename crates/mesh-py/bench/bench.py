@@ -198,7 +198,8 @@ def host(peer: Path, pairs: int, pings: int) -> None:
 
 
 def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-gpu-"))
+    # On tmpfs, as meshd's default: the GPU registers only memory the driver can pin.
+    tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-gpu-", dir="/dev/shm"))
     sock, shm = tmp / "sock", tmp / "mailbox"
     args = [str(meshd_bin), "--socket", str(sock), "run", "--shm", str(shm), "--fresh", "--state-dir", str(tmp / "state")]
     log = open(tmp / "meshd.log", "w")

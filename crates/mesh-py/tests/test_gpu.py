@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +37,10 @@ def echo_ptx() -> Path:
 @pytest.fixture
 def gpu_meshd(tmp_path: Path) -> Iterator[meshd.Client]:
     sock = tmp_path / "sock"
-    args = [meshd_bin(), "--socket", str(sock), "run", "--shm", str(tmp_path / "mailbox"), "--fresh"]
+    # The mailbox on tmpfs, as meshd's default: the GPU registers only memory the driver can pin (a
+    # mailbox under /tmp failed cuMemHostRegister on the H200).
+    shm = Path(tempfile.mkdtemp(prefix="meshd-pytest-", dir="/dev/shm")) / "mailbox"
+    args = [meshd_bin(), "--socket", str(sock), "run", "--shm", str(shm), "--fresh"]
     args += ["--state-dir", str(tmp_path / "state")]
     log = open(tmp_path / "meshd.log", "w")
     daemon = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -59,6 +63,7 @@ def gpu_meshd(tmp_path: Path) -> Iterator[meshd.Client]:
             daemon.kill()
             daemon.wait()
         log.close()
+        shutil.rmtree(shm.parent, ignore_errors=True)
 
 
 def test_the_echo_program_driven_from_python(gpu_meshd: meshd.Client) -> None:
