@@ -9,6 +9,7 @@
 //!   program, and the look-ups over all of them).
 //! * [`watch`]: the watchdog's reasoning (health records, naming a fault's culprit, the search by halves).
 //! * [`recover`]: the one recovery from a GPU fault, driven through a backend's [`Recovery`].
+//! * [`pid_lock`]: the flock-and-pid claim a live meshd holds on its mailbox and its MPS directory.
 //! * [`cleanup`]: the process-wide registry of actions run once, newest first, at exit (meshd runs
 //!   it on its own way out, signals included).
 
@@ -16,6 +17,7 @@ pub mod cleanup;
 mod error;
 pub mod event;
 pub mod life;
+pub mod pid_lock;
 pub mod pool;
 pub mod recover;
 pub mod residency;

@@ -6,14 +6,11 @@
 //! dies, so a crash never leaves it claimed), waits for the processes of a dead meshd that the driver
 //! is still tearing down (up to about 2 s after a kill -9), and removes what they left.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mesh_backend::BackendError;
-use rustix::fs::FlockOperation;
+use mesh_backend::pid_lock::PidLock;
 
 use crate::control::PIPE_ENV;
 
@@ -23,42 +20,27 @@ pub const CLAIM_FILE: &str = "meshd.lock";
 /// How long a start waits for a previous meshd's MPS processes to be torn down by the driver.
 pub const PREVIOUS_TEARDOWN: Duration = Duration::from_secs(10);
 
-/// This meshd's hold on an MPS directory: an exclusive flock on [`CLAIM_FILE`], released by the
-/// kernel when the file closes, which a crash does too.
+/// This meshd's hold on an MPS directory: a [`PidLock`] on [`CLAIM_FILE`], released by the kernel
+/// when the file closes, which a crash does too.
 #[derive(Debug)]
 pub struct DirClaim {
-    _lock: File,
+    _lock: PidLock,
 }
 
 impl DirClaim {
     /// Claims `root`, or refuses naming the pid of the meshd that holds it.
     pub fn take(root: &Path) -> Result<Self, BackendError> {
         let path = root.join(CLAIM_FILE);
-        let fail = |e: &dyn std::fmt::Display| BackendError::MpsDaemon(format!("claiming {}: {e}", path.display()));
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| fail(&e))?;
-        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                let holder = holder.trim();
-                return Err(BackendError::MpsDaemon(format!(
-                    "MPS directory {} is in use by the meshd with pid {} (it holds {}): stop that meshd or give another --mps-dir",
-                    root.display(),
-                    if holder.is_empty() { "unknown" } else { holder },
-                    path.display()
-                )));
-            }
-            Err(e) => return Err(fail(&e)),
+        match PidLock::try_take(&path) {
+            Ok(Some(lock)) => Ok(Self { _lock: lock }),
+            Ok(None) => Err(BackendError::MpsDaemon(format!(
+                "MPS directory {} is in use by the meshd with pid {} (it holds {}): stop that meshd or give another --mps-dir",
+                root.display(),
+                PidLock::holder(&path).map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+                path.display()
+            ))),
+            Err(e) => Err(BackendError::MpsDaemon(format!("claiming MPS directory {}: {e}", root.display()))),
         }
-        file.set_len(0).and_then(|()| writeln!(file, "{}", std::process::id())).map_err(|e| fail(&e))?;
-        Ok(Self { _lock: file })
     }
 }
 

@@ -6,16 +6,14 @@
 //! is the proof that the previous meshd is gone, and its mailbox (channels, messages, counters) can
 //! be taken over as it is. The pid in the mailbox header is only for messages.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mesh_backend::cleanup;
+use mesh_backend::pid_lock::PidLock;
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig, ShmError};
-use rustix::fs::FlockOperation;
 
 /// Why `meshd run` refuses to start. Each message names the flag that changes the outcome, spelled as the CLI spells it.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +53,9 @@ pub enum StartError {
     Other(#[from] anyhow::Error),
 }
 
-/// The exclusive lock a live meshd holds on its mailbox: released by the kernel when the process dies.
+/// The exclusive lock a live meshd holds on its mailbox (`<mailbox>.lock`): released by the kernel when the process dies.
 #[derive(Debug)]
-pub struct MailboxLock {
-    file: File,
-    path: PathBuf,
-}
+pub struct MailboxLock(PidLock);
 
 impl MailboxLock {
     /// The lock file beside `mailbox`: `<mailbox>.lock`.
@@ -72,61 +67,23 @@ impl MailboxLock {
 
     /// Takes the lock without waiting; `Ok(None)` when another process holds it.
     pub fn try_take(mailbox: &Path) -> Result<Option<Self>> {
-        let path = Self::path_for(mailbox);
-        loop {
-            // Close-on-exec (std's default): a child (an MPS worker) must not inherit the lock and
-            // keep it after meshd dies.
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(&path)
-                .with_context(|| format!("lock file {}", path.display()))?;
-            match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {}
-                Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
-                Err(e) => return Err(e).with_context(|| format!("flock {}", path.display())),
-            }
-            // A holder that was exiting may have removed the file between our open and our flock:
-            // then we hold a lock on a file nobody else will find. Retry on the one at the path.
-            let same = std::fs::metadata(&path)
-                .ok()
-                .zip(file.metadata().ok())
-                .is_some_and(|(at_path, ours)| at_path.ino() == ours.ino() && at_path.dev() == ours.dev());
-            if same {
-                let mut lock = Self { file, path };
-                lock.record_pid();
-                return Ok(Some(lock));
-            }
-        }
-    }
-
-    /// Writes our pid into the lock file, for the message a refused meshd gives when the mailbox is unreadable.
-    fn record_pid(&mut self) {
-        let pid = std::process::id().to_string();
-        let _ = self.file.set_len(0);
-        let _ = self.file.rewind();
-        let _ = self.file.write_all(pid.as_bytes());
+        Ok(PidLock::try_take(&Self::path_for(mailbox))?.map(Self))
     }
 
     /// The pid a holder wrote into the lock file at `path`.
     fn recorded_pid(path: &Path) -> Option<u32> {
-        let mut s = String::new();
-        File::open(path).ok()?.read_to_string(&mut s).ok()?;
-        s.trim().parse().ok()
+        PidLock::holder(path)
     }
 
     /// The lock file's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.0.path()
     }
 
     /// Removes the lock file and releases the lock (at a clean exit). A meshd that opened the file
     /// just before sees, after its flock, that the path no longer names it, and retries.
     pub fn remove(self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.0.remove();
     }
 }
 
@@ -390,25 +347,5 @@ mod device_tests {
         {
             assert_eq!(whole_uuid(partial), None, "{partial}");
         }
-    }
-}
-
-#[cfg(test)]
-mod lock_tests {
-    use std::os::fd::AsRawFd;
-
-    use super::*;
-
-    #[test]
-    fn the_lock_is_close_on_exec_so_a_new_image_of_meshd_can_take_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let mailbox = dir.path().join("mb");
-        let lock = MailboxLock::try_take(&mailbox).unwrap().expect("free");
-        // SAFETY: reads the flags of a descriptor the lock owns.
-        let flags = unsafe { libc::fcntl(lock.file.as_raw_fd(), libc::F_GETFD) };
-        assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "flags {flags:#x}");
-        assert!(MailboxLock::try_take(&mailbox).unwrap().is_none(), "held");
-        drop(lock);
-        assert!(MailboxLock::try_take(&mailbox).unwrap().is_some(), "free again once its descriptor is closed");
     }
 }
