@@ -1,4 +1,4 @@
-//! Native GPU workers end to end (`meshd spawn`): the C example (examples/native-cuda, built by the bundle's `run` with nvcc) and the Rust one (examples/native-rust, `mesh-native-rust`, built by cargo) each exchanging 100,000 sequence-checked messages with the resident echo_warp in each mode; a worker with a wrong MPS pipe directory refused; a worker that never says ready refused; the Rust worker run outside meshd refused with exit 1 (no GPU needed).
+//! Native GPU workers end to end (`meshd spawn`): the C example (examples/native-cuda, built by the bundle's `run` with nvcc) and the Rust one (examples/native-rust, `mesh-native-rust`, built by cargo) each exchanging 100,000 sequence-checked messages with the resident echo_warp in each mode; a worker with a wrong MPS pipe directory refused; a worker that never says ready refused; the Rust worker run outside meshd refused with exit 1 (no GPU needed); a worker started again, with its command and bindings, by a meshd restarted after kill -9.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -187,4 +187,57 @@ fn native_worker_that_never_says_ready_is_refused() {
     println!("native never ready refused: {}", err.trim());
     assert!(err.contains("did not report ready within 2.0 s"), "{err}");
     assert!(ps_line(&m, "mute").is_none());
+}
+
+/// The native worker `name` as `ps --json` lists it: (pid, state, bindings, command).
+fn native_row(m: &Meshd, name: &str) -> Option<(u64, String, Vec<String>, String)> {
+    let v: serde_json::Value = serde_json::from_str(&m.ok(&["ps", "--json"])).ok()?;
+    let row = v["natives"].as_array()?.iter().find(|n| n["name"] == name)?.clone();
+    let binds = row["bind"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_string)).collect();
+    Some((row["pid"].as_u64()?, row["state"].as_str()?.to_string(), binds, row["command"].as_str()?.to_string()))
+}
+
+/// A native worker spawned before meshd is killed with SIGKILL is started again by the restarted
+/// meshd (issue 17 item 5) with the same command and bindings, as a new process, and can be stopped.
+fn native_started_again_after_kill_9(mode: &str, extra: &[&str]) {
+    let Some(worker) = worker_or_skip(&format!("native_started_again_after_kill_9_{mode}")) else { return };
+    let mut m = mesh_with_echo(extra);
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result");
+    // Enough messages that the worker is still exchanging when meshd dies.
+    let count = "1000000000";
+    let cmd = [worker.to_str().unwrap(), count, result.to_str().unwrap()];
+    m.ok(&["spawn", "nat", "--bind", "to-echo", "--bind", "from-echo", "--"]
+        .iter()
+        .chain(&cmd)
+        .copied()
+        .collect::<Vec<_>>());
+    let (pid, state, binds, command) = native_row(&m, "nat").expect("ps --json lists the worker");
+    assert_eq!(state, "running");
+    assert_eq!(binds, ["to-echo", "from-echo"]);
+    m.kill9_and_restart();
+    let back = wait_until(Duration::from_secs(60), || {
+        native_row(&m, "nat").is_some_and(|(p, s, _, _)| p != pid && s == "running")
+    });
+    let row = native_row(&m, "nat");
+    assert!(back, "{mode}: the worker is not running again after the restart: {row:?}\nlog:\n{}", m.log_text());
+    let (new_pid, _, new_binds, new_command) = row.unwrap();
+    println!("native {mode}: pid {pid} before the kill -9, {new_pid} after the restart; command {new_command:?}");
+    assert_eq!((new_binds, new_command), (binds, command), "{mode}: started again with its command and bindings");
+    assert!(m.log_text().contains("native worker started again from the desired state"), "{}", m.log_text());
+    m.ok(&["stop", "nat"]);
+    assert!(native_row(&m, "nat").is_none(), "{mode}: stopped after the restart");
+    m.ok(&["shutdown"]);
+}
+
+#[test]
+fn native_started_again_after_kill_9_blink() {
+    require_gpu!("native_started_again_after_kill_9_blink");
+    native_started_again_after_kill_9("blink", &[]);
+}
+
+#[test]
+fn native_started_again_after_kill_9_mps() {
+    require_gpu!("native_started_again_after_kill_9_mps");
+    native_started_again_after_kill_9("mps", &["--isolation", "mps", "--pool", "1"]);
 }
