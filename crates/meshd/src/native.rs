@@ -6,8 +6,8 @@
 //!   and, in MPS mode, `CUDA_MPS_PIPE_DIRECTORY` (meshd's private server) in its environment.
 //! * **Ready**: the worker writes `ready\n` to the descriptor [`ENV_READY_FD`] names (C:
 //!   `dprintf(atoi(getenv("MESH_READY_FD")), "ready\n")`; Python:
-//!   `os.write(int(os.environ["MESH_READY_FD"]), b"ready\n")`; bash: `echo ready >&$MESH_READY_FD` (dash
-//!   takes one-digit descriptors only: `echo ready >/proc/self/fd/$MESH_READY_FD`);
+//!   `os.write(int(os.environ["MESH_READY_FD"]), b"ready\n")`; any shell: `echo ready >&$MESH_READY_FD`
+//!   (it is always descriptor [`READY_FD`], 3);
 //!   mesh-shm-c: `mesh_shm_ready()`). In MPS mode meshd then checks that it is a client of *its*
 //!   server ([`Membership`]); a worker that fails the check, exits first, or says nothing within
 //!   its ready timeout is killed and refused with the reason. The wait runs on a thread of its own,
@@ -39,8 +39,12 @@ use ready::{Why, ready_pipe, wait_for_ready};
 pub const ENV_MAILBOX: &str = "MESH_MAILBOX";
 /// The worker's channels, comma-separated, in `--bind` order.
 pub const ENV_CHANNELS: &str = "MESH_CHANNELS";
-/// The descriptor to write `ready\n` to.
+/// The variable naming the descriptor to write `ready\n` to.
 pub const ENV_READY_FD: &str = "MESH_READY_FD";
+
+/// The descriptor a worker inherits the ready pipe under (and [`ENV_READY_FD`] names): always 3,
+/// a one-digit number every shell's redirection takes.
+pub const READY_FD: i32 = 3;
 /// The worker's name in `ps`.
 pub const ENV_NAME: &str = "MESH_NATIVE_NAME";
 /// `blink` or `mps`.
@@ -302,7 +306,7 @@ impl Natives {
         cmd.args(&spec.command[1..])
             .env(ENV_MAILBOX, self.mailbox.path())
             .env(ENV_CHANNELS, spec.bind.join(","))
-            .env(ENV_READY_FD, fd.to_string())
+            .env(ENV_READY_FD, READY_FD.to_string())
             .env(ENV_NAME, name)
             .stdin(Stdio::null())
             .process_group(0);
@@ -320,13 +324,22 @@ impl Natives {
             }
         };
         let keep_fd = move || {
-            // SAFETY: `fd` is the pipe's write end, which the forked child holds open until exec.
-            let write_end = unsafe { BorrowedFd::borrow_raw(fd) };
-            // fcntl is async-signal-safe; clearing FD_CLOEXEC on the pipe's write end in the forked
-            // child lets the worker inherit it under the number MESH_READY_FD names.
-            rustix::io::fcntl_setfd(write_end, FdFlags::empty()).map_err(std::io::Error::from)
+            // In the forked child: the pipe's write end goes to descriptor READY_FD without
+            // close-on-exec, so the worker inherits it under a one-digit number that every shell's
+            // `>&3` takes (dash reads `>&10` as descriptor 1 and `0`). Whatever held 3 was
+            // close-on-exec (std opens everything so) and would have closed at exec anyway.
+            if fd == READY_FD {
+                // SAFETY: `fd` is the pipe's write end, which the forked child holds open until exec.
+                let write_end = unsafe { BorrowedFd::borrow_raw(fd) };
+                return rustix::io::fcntl_setfd(write_end, FdFlags::empty()).map_err(std::io::Error::from);
+            }
+            // SAFETY: dup2 is async-signal-safe; `fd` is open in the child, READY_FD a plain number.
+            if unsafe { libc::dup2(fd, READY_FD) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         };
-        // SAFETY: `keep_fd` runs between fork and exec and makes one async-signal-safe call.
+        // SAFETY: `keep_fd` runs between fork and exec and makes only async-signal-safe calls.
         unsafe { cmd.pre_exec(keep_fd) };
         let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
             .map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;

@@ -282,3 +282,30 @@ fn native_workers_are_in_the_desired_state_and_started_again_by_the_next_meshd()
     stop.stop();
     assert!(server.join().unwrap());
 }
+
+#[test]
+fn a_posix_sh_worker_says_ready_on_descriptor_3_even_when_meshd_has_many_open() {
+    let d = Running::start();
+    // Open enough descriptors in this process (meshd's, here) that the ready pipe's own number is
+    // two digits: the worker must still see it as descriptor 3, which dash's `>&N` takes.
+    let held: Vec<std::fs::File> = (0..16).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+    let posix_sh = ["/bin/dash", "/bin/sh"].into_iter().find(|p| Path::new(p).exists()).expect("a POSIX sh");
+    let r = ask(
+        &d.socket,
+        &Request::Spawn {
+            name: "dash".into(),
+            bind: vec![],
+            command: vec![
+                posix_sh.into(),
+                "-c".into(),
+                "test \"$MESH_READY_FD\" = 3 && echo ready >&3; exec sleep 600".into(),
+            ],
+            ready_timeout_ms: 10_000,
+        },
+        &[],
+    );
+    drop(held);
+    assert!(r.ok, "{posix_sh} worker: {r:?}");
+    assert_eq!(natives(&r)[0].state, "running");
+    assert!(ask(&d.socket, &Request::Stop { name: "dash".into() }, &[]).ok);
+}
