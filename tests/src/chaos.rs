@@ -433,7 +433,82 @@ pub fn host_round_trip(mb: &Mailbox, to: &str, from: &str, window: u64, stop: &A
 
 #[cfg(test)]
 mod tests {
+    use mesh_shm::{CreateMode, MailboxConfig};
+
     use super::*;
+
+    fn mailbox(dir: &Path) -> Mailbox {
+        let config = MailboxConfig { size: 1 << 20, slots: 2, channels: 8 };
+        Mailbox::create(dir.join("mb"), &config, CreateMode::Exclusive).expect("a mailbox")
+    }
+
+    fn join(end: HostEnd) -> Arc<Tally> {
+        for t in end.threads {
+            t.join().expect("a host end");
+        }
+        end.tally
+    }
+
+    #[test]
+    fn host_to_host_through_the_stream_ends_is_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mb = mailbox(dir.path());
+        mb.create_channel("s", 64, 16).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = (host_producer(&mb, "s", 64, &stop), host_consumer(&mb, "s", 64, &stop));
+        assert!(wait_until(Duration::from_secs(20), || Tally::get(&rx.tally.delivered) >= 5000));
+        stop.store(true, Ordering::Relaxed);
+        let (tx, rx) = (join(tx), join(rx));
+        assert_eq!((tx.failed(), rx.failed()), (None, None));
+        assert_eq!(Tally::get(&rx.delivered), Tally::get(&tx.sent), "every message, once");
+    }
+
+    /// A host echo standing in for the GPU one: after 1000 messages it sends its last 3 replies again
+    /// (what a GPU consumer does after a crash), after 2000 it drops one (message 1999).
+    fn faulty_echo(mb: &Mailbox, stop: &Arc<AtomicBool>) -> JoinHandle<()> {
+        let mut rx = Consumer::claim(mb, "to").unwrap();
+        let mut tx = Producer::claim(mb, "from").unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut m, mut n, mut last) = ([0u8; 16], 0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                if !rx.try_recv(&mut m).unwrap() {
+                    std::thread::sleep(Duration::from_micros(20));
+                    continue;
+                }
+                n += 1;
+                if n == 2000 {
+                    continue;
+                }
+                tx.send(&m, Duration::from_secs(5)).unwrap();
+                last.push(m);
+                if n == 1000 {
+                    for again in &last[last.len() - 3..] {
+                        tx.send(again, Duration::from_secs(5)).unwrap();
+                    }
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn the_round_trip_counts_repeats_and_fails_on_a_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let mb = mailbox(dir.path());
+        mb.create_channel("to", 16, 64).unwrap();
+        mb.create_channel("from", 16, 64).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let echo = faulty_echo(&mb, &stop);
+        let end = host_round_trip(&mb, "to", "from", 48, &stop);
+        assert!(wait_until(Duration::from_secs(20), || end.tally.failed().is_some()), "the loss is caught");
+        stop.store(true, Ordering::Relaxed);
+        echo.join().unwrap();
+        let tally = join(end);
+        let why = tally.failed().unwrap();
+        assert!(why.contains("reply 2000 came while 1999 was expected: lost"), "{why}");
+        assert_eq!(Tally::get(&tally.repeated), 3, "the three replies sent again");
+        assert_eq!(Tally::get(&tally.delivered), 1999, "messages 0..1999 came in order");
+    }
 
     #[test]
     fn a_seed_replays_the_same_schedule() {
