@@ -297,10 +297,10 @@ fn stream(
                     tally.sent.store(seq, Ordering::Release);
                     // A stream, not a flood: the machine is shared, and meshd must get its turn.
                     if seq % 16 == 0 {
-                        std::thread::sleep(Duration::from_micros(300));
+                        std::thread::sleep(Duration::from_millis(1));
                     }
                 } else {
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(Duration::from_micros(500));
                 }
             }
         })
@@ -328,7 +328,7 @@ fn stream(
                 {
                     return;
                 } else {
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(Duration::from_micros(500));
                 }
             }
         })
