@@ -2,8 +2,11 @@
 # The `run` script of a GPU bundle (`cargo xtask gpu-test --bundle DIR`), for a GPU machine without cargo.
 # Compiles the test programs to PTX where nvcc exists (and keeps them in $OUT/ptx.tar to be committed),
 # runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
-# Usage: ./run [tests|bench|all|chan]   (default all). Results go to $OUT (default ./out).
+# Usage: ./run [tests|bench|all|chan|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
+# chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
+# 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
+# In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise.
 set -u
 cd "$(dirname "$0")"
 HERE=$PWD
@@ -14,8 +17,8 @@ export MESH_GPU_TESTS=1 MESH_PROGRAMS=$HERE/programs PATH=$HERE/bin:$PATH RUST_B
 declare -a ROWS
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if [ "$WHAT" = chan ]; then
-  ROWS+=("nvcc -ptx|chan: the committed PTX (built with the same nvcc 13.0)")
+if [ "$WHAT" = chan ] || [ "$WHAT" = chaos ]; then
+  ROWS+=("nvcc -ptx|$WHAT: the committed PTX (built with the same nvcc 13.0)")
 elif [ -x "$NVCC" ]; then
   ok=0; total=0
   for cu in programs/*.cu; do
@@ -29,7 +32,7 @@ else
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
-if [ -x "$NVCC" ] && [ "$WHAT" != chan ]; then
+if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ]; then
   IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
   img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
     local file=$1; shift; img_total=$((img_total + 1))
@@ -65,7 +68,7 @@ fi
 # --- end image kinds ---
 
 # --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
-if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ]; then
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ]; then
   if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
       native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
     ROWS+=("nvcc native-cuda|built bin/native-cuda")
@@ -103,12 +106,22 @@ if [ "$WHAT" = chan ]; then
   done
 fi
 
+if [ "$WHAT" = chaos ]; then
+  for mode in ${2:-blink mps}; do
+    timeout -k 10 560 bin/test-chaos --exact "chaos_$mode" --test-threads=1 --nocapture >"$OUT/chaos-$mode.log" 2>&1
+    rc=$?
+    ROWS+=("chaos $mode|rc=$rc $(grep -E '^test result:' "$OUT/chaos-$mode.log" | tail -1) (log: chaos-$mode.log)")
+    grep -E '^chaos |^\||^max recovery|^meshd \(' "$OUT/chaos-$mode.log"
+    grep -E 'panicked' -A3 "$OUT/chaos-$mode.log" | head -20
+  done
+fi
+
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   for t in bin/test-*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     start=$(date +%s)
-    timeout -k 10 300 "$t" --test-threads=1 --nocapture >"$OUT/$name.log" 2>&1
+    MESH_CHAOS_SECS=${MESH_CHAOS_SECS:-20} timeout -k 10 300 "$t" --test-threads=1 --nocapture >"$OUT/$name.log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
     summary=$(grep -E '^test result:' "$OUT/$name.log" | tail -1)

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub mod chaos;
 pub mod harness;
 pub mod stress;
 

@@ -168,10 +168,25 @@ fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8
     if shared.stopping.load(Ordering::Acquire) {
         return Response::error("meshd is shutting down");
     }
+    let spawn = matches!(job, Job::Spawn { .. });
     if jobs.send(job).is_err() {
         return Response::error("meshd is shutting down");
     }
-    answer.recv().unwrap_or_else(|_| Response::error("meshd is shutting down"))
+    let response = answer.recv().unwrap_or_else(|_| Response::error("meshd is shutting down"));
+    if spawn && response.ok {
+        natives_recorded(jobs);
+    }
+    response
+}
+
+/// Waits until the backend thread has written the native workers' table to the desired state (a
+/// spawn's or a stop's answer must not precede its record: a crash would then undo it). When the
+/// backend thread has ended, nothing more is recorded anyway.
+fn natives_recorded(jobs: &mpsc::Sender<Job>) {
+    let (done, recorded) = mpsc::sync_channel(1);
+    if jobs.send(Job::RecordNatives { done }).is_ok() {
+        let _ = recorded.recv();
+    }
 }
 
 /// Answers a query on the connection thread.
@@ -183,7 +198,13 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
             natives: Some(shared.natives.rows()),
             ..Response::default()
         },
-        Query::Stop { name } => native_stop(shared, &name),
+        Query::Stop { name } => {
+            let response = native_stop(shared, &name);
+            if response.ok {
+                natives_recorded(jobs);
+            }
+            response
+        }
         Query::Info => info(shared),
         Query::Metrics => {
             let text = crate::metrics::exposition(&shared.metrics, shared);

@@ -198,9 +198,24 @@ impl From<Request> for Routed {
 
 /// A job for the backend thread, with where to send its answer.
 enum Job {
-    Change { change: Change, image: Vec<u8>, reply: mpsc::SyncSender<Response> },
-    Spawn { spec: NativeSpec, reply: mpsc::SyncSender<Response> },
-    Shutdown { reply: Option<mpsc::SyncSender<Response>> },
+    Change {
+        change: Change,
+        image: Vec<u8>,
+        reply: mpsc::SyncSender<Response>,
+    },
+    Spawn {
+        spec: NativeSpec,
+        reply: mpsc::SyncSender<Response>,
+    },
+    /// Record the native workers' table in the desired state now, then acknowledge: a `spawn` or a
+    /// `stop` is answered only once the state says so, so that a crash right after the answer
+    /// neither forgets a worker nor starts a stopped one again.
+    RecordNatives {
+        done: mpsc::SyncSender<()>,
+    },
+    Shutdown {
+        reply: Option<mpsc::SyncSender<Response>>,
+    },
 }
 
 /// Wakes the accept loop (a byte on a socket it polls). Cheap to clone.

@@ -61,6 +61,7 @@ where
         search: None,
         replacer,
         opened_mono_ns: mono_ns(),
+        natives_restarted: false,
     };
     // Read before the relaunch, whose publishing records the (still empty) table of native workers.
     let natives = worker.state.as_ref().map(|s| s.recorded().natives.clone()).unwrap_or_default();
@@ -108,6 +109,9 @@ pub(super) struct BackendWorker<'a> {
     pub(super) replacer: Replacer,
     /// When the backend was open (`CLOCK_MONOTONIC` ns), for the recovery's log.
     pub(super) opened_mono_ns: u64,
+    /// The recorded native workers have been started again: until then the table is not yet the
+    /// desired state, and recording it would forget them (a crash during the relaunch).
+    pub(super) natives_restarted: bool,
 }
 
 pub(super) fn unix_ms() -> u64 {
@@ -134,7 +138,7 @@ impl BackendWorker<'_> {
     /// a crash, or a clean stop with the state kept) starts them again. Not while stopping: a
     /// shutdown ends them, and what was wanted before it is what a later start wants.
     fn record_natives(&mut self) {
-        if self.shared.stopping.load(Ordering::Acquire) {
+        if self.shared.stopping.load(Ordering::Acquire) || !self.natives_restarted {
             return;
         }
         let mut wanted: Vec<RecordedNative> = self.shared.natives.wanted().iter().map(RecordedNative::of).collect();
@@ -165,6 +169,9 @@ impl BackendWorker<'_> {
                 tracing::warn!("no thread to log a native worker's restart: {e}");
             }
         }
+        // Each is in the table now (starting): from here on the table is the desired state.
+        self.natives_restarted = true;
+        self.record_natives();
     }
 
     /// What `ps` shows: the backend's programs with what the state carries across replacements
@@ -272,6 +279,10 @@ impl BackendWorker<'_> {
             }
             match job {
                 Ok(Job::Spawn { spec, reply }) => native_spawn(self.shared, spec, reply),
+                Ok(Job::RecordNatives { done }) => {
+                    self.record_natives();
+                    let _ = done.send(());
+                }
                 Ok(Job::Change { change, image, reply }) => {
                     let response = if self.shared.stopping.load(Ordering::Acquire) {
                         Response::error("meshd is shutting down")

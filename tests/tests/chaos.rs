@@ -1,0 +1,713 @@
+//! Chaos on the GPU, in each mode for `MESH_CHAOS_SECS` (default 240): sequence-checked streams run
+//! on every kind of channel while a seeded schedule of events hits meshd, and at the end every
+//! message is accounted for and nothing is left behind.
+//!
+//! meshd runs as `deploy/meshd@.service` runs it (`meshd run --device 0 --keep-shm $MESHD_ARGS`,
+//! with `--isolation mps --pool 14 --pool-grow` in MPS mode; `--socket` and `--state-dir` in the test's
+//! directory), and a `kill -9` is followed at once by the same command.
+//!
+//! Streams: host→GPU (`h2g`, checked by the GPU `sink`), GPU→host (`g2h` from `source`, checked
+//! here against the host's own count), a host round trip through `echo` (`to-echo`/`from-echo`,
+//! sequence-checked here), GPU→GPU `gsource`→`gsink` on a host channel (checked by the sink), the
+//! GPU↔GPU round trip `ping`↔`pong` (echo_header; its reply check holds until the first crash: ping
+//! cannot realign after a replay), and in blink mode `dsource`→`dsink` on a device channel. Events: upgrades of stream programs, heartbeat bystanders
+//! loaded, upgraded and unloaded, the `fault` program, `kill -9` of meshd, in MPS mode `kill -9` of a
+//! bystander's worker, and native workers spawned and stopped. After every event the test waits
+//! until every program runs again and every stream has moved on (the event's recovery gap), then
+//! checks: no stream lost, tore or reordered a message ever; a repeat only after a crash (kill -9,
+//! fault, a worker killed), at most what meshd logged for that crash ("may receive again up to N")
+//! or, where it logs nothing (an MPS recovery in place), the ring's capacity; a device ring's loss
+//! only after a crash, at most its capacity. At the end: every host message delivered, no meshd, MPS
+//! worker, MPS daemon or native worker left, meshd's descriptors and threads no more than after the
+//! setup, the GPU's memory back within 1%.
+//!
+//! The seed is printed first; `MESH_CHAOS_SEED=N` replays the schedule (the timing of a real GPU
+//! differs run to run; the events and their order do not).
+//!
+//! NOT YET RUN ON A GPU: written in a session without one; compiled, its helpers' CPU tests run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mesh_gpu_tests::chaos::{self, HostEnd, Rng, Tally, UnitMeshd};
+use mesh_gpu_tests::stress::{self, user};
+use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
+use mesh_shm::{Mailbox, Producer};
+
+/// A deadline for a recovery, never a measurement.
+const DEADLINE: Duration = Duration::from_secs(60);
+/// The echo's input ring: the most a GPU consumer can take again after a crash.
+const ECHO_CAPACITY: u64 = 64;
+/// The device ring's capacity: the most a crash can lose there.
+const DEVICE_CAPACITY: u64 = 16;
+const MAX_BYSTANDERS: usize = 3;
+/// Faults within any 60 s: below meshd's bound on replacements of the process (8 within 60 s).
+const MAX_FAULTS_PER_MINUTE: usize = 3;
+/// Messages a native worker exchanges before it exits.
+const NATIVE_COUNT: u64 = 20_000;
+
+fn ptx(name: &str) -> String {
+    programs_dir().join(format!("{name}.ptx")).display().to_string()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    UpgradeStream,
+    LoadBystander,
+    UpgradeBystander,
+    UnloadBystander,
+    Fault,
+    Kill9,
+    KillWorker,
+    Spawn,
+    Stop,
+}
+
+impl Kind {
+    /// Events after which a GPU consumer may take messages again (at-least-once after a crash).
+    fn crash(self) -> bool {
+        matches!(self, Self::Fault | Self::Kill9 | Self::KillWorker)
+    }
+}
+
+const WEIGHTS: [(Kind, u64); 9] = [
+    (Kind::UpgradeStream, 14),
+    (Kind::LoadBystander, 10),
+    (Kind::UpgradeBystander, 6),
+    (Kind::UnloadBystander, 8),
+    (Kind::Fault, 4),
+    (Kind::Kill9, 5),
+    (Kind::KillWorker, 4),
+    (Kind::Spawn, 4),
+    (Kind::Stop, 4),
+];
+
+fn draw(rng: &mut Rng) -> Kind {
+    let mut at = rng.below(WEIGHTS.iter().map(|w| w.1).sum());
+    for (kind, w) in WEIGHTS {
+        if at < w {
+            return kind;
+        }
+        at -= w;
+    }
+    Kind::UpgradeStream
+}
+
+/// A program of the streams: name, image, bindings.
+struct StreamProgram {
+    name: &'static str,
+    image: &'static str,
+    bind: &'static [&'static str],
+}
+
+const STREAMS: [StreamProgram; 7] = [
+    StreamProgram { name: "sink", image: "sink", bind: &["h2g", "h2g-k"] },
+    StreamProgram { name: "source", image: "source", bind: &["g2h", "g2h-k"] },
+    StreamProgram { name: "echo", image: "echo", bind: &["to-echo", "from-echo"] },
+    StreamProgram { name: "gsink", image: "sink", bind: &["g2g", "gsink-k"] },
+    StreamProgram { name: "gsource", image: "source", bind: &["g2g", "gsource-k"] },
+    StreamProgram { name: "pong", image: "echo_header", bind: &["pp-a", "pp-b"] },
+    StreamProgram { name: "ping", image: "ping", bind: &["pp-a", "pp-b"] },
+];
+/// Blink mode only: GPU↔GPU through a ring in device memory.
+const DEVICE_STREAMS: [StreamProgram; 2] = [
+    StreamProgram { name: "dsink", image: "sink", bind: &["dev", "dsink-k"] },
+    StreamProgram { name: "dsource", image: "source", bind: &["dev", "dsource-k"] },
+];
+
+/// A native worker the test started.
+struct Native {
+    /// Its echo program (a GPU worker) or none (a shell stand-in).
+    echo: Option<String>,
+    result: PathBuf,
+    /// A crash came while it ran: meshd started it again from the desired state, on channels that
+    /// held the first one's messages, so its own check is not judged.
+    interrupted: bool,
+}
+
+/// The mesh under chaos and what the test asked of it.
+struct Chaos {
+    d: UnitMeshd,
+    mb: Mailbox,
+    mps: bool,
+    rng: Rng,
+    dir: tempfile::TempDir,
+    bystanders: BTreeMap<String, ()>,
+    natives: BTreeMap<String, Native>,
+    native_binary: Option<PathBuf>,
+    native_pids: Vec<u32>,
+    next: u32,
+    faults: Vec<Instant>,
+    /// A crash-like event has happened (ping's check stops there).
+    crashed: bool,
+    h2g: HostEnd,
+    g2h: HostEnd,
+    echo: HostEnd,
+    stop: Arc<AtomicBool>,
+}
+
+/// The stream positions that must move on after every event.
+type Progress = BTreeMap<&'static str, u64>;
+
+impl Chaos {
+    fn streams(&self) -> Vec<&'static StreamProgram> {
+        let mut s: Vec<&'static StreamProgram> = STREAMS.iter().collect();
+        if !self.mps {
+            s.extend(DEVICE_STREAMS.iter());
+        }
+        s
+    }
+
+    fn channel(d: &UnitMeshd, name: &str, size: u32, capacity: u32, placement: &str) {
+        let (size, capacity) = (size.to_string(), capacity.to_string());
+        d.ok(&["channel", "create", name, "--msg-size", &size, "--capacity", &capacity, "--placement", placement]);
+    }
+
+    fn load(d: &UnitMeshd, p: &StreamProgram) {
+        let image = ptx(p.image);
+        let mut args = vec!["load", p.name, &image];
+        for b in p.bind {
+            args.extend(["--bind", b]);
+        }
+        d.ok(&args);
+    }
+
+    fn start(mps: bool, seed: u64) -> Self {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("a test directory");
+        // --pool-grow: a worker killed by the test is not replaced without it, and a pool run dry would
+        // refuse the loads that follow.
+        let args: &[&str] = if mps { &["--isolation", "mps", "--pool", "14", "--pool-grow"] } else { &[] };
+        let d = UnitMeshd::start(dir.path(), args);
+        let knobs = stress::knobs(0, 64, false);
+        Self::channel(&d, "h2g", 64, 64, "host");
+        Self::channel(&d, "g2h", 64, 64, "host");
+        Self::channel(&d, "to-echo", 16, 64, "host");
+        Self::channel(&d, "from-echo", 16, 64, "host");
+        Self::channel(&d, "g2g", 64, 16, "host");
+        Self::channel(&d, "pp-a", 64, 16, "host");
+        Self::channel(&d, "pp-b", 64, 16, "host");
+        let mut knob_channels = vec!["h2g-k", "g2h-k", "gsink-k", "gsource-k"];
+        if !mps {
+            Self::channel(&d, "dev", 64, 16, "device");
+            knob_channels.extend(["dsink-k", "dsource-k"]);
+        }
+        let info = d.info().expect("info");
+        let mb = Mailbox::open(info["mailbox"].as_str().expect("the mailbox's path")).expect("map the mailbox");
+        for k in knob_channels {
+            Self::channel(&d, k, 8, 2, "host");
+            Producer::claim(&mb, k).expect("knob channel").send(&knobs, Duration::from_secs(1)).expect("knobs");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let h2g = chaos::host_producer(&mb, "h2g", 64, &stop);
+        let g2h = chaos::host_consumer(&mb, "g2h", 64, &stop);
+        let echo = chaos::host_round_trip(&mb, "to-echo", "from-echo", 48, &stop);
+        let native_binary = std::env::var_os("MESH_NATIVE_RUST").map(PathBuf::from).or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            exe.ancestors().skip(1).take(2).map(|d| d.join("mesh-native-rust")).find(|p| p.is_file())
+        });
+        let c = Self {
+            d,
+            mb,
+            mps,
+            rng: Rng(seed),
+            dir,
+            bystanders: BTreeMap::new(),
+            natives: BTreeMap::new(),
+            native_binary,
+            native_pids: Vec::new(),
+            next: 0,
+            faults: Vec::new(),
+            crashed: false,
+            h2g,
+            g2h,
+            echo,
+            stop,
+        };
+        for p in c.streams() {
+            Self::load(&c.d, p);
+        }
+        c
+    }
+
+    fn ps(&self) -> Vec<serde_json::Value> {
+        self.d.ps()
+    }
+
+    /// A program's user words, from its slot (`None` when it holds none: not running).
+    fn user_words(&self, rows: &[serde_json::Value], name: &str) -> Option<[u32; 32]> {
+        let row = rows.iter().find(|r| r["name"] == name && r["native"] != true)?;
+        let slot = u32::try_from(row["slot"].as_u64()?).ok()?;
+        self.mb.slot(slot).ok().map(|s| s.user_words())
+    }
+
+    /// Where each stream stands: the host ends' own counts, and the GPU consumers' published
+    /// positions (`info`'s tail) for the channels no host end sees.
+    fn progress(&self) -> Option<Progress> {
+        let info = self.d.info()?;
+        let tail = |name: &str| {
+            info["channels"].as_array()?.iter().find(|c| c["name"] == name).and_then(|c| c["tail"].as_u64())
+        };
+        let mut p = Progress::new();
+        p.insert("h2g", tail("h2g")?);
+        p.insert("g2h", Tally::get(&self.g2h.tally.delivered));
+        p.insert("echo", Tally::get(&self.echo.tally.delivered));
+        p.insert("g2g", tail("g2g")?);
+        p.insert("pingpong", tail("pp-a")?);
+        if !self.mps {
+            p.insert("dev", tail("dev")?);
+        }
+        Some(p)
+    }
+
+    /// The device ring's messages lost so far (blink mode).
+    fn device_lost(&self) -> u64 {
+        let info = self.d.info().unwrap_or_default();
+        let dev = info["channels"].as_array().and_then(|a| a.iter().find(|c| c["name"] == "dev").cloned());
+        dev.and_then(|c| c["lost"].as_u64()).unwrap_or(0)
+    }
+
+    /// A broken invariant that holds whatever happens: a host end's failure, a GPU checker's error.
+    fn broken(&self, rows: &[serde_json::Value]) -> Option<String> {
+        for (name, end) in [("h2g", &self.h2g), ("g2h", &self.g2h), ("echo", &self.echo)] {
+            if let Some(f) = end.tally.failed() {
+                return Some(format!("stream {name}: {f}"));
+            }
+        }
+        for sink in ["sink", "gsink", "dsink"] {
+            if let Some(w) = self.user_words(rows, sink) {
+                if w[user::ERRORS] != 0 {
+                    return Some(format!(
+                        "{sink} found {} bad messages, the first at position {}",
+                        w[user::ERRORS],
+                        w[user::FIRST_BAD]
+                    ));
+                }
+            }
+        }
+        // A crash makes pong take some requests again and answer them twice; ping has no sequence
+        // numbers to skip the extra replies, so from then on its replies are misaligned for good.
+        // Its check holds until the first crash; after it, ping↔pong counts only as moving.
+        if let Some(w) = self.user_words(rows, "ping").filter(|_| !self.crashed) {
+            if w[5] != 0 {
+                return Some(format!("ping saw {} wrong replies (no crash yet)", w[5]));
+            }
+        }
+        None
+    }
+
+    /// Every stream program and bystander running (a fault's culprit, being unloaded, aside).
+    fn all_running(&self, rows: &[serde_json::Value]) -> bool {
+        let running = |name: &str| rows.iter().any(|r| r["name"] == name && r["state"] == "running");
+        self.streams().iter().all(|p| running(p.name)) && self.bystanders.keys().all(|b| running(b))
+    }
+
+    /// Waits until every program runs and every stream moved past `before`; fails at once on a
+    /// broken invariant. Returns how long it took.
+    fn recovered(&mut self, before: &Progress, what: &str) -> Duration {
+        let t = Instant::now();
+        let mut last = (Vec::new(), None);
+        let ok = wait_until(DEADLINE, || {
+            let rows = self.ps();
+            if let Some(why) = self.broken(&rows) {
+                panic!("{what}: {why}\nps: {rows:#?}\nlog:\n{}", self.d.log_tail(80));
+            }
+            for r in rows.iter().filter(|r| r["native"] == true) {
+                if let Some(pid) = r["pid"].as_u64().and_then(|p| u32::try_from(p).ok()) {
+                    if !self.native_pids.contains(&pid) {
+                        self.native_pids.push(pid);
+                    }
+                }
+            }
+            let now = self.progress();
+            let moved = now.as_ref().is_some_and(|n| before.iter().all(|(k, v)| n.get(k).is_some_and(|x| x > v)));
+            let running = self.all_running(&rows);
+            last = (rows, now);
+            running && moved
+        });
+        assert!(
+            ok,
+            "{what}: not recovered within {DEADLINE:?}: progress {:?} (before {before:?})\nps: {:#?}\nlog:\n{}",
+            last.1,
+            last.0,
+            self.d.log_tail(80)
+        );
+        let took = t.elapsed();
+        // Every echo message sent so far back: a crash's repeats (inputs taken again from the last
+        // published position) all come before these, so they are counted against this event.
+        let sent = Tally::get(&self.echo.tally.sent);
+        let back = wait_until(DEADLINE, || Tally::get(&self.echo.tally.delivered) >= sent);
+        assert!(back, "{what}: the echo delivered {} of {sent}", Tally::get(&self.echo.tally.delivered));
+        took
+    }
+
+    /// A change that meshd may refuse for a moment after a crash (a recovery or a culprit search
+    /// under way): retried until it is done.
+    fn ok_eventually(&self, args: &[&str]) {
+        let mut last = String::new();
+        let done = wait_until(DEADLINE, || {
+            let out = self.d.cli(args);
+            last = String::from_utf8_lossy(&out.stderr).into_owned();
+            out.status.success()
+        });
+        assert!(done, "meshd {args:?} still refused after {DEADLINE:?}: {last}\n{}", self.d.log_tail(60));
+    }
+
+    /// MPS workers, idle and in use (`info`'s pool); 0 in blink mode.
+    fn workers(&self) -> u64 {
+        let info = self.d.info().unwrap_or_default();
+        info["pool"]["idle"].as_u64().unwrap_or(0) + info["pool"]["in_use"].as_u64().unwrap_or(0)
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}{}", self.next)
+    }
+
+    /// Applies one event; returns when its disruption began (`None`: nothing to apply it to).
+    fn apply(&mut self, kind: Kind) -> Option<Instant> {
+        let mut began = Instant::now();
+        match kind {
+            Kind::UpgradeStream => {
+                let streams = self.streams();
+                let p = self.rng.pick(&streams)?;
+                self.d.ok(&["upgrade", p.name, &ptx(p.image)]);
+            }
+            Kind::LoadBystander => {
+                if self.bystanders.len() >= MAX_BYSTANDERS {
+                    return None;
+                }
+                let name = self.fresh("bystander");
+                self.d.ok(&["load", &name, &ptx("heartbeat")]);
+                self.bystanders.insert(name, ());
+            }
+            Kind::UpgradeBystander | Kind::UnloadBystander => {
+                let names: Vec<String> = self.bystanders.keys().cloned().collect();
+                let name = self.rng.pick(&names).cloned()?;
+                if kind == Kind::UpgradeBystander {
+                    self.d.ok(&["upgrade", &name, &ptx("heartbeat")]);
+                } else {
+                    self.d.ok(&["unload", &name]);
+                    self.bystanders.remove(&name);
+                }
+            }
+            Kind::Fault => {
+                self.faults.retain(|t| t.elapsed() < Duration::from_secs(60));
+                if self.faults.len() >= MAX_FAULTS_PER_MINUTE {
+                    return None;
+                }
+                self.faults.push(Instant::now());
+                // No other image changed within 1.5 s of the fault: the recency rule names the culprit
+                // at once (one replacement of the process in blink mode, no search by halves).
+                std::thread::sleep(Duration::from_millis(1600));
+                began = Instant::now();
+                self.d.ok(&["load", "fault", &ptx("fault")]);
+                let culprit = wait_until(DEADLINE, || {
+                    self.ps()
+                        .iter()
+                        .any(|r| r["name"] == "fault" && r["state"].as_str().is_some_and(|s| s.starts_with("faulted")))
+                });
+                assert!(culprit, "the fault program was never named: {:#?}\n{}", self.ps(), self.d.log_tail(80));
+                self.ok_eventually(&["unload", "fault"]);
+                self.natives_interrupted();
+            }
+            Kind::Kill9 => {
+                self.d.kill9_and_restart();
+                self.natives_interrupted();
+            }
+            Kind::KillWorker => {
+                if !self.mps {
+                    return None;
+                }
+                let rows = self.ps();
+                let names: Vec<String> = self.bystanders.keys().cloned().collect();
+                let name = self.rng.pick(&names).cloned()?;
+                let pid = rows.iter().find(|r| r["name"] == name.as_str()).and_then(|r| r["worker_pid"].as_u64())?;
+                let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+                assert!(killed.is_ok_and(|s| s.success()), "kill -9 of {name}'s worker {pid}");
+                // Its program is named the culprit (its worker died) or relaunched: either way the
+                // test lets it go, once meshd has noticed.
+                let noticed = wait_until(DEADLINE, || {
+                    self.ps().iter().any(|r| r["name"] == name.as_str() && r["worker_pid"].as_u64() != Some(pid))
+                });
+                assert!(noticed, "meshd never noticed the death of {name}'s worker: {:#?}", self.ps());
+                self.ok_eventually(&["unload", &name]);
+                self.bystanders.remove(&name);
+                self.natives_interrupted();
+            }
+            Kind::Spawn => {
+                if !self.spawn() {
+                    return None;
+                }
+            }
+            Kind::Stop => {
+                let names: Vec<String> = self.natives.keys().cloned().collect();
+                let name = self.rng.pick(&names).cloned()?;
+                let n = self.natives.remove(&name).expect("listed");
+                // A worker that ended by itself before a restart is forgotten by the restart: then
+                // there is nothing to stop.
+                let out = self.d.cli(&["stop", &name]);
+                if !out.status.success() {
+                    assert!(n.interrupted, "stop {name}: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                if let Some(echo) = &n.echo {
+                    self.d.ok(&["unload", echo]);
+                }
+                if !n.interrupted && n.echo.is_some() {
+                    // It ran alone on its channels: whatever it finished, it checked.
+                    let text = std::fs::read_to_string(&n.result).unwrap_or_default();
+                    assert!(!text.contains("errors=") || text.contains("errors=0"), "native worker {name}: {text}");
+                }
+            }
+        }
+        Some(began)
+    }
+
+    /// A native worker: the Rust example (a GPU worker) exchanging messages with its own `echo_warp`
+    /// on channels of its own; without that binary, in blink mode, a shell stand-in (no GPU).
+    fn spawn(&mut self) -> bool {
+        if !self.natives.is_empty() {
+            return false;
+        }
+        let name = self.fresh("native");
+        let result = self.dir.path().join(format!("{name}.result"));
+        let echo = match (&self.native_binary, self.mps) {
+            (Some(bin), _) => {
+                let (to, from, echo) = (format!("{name}-to"), format!("{name}-from"), format!("{name}-echo"));
+                Self::channel(&self.d, &to, 16, 1024, "host");
+                Self::channel(&self.d, &from, 16, 1024, "host");
+                self.d.ok(&["load", &echo, &ptx("echo_warp"), "--bind", &to, "--bind", &from]);
+                let (bin, count, res) =
+                    (bin.display().to_string(), NATIVE_COUNT.to_string(), result.display().to_string());
+                self.d.ok(&["spawn", &name, "--bind", &to, "--bind", &from, "--", &bin, &count, &res]);
+                Some(echo)
+            }
+            // An MPS native worker must be a client of meshd's server: a shell is refused.
+            (None, true) => return false,
+            (None, false) => {
+                self.d.ok(&["spawn", &name, "--", "/bin/bash", "-c", "echo ready >&$MESH_READY_FD; exec sleep 100000"]);
+                None
+            }
+        };
+        self.natives.insert(name, Native { echo, result, interrupted: false });
+        true
+    }
+
+    fn natives_interrupted(&mut self) {
+        for n in self.natives.values_mut() {
+            n.interrupted = true;
+        }
+    }
+}
+
+/// One event's figures.
+#[derive(Default)]
+struct Figures {
+    count: usize,
+    longest: Duration,
+}
+
+fn run(mode: &str, mps: bool) {
+    let seed = chaos::seed();
+    let length = chaos::duration();
+    eprintln!(
+        "chaos {mode}: seed {seed} ({}s; replay: MESH_CHAOS_SEED={seed} MESH_CHAOS_SECS={} MESH_GPU_TESTS=1, test chaos_{mode})",
+        length.as_secs(),
+        length.as_secs()
+    );
+    // An earlier test's MPS processes may still be ending (the driver takes up to ~2 s after a kill).
+    let clear = wait_until(Duration::from_secs(30), || chaos::leftovers().is_empty());
+    assert!(clear, "meshd or MPS processes before the test: {:?}", chaos::leftovers());
+    let memory_before = chaos::gpu_memory_mib();
+    let mut c = Chaos::start(mps, seed);
+    let mailbox_path = c.mb.path().to_path_buf();
+    let first = c.progress().expect("progress");
+    c.recovered(&first, "the setup");
+    let base_pid = c.d.child.id();
+    let base_counts = chaos::settled_counts(base_pid);
+    let base_workers = c.workers();
+    eprintln!("chaos {mode}: set up; meshd pid {base_pid}: (descriptors, threads) {base_counts:?}");
+
+    let mut figures: BTreeMap<Kind, Figures> = BTreeMap::new();
+    let (mut max_gap, mut repeats_bound, mut lost_bound) = (Duration::ZERO, 0u64, 0u64);
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < length {
+        let pause = Duration::from_millis(200 + c.rng.below(1800));
+        std::thread::sleep(pause);
+        let kind = draw(&mut c.rng);
+        let Some(before) = c.progress() else { panic!("event {i}: meshd does not answer\n{}", c.d.log_tail(80)) };
+        let (repeated0, lost0, log0) = (Tally::get(&c.echo.tally.repeated), c.device_lost(), c.d.log_text().len());
+        let Some(began) = c.apply(kind) else { continue };
+        c.crashed |= kind.crash();
+        let what = format!("chaos {mode} event {i} ({kind:?}; seed {seed})");
+        c.recovered(&before, &what);
+        let gap = began.elapsed();
+        let (repeated, lost) = (Tally::get(&c.echo.tally.repeated) - repeated0, c.device_lost() - lost0);
+        if kind.crash() {
+            let log = c.d.log_text();
+            let logged = chaos::logged_replay(log.get(log0..).unwrap_or_default(), "to-echo");
+            let bound = match (kind, logged) {
+                (_, Some(n)) => n,
+                (Kind::Kill9, None) => 0,
+                // A recovery in place (MPS) logs no bound: the ring's capacity is the most.
+                (_, None) => ECHO_CAPACITY,
+            };
+            assert!(
+                repeated <= bound,
+                "{what}: the echo stream repeated {repeated} messages, bound {bound} ({logged:?} logged)"
+            );
+            assert!(
+                lost <= DEVICE_CAPACITY,
+                "{what}: the device ring lost {lost} messages (capacity {DEVICE_CAPACITY})"
+            );
+            repeats_bound += bound;
+            lost_bound += DEVICE_CAPACITY;
+            max_gap = max_gap.max(gap);
+        } else {
+            assert_eq!((repeated, lost), (0, 0), "{what}: an orderly event repeated or lost messages");
+        }
+        let f = figures.entry(kind).or_default();
+        f.count += 1;
+        f.longest = f.longest.max(gap);
+        i += 1;
+    }
+
+    // Back to the set-up state, then every message accounted for.
+    for name in std::mem::take(&mut c.bystanders).into_keys() {
+        c.d.ok(&["unload", &name]);
+    }
+    for name in c.natives.keys().cloned().collect::<Vec<_>>() {
+        let _ = c.d.cli(&["stop", &name]);
+        if let Some(echo) = c.natives.get(&name).and_then(|n| n.echo.clone()) {
+            c.d.ok(&["unload", &echo]);
+        }
+    }
+    c.natives.clear();
+    let now = c.progress().expect("progress");
+    c.recovered(&now, "the end");
+    let pid = c.d.child.id();
+    let end_counts = chaos::settled_counts(pid);
+    let end_workers = c.workers();
+    c.stop.store(true, Ordering::Relaxed);
+    let h2g_sent = {
+        for t in std::mem::take(&mut c.h2g.threads) {
+            t.join().expect("the host→GPU producer");
+        }
+        Tally::get(&c.h2g.tally.sent)
+    };
+    let drained = wait_until(DEADLINE, || {
+        c.progress().is_some_and(|p| p["h2g"] >= h2g_sent)
+            && c.echo.threads.iter().all(std::thread::JoinHandle::is_finished)
+    });
+    let rows = c.ps();
+    if let Some(why) = c.broken(&rows) {
+        panic!("chaos {mode} at the end: {why}");
+    }
+    assert!(
+        drained,
+        "chaos {mode}: the sink took {:?} of {h2g_sent}; the echo delivered {} of {}",
+        c.progress(),
+        Tally::get(&c.echo.tally.delivered),
+        Tally::get(&c.echo.tally.sent)
+    );
+    for end in [&mut c.g2h, &mut c.echo] {
+        for t in std::mem::take(&mut end.threads) {
+            t.join().expect("a host end");
+        }
+    }
+    let sink_words = c.user_words(&rows, "sink").expect("the sink runs");
+    let (echo_sent, echo_delivered) = (Tally::get(&c.echo.tally.sent), Tally::get(&c.echo.tally.delivered));
+    assert_eq!(echo_delivered, echo_sent, "chaos {mode}: every echo message came back");
+
+    // The summary.
+    eprintln!("chaos {mode} (seed {seed}): {i} events in {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!("| event | count | longest to recovered |");
+    eprintln!("|---|---:|---:|");
+    for (kind, f) in &figures {
+        eprintln!("| {kind:?} | {} | {:.0} ms |", f.count, f.longest.as_secs_f64() * 1e3);
+    }
+    eprintln!(
+        "max recovery gap after a crash (event to every program running and every stream moving): {:.0} ms",
+        max_gap.as_secs_f64() * 1e3
+    );
+    eprintln!("| stream | sent | received | repeated (bound) | lost |");
+    eprintln!("|---|---:|---:|---:|---:|");
+    eprintln!(
+        "| h2g host→sink | {h2g_sent} | {} (sink: {}) | - | 0 |",
+        c.progress().map_or(0, |p| p["h2g"]),
+        user::count(&sink_words)
+    );
+    let g2h = Tally::get(&c.g2h.tally.delivered);
+    eprintln!("| g2h source→host | {g2h} | {g2h} | 0 | 0 |");
+    eprintln!(
+        "| echo host→GPU→host | {echo_sent} | {} | {} ({repeats_bound}) | 0 |",
+        Tally::get(&c.echo.tally.received),
+        Tally::get(&c.echo.tally.repeated)
+    );
+    let gsink = c.user_words(&rows, "gsink").expect("gsink runs");
+    eprintln!(
+        "| g2g gsource→gsink | {} | (gsink: {}) | - | 0 |",
+        c.progress().map_or(0, |p| p["g2g"]),
+        user::count(&gsink)
+    );
+    let ping = c.user_words(&rows, "ping").map_or(0, |w| w[5]);
+    eprintln!(
+        "| pp ping↔pong | {} | - | - | wrong replies in ping's last launch: {ping} |",
+        c.progress().map_or(0, |p| p["pingpong"])
+    );
+    if !mps {
+        eprintln!(
+            "| dev dsource→dsink (device ring) | {} | - | - | {} ({lost_bound}) |",
+            c.progress().map_or(0, |p| p["dev"]),
+            c.device_lost()
+        );
+    }
+    eprintln!(
+        "meshd (descriptors, threads): after the setup {base_counts:?} (pid {base_pid}), at the end {end_counts:?} (pid {pid})"
+    );
+
+    // Nothing leaked. With --pool-grow the MPS pool may end larger than it started (a load past it
+    // creates a worker, which the unload keeps): each extra worker is allowed a few descriptors (its
+    // pipes) and a thread; the same number or fewer workers, none.
+    let extra = usize::try_from(end_workers.saturating_sub(base_workers)).unwrap_or(usize::MAX / 8);
+    let (fd_allowed, thread_allowed) = (base_counts.0 + 4 * extra, base_counts.1 + extra);
+    eprintln!("MPS workers: after the setup {base_workers}, at the end {end_workers}");
+    assert!(
+        end_counts.0 <= fd_allowed && end_counts.1 <= thread_allowed,
+        "chaos {mode}: meshd's descriptors or threads grew: {base_counts:?} -> {end_counts:?} ({extra} workers more)"
+    );
+    let status = c.d.shutdown();
+    assert!(status.success(), "chaos {mode}: meshd's exit: {status}\n{}", c.d.log_tail(40));
+    let gone = wait_until(Duration::from_secs(30), || {
+        chaos::leftovers().is_empty() && c.native_pids.iter().chain(&c.d.pids).all(|p| !chaos::alive(*p))
+    });
+    assert!(
+        gone,
+        "chaos {mode}: left behind after the shutdown: {:?}, natives {:?}",
+        chaos::leftovers(),
+        c.native_pids.iter().filter(|p| chaos::alive(**p)).collect::<Vec<_>>()
+    );
+    // --keep-shm kept the mailbox and its lock: the test's to remove.
+    let _ = std::fs::remove_file(&mailbox_path);
+    let _ = std::fs::remove_file(format!("{}.lock", mailbox_path.display()));
+    let memory_after = chaos::gpu_memory_mib();
+    eprintln!("chaos {mode}: GPU memory in use {memory_before:?} -> {memory_after:?} MiB");
+    if let (Some(a), Some(b)) = (memory_before, memory_after) {
+        assert!(b.abs_diff(a) * 100 <= a.max(1), "chaos {mode}: GPU memory {a} -> {b} MiB (more than 1%)");
+    }
+}
+
+#[test]
+fn chaos_blink() {
+    require_gpu!("chaos_blink");
+    run("blink", false);
+}
+
+#[test]
+fn chaos_mps() {
+    require_gpu!("chaos_mps");
+    run("mps", true);
+}
