@@ -17,6 +17,7 @@
 // Run: tests/probes/run-kit.sh. Prints "ROW|echo|..." and "TL|..." lines, histograms ("HIST|"), raw data
 // under $KIT_RAW_DIR. A measurement tool: not yet run on a GPU as written (2026-12-03).
 #include "kit_common.h"
+#include "kit_ring.h"
 #include "mesh.cuh"
 
 // ---- GPU side ----------------------------------------------------------------------------------
@@ -151,8 +152,6 @@ static Layout layout_for(uint32_t msg) {
     return l;
 }
 
-#include "kit_ring.h"
-
 static inline uint32_t payload_of(uint64_t seq, uint32_t k) { return (uint32_t)(seq * 2654435761u) ^ (k * 40503u); }
 
 // ---- One case ------------------------------------------------------------------------------------
@@ -232,7 +231,11 @@ static Result run_case(Region& r, const Case& c, int rounds, int warm, CpuSeen* 
         const uint64_t a = now_ns();
         uint64_t b;
         if (mesh) {
-            while (!tx.try_send(msg.data())) {}
+            for (uint32_t s = 1; !tx.try_send(msg.data()); s++)
+                if ((s & 0xfffff) == 0 && now_ns() - start > 20000000000ull) {
+                    res.error = "no credit for 20 s";
+                    break;
+                }
             for (uint32_t s = 1; !rx.try_recv(back.data()); s++) {
                 cpu_relax();  // std::hint::spin_loop(), as the bench's client
                 if ((s & 0xfffff) == 0 && now_ns() - start > 20000000000ull) res.error = "no reply for 20 s";
@@ -359,7 +362,6 @@ static void timeline(const Case& c, const Result& res, int warm, bool hist, bool
         for (double x : empties) h[std::min(11, (int)x)]++;
         for (int b = 0; b < 12; b++)
             if (h[b]) printf("HIST|%s|empty polls per message|%s%2d|%6d\n", head.c_str(), b == 11 ? ">=" : "  ", b, h[b]);
-    }
         histogram(head + "|last empty poll ns (load latency + decision)", last_empty, 100, 3000);
         histogram(head + "|poll period ns (poll start to poll start)", period, 100, 3000);
         histogram(head + "|successful poll ns (data to return)", poll_ok, 100, 3000);

@@ -9,11 +9,11 @@
 #      with clock64 inside), driven by a port of mesh-shm's client and by the probe's host loop;
 #   3. a host-delay sweep, 0-1600 ns after each reply (a sawtooth in the round trip means the GPU's polls
 #      quantize the wait), for the echo at 8 and 64 B and for the raw word and LL probe;
-#   4. the host thread pinned to a CPU near the GPU (its PCI device's local_cpulist), to one on another
-#      NUMA node if there is one, and unpinned, back to back.
+#   4. the host thread pinned to a CPU near the GPU (the last and the first of its PCI device's
+#      local_cpulist), to one on another NUMA node if there is one, and unpinned, back to back.
 # Every step runs under `timeout`, within an overall budget (KIT_BUDGET seconds, default 230). Prints
 # the tables last (also $OUT/kit-table.md); the whole log is $OUT/kit.log, raw samples $OUT/kit-raw.tar.gz.
-# Knobs: KIT_ROUNDS (20000), KIT_SWEEP_ROUNDS (10000), NVCC. Written without a GPU: not yet run (2026-12-03).
+# Knobs: KIT_ROUNDS (20000), KIT_SWEEP_ROUNDS (10000), NVCC, KIT_NVCC_FLAGS (e.g. -L for a pip toolchain). Written without a GPU: not yet run (2026-12-03).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -31,7 +31,7 @@ START=$(date +%s)
 DEADLINE=$((START + ${KIT_BUDGET:-230}))
 HUGE=$B/huge
 
-cleanup() { mountpoint -q "$HUGE" 2>/dev/null && umount "$HUGE"; rm -rf "$B"; }
+cleanup() { umount "$HUGE" 2>/dev/null; rm -rf "$B"; }
 trap cleanup EXIT
 
 log() { echo "$*" | tee -a "$LOG"; }
@@ -69,15 +69,20 @@ step() {
 # --- build, in parallel ---
 mkdir -p "$B/bin"
 log "== build ($NVCC)"
-(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 -o "$B/bin/ll_roundtrip" tests/probes/ll_roundtrip.cu >"$B/b1.log" 2>&1) &
-(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 -o "$B/bin/kit_ll" tests/probes/kit_ll.cu >"$B/b2.log" 2>&1) &
-(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 -I crates/mesh-shm/include -o "$B/bin/kit_echo" tests/probes/kit_echo.cu >"$B/b3.log" 2>&1) &
+(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 ${KIT_NVCC_FLAGS:-} -o "$B/bin/ll_roundtrip" tests/probes/ll_roundtrip.cu >"$B/b1.log" 2>&1) &
+(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 ${KIT_NVCC_FLAGS:-} -o "$B/bin/kit_ll" tests/probes/kit_ll.cu >"$B/b2.log" 2>&1) &
+(timeout -k 5 170 "$NVCC" -O3 -arch=sm_90 -std=c++17 ${KIT_NVCC_FLAGS:-} -I crates/mesh-shm/include -o "$B/bin/kit_echo" tests/probes/kit_echo.cu >"$B/b3.log" 2>&1) &
 wait
 cat "$B"/b?.log >>"$LOG"
 for p in ll_roundtrip kit_ll kit_echo; do [ -x "$B/bin/$p" ] || log "== build: $p FAILED (see the log)"; done
 log "== build done at +$(($(date +%s) - START))s"
 LL=$B/bin/kit_ll
 ECHO=$B/bin/kit_echo
+# The timed kernel's machine code, to check where the clock reads sit against the loads (in the archive).
+CUOBJDUMP=$(dirname "$NVCC")/cuobjdump
+[ -x "$CUOBJDUMP" ] || CUOBJDUMP=$(command -v cuobjdump || true)
+[ -n "$CUOBJDUMP" ] && [ -x "$ECHO" ] && timeout 30 "$CUOBJDUMP" -sass "$ECHO" >"$KIT_RAW_DIR/sass-kit_echo.txt" 2>&1
+[ -n "$CUOBJDUMP" ] && [ -x "$LL" ] && timeout 30 "$CUOBJDUMP" -sass "$LL" >"$KIT_RAW_DIR/sass-kit_ll.txt" 2>&1
 
 # --- where the GPU is, which CPUs are near it ---
 expand() { # a cpulist ("0-3,8") as words
@@ -88,8 +93,9 @@ GPU_CPUS=$(echo "$INFO" | sed -n 's/^KIT_GPU_CPUS=//p')
 ONLINE=$(echo "$INFO" | sed -n 's/^KIT_ONLINE_CPUS=//p')
 [ -z "$ONLINE" ] && ONLINE=$(cat /sys/devices/system/cpu/online 2>/dev/null)
 NEAR=$(expand "${GPU_CPUS:-$ONLINE}" | tail -1)                # the last CPU near the GPU (CPU 0 takes the most interrupts)
+FIRST=$(expand "${GPU_CPUS:-$ONLINE}" | head -1)               # the first: often the one that takes the device's interrupts
 FAR=$(comm -23 <(expand "$ONLINE" | sort) <(expand "${GPU_CPUS:-$ONLINE}" | sort) | sort -n | tail -1)
-log "== GPU node $(echo "$INFO" | sed -n 's/^KIT_GPU_NODE=//p'), local CPUs [${GPU_CPUS}], online [${ONLINE}]: near CPU ${NEAR:-none}, far CPU ${FAR:-none (one node)}"
+log "== GPU node $(echo "$INFO" | sed -n 's/^KIT_GPU_NODE=//p'), local CPUs [${GPU_CPUS}], online [${ONLINE}]: near CPU ${NEAR:-none}, first ${FIRST:-none}, far CPU ${FAR:-none (one node)}"
 
 # --- a tmpfs with huge pages, for the tmpfs-huge kind (the mailbox's recipe on 2 MiB pages) ---
 mkdir -p "$HUGE"
@@ -115,8 +121,9 @@ step "3a sweep echo" 60 "$ECHO" "${SR[@]}" --kinds shm --variants kit --hostloop
 step "3b sweep echo timed 8 B" 40 "$ECHO" "${SR[@]}" --kinds shm --variants timed --hostloops mesh --sizes 8 --delays 0:1600:100 --hist 0 --csv 0 --label sweep
 step "3c sweep raw and LL" 60 "$LL" "${SR[@]}" --kinds shm --sizes raw,8,64 --layouts fixed,ring --delays 0:1600:100 --label sweep
 # 4. pinned near the GPU, far from it, unpinned: back to back, same cases
-for where in unpinned near far; do
-  case $where in unpinned) cpu=-1 ;; near) cpu=${NEAR:-} ;; far) cpu=${FAR:-} ;; esac
+for where in unpinned near first far; do
+  case $where in unpinned) cpu=-1 ;; near) cpu=${NEAR:-} ;; first) cpu=${FIRST:-} ;; far) cpu=${FAR:-} ;; esac
+  [ "$where" = first ] && [ "${FIRST:-}" = "${NEAR:-}" ] && continue
   if [ -z "$cpu" ]; then log "== 4 $where: no such CPU on this machine"; continue; fi
   step "4 ll $where" 30 "$LL" "${R[@]}" --cpu "$cpu" --label "pin-$where" --kinds hostalloc,shm --sizes raw,64,1024 --layouts fixed
   step "4 echo $where" 30 "$ECHO" "${R[@]}" --cpu "$cpu" --label "pin-$where" --kinds shm --variants kit --hostloops mesh --sizes 8,64,1024
