@@ -207,7 +207,7 @@ struct Region {
 static const size_t HUGE_2M = 2u << 20;
 
 // A 2 MiB-aligned address range of `len` bytes, reserved (PROT_NONE), for a MAP_FIXED mapping over it:
-// transparent huge pages need the range aligned, and the other kinds get the same placement.
+// huge pages need the range aligned.
 static inline void* reserve_aligned(size_t len) {
     void* r = mmap(nullptr, len + HUGE_2M, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (r == MAP_FAILED) return nullptr;
@@ -235,11 +235,15 @@ static inline bool region_open(int k, size_t len, Region* r, std::string* why) {
         r->host = (char*)p;
         r->hostalloc = true;
     } else {
-        void* at = reserve_aligned(len);
-        if (!at) {
+        // Huge pages need a 2 MiB-aligned range; the mailbox's own kinds take the address the kernel
+        // picks, as memmap2 does.
+        const bool aligned = k == MK_SHM_THP || k == MK_TMPFS_HUGE || k == MK_ANON_THP;
+        void* at = aligned ? reserve_aligned(len) : nullptr;
+        if (aligned && !at) {
             *why = std::string("reserve: ") + strerror(errno);
             return false;
         }
+        const int fixed = aligned ? MAP_FIXED : 0;
         void* p = MAP_FAILED;
         if (k == MK_SHM || k == MK_SHM_POPULATE || k == MK_SHM_THP || k == MK_TMPFS_HUGE) {
             const char* dir = "/dev/shm";
@@ -247,7 +251,7 @@ static inline bool region_open(int k, size_t len, Region* r, std::string* why) {
                 dir = getenv("KIT_HUGE_DIR");
                 if (!dir || !*dir) {
                     *why = "no KIT_HUGE_DIR (a tmpfs mounted with huge=always)";
-                    munmap(at, len);
+                    if (at) munmap(at, len);
                     return false;
                 }
             }
@@ -265,13 +269,12 @@ static inline bool region_open(int k, size_t len, Region* r, std::string* why) {
                 close(fd);
                 return false;
             }
-            int flags = MAP_SHARED | MAP_FIXED | (k == MK_SHM_POPULATE ? MAP_POPULATE : 0);
+            int flags = MAP_SHARED | fixed | (k == MK_SHM_POPULATE ? MAP_POPULATE : 0);
             p = mmap(at, len, PROT_READ | PROT_WRITE, flags, fd, 0);
             close(fd);
         } else if (k == MK_ANON || k == MK_ANON_THP) {
-            p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | fixed, -1, 0);
         } else if (k == MK_HUGETLB) {
-            munmap(at, len);
             p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
         }
         if (p == MAP_FAILED) {
