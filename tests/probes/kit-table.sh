@@ -7,7 +7,7 @@ LOG=${1:?usage: kit-table.sh LOG}
 awk -F'|' '
 function cell(m, p) { return sprintf("%.2f / %.2f", m, p) }
 function ratio(x, base) { return base > 0 ? sprintf(" (%.2f×%s)", x / base, rbase) : "" }
-/^KIT_GPU_|^KIT_THP|^KIT_PCIE|^== GPU node|^== build|^== tmpfs|SKIPPED|: rc=|^== raw archive/ { info[++ni] = $0 }
+/^KIT_GPU_|^KIT_THP|^KIT_PCIE|^== GPU node|^== build|^== tmpfs|SKIPPED|: rc=|^== kit-raw|^== total/ { info[++ni] = $0 }
 /^raw relaxed word|^LL 4\+4, one warp/ { probe[++np] = $0 }
 $1 == "MEM" { mem[$2 "|" $3 "|" $4] = $5; if (!(($2 "|" $4) in memseen)) { memseen[$2 "|" $4] = 1; memorder[++nm] = $2 "|" $4 } }
 $1 == "ROW" && $2 == "ll" {
@@ -79,7 +79,7 @@ END {
   }
   for (s in skip) if (s ~ /^echo\|/) print "| " substr(s, 6) " | skipped: " skip[s] " | | | | | | |"
   print ""
-  print "### 2b. Timeline inside the echo (variant timed; medians, ns from clock64 scaled by %globaltimer; histograms in kit.log, HIST lines; per-message CSV in kit-raw.tar.gz)"
+  print "### 2b. Timeline inside the echo (variant timed; medians, ns from clock64 scaled by %globaltimer; histograms in kit.log, HIST lines; per-message CSV in kit-raw-timeline.tar.gz)"
   print ""
   print "| memory | size | host loop | mean empty polls / msg | last empty poll | poll period | successful poll | send | idle (reply → next poll) | chained host load | partial polls |"
   print "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"

@@ -12,7 +12,7 @@
 #   4. the host thread pinned to a CPU near the GPU (the last and the first of its PCI device's
 #      local_cpulist), to one on another NUMA node if there is one, and unpinned, back to back.
 # Every step runs under `timeout`, within an overall budget (KIT_BUDGET seconds, default 230). Prints
-# the tables last (also $OUT/kit-table.md); the whole log is $OUT/kit.log, raw samples $OUT/kit-raw.tar.gz.
+# the tables last (also $OUT/kit-table.md); the whole log is $OUT/kit.log, raw samples in $OUT/kit-raw-*.tar.gz.
 # Knobs: KIT_ROUNDS (20000), KIT_SWEEP_ROUNDS (10000), NVCC, KIT_NVCC_FLAGS (e.g. -L for a pip toolchain). Written without a GPU: not yet run (2026-12-03).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -115,7 +115,7 @@ step "probe ll_roundtrip (as committed)" 60 "$B/bin/ll_roundtrip"
 step "1 ll x memory" 100 "$LL" "${R[@]}" --kinds "$KINDS" --sizes raw,8,64,256,1024,4096 --layouts fixed,ring
 # 2. the echo: as meshd runs it (ptx), built here (kit), both host loops; then the timeline
 step "2a echo x memory x host loop" 100 "$ECHO" "${R[@]}" --kinds hostalloc,shm,tmpfs-huge --variants ptx,kit --hostloops mesh,probe
-step "2b echo timeline" 60 "$ECHO" "${R[@]}" --kinds hostalloc,shm --variants timed --hostloops mesh
+step "2b echo timeline" 60 "$ECHO" "${R[@]}" --kinds hostalloc,shm --variants timed --hostloops mesh,probe
 # 3. host-delay sweep
 step "3a sweep echo" 60 "$ECHO" "${SR[@]}" --kinds shm --variants kit --hostloops mesh --sizes 8,64 --delays 0:1600:100 --label sweep
 step "3b sweep echo timed 8 B" 40 "$ECHO" "${SR[@]}" --kinds shm --variants timed --hostloops mesh --sizes 8 --delays 0:1600:100 --hist 0 --csv 0 --label sweep
@@ -131,13 +131,23 @@ done
 # drift: the raw word again at the end
 step "drift raw word" 20 "$LL" "${R[@]}" --label drift --kinds hostalloc,shm --sizes raw --layouts fixed
 
-# --- raw data back: one archive (the device tool brings back at most 8 files of 16 MiB) ---
-tar -czf "$OUT/kit-raw.tar.gz" -C "$B" raw 2>>"$LOG"
-if [ "$(stat -c %s "$OUT/kit-raw.tar.gz" 2>/dev/null || echo 0)" -gt $((15 << 20)) ]; then
-  log "== raw archive over 15 MiB: timeline CSVs left out"
-  tar -czf "$OUT/kit-raw.tar.gz" -C "$B" --exclude='raw/timeline-*' raw 2>>"$LOG"
-fi
-log "== raw archive: $(stat -c %s "$OUT/kit-raw.tar.gz" 2>/dev/null) bytes; total +$(($(date +%s) - START))s"
+# --- raw data back: three archives (the device tool brings back at most 8 files of 16 MiB each) ---
+pack() { # pack NAME PATTERN...: the raw files matching the patterns into $OUT/NAME.tar.gz, if under 15 MiB
+  local name=$1; shift
+  local files; files=$(cd "$KIT_RAW_DIR" && for p in "$@"; do ls $p 2>/dev/null; done)
+  [ -z "$files" ] && return
+  (cd "$KIT_RAW_DIR" && tar -czf "$OUT/$name.tar.gz" $files) 2>>"$LOG"
+  local size; size=$(stat -c %s "$OUT/$name.tar.gz" 2>/dev/null || echo 0)
+  if [ "$size" -gt $((15 << 20)) ]; then
+    rm -f "$OUT/$name.tar.gz"; log "== $name: $size bytes, over 15 MiB: not kept"
+  else
+    log "== $name.tar.gz: $(echo "$files" | wc -l) files, $size bytes"
+  fi
+}
+pack kit-raw-timeline 'timeline-*' 'sass-*'
+pack kit-raw-rtt 'll-unpinned-*' 'echo-unpinned-*' 'll-drift-*'
+pack kit-raw-sweep-pin '*-sweep-*' '*-pin-*'
+log "== total +$(($(date +%s) - START))s"
 
 # --- the tables ---
 bash "$ROOT/tests/probes/kit-table.sh" "$LOG" | tee "$OUT/kit-table.md"
