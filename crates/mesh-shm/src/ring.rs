@@ -44,17 +44,65 @@ pub const fn tag(seq: u64) -> u32 {
     (seq as u32) | 0x8000_0000
 }
 
-/// The payload of a word: its low half (the high half is the tag).
-#[inline]
-#[allow(clippy::cast_possible_truncation, reason = "keeps the low half, on purpose")]
-const fn payload(word: u64) -> u32 {
-    word as u32
-}
-
 /// One word of message `seq` carrying `payload`.
 #[inline]
 pub const fn word(seq: u64, payload: u32) -> u64 {
     ((tag(seq) as u64) << 32) | payload as u64
+}
+
+/// Payload bytes of two words: a message's size is a multiple of this, so the host ends move payload
+/// 8 bytes (one pair of words) at a time, with no 4-byte tail to handle.
+const PAIR: usize = 2 * WORD_PAYLOAD;
+/// A word's payload half.
+const LOW: u64 = 0xffff_ffff;
+
+/// Stores 8 payload bytes `v` as the two words of `pair`, tagged with `t` (already shifted).
+///
+/// On x86-64 one aligned 16-byte store (`movdqa`) writes both words: each aligned 8-byte half of it is
+/// single-copy atomic (Intel SDM vol. 3 §9.1.1, AMD APM vol. 2 §7.3.2; the whole 16 bytes are, on
+/// processors with AVX), so it is what the format needs, two relaxed 8-byte atomic stores, in one
+/// store-buffer entry and one request for the line.
+#[inline(always)]
+fn store_pair(pair: &[AtomicU64], t: u64, v: u64) {
+    let (lo, hi) = (t | (v & LOW), t | (v >> 32));
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let p = pair[..2].as_ptr();
+        debug_assert!(p.addr() % 16 == 0);
+        // SAFETY: `p` points to two words of a slot (the bounds check above), 16-byte aligned (slots
+        // are 16-aligned, a multiple of 16 bytes long, and pairs start at even words). The asm writes
+        // those 16 bytes and nothing else, which the Rust memory model sees as two relaxed atomic
+        // stores to `pair[0]` and `pair[1]` (it has no other effect on memory, flags or the stack).
+        unsafe {
+            core::arch::asm!(
+                "movq {a}, {lo}",
+                "movq {b}, {hi}",
+                "punpcklqdq {a}, {b}",
+                "movdqa xmmword ptr [{p}], {a}",
+                p = in(reg) p,
+                lo = in(reg) lo,
+                hi = in(reg) hi,
+                a = out(xmm_reg) _,
+                b = out(xmm_reg) _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        pair[0].store(lo, Ordering::Relaxed);
+        pair[1].store(hi, Ordering::Relaxed);
+    }
+}
+
+/// Payload bytes `8k..8k + 8` of `msg`, zero-padded past its end.
+#[inline]
+fn padded_pair(msg: &[u8], k: usize) -> u64 {
+    let mut b = [0u8; PAIR];
+    let rest = msg.get(k * PAIR..).unwrap_or(&[]);
+    let n = rest.len().min(PAIR);
+    b[..n].copy_from_slice(&rest[..n]);
+    u64::from_le_bytes(b)
 }
 
 /// A ring's memory: its header and `capacity` slots of `msg_size / 4` words right after it.
@@ -181,11 +229,21 @@ impl ProducerCore {
     /// Free slots, refreshing the cached consumer index only when fewer than `wanted` look free.
     #[inline]
     fn free(&mut self, wanted: u64) -> Result<u64, Corrupt> {
-        let mut used = self.head.wrapping_sub(self.cached_tail);
+        let used = self.head.wrapping_sub(self.cached_tail);
         if self.ring.capacity - used.min(self.ring.capacity) < wanted {
-            self.cached_tail = self.ring.tail();
-            used = self.head.wrapping_sub(self.cached_tail);
+            return self.refresh();
         }
+        Ok(self.ring.capacity - used)
+    }
+
+    /// Rereads the consumer's `tail` (the ring looked too full to the cached copy) and returns the
+    /// free slots it leaves. Out of line and cold: it runs about once a lap, and without it the
+    /// send path is small enough for the compiler to inline into the caller's loop.
+    #[cold]
+    #[inline(never)]
+    fn refresh(&mut self) -> Result<u64, Corrupt> {
+        self.cached_tail = self.ring.tail();
+        let used = self.head.wrapping_sub(self.cached_tail);
         if used > self.ring.capacity {
             return Err(Corrupt { head: self.head, tail: self.cached_tail });
         }
@@ -196,32 +254,36 @@ impl ProducerCore {
     /// The first word goes last: a GPU receiver decides "empty" on the first word alone, and on x86
     /// the other words are visible before it, so the receiver rarely catches a message half-written
     /// (which would cost it one more PCIe round trip to re-poll the rest).
+    ///
+    /// Payload is taken 8 bytes (one pair of words) at a time: the message size is a multiple of 8,
+    /// so a pair never straddles the message's end, and one 8-byte load feeds one 16-byte store.
     #[inline]
     fn write(&self, msg: &[u8]) {
+        if msg.len() != self.ring.msg_size {
+            return self.write_padded(msg);
+        }
         let seq = self.head;
         let words = self.ring.words(seq);
-        let payload = |k: usize| -> u32 {
-            match msg.get(k * WORD_PAYLOAD..(k + 1) * WORD_PAYLOAD) {
-                Some(c) => u32::from_le_bytes(c.try_into().expect("4 bytes")),
-                None => {
-                    let mut last = [0u8; WORD_PAYLOAD];
-                    let rest = msg.get(k * WORD_PAYLOAD..).unwrap_or(&[]);
-                    last[..rest.len()].copy_from_slice(rest);
-                    u32::from_le_bytes(last)
-                }
-            }
-        };
-        if msg.len() == self.ring.msg_size {
-            // The common case, without the padding checks.
-            for (w, c) in words[1..].iter().zip(msg[WORD_PAYLOAD..].chunks_exact(WORD_PAYLOAD)) {
-                w.store(word(seq, u32::from_le_bytes(c.try_into().expect("4 bytes"))), Ordering::Relaxed);
-            }
-        } else {
-            for (k, w) in words.iter().enumerate().skip(1) {
-                w.store(word(seq, payload(k)), Ordering::Relaxed);
-            }
+        let t = u64::from(tag(seq)) << 32;
+        let (head_pair, rest) = words.split_at(2);
+        for (pair, c) in rest.chunks_exact(2).zip(msg[PAIR..].chunks_exact(PAIR)) {
+            store_pair(pair, t, u64::from_le_bytes(c.try_into().expect("8 bytes")));
         }
-        words[0].store(word(seq, payload(0)), Ordering::Relaxed);
+        store_pair(head_pair, t, u64::from_le_bytes(msg[..PAIR].try_into().expect("8 bytes")));
+    }
+
+    /// [`Self::write`] for a message shorter than the message size: the rest of the slot is zeros.
+    #[cold]
+    #[inline(never)]
+    fn write_padded(&self, msg: &[u8]) {
+        let seq = self.head;
+        let words = self.ring.words(seq);
+        let t = u64::from(tag(seq)) << 32;
+        let (head_pair, rest) = words.split_at(2);
+        for (k, pair) in rest.chunks_exact(2).enumerate() {
+            store_pair(pair, t, padded_pair(msg, k + 1));
+        }
+        store_pair(head_pair, t, padded_pair(msg, 0));
     }
 
     /// Writes up to `count` messages, message `i` taken from `msg(i)` (at most the message size;
@@ -230,8 +292,8 @@ impl ProducerCore {
     pub fn push_with<'m>(&mut self, count: u64, mut msg: impl FnMut(u64) -> &'m [u8]) -> Result<u64, Corrupt> {
         let n = self.free(count)?.min(count);
         for i in 0..n {
-            // The Acquire load of `tail` in `free` ordered the consumer's reads of this slot before
-            // these stores; the consumer accepts a word only once it carries this message's tag.
+            // The Acquire load of `tail` in `refresh` ordered the consumer's reads of this slot
+            // before these stores; the consumer accepts a word only once it carries this message's tag.
             self.write(msg(i));
             self.head = self.head.wrapping_add(1);
         }
@@ -242,10 +304,20 @@ impl ProducerCore {
     }
 
     /// Writes one message (shorter ones are zero-padded); `false` when the ring is full.
+    ///
+    /// The path of one message on its own, not [`Self::push_with`]'s loop: a compare against the
+    /// cached `tail`, the slot's stores, the `head` store.
     #[inline]
     pub fn try_push(&mut self, msg: &[u8]) -> Result<bool, Corrupt> {
         debug_assert!(msg.len() <= self.ring.msg_size);
-        Ok(self.push_with(1, |_| msg)? == 1)
+        if self.head.wrapping_sub(self.cached_tail) >= self.ring.capacity && self.refresh()? == 0 {
+            return Ok(false);
+        }
+        // As in `push_with`: `refresh`'s Acquire load ordered the consumer's reads before these stores.
+        self.write(msg);
+        self.head = self.head.wrapping_add(1);
+        self.ring.header().producer.head.store(self.head, Ordering::Release);
+        Ok(true)
     }
 }
 
@@ -280,28 +352,47 @@ impl ConsumerCore {
     /// `out` is left alone when the first or the last word is missing (empty, or still arriving: a
     /// GPU warp stores every word at once, a host producer in order); it may be partly written when
     /// only a middle word is missing.
+    ///
+    /// One pass: every word is loaded once, its tag folded into one check at the end (no branch per
+    /// word), and the payload leaves two words at a time as one 8-byte store (the caller's 8-byte
+    /// loads of `out` are then forwarded from one store instead of stalling on two 4-byte ones).
     #[inline]
     fn read(&self, out: &mut [u8]) -> bool {
         let seq = self.tail;
         let words = self.ring.words(seq);
         let t = tag(seq);
-        let (first, last) = (words[0].load(Ordering::Relaxed), words[words.len() - 1].load(Ordering::Relaxed));
-        if (first >> 32) as u32 != t || (last >> 32) as u32 != t {
+        let n = words.len();
+        let first = words[0].load(Ordering::Relaxed);
+        if (first >> 32) as u32 != t {
             return false;
         }
-        // One pass over the rest: check each word's tag as its payload is copied (the producer
-        // cannot rewrite a word of this message before our `tail` store, so what was checked is
-        // what was copied, and the two words read above are still valid).
-        let n = words.len();
-        for (w, o) in words[1..n - 1].iter().zip(out[WORD_PAYLOAD..].chunks_exact_mut(WORD_PAYLOAD)) {
-            let v = w.load(Ordering::Relaxed);
-            if (v >> 32) as u32 != t {
-                return false;
-            }
-            o.copy_from_slice(&payload(v).to_le_bytes());
+        let last = words[n - 1].load(Ordering::Relaxed);
+        if (last >> 32) as u32 != t {
+            return false;
         }
-        out[..WORD_PAYLOAD].copy_from_slice(&payload(first).to_le_bytes());
-        out[(n - 1) * WORD_PAYLOAD..].copy_from_slice(&payload(last).to_le_bytes());
+        // The producer cannot rewrite a word of this message before our `tail` store, so what is
+        // checked below is what was copied, and the two words read above are still valid.
+        let mut stray = 0u32;
+        let (head_out, rest_out) = out.split_at_mut(PAIR);
+        if n == 2 {
+            head_out.copy_from_slice(&((first & LOW) | (last << 32)).to_le_bytes());
+            return true;
+        }
+        let second = words[1].load(Ordering::Relaxed);
+        stray |= (second >> 32) as u32 ^ t;
+        let (middle_out, last_out) = rest_out.split_at_mut(rest_out.len() - PAIR);
+        for (pair, o) in words[2..n - 2].chunks_exact(2).zip(middle_out.chunks_exact_mut(PAIR)) {
+            let (a, b) = (pair[0].load(Ordering::Relaxed), pair[1].load(Ordering::Relaxed));
+            stray |= ((a >> 32) as u32 ^ t) | ((b >> 32) as u32 ^ t);
+            o.copy_from_slice(&((a & LOW) | (b << 32)).to_le_bytes());
+        }
+        let second_last = words[n - 2].load(Ordering::Relaxed);
+        stray |= (second_last >> 32) as u32 ^ t;
+        if stray != 0 {
+            return false;
+        }
+        head_out.copy_from_slice(&((first & LOW) | (second << 32)).to_le_bytes());
+        last_out.copy_from_slice(&((second_last & LOW) | (last << 32)).to_le_bytes());
         true
     }
 
@@ -327,7 +418,13 @@ impl ConsumerCore {
     #[inline]
     pub fn try_pop(&mut self, out: &mut [u8]) -> bool {
         debug_assert_eq!(out.len(), self.ring.msg_size);
-        self.pop_into(out) == 1
+        // Not `pop_into`: one message needs no record count (a division by the message size).
+        if !self.read(out) {
+            return false;
+        }
+        self.tail = self.tail.wrapping_add(1);
+        self.ring.header().consumer.tail.store(self.tail, Ordering::Release);
+        true
     }
 }
 
