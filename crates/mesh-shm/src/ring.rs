@@ -105,6 +105,127 @@ fn padded_pair(msg: &[u8], k: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Writes `src` (whole 8-byte pairs) as the tagged words `dst` (two per pair, `tag32` in each high
+/// half), in order.
+///
+/// On x86-64 16 payload bytes at a time: one unaligned load, two interleaves with the tag, two
+/// aligned 16-byte stores (each such store is two single-copy-atomic 8-byte words, see
+/// [`store_pair`]). Elsewhere, and under Miri, pair by pair.
+#[inline]
+fn store_words(dst: &[AtomicU64], tag32: u32, src: &[u8]) {
+    assert_eq!(dst.len() * WORD_PAYLOAD, src.len(), "two words per 8 payload bytes");
+    let t = u64::from(tag32) << 32;
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let quads = src.len() / 16;
+        if quads > 0 {
+            debug_assert!(dst.as_ptr().addr() % 16 == 0);
+            // SAFETY: `dst` holds 4 words per 16 source bytes (the assert above), 16-byte aligned
+            // (slots are 16-aligned and `dst` starts at an even word); `src` holds `16 * quads`
+            // readable bytes. The asm reads those bytes and writes those words and nothing else:
+            // to the Rust memory model, relaxed atomic stores of each word in order.
+            unsafe {
+                core::arch::asm!(
+                    "movd {tg}, {tag:e}",
+                    "pshufd {tg}, {tg}, 0",
+                    "2:",
+                    "movdqu {a}, xmmword ptr [{src}]",
+                    "movdqa {b}, {a}",
+                    "punpckldq {a}, {tg}",
+                    "punpckhdq {b}, {tg}",
+                    "movdqa xmmword ptr [{dst}], {a}",
+                    "movdqa xmmword ptr [{dst} + 16], {b}",
+                    "add {src}, 16",
+                    "add {dst}, 32",
+                    "dec {n}",
+                    "jnz 2b",
+                    tag = in(reg) tag32,
+                    src = inout(reg) src.as_ptr() => _,
+                    dst = inout(reg) dst.as_ptr() => _,
+                    n = inout(reg) quads => _,
+                    tg = out(xmm_reg) _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+        }
+        if src.len() % 16 != 0 {
+            let k = src.len() - PAIR;
+            store_pair(&dst[k / WORD_PAYLOAD..], t, u64::from_le_bytes(src[k..].try_into().expect("8 bytes")));
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    for (pair, c) in dst.chunks_exact(2).zip(src.chunks_exact(PAIR)) {
+        store_pair(pair, t, u64::from_le_bytes(c.try_into().expect("8 bytes")));
+    }
+}
+
+/// Copies the payload of the words `src` (an even number) into `out`; whether every word carries
+/// `tag32`. `out` is written whatever the answer.
+///
+/// On x86-64 four words at a time: two aligned 16-byte loads (each two single-copy-atomic 8-byte
+/// words), one shuffle gathering the payloads into one 16-byte store, one gathering the tags into one
+/// compare; the tags' verdict is one mask test at the end. Elsewhere, and under Miri, pair by pair.
+#[inline]
+fn load_words(src: &[AtomicU64], tag32: u32, out: &mut [u8]) -> bool {
+    assert_eq!(src.len() * WORD_PAYLOAD, out.len(), "8 payload bytes per two words");
+    let mut stray = 0u32;
+    let mut done = 0;
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let quads = src.len() / 4;
+        if quads > 0 {
+            debug_assert!(src.as_ptr().addr() % 16 == 0);
+            let mask: u32;
+            // SAFETY: `src` holds 4 words per 16 bytes of `out` (the assert above), 16-byte aligned
+            // (slots are 16-aligned, and `src` starts a slot); `out` is ours to write. The asm reads
+            // those words and writes those bytes and nothing else: to the Rust memory model, relaxed
+            // atomic loads of each word.
+            unsafe {
+                core::arch::asm!(
+                    "movd {tg}, {tag:e}",
+                    "pshufd {tg}, {tg}, 0",
+                    "pcmpeqd {acc}, {acc}",
+                    "2:",
+                    "movdqa {a}, xmmword ptr [{src}]",
+                    "movdqa {b}, xmmword ptr [{src} + 16]",
+                    "movaps {c}, {a}",
+                    "shufps {a}, {b}, 0x88",
+                    "shufps {c}, {b}, 0xdd",
+                    "pcmpeqd {c}, {tg}",
+                    "pand {acc}, {c}",
+                    "movdqu xmmword ptr [{dst}], {a}",
+                    "add {src}, 32",
+                    "add {dst}, 16",
+                    "dec {n}",
+                    "jnz 2b",
+                    "movmskps {mask:e}, {acc}",
+                    tag = in(reg) tag32,
+                    src = inout(reg) src.as_ptr() => _,
+                    dst = inout(reg) out.as_mut_ptr() => _,
+                    n = inout(reg) quads => _,
+                    mask = out(reg) mask,
+                    tg = out(xmm_reg) _,
+                    acc = out(xmm_reg) _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+            stray = mask ^ 0xf;
+            done = quads * 4;
+        }
+    }
+    for (pair, o) in src[done..].chunks_exact(2).zip(out[done * WORD_PAYLOAD..].chunks_exact_mut(PAIR)) {
+        let (a, b) = (pair[0].load(Ordering::Relaxed), pair[1].load(Ordering::Relaxed));
+        stray |= ((a >> 32) as u32 ^ tag32) | ((b >> 32) as u32 ^ tag32);
+        o.copy_from_slice(&((a & LOW) | (b << 32)).to_le_bytes());
+    }
+    stray == 0
+}
+
 /// A ring's memory: its header and `capacity` slots of `msg_size / 4` words right after it.
 #[derive(Debug, Clone, Copy)]
 pub struct RingMemory {
@@ -264,12 +385,9 @@ impl ProducerCore {
         }
         let seq = self.head;
         let words = self.ring.words(seq);
-        let t = u64::from(tag(seq)) << 32;
         let (head_pair, rest) = words.split_at(2);
-        for (pair, c) in rest.chunks_exact(2).zip(msg[PAIR..].chunks_exact(PAIR)) {
-            store_pair(pair, t, u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        store_pair(head_pair, t, u64::from_le_bytes(msg[..PAIR].try_into().expect("8 bytes")));
+        store_words(rest, tag(seq), &msg[PAIR..]);
+        store_pair(head_pair, u64::from(tag(seq)) << 32, u64::from_le_bytes(msg[..PAIR].try_into().expect("8 bytes")));
     }
 
     /// [`Self::write`] for a message shorter than the message size: the rest of the slot is zeros.
@@ -353,9 +471,10 @@ impl ConsumerCore {
     /// GPU warp stores every word at once, a host producer in order); it may be partly written when
     /// only a middle word is missing.
     ///
-    /// One pass: every word is loaded once, its tag folded into one check at the end (no branch per
-    /// word), and the payload leaves two words at a time as one 8-byte store (the caller's 8-byte
-    /// loads of `out` are then forwarded from one store instead of stalling on two 4-byte ones).
+    /// One pass after the first and last words: the tags folded into one check at the end (no
+    /// branch per word), the payload stored 8 bytes (an 8-byte message: the caller's 8-byte load of
+    /// `out` is then forwarded from one store instead of stalling on two 4-byte ones) or 16 bytes at
+    /// a time (see [`load_words`]).
     #[inline]
     fn read(&self, out: &mut [u8]) -> bool {
         let seq = self.tail;
@@ -371,29 +490,12 @@ impl ConsumerCore {
             return false;
         }
         // The producer cannot rewrite a word of this message before our `tail` store, so what is
-        // checked below is what was copied, and the two words read above are still valid.
-        let mut stray = 0u32;
-        let (head_out, rest_out) = out.split_at_mut(PAIR);
+        // checked below is what was copied (the first and last words included, read again).
         if n == 2 {
-            head_out.copy_from_slice(&((first & LOW) | (last << 32)).to_le_bytes());
+            out.copy_from_slice(&((first & LOW) | (last << 32)).to_le_bytes());
             return true;
         }
-        let second = words[1].load(Ordering::Relaxed);
-        stray |= (second >> 32) as u32 ^ t;
-        let (middle_out, last_out) = rest_out.split_at_mut(rest_out.len() - PAIR);
-        for (pair, o) in words[2..n - 2].chunks_exact(2).zip(middle_out.chunks_exact_mut(PAIR)) {
-            let (a, b) = (pair[0].load(Ordering::Relaxed), pair[1].load(Ordering::Relaxed));
-            stray |= ((a >> 32) as u32 ^ t) | ((b >> 32) as u32 ^ t);
-            o.copy_from_slice(&((a & LOW) | (b << 32)).to_le_bytes());
-        }
-        let second_last = words[n - 2].load(Ordering::Relaxed);
-        stray |= (second_last >> 32) as u32 ^ t;
-        if stray != 0 {
-            return false;
-        }
-        head_out.copy_from_slice(&((first & LOW) | (second << 32)).to_le_bytes());
-        last_out.copy_from_slice(&((second_last & LOW) | (last << 32)).to_le_bytes());
-        true
+        load_words(words, t, out)
     }
 
     /// Reads up to `out.len() / msg_size` whole messages into consecutive records of `out`, then
