@@ -739,6 +739,179 @@ mod tests {
         assert_eq!(seen, [0, 1, 2, 3, 4, 5, 6, 7, 100, 101, 102, 103, 104]);
     }
 
+    /// A message of `size` bytes whose every byte says where it is and which message it is from.
+    fn pattern(size: usize, salt: u8) -> Vec<u8> {
+        (0..size).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
+    }
+
+    #[test]
+    fn every_size_is_written_word_by_word_as_the_format_says() {
+        // 8: the head pair only; 16, 24, 32, 40: the 16-byte loop with and without a pair left over;
+        // 4096: the largest a channel is used with.
+        for size in [8, 16, 24, 32, 40, 64, 72, 4096] {
+            let heap = HeapRing::new(size, 2);
+            let mut p = ProducerCore::new(heap.ring);
+            let mut c = ConsumerCore::new(heap.ring).unwrap();
+            for seq in 0..3u64 {
+                let msg = pattern(size, seq as u8);
+                assert!(p.try_push(&msg).unwrap());
+                let words: Vec<u64> = heap.ring.words(seq).iter().map(|w| w.load(Ordering::Relaxed)).collect();
+                let expect: Vec<u64> =
+                    msg.chunks(WORD_PAYLOAD).map(|b| word(seq, u32::from_le_bytes(b.try_into().unwrap()))).collect();
+                assert_eq!(words, expect, "size {size}, message {seq}");
+                let mut out = vec![0u8; size];
+                assert!(c.try_pop(&mut out));
+                assert_eq!(out, msg, "size {size}, message {seq}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stray_word_anywhere_in_a_long_message_holds_it_back() {
+        // 24 bytes: words 0-3 go through the 16-byte loop, 4-5 through the pair left over.
+        for (size, stray) in [(24, 1), (24, 2), (24, 4), (64, 5), (64, 9), (64, 14)] {
+            let heap = HeapRing::new(size, 2);
+            let mut c = ConsumerCore::new(heap.ring).unwrap();
+            let n = size / WORD_PAYLOAD;
+            for k in 0..n {
+                heap.store_word(0, k, k as u32);
+            }
+            // The word left from the lap before (message 0 - capacity) still sits at `stray`.
+            heap.ring.words(0)[stray].store(word(0u64.wrapping_sub(2), 7), Ordering::Relaxed);
+            let mut out = vec![0u8; size];
+            assert!(!c.try_pop(&mut out), "size {size}: word {stray} is from the previous lap");
+            assert_eq!(heap.ring.tail(), 0);
+            heap.store_word(0, stray, stray as u32);
+            assert!(c.try_pop(&mut out), "size {size}: now whole");
+            let got: Vec<u32> = out.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(got, (0..n as u32).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn the_producer_rereads_tail_only_when_the_ring_looks_full() {
+        let heap = HeapRing::new(8, 4);
+        let mut p = ProducerCore::new(heap.ring);
+        assert!(p.try_push(&[1; 8]).unwrap());
+        // A tail no consumer can have left: a producer that read it on every send would refuse now.
+        heap.ring.header().consumer.tail.store(1000, Ordering::Release);
+        for _ in 0..3 {
+            assert!(p.try_push(&[2; 8]).unwrap(), "the cached tail still says there is room");
+        }
+        assert_eq!(p.try_push(&[3; 8]), Err(Corrupt { head: 4, tail: 1000 }), "full: reread, and refused");
+    }
+
+    #[test]
+    fn a_stale_cached_tail_is_refreshed_when_the_ring_looks_full() {
+        let heap = HeapRing::new(16, 4);
+        let mut p = ProducerCore::new(heap.ring);
+        let mut c = ConsumerCore::new(heap.ring).unwrap();
+        let mut out = [0u8; 16];
+        for i in 0..4u8 {
+            assert!(p.try_push(&[i; 16]).unwrap());
+        }
+        assert!(!p.try_push(&[9; 16]).unwrap());
+        assert!(c.try_pop(&mut out));
+        assert!(c.try_pop(&mut out));
+        // The producer's copy of tail says 0; the consumer has published 2.
+        assert!(p.try_push(&[4; 16]).unwrap());
+        assert_eq!(p.push_with(5, |_| &[5; 16]).unwrap(), 1, "a batch stops at the room the fresh tail gives");
+        assert!(!p.try_push(&[9; 16]).unwrap());
+        for expect in [2, 3, 4, 5] {
+            assert!(c.try_pop(&mut out));
+            assert_eq!(out, [expect; 16]);
+        }
+        assert!(!c.try_pop(&mut out));
+    }
+
+    /// One step of the model test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Send one message of this many bytes (at most the message size; shorter is zero-padded).
+        Push(usize),
+        /// Send this many whole messages in one batch.
+        PushBatch(usize),
+        /// Receive one message.
+        Pop,
+        /// Receive up to this many messages in one batch.
+        PopBatch(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0usize..=80).prop_map(Op::Push),
+            (0usize..20).prop_map(Op::PushBatch),
+            Just(Op::Pop),
+            (1usize..20).prop_map(Op::PopBatch),
+        ]
+    }
+
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Any sequence of sends and receives, single and batched, across wraparounds and the tag's
+        /// 31-bit boundary, gives what a queue of `capacity` messages gives, and publishes the same indices.
+        #[test]
+        #[cfg_attr(miri, ignore = "proptest is slow under Miri; the unit tests above cover the same paths there")]
+        fn the_ring_behaves_as_a_bounded_queue(
+            cap_log in 0u32..5,
+            pairs in 1usize..10,
+            start in prop_oneof![Just(0u64), Just((1u64 << 31) - 7), Just((1u64 << 32) - 3), any::<u32>().prop_map(u64::from)],
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let capacity = 1u64 << cap_log;
+            let size = pairs * PAIR;
+            let heap = HeapRing::new(size, capacity);
+            heap.set_indices(start, start);
+            let mut p = ProducerCore::new(heap.ring);
+            let mut c = ConsumerCore::new(heap.ring).unwrap();
+            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+            let mut salt = 0u8;
+            for op in ops {
+                match op {
+                    Op::Push(len) => {
+                        salt = salt.wrapping_add(1);
+                        let msg = pattern(len.min(size), salt);
+                        let sent = p.try_push(&msg).unwrap();
+                        prop_assert_eq!(sent, (model.len() as u64) < capacity);
+                        if sent {
+                            let mut padded = msg.clone();
+                            padded.resize(size, 0);
+                            model.push_back(padded);
+                        }
+                    }
+                    Op::PushBatch(k) => {
+                        salt = salt.wrapping_add(1);
+                        let msgs: Vec<Vec<u8>> = (0..k).map(|i| pattern(size, salt ^ (i as u8) << 4)).collect();
+                        let sent = p.push_with(k as u64, |i| &msgs[i as usize]).unwrap() as usize;
+                        prop_assert_eq!(sent, k.min(capacity as usize - model.len()));
+                        model.extend(msgs.into_iter().take(sent));
+                    }
+                    Op::Pop => {
+                        let mut out = vec![0u8; size];
+                        let got = c.try_pop(&mut out);
+                        prop_assert_eq!(got, !model.is_empty());
+                        if got {
+                            prop_assert_eq!(&out, &model.pop_front().unwrap());
+                        }
+                    }
+                    Op::PopBatch(k) => {
+                        let mut out = vec![0u8; size * k];
+                        let got = c.pop_into(&mut out) as usize;
+                        prop_assert_eq!(got, k.min(model.len()));
+                        for record in out.chunks(size).take(got) {
+                            prop_assert_eq!(record, &model.pop_front().unwrap()[..]);
+                        }
+                    }
+                }
+                prop_assert_eq!(heap.ring.head().wrapping_sub(heap.ring.tail()), model.len() as u64);
+            }
+        }
+    }
+
     #[test]
     fn threads_exchange_in_order() {
         // Small under Miri, which runs this protocol for data races and weak-memory bugs.
