@@ -271,12 +271,15 @@ fn bench(c: &mut Criterion) {
         let mut rx = Consumer::claim(&omb, "data").unwrap();
         let mut msg = vec![0u8; size];
         let mut out = vec![0u8; size];
+        let mut i = 0u64;
         own.bench_function(BenchmarkId::new("mesh", size), |b| {
             b.iter(|| {
-                msg[0] = msg[0].wrapping_add(1);
+                // One 8-byte store: a narrower one under a wider load would stall the load.
+                i += 1;
+                msg[..8].copy_from_slice(&i.to_le_bytes());
                 assert!(tx.try_send(black_box(&msg)).unwrap());
                 assert!(rx.try_recv(black_box(&mut out)).unwrap());
-                out[0]
+                u64::from_le_bytes(out[..8].try_into().unwrap())
             })
         });
     }
@@ -287,10 +290,13 @@ fn rtrb_one_thread<const N: usize>(b: &mut criterion::Bencher<'_>) {
     let capacity = if N > 256 { RT_BIG_CAPACITY } else { CAPACITY } as usize;
     let (mut p, mut c) = rtrb::RingBuffer::<[u8; N]>::new(capacity);
     let mut msg = [0u8; N];
+    let mut i = 0u64;
     b.iter(|| {
-        msg[0] = msg[0].wrapping_add(1);
+        i += 1;
+        msg[..8].copy_from_slice(&i.to_le_bytes());
         assert!(p.push(black_box(msg)).is_ok());
-        black_box(c.pop().unwrap())[0]
+        let out = black_box(c.pop().unwrap());
+        u64::from_le_bytes(out[..8].try_into().unwrap())
     });
 }
 
