@@ -22,6 +22,13 @@
 //! Memory orders: words are Relaxed atomics (each validates itself); the consumer stores `tail`
 //! with Release after reading a message's words and the producer loads it with Acquire before
 //! overwriting them, so a slot is never rewritten under a reader.
+//!
+//! **Host copies (x86-64).** The words are written and read two at a time with aligned 16-byte SSE
+//! accesses in `asm!` (each 8-byte half is single-copy atomic, which is all the format asks; the
+//! compiler sees an opaque access, i.e. relaxed atomic word accesses in order), the tag interleaved
+//! into or gathered out of 16 payload bytes per step; elsewhere and under Miri the same words go
+//! through `AtomicU64` one pair at a time. The bytes in memory are the same either way (tests
+//! compare them word by word). The producer rereads `tail` only when its cached copy says full.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
