@@ -213,12 +213,15 @@ fn store_words(dst: &[AtomicU64], tag32: u32, src: &[u8]) {
 #[inline]
 fn load_words(src: &[AtomicU64], tag32: u32, out: &mut [u8]) -> bool {
     assert_eq!(src.len() * WORD_PAYLOAD, out.len(), "8 payload bytes per two words");
-    let mut stray = 0u32;
-    let mut done = 0;
+    // The words the 16-byte loop took, and whether any of them was stray.
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let (mut stray, done) = (0u32, 0usize);
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
+    let (mut stray, done) = {
         let quads = src.len() / 4;
-        if quads > 0 {
+        if quads == 0 {
+            (0, 0)
+        } else {
             debug_assert!(src.as_ptr().addr() % 16 == 0);
             let mask: u32;
             // SAFETY: `src` holds 4 words per 16 bytes of `out` (the assert above), 16-byte aligned
@@ -257,10 +260,9 @@ fn load_words(src: &[AtomicU64], tag32: u32, out: &mut [u8]) -> bool {
                     options(nostack),
                 );
             }
-            stray = mask ^ 0xf;
-            done = quads * 4;
+            (mask ^ 0xf, quads * 4)
         }
-    }
+    };
     for (pair, o) in src[done..].chunks_exact(2).zip(out[done * WORD_PAYLOAD..].chunks_exact_mut(PAIR)) {
         let (a, b) = (pair[0].load(Ordering::Relaxed), pair[1].load(Ordering::Relaxed));
         stray |= ((a >> 32) as u32 ^ tag32) | ((b >> 32) as u32 ^ tag32);
