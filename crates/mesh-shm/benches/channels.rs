@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p mesh-shm --bench channels`. rtrb is a heap ring and cannot cross processes, so the
 //! process rows compare against the same mesh channel between threads. The bench binary re-runs itself
-//! as the child process (role in `MESH_BENCH_CHILD`).
+//! as the child process (role in `MESH_BENCH_CHILD`). Round trips run at 8 B to 4 KiB (64-slot rings
+//! above 256 B), throughput at 8 to 256 B.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -12,6 +13,9 @@ use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer};
 
 const CAPACITY: u32 = 1024;
 const SIZES: [usize; 3] = [8, 64, 256];
+/// Round trips also at the sizes host↔GPU messages reach (issue 16); their rings hold fewer slots.
+const RT_SIZES: [usize; 5] = [8, 64, 256, 1024, 4096];
+const RT_BIG_CAPACITY: u32 = 64;
 const STOP: u64 = u64::MAX;
 const QUIT: u64 = u64::MAX - 1;
 
@@ -111,8 +115,9 @@ fn rtrb_stream<const N: usize>(n: u64) -> Duration {
 }
 
 fn rtrb_round_trips<const N: usize>(n: u64) -> Duration {
-    let (mut p1, mut c1) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY as usize);
-    let (mut p2, mut c2) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY as usize);
+    let capacity = if N > 256 { RT_BIG_CAPACITY } else { CAPACITY } as usize;
+    let (mut p1, mut c1) = rtrb::RingBuffer::<[u8; N]>::new(capacity);
+    let (mut p2, mut c2) = rtrb::RingBuffer::<[u8; N]>::new(capacity);
     let echo = std::thread::spawn(move || {
         for _ in 0..n {
             let m = loop {
@@ -186,12 +191,15 @@ fn bench(c: &mut Criterion) {
     throughput.finish();
 
     let mut latency = c.benchmark_group("round-trip");
-    for size in SIZES {
+    for size in RT_SIZES {
+        let capacity = if size > 256 { RT_BIG_CAPACITY } else { CAPACITY };
         latency.bench_function(BenchmarkId::new("rtrb-thread", size), |b| {
             b.iter_custom(|n| match size {
                 8 => rtrb_round_trips::<8>(n),
                 64 => rtrb_round_trips::<64>(n),
-                _ => rtrb_round_trips::<256>(n),
+                256 => rtrb_round_trips::<256>(n),
+                1024 => rtrb_round_trips::<1024>(n),
+                _ => rtrb_round_trips::<4096>(n),
             })
         });
         let name = format!("rt{size}");
@@ -201,8 +209,8 @@ fn bench(c: &mut Criterion) {
             CreateMode::Exclusive,
         )
         .unwrap();
-        lmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
-        lmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        lmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
+        lmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
         let mut child = spawn_child(&dir.path().join(&name), size, "echo");
         {
             let mut tx = Producer::claim(&lmb, &format!("data{size}")).unwrap();
@@ -223,8 +231,8 @@ fn bench(c: &mut Criterion) {
             CreateMode::Exclusive,
         )
         .unwrap();
-        tmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
-        tmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+        tmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
+        tmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
         let emb = tmb.clone();
         let echo = std::thread::spawn(move || far_side(&emb, size, "echo"));
         let mut tx = Producer::claim(&tmb, &format!("data{size}")).unwrap();
@@ -238,6 +246,58 @@ fn bench(c: &mut Criterion) {
         echo.join().unwrap();
     }
     latency.finish();
+
+    // The host's own work per message, send then receive in one thread (no second core, so no cache
+    // line moves): the part of a host↔GPU round trip that the host end adds.
+    let mut own = c.benchmark_group("one-thread");
+    for size in RT_SIZES {
+        let capacity = if size > 256 { RT_BIG_CAPACITY } else { CAPACITY };
+        own.bench_function(BenchmarkId::new("rtrb", size), |b| match size {
+            8 => rtrb_one_thread::<8>(b),
+            64 => rtrb_one_thread::<64>(b),
+            256 => rtrb_one_thread::<256>(b),
+            1024 => rtrb_one_thread::<1024>(b),
+            _ => rtrb_one_thread::<4096>(b),
+        });
+        let name = format!("own{size}");
+        let omb = Mailbox::create(
+            dir.path().join(&name),
+            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
+            CreateMode::Exclusive,
+        )
+        .unwrap();
+        omb.create_channel("data", u32::try_from(size).unwrap(), capacity).unwrap();
+        let mut tx = Producer::claim(&omb, "data").unwrap();
+        let mut rx = Consumer::claim(&omb, "data").unwrap();
+        let mut msg = vec![0u8; size];
+        let mut out = vec![0u8; size];
+        let mut i = 0u64;
+        own.bench_function(BenchmarkId::new("mesh", size), |b| {
+            b.iter(|| {
+                // One 8-byte store: a narrower one under a wider load would stall the load.
+                i += 1;
+                msg[..8].copy_from_slice(&i.to_le_bytes());
+                assert!(tx.try_send(black_box(&msg)).unwrap());
+                assert!(rx.try_recv(black_box(&mut out)).unwrap());
+                u64::from_le_bytes(out[..8].try_into().unwrap())
+            })
+        });
+    }
+    own.finish();
+}
+
+fn rtrb_one_thread<const N: usize>(b: &mut criterion::Bencher<'_>) {
+    let capacity = if N > 256 { RT_BIG_CAPACITY } else { CAPACITY } as usize;
+    let (mut p, mut c) = rtrb::RingBuffer::<[u8; N]>::new(capacity);
+    let mut msg = [0u8; N];
+    let mut i = 0u64;
+    b.iter(|| {
+        i += 1;
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        assert!(p.push(black_box(msg)).is_ok());
+        let out = black_box(c.pop().unwrap());
+        u64::from_le_bytes(out[..8].try_into().unwrap())
+    });
 }
 
 fn quit(tx: &mut Producer, size: usize) {

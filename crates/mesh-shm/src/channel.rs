@@ -60,8 +60,17 @@ impl Drop for EndClaim {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn corrupt(info: &ChannelInfo, c: Corrupt) -> ShmError {
     ShmError::Corrupt { channel: info.name.clone(), head: c.head, tail: c.tail, capacity: u64::from(info.capacity) }
+}
+
+/// A message (or buffer) of `got` bytes where the channel's message size is wanted.
+#[cold]
+#[inline(never)]
+fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
+    ShmError::MessageSize { channel: info.name.clone(), size: info.msg_size as usize, got }
 }
 
 /// How long a blocking call spins before it starts sleeping between polls.
@@ -113,11 +122,7 @@ impl Producer {
     #[inline]
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.info.msg_size as usize {
-            return Err(ShmError::MessageSize {
-                channel: self.info.name.clone(),
-                size: self.info.msg_size as usize,
-                got: len,
-            });
+            return Err(size_error(&self.info, len));
         }
         Ok(())
     }
@@ -126,6 +131,7 @@ impl Producer {
     #[inline]
     pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
         self.check_len(msg.len())?;
+        // The errors are built out of line (cold) so that this call stays small enough to inline.
         self.core.try_push(msg).map_err(|c| corrupt(&self.info, c))
     }
 
@@ -203,11 +209,7 @@ impl Consumer {
     #[inline]
     fn check_len(&self, len: usize) -> Result<()> {
         if len != self.info.msg_size as usize {
-            return Err(ShmError::MessageSize {
-                channel: self.info.name.clone(),
-                size: self.info.msg_size as usize,
-                got: len,
-            });
+            return Err(size_error(&self.info, len));
         }
         Ok(())
     }
