@@ -123,8 +123,9 @@ pub struct MeshShmBinding {
     pub capacity: u32,
     /// 0: the slots are in the mailbox (host); 1: in GPU memory (never for a native worker).
     pub placement: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// The slots' format: 0 LL (mesh.cuh's mesh_chan_* and warp calls), 1 bulk (mesh_bulk_* and
+    /// mesh_block_* calls). A zero reserved word before bulk channels existed.
+    pub protocol: u32,
 }
 
 /// A kernel's context: the same bytes as mesh.cuh's `mesh_ctx` (copy it into one with `memcpy`).
@@ -456,7 +457,7 @@ pub unsafe extern "C" fn mesh_shm_ctx(
                         msg_size: c.msg_size,
                         capacity: c.capacity,
                         placement: 0,
-                        reserved: 0,
+                        protocol: c.protocol.code(),
                     }
                 }
                 Err(e) => return shm_fail(&e),
