@@ -16,13 +16,13 @@
 // Channel bindings one `mesh_ctx` holds (`MESH_MAX_BINDINGS` of mesh.cuh).
 #define MESH_SHM_MAX_BINDINGS 8
 
-// A claimed consumer end of a channel (opaque).
+// A claimed consumer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshConsumer MeshConsumer;
 
 // A mapped mailbox (opaque).
 typedef struct MeshMailbox MeshMailbox;
 
-// A claimed producer end of a channel (opaque).
+// A claimed producer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshProducer MeshProducer;
 
 // The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
