@@ -597,10 +597,15 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 // Every thread of the block calls every mesh_bulk_* / mesh_block_* function together, with the same
 // arguments (each thread holds its own copy of the mesh_bulk, and every copy changes the same way);
 // they synchronise the block (__syncthreads) and may not be called from divergent code. Any block
-// shape works. Buffers are 16-byte aligned, global or shared memory, msg_size bytes.
+// shape works; mesh_block_rank() is a thread's rank in it (0: the one that talks to meshd). An end
+// of a channel belongs to one block: two blocks opening the same end break the ring. Buffers are
+// 16-byte aligned, global or shared memory, msg_size bytes.
 //
-//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {         // bulk echo, launch with 256-1024 threads
-//         if (threadIdx.x == 0) mesh_begin(ctx);
+// A bulk echo (tests/programs/bulk_echo.cu), one block: `meshd load echo bulk_echo.ptx --block 1024
+// --bind in --bind out`, both channels bulk, of one message size:
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         if (mesh_block_rank() == 0) mesh_begin(ctx);
 //         mesh_bulk in = mesh_bulk_open(ctx, 0, false);
 //         mesh_bulk out = mesh_bulk_open(ctx, 1, true);
 //         while (!mesh_block_should_stop(ctx)) {
@@ -610,7 +615,7 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 //         }
 //         mesh_bulk_close(&in);
 //         mesh_bulk_close(&out);
-//         if (threadIdx.x == 0) mesh_end(ctx);
+//         if (mesh_block_rank() == 0) mesh_end(ctx);
 //     }
 //
 // Format (mesh-shm's bulk.rs): the slots start with capacity flags of MESH_BULK_FLAG_SIZE bytes,
