@@ -621,8 +621,8 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 // Format (mesh-shm's bulk.rs): the slots start with capacity flags of MESH_BULK_FLAG_SIZE bytes,
 // padded to MESH_BULK_ALIGN, then capacity payloads of msg_size bytes. Message `seq` is in slot
 // seq & (capacity - 1); its flag holds seq + 1 once the payload is whole. A sender's threads store
-// the payload with 16-byte stores, each fences, the block synchronises, and one thread stores the
-// flag with release semantics; a receiver's thread 0 loads the flag with acquire semantics (one PCIe
+// the payload with 16-byte stores, the block synchronises, and one thread stores the flag with release
+// semantics; a receiver's thread 0 loads the flag with acquire semantics (one PCIe
 // round trip for a host channel, which a large message amortises), the block synchronises, and every
 // thread loads the payload, 4 x 16 bytes in flight each. Both ends publish their index (head, tail)
 // on every message: a producer waits for room only when the ring looks full, reading the tail once.
@@ -765,12 +765,13 @@ static __device__ __forceinline__ void* mesh_block_reserve(mesh_bulk* ch) {
     return mesh_bulk_room(ch) == 0 ? (void*)0 : (void*)mesh_bulk_slot(ch, ch->mine);
 }
 
-// Makes the message written into the slot mesh_block_reserve gave visible to the consumer: every
-// thread fences its stores (system scope for a host channel, GPU scope for a device one), the block
-// synchronises, thread 0 stores the flag with release semantics and publishes head.
+// Makes the message written into the slot mesh_block_reserve gave visible to the consumer: the block
+// synchronises (every thread's stores are ordered before thread 0's next step), then thread 0 stores
+// the flag with release semantics (system scope for a host channel, GPU scope for a device one), which
+// orders what the block stored before it: NCCL's Simple protocol does the same (a barrier, then one
+// thread's fence.acq_rel.sys and the step store), so one fence per message, not one per thread.
 static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
     const bool host = ch->placement == MESH_PLACEMENT_HOST;
-    if (host) __threadfence_system(); else __threadfence();
     __syncthreads();
     if (mesh_block_rank() == 0) {
         const uint64_t flag = ch->mine + 1u;
@@ -782,7 +783,7 @@ static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
 }
 
 // Sends one message from `msg` (msg_size bytes, 16-byte aligned). False on every thread when the ring
-// is full. Stores only, 16 bytes per thread per store; one fence per thread per message.
+// is full. 16 bytes per thread per load and store, 4 in flight; one fence per message.
 static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const void* msg) {
     void* slot = mesh_block_reserve(ch);
     if (slot == 0) return false;
