@@ -65,6 +65,28 @@ pub mod user {
     pub const RESUME: usize = 5;
 }
 
+/// User words of the bulk stream programs (`BULK_*` in bulk_stress.cuh): one count per block.
+pub mod bulk {
+    /// Launches of the kernel (block 0 counts them).
+    pub const LAUNCHES: usize = 0;
+    /// Blocks a bulk program reports for (one channel each).
+    pub const MAX_BLOCKS: u32 = 8;
+    /// A launch that found its channel's position different from the count kept adds this to `bad`.
+    pub const RESUME_ONE: u32 = 1 << 20;
+
+    /// Messages block `b` sent (source) or passed (sink).
+    pub fn count(words: &[u32; 32], b: u32) -> u64 {
+        let i = 8 + 3 * b as usize;
+        u64::from(words[i]) | (u64::from(words[i + 1]) << 32)
+    }
+
+    /// Block `b`'s failures: (messages that failed the check, relaunches that resumed elsewhere).
+    pub fn bad(words: &[u32; 32], b: u32) -> (u32, u32) {
+        let w = words[10 + 3 * b as usize];
+        (w % RESUME_ONE, w / RESUME_ONE)
+    }
+}
+
 /// The knob message a stress program reads from its binding 1: a pause per message and the most
 /// messages per warp call (`fixed`: a source fills its buffer once and changes only word 0).
 pub fn knobs(pause_ns: u32, batch: u16, fixed: bool) -> [u8; 8] {

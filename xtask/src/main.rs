@@ -105,8 +105,9 @@ fn bench_here() -> Result<()> {
     run(cargo()
         .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
         .env(GPU_GATE, "1"))?;
-    // Round trips through meshd's backends, host↔GPU and GPU↔GPU, each mode in a process of its own.
-    for args in [["rt", "blink"], ["rt", "mps"], ["g2g", "blink"], ["g2g", "mps"]] {
+    // Round trips through meshd's backends, host↔GPU and GPU↔GPU, and bulk channels (large messages),
+    // each mode in a process of its own.
+    for args in [["rt", "blink"], ["rt", "mps"], ["g2g", "blink"], ["g2g", "mps"], ["bulk", "blink"], ["bulk", "mps"]] {
         run(cargo()
             .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--"])
             .args(args)

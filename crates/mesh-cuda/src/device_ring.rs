@@ -92,13 +92,14 @@ impl DeviceRings {
     }
 
     fn allocate(&mut self, ctx: &Context, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {
-        // At most 2 × 64 KiB × 2^24 bytes (mesh-shm's limits): a usize on the 64-bit hosts CUDA runs on.
-        let bytes = usize::try_from(mesh_shm::layout::slot_bytes(info.msg_size, info.capacity)).map_err(|_| {
-            CudaError::Invalid {
-                what: format!("channel {:?}", info.name),
-                reason: "ring larger than this host's address space".into(),
-            }
-        })?;
+        // At most 16 MiB × 2^24 bytes and its flags (mesh-shm's limits): a usize on the 64-bit hosts CUDA
+        // runs on. Zeroed, a bulk ring's flags say "never written" as an LL ring's untagged words do.
+        let bytes =
+            usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code()))
+                .map_err(|_| CudaError::Invalid {
+                    what: format!("channel {:?}", info.name),
+                    reason: "ring larger than this host's address space".into(),
+                })?;
         let slots = DeviceSlots::alloc(ctx, bytes).map_err(|e| CudaError::Invalid {
             what: format!("channel {:?}", info.name),
             reason: format!("allocating its {bytes}-byte ring in device memory: {e}"),

@@ -16,13 +16,13 @@
 // Channel bindings one `mesh_ctx` holds (`MESH_MAX_BINDINGS` of mesh.cuh).
 #define MESH_SHM_MAX_BINDINGS 8
 
-// A claimed consumer end of a channel (opaque).
+// A claimed consumer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshConsumer MeshConsumer;
 
 // A mapped mailbox (opaque).
 typedef struct MeshMailbox MeshMailbox;
 
-// A claimed producer end of a channel (opaque).
+// A claimed producer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshProducer MeshProducer;
 
 // The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
@@ -59,8 +59,9 @@ typedef struct MeshShmBinding {
   uint32_t capacity;
   // 0: the slots are in the mailbox (host); 1: in GPU memory (never for a native worker).
   uint32_t placement;
-  // Reserved, zero.
-  uint32_t reserved;
+  // The slots' format: 0 LL (mesh.cuh's mesh_chan_* and warp calls), 1 bulk (mesh_bulk_* and
+  // mesh_block_* calls). A zero reserved word before bulk channels existed.
+  uint32_t protocol;
 } MeshShmBinding;
 
 // A kernel's context: the same bytes as mesh.cuh's `mesh_ctx` (copy it into one with `memcpy`).

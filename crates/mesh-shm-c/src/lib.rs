@@ -19,7 +19,7 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use mesh_shm::{ChannelInfo, Consumer, Mailbox, Producer, ShmError};
+use mesh_shm::{BulkConsumer, BulkProducer, ChannelInfo, Consumer, Mailbox, Producer, Protocol, ShmError};
 
 /// The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
 pub type MeshStatus = i32;
@@ -62,16 +62,90 @@ pub struct MeshMailbox {
     mailbox: Mailbox,
 }
 
-/// A claimed producer end of a channel (opaque).
+/// A claimed producer end of a channel (opaque): of either protocol, the same calls.
 #[derive(Debug)]
 pub struct MeshProducer {
-    inner: Producer,
+    inner: AnyProducer,
 }
 
-/// A claimed consumer end of a channel (opaque).
+/// A claimed consumer end of a channel (opaque): of either protocol, the same calls.
 #[derive(Debug)]
 pub struct MeshConsumer {
-    inner: Consumer,
+    inner: AnyConsumer,
+}
+
+/// The end a channel's protocol calls for: LL (`Producer`) or bulk (`BulkProducer`).
+#[derive(Debug)]
+enum AnyProducer {
+    Ll(Producer),
+    Bulk(BulkProducer),
+}
+
+impl AnyProducer {
+    fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
+        Ok(match mailbox.channel(name)?.protocol {
+            Protocol::Bulk => Self::Bulk(BulkProducer::claim(mailbox, name)?),
+            Protocol::Ll => Self::Ll(Producer::claim(mailbox, name)?),
+        })
+    }
+
+    fn info(&self) -> &ChannelInfo {
+        match self {
+            Self::Ll(p) => p.info(),
+            Self::Bulk(p) => p.info(),
+        }
+    }
+
+    fn try_send(&mut self, msg: &[u8]) -> Result<bool, ShmError> {
+        match self {
+            Self::Ll(p) => p.try_send(msg),
+            Self::Bulk(p) => p.try_send(msg),
+        }
+    }
+
+    fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<(), ShmError> {
+        match self {
+            Self::Ll(p) => p.send(msg, timeout),
+            Self::Bulk(p) => p.send(msg, timeout),
+        }
+    }
+}
+
+/// The consumer end a channel's protocol calls for.
+#[derive(Debug)]
+enum AnyConsumer {
+    Ll(Consumer),
+    Bulk(BulkConsumer),
+}
+
+impl AnyConsumer {
+    fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
+        Ok(match mailbox.channel(name)?.protocol {
+            Protocol::Bulk => Self::Bulk(BulkConsumer::claim(mailbox, name)?),
+            Protocol::Ll => Self::Ll(Consumer::claim(mailbox, name)?),
+        })
+    }
+
+    fn info(&self) -> &ChannelInfo {
+        match self {
+            Self::Ll(c) => c.info(),
+            Self::Bulk(c) => c.info(),
+        }
+    }
+
+    fn try_recv(&mut self, out: &mut [u8]) -> Result<bool, ShmError> {
+        match self {
+            Self::Ll(c) => c.try_recv(out),
+            Self::Bulk(c) => c.try_recv(out),
+        }
+    }
+
+    fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<(), ShmError> {
+        match self {
+            Self::Ll(c) => c.recv(out, timeout),
+            Self::Bulk(c) => c.recv(out, timeout),
+        }
+    }
 }
 
 /// A channel as the mailbox describes it now.
@@ -123,8 +197,9 @@ pub struct MeshShmBinding {
     pub capacity: u32,
     /// 0: the slots are in the mailbox (host); 1: in GPU memory (never for a native worker).
     pub placement: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// The slots' format: 0 LL (mesh.cuh's mesh_chan_* and warp calls), 1 bulk (mesh_bulk_* and
+    /// mesh_block_* calls). A zero reserved word before bulk channels existed.
+    pub protocol: u32,
 }
 
 /// A kernel's context: the same bytes as mesh.cuh's `mesh_ctx` (copy it into one with `memcpy`).
@@ -456,7 +531,7 @@ pub unsafe extern "C" fn mesh_shm_ctx(
                         msg_size: c.msg_size,
                         capacity: c.capacity,
                         placement: 0,
-                        reserved: 0,
+                        protocol: c.protocol.code(),
                     }
                 }
                 Err(e) => return shm_fail(&e),
@@ -489,7 +564,7 @@ pub unsafe extern "C" fn mesh_shm_producer_claim(
             Err(code) => return code,
         };
         // SAFETY: a live mailbox by the caller's contract.
-        match Producer::claim(&unsafe { &*mb }.mailbox, name) {
+        match AnyProducer::claim(&unsafe { &*mb }.mailbox, name) {
             Ok(inner) => {
                 // SAFETY: writable by the caller's contract.
                 unsafe { out.write(Box::into_raw(Box::new(MeshProducer { inner }))) };
@@ -520,7 +595,7 @@ pub unsafe extern "C" fn mesh_shm_consumer_claim(
             Err(code) => return code,
         };
         // SAFETY: a live mailbox by the caller's contract.
-        match Consumer::claim(&unsafe { &*mb }.mailbox, name) {
+        match AnyConsumer::claim(&unsafe { &*mb }.mailbox, name) {
             Ok(inner) => {
                 // SAFETY: writable by the caller's contract.
                 unsafe { out.write(Box::into_raw(Box::new(MeshConsumer { inner }))) };

@@ -19,6 +19,7 @@ fn fixture() -> Fixture {
         Mailbox::create(&path, &MailboxConfig { size: 1 << 20, slots: 4, channels: 8 }, CreateMode::Exclusive).unwrap();
     owner.create_channel("a", 16, 8).unwrap();
     owner.create_channel("b", 64, 4).unwrap();
+    owner.create_channel_with("big", 4096, 2, mesh_shm::Placement::Host, mesh_shm::Protocol::Bulk).unwrap();
     Fixture { path: CString::new(path.to_str().unwrap()).unwrap(), _dir: dir, _owner: owner }
 }
 
@@ -71,6 +72,40 @@ fn round_trip_between_two_c_ends() {
         assert_eq!(info.msg_size, 16);
         mesh_shm_producer_release(tx);
         mesh_shm_consumer_release(rx);
+    }
+}
+
+#[test]
+fn the_same_calls_serve_a_bulk_channel() {
+    let f = fixture();
+    let mb = open(&f);
+    let (mut tx, mut rx) = (null_mut(), null_mut());
+    // SAFETY: live mailbox, NUL-terminated names, writable outs; every handle is released once below.
+    unsafe {
+        assert_eq!(mesh_shm_producer_claim(mb, c"big".as_ptr(), &mut tx), MESH_OK, "{}", last_error());
+        assert_eq!(mesh_shm_consumer_claim(mb, c"big".as_ptr(), &mut rx), MESH_OK, "{}", last_error());
+        let msg: Vec<u8> = (0..4096u32).map(|i| (i * 7).to_le_bytes()[0]).collect();
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..2 {
+            assert_eq!(mesh_shm_try_send(tx, msg.as_ptr().cast(), msg.len()), MESH_OK, "{}", last_error());
+        }
+        assert_eq!(mesh_shm_try_send(tx, msg.as_ptr().cast(), msg.len()), MESH_FULL, "capacity 2");
+        for _ in 0..2 {
+            assert_eq!(mesh_shm_recv(rx, buf.as_mut_ptr().cast(), 4096, 1000), MESH_OK);
+            assert_eq!(buf, msg);
+        }
+        assert_eq!(mesh_shm_try_recv(rx, buf.as_mut_ptr().cast(), 4096), MESH_EMPTY);
+        assert_eq!(mesh_shm_try_send(tx, msg.as_ptr().cast(), 4097), MESH_ERR_MSG_SIZE);
+        let mut info = MeshChannelInfo::default();
+        assert_eq!(mesh_shm_consumer_info(rx, &mut info), MESH_OK);
+        assert_eq!((info.msg_size, info.capacity), (4096, 2));
+        let mut ctx = MeshShmCtx::default();
+        let names = [c"big".as_ptr(), c"a".as_ptr()];
+        assert_eq!(mesh_shm_ctx(mb, 1 << 40, names.as_ptr(), 2, &mut ctx), MESH_OK, "{}", last_error());
+        assert_eq!((ctx.bindings[0].protocol, ctx.bindings[1].protocol), (1, 0), "bulk, then LL");
+        mesh_shm_producer_release(tx);
+        mesh_shm_consumer_release(rx);
+        mesh_shm_close(mb);
     }
 }
 

@@ -26,6 +26,9 @@
 // every MESH_STOP_PERIOD_NS (100 µs) of %globaltimer and never branches on a read in flight (see
 // below), so the loop polls its channels at full speed; a stop is seen within about two periods.
 //
+// Large messages (64 KiB to 16 MiB) go through channels of protocol bulk, moved by a whole thread
+// block: see "Large messages" at the end of this file.
+//
 // Channels (see "Channels" below) carry a tag in every 8-byte word of a message, so a receiver polls
 // the message itself: one round trip per message, no index read, no fence. A channel's slots are in
 // the mailbox (placement host: a host process or a GPU program at either end) or in GPU memory
@@ -75,13 +78,17 @@
 #define MESH_STATE_EXITED 3u
 #define MESH_PLACEMENT_HOST 0u
 #define MESH_PLACEMENT_DEVICE 1u
+#define MESH_PROTOCOL_LL 0u
+#define MESH_PROTOCOL_BULK 1u
+#define MESH_BULK_FLAG_SIZE 8u
+#define MESH_BULK_ALIGN 4096u
 typedef struct {
     uint64_t ring_offset;
     uint64_t slots;
     uint32_t msg_size;
     uint32_t capacity;
     uint32_t placement;
-    uint32_t reserved;
+    uint32_t protocol;
 } mesh_binding;
 typedef struct {
     uint64_t base;
@@ -98,6 +105,7 @@ static_assert(offsetof(mesh_binding, slots) == 8, "offsetof(mesh_binding, slots)
 static_assert(offsetof(mesh_binding, msg_size) == 16, "offsetof(mesh_binding, msg_size) disagrees with mesh-shm");
 static_assert(offsetof(mesh_binding, capacity) == 20, "offsetof(mesh_binding, capacity) disagrees with mesh-shm");
 static_assert(offsetof(mesh_binding, placement) == 24, "offsetof(mesh_binding, placement) disagrees with mesh-shm");
+static_assert(offsetof(mesh_binding, protocol) == 28, "offsetof(mesh_binding, protocol) disagrees with mesh-shm");
 static_assert(sizeof(mesh_ctx) == 296, "sizeof(mesh_ctx) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, slot_offset) == 8, "offsetof(mesh_ctx, slot_offset) disagrees with mesh-shm");
 static_assert(offsetof(mesh_ctx, slot) == 16, "offsetof(mesh_ctx, slot) disagrees with mesh-shm");
@@ -291,13 +299,14 @@ static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
     if (v - ch->published >= (batch ? batch : 1u)) mesh_chan_flush(ch);
 }
 
-// Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b` gives msg_size 0, on
-// which every call fails. A producer resumes after the last message written into the ring, a consumer
+// Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b`, or a channel of
+// protocol bulk (open those with mesh_bulk_open), gives msg_size 0, on which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
 static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, uint32_t b, bool producer) {
     mesh_chan ch = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, producer};
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
         return ch;
+    if (c.bindings[b].protocol != MESH_PROTOCOL_LL) return ch;  // a bulk channel: mesh_bulk_open
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
     ch.slots = (char*)(uintptr_t)c.bindings[b].slots;
     ch.msg_size = c.bindings[b].msg_size;
@@ -571,5 +580,265 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
     for (uint32_t idx = 2u * mesh_lane(); idx < words; idx += 64u) mesh_st_volatile_v2(dst + idx, t | src[idx], t | src[idx + 1]);
     ch->mine += 1;
     mesh_chan_progress(ch);
+    return true;
+}
+
+// ---- Large messages: bulk channels, moved by a whole thread block ------------------------------
+// A channel created with `--protocol bulk` (the default above 64 KiB: `meshd channel create NAME
+// --msg-size 1048576 --capacity 8`) carries messages of 16 B to 16 MiB, multiples of 16, in NCCL's
+// Simple format: the payload as it is, then one flag per message. A binding's `protocol` says which
+// format it is: MESH_PROTOCOL_BULK here, MESH_PROTOCOL_LL for the channels above (mesh_chan_open
+// refuses a bulk channel and mesh_bulk_open an LL one: both then give msg_size 0, on which every
+// call fails). Both placements work: host (the mailbox; a host process with mesh-shm's
+// BulkProducer / BulkConsumer or a GPU program at either end) and device (GPU memory, two GPU
+// programs, blink mode). NOT YET RUN ON A GPU: these calls were compiled (nvcc, ptxas sm_90) but
+// their first GPU run is still to come.
+//
+// Every thread of the block calls every mesh_bulk_* / mesh_block_* function together, with the same
+// arguments (each thread holds its own copy of the mesh_bulk, and every copy changes the same way);
+// they synchronise the block (__syncthreads) and may not be called from divergent code. Any block
+// shape works; mesh_block_rank() is a thread's rank in it (0: the one that talks to meshd). An end
+// of a channel belongs to one block: two blocks opening the same end break the ring. Buffers are
+// 16-byte aligned, global or shared memory, msg_size bytes.
+//
+// A bulk echo (tests/programs/bulk_echo.cu), one block: `meshd load echo bulk_echo.ptx --block 1024
+// --bind in --bind out`, both channels bulk, of one message size:
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         if (mesh_block_rank() == 0) mesh_begin(ctx);
+//         mesh_bulk in = mesh_bulk_open(ctx, 0, false);
+//         mesh_bulk out = mesh_bulk_open(ctx, 1, true);
+//         while (!mesh_block_should_stop(ctx)) {
+//             const void* msg = mesh_block_peek(&in);               // the message, in place, or NULL
+//             if (msg == NULL) continue;
+//             if (mesh_block_try_send(&out, msg)) mesh_block_release(&in);
+//         }
+//         mesh_bulk_close(&in);
+//         mesh_bulk_close(&out);
+//         if (mesh_block_rank() == 0) mesh_end(ctx);
+//     }
+//
+// Format (mesh-shm's bulk.rs): the slots start with capacity flags of MESH_BULK_FLAG_SIZE bytes,
+// padded to MESH_BULK_ALIGN, then capacity payloads of msg_size bytes. Message `seq` is in slot
+// seq & (capacity - 1); its flag holds seq + 1 once the payload is whole. A sender's threads store
+// the payload with 16-byte stores, the block synchronises, and one thread stores the flag with release
+// semantics; a receiver's thread 0 loads the flag with acquire semantics (one PCIe
+// round trip for a host channel, which a large message amortises), the block synchronises, and every
+// thread loads the payload, 4 x 16 bytes in flight each. Both ends publish their index (head, tail)
+// on every message: a producer waits for room only when the ring looks full, reading the tail once.
+// One block per channel and end: to spread a stream over B blocks, bind B channels (blockIdx.x picks
+// its binding; at most MESH_MAX_BINDINGS).
+
+// One end of a bound bulk channel, held in registers by every thread of the block using it.
+typedef struct {
+    char* ring;                // the ring's header (indices and claims, in the mailbox)
+    uint64_t* flags;           // capacity flags (the mailbox, or GPU memory for a device channel)
+    char* payload;             // capacity payloads of msg_size bytes
+    uint32_t msg_size;         // payload bytes per message, a multiple of 16 (0: not open)
+    uint32_t mask;             // capacity - 1
+    uint64_t mine;             // producer: the next message to write; consumer: the next to read
+    uint64_t other;            // producer: the consumer's tail as last read
+    uint32_t placement;        // MESH_PLACEMENT_HOST or MESH_PLACEMENT_DEVICE
+    bool producer;
+} mesh_bulk;
+
+// This thread's rank in its block, and the block's size (any shape).
+static __device__ __forceinline__ uint32_t mesh_block_rank(void) {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+static __device__ __forceinline__ uint32_t mesh_block_threads(void) {
+    return blockDim.x * blockDim.y * blockDim.z;
+}
+
+// Thread 0's `v`, on every thread of the block.
+static __device__ __forceinline__ uint64_t mesh_block_bcast(uint64_t v) {
+    __shared__ uint64_t mesh_bcast_word;
+    __syncthreads();  // every thread has read the previous value
+    if (mesh_block_rank() == 0) mesh_bcast_word = v;
+    __syncthreads();
+    return mesh_bcast_word;
+}
+
+// mesh_should_stop for a whole block: thread 0 asks (keeping the check's state in its ctx), every
+// thread gets the same answer. Cheap to call on every iteration (two block barriers, no PCIe read
+// but one a MESH_STOP_PERIOD_NS).
+static __device__ __forceinline__ bool mesh_block_should_stop(mesh_ctx& c) {
+    return mesh_block_bcast(mesh_block_rank() == 0 ? (uint64_t)mesh_should_stop(c) : 0u) != 0;
+}
+
+static __device__ __forceinline__ uint64_t mesh_ld_acquire_gpu_u64(const void* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void mesh_st_release_gpu_u64(void* p, uint64_t v) {
+    asm volatile("st.release.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static __device__ __forceinline__ uint4 mesh_ld_volatile_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Copies n 16-byte units from src to dst (global or shared memory) with every thread of the block, 4
+// loads in flight per thread before its stores. The loads are volatile: they go past the SM's L1,
+// which may still hold a ring slot's previous lap.
+static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* src, uint32_t n) {
+    const uint32_t s = mesh_block_threads();
+    uint32_t i = mesh_block_rank();
+    for (; i + 3u * s < n; i += 4u * s) {
+        const uint4 a = mesh_ld_volatile_v4(src + i), b = mesh_ld_volatile_v4(src + i + s);
+        const uint4 c = mesh_ld_volatile_v4(src + i + 2u * s), d = mesh_ld_volatile_v4(src + i + 3u * s);
+        dst[i] = a;
+        dst[i + s] = b;
+        dst[i + 2u * s] = c;
+        dst[i + 3u * s] = d;
+    }
+    for (; i < n; i += s) dst[i] = mesh_ld_volatile_v4(src + i);
+}
+
+static __device__ __forceinline__ uint64_t* mesh_bulk_flag(const mesh_bulk* ch, uint64_t seq) {
+    return ch->flags + (seq & ch->mask);
+}
+static __device__ __forceinline__ char* mesh_bulk_slot(const mesh_bulk* ch, uint64_t seq) {
+    return ch->payload + (seq & ch->mask) * (uint64_t)ch->msg_size;
+}
+
+// Opens binding `b` of protocol bulk as a producer (`producer` true) or consumer; every thread of the
+// block calls it. A producer resumes after the last message written into the ring (published or
+// not), a consumer at the published tail. An unbound `b` or an LL channel gives msg_size 0.
+static __device__ mesh_bulk mesh_bulk_open(const mesh_ctx& c, uint32_t b, bool producer) {
+    mesh_bulk ch = {0, 0, 0, 0, 0, 0, 0, 0, producer};
+    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0 ||
+        c.bindings[b].protocol != MESH_PROTOCOL_BULK)
+        return ch;
+    const uint32_t capacity = c.bindings[b].capacity;
+    ch.ring = mesh_at(c, c.bindings[b].ring_offset);
+    ch.flags = (uint64_t*)(uintptr_t)c.bindings[b].slots;
+    const uint64_t flags_bytes = (uint64_t)capacity * MESH_BULK_FLAG_SIZE;
+    ch.payload = (char*)ch.flags + (flags_bytes + MESH_BULK_ALIGN - 1u) / MESH_BULK_ALIGN * MESH_BULK_ALIGN;
+    ch.msg_size = c.bindings[b].msg_size;
+    ch.mask = capacity - 1u;
+    ch.placement = c.bindings[b].placement;
+    // Thread 0 reads the indices (and, for a producer, the flags after the published head), and the
+    // block takes its answer: every copy of the channel must start equal.
+    uint64_t pos = 0, tail = 0;
+    if (mesh_block_rank() == 0) {
+        tail = mesh_ld_acquire_u64(ch.ring + MESH_RING_TAIL);
+        pos = tail;
+        if (producer) {
+            uint64_t head = mesh_ld_acquire_u64(ch.ring + MESH_RING_HEAD);
+            if ((int64_t)(tail - head) > 0) head = tail;
+            while (head - tail <= ch.mask && mesh_ld_acquire_u64(mesh_bulk_flag(&ch, head)) == head + 1u) head++;
+            pos = head;
+        }
+    }
+    ch.mine = mesh_block_bcast(pos);
+    ch.other = mesh_block_bcast(tail);
+    return ch;
+}
+
+// Publishes this end's position. Both ends publish on every message already; call it on every bulk
+// channel before mesh_end anyway (what the next launch resumes from is then certain).
+static __device__ __forceinline__ void mesh_bulk_close(mesh_bulk* ch) {
+    __syncthreads();
+    if (ch->msg_size == 0 || mesh_block_rank() != 0) return;
+    mesh_st_release_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), ch->mine);
+}
+
+// Free slots a producer can fill now (the same on every thread; reads the consumer's tail, one round
+// trip, only when the ring looks full).
+static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
+    if (ch->msg_size == 0 || !ch->producer) return 0;
+    if (ch->mine - ch->other > ch->mask)
+        ch->other = mesh_block_bcast(mesh_block_rank() == 0 ? mesh_ld_volatile_u64(ch->ring + MESH_RING_TAIL) : 0u);
+    const uint64_t used = ch->mine - ch->other;
+    return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
+}
+
+// The next message's slot for the block to write in place (msg_size bytes, 16-byte aligned), or NULL
+// when the ring is full. Write it with ordinary stores, then mesh_block_publish.
+static __device__ __forceinline__ void* mesh_block_reserve(mesh_bulk* ch) {
+    return mesh_bulk_room(ch) == 0 ? (void*)0 : (void*)mesh_bulk_slot(ch, ch->mine);
+}
+
+// Makes the message written into the slot mesh_block_reserve gave visible to the consumer: the block
+// synchronises (every thread's stores are ordered before thread 0's next step), then thread 0 stores
+// the flag with release semantics (system scope for a host channel, GPU scope for a device one), which
+// orders what the block stored before it: NCCL's Simple protocol does the same (a barrier, then one
+// thread's fence.acq_rel.sys and the step store), so one fence per message, not one per thread.
+static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
+    const bool host = ch->placement == MESH_PLACEMENT_HOST;
+    __syncthreads();
+    if (mesh_block_rank() == 0) {
+        const uint64_t flag = ch->mine + 1u;
+        if (host) mesh_st_release_u64(mesh_bulk_flag(ch, ch->mine), flag);
+        else mesh_st_release_gpu_u64(mesh_bulk_flag(ch, ch->mine), flag);
+        mesh_st_volatile_u64(ch->ring + MESH_RING_HEAD, flag);
+    }
+    ch->mine += 1u;
+}
+
+// Sends one message from `msg` (msg_size bytes, 16-byte aligned). False on every thread when the ring
+// is full. 16 bytes per thread per load and store, 4 in flight; one fence per message.
+static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const void* msg) {
+    void* slot = mesh_block_reserve(ch);
+    if (slot == 0) return false;
+    mesh_block_copy((uint4*)slot, (const uint4*)msg, ch->msg_size / 16u);
+    mesh_block_publish(ch);
+    return true;
+}
+
+// The next message, in place (msg_size bytes, 16-byte aligned), or NULL on every thread when none is
+// whole yet. Read it with ordinary loads (thread 0's acquire of the flag and the block barrier order
+// them after the producer's stores), then mesh_block_release; until then it stays the program's and
+// the producer cannot reuse its slot.
+static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
+    if (ch->msg_size == 0 || ch->producer) return 0;
+    uint64_t ok = 0;
+    if (mesh_block_rank() == 0) {
+        const uint64_t* f = mesh_bulk_flag(ch, ch->mine);
+        const uint64_t v = ch->placement == MESH_PLACEMENT_HOST ? mesh_ld_acquire_u64(f) : mesh_ld_acquire_gpu_u64(f);
+        ok = v == ch->mine + 1u;
+    }
+    return mesh_block_bcast(ok) ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
+}
+
+// Gives the message mesh_block_peek returned back to the producer: the block synchronises (every
+// thread's reads of it are done) and thread 0 publishes tail.
+static __device__ __forceinline__ void mesh_block_release(mesh_bulk* ch) {
+    __syncthreads();
+    ch->mine += 1u;
+    if (mesh_block_rank() == 0) mesh_st_release_u64(ch->ring + MESH_RING_TAIL, ch->mine);
+}
+
+// Receives one message into `out` (msg_size bytes, 16-byte aligned). False on every thread when none
+// is whole yet (`out` untouched).
+static __device__ __forceinline__ bool mesh_block_try_recv(mesh_bulk* ch, void* out) {
+    const void* msg = mesh_block_peek(ch);
+    if (msg == 0) return false;
+    mesh_block_copy((uint4*)out, (const uint4*)msg, ch->msg_size / 16u);
+    mesh_block_release(ch);
+    return true;
+}
+
+// Sends one message, waiting for room; false on every thread if meshd asked the program to stop first
+// (the message is then not sent).
+static __device__ __forceinline__ bool mesh_block_send(mesh_ctx& c, mesh_bulk* ch, const void* msg) {
+    if (ch->msg_size == 0 || !ch->producer) return false;
+    while (!mesh_block_try_send(ch, msg))
+        if (mesh_block_should_stop(c)) return false;
+    return true;
+}
+
+// Receives one message into `out`, waiting for it; false on every thread if meshd asked the program to
+// stop first.
+static __device__ __forceinline__ bool mesh_block_recv(mesh_ctx& c, mesh_bulk* ch, void* out) {
+    if (ch->msg_size == 0 || ch->producer) return false;
+    while (!mesh_block_try_recv(ch, out))
+        if (mesh_block_should_stop(c)) return false;
     return true;
 }

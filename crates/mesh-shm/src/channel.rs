@@ -77,7 +77,7 @@ fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
 const SPIN: Duration = Duration::from_micros(50);
 
 /// Polls `attempt` until it yields or `deadline` passes: spin first (latency), then back off (CPU).
-fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
+pub(crate) fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
     let start = Instant::now();
     let mut sleep = Duration::from_micros(1);
     loop {

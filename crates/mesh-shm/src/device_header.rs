@@ -43,10 +43,14 @@ pub fn layout_block() -> String {
     def("MESH_STATE_EXITED", STATE_EXITED.into());
     def("MESH_PLACEMENT_HOST", PLACEMENT_HOST.into());
     def("MESH_PLACEMENT_DEVICE", PLACEMENT_DEVICE.into());
+    def("MESH_PROTOCOL_LL", PROTOCOL_LL.into());
+    def("MESH_PROTOCOL_BULK", PROTOCOL_BULK.into());
+    def("MESH_BULK_FLAG_SIZE", BULK_FLAG_SIZE);
+    def("MESH_BULK_ALIGN", SLOTS_ALIGN);
     let mut out = format!("{BEGIN} (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)\n{s}");
     out.push_str(
         "typedef struct {\n    uint64_t ring_offset;\n    uint64_t slots;\n    uint32_t msg_size;\n    uint32_t capacity;\n    \
-         uint32_t placement;\n    uint32_t reserved;\n} mesh_binding;\n\
+         uint32_t placement;\n    uint32_t protocol;\n} mesh_binding;\n\
          typedef struct {\n    uint64_t base;\n    uint64_t slot_offset;\n    uint32_t slot;\n    uint32_t binding_count;\n    \
          mesh_binding bindings[MESH_MAX_BINDINGS];\n    uint64_t stop_due;\n    uint32_t stop_seen;\n    uint32_t reserved;\n} mesh_ctx;\n",
     );
@@ -60,6 +64,7 @@ pub fn layout_block() -> String {
     check("offsetof(mesh_binding, msg_size)", offset_of!(MeshBinding, msg_size));
     check("offsetof(mesh_binding, capacity)", offset_of!(MeshBinding, capacity));
     check("offsetof(mesh_binding, placement)", offset_of!(MeshBinding, placement));
+    check("offsetof(mesh_binding, protocol)", offset_of!(MeshBinding, protocol));
     check("sizeof(mesh_ctx)", size_of::<MeshCtx>());
     check("offsetof(mesh_ctx, slot_offset)", offset_of!(MeshCtx, slot_offset));
     check("offsetof(mesh_ctx, slot)", offset_of!(MeshCtx, slot));

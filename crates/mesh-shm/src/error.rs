@@ -126,6 +126,19 @@ pub enum ShmError {
         /// The channel's name.
         channel: String,
     },
+    /// A host end of one protocol was asked for on a channel of another.
+    #[error(
+        "channel {channel:?}: its slots are in the {protocol} format; this end speaks {wanted} \
+         (protocol ll: Producer/Consumer; protocol bulk: BulkProducer/BulkConsumer)"
+    )]
+    Protocol {
+        /// The channel's name.
+        channel: String,
+        /// The channel's protocol.
+        protocol: crate::mailbox::Protocol,
+        /// The protocol of the end asked for.
+        wanted: crate::mailbox::Protocol,
+    },
     /// A kernel's context was asked for with a device channel whose ring this context has no address for.
     #[error(
         "channel {channel:?}: its ring is in device memory and the launching context has no address for it \

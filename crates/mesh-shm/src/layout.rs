@@ -24,8 +24,12 @@ pub const LINE: u64 = 128;
 pub const MAX_BINDINGS: usize = 8;
 /// Longest channel or program name, in bytes (no terminating NUL needed).
 pub const NAME_LEN: usize = 48;
-/// Largest message a channel may carry.
+/// Largest message a channel of the LL protocol ([`PROTOCOL_LL`]) may carry.
 pub const MAX_MSG_SIZE: u32 = 64 * 1024;
+/// Largest message a channel of the bulk protocol ([`PROTOCOL_BULK`]) may carry.
+pub const MAX_BULK_MSG_SIZE: u32 = 16 << 20;
+/// A bulk channel's message size is a multiple of this: the unit of the 16-byte vector copies.
+pub const BULK_MSG_ALIGN: u32 = 16;
 /// Largest channel capacity, in messages.
 pub const MAX_CAPACITY: u32 = 1 << 24;
 /// Value of a binding that names no channel.
@@ -153,9 +157,20 @@ pub struct ChannelDesc {
     /// Messages lost with a device ring's slots, counted over every renewal (host only: meshd adds
     /// to it when it makes a device ring anew after a start or a GPU fault; see `renew_device_ring`).
     pub lost: AtomicU64,
+    /// The slots' format: [`PROTOCOL_LL`] (a tag in every word) or [`PROTOCOL_BULK`] (payload, then
+    /// one flag per message). Carved out of what was zeroed padding in layout version 3, so a
+    /// descriptor written before the field existed reads as LL, which is what it is.
+    pub protocol: u32,
     /// Pads the descriptor to one line.
-    pub pad: [u8; 40],
+    pub pad: [u8; 36],
 }
+
+/// [`ChannelDesc::protocol`]: NCCL's LL packing, 4 payload bytes and a tag in every 8-byte word (see
+/// `ring`); the ring costs twice its payload; for messages up to [`MAX_MSG_SIZE`].
+pub const PROTOCOL_LL: u32 = 0;
+/// [`ChannelDesc::protocol`]: NCCL's Simple layout, for large messages (see `bulk`): the payload as it
+/// is, then, after a fence, one 8-byte flag per message; up to [`MAX_BULK_MSG_SIZE`].
+pub const PROTOCOL_BULK: u32 = 1;
 
 /// [`ChannelDesc::placement`]: the slots are in the mailbox (host memory), mapped into every context.
 pub const PLACEMENT_HOST: u32 = 0;
@@ -218,8 +233,9 @@ pub struct MeshBinding {
     pub capacity: u32,
     /// [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
     pub placement: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// [`PROTOCOL_LL`] or [`PROTOCOL_BULK`] (was a zero reserved word before bulk channels: an
+    /// older program reads every binding as LL, which every channel it could be given was).
+    pub protocol: u32,
 }
 
 /// The argument of `mesh_main`, passed by value.
@@ -255,6 +271,7 @@ const _: () = assert!(size_of::<ChannelDesc>() as u64 == LINE);
 const _: () = assert!(size_of::<RingHeader>() as u64 == 3 * LINE);
 const _: () = assert!(offset_of!(RingHeader, consumer) as u64 == LINE);
 const _: () = assert!(size_of::<MeshBinding>() == 32);
+const _: () = assert!(offset_of!(ChannelDesc, protocol) == 88);
 const _: () = assert!(size_of::<MeshCtx>() == 24 + 32 * MAX_BINDINGS + 16);
 
 /// Ring bytes per payload byte: each 8-byte word of a slot carries 4 payload bytes and a tag (see `ring`).
@@ -263,9 +280,28 @@ pub const RING_WIRE_FACTOR: u64 = 2;
 /// Slots start on a page of their own, so that a slot of a power-of-two size never straddles two pages.
 pub const SLOTS_ALIGN: u64 = 4096;
 
-/// Bytes of message slots of a ring of `capacity` messages of `msg_size` payload bytes.
+/// Bytes of message slots of an LL ring of `capacity` messages of `msg_size` payload bytes.
 pub const fn slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     RING_WIRE_FACTOR * msg_size as u64 * capacity as u64
+}
+
+/// Bytes of one bulk flag (the sequence number plus one of the message its slot holds, 0: never written).
+pub const BULK_FLAG_SIZE: u64 = 8;
+
+/// Where a bulk ring's payloads start, from the start of its slots: after `capacity` flags, on a
+/// page of their own (so that a payload of a multiple of 4 KiB is page aligned).
+pub const fn bulk_payload_offset(capacity: u32) -> u64 {
+    (BULK_FLAG_SIZE * capacity as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+}
+
+/// Bytes of a bulk ring's slots: its flags, then `capacity` payloads of `msg_size` bytes each.
+pub const fn bulk_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
+    bulk_payload_offset(capacity) + msg_size as u64 * capacity as u64
+}
+
+/// Bytes of a ring's slots in the format `protocol` names (anything but [`PROTOCOL_BULK`] is LL).
+pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32) -> u64 {
+    if protocol == PROTOCOL_BULK { bulk_slot_bytes(msg_size, capacity) } else { slot_bytes(msg_size, capacity) }
 }
 
 /// Where a ring whose header is at `ring_offset` keeps its slots, for a host channel: the first page
@@ -276,11 +312,11 @@ pub const fn host_slots_offset(ring_offset: u64) -> u64 {
 
 /// Bytes a ring starting at `ring_offset` takes in the arena, up to the next line: its header, and
 /// for a host channel the gap to the page boundary and the slots.
-pub const fn ring_bytes_at(ring_offset: u64, msg_size: u32, capacity: u32, placement: u32) -> u64 {
+pub const fn ring_bytes_at(ring_offset: u64, msg_size: u32, capacity: u32, placement: u32, protocol: u32) -> u64 {
     let end = if placement == PLACEMENT_DEVICE {
         ring_offset + size_of::<RingHeader>() as u64
     } else {
-        host_slots_offset(ring_offset) + slot_bytes(msg_size, capacity)
+        host_slots_offset(ring_offset) + slot_bytes_for(msg_size, capacity, protocol)
     };
     end.div_ceil(LINE) * LINE - ring_offset
 }

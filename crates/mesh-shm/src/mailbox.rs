@@ -228,6 +228,64 @@ impl std::str::FromStr for Placement {
     }
 }
 
+/// The format of a channel's slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// A tag in every 8-byte word (NCCL's LL): one round trip per message for a GPU receiver, no
+    /// fence; the ring costs twice its payload. Messages of 8 B to 64 KiB, multiples of 8.
+    #[default]
+    Ll,
+    /// The payload as it is, a fence, then one flag per message (NCCL's Simple): for large messages,
+    /// moved by a whole thread block or by wide host copies. Messages of 16 B to 16 MiB, multiples of 16.
+    Bulk,
+}
+
+impl Protocol {
+    /// The descriptor's value ([`PROTOCOL_LL`] or [`PROTOCOL_BULK`]).
+    pub fn code(self) -> u32 {
+        match self {
+            Protocol::Ll => PROTOCOL_LL,
+            Protocol::Bulk => PROTOCOL_BULK,
+        }
+    }
+
+    /// The protocol a descriptor's value names, `None` for any other value.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            PROTOCOL_LL => Some(Protocol::Ll),
+            PROTOCOL_BULK => Some(Protocol::Bulk),
+            _ => None,
+        }
+    }
+
+    /// The protocol a channel of `msg_size`-byte messages gets when none is named: LL up to
+    /// [`MAX_MSG_SIZE`] (every channel that could exist before bulk channels keeps its format), bulk
+    /// above.
+    pub fn default_for(msg_size: u32) -> Self {
+        if msg_size > MAX_MSG_SIZE { Protocol::Bulk } else { Protocol::Ll }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Ll => "ll",
+            Protocol::Bulk => "bulk",
+        })
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "ll" => Ok(Protocol::Ll),
+            "bulk" => Ok(Protocol::Bulk),
+            other => Err(format!("protocol {other:?}: must be ll or bulk")),
+        }
+    }
+}
+
 /// A live descriptor's fields, checked.
 #[derive(Debug, Clone)]
 struct LiveDesc {
@@ -236,12 +294,14 @@ struct LiveDesc {
     capacity: u32,
     ring_offset: u64,
     placement: Placement,
+    protocol: Protocol,
     slots_offset: u64,
 }
 
 impl LiveDesc {
     fn end(&self) -> u64 {
-        self.ring_offset + ring_bytes_at(self.ring_offset, self.msg_size, self.capacity, self.placement.code())
+        self.ring_offset
+            + ring_bytes_at(self.ring_offset, self.msg_size, self.capacity, self.placement.code(), self.protocol.code())
     }
 }
 
@@ -260,6 +320,8 @@ pub struct ChannelInfo {
     pub ring_offset: u64,
     /// Where its message slots live.
     pub placement: Placement,
+    /// The format of its slots.
+    pub protocol: Protocol,
     /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
     pub slots_offset: u64,
     /// Messages lost with a device ring's slots over every renewal (always 0 for a host channel).
@@ -408,13 +470,18 @@ impl Mailbox {
             return Ok(None);
         }
         let (msg_size, capacity, ring_offset, slots_offset) = (d.msg_size, d.capacity, d.ring_offset, d.slots_offset);
-        check_channel_params(msg_size, capacity)?;
+        let protocol = Protocol::from_code(d.protocol)
+            .ok_or_else(|| format!("protocol {}: must be {PROTOCOL_LL} (ll) or {PROTOCOL_BULK} (bulk)", d.protocol))?;
+        check_channel_params(msg_size, capacity, protocol)?;
         let placement = Placement::from_code(d.placement).ok_or_else(|| {
             format!("placement {}: must be {PLACEMENT_HOST} (host) or {PLACEMENT_DEVICE} (device)", d.placement)
         })?;
         let g = self.inner.geometry;
+        if ring_offset > g.arena_offset + g.arena_size {
+            return Err(format!("ring at {ring_offset} lies past the arena's end {}", g.arena_offset + g.arena_size));
+        }
         let end = ring_offset
-            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code()))
+            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code()))
             .ok_or("ring end overflows")?;
         if ring_offset % LINE != 0 || ring_offset < g.arena_offset || end > g.arena_offset + g.arena_size {
             return Err(format!(
@@ -432,7 +499,15 @@ impl Mailbox {
                 "slots at {slots_offset}: a {placement} ring whose header is at {ring_offset} has them at {expected_slots}"
             ));
         }
-        Ok(Some(LiveDesc { name: decode_name(&d.name), msg_size, capacity, ring_offset, placement, slots_offset }))
+        Ok(Some(LiveDesc {
+            name: decode_name(&d.name),
+            msg_size,
+            capacity,
+            ring_offset,
+            placement,
+            protocol,
+            slots_offset,
+        }))
     }
 
     fn validate_tables(&self) -> Result<()> {
@@ -473,6 +548,7 @@ impl Mailbox {
     /// Creates a channel as [`Mailbox::create_channel`] does, its slots where `placement` says: for
     /// [`Placement::Device`] the mailbox holds only the ring's header (indices and claims), and the
     /// process that launches the programs provides the slots (see [`Mailbox::mesh_ctx_with`]).
+    /// The protocol is [`Protocol::default_for`] the message size: see [`Mailbox::create_channel_with`].
     pub fn create_channel_placed(
         &self,
         name: &str,
@@ -480,10 +556,25 @@ impl Mailbox {
         capacity: u32,
         placement: Placement,
     ) -> Result<ChannelInfo> {
+        self.create_channel_with(name, msg_size, capacity, placement, Protocol::default_for(msg_size))
+    }
+
+    /// Creates a channel as [`Mailbox::create_channel_placed`] does, its slots in the format `protocol`
+    /// names: [`Protocol::Ll`] for messages up to 64 KiB (multiples of 8), [`Protocol::Bulk`] for
+    /// messages of 16 B to 16 MiB (multiples of 16). Host ends of a bulk channel are
+    /// [`crate::BulkProducer`] and [`crate::BulkConsumer`]; GPU programs use mesh.cuh's `mesh_block_*` calls.
+    pub fn create_channel_with(
+        &self,
+        name: &str,
+        msg_size: u32,
+        capacity: u32,
+        placement: Placement,
+        protocol: Protocol,
+    ) -> Result<ChannelInfo> {
         let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let encoded =
             encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
-        check_channel_params(msg_size, capacity).map_err(cfg)?;
+        check_channel_params(msg_size, capacity, protocol).map_err(cfg)?;
         let _lock = TableLock::take(&self.header().table_lock);
         if self.find_channel(name)?.is_some() {
             return Err(ShmError::ChannelExists(name.to_string()));
@@ -498,7 +589,7 @@ impl Mailbox {
             })?;
         let used = self.header().arena_used.load(Ordering::Acquire);
         let ring_offset = g.arena_offset + used;
-        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code());
+        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code());
         if need > g.arena_size - used {
             return Err(ShmError::Full {
                 name: name.into(),
@@ -525,6 +616,7 @@ impl Mailbox {
             (&raw mut (*d_ptr).capacity).write(capacity);
             (&raw mut (*d_ptr).ring_offset).write(ring_offset);
             (&raw mut (*d_ptr).placement).write(placement.code());
+            (&raw mut (*d_ptr).protocol).write(protocol.code());
             (&raw mut (*d_ptr).slots_offset).write(slots_offset);
             (&raw mut (*d_ptr).name).write(encoded);
         }
@@ -547,11 +639,9 @@ impl Mailbox {
     }
 
     fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
-        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, slots_offset }) = self
+        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, slots_offset }) = self
             .live_desc(index)
-            .map_err(|reason| {
-            ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason }
-        })?
+            .map_err(|reason| ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason })?
         else {
             return Ok(None);
         };
@@ -564,6 +654,7 @@ impl Mailbox {
             capacity,
             ring_offset,
             placement,
+            protocol,
             slots_offset,
             lost: self.desc(index).lost.load(Ordering::Acquire),
             head: ring.producer.head.load(Ordering::Acquire),
@@ -595,6 +686,13 @@ impl Mailbox {
         if info.placement != Placement::Host {
             return Err(ShmError::DevicePlacement { channel: info.name.clone() });
         }
+        if info.protocol != Protocol::Ll {
+            return Err(ShmError::Protocol {
+                channel: info.name.clone(),
+                protocol: info.protocol,
+                wanted: Protocol::Ll,
+            });
+        }
         let header = NonNull::from(self.ring_header(info.ring_offset));
         // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
         // inside the arena.
@@ -602,6 +700,28 @@ impl Mailbox {
         // SAFETY: `info` came from a validated descriptor: the header and its slots lie in the
         // arena of this mapping, which the caller keeps alive (ends hold the `Arc`).
         Ok(unsafe { RingMemory::new(header, slots.cast(), info.msg_size as usize, u64::from(info.capacity)) })
+    }
+
+    /// The ring of a host channel of protocol bulk; a device channel's slots are not in this process's reach.
+    pub(crate) fn bulk_memory(&self, info: &ChannelInfo) -> Result<crate::bulk::BulkMemory> {
+        if info.placement != Placement::Host {
+            return Err(ShmError::DevicePlacement { channel: info.name.clone() });
+        }
+        if info.protocol != Protocol::Bulk {
+            return Err(ShmError::Protocol {
+                channel: info.name.clone(),
+                protocol: info.protocol,
+                wanted: Protocol::Bulk,
+            });
+        }
+        let header = NonNull::from(self.ring_header(info.ring_offset));
+        // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
+        // its `bulk_slot_bytes` inside the arena.
+        let slots = unsafe { NonNull::new_unchecked(self.base().add(in_map(info.slots_offset))) };
+        // SAFETY: `info` came from a validated descriptor (capacity a power of two up to 2^24, message
+        // size a multiple of 16): the header and its slots lie in the arena of this mapping, which the
+        // caller keeps alive (ends hold the `Arc`).
+        Ok(unsafe { crate::bulk::BulkMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity)) })
     }
 
     /// A device channel's ring got new, empty slots (meshd started, or its context was recreated after a
@@ -685,7 +805,7 @@ impl Mailbox {
                 msg_size: info.msg_size,
                 capacity: info.capacity,
                 placement: info.placement.code(),
-                reserved: 0,
+                protocol: info.protocol.code(),
             };
         }
         Ok(ctx)
@@ -715,9 +835,21 @@ const fn u32_of(n: usize) -> u32 {
     n as u32
 }
 
-fn check_channel_params(msg_size: u32, capacity: u32) -> std::result::Result<(), String> {
-    if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE {
-        return Err(format!("message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE}"));
+fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std::result::Result<(), String> {
+    match protocol {
+        Protocol::Ll if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
+            return Err(format!(
+                "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol ll \
+                 (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
+            ));
+        }
+        Protocol::Bulk if msg_size == 0 || msg_size % BULK_MSG_ALIGN != 0 || msg_size > MAX_BULK_MSG_SIZE => {
+            return Err(format!(
+                "message size {msg_size}: must be a multiple of {BULK_MSG_ALIGN} from {BULK_MSG_ALIGN} to \
+                 {MAX_BULK_MSG_SIZE} (16 MiB) for protocol bulk"
+            ));
+        }
+        _ => {}
     }
     if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
         return Err(format!("capacity {capacity}: must be a power of two up to {MAX_CAPACITY}"));

@@ -137,8 +137,9 @@ pub enum ChannelCommand {
     Create {
         /// Channel name.
         name: String,
-        /// Payload bytes per message (a multiple of 8, at most 65536). The ring takes twice this per
-        /// message: each 8-byte word carries 4 payload bytes and a sequence tag.
+        /// Payload bytes per message: protocol ll, a multiple of 8 up to 65536 (the ring takes twice
+        /// this per message: each 8-byte word carries 4 payload bytes and a sequence tag); protocol
+        /// bulk, a multiple of 16 up to 16777216 (16 MiB; the ring takes this plus an 8-byte flag).
         #[arg(long, default_value_t = 64)]
         msg_size: u32,
         /// Messages the ring holds (a power of two, at most 2^24).
@@ -148,6 +149,13 @@ pub enum ChannelCommand {
         /// (GPU memory that meshd owns: between GPU programs only, blink mode).
         #[arg(long, default_value = "host", value_parser = clap::builder::PossibleValuesParser::new(["host", "device"]))]
         placement: String,
+        /// The slots' format: ll (a tag in every word: GPU programs use mesh.cuh's mesh_chan_* and warp
+        /// calls) or bulk (payload, then one flag per message, for large messages: mesh_bulk_* and
+        /// mesh_block_* calls, moved by a whole thread block; host processes use mesh-shm's
+        /// BulkProducer/BulkConsumer). Default: ll up to 64 KiB, bulk above. The bulk device calls are
+        /// not yet verified on a GPU.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["ll", "bulk"]))]
+        protocol: Option<String>,
     },
 }
 

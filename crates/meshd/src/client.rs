@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use mesh_backend::LaunchShape;
-use mesh_shm::{Consumer, Mailbox, Producer, ShmError};
+use mesh_shm::{BulkConsumer, BulkProducer, Consumer, Mailbox, Producer, Protocol, ShmError};
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::start;
 
@@ -44,8 +44,8 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Upgrade { name, image } => upgrade(socket, name, &image),
         Command::Unload { name } => unload(socket, &name),
         Command::Ps { json } => ps(socket, json),
-        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement }) => {
-            channel_create(socket, &name, msg_size, capacity, placement)
+        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol }) => {
+            channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default())
         }
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
@@ -222,30 +222,63 @@ fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
     }
 }
 
-fn channel_create(socket: &Path, name: &str, msg_size: u32, capacity: u32, placement: String) -> Result<(), Exit> {
-    let req = Request::ChannelCreate { name: name.to_string(), msg_size, capacity, placement: placement.clone() };
+fn channel_create(
+    socket: &Path,
+    name: &str,
+    msg_size: u32,
+    capacity: u32,
+    placement: String,
+    protocol: String,
+) -> Result<(), Exit> {
+    let shown = meshd::placement::protocol(&protocol, msg_size).map_err(refused)?;
+    let req =
+        Request::ChannelCreate { name: name.to_string(), msg_size, capacity, placement: placement.clone(), protocol };
     call(socket, &req, &[])?;
-    println!("created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory)");
+    println!(
+        "created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory, protocol {shown})"
+    );
     Ok(())
 }
 
 fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
     let mailbox = open_mailbox(socket)?;
-    let mut tx = Producer::claim(&mailbox, channel).map_err(refused)?;
+    let bulk = mailbox.channel(channel).map_err(refused)?.protocol == Protocol::Bulk;
+    let timeout = Duration::from_millis(timeout_ms);
+    let mut ends = if bulk {
+        (None, Some(BulkProducer::claim(&mailbox, channel).map_err(refused)?))
+    } else {
+        (Some(Producer::claim(&mailbox, channel).map_err(refused)?), None)
+    };
     for m in messages {
         let bytes = if hex { decode_hex(m).map_err(refused)? } else { m.as_bytes().to_vec() };
-        tx.send(&bytes, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+        match &mut ends {
+            (Some(tx), _) => tx.send(&bytes, timeout),
+            (_, Some(tx)) => tx.send(&bytes, timeout),
+            (None, None) => unreachable!("one end was claimed above"),
+        }
+        .map_err(shm_exit)?;
     }
     Ok(())
 }
 
 fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) -> Result<(), Exit> {
     let mailbox = open_mailbox(socket)?;
-    let mut rx = Consumer::claim(&mailbox, channel).map_err(refused)?;
-    let mut buf = vec![0u8; rx.info().msg_size as usize];
+    let info = mailbox.channel(channel).map_err(refused)?;
+    let timeout = Duration::from_millis(timeout_ms);
+    let mut ends = if info.protocol == Protocol::Bulk {
+        (None, Some(BulkConsumer::claim(&mailbox, channel).map_err(refused)?))
+    } else {
+        (Some(Consumer::claim(&mailbox, channel).map_err(refused)?), None)
+    };
+    let mut buf = vec![0u8; info.msg_size as usize];
     let stdout = std::io::stdout();
     for _ in 0..count {
-        rx.recv(&mut buf, Duration::from_millis(timeout_ms)).map_err(shm_exit)?;
+        match &mut ends {
+            (Some(rx), _) => rx.recv(&mut buf, timeout),
+            (_, Some(rx)) => rx.recv(&mut buf, timeout),
+            (None, None) => unreachable!("one end was claimed above"),
+        }
+        .map_err(shm_exit)?;
         let line = if hex {
             hex::encode(&buf)
         } else {

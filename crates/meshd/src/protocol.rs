@@ -64,6 +64,9 @@ pub enum Request {
         /// Where its slots live: `host` (the mailbox; absent means host) or `device` (GPU memory).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         placement: String,
+        /// The slots' format: `ll` or `bulk` (absent: by the message size, bulk above 64 KiB).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        protocol: String,
     },
     /// The daemon's mode, mailbox path and channels.
     Info,
@@ -159,6 +162,10 @@ pub struct ChannelRow {
     /// Where its slots live: `host` or `device`.
     #[serde(default)]
     pub placement: String,
+    /// The slots' format: `ll` (a tag in every word) or `bulk` (payload, then one flag per message).
+    /// Absent from an older meshd's answer (and from the Python client's golden files): ll.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
     /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.
     #[serde(default)]
     pub lost: u64,

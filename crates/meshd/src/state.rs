@@ -21,7 +21,7 @@ use mesh_backend::watch::{Cause, fault_text};
 use mesh_backend::{LaunchShape, ProgramSpec};
 
 use crate::replace::Search;
-use mesh_shm::Mailbox;
+use mesh_shm::{Mailbox, Protocol};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -40,6 +40,9 @@ pub struct RecordedChannel {
     /// Where its slots live (absent in older records: host).
     #[serde(default)]
     pub placement: String,
+    /// The slots' format (absent in older records: by the message size, which made them LL).
+    #[serde(default)]
+    pub protocol: String,
 }
 
 /// A native worker as recorded (`meshd spawn`): what a restarted meshd starts again.
@@ -373,7 +376,8 @@ impl StateStore {
         for c in &self.state.channels {
             if mailbox.channel(&c.name).is_err() {
                 let placement = c.placement.parse().unwrap_or_default();
-                mailbox.create_channel_placed(&c.name, c.msg_size, c.capacity, placement)?;
+                let protocol = c.protocol.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
+                mailbox.create_channel_with(&c.name, c.msg_size, c.capacity, placement, protocol)?;
                 created += 1;
             }
         }
@@ -387,6 +391,7 @@ impl StateStore {
             .into_iter()
             .map(|c| RecordedChannel {
                 placement: c.placement.to_string(),
+                protocol: c.protocol.to_string(),
                 name: c.name,
                 msg_size: c.msg_size,
                 capacity: c.capacity,

@@ -82,3 +82,16 @@ fn run_help_names_fresh_and_the_old_flag_still_parses() {
     ]);
     assert_ne!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn channel_create_names_its_protocols_and_refuses_others() {
+    let help = String::from_utf8_lossy(&meshd(&["channel", "create", "--help"]).stdout).into_owned();
+    assert!(help.contains("--protocol") && help.contains("bulk") && help.contains("16777216"), "{help}");
+    let out = meshd(&["channel", "create", "c", "--msg-size", "1048576", "--protocol", "simple"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "bad usage: {err}");
+    assert!(err.contains("[possible values: ll, bulk]"), "{err}");
+    // A valid request gets as far as the socket (no daemon here).
+    let out = meshd(&["channel", "create", "c", "--msg-size", "1048576", "--capacity", "4", "--protocol", "bulk"]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+}

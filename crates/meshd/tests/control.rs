@@ -86,14 +86,26 @@ fn requests_and_refusals_are_served_until_shutdown() {
     assert!(
         ask(
             &d.socket,
-            &Request::ChannelCreate { name: "c".into(), msg_size: 16, capacity: 8, placement: String::new() },
+            &Request::ChannelCreate {
+                name: "c".into(),
+                msg_size: 16,
+                capacity: 8,
+                placement: String::new(),
+                protocol: String::new()
+            },
             &[]
         )
         .ok
     );
     let r = ask(
         &d.socket,
-        &Request::ChannelCreate { name: "d".into(), msg_size: 12, capacity: 8, placement: String::new() },
+        &Request::ChannelCreate {
+            name: "d".into(),
+            msg_size: 12,
+            capacity: 8,
+            placement: String::new(),
+            protocol: String::new(),
+        },
         &[],
     );
     assert!(!r.ok && r.error.unwrap().contains("multiple of 8"));
@@ -211,6 +223,7 @@ fn many_clients_at_once_all_get_answers() {
                             msg_size: 8,
                             capacity: 2,
                             placement: String::new(),
+                            protocol: String::new(),
                         },
                         1 => load_req(&format!("p{i}"), &[]),
                         _ => Request::Ps,
@@ -274,7 +287,13 @@ fn programs_are_recorded_and_relaunched_by_the_next_server() {
     assert!(
         ask(
             &d.socket,
-            &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 4, placement: String::new() },
+            &Request::ChannelCreate {
+                name: "in".into(),
+                msg_size: 8,
+                capacity: 4,
+                placement: String::new(),
+                protocol: String::new()
+            },
             &[]
         )
         .ok
@@ -493,4 +512,50 @@ fn ps_answers_while_a_recovery_runs() {
             .starts_with("faulted")),
         "the recovery's result is published once it ends"
     );
+}
+
+#[test]
+fn bulk_channels_are_made_by_size_or_by_name_and_hostile_sizes_are_refused() {
+    let d = Running::start(ListBackend::new);
+    let create = |name: &str, msg_size: u32, capacity: u32, protocol: &str| {
+        let req = Request::ChannelCreate {
+            name: name.into(),
+            msg_size,
+            capacity,
+            placement: String::new(),
+            protocol: protocol.into(),
+        };
+        ask(&d.socket, &req, &[])
+    };
+    assert!(create("c", 64, 8, "").ok);
+    assert!(create("frames", 128 << 10, 2, "").ok, "above 64 KiB: bulk by default");
+    assert!(create("tiles", 4096, 4, "bulk").ok, "bulk by name at any multiple of 16");
+    for (name, size, capacity, protocol, says) in [
+        ("a", 128 << 10, 2, "ll", "for protocol ll"),
+        ("b", 24, 4, "bulk", "multiple of 16"),
+        ("z", 0, 4, "bulk", "multiple of 16"),
+        ("h", 32 << 20, 2, "", "16 MiB"),
+        ("o", 16 << 20, 1 << 24, "", "mailbox full"),
+        ("p", 64 << 10, 3, "bulk", "power of two"),
+        ("q", 4096, 4, "simple", "ll or bulk"),
+    ] {
+        let r = create(name, size, capacity, protocol);
+        let e = r.error.unwrap_or_default();
+        assert!(!r.ok && e.contains(says), "{name} ({size} B x {capacity}, {protocol:?}): {e}");
+    }
+    let info = ask(&d.socket, &Request::Info, &[]).info.unwrap();
+    let shown: Vec<(&str, &str)> = info.channels.iter().map(|c| (c.name.as_str(), c.protocol.as_str())).collect();
+    assert_eq!(shown, [("c", "ll"), ("frames", "bulk"), ("tiles", "bulk")]);
+    // The host ends: the bulk ones work, the LL ones refuse naming the protocol.
+    let e = mesh_shm::Producer::claim(&d.mailbox, "tiles").unwrap_err().to_string();
+    assert!(e.contains("bulk format") && e.contains("BulkProducer"), "{e}");
+    let e = mesh_shm::BulkConsumer::claim(&d.mailbox, "c").unwrap_err().to_string();
+    assert!(e.contains("ll format"), "{e}");
+    let mut tx = mesh_shm::BulkProducer::claim(&d.mailbox, "tiles").unwrap();
+    let mut rx = mesh_shm::BulkConsumer::claim(&d.mailbox, "tiles").unwrap();
+    tx.send(b"a large message, shortened", DEADLINE).unwrap();
+    let mut out = vec![0xffu8; 4096];
+    rx.recv(&mut out, DEADLINE).unwrap();
+    assert_eq!(&out[..26], b"a large message, shortened");
+    assert!(out[26..].iter().all(|&b| b == 0), "a short message is zero-padded");
 }

@@ -270,7 +270,13 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
     assert!(
         ask(
             &d.socket,
-            &Request::ChannelCreate { name: "in".into(), msg_size: 8, capacity: 16, placement: String::new() },
+            &Request::ChannelCreate {
+                name: "in".into(),
+                msg_size: 8,
+                capacity: 16,
+                placement: String::new(),
+                protocol: String::new()
+            },
             &[]
         )
         .ok
@@ -569,6 +575,7 @@ fn everything() -> Exposition {
             msg_size: 64,
             capacity: 8,
             placement: "host".into(),
+            protocol: "ll".into(),
             lost: 0,
             head: 9,
             tail: 4,

@@ -78,7 +78,13 @@ fn a_held_mailbox_is_refused_with_the_holders_pid_and_taken_over_after_kill_9() 
     assert!(
         ask(
             &socket,
-            &Request::ChannelCreate { name: "q".into(), msg_size: 8, capacity: 8, placement: String::new() },
+            &Request::ChannelCreate {
+                name: "q".into(),
+                msg_size: 8,
+                capacity: 8,
+                placement: String::new(),
+                protocol: String::new()
+            },
             &[]
         )
         .ok

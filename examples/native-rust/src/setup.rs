@@ -118,7 +118,7 @@ pub fn mesh_ctx(mailbox: &Mailbox, base: u64, names: &[String]) -> Result<MeshCt
             msg_size: c.msg_size,
             capacity: c.capacity,
             placement: c.placement.code(),
-            reserved: 0,
+            protocol: c.protocol.code(),
         };
     }
     Ok(ctx)
@@ -231,7 +231,7 @@ mod tests {
                 msg_size: 16,
                 capacity: 1024,
                 placement: 0,
-                reserved: 0
+                protocol: 0
             }
         );
         assert_eq!(
@@ -242,7 +242,7 @@ mod tests {
                 msg_size: 16,
                 capacity: 512,
                 placement: 0,
-                reserved: 0
+                protocol: 0
             }
         );
         assert_eq!(ctx.bindings[2], MeshBinding::default());

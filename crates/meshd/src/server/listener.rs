@@ -265,6 +265,7 @@ fn info(shared: &Shared) -> Response {
         .into_iter()
         .map(|c| ChannelRow {
             placement: c.placement.to_string(),
+            protocol: c.protocol.to_string(),
             lost: c.lost,
             name: c.name,
             msg_size: c.msg_size,

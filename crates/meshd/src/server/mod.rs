@@ -142,6 +142,7 @@ enum Change {
         msg_size: u32,
         capacity: u32,
         placement: String,
+        protocol: String,
     },
 }
 
@@ -186,8 +187,8 @@ impl From<Request> for Routed {
             }
             Request::Upgrade { name, image_len: _ } => Self::Change(Change::Upgrade { name }),
             Request::Unload { name } => Self::Change(Change::Unload { name }),
-            Request::ChannelCreate { name, msg_size, capacity, placement } => {
-                Self::Change(Change::ChannelCreate { name, msg_size, capacity, placement })
+            Request::ChannelCreate { name, msg_size, capacity, placement, protocol } => {
+                Self::Change(Change::ChannelCreate { name, msg_size, capacity, placement, protocol })
             }
             Request::Spawn { name, bind, command, ready_timeout_ms } => {
                 Self::Spawn(NativeSpec { name, bind, command, ready_timeout: Duration::from_millis(ready_timeout_ms) })

@@ -412,10 +412,11 @@ impl BackendWorker<'_> {
                 self.record(|s| s.record_unload(&name));
                 Ok(Response::ok())
             }
-            Change::ChannelCreate { name, msg_size, capacity, placement } => {
+            Change::ChannelCreate { name, msg_size, capacity, placement, protocol } => {
                 let placement = crate::placement::parse(&placement, self.backend.mode())?;
-                self.shared.mailbox.create_channel_placed(&name, msg_size, capacity, placement)?;
-                tracing::info!(channel = %name, msg_size, capacity, %placement, "channel created");
+                let protocol = crate::placement::protocol(&protocol, msg_size)?;
+                self.shared.mailbox.create_channel_with(&name, msg_size, capacity, placement, protocol)?;
+                tracing::info!(channel = %name, msg_size, capacity, %placement, %protocol, "channel created");
                 let mailbox = self.shared.mailbox.clone();
                 self.record(move |s| s.record_channels(&mailbox));
                 Ok(Response::ok())

@@ -3,6 +3,8 @@
 //! * channels (`channels` module): round trips by size through the warp and one-thread paths beside
 //!   the relaxed raw mapped-word ping-pong and `launch + synchronize` of a copy kernel; one-way
 //!   streaming beside one warp's plain mapped-memory bandwidth; all in one process and context;
+//! * bulk channels (`bulk` module, `mesh-gpu-bench bulk blink|mps`): large messages host↔GPU and
+//!   GPU→GPU beside back-to-back cudaMemcpyAsync;
 //! * nvJitLink: cold (library start-up, paid once by `Jit::start`), warm, cached.
 
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use mesh_backend::{ImageKind, LaunchShape};
 use mesh_cuda::StreamState;
 use mesh_gpu_tests::{Fixture, program};
 
+mod bulk;
 mod channels;
 mod roundtrip;
 use channels::channel_benches;
@@ -36,10 +39,11 @@ fn main() {
         ["mps"] => return mps_benches(),
         ["rt", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips(*mode == "mps"),
         ["g2g", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips(*mode == "mps"),
+        ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
         [] => {}
         other => {
             eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps` or `g2g blink|mps`"
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps` or `bulk blink|mps`"
             );
             std::process::exit(2);
         }

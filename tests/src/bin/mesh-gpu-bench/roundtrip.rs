@@ -34,8 +34,13 @@ pub struct Bench {
 
 impl Bench {
     pub fn open(mps: bool) -> Self {
+        Self::open_sized(mps, 64 << 20)
+    }
+
+    /// A backend over a mailbox of `size` bytes.
+    pub fn open_sized(mps: bool, size: u64) -> Self {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let config = mesh_shm::MailboxConfig { size: 64 << 20, slots: 64, channels: 256 };
+        let config = mesh_shm::MailboxConfig { size, slots: 64, channels: 256 };
         let mb = Mailbox::create(dir.path().join("mb"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
         let backend: Box<dyn Backend> = if mps {
             let config = mesh_mps::MpsConfig { pool: 3, ..mesh_mps::MpsConfig::default() };

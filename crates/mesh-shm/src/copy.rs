@@ -1,0 +1,239 @@
+//! Copies of large messages into and out of a bulk ring: wide or non-temporal stores, split over several threads where it pays.
+//!
+//! A plain copy is the C library's `memcpy` (through `copy_nonoverlapping`), which already uses the
+//! widest vector stores the CPU has. A non-temporal copy streams 16-byte stores past the caches
+//! (`movntdq`) and ends with `sfence`: it saves the read-for-ownership of every destination line, and
+//! leaves the caches to the program, but a host consumer then reads the message from memory rather
+//! than from the shared cache. Which pays, and how many threads, was measured on the development
+//! machine (BENCHMARKS.md, "Bulk channels on the host"); the defaults follow it.
+
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+/// How a bulk end copies messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyConfig {
+    /// Threads that copy one message together, the caller's included (1: the caller alone).
+    pub threads: usize,
+    /// Smallest share of a message worth handing to another thread, in bytes.
+    pub min_part: usize,
+    /// Non-temporal stores into the ring (a producer's copy; a consumer's copy out of it always uses
+    /// plain stores, since its destination is the program's own buffer).
+    pub non_temporal: bool,
+}
+
+impl Default for CopyConfig {
+    fn default() -> Self {
+        Self { threads: 1, min_part: 256 << 10, non_temporal: false }
+    }
+}
+
+/// One share of a copy, handed to a helper thread as addresses.
+struct Job {
+    dst: usize,
+    src: usize,
+    len: usize,
+    non_temporal: bool,
+}
+
+/// The helper threads of a [`Copier`] with more than one thread.
+struct Pool {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<()>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn start(helpers: usize) -> std::io::Result<Self> {
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let mut workers = Vec::with_capacity(helpers);
+        for i in 0..helpers {
+            let (jobs, done) = (jobs_rx.clone(), done_tx.clone());
+            let worker = std::thread::Builder::new().name(format!("mesh-copy-{i}")).spawn(move || {
+                for job in jobs {
+                    // SAFETY: `Copier::copy`'s caller promised both ranges for the duration of its call,
+                    // which waits for this job's `done` before returning.
+                    unsafe { copy_part(job.dst as *mut u8, job.src as *const u8, job.len, job.non_temporal) };
+                    // The send orders this thread's stores (and, after the sfence of a non-temporal
+                    // copy, its streamed ones) before the caller's receive.
+                    if done.send(()).is_err() {
+                        return;
+                    }
+                }
+            })?;
+            workers.push(worker);
+        }
+        Ok(Self { jobs: Some(jobs_tx), done: done_rx, workers })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("helpers", &self.workers.len()).finish()
+    }
+}
+
+/// Copies messages with the configured stores and threads.
+#[derive(Debug)]
+pub struct Copier {
+    config: CopyConfig,
+    pool: Option<Pool>,
+}
+
+impl Copier {
+    /// Starts `config.threads - 1` helper threads (none for 1). A thread the system refuses is an error.
+    pub fn new(config: CopyConfig) -> std::io::Result<Self> {
+        let config = CopyConfig { threads: config.threads.max(1), min_part: config.min_part.max(4096), ..config };
+        let pool = if config.threads > 1 { Some(Pool::start(config.threads - 1)?) } else { None };
+        Ok(Self { config, pool })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> CopyConfig {
+        self.config
+    }
+
+    /// Copies `len` bytes from `src` to `dst`, streaming the stores when `non_temporal` (and the
+    /// configuration allows it), in up to `threads` shares of at least `min_part` bytes. Every store
+    /// is visible to a later Release store of the calling thread when this returns.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` reads and `dst` for `len` writes, the two ranges disjoint, and
+    /// nothing else may write either range (or read `dst`) until this returns.
+    pub unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize, non_temporal: bool) {
+        let nt = non_temporal && self.config.non_temporal;
+        let parts = (len / self.config.min_part).clamp(1, self.config.threads);
+        let Some(pool) = self.pool.as_ref().filter(|_| parts > 1) else {
+            // SAFETY: the caller's contract.
+            unsafe { copy_part(dst, src, len, nt) };
+            return;
+        };
+        // Shares on 64-byte boundaries, so that no cache line has two writers.
+        let share = len.div_ceil(parts).div_ceil(64) * 64;
+        let jobs = pool.jobs.as_ref().expect("open while the pool lives");
+        let mut sent = 0;
+        let mut at = share;
+        while at < len {
+            let n = share.min(len - at);
+            // The addresses stay valid until the waits below: the caller's contract.
+            let job = Job { dst: dst as usize + at, src: src as usize + at, len: n, non_temporal: nt };
+            if jobs.send(job).is_err() {
+                // No helper left (cannot happen while the pool lives): copy the rest here.
+                // SAFETY: inside the caller's ranges.
+                unsafe { copy_part(dst.add(at), src.add(at), len - at, nt) };
+                break;
+            }
+            sent += 1;
+            at += n;
+        }
+        // SAFETY: the first share, inside the caller's ranges; the helpers' shares are disjoint from it.
+        unsafe { copy_part(dst, src, share.min(len), nt) };
+        for _ in 0..sent {
+            // Each helper sends once per job; the pool holds the receiver, so this cannot fail while
+            // any helper lives, and helpers live as long as the pool.
+            let _ = pool.done.recv();
+        }
+    }
+}
+
+/// One thread's copy.
+///
+/// # Safety
+/// As [`Copier::copy`].
+unsafe fn copy_part(dst: *mut u8, src: *const u8, len: usize, non_temporal: bool) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if non_temporal {
+        // SAFETY: the caller's contract.
+        unsafe { copy_streaming(dst, src, len) };
+        return;
+    }
+    let _ = non_temporal;
+    // SAFETY: the caller's contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// A copy whose stores bypass the caches (`movntdq`, 4 × 16 bytes an iteration), then `sfence`.
+///
+/// # Safety
+/// As [`Copier::copy`].
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let head = dst.align_offset(16).min(len);
+    // SAFETY: the caller's ranges; `head <= len`.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut i = head;
+    // SAFETY: every access below lies inside the caller's ranges (`i + 64 <= len`, `i + 16 <= len`);
+    // `dst + i` is 16-byte aligned after the head, as `_mm_stream_si128` needs; SSE2 is part of x86-64.
+    unsafe {
+        while i + 64 <= len {
+            let s = src.add(i).cast::<__m128i>();
+            let (a, b, c, d) =
+                (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)), _mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+            let o = dst.add(i).cast::<__m128i>();
+            _mm_stream_si128(o, a);
+            _mm_stream_si128(o.add(1), b);
+            _mm_stream_si128(o.add(2), c);
+            _mm_stream_si128(o.add(3), d);
+            i += 64;
+        }
+        while i + 16 <= len {
+            _mm_stream_si128(dst.add(i).cast(), _mm_loadu_si128(src.add(i).cast()));
+            i += 16;
+        }
+        core::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+        // Streamed stores are weakly ordered: fence them before the flag's Release store.
+        _mm_sfence();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation, reason = "test patterns keep the low byte on purpose")]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, salt: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(salt)).collect()
+    }
+
+    #[test]
+    fn every_mode_copies_every_byte() {
+        // Lengths and offsets that leave unaligned heads and tails, and shares of uneven sizes.
+        for threads in [1, 3] {
+            for non_temporal in [false, true] {
+                let config = CopyConfig { threads, min_part: 4096, non_temporal };
+                let mut copier = Copier::new(config).unwrap();
+                for (len, offset) in [(0, 0), (15, 1), (64, 0), (4096 * 3 + 17, 3), (100_000, 8), (1 << 20, 0)] {
+                    let src = pattern(len + offset, len as u8);
+                    let mut dst = vec![0xeeu8; len + 2 * 64];
+                    // SAFETY: both ranges lie in their vectors and are disjoint.
+                    unsafe { copier.copy(dst.as_mut_ptr().add(offset + 32), src.as_ptr().add(offset), len, true) };
+                    assert_eq!(
+                        &dst[offset + 32..offset + 32 + len],
+                        &src[offset..],
+                        "{threads} threads, nt {non_temporal}, {len} B"
+                    );
+                    assert!(dst[..offset + 32].iter().all(|&b| b == 0xee), "nothing written before the range");
+                    assert!(dst[offset + 32 + len..].iter().all(|&b| b == 0xee), "nothing written past the range");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_zero_thread_config_means_the_caller_alone() {
+        let copier = Copier::new(CopyConfig { threads: 0, ..CopyConfig::default() }).unwrap();
+        assert_eq!(copier.config().threads, 1);
+    }
+}
