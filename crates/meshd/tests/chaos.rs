@@ -515,10 +515,27 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
             let placement = if rng.below(4) == 0 { "device" } else { "host" };
             let msg_size = 8 << rng.below(6);
             let capacity = 1 << (1 + rng.below(6));
-            d.ok(&Request::ChannelCreate { name: name.clone(), msg_size, capacity, placement: placement.into() }, &[]);
+            d.ok(
+                &Request::ChannelCreate {
+                    name: name.clone(),
+                    msg_size,
+                    capacity,
+                    placement: placement.into(),
+                    protocol: String::new(),
+                },
+                &[],
+            );
             // The same name again is refused.
-            let again = d
-                .ask(&Request::ChannelCreate { name: name.clone(), msg_size, capacity, placement: String::new() }, &[]);
+            let again = d.ask(
+                &Request::ChannelCreate {
+                    name: name.clone(),
+                    msg_size,
+                    capacity,
+                    placement: String::new(),
+                    protocol: String::new(),
+                },
+                &[],
+            );
             assert!(!again.ok, "a second channel {name} is refused");
             m.channels.insert(name);
         }
@@ -596,7 +613,16 @@ fn chaos_loses_nothing_and_leaks_nothing() {
     let mut streams = Vec::new();
     for (i, (size, capacity)) in [(8u32, 16u32), (64, 8), (256, 32)].into_iter().enumerate() {
         let name = format!("s{i}");
-        d.ok(&Request::ChannelCreate { name: name.clone(), msg_size: size, capacity, placement: String::new() }, &[]);
+        d.ok(
+            &Request::ChannelCreate {
+                name: name.clone(),
+                msg_size: size,
+                capacity,
+                placement: String::new(),
+                protocol: String::new(),
+            },
+            &[],
+        );
         m.channels.insert(name.clone());
         streams.push((name.clone(), stream(&mb, &name, i as u64, size as usize, &stop)));
     }
