@@ -6,16 +6,23 @@
 //! while everything runs. Creating a client stalls the running kernels once (up to 0.4 ms), so the pool
 //! is started before any program runs and a freed worker goes back to it.
 //!
-//! **The watchdog** ([`Backend::watch`], every few tens of ms) polls every worker's kernel; a failed
-//! kernel or a worker gone starts a recovery (see [`MpsBackend`]'s `recover`): every client ended at
+//! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
+//! reads what the workers pushed (each checks its own kernel every millisecond and says when it
+//! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery (see [`MpsBackend`]'s `recover`): every client ended at
 //! once, the culprit named or searched by halves and left stopped, the others relaunched in fresh
 //! workers started side by side, the pool refilled. `status` only reads.
+//!
+//! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
+//! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
+//! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
+//! outlives every worker; after a recovery each ring is zeroed and renewed, its loss counted.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
 use mesh_backend::cleanup::{self, CleanupId};
 use mesh_backend::recover::{self, Recovery};
 use mesh_backend::roster::{self, HasCore};
@@ -24,14 +31,15 @@ use mesh_backend::{
     Backend, BackendError, BackendEvent, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
 };
-use mesh_cuda::{Device, Jit, slots};
+use mesh_cuda::exported::SharedRings;
+use mesh_cuda::{Context, Device, Jit, slots};
 use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
-use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
+use crate::worker::{NewsSender, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
 /// fault reached the clients about 150 ms after the faulting launch.
@@ -86,6 +94,65 @@ struct Shared {
     /// Recoveries not yet handed to meshd's metrics ([`Backend::take_events`]); kept here because
     /// a recovery runs under this lock (from the watchdog, or before a change).
     events: Vec<BackendEvent>,
+    /// That some worker has news (its reader's copy): drained, then every worker refreshed.
+    news: Option<Receiver<WorkerNews>>,
+    /// Device channels' rings, owned by meshd's own plain context (opt-in).
+    rings: Option<SharedRings>,
+}
+
+/// The variable that enables device channels in MPS mode (`1`): an implementation not yet verified
+/// on a GPU, so off by default (a device channel is then refused in MPS mode, as before).
+pub const DEVICE_CHANNELS_ENV: &str = "MESH_MPS_DEVICE_CHANNELS";
+
+/// Whether [`DEVICE_CHANNELS_ENV`] is `1` in meshd's environment.
+pub fn device_channels_opted_in() -> bool {
+    std::env::var(DEVICE_CHANNELS_ENV).is_ok_and(|v| v == "1")
+}
+
+/// meshd's own context for the device rings: a plain (non-MPS) context, made before the MPS daemon
+/// starts. A process whose environment leads it to an MPS server becomes its client instead, so the
+/// context is checked (`MPS_ENABLED` = 0) and refused with the reason otherwise.
+fn owner_context(device: &Device) -> Result<SharedRings> {
+    let refuse = |reason: String| BackendError::Invalid { what: format!("{DEVICE_CHANNELS_ENV}=1"), reason };
+    let ctx = Context::primary(device).map_err(|e| refuse(format!("meshd's own context for device rings: {e}")))?;
+    let seen = Device::get(0)?;
+    if seen.mps_enabled {
+        return Err(refuse(format!(
+            "meshd's own context became an MPS client (CUDA_MPS_PIPE_DIRECTORY is {:?} in meshd's environment): \
+             the device rings must outlive every MPS client; start meshd without CUDA_MPS_PIPE_DIRECTORY",
+            std::env::var_os(crate::control::PIPE_ENV).unwrap_or_default()
+        )));
+    }
+    Ok(SharedRings::new(ctx)?)
+}
+
+/// Takes in whatever the workers pushed, without waiting: the shared channel drained (it only says
+/// that there is news), then each worker's own queue.
+fn absorb(s: &mut Shared) {
+    if let Some(news) = &s.news {
+        while news.try_recv().is_ok() {}
+    }
+    for p in &mut s.programs {
+        p.worker.refresh();
+    }
+    for w in &mut s.idle {
+        w.refresh();
+    }
+}
+
+/// Maps, in `worker`, every device channel program slot `slot` binds (meshd's rings, opt-in);
+/// without the opt-in nothing (a binding to a device channel is then refused by the launch).
+fn map_channels(rings: &mut Option<SharedRings>, mailbox: &Mailbox, worker: &mut Worker, slot: u32) -> Result<()> {
+    let Some(rings) = rings.as_mut() else { return Ok(()) };
+    for (channel, fd, bytes) in rings.export_for(mailbox, slot)? {
+        if !worker.has_mapped(channel) {
+            worker.map(channel, &fd, bytes)?;
+        }
+    }
+    for loss in rings.take_losses() {
+        tracing::warn!(channel = loss.channel, "its device ring was made anew, empty: {} messages lost", loss.lost);
+    }
+    Ok(())
 }
 
 /// The control daemon of the running MPS backend, for `native_pipe_dir` / `check_native`.
@@ -107,14 +174,22 @@ pub struct MpsBackend {
     client_limit: u32,
     /// The pool's figures, shared with meshd's `info`.
     pool: PoolFigures,
+    /// Where every worker's reader hands its news.
+    news: NewsSender,
 }
 
 /// Starts the pool's workers one after the other (the first one's context creation also starts
 /// the MPS server), each checked to be our client, into `shared`'s idle list.
-fn start_pool(control: &MpsControl, mailbox: &Mailbox, config: &MpsConfig, shared: &Mutex<Shared>) -> Result<()> {
+fn start_pool(
+    control: &MpsControl,
+    mailbox: &Mailbox,
+    config: &MpsConfig,
+    shared: &Mutex<Shared>,
+    news: &NewsSender,
+) -> Result<()> {
     for i in 0..config.pool {
         let started = Instant::now();
-        let w = Worker::start(control, mailbox.path(), config.sms, WORKER_LOAD)?;
+        let w = Worker::start(control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
         tracing::info!(
             worker = w.pid(),
             server = w.server,
@@ -160,6 +235,19 @@ impl Recovery for Clients<'_> {
 
     fn reset(&mut self) -> std::result::Result<(), Self::Error> {
         self.backend.end_all_clients(self.s, self.control);
+        // No client maps a ring now: each is zeroed and renewed before anything relaunches.
+        if let Some(rings) = self.s.rings.as_mut() {
+            for e in rings.renew_all(&self.backend.mailbox) {
+                tracing::error!("{e}");
+            }
+            for loss in rings.take_losses() {
+                tracing::warn!(
+                    channel = loss.channel,
+                    "its device ring was renewed empty after the GPU fault: {} messages lost",
+                    loss.lost
+                );
+            }
+        }
         Ok(())
     }
 
@@ -209,15 +297,31 @@ impl MpsBackend {
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
+        // Before the MPS daemon exists, so that it cannot become its client.
+        let rings = if device_channels_opted_in() {
+            tracing::warn!(
+                "{DEVICE_CHANNELS_ENV}=1: device channels in MPS mode, owned by meshd's own context (not yet verified on \
+                 a GPU)"
+            );
+            Some(owner_context(&device)?)
+        } else {
+            None
+        };
         let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid));
-        let shared = Arc::new(Mutex::new(Shared { control: Some(control.clone()), ..Shared::default() }));
+        let (news, news_rx) = NewsSender::channel();
+        let shared = Arc::new(Mutex::new(Shared {
+            control: Some(control.clone()),
+            news: Some(news_rx),
+            rings,
+            ..Shared::default()
+        }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
-            .and_then(|()| start_pool(&control, mailbox, &config, &shared))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
             .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
@@ -240,6 +344,7 @@ impl MpsBackend {
             shut_down: false,
             client_limit,
             pool,
+            news,
         })
     }
 
@@ -269,7 +374,8 @@ impl MpsBackend {
         }
         let failure = {
             let mut s = self.lock();
-            s.programs.iter_mut().filter(|p| on_watch(p)).find_map(|p| failed(&mut p.worker))
+            absorb(&mut s);
+            s.programs.iter().filter(|p| on_watch(p)).find_map(|p| failed(&p.worker))
         };
         if let Some(error) = failure {
             for line in self.recover(&error) {
@@ -314,7 +420,7 @@ impl MpsBackend {
         }
         let control = self.control()?;
         let started = Instant::now();
-        let w = Worker::start(&control, self.mailbox.path(), sms, WORKER_LOAD)?;
+        let w = Worker::start(&control, self.mailbox.path(), sms, &self.news, WORKER_LOAD)?;
         if running > 0 {
             let n = self.pool.record_growth(program, op, running);
             tracing::warn!(
@@ -499,14 +605,16 @@ impl MpsBackend {
     /// Relaunches programs `which` (stopped, their clients ended) in fresh workers started side by
     /// side; a program whose relaunch fails is left stopped with the error.
     fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize]) {
-        let mut workers = start_many(control, self.mailbox.path(), self.config.sms, which.len());
+        let mut workers = start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len());
         for &i in which {
             let Some(mut worker) = workers.pop() else {
                 s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
                 continue;
             };
-            let p = &mut s.programs[i];
+            let Shared { programs, rings, .. } = &mut *s;
+            let p = &mut programs[i];
             let launched = self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape).and_then(|_| {
+                map_channels(rings, &self.mailbox, &mut worker, p.core.slot)?;
                 let generation = p.core.life.launch().map_err(|e| illegal(&p.core.name, e))?;
                 slots::arm(&self.mailbox, p.core.slot, generation)?;
                 p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
@@ -531,7 +639,7 @@ impl MpsBackend {
     /// Refills the pool, now that the server takes clients again (workers started side by side).
     fn refill(&self, s: &mut Shared, control: &MpsControl) {
         let missing = (self.config.pool as usize).saturating_sub(s.idle.len());
-        s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, missing));
+        s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, &self.news, missing));
     }
 
     /// Ends every client: a stop request to every program, then each worker cut off and killed.
@@ -546,7 +654,8 @@ impl MpsBackend {
         // driver tears their contexts down side by side.
         let mut doomed = doomed;
         for w in doomed.iter_mut() {
-            if w.alive() && matches!(w.poll(), KernelState::Busy) {
+            w.refresh();
+            if w.alive() && w.kernel() == KernelState::Busy {
                 let _ = control.terminate_client(w.server, w.pid());
             }
             w.signal_kill();
@@ -612,35 +721,45 @@ fn relaunchable(p: &Program) -> bool {
     p.core.life.relaunchable() && p.core.health.exited.is_none()
 }
 
-/// The error of a worker whose kernel failed or that is gone.
-fn failed(w: &mut Worker) -> Option<String> {
-    match w.poll() {
+/// The error of a worker whose kernel failed or that is gone, as it last said (see [`absorb`]).
+fn failed(w: &Worker) -> Option<String> {
+    match w.kernel() {
         KernelState::Failed { reason } => Some(reason),
         _ => None,
     }
 }
 
-/// Watches programs `running` for [`FAULT_WATCH`]: whether the fault came back.
+/// Watches programs `running` for [`FAULT_WATCH`]: whether the fault came back. Waits on the
+/// workers' news (no worker is asked), so a failure is seen as soon as its worker says it.
 fn faulted_within(s: &mut Shared, running: &[usize]) -> bool {
     // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
     let watch = Instant::now() + FAULT_WATCH;
-    while Instant::now() < watch {
-        std::thread::sleep(Duration::from_millis(10));
-        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&mut s.programs[i].worker).is_some()) {
+    loop {
+        absorb(s);
+        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&s.programs[i].worker).is_some()) {
             return true;
         }
+        let left = watch.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
+            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            // No news channel (cannot happen while the backend runs): watch by the clock.
+            _ => std::thread::sleep(left.min(Duration::from_millis(10))),
+        }
     }
-    false
 }
 
 /// Starts `n` workers side by side (spawned together, then each awaited), retrying those the server
 /// refuses for up to 10 s: after a fault it takes no client until every old one has exited (the
 /// H200 took a new client 0.3 s later). Returns those that started.
-fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, n: usize) -> Vec<Worker> {
+fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, news: &NewsSender, n: usize) -> Vec<Worker> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut ready = Vec::with_capacity(n);
     while ready.len() < n {
-        let spawned: Vec<Result<Worker>> = (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms)).collect();
+        let spawned: Vec<Result<Worker>> =
+            (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms, news)).collect();
         let mut last = None;
         for w in spawned {
             match w.and_then(|w| w.await_ready(control, WORKER_LOAD)) {
@@ -699,6 +818,7 @@ impl Backend for MpsBackend {
             .launch()
             .map_err(|e| illegal(&core.name, e))
             .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| map_channels(&mut self.lock().rings, &self.mailbox, &mut worker, slot))
             .and_then(|()| worker.launch(slot));
         if let Err(e) = launched {
             let _ = slots::release(&self.mailbox, slot);
@@ -745,6 +865,7 @@ impl Backend for MpsBackend {
             .launch()
             .map_err(|e| illegal(name, e))
             .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| map_channels(&mut self.lock().rings, &self.mailbox, &mut fresh, slot))
             .and_then(|()| fresh.launch(slot));
         if let Some(w) = kept {
             self.give_back(w);
@@ -779,11 +900,12 @@ impl Backend for MpsBackend {
 
     fn status(&self) -> Vec<ProgramStatus> {
         let mut s = self.lock();
+        absorb(&mut s);
         let states: Vec<KernelState> = s
             .programs
-            .iter_mut()
-            // A program left stopped has no kernel to ask about.
-            .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
+            .iter()
+            // A program left stopped has no kernel to speak of.
+            .map(|p| if on_watch(p) { p.worker.kernel() } else { KernelState::Idle })
             .collect();
         self.pool.publish(s.idle.len(), s.programs.len());
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
@@ -797,6 +919,7 @@ impl Backend for MpsBackend {
         let mut log = Vec::new();
         let failure = {
             let mut s = self.lock();
+            absorb(&mut s);
             let mut failure = None;
             for p in &mut s.programs {
                 let Ok(slot) = self.mailbox.slot(p.core.slot) else { continue };
@@ -805,7 +928,7 @@ impl Backend for MpsBackend {
                 if !on_watch(p) {
                     continue;
                 }
-                match p.worker.poll() {
+                match p.worker.kernel() {
                     KernelState::Failed { reason } => {
                         failure.get_or_insert(reason);
                     }
@@ -823,11 +946,12 @@ impl Backend for MpsBackend {
             }
             // An idle worker that died (nothing ran in it) is replaced at the next refill.
             s.idle.retain_mut(|w| {
-                let alive = w.alive();
-                if !alive {
+                let usable = w.alive() && w.broken().is_none();
+                if !usable {
+                    tracing::warn!("idle MPS worker {} discarded: {}", w.pid(), w.broken().unwrap_or("it exited"));
                     w.kill();
                 }
-                alive
+                usable
             });
             failure
         };
@@ -835,6 +959,10 @@ impl Backend for MpsBackend {
             log.extend(self.recover(&error));
         }
         log
+    }
+
+    fn set_waker(&mut self, wake: mesh_backend::Waker) {
+        self.news.set_wake(wake);
     }
 
     fn take_events(&mut self) -> Vec<BackendEvent> {

@@ -16,7 +16,7 @@ pub mod pool;
 pub mod process;
 pub mod worker;
 
-pub use backend::{MAX_CLIENTS, MpsBackend, MpsConfig};
+pub use backend::{DEVICE_CHANNELS_ENV, MAX_CLIENTS, MpsBackend, MpsConfig, device_channels_opted_in};
 pub use control::MpsControl;
 /// The child handle [`process::spawn_tied`] returns (for meshd's native workers).
 pub use shared_child::SharedChild;
