@@ -1,13 +1,16 @@
 //! Device memory shared between processes by file descriptor (`cuMemCreate` with a POSIX handle type): MPS mode's device rings.
 //!
 //! In MPS mode every program is a process of its own, and a GPU fault ends every one of them, so a
-//! device ring cannot belong to a worker. meshd allocates it in its own *plain* (non-MPS) context
-//! ([`ExportedMemory`]: created, mapped there to be zeroed, exported as a descriptor), and each worker
-//! that binds a program to the channel imports the descriptor and maps it ([`ImportedMemory`]). The
-//! physical memory lives as long as meshd's handle, across every worker's end; a probe on the H200
-//! found such memory shared between MPS clients of one server and between a plain context and an
-//! MPS client. [`SharedRings`] is meshd's side: one allocation per device channel, zeroed and renewed
-//! in the mailbox (loss counted from its indices) when it is made and after a recovery.
+//! device ring cannot belong to a worker. meshd allocates it with its own *plain* (non-MPS) context
+//! current ([`ExportedMemory`]: created and exported as a descriptor, never mapped there), and each
+//! worker that binds a program to the channel imports the descriptor and maps it ([`ImportedMemory`]).
+//! The physical memory lives as long as meshd's handle, across every worker's end; a probe on the
+//! H200 found such memory shared between MPS clients of one server and between a plain context and
+//! an MPS client. [`SharedRings`] is meshd's side: one allocation per device channel, renewed in the
+//! mailbox (loss counted from its indices) when it is made and after a recovery, and marked to be
+//! zeroed by the next worker that maps it, on that worker's stream: meshd's context runs no GPU work
+//! at all, because a plain context's work time-slices with the MPS server's (gaps up to 1.4 ms were
+//! measured between plain processes), while a worker's runs inside the server beside the others.
 //!
 //! **Not yet verified on a GPU**: this module was written without one (the session had no device
 //! time); `tests/tests/mps_device.rs` is the test that proves it.
@@ -42,8 +45,10 @@ fn unsupported(reason: impl Into<String>) -> CudaError {
     CudaError::Invalid { what: "device memory shared by descriptor".into(), reason: reason.into() }
 }
 
-/// Whether `device` can share memory by POSIX descriptor: the entry points, virtual memory
-/// management, and the descriptor handle type; the refusal says which is missing.
+/// Whether `device` can share memory by POSIX descriptor from meshd's own plain context beside an
+/// MPS server: the entry points, virtual memory management, the descriptor handle type, and compute
+/// mode Default (in an exclusive mode the MPS server and meshd's context cannot both hold the GPU).
+/// The refusal says which is missing.
 pub fn check_support(device: &Device) -> Result<(), CudaError> {
     driver::init()?;
     if let Some(missing) = driver::missing_symbols(VMM_ENTRY_POINTS).first() {
@@ -60,6 +65,18 @@ pub fn check_support(device: &Device) -> Result<(), CudaError> {
         if v == 0 {
             return Err(unsupported(format!("{} does not support {what}", device.name)));
         }
+    }
+    let mut mode = 0;
+    // SAFETY: as above.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut mode, A::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, device.handle)
+    })?;
+    if mode != 0 {
+        return Err(unsupported(format!(
+            "{} is in compute mode {mode}, not Default (0): meshd's own context and the MPS server cannot both \
+             hold it",
+            device.name
+        )));
     }
     Ok(())
 }
@@ -131,18 +148,18 @@ impl Drop for Mapping {
     }
 }
 
-/// Device memory that meshd's own context allocates and exports: the physical allocation's handle
-/// and a mapping of it in the owner's context (to zero it); both released on drop.
+/// Device memory that meshd allocates (its own context current) and exports: the physical
+/// allocation's handle, released on drop (the memory goes once every importer has unmapped it too).
 #[derive(Debug)]
 pub struct ExportedMemory {
     handle: sys::CUmemGenericAllocationHandle,
-    mapping: Option<Mapping>,
+    ctx: Context,
     bytes: usize,
 }
 
 impl ExportedMemory {
-    /// `bytes` (rounded up to the granularity) of device memory in `ctx`'s device, exportable by
-    /// descriptor, mapped in `ctx` and zeroed.
+    /// `bytes` (rounded up to the granularity) of device memory on `ctx`'s device, exportable by
+    /// descriptor. Its content is undefined until an importer zeroes it.
     pub fn create(ctx: &Context, bytes: usize) -> Result<Self, CudaError> {
         ctx.bind()?;
         let device = ctx.device();
@@ -151,20 +168,7 @@ impl ExportedMemory {
         let mut handle = 0;
         // SAFETY: valid out-pointer and property; a granularity multiple.
         check("cuMemCreate", unsafe { sys::cuMemCreate(&mut handle, bytes, &p, 0) })?;
-        let mut m = Self { handle, mapping: None, bytes };
-        m.mapping = Some(Mapping::new(ctx, handle, bytes)?);
-        m.zero()?;
-        Ok(m)
-    }
-
-    /// Zeroes the whole allocation through the owner's mapping (no tag in any word: every slot of a
-    /// ring reads as empty), on a stream of its own, waited for alone.
-    pub fn zero(&self) -> Result<(), CudaError> {
-        let m = self.mapping.as_ref().ok_or_else(|| unsupported("the allocation has no mapping"))?;
-        let stream = m.ctx.stream()?;
-        // SAFETY: `m.ptr` maps `m.bytes` bytes of this allocation in this context; the stream is its own.
-        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(m.ptr, 0, m.bytes, stream.raw()) })?;
-        stream.synchronize()
+        Ok(Self { handle, ctx: ctx.clone(), bytes })
     }
 
     /// A new descriptor of the allocation (each call exports one; the receiver's copy is its own).
@@ -194,16 +198,7 @@ impl ExportedMemory {
 
 impl Drop for ExportedMemory {
     fn drop(&mut self) {
-        // The mapping first (it needs the handle alive), then the handle: the physical memory goes
-        // once every importer has unmapped it too.
-        let ctx = self.mapping.take().map(|m| {
-            let ctx = m.ctx.clone();
-            drop(m);
-            ctx
-        });
-        if let Some(ctx) = ctx {
-            let _ = ctx.make_current();
-        }
+        let _ = self.ctx.make_current();
         // SAFETY: created in `create`, released once; an error cannot be acted on in Drop.
         unsafe { sys::cuMemRelease(self.handle) };
     }
@@ -252,6 +247,19 @@ impl ImportedMemory {
     pub fn address(&self) -> u64 {
         self.mapping.ptr
     }
+
+    /// Zeroes the whole mapping (no tag in any word: every slot of a ring reads as empty) on
+    /// `stream`, a stream of this context with nothing running, and waits for it.
+    pub fn zero(&self, stream: &crate::context::Stream) -> Result<(), CudaError> {
+        let m = &self.mapping;
+        if !stream.context().same(&m.ctx) {
+            return Err(unsupported("zeroing on a stream of another context"));
+        }
+        m.ctx.make_current()?;
+        // SAFETY: `m.ptr` maps `m.bytes` bytes in this context; the stream belongs to it.
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(m.ptr, 0, m.bytes, stream.raw()) })?;
+        stream.synchronize()
+    }
 }
 
 /// A device ring renewed empty whose indices still counted messages.
@@ -268,8 +276,29 @@ pub struct SharedRingLoss {
 #[derive(Debug)]
 pub struct SharedRings {
     ctx: Context,
-    rings: HashMap<u32, ExportedMemory>,
+    rings: HashMap<u32, Ring>,
     losses: Vec<SharedRingLoss>,
+}
+
+/// One channel's allocation and whether its content must be zeroed before a program uses it.
+#[derive(Debug)]
+struct Ring {
+    memory: ExportedMemory,
+    dirty: bool,
+}
+
+/// A device ring to map in a worker: what [`SharedRings::export_for`] hands out.
+#[derive(Debug)]
+pub struct RingExport {
+    /// The channel's index.
+    pub channel: u32,
+    /// A new descriptor of its allocation.
+    pub fd: OwnedFd,
+    /// The allocation's size.
+    pub bytes: usize,
+    /// Whether the worker must zero it before anything uses it (new, or renewed after a recovery);
+    /// call [`SharedRings::zeroed`] once it has.
+    pub zero: bool,
 }
 
 impl SharedRings {
@@ -280,8 +309,8 @@ impl SharedRings {
     }
 
     /// The device channels program slot `slot` binds, each allocated first if it is not yet (renewed
-    /// in the mailbox, its loss recorded): (channel index, a new descriptor, bytes) for each.
-    pub fn export_for(&mut self, mailbox: &Mailbox, slot: u32) -> Result<Vec<(u32, OwnedFd, usize)>, CudaError> {
+    /// in the mailbox, its loss recorded), with a new descriptor each.
+    pub fn export_for(&mut self, mailbox: &Mailbox, slot: u32) -> Result<Vec<RingExport>, CudaError> {
         let bound = mailbox
             .bound_channels(slot)
             .map_err(|e| CudaError::Invalid { what: format!("program slot {slot}"), reason: e.to_string() })?;
@@ -291,7 +320,12 @@ impl SharedRings {
                 self.allocate(mailbox, info)?;
             }
             let ring = &self.rings[&info.index];
-            out.push((info.index, ring.export_fd()?, ring.bytes()));
+            out.push(RingExport {
+                channel: info.index,
+                fd: ring.memory.export_fd()?,
+                bytes: ring.memory.bytes(),
+                zero: ring.dirty,
+            });
         }
         Ok(out)
     }
@@ -305,8 +339,15 @@ impl SharedRings {
             reason: format!("allocating its {bytes}-byte ring in meshd's own context: {e}"),
         })?;
         self.renew(mailbox, info)?;
-        self.rings.insert(info.index, ring);
+        self.rings.insert(info.index, Ring { memory: ring, dirty: true });
         Ok(())
+    }
+
+    /// Channel `channel`'s ring was zeroed by the worker that mapped it.
+    pub fn zeroed(&mut self, channel: u32) {
+        if let Some(r) = self.rings.get_mut(&channel) {
+            r.dirty = false;
+        }
     }
 
     fn renew(&mut self, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {
@@ -319,9 +360,10 @@ impl SharedRings {
         Ok(())
     }
 
-    /// After a recovery ended every MPS client (none maps a ring now): every ring zeroed and renewed
-    /// in the mailbox, the messages its indices still counted recorded as lost. The memory itself
-    /// stays (it is meshd's); a ring that cannot be zeroed is dropped, to be made anew at its next use.
+    /// After a recovery ended every MPS client (none maps a ring now): every ring renewed in the
+    /// mailbox, the messages its indices still counted recorded as lost, and marked to be zeroed by
+    /// the next worker that maps it (before any program runs on it). The memory itself stays (it is
+    /// meshd's); a ring whose channel is gone is released.
     pub fn renew_all(&mut self, mailbox: &Mailbox) -> Vec<String> {
         let mut errors = Vec::new();
         let channels = match mailbox.channels() {
@@ -334,8 +376,10 @@ impl SharedRings {
                 self.rings.remove(&index);
                 continue;
             };
-            let zeroed = self.rings[&index].zero();
-            match zeroed.and_then(|()| self.renew(mailbox, &info)) {
+            if let Some(r) = self.rings.get_mut(&index) {
+                r.dirty = true;
+            }
+            match self.renew(mailbox, &info) {
                 Ok(()) => {}
                 Err(e) => {
                     errors.push(format!("device channel {:?}: renewing its ring after the recovery: {e}", info.name));
@@ -353,6 +397,6 @@ impl SharedRings {
 
     /// Bytes of device memory held.
     pub fn bytes(&self) -> usize {
-        self.rings.values().map(ExportedMemory::bytes).sum()
+        self.rings.values().map(|r| r.memory.bytes()).sum()
     }
 }

@@ -61,6 +61,9 @@ pub enum Command {
         channel: u32,
         /// The allocation's size (granularity-rounded), as the descriptor's tag says too.
         bytes: u64,
+        /// Zero the ring before answering (it is new, or was renewed after a recovery): done on
+        /// the worker's stream, inside the MPS server, so that meshd's own context runs no GPU work.
+        zero: bool,
     },
     /// Leave.
     Exit,
@@ -372,8 +375,8 @@ mod tests {
         assert_eq!(FdTag::decode(&t.encode()), Some(t));
         assert_eq!(FdTag::decode(&[0; 15]), None);
         assert_eq!(FdTag::decode(&[0; 17]), None);
-        let c = Command::Map { channel: 7, bytes: 2 << 20 };
-        assert_eq!(encode(&c), r#"{"op":"map","channel":7,"bytes":2097152}"#);
+        let c = Command::Map { channel: 7, bytes: 2 << 20, zero: true };
+        assert_eq!(encode(&c), r#"{"op":"map","channel":7,"bytes":2097152,"zero":true}"#);
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl Worker {
             Command::Launch { slot } => self.launch(slot).map(|()| Reply::Done),
             Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms).into() }),
             Command::Unload => self.unload().map(|()| Reply::Done),
-            Command::Map { channel, bytes } => self.map(channel, bytes).map(|()| Reply::Done),
+            Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
             Command::Exit => Ok(Reply::Done),
         };
         answer.unwrap_or_else(Reply::Refused)
@@ -220,8 +220,9 @@ impl Worker {
         }
     }
 
-    /// Maps device channel `channel`'s ring from the descriptor meshd sent just before the command.
-    fn map(&mut self, channel: u32, bytes: u64) -> Result<(), Refusal> {
+    /// Maps device channel `channel`'s ring from the descriptor meshd sent just before the command,
+    /// and zeroes it when meshd says so (a new or renewed ring; no kernel uses it yet).
+    fn map(&mut self, channel: u32, bytes: u64, zero: bool) -> Result<(), Refusal> {
         self.idle("mapping a device channel")?;
         let failed = |e: &dyn std::fmt::Display| Refusal::new(RefusalKind::Failed, format!("channel #{channel}: {e}"));
         let socket = self.fd_socket.as_ref().ok_or_else(|| failed(&"the worker was started without --fd-socket"))?;
@@ -230,6 +231,9 @@ impl Worker {
         // A mapping this one replaces is unmapped first (no kernel runs: checked above).
         self.channels.remove(&channel);
         let mapped = ImportedMemory::import(&self.ctx, fd, len).map_err(|e| failed(&e))?;
+        if zero {
+            mapped.zero(&self.stream).map_err(|e| failed(&format!("zeroing its ring: {e}")))?;
+        }
         self.channels.insert(channel, mapped);
         Ok(())
     }

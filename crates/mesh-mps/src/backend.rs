@@ -15,7 +15,8 @@
 //! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
 //! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
-//! outlives every worker; after a recovery each ring is zeroed and renewed, its loss counted.
+//! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
+//! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -114,13 +115,16 @@ pub fn device_channels_opted_in() -> bool {
 /// context is checked (`MPS_ENABLED` = 0) and refused with the reason otherwise.
 fn owner_context(device: &Device) -> Result<SharedRings> {
     let refuse = |reason: String| BackendError::Invalid { what: format!("{DEVICE_CHANNELS_ENV}=1"), reason };
+    mesh_cuda::exported::check_support(device)?;
     let ctx = Context::primary(device).map_err(|e| refuse(format!("meshd's own context for device rings: {e}")))?;
     let seen = Device::get(0)?;
     if seen.mps_enabled {
+        let pipe = std::env::var_os(crate::control::PIPE_ENV)
+            .map_or_else(|| "unset: the default /tmp/nvidia-mps".to_string(), |p| format!("{p:?}"));
         return Err(refuse(format!(
-            "meshd's own context became an MPS client (CUDA_MPS_PIPE_DIRECTORY is {:?} in meshd's environment): \
-             the device rings must outlive every MPS client; start meshd without CUDA_MPS_PIPE_DIRECTORY",
-            std::env::var_os(crate::control::PIPE_ENV).unwrap_or_default()
+            "meshd's own context became a client of another MPS server (CUDA_MPS_PIPE_DIRECTORY {pipe} in meshd's \
+             environment), but the device rings must outlive every MPS client: start meshd where no other MPS \
+             daemon serves this GPU, or with CUDA_MPS_PIPE_DIRECTORY naming an empty directory"
         )));
     }
     Ok(SharedRings::new(ctx)?)
@@ -144,9 +148,12 @@ fn absorb(s: &mut Shared) {
 /// without the opt-in nothing (a binding to a device channel is then refused by the launch).
 fn map_channels(rings: &mut Option<SharedRings>, mailbox: &Mailbox, worker: &mut Worker, slot: u32) -> Result<()> {
     let Some(rings) = rings.as_mut() else { return Ok(()) };
-    for (channel, fd, bytes) in rings.export_for(mailbox, slot)? {
-        if !worker.has_mapped(channel) {
-            worker.map(channel, &fd, bytes)?;
+    for ring in rings.export_for(mailbox, slot)? {
+        if ring.zero || !worker.has_mapped(ring.channel) {
+            worker.map(ring.channel, &ring.fd, ring.bytes, ring.zero)?;
+            if ring.zero {
+                rings.zeroed(ring.channel);
+            }
         }
     }
     for loss in rings.take_losses() {
@@ -235,7 +242,7 @@ impl Recovery for Clients<'_> {
 
     fn reset(&mut self) -> std::result::Result<(), Self::Error> {
         self.backend.end_all_clients(self.s, self.control);
-        // No client maps a ring now: each is zeroed and renewed before anything relaunches.
+        // No client maps a ring now: each is renewed (and marked for zeroing) before anything relaunches.
         if let Some(rings) = self.s.rings.as_mut() {
             for e in rings.renew_all(&self.backend.mailbox) {
                 tracing::error!("{e}");

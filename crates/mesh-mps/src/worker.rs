@@ -383,14 +383,14 @@ impl Worker {
         self.broken.as_deref()
     }
 
-    /// Maps device channel `channel`'s ring (`fd`, `bytes`) in the worker: the descriptor on the fd
-    /// socket, then the command naming it.
-    pub fn map(&mut self, channel: u32, fd: &OwnedFd, bytes: usize) -> Result<(), BackendError> {
+    /// Maps device channel `channel`'s ring (`fd`, `bytes`) in the worker, zeroed there first when
+    /// `zero`: the descriptor on the fd socket, then the command naming it.
+    pub fn map(&mut self, channel: u32, fd: &OwnedFd, bytes: usize, zero: bool) -> Result<(), BackendError> {
         let bytes = bytes as u64;
         if let Err(e) = send_fd(&self.fds, fd.as_fd(), FdTag { channel, bytes }) {
             return Err(self.break_off(format!("sending channel #{channel}'s descriptor: {e}")));
         }
-        self.done(&WorkerCommand::Map { channel, bytes }, WORKER_LAUNCH)?;
+        self.done(&WorkerCommand::Map { channel, bytes, zero }, WORKER_LAUNCH)?;
         self.mapped.insert(channel);
         Ok(())
     }
