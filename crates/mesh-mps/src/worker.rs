@@ -224,6 +224,9 @@ impl Worker {
     pub fn spawn_command(cmd: &mut Command, news: &NewsSender) -> std::io::Result<Self> {
         use std::os::unix::process::CommandExt;
         let (fds, child_end) = UnixStream::pair()?;
+        // At 3 or above: the child's stdio setup overwrites 0 to 2 (which a daemon started with
+        // stdin closed could have handed the socket).
+        let child_end = rustix::io::fcntl_dupfd_cloexec(&child_end, 3)?;
         let n = child_end.as_raw_fd();
         cmd.arg("--fd-socket").arg(n.to_string());
         // The child keeps its end across exec (std made it close-on-exec, as every descriptor, so
