@@ -45,15 +45,26 @@ fn unsupported(reason: impl Into<String>) -> CudaError {
     CudaError::Invalid { what: "device memory shared by descriptor".into(), reason: reason.into() }
 }
 
+/// The driver, and every entry point of [`VMM_ENTRY_POINTS`] in it, checked once before the first
+/// call (cudarc's dynamically loaded layer would panic on a missing one).
+fn vmm_present() -> Result<(), CudaError> {
+    static PRESENT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    driver::init()?;
+    PRESENT
+        .get_or_init(|| match driver::missing_symbols(VMM_ENTRY_POINTS).first() {
+            Some(missing) => Err(format!("libcuda lacks {missing}")),
+            None => Ok(()),
+        })
+        .clone()
+        .map_err(unsupported)
+}
+
 /// Whether `device` can share memory by POSIX descriptor from meshd's own plain context beside an
 /// MPS server: the entry points, virtual memory management, the descriptor handle type, and compute
 /// mode Default (in an exclusive mode the MPS server and meshd's context cannot both hold the GPU).
 /// The refusal says which is missing.
 pub fn check_support(device: &Device) -> Result<(), CudaError> {
-    driver::init()?;
-    if let Some(missing) = driver::missing_symbols(VMM_ENTRY_POINTS).first() {
-        return Err(unsupported(format!("libcuda lacks {missing}")));
-    }
+    vmm_present()?;
     use sys::CUdevice_attribute as A;
     for (attr, what) in [
         (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management"),
@@ -93,6 +104,7 @@ fn prop(device: &Device) -> sys::CUmemAllocationProp {
 
 /// `bytes` rounded up to the device's allocation granularity (what `cuMemCreate` and `cuMemMap` need).
 pub fn rounded(device: &Device, bytes: usize) -> Result<usize, CudaError> {
+    vmm_present()?;
     let p = prop(device);
     let mut granularity = 0;
     // SAFETY: valid out-pointer and property.

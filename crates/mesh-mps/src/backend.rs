@@ -8,9 +8,10 @@
 //!
 //! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
 //! reads what the workers pushed (each checks its own kernel every millisecond and says when it
-//! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery (see [`MpsBackend`]'s `recover`): every client ended at
-//! once, the culprit named or searched by halves and left stopped, the others relaunched in fresh
-//! workers started side by side, the pool refilled. `status` only reads.
+//! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery
+//! (see [`MpsBackend`]'s `recover`): every client ended at once, the culprit named or searched by
+//! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
+//! refilled. `status` only reads.
 //!
 //! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
