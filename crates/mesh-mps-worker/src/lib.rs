@@ -250,6 +250,9 @@ pub enum Event {
         launch: u64,
         /// `idle` or `failed`.
         state: KernelState,
+        /// When the worker saw it (`CLOCK_REALTIME`, ns since the Unix epoch): how late meshd heard
+        /// of a fault, in its recovery's breakdown, comparable with a GPU's `%globaltimer`.
+        seen_unix_ns: u64,
     },
 }
 
@@ -352,7 +355,11 @@ mod tests {
 
     #[test]
     fn lines_are_told_apart_and_bad_ones_say_why() {
-        let ended = Event::KernelEnded { launch: 3, state: KernelState::Failed { reason: "ILLEGAL_ADDRESS".into() } };
+        let ended = Event::KernelEnded {
+            launch: 3,
+            state: KernelState::Failed { reason: "ILLEGAL_ADDRESS".into() },
+            seen_unix_ns: 1_764_700_000_000_000_000,
+        };
         assert_eq!(decode(&encode(&ended)).unwrap(), Incoming::Event(ended));
         assert_eq!(decode(r#"{"reply":"done"}"#).unwrap(), Incoming::Reply(Reply::Done));
         let e = decode("hello").unwrap_err().to_string();

@@ -216,7 +216,10 @@ impl Worker {
         let state = self.stream.state();
         if state != StreamState::Busy {
             self.reported = true;
-            say(&Event::KernelEnded { launch: self.launches, state: state.into() });
+            let seen_unix_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            say(&Event::KernelEnded { launch: self.launches, state: state.into(), seen_unix_ns });
         }
     }
 

@@ -236,12 +236,35 @@ struct Clients<'a> {
     backend: &'a MpsBackend,
     s: &'a mut Shared,
     control: &'a MpsControl,
+    times: Breakdown,
+}
+
+/// Where a recovery's time went, for its log line (summed over a search by halves' rounds).
+#[derive(Debug, Default, Clone, Copy)]
+struct Breakdown {
+    /// Ending every client (and renewing the device rings).
+    ending: Duration,
+    /// Starting the new workers (MPS clients) side by side.
+    new_clients: Duration,
+    /// Loading each program into its new worker and launching it.
+    relaunch: Duration,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn unix_ns_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl Recovery for Clients<'_> {
     type Error = std::convert::Infallible;
 
     fn reset(&mut self) -> std::result::Result<(), Self::Error> {
+        let started = Instant::now();
         self.backend.end_all_clients(self.s, self.control);
         // No client maps a ring now: each is renewed (and marked for zeroing) before anything relaunches.
         if let Some(rings) = self.s.rings.as_mut() {
@@ -256,11 +279,12 @@ impl Recovery for Clients<'_> {
                 );
             }
         }
+        self.times.ending += started.elapsed();
         Ok(())
     }
 
     fn relaunch(&mut self, which: &[usize]) {
-        self.backend.relaunch(self.s, self.control, which);
+        self.backend.relaunch(self.s, self.control, which, &mut self.times);
     }
 
     fn faulted_within(&mut self, running: &[usize]) -> bool {
@@ -547,8 +571,11 @@ impl MpsBackend {
     /// Returns the log lines.
     fn recover(&self, error: &str) -> Vec<String> {
         let started = Instant::now();
+        let started_unix = unix_ns_now();
         let mut s = self.lock();
         let Some(control) = s.control.clone() else { return Vec::new() };
+        // The first worker to see the fault, and when (its own clock reading, not meshd's).
+        let first_seen = s.programs.iter().filter_map(|p| p.worker.failed_at().map(|t| (t, p.worker.pid()))).min();
         let evidence = self.evidence(&mut s, &control, started);
         // Only a list that answers and lacks our server says it went away.
         let server_gone = control.servers().is_ok_and(|servers| {
@@ -559,23 +586,34 @@ impl MpsBackend {
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
-        let culprit = recover::recover(
-            &mut Clients { backend: self, s: &mut s, control: &control },
-            &verdict,
-            error,
-            &evidence,
-            started,
-            &mut log,
-        );
+        let named = started.elapsed();
+        let mut clients = Clients { backend: self, s: &mut s, control: &control, times: Breakdown::default() };
+        let culprit = recover::recover(&mut clients, &verdict, error, &evidence, started, &mut log);
+        let times = clients.times;
         let Ok(culprit) = culprit;
         if let Some((i, why)) = &culprit {
             tracing::error!(program = s.programs[*i].core.name, "caused the GPU fault ({why}): left stopped");
         }
         let name = culprit.as_ref().map_or_else(|| "none".to_string(), |(i, _)| s.programs[*i].core.name.clone());
         let running = s.programs.iter().filter(|p| p.core.life.phase() == &Phase::Running).count();
+        let detection = first_seen.map_or_else(
+            || "no worker said when it saw the fault".to_string(),
+            |(at, pid)| {
+                format!(
+                    "worker {pid} saw the fault {:.1} ms before the recovery began",
+                    started_unix.saturating_sub(at) as f64 / 1e6
+                )
+            },
+        );
         log.push(format!(
-            "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running",
-            started.elapsed().as_secs_f64() * 1e3
+            "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running; breakdown: {detection}; \
+             evidence and culprit {:.1} ms; ending the clients {:.1} ms; new clients {:.1} ms; loads and launches {:.1} \
+             ms; the rest is a search's watches",
+            ms(started.elapsed()),
+            ms(named),
+            ms(times.ending),
+            ms(times.new_clients),
+            ms(times.relaunch),
         ));
         self.refill(&mut s, &control);
         log
@@ -612,8 +650,11 @@ impl MpsBackend {
 
     /// Relaunches programs `which` (stopped, their clients ended) in fresh workers started side by
     /// side; a program whose relaunch fails is left stopped with the error.
-    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize]) {
+    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize], times: &mut Breakdown) {
+        let spawned = Instant::now();
         let mut workers = start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len());
+        times.new_clients += spawned.elapsed();
+        let launched_at = Instant::now();
         for &i in which {
             let Some(mut worker) = workers.pop() else {
                 s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
@@ -642,6 +683,7 @@ impl MpsBackend {
         for mut w in workers {
             w.kill();
         }
+        times.relaunch += launched_at.elapsed();
     }
 
     /// Refills the pool, now that the server takes clients again (workers started side by side).

@@ -61,6 +61,8 @@ pub enum News {
         launch: u64,
         /// How it ended.
         state: KernelState,
+        /// When the worker saw it (ns since the Unix epoch).
+        seen_unix_ns: u64,
     },
     /// A line that is no reply or event (the worker is broken).
     Garbled(String),
@@ -139,8 +141,8 @@ fn read_output(
                 Ok(Incoming::Reply(r)) => {
                     let _ = replies.send(Ok(r));
                 }
-                Ok(Incoming::Event(Event::KernelEnded { launch, state })) => {
-                    tell(News::KernelEnded { launch, state });
+                Ok(Incoming::Event(Event::KernelEnded { launch, state, seen_unix_ns })) => {
+                    tell(News::KernelEnded { launch, state, seen_unix_ns });
                 }
                 Err(e) => {
                     let why = format!("garbled line: {e}");
@@ -173,6 +175,8 @@ pub struct Worker {
     kernel: KernelState,
     /// Why it is no longer spoken to.
     broken: Option<String>,
+    /// When it saw its current launch's kernel fail (ns since the Unix epoch).
+    failed_at: Option<u64>,
     /// Device channels whose ring it has mapped.
     mapped: BTreeSet<u32>,
 }
@@ -269,6 +273,7 @@ impl Worker {
             launches: 0,
             kernel: KernelState::Idle,
             broken: None,
+            failed_at: None,
             mapped: BTreeSet::new(),
         })
     }
@@ -362,7 +367,12 @@ impl Worker {
     fn note(&mut self, news: News) {
         let pid = self.pid();
         match news {
-            News::KernelEnded { launch, state } if launch == self.launches => self.kernel = state,
+            News::KernelEnded { launch, state, seen_unix_ns } if launch == self.launches => {
+                if matches!(state, KernelState::Failed { .. }) {
+                    self.failed_at = Some(seen_unix_ns);
+                }
+                self.kernel = state;
+            }
             // A launch before the current one: stale.
             News::KernelEnded { .. } => {}
             News::Garbled(why) | News::Gone(why) => {
@@ -379,6 +389,11 @@ impl Worker {
             Some(why) => KernelState::Failed { reason: format!("worker {}: {why}", self.pid()) },
             None => self.kernel.clone(),
         }
+    }
+
+    /// When it saw its current launch's kernel fail (ns since the Unix epoch), if it said so.
+    pub fn failed_at(&self) -> Option<u64> {
+        self.failed_at
     }
 
     /// Why it is no longer spoken to, if it is not.
@@ -426,6 +441,7 @@ impl Worker {
         self.done(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)?;
         self.launches += 1;
         self.kernel = KernelState::Busy;
+        self.failed_at = None;
         Ok(())
     }
 

@@ -76,8 +76,10 @@ impl Bench {
 
 const READY: Duration = Duration::from_secs(10);
 
+const SEEN: u64 = 1_764_700_000_123_456_789;
+
 fn ended(launch: u64, state: KernelState) -> String {
-    encode(&Event::KernelEnded { launch, state })
+    encode(&Event::KernelEnded { launch, state, seen_unix_ns: SEEN })
 }
 
 /// The next piece of news (generous deadline: only a hang fails it).
@@ -109,15 +111,18 @@ fn events_are_taken_in_the_order_the_workers_say_them() {
     assert_eq!(b.kernel(), KernelState::Busy, "launched, and it said nothing since");
     a.launch(1).unwrap();
     let first = next(&rx);
-    assert_eq!(first, WorkerNews { pid: a.pid(), news: News::KernelEnded { launch: 1, state: KernelState::Idle } });
+    let returned = News::KernelEnded { launch: 1, state: KernelState::Idle, seen_unix_ns: SEEN };
+    assert_eq!(first, WorkerNews { pid: a.pid(), news: returned });
     b.refresh();
     assert_eq!(b.kernel(), KernelState::Busy, "a's news says nothing of b");
     std::fs::write(&flag, "").unwrap();
     let second = next(&rx);
-    assert_eq!(second, WorkerNews { pid: b.pid(), news: News::KernelEnded { launch: 1, state: fault.clone() } });
+    let failed = News::KernelEnded { launch: 1, state: fault.clone(), seen_unix_ns: SEEN };
+    assert_eq!(second, WorkerNews { pid: b.pid(), news: failed });
     a.refresh();
     b.refresh();
     assert_eq!((a.kernel(), b.kernel()), (KernelState::Idle, fault));
+    assert_eq!((a.failed_at(), b.failed_at()), (None, Some(SEEN)), "when the worker saw the fault");
     assert!(woken.load(Ordering::SeqCst) >= 2, "each piece of news woke the backend");
     a.exit();
     b.exit();
