@@ -41,6 +41,7 @@ use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
+use crate::standby::{STANDBY_ENV, Standby, standby_size};
 use crate::worker::{NewsSender, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
@@ -100,7 +101,13 @@ struct Shared {
     news: Option<Receiver<WorkerNews>>,
     /// Device channels' rings, owned by meshd's own plain context (opt-in).
     rings: Option<SharedRings>,
+    /// The standby server (opt-in `MESH_MPS_STANDBY`).
+    standby: Option<Standby>,
 }
+
+/// How long a recovery waits for every faulted worker to say its kernel failed before it may move
+/// the programs to the standby (on the H200 the fault reached 8 clients within 41 ms of each other).
+pub const FAULT_SPREAD: Duration = Duration::from_millis(100);
 
 /// The variable that enables device channels in MPS mode (`1`): an implementation not yet verified
 /// on a GPU, so off by default (a device channel is then refused in MPS mode, as before).
@@ -219,10 +226,59 @@ fn tear_down(shared: &Mutex<Shared>) {
     for mut w in s.idle.drain(..) {
         w.kill();
     }
-    if let Some(control) = s.control.take() {
+    let mut controls: Vec<Arc<MpsControl>> = s.control.take().into_iter().collect();
+    if let Some(mut standby) = s.standby.take() {
+        controls.push(standby.tear_down());
+    }
+    // The standby's directory is nested in the first daemon's (whichever is active now), which
+    // removes it when it made it: the nested one quits first, while its pipes still exist.
+    controls.sort_by_key(|c| std::cmp::Reverse(c.root().as_os_str().len()));
+    for control in controls {
         control.quit();
     }
     *ACTIVE.lock() = None;
+}
+
+/// With `MESH_MPS_STANDBY=K`: the standby daemon (`<mps dir>/standby`) and its K workers, started
+/// now, before any program runs, into `shared` (so that the cleanup tears them down on failure).
+fn start_standby(
+    control: &MpsControl,
+    mailbox: &Mailbox,
+    config: &MpsConfig,
+    shared: &Mutex<Shared>,
+    news: &NewsSender,
+) -> Result<()> {
+    let Some(k) = standby_size()? else { return Ok(()) };
+    tracing::warn!(
+        "{STANDBY_ENV}={k}: a standby MPS server with {k} idle worker(s) takes the programs over after a fault (not \
+         yet verified on a GPU)"
+    );
+    let sb_control =
+        MpsControl::start(Some(&control.root().join("standby")))?.with_device(control.device().map(String::from));
+    shared.lock().standby = Some(Standby::new(Arc::new(sb_control), k as usize));
+    let mut s = shared.lock();
+    let filled = s.standby.as_mut().map(|sb| sb.fill_now(mailbox.path(), config.sms, news));
+    filled.unwrap_or(Ok(()))
+}
+
+/// Waits up to [`FAULT_SPREAD`] until every watched program's worker has said its kernel failed:
+/// then no kernel of the faulted server runs on, and the programs may move to the standby at once.
+fn every_kernel_failed(s: &mut Shared) -> bool {
+    let deadline = Instant::now() + FAULT_SPREAD;
+    loop {
+        absorb(s);
+        if s.programs.iter().filter(|p| on_watch(p)).all(|p| failed(&p.worker).is_some()) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
+            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            _ => std::thread::sleep(left.min(Duration::from_millis(5))),
+        }
+    }
 }
 
 /// A refused life transition (a bug), as the contract's error naming the program.
@@ -237,6 +293,9 @@ struct Clients<'a> {
     s: &'a mut Shared,
     control: &'a MpsControl,
     times: Breakdown,
+    /// The programs move to the standby server: the faulted server's workers are abandoned (killed,
+    /// reaped later), and the relaunch takes standby workers instead of starting clients.
+    standby: bool,
 }
 
 /// Where a recovery's time went, for its log line (summed over a search by halves' rounds).
@@ -265,7 +324,11 @@ impl Recovery for Clients<'_> {
 
     fn reset(&mut self) -> std::result::Result<(), Self::Error> {
         let started = Instant::now();
-        self.backend.end_all_clients(self.s, self.control);
+        if self.standby {
+            self.backend.abandon_all_clients(self.s);
+        } else {
+            self.backend.end_all_clients(self.s, self.control);
+        }
         // No client maps a ring now: each is renewed (and marked for zeroing) before anything relaunches.
         if let Some(rings) = self.s.rings.as_mut() {
             for e in rings.renew_all(&self.backend.mailbox) {
@@ -284,7 +347,7 @@ impl Recovery for Clients<'_> {
     }
 
     fn relaunch(&mut self, which: &[usize]) {
-        self.backend.relaunch(self.s, self.control, which, &mut self.times);
+        self.backend.relaunch(self.s, self.control, which, &mut self.times, self.standby);
     }
 
     fn faulted_within(&mut self, running: &[usize]) -> bool {
@@ -354,6 +417,7 @@ impl MpsBackend {
         let built = std::fs::create_dir_all(&cubins)
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
             .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
             .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
@@ -586,8 +650,22 @@ impl MpsBackend {
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
+        // The standby takes the programs over when the culprit is named (a search by halves would
+        // put halves on it, and one that faults would leave no standby), it has a worker for each,
+        // and every faulted kernel has said so (none runs on beside its relaunch).
+        let to_relaunch = s.programs.iter().filter(|p| relaunchable(p)).count();
+        let standby = matches!(verdict, Verdict::Culprit { .. })
+            && s.standby.as_ref().is_some_and(|sb| sb.ready() >= to_relaunch)
+            && every_kernel_failed(&mut s);
+        if s.standby.is_some() && !standby {
+            log.push(
+                "MPS standby not used for this recovery (no named culprit, too few standby workers, or a worker \
+                      that did not say its kernel failed within 100 ms): the usual recovery"
+                    .into(),
+            );
+        }
         let named = started.elapsed();
-        let mut clients = Clients { backend: self, s: &mut s, control: &control, times: Breakdown::default() };
+        let mut clients = Clients { backend: self, s: &mut s, control: &control, times: Breakdown::default(), standby };
         let culprit = recover::recover(&mut clients, &verdict, error, &evidence, started, &mut log);
         let times = clients.times;
         let Ok(culprit) = culprit;
@@ -615,7 +693,24 @@ impl MpsBackend {
             ms(times.new_clients),
             ms(times.relaunch),
         ));
-        self.refill(&mut s, &control);
+        if standby {
+            // The standby server is the active one now; its idle workers are the pool (creating more
+            // would stall the programs just relaunched there), and a new standby is made on the
+            // faulted server by the watchdog's ticks, as it takes clients again.
+            if let Some(sb) = s.standby.as_mut() {
+                let (active, idle) = sb.swap(control.clone());
+                log.push(format!(
+                    "MPS standby took the programs over: its server is the active one now, with {} idle worker(s); a \
+                     new standby is made on the faulted server as it takes clients again",
+                    idle.len()
+                ));
+                s.idle.extend(idle);
+                *ACTIVE.lock() = Some(active.clone());
+                s.control = Some(active);
+            }
+        } else {
+            self.refill(&mut s, &control);
+        }
         log
     }
 
@@ -650,9 +745,13 @@ impl MpsBackend {
 
     /// Relaunches programs `which` (stopped, their clients ended) in fresh workers started side by
     /// side; a program whose relaunch fails is left stopped with the error.
-    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize], times: &mut Breakdown) {
+    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize], times: &mut Breakdown, standby: bool) {
         let spawned = Instant::now();
-        let mut workers = start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len());
+        let taken = if standby { s.standby.as_mut().and_then(|sb| sb.take(which.len())) } else { None };
+        let mut workers = match taken {
+            Some(w) => w,
+            None => start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len()),
+        };
         times.new_clients += spawned.elapsed();
         let launched_at = Instant::now();
         for &i in which {
@@ -660,7 +759,7 @@ impl MpsBackend {
                 s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
                 continue;
             };
-            let Shared { programs, rings, .. } = &mut *s;
+            let Shared { programs, rings, standby: sb, .. } = &mut *s;
             let p = &mut programs[i];
             let launched = self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape).and_then(|_| {
                 map_channels(rings, &self.mailbox, &mut worker, p.core.slot)?;
@@ -670,7 +769,10 @@ impl MpsBackend {
                 worker.launch(p.core.slot)
             });
             let mut old = std::mem::replace(&mut p.worker, worker);
-            old.kill();
+            match sb.as_mut().filter(|_| standby) {
+                Some(sb) => sb.bury(old),
+                None => old.kill(),
+            }
             match launched {
                 Ok(()) => p.core.health.restarts += 1,
                 Err(e) => {
@@ -681,7 +783,11 @@ impl MpsBackend {
             }
         }
         for mut w in workers {
-            w.kill();
+            if standby {
+                s.idle.push(w);
+            } else {
+                w.kill();
+            }
         }
         times.relaunch += launched_at.elapsed();
     }
@@ -690,6 +796,25 @@ impl MpsBackend {
     fn refill(&self, s: &mut Shared, control: &MpsControl) {
         let missing = (self.config.pool as usize).saturating_sub(s.idle.len());
         s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, &self.news, missing));
+    }
+
+    /// Abandons every client of the faulted server (the standby takes the programs over): a stop
+    /// request to every program, every worker signalled (each kernel has failed, so a SIGKILL harms
+    /// no other), the idle ones handed to the standby to reap; none is waited for.
+    fn abandon_all_clients(&self, s: &mut Shared) {
+        for p in &mut s.programs {
+            slots::request_stop(&self.mailbox, p.core.slot);
+            p.core.life.request_stop();
+            p.worker.signal_kill();
+        }
+        let idle = std::mem::take(&mut s.idle);
+        match s.standby.as_mut() {
+            Some(sb) => idle.into_iter().for_each(|w| sb.bury(w)),
+            None => idle.into_iter().for_each(|mut w| w.kill()),
+        }
+        for p in &mut s.programs {
+            p.core.life.returned();
+        }
     }
 
     /// Ends every client: a stop request to every program, then each worker cut off and killed.
@@ -993,6 +1118,9 @@ impl Backend for MpsBackend {
                     }
                     _ => {}
                 }
+            }
+            if let Some(sb) = s.standby.as_mut() {
+                log.extend(sb.tick(self.mailbox.path(), self.config.sms, &self.news));
             }
             // An idle worker that died (nothing ran in it) is replaced at the next refill.
             s.idle.retain_mut(|w| {

@@ -297,19 +297,7 @@ impl Worker {
     /// naming the worker and what it said (and the worker killed).
     pub fn handshake(mut self, timeout: Duration) -> Result<Self, BackendError> {
         let pid = self.pid();
-        let first = self.read(timeout).and_then(|first| match first {
-            Reply::Ready(r) if r.protocol == PROTOCOL => Ok(r),
-            Reply::Ready(r) => Err(BackendError::Worker {
-                pid,
-                detail: format!(
-                    "speaks protocol {} where meshd speaks {PROTOCOL}: the worker binary ({}) is not this meshd's",
-                    r.protocol,
-                    worker_binary().display()
-                ),
-            }),
-            Reply::Refused(r) => Err(refused(pid, r)),
-            other => Err(BackendError::Worker { pid, detail: unexpected("ready", &other) }),
-        });
+        let first = self.read(timeout).and_then(|first| first_line(pid, first));
         match first {
             Ok(r) => {
                 self.ready = r;
@@ -320,6 +308,26 @@ impl Worker {
                 Err(e)
             }
         }
+    }
+
+    /// The spawned worker's first line if it has come, without waiting: `None` while it starts;
+    /// else its `ready` taken (`Ok`), or why not (`Err`: the caller kills it).
+    pub fn try_handshake(&mut self) -> Option<Result<(), BackendError>> {
+        let pid = self.pid();
+        let first = match self.replies.try_recv() {
+            Err(crossbeam_channel::TryRecvError::Empty) => return None,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                Err(self.break_off("the worker is gone before its ready".into()))
+            }
+            Ok(Err(garbled)) => Err(self.break_off(garbled)),
+            Ok(Ok(reply)) => first_line(pid, reply),
+        };
+        Some(first.map(|r| self.ready = r))
+    }
+
+    /// Whether the process has exited (and been reaped).
+    pub fn exited(&self) -> bool {
+        self.child.try_wait().is_ok_and(|s| s.is_some())
     }
 
     /// Marks the worker broken (no longer spoken to; its kernel counts as failed) and returns the error.
@@ -504,6 +512,23 @@ impl Worker {
 
 fn refused(pid: u32, r: Refusal) -> BackendError {
     BackendError::Worker { pid, detail: r.message }
+}
+
+/// A worker's first line: its `ready`, of this protocol's version, else why not.
+fn first_line(pid: u32, first: Reply) -> Result<Ready, BackendError> {
+    match first {
+        Reply::Ready(r) if r.protocol == PROTOCOL => Ok(r),
+        Reply::Ready(r) => Err(BackendError::Worker {
+            pid,
+            detail: format!(
+                "speaks protocol {} where meshd speaks {PROTOCOL}: the worker binary ({}) is not this meshd's",
+                r.protocol,
+                worker_binary().display()
+            ),
+        }),
+        Reply::Refused(r) => Err(refused(pid, r)),
+        other => Err(BackendError::Worker { pid, detail: unexpected("ready", &other) }),
+    }
 }
 
 fn unexpected(wanted: &str, got: &Reply) -> String {
