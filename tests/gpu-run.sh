@@ -175,6 +175,9 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
     timeout -k 10 400 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
+  # MPS device channels (opt-in, first run on a GPU pending): the same GPU<->GPU table with them on.
+  MESH_MPS_DEVICE_CHANNELS=1 timeout -k 10 240 bin/mesh-gpu-bench g2g mps >>"$OUT/bench.log" 2>&1
+  ROWS+=("mesh-gpu-bench g2g mps, MESH_MPS_DEVICE_CHANNELS=1|rc=$?")
   [ -x bin/mesh-cli-bench ] && { timeout -k 10 200 bin/mesh-cli-bench >>"$OUT/bench.log" 2>&1; ROWS+=("mesh-cli-bench|rc=$?"); }
   cat "$OUT/bench.log"
 fi

@@ -32,18 +32,26 @@ pub struct Meshd {
     pub socket: PathBuf,
     log: PathBuf,
     extra: Vec<String>,
+    /// Variables set in meshd's environment (kept for restarts).
+    env: Vec<(String, String)>,
     dir: tempfile::TempDir,
 }
 
 impl Meshd {
     /// Starts `meshd run` with a mailbox and socket of its own, plus `extra` options; waits until it answers.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// [`Meshd::start`] with `env` added to meshd's environment (and to every restart's).
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let socket = dir.path().join("sock");
         let log = dir.path().join("meshd.log");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = Self::spawn(dir.path(), &socket, &log, &extra);
-        let m = Self { child, socket, log, extra, dir };
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let child = Self::spawn(dir.path(), &socket, &log, &extra, &env);
+        let m = Self { child, socket, log, extra, env, dir };
         m.wait_up();
         m
     }
@@ -53,7 +61,7 @@ impl Meshd {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let log = dir.path().join("meshd.log");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut child = Self::spawn(dir.path(), &dir.path().join("sock"), &log, &extra);
+        let mut child = Self::spawn(dir.path(), &dir.path().join("sock"), &log, &extra, &[]);
         let ended = wait_until(Duration::from_secs(30), || child.try_wait().is_ok_and(|s| s.is_some()));
         if !ended {
             let _ = child.kill();
@@ -64,8 +72,15 @@ impl Meshd {
         text
     }
 
-    fn spawn(dir: &std::path::Path, socket: &std::path::Path, log: &std::path::Path, extra: &[String]) -> Child {
+    fn spawn(
+        dir: &std::path::Path,
+        socket: &std::path::Path,
+        log: &std::path::Path,
+        extra: &[String],
+        env: &[(String, String)],
+    ) -> Child {
         Command::new(meshd_bin())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["--socket"])
             .arg(socket)
             .args(["run", "--shm"])
@@ -92,7 +107,7 @@ impl Meshd {
     pub fn kill9_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra);
+        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra, &self.env);
         self.wait_up();
     }
 
@@ -100,7 +115,7 @@ impl Meshd {
     /// socket and state directory; waits until it answers.
     pub fn restart(&mut self) {
         let _ = self.child.wait();
-        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra);
+        self.child = Self::spawn(self.dir.path(), &self.socket, &self.log, &self.extra, &self.env);
         self.wait_up();
     }
 

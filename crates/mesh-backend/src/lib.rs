@@ -34,6 +34,9 @@ pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
 pub use watch::{Cause, Evidence, FaultNote, Health, Verdict};
 
+/// Wakes meshd's backend thread (a backend calls it from any thread when it has news to act on).
+pub type Waker = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// A backend hosts resident GPU programs. All calls come from meshd's control thread.
 pub trait Backend: Send {
     /// Which isolation the backend gives.
@@ -59,6 +62,11 @@ pub trait Backend: Send {
     fn watch(&mut self) -> Vec<String> {
         Vec::new()
     }
+
+    /// Gives the backend a way to wake meshd's backend thread, so that news a backend receives
+    /// without being asked (MPS workers push their kernels' ends) is acted on at once rather than at
+    /// the next tick. The default ignores it (blink mode polls its streams on the tick).
+    fn set_waker(&mut self, _wake: Waker) {}
 
     /// The worker pool's figures (MPS mode), a handle meshd reads whenever `info` asks, without
     /// waiting for the backend. The default has no pool.

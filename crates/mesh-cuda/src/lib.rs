@@ -10,7 +10,8 @@
 //! out. Their errors are [`CudaError`], turned into the contract's `BackendError` by `From` where
 //! a backend answers. [`jit`] runs nvJitLink on its own thread, after [`image`] has read what each
 //! image needs (used as it is, linked, or refused). [`blink`] is the blink backend; [`slots`] what
-//! it and the MPS backend do with the mailbox alike.
+//! it and the MPS backend do with the mailbox alike;
+//! [`exported`] the device memory MPS mode shares by descriptor (opt-in, not yet verified on a GPU).
 
 pub mod blink;
 pub mod context;
@@ -19,6 +20,7 @@ pub mod device_ring;
 pub mod driver;
 pub mod entry;
 pub mod error;
+pub mod exported;
 pub mod image;
 pub mod jit;
 pub mod memory;

@@ -1,11 +1,31 @@
 //! The protocol between meshd (mesh-mps) and its MPS workers: one JSON line per command on the worker's
-//! stdin, one JSON line per reply on its stdout; the first line a worker writes is its `ready` (or why not).
+//! stdin, one JSON line per reply or event on its stdout; the first line a worker writes is its `ready` (or why not).
 //!
 //! Every message is an enum that serde encodes: a [`Command`], a [`Reply`] whose kernel state is a
 //! [`KernelState`] and whose refusal carries a [`RefusalKind`], so neither side compares strings.
+//!
+//! **Events.** Besides one reply per command, a worker *pushes* an [`Event`] when its kernel ends
+//! (returned, or failed with the driver's error), found by its own check of its stream (every
+//! [`KERNEL_CHECK`] while a kernel runs), so that meshd never asks every worker in turn: a reader
+//! thread per worker hands the events over and the backend takes them without waiting. [`decode`]
+//! tells a line's kind by its key (`reply` or `event`) and says exactly what is wrong with one that is
+//! neither; [`PROTOCOL`] travels in `ready` and a worker of another version is refused.
+//!
+//! **Device channels** (MPS mode, opt-in): meshd owns each device ring's memory and hands a worker a
+//! descriptor of it ([`Command::Map`]) over a second, inherited unix socket (`--fd-socket N`,
+//! `SCM_RIGHTS`), sent just before the command; the worker maps it and gives programs the address.
+
+pub mod fdpass;
 
 use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
+
+/// The protocol's version, said in `ready`; meshd refuses a worker that speaks another.
+pub const PROTOCOL: u32 = 2;
+
+/// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read): the
+/// bound on how late meshd hears that a kernel ended or failed, whatever the number of workers.
+pub const KERNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// What meshd asks a worker.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -32,15 +52,57 @@ pub enum Command {
         /// How long; 0 answers at once.
         timeout_ms: u64,
     },
-    /// Unload the module (the kernel must have returned).
+    /// Unload the module (the kernel must have returned); unmaps every device channel too.
     Unload,
+    /// Map device channel `channel`'s ring, whose descriptor meshd has just sent on the fd socket
+    /// with [`FdTag`] `{channel, bytes}`; a program launched afterwards finds its slots there.
+    Map {
+        /// The channel's index in the mailbox.
+        channel: u32,
+        /// The allocation's size (granularity-rounded), as the descriptor's tag says too.
+        bytes: u64,
+        /// Zero the ring before answering (it is new, or was renewed after a recovery): done on
+        /// the worker's stream, inside the MPS server, so that meshd's own context runs no GPU work.
+        zero: bool,
+    },
     /// Leave.
     Exit,
+}
+
+/// What travels with a descriptor on the fd socket (16 bytes, little-endian): which channel's ring it
+/// is and its size, checked by the worker against the [`Command::Map`] that follows, so that a
+/// descriptor is never taken for another channel's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdTag {
+    /// The channel's index.
+    pub channel: u32,
+    /// The allocation's size.
+    pub bytes: u64,
+}
+
+impl FdTag {
+    /// Its wire form.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&self.channel.to_le_bytes());
+        b[8..].copy_from_slice(&self.bytes.to_le_bytes());
+        b
+    }
+
+    /// Reads one; `None` unless it is exactly 16 bytes.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let b: &[u8; 16] = b.try_into().ok()?;
+        let channel = u32::from_le_bytes(b[..4].try_into().ok()?);
+        let bytes = u64::from_le_bytes(b[8..].try_into().ok()?);
+        Some(Self { channel, bytes })
+    }
 }
 
 /// What the worker says once started.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Ready {
+    /// The protocol it speaks ([`PROTOCOL`]).
+    pub protocol: u32,
     /// The worker's pid.
     pub pid: u32,
     /// The GPU's name.
@@ -177,6 +239,84 @@ impl Reply {
     }
 }
 
+/// What a worker pushes without being asked.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The kernel of launch number `launch` (counted from 1 in this worker) is no longer running:
+    /// `idle` (it returned) or `failed` with the driver's error. Said once per launch.
+    KernelEnded {
+        /// Which launch.
+        launch: u64,
+        /// `idle` or `failed`.
+        state: KernelState,
+        /// When the worker saw it (`CLOCK_REALTIME`, ns since the Unix epoch): how late meshd heard
+        /// of a fault, in its recovery's breakdown, comparable with a GPU's `%globaltimer`.
+        seen_unix_ns: u64,
+    },
+}
+
+/// One line from a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// An answer to the command in flight (or the first line).
+    Reply(Reply),
+    /// News nobody asked for.
+    Event(Event),
+}
+
+/// Why a worker's line could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// Not JSON, or not a JSON object.
+    #[error("not a JSON object ({reason}): {line:?}")]
+    NotJson {
+        /// The line, cut to 200 characters.
+        line: String,
+        /// serde's words.
+        reason: String,
+    },
+    /// An object with neither a `reply` nor an `event` key.
+    #[error("neither a reply nor an event (no \"reply\" or \"event\" key): {line:?}")]
+    NoKind {
+        /// The line, cut.
+        line: String,
+    },
+    /// A reply or event whose fields do not fit.
+    #[error("a malformed {kind}: {reason}: {line:?}")]
+    Fields {
+        /// `reply` or `event`.
+        kind: &'static str,
+        /// serde's words.
+        reason: String,
+        /// The line, cut.
+        line: String,
+    },
+}
+
+fn cut(line: &str) -> String {
+    line.chars().take(200).collect()
+}
+
+/// Reads one line a worker wrote: a reply or an event, told apart by its key.
+pub fn decode(line: &str) -> Result<Incoming, ProtocolError> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| ProtocolError::NotJson { line: cut(line), reason: e.to_string() })?;
+    let Some(object) = value.as_object() else {
+        return Err(ProtocolError::NotJson { line: cut(line), reason: "a JSON value that is no object".into() });
+    };
+    let fields = |kind: &'static str| {
+        move |e: serde_json::Error| ProtocolError::Fields { kind, reason: e.to_string(), line: cut(line) }
+    };
+    if object.contains_key("reply") {
+        serde_json::from_value(value).map(Incoming::Reply).map_err(fields("reply"))
+    } else if object.contains_key("event") {
+        serde_json::from_value(value).map(Incoming::Event).map_err(fields("event"))
+    } else {
+        Err(ProtocolError::NoKind { line: cut(line) })
+    }
+}
+
 /// The worker's JSON for one line (no newline).
 pub fn encode<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("protocol types serialise")
@@ -197,13 +337,53 @@ mod tests {
             Reply::Done,
             Reply::refused(RefusalKind::NoEntry, "cuModuleGetFunction failed"),
             Reply::Loaded(Probe { registers: 8, shared_bytes: 0, max_threads_per_block: 1024, per_sm: 16, sms: 132 }),
-            Reply::Ready(Ready { pid: 7, device: "H200".into(), mps_enabled: true, sms: 132, context_ms: 3 }),
+            Reply::Ready(Ready {
+                protocol: PROTOCOL,
+                pid: 7,
+                device: "H200".into(),
+                mps_enabled: true,
+                sms: 132,
+                context_ms: 3,
+            }),
         ];
         for r in replies {
             assert_eq!(serde_json::from_str::<Reply>(&encode(&r)).unwrap(), r);
         }
         assert_eq!(encode(&Reply::State { state: KernelState::Busy }), r#"{"reply":"state","state":"busy"}"#);
         assert!(serde_json::from_str::<Command>(r#"{"op":"dance"}"#).is_err());
+    }
+
+    #[test]
+    fn lines_are_told_apart_and_bad_ones_say_why() {
+        let ended = Event::KernelEnded {
+            launch: 3,
+            state: KernelState::Failed { reason: "ILLEGAL_ADDRESS".into() },
+            seen_unix_ns: 1_764_700_000_000_000_000,
+        };
+        assert_eq!(decode(&encode(&ended)).unwrap(), Incoming::Event(ended));
+        assert_eq!(decode(r#"{"reply":"done"}"#).unwrap(), Incoming::Reply(Reply::Done));
+        let e = decode("hello").unwrap_err().to_string();
+        assert!(e.starts_with("not a JSON object") && e.contains("\"hello\""), "{e}");
+        let e = decode("[1]").unwrap_err().to_string();
+        assert!(e.contains("no object"), "{e}");
+        let e = decode(r#"{"op":"load"}"#).unwrap_err().to_string();
+        assert!(e.contains("neither a reply nor an event"), "{e}");
+        let e = decode(r#"{"event":"kernel_ended","launch":"x"}"#).unwrap_err().to_string();
+        assert!(e.starts_with("a malformed event") && e.contains("launch"), "{e}");
+        let e = decode(r#"{"reply":"ready","pid":1}"#).unwrap_err().to_string();
+        assert!(e.starts_with("a malformed reply") && e.contains("protocol"), "a ready without its version: {e}");
+        let long = format!("{{\"x\":\"{}\"}}", "a".repeat(1000));
+        assert!(decode(&long).unwrap_err().to_string().len() < 400, "a long line is cut");
+    }
+
+    #[test]
+    fn a_descriptors_tag_round_trips_and_only_16_bytes_are_one() {
+        let t = FdTag { channel: 7, bytes: 2 << 20 };
+        assert_eq!(FdTag::decode(&t.encode()), Some(t));
+        assert_eq!(FdTag::decode(&[0; 15]), None);
+        assert_eq!(FdTag::decode(&[0; 17]), None);
+        let c = Command::Map { channel: 7, bytes: 2 << 20, zero: true };
+        assert_eq!(encode(&c), r#"{"op":"map","channel":7,"bytes":2097152,"zero":true}"#);
     }
 
     #[test]

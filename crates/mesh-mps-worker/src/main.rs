@@ -1,18 +1,27 @@
-//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID]`: one MPS client of meshd's server, running one program at a time.
+//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID] [--fd-socket N]`: one MPS client of meshd's server, running one program at a time.
 //!
 //! Started by meshd with `CUDA_MPS_PIPE_DIRECTORY` set to its private server. It creates its context
 //! (checking that it really is an MPS client), maps and registers the mailbox, takes a green context
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
-//! gone). Every failure is a reply with its kind and reason, never a panic.
+//! gone). While a kernel runs it checks its stream every [`KERNEL_CHECK`] between commands and says,
+//! once per launch, when the kernel ended or failed (an event meshd did not ask for). Every failure
+//! is a reply with its kind and reason, never a panic.
 
-use std::io::{BufRead, Write};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::{AsFd, FromRawFd};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use mesh_cuda::CudaError;
+use mesh_cuda::exported::ImportedMemory;
 use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
-use mesh_mps_worker::{Command, Probe, Ready, Refusal, RefusalKind, Reply, encode};
+use mesh_mps_worker::fdpass::recv_fd;
+use mesh_mps_worker::{
+    Command, Event, FdTag, KERNEL_CHECK, PROTOCOL, Probe, Ready, Refusal, RefusalKind, Reply, encode,
+};
 use mesh_shm::{Mailbox, ShmError};
 
 /// The command line. Every error, usage included, is the first line on stdout as a refusal, since
@@ -30,6 +39,9 @@ struct Args {
     /// passes: an MPS client sees the server's devices renumbered). Default: device 0.
     #[arg(long, value_name = "ORDINAL|UUID", default_value = "0")]
     device: String,
+    /// An inherited unix socket on which meshd sends device rings' descriptors (MPS device channels).
+    #[arg(long, value_name = "N")]
+    fd_socket: Option<i32>,
 }
 
 struct Worker {
@@ -39,12 +51,36 @@ struct Worker {
     ctx: Context,
     /// The loaded `mesh_main` (it keeps its module loaded) and the shape it was probed for.
     loaded: Option<(Function, LaunchShape)>,
+    /// Launches so far (the events' numbering).
+    launches: u64,
+    /// Whether the last launch's end was said.
+    reported: bool,
+    /// Device channels' rings mapped here, by channel index.
+    channels: HashMap<u32, ImportedMemory>,
+    /// Where meshd sends their descriptors.
+    fd_socket: Option<UnixStream>,
 }
 
-fn say(reply: &Reply) {
+fn say<T: serde::Serialize>(line: &T) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", encode(reply));
+    let _ = writeln!(out, "{}", encode(line));
     let _ = out.flush();
+}
+
+/// The inherited fd socket `--fd-socket N`, checked to be a socket before it is owned.
+fn fd_socket(n: i32) -> Result<UnixStream, StartError> {
+    let bad = |why: String| StartError::FdSocket { n, why };
+    if n < 3 {
+        return Err(bad("descriptors 0 to 2 are the command pipes".into()));
+    }
+    // SAFETY: only inspected: fstat on a descriptor number, which fails with EBADF if it is not open.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
+    let st = rustix::fs::fstat(borrowed).map_err(|e| bad(e.to_string()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
+        return Err(bad("not a socket".into()));
+    }
+    // SAFETY: meshd passed this open socket for this process alone to own (checked open and a socket).
+    Ok(unsafe { UnixStream::from_raw_fd(n) })
 }
 
 /// Why the worker could not start (told to meshd as a refusal).
@@ -63,9 +99,13 @@ enum StartError {
     Cuda(#[from] CudaError),
     #[error("{0}")]
     Mailbox(#[from] ShmError),
+    #[error("--fd-socket {n}: {why}")]
+    FdSocket { n: i32, why: String },
 }
 
-fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worker, Ready), StartError> {
+fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
+    let (mailbox_path, sms, selector) = (args.mailbox.as_path(), args.sms, args.device.as_str());
+    let fd_socket = args.fd_socket.map(fd_socket).transpose()?;
     let device = Device::find(selector).map_err(|source| StartError::Device { selector: selector.into(), source })?;
     let started = Instant::now();
     let ctx = match sms {
@@ -83,13 +123,25 @@ fn start(mailbox_path: &Path, sms: Option<u32>, selector: &str) -> Result<(Worke
     let registered = RegisteredMailbox::register(&ctx, &mailbox)?;
     let stream = ctx.stream()?;
     let ready = Ready {
+        protocol: PROTOCOL,
         pid: std::process::id(),
         device: device.name.clone(),
         mps_enabled: device.mps_enabled,
         sms: ctx.sms(),
         context_ms,
     };
-    Ok((Worker { mailbox, registered, stream, ctx, loaded: None }, ready))
+    let worker = Worker {
+        mailbox,
+        registered,
+        stream,
+        ctx,
+        loaded: None,
+        launches: 0,
+        reported: true,
+        channels: HashMap::new(),
+        fd_socket,
+    };
+    Ok((worker, ready))
 }
 
 impl Worker {
@@ -101,6 +153,7 @@ impl Worker {
             Command::Launch { slot } => self.launch(slot).map(|()| Reply::Done),
             Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms).into() }),
             Command::Unload => self.unload().map(|()| Reply::Done),
+            Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
             Command::Exit => Ok(Reply::Done),
         };
         answer.unwrap_or_else(Reply::Refused)
@@ -142,8 +195,50 @@ impl Worker {
             return Err(Refusal::new(RefusalKind::NotLoaded, "no module loaded"));
         };
         let failed = |e: &dyn std::fmt::Display| Refusal::new(RefusalKind::Failed, e);
-        let ctx = self.mailbox.mesh_ctx(slot, self.registered.device_address()).map_err(|e| failed(&e))?;
-        func.launch(shape, &self.stream, &ctx).map_err(|e| failed(&e))
+        let channels = &self.channels;
+        let ctx = self
+            .mailbox
+            .mesh_ctx_with(slot, self.registered.device_address(), |info| {
+                channels.get(&info.index).map(|m| m.address())
+            })
+            .map_err(|e| failed(&e))?;
+        func.launch(shape, &self.stream, &ctx).map_err(|e| failed(&e))?;
+        self.launches += 1;
+        self.reported = false;
+        Ok(())
+    }
+
+    /// Says once, when the last launch's kernel is no longer running, how it ended.
+    fn check_kernel(&mut self) {
+        if self.reported {
+            return;
+        }
+        let state = self.stream.state();
+        if state != StreamState::Busy {
+            self.reported = true;
+            let seen_unix_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            say(&Event::KernelEnded { launch: self.launches, state: state.into(), seen_unix_ns });
+        }
+    }
+
+    /// Maps device channel `channel`'s ring from the descriptor meshd sent just before the command,
+    /// and zeroes it when meshd says so (a new or renewed ring; no kernel uses it yet).
+    fn map(&mut self, channel: u32, bytes: u64, zero: bool) -> Result<(), Refusal> {
+        self.idle("mapping a device channel")?;
+        let failed = |e: &dyn std::fmt::Display| Refusal::new(RefusalKind::Failed, format!("channel #{channel}: {e}"));
+        let socket = self.fd_socket.as_ref().ok_or_else(|| failed(&"the worker was started without --fd-socket"))?;
+        let fd = recv_fd(socket.as_fd(), FdTag { channel, bytes }).map_err(|e| failed(&e))?;
+        let len = usize::try_from(bytes).map_err(|e| failed(&e))?;
+        // A mapping this one replaces is unmapped first (no kernel runs: checked above).
+        self.channels.remove(&channel);
+        let mapped = ImportedMemory::import(&self.ctx, fd, len).map_err(|e| failed(&e))?;
+        if zero {
+            mapped.zero(&self.stream).map_err(|e| failed(&format!("zeroing its ring: {e}")))?;
+        }
+        self.channels.insert(channel, mapped);
+        Ok(())
     }
 
     /// The stream's state once the kernel returned, or after `timeout_ms` (0: at once).
@@ -162,6 +257,7 @@ impl Worker {
     fn unload(&mut self) -> Result<(), Refusal> {
         self.idle("unloading")?;
         self.loaded = None;
+        self.channels.clear();
         Ok(())
     }
 }
@@ -175,7 +271,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let (mut worker, ready) = match start(&args.mailbox, args.sms, &args.device) {
+    let (mut worker, ready) = match start(&args) {
         Ok(w) => w,
         Err(e) => {
             say(&Reply::refused(RefusalKind::Start, e));
@@ -183,8 +279,16 @@ fn main() {
         }
     };
     say(&Reply::Ready(ready));
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
+    let mut input = Lines::default();
+    loop {
+        worker.check_kernel();
+        // While a kernel runs, the stream is checked every KERNEL_CHECK between commands.
+        let wait = (!worker.reported).then_some(KERNEL_CHECK);
+        let line = match input.next(wait) {
+            Next::Line(line) => line,
+            Next::Quiet => continue,
+            Next::End => break,
+        };
         let reply = match serde_json::from_str::<Command>(&line) {
             Ok(Command::Exit) => break,
             Ok(cmd) => worker.handle(cmd),
@@ -195,6 +299,58 @@ fn main() {
     // End of input: meshd asked us to leave, or is gone. A kernel still running is left to process exit.
     if worker.stream.state() == StreamState::Busy {
         std::mem::forget(worker);
+    }
+}
+
+/// What [`Lines::next`] found.
+enum Next {
+    Line(String),
+    /// Nothing within the wait.
+    Quiet,
+    /// End of input (meshd asked us to leave, or is gone), or it cannot be read.
+    End,
+}
+
+/// Stdin's lines, read with `poll(2)` so that the wait for the next command is bounded while a kernel runs.
+#[derive(Default)]
+struct Lines {
+    buf: Vec<u8>,
+}
+
+/// A command line longer than this is cut off and refused as malformed (meshd's are a few hundred bytes).
+const MAX_LINE: usize = 1 << 20;
+
+impl Lines {
+    fn next(&mut self, wait: Option<Duration>) -> Next {
+        loop {
+            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                return Next::Line(String::from_utf8_lossy(&line[..end]).into_owned());
+            }
+            if self.buf.len() > MAX_LINE {
+                self.buf.clear();
+                return Next::Line("(a line over 1 MiB)".into());
+            }
+            let stdin = std::io::stdin();
+            let fd = stdin.as_fd();
+            let timeout = wait.map(|w| rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: i64::try_from(w.as_nanos()).unwrap_or(999_999_999).min(999_999_999),
+            });
+            let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+            match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => return Next::Quiet,
+                Ok(_) => {}
+                Err(_) => return Next::End,
+            }
+            let mut chunk = [0u8; 4096];
+            match rustix::io::read(fd, &mut chunk) {
+                Ok(0) => return Next::End,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => return Next::Quiet,
+                Err(_) => return Next::End,
+            }
+        }
     }
 }
 

@@ -36,3 +36,17 @@ fn without_a_driver_the_first_line_says_what_is_missing() {
     assert!(refusal.message.contains("libcuda"), "{}", refusal.message);
     assert!(String::from_utf8_lossy(&out.stderr).is_empty(), "no panic message");
 }
+
+#[test]
+fn a_bad_fd_socket_is_refused_before_the_driver_is_touched() {
+    for (n, why) in [("1", "descriptors 0 to 2 are the command pipes"), ("77", "Bad file descriptor")] {
+        let out = worker(&["--mailbox", "/nonexistent/mailbox", "--fd-socket", n]);
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{line}");
+        let Reply::Refused(refusal) = serde_json::from_str(line.lines().next().unwrap()).unwrap() else {
+            panic!("{line}")
+        };
+        assert_eq!(refusal.kind, RefusalKind::Start, "{line}");
+        assert!(refusal.message.contains(&format!("--fd-socket {n}: {why}")), "{}", refusal.message);
+    }
+}

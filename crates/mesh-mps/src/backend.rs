@@ -6,16 +6,25 @@
 //! while everything runs. Creating a client stalls the running kernels once (up to 0.4 ms), so the pool
 //! is started before any program runs and a freed worker goes back to it.
 //!
-//! **The watchdog** ([`Backend::watch`], every few tens of ms) polls every worker's kernel; a failed
-//! kernel or a worker gone starts a recovery (see [`MpsBackend`]'s `recover`): every client ended at
-//! once, the culprit named or searched by halves and left stopped, the others relaunched in fresh
-//! workers started side by side, the pool refilled. `status` only reads.
+//! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
+//! reads what the workers pushed (each checks its own kernel every millisecond and says when it
+//! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery
+//! (see [`MpsBackend`]'s `recover`): every client ended at once, the culprit named or searched by
+//! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
+//! refilled. `status` only reads.
+//!
+//! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
+//! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
+//! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
+//! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
+//! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
 use mesh_backend::cleanup::{self, CleanupId};
 use mesh_backend::recover::{self, Recovery};
 use mesh_backend::roster::{self, HasCore};
@@ -24,14 +33,16 @@ use mesh_backend::{
     Backend, BackendError, BackendEvent, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec,
     ProgramStatus, Result, SmBudget, check_resident,
 };
-use mesh_cuda::{Device, Jit, slots};
+use mesh_cuda::exported::SharedRings;
+use mesh_cuda::{Context, Device, Jit, slots};
 use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
-use crate::worker::{WORKER_LAUNCH, WORKER_LOAD, Worker};
+use crate::standby::{STANDBY_ENV, Standby, standby_size};
+use crate::worker::{NewsSender, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
 /// fault reached the clients about 150 ms after the faulting launch.
@@ -86,6 +97,77 @@ struct Shared {
     /// Recoveries not yet handed to meshd's metrics ([`Backend::take_events`]); kept here because
     /// a recovery runs under this lock (from the watchdog, or before a change).
     events: Vec<BackendEvent>,
+    /// That some worker has news (its reader's copy): drained, then every worker refreshed.
+    news: Option<Receiver<WorkerNews>>,
+    /// Device channels' rings, owned by meshd's own plain context (opt-in).
+    rings: Option<SharedRings>,
+    /// The standby server (opt-in `MESH_MPS_STANDBY`).
+    standby: Option<Standby>,
+}
+
+/// How long a recovery waits for every faulted worker to say its kernel failed before it may move
+/// the programs to the standby (on the H200 the fault reached 8 clients within 41 ms of each other).
+pub const FAULT_SPREAD: Duration = Duration::from_millis(100);
+
+/// The variable that enables device channels in MPS mode (`1`): an implementation not yet verified
+/// on a GPU, so off by default (a device channel is then refused in MPS mode, as before).
+pub const DEVICE_CHANNELS_ENV: &str = "MESH_MPS_DEVICE_CHANNELS";
+
+/// Whether [`DEVICE_CHANNELS_ENV`] is `1` in meshd's environment.
+pub fn device_channels_opted_in() -> bool {
+    std::env::var(DEVICE_CHANNELS_ENV).is_ok_and(|v| v == "1")
+}
+
+/// meshd's own context for the device rings: a plain (non-MPS) context, made before the MPS daemon
+/// starts. A process whose environment leads it to an MPS server becomes its client instead, so the
+/// context is checked (`MPS_ENABLED` = 0) and refused with the reason otherwise.
+fn owner_context(device: &Device) -> Result<SharedRings> {
+    let refuse = |reason: String| BackendError::Invalid { what: format!("{DEVICE_CHANNELS_ENV}=1"), reason };
+    mesh_cuda::exported::check_support(device)?;
+    let ctx = Context::primary(device).map_err(|e| refuse(format!("meshd's own context for device rings: {e}")))?;
+    let seen = Device::get(0)?;
+    if seen.mps_enabled {
+        let pipe = std::env::var_os(crate::control::PIPE_ENV)
+            .map_or_else(|| "unset: the default /tmp/nvidia-mps".to_string(), |p| format!("{p:?}"));
+        return Err(refuse(format!(
+            "meshd's own context became a client of another MPS server (CUDA_MPS_PIPE_DIRECTORY {pipe} in meshd's \
+             environment), but the device rings must outlive every MPS client: start meshd where no other MPS \
+             daemon serves this GPU, or with CUDA_MPS_PIPE_DIRECTORY naming an empty directory"
+        )));
+    }
+    Ok(SharedRings::new(ctx)?)
+}
+
+/// Takes in whatever the workers pushed, without waiting: the shared channel drained (it only says
+/// that there is news), then each worker's own queue.
+fn absorb(s: &mut Shared) {
+    if let Some(news) = &s.news {
+        while news.try_recv().is_ok() {}
+    }
+    for p in &mut s.programs {
+        p.worker.refresh();
+    }
+    for w in &mut s.idle {
+        w.refresh();
+    }
+}
+
+/// Maps, in `worker`, every device channel program slot `slot` binds (meshd's rings, opt-in);
+/// without the opt-in nothing (a binding to a device channel is then refused by the launch).
+fn map_channels(rings: &mut Option<SharedRings>, mailbox: &Mailbox, worker: &mut Worker, slot: u32) -> Result<()> {
+    let Some(rings) = rings.as_mut() else { return Ok(()) };
+    for ring in rings.export_for(mailbox, slot)? {
+        if ring.zero || !worker.has_mapped(ring.channel) {
+            worker.map(ring.channel, &ring.fd, ring.bytes, ring.zero)?;
+            if ring.zero {
+                rings.zeroed(ring.channel);
+            }
+        }
+    }
+    for loss in rings.take_losses() {
+        tracing::warn!(channel = loss.channel, "its device ring was made anew, empty: {} messages lost", loss.lost);
+    }
+    Ok(())
 }
 
 /// The control daemon of the running MPS backend, for `native_pipe_dir` / `check_native`.
@@ -107,14 +189,22 @@ pub struct MpsBackend {
     client_limit: u32,
     /// The pool's figures, shared with meshd's `info`.
     pool: PoolFigures,
+    /// Where every worker's reader hands its news.
+    news: NewsSender,
 }
 
 /// Starts the pool's workers one after the other (the first one's context creation also starts
 /// the MPS server), each checked to be our client, into `shared`'s idle list.
-fn start_pool(control: &MpsControl, mailbox: &Mailbox, config: &MpsConfig, shared: &Mutex<Shared>) -> Result<()> {
+fn start_pool(
+    control: &MpsControl,
+    mailbox: &Mailbox,
+    config: &MpsConfig,
+    shared: &Mutex<Shared>,
+    news: &NewsSender,
+) -> Result<()> {
     for i in 0..config.pool {
         let started = Instant::now();
-        let w = Worker::start(control, mailbox.path(), config.sms, WORKER_LOAD)?;
+        let w = Worker::start(control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
         tracing::info!(
             worker = w.pid(),
             server = w.server,
@@ -136,10 +226,59 @@ fn tear_down(shared: &Mutex<Shared>) {
     for mut w in s.idle.drain(..) {
         w.kill();
     }
-    if let Some(control) = s.control.take() {
+    let mut controls: Vec<Arc<MpsControl>> = s.control.take().into_iter().collect();
+    if let Some(mut standby) = s.standby.take() {
+        controls.push(standby.tear_down());
+    }
+    // The standby's directory is nested in the first daemon's (whichever is active now), which
+    // removes it when it made it: the nested one quits first, while its pipes still exist.
+    controls.sort_by_key(|c| std::cmp::Reverse(c.root().as_os_str().len()));
+    for control in controls {
         control.quit();
     }
     *ACTIVE.lock() = None;
+}
+
+/// With `MESH_MPS_STANDBY=K`: the standby daemon (`<mps dir>/standby`) and its K workers, started
+/// now, before any program runs, into `shared` (so that the cleanup tears them down on failure).
+fn start_standby(
+    control: &MpsControl,
+    mailbox: &Mailbox,
+    config: &MpsConfig,
+    shared: &Mutex<Shared>,
+    news: &NewsSender,
+) -> Result<()> {
+    let Some(k) = standby_size()? else { return Ok(()) };
+    tracing::warn!(
+        "{STANDBY_ENV}={k}: a standby MPS server with {k} idle worker(s) takes the programs over after a fault (not \
+         yet verified on a GPU)"
+    );
+    let sb_control =
+        MpsControl::start(Some(&control.root().join("standby")))?.with_device(control.device().map(String::from));
+    shared.lock().standby = Some(Standby::new(Arc::new(sb_control), k as usize));
+    let mut s = shared.lock();
+    let filled = s.standby.as_mut().map(|sb| sb.fill_now(mailbox.path(), config.sms, news));
+    filled.unwrap_or(Ok(()))
+}
+
+/// Waits up to [`FAULT_SPREAD`] until every watched program's worker has said its kernel failed:
+/// then no kernel of the faulted server runs on, and the programs may move to the standby at once.
+fn every_kernel_failed(s: &mut Shared) -> bool {
+    let deadline = Instant::now() + FAULT_SPREAD;
+    loop {
+        absorb(s);
+        if s.programs.iter().filter(|p| on_watch(p)).all(|p| failed(&p.worker).is_some()) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
+            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            _ => std::thread::sleep(left.min(Duration::from_millis(5))),
+        }
+    }
 }
 
 /// A refused life transition (a bug), as the contract's error naming the program.
@@ -153,18 +292,62 @@ struct Clients<'a> {
     backend: &'a MpsBackend,
     s: &'a mut Shared,
     control: &'a MpsControl,
+    times: Breakdown,
+    /// The programs move to the standby server: the faulted server's workers are abandoned (killed,
+    /// reaped later), and the relaunch takes standby workers instead of starting clients.
+    standby: bool,
+}
+
+/// Where a recovery's time went, for its log line (summed over a search by halves' rounds).
+#[derive(Debug, Default, Clone, Copy)]
+struct Breakdown {
+    /// Ending every client (and renewing the device rings).
+    ending: Duration,
+    /// Starting the new workers (MPS clients) side by side.
+    new_clients: Duration,
+    /// Loading each program into its new worker and launching it.
+    relaunch: Duration,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn unix_ns_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl Recovery for Clients<'_> {
     type Error = std::convert::Infallible;
 
     fn reset(&mut self) -> std::result::Result<(), Self::Error> {
-        self.backend.end_all_clients(self.s, self.control);
+        let started = Instant::now();
+        if self.standby {
+            self.backend.abandon_all_clients(self.s);
+        } else {
+            self.backend.end_all_clients(self.s, self.control);
+        }
+        // No client maps a ring now: each is renewed (and marked for zeroing) before anything relaunches.
+        if let Some(rings) = self.s.rings.as_mut() {
+            for e in rings.renew_all(&self.backend.mailbox) {
+                tracing::error!("{e}");
+            }
+            for loss in rings.take_losses() {
+                tracing::warn!(
+                    channel = loss.channel,
+                    "its device ring was renewed empty after the GPU fault: {} messages lost",
+                    loss.lost
+                );
+            }
+        }
+        self.times.ending += started.elapsed();
         Ok(())
     }
 
     fn relaunch(&mut self, which: &[usize]) {
-        self.backend.relaunch(self.s, self.control, which);
+        self.backend.relaunch(self.s, self.control, which, &mut self.times, self.standby);
     }
 
     fn faulted_within(&mut self, running: &[usize]) -> bool {
@@ -209,15 +392,32 @@ impl MpsBackend {
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
+        // Before the MPS daemon exists, so that it cannot become its client.
+        let rings = if device_channels_opted_in() {
+            tracing::warn!(
+                "{DEVICE_CHANNELS_ENV}=1: device channels in MPS mode, owned by meshd's own context (not yet verified on \
+                 a GPU)"
+            );
+            Some(owner_context(&device)?)
+        } else {
+            None
+        };
         let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid));
-        let shared = Arc::new(Mutex::new(Shared { control: Some(control.clone()), ..Shared::default() }));
+        let (news, news_rx) = NewsSender::channel();
+        let shared = Arc::new(Mutex::new(Shared {
+            control: Some(control.clone()),
+            news: Some(news_rx),
+            rings,
+            ..Shared::default()
+        }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
-            .and_then(|()| start_pool(&control, mailbox, &config, &shared))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
             .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
@@ -240,6 +440,7 @@ impl MpsBackend {
             shut_down: false,
             client_limit,
             pool,
+            news,
         })
     }
 
@@ -269,7 +470,8 @@ impl MpsBackend {
         }
         let failure = {
             let mut s = self.lock();
-            s.programs.iter_mut().filter(|p| on_watch(p)).find_map(|p| failed(&mut p.worker))
+            absorb(&mut s);
+            s.programs.iter().filter(|p| on_watch(p)).find_map(|p| failed(&p.worker))
         };
         if let Some(error) = failure {
             for line in self.recover(&error) {
@@ -314,7 +516,7 @@ impl MpsBackend {
         }
         let control = self.control()?;
         let started = Instant::now();
-        let w = Worker::start(&control, self.mailbox.path(), sms, WORKER_LOAD)?;
+        let w = Worker::start(&control, self.mailbox.path(), sms, &self.news, WORKER_LOAD)?;
         if running > 0 {
             let n = self.pool.record_growth(program, op, running);
             tracing::warn!(
@@ -433,8 +635,11 @@ impl MpsBackend {
     /// Returns the log lines.
     fn recover(&self, error: &str) -> Vec<String> {
         let started = Instant::now();
+        let started_unix = unix_ns_now();
         let mut s = self.lock();
         let Some(control) = s.control.clone() else { return Vec::new() };
+        // The first worker to see the fault, and when (its own clock reading, not meshd's).
+        let first_seen = s.programs.iter().filter_map(|p| p.worker.failed_at().map(|t| (t, p.worker.pid()))).min();
         let evidence = self.evidence(&mut s, &control, started);
         // Only a list that answers and lacks our server says it went away.
         let server_gone = control.servers().is_ok_and(|servers| {
@@ -445,25 +650,67 @@ impl MpsBackend {
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
-        let culprit = recover::recover(
-            &mut Clients { backend: self, s: &mut s, control: &control },
-            &verdict,
-            error,
-            &evidence,
-            started,
-            &mut log,
-        );
+        // The standby takes the programs over when the culprit is named (a search by halves would
+        // put halves on it, and one that faults would leave no standby), it has a worker for each,
+        // and every faulted kernel has said so (none runs on beside its relaunch).
+        let to_relaunch = s.programs.iter().filter(|p| relaunchable(p)).count();
+        let standby = matches!(verdict, Verdict::Culprit { .. })
+            && s.standby.as_ref().is_some_and(|sb| sb.ready() >= to_relaunch)
+            && every_kernel_failed(&mut s);
+        if s.standby.is_some() && !standby {
+            log.push(
+                "MPS standby not used for this recovery (no named culprit, too few standby workers, or a worker \
+                      that did not say its kernel failed within 100 ms): the usual recovery"
+                    .into(),
+            );
+        }
+        let named = started.elapsed();
+        let mut clients = Clients { backend: self, s: &mut s, control: &control, times: Breakdown::default(), standby };
+        let culprit = recover::recover(&mut clients, &verdict, error, &evidence, started, &mut log);
+        let times = clients.times;
         let Ok(culprit) = culprit;
         if let Some((i, why)) = &culprit {
             tracing::error!(program = s.programs[*i].core.name, "caused the GPU fault ({why}): left stopped");
         }
         let name = culprit.as_ref().map_or_else(|| "none".to_string(), |(i, _)| s.programs[*i].core.name.clone());
         let running = s.programs.iter().filter(|p| p.core.life.phase() == &Phase::Running).count();
+        let detection = first_seen.map_or_else(
+            || "no worker said when it saw the fault".to_string(),
+            |(at, pid)| {
+                format!(
+                    "worker {pid} saw the fault {:.1} ms before the recovery began",
+                    started_unix.saturating_sub(at) as f64 / 1e6
+                )
+            },
+        );
         log.push(format!(
-            "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running",
-            started.elapsed().as_secs_f64() * 1e3
+            "watchdog mps: recovered in {:.1} ms; culprit {name}; {running} program(s) running; breakdown: {detection}; \
+             evidence and culprit {:.1} ms; ending the clients {:.1} ms; new clients {:.1} ms; loads and launches {:.1} \
+             ms; the rest is a search's watches",
+            ms(started.elapsed()),
+            ms(named),
+            ms(times.ending),
+            ms(times.new_clients),
+            ms(times.relaunch),
         ));
-        self.refill(&mut s, &control);
+        if standby {
+            // The standby server is the active one now; its idle workers are the pool (creating more
+            // would stall the programs just relaunched there), and a new standby is made on the
+            // faulted server by the watchdog's ticks, as it takes clients again.
+            if let Some(sb) = s.standby.as_mut() {
+                let (active, idle) = sb.swap(control.clone());
+                log.push(format!(
+                    "MPS standby took the programs over: its server is the active one now, with {} idle worker(s); a \
+                     new standby is made on the faulted server as it takes clients again",
+                    idle.len()
+                ));
+                s.idle.extend(idle);
+                *ACTIVE.lock() = Some(active.clone());
+                s.control = Some(active);
+            }
+        } else {
+            self.refill(&mut s, &control);
+        }
         log
     }
 
@@ -498,22 +745,34 @@ impl MpsBackend {
 
     /// Relaunches programs `which` (stopped, their clients ended) in fresh workers started side by
     /// side; a program whose relaunch fails is left stopped with the error.
-    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize]) {
-        let mut workers = start_many(control, self.mailbox.path(), self.config.sms, which.len());
+    fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize], times: &mut Breakdown, standby: bool) {
+        let spawned = Instant::now();
+        let taken = if standby { s.standby.as_mut().and_then(|sb| sb.take(which.len())) } else { None };
+        let mut workers = match taken {
+            Some(w) => w,
+            None => start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len()),
+        };
+        times.new_clients += spawned.elapsed();
+        let launched_at = Instant::now();
         for &i in which {
             let Some(mut worker) = workers.pop() else {
                 s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
                 continue;
             };
-            let p = &mut s.programs[i];
+            let Shared { programs, rings, standby: sb, .. } = &mut *s;
+            let p = &mut programs[i];
             let launched = self.load_into(&mut worker, &p.core.name, &p.cubin, &p.core.shape).and_then(|_| {
+                map_channels(rings, &self.mailbox, &mut worker, p.core.slot)?;
                 let generation = p.core.life.launch().map_err(|e| illegal(&p.core.name, e))?;
                 slots::arm(&self.mailbox, p.core.slot, generation)?;
                 p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
                 worker.launch(p.core.slot)
             });
             let mut old = std::mem::replace(&mut p.worker, worker);
-            old.kill();
+            match sb.as_mut().filter(|_| standby) {
+                Some(sb) => sb.bury(old),
+                None => old.kill(),
+            }
             match launched {
                 Ok(()) => p.core.health.restarts += 1,
                 Err(e) => {
@@ -524,14 +783,38 @@ impl MpsBackend {
             }
         }
         for mut w in workers {
-            w.kill();
+            if standby {
+                s.idle.push(w);
+            } else {
+                w.kill();
+            }
         }
+        times.relaunch += launched_at.elapsed();
     }
 
     /// Refills the pool, now that the server takes clients again (workers started side by side).
     fn refill(&self, s: &mut Shared, control: &MpsControl) {
         let missing = (self.config.pool as usize).saturating_sub(s.idle.len());
-        s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, missing));
+        s.idle.extend(start_many(control, self.mailbox.path(), self.config.sms, &self.news, missing));
+    }
+
+    /// Abandons every client of the faulted server (the standby takes the programs over): a stop
+    /// request to every program, every worker signalled (each kernel has failed, so a SIGKILL harms
+    /// no other), the idle ones handed to the standby to reap; none is waited for.
+    fn abandon_all_clients(&self, s: &mut Shared) {
+        for p in &mut s.programs {
+            slots::request_stop(&self.mailbox, p.core.slot);
+            p.core.life.request_stop();
+            p.worker.signal_kill();
+        }
+        let idle = std::mem::take(&mut s.idle);
+        match s.standby.as_mut() {
+            Some(sb) => idle.into_iter().for_each(|w| sb.bury(w)),
+            None => idle.into_iter().for_each(|mut w| w.kill()),
+        }
+        for p in &mut s.programs {
+            p.core.life.returned();
+        }
     }
 
     /// Ends every client: a stop request to every program, then each worker cut off and killed.
@@ -546,7 +829,8 @@ impl MpsBackend {
         // driver tears their contexts down side by side.
         let mut doomed = doomed;
         for w in doomed.iter_mut() {
-            if w.alive() && matches!(w.poll(), KernelState::Busy) {
+            w.refresh();
+            if w.alive() && w.kernel() == KernelState::Busy {
                 let _ = control.terminate_client(w.server, w.pid());
             }
             w.signal_kill();
@@ -612,35 +896,45 @@ fn relaunchable(p: &Program) -> bool {
     p.core.life.relaunchable() && p.core.health.exited.is_none()
 }
 
-/// The error of a worker whose kernel failed or that is gone.
-fn failed(w: &mut Worker) -> Option<String> {
-    match w.poll() {
+/// The error of a worker whose kernel failed or that is gone, as it last said (see [`absorb`]).
+fn failed(w: &Worker) -> Option<String> {
+    match w.kernel() {
         KernelState::Failed { reason } => Some(reason),
         _ => None,
     }
 }
 
-/// Watches programs `running` for [`FAULT_WATCH`]: whether the fault came back.
+/// Watches programs `running` for [`FAULT_WATCH`]: whether the fault came back. Waits on the
+/// workers' news (no worker is asked), so a failure is seen as soon as its worker says it.
 fn faulted_within(s: &mut Shared, running: &[usize]) -> bool {
     // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
     let watch = Instant::now() + FAULT_WATCH;
-    while Instant::now() < watch {
-        std::thread::sleep(Duration::from_millis(10));
-        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&mut s.programs[i].worker).is_some()) {
+    loop {
+        absorb(s);
+        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&s.programs[i].worker).is_some()) {
             return true;
         }
+        let left = watch.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
+            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            // No news channel (cannot happen while the backend runs): watch by the clock.
+            _ => std::thread::sleep(left.min(Duration::from_millis(10))),
+        }
     }
-    false
 }
 
 /// Starts `n` workers side by side (spawned together, then each awaited), retrying those the server
 /// refuses for up to 10 s: after a fault it takes no client until every old one has exited (the
 /// H200 took a new client 0.3 s later). Returns those that started.
-fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, n: usize) -> Vec<Worker> {
+fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, news: &NewsSender, n: usize) -> Vec<Worker> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut ready = Vec::with_capacity(n);
     while ready.len() < n {
-        let spawned: Vec<Result<Worker>> = (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms)).collect();
+        let spawned: Vec<Result<Worker>> =
+            (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms, news)).collect();
         let mut last = None;
         for w in spawned {
             match w.and_then(|w| w.await_ready(control, WORKER_LOAD)) {
@@ -699,6 +993,7 @@ impl Backend for MpsBackend {
             .launch()
             .map_err(|e| illegal(&core.name, e))
             .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| map_channels(&mut self.lock().rings, &self.mailbox, &mut worker, slot))
             .and_then(|()| worker.launch(slot));
         if let Err(e) = launched {
             let _ = slots::release(&self.mailbox, slot);
@@ -745,6 +1040,7 @@ impl Backend for MpsBackend {
             .launch()
             .map_err(|e| illegal(name, e))
             .and_then(|generation| slots::arm(&self.mailbox, slot, generation))
+            .and_then(|()| map_channels(&mut self.lock().rings, &self.mailbox, &mut fresh, slot))
             .and_then(|()| fresh.launch(slot));
         if let Some(w) = kept {
             self.give_back(w);
@@ -779,11 +1075,12 @@ impl Backend for MpsBackend {
 
     fn status(&self) -> Vec<ProgramStatus> {
         let mut s = self.lock();
+        absorb(&mut s);
         let states: Vec<KernelState> = s
             .programs
-            .iter_mut()
-            // A program left stopped has no kernel to ask about.
-            .map(|p| if on_watch(p) { p.worker.poll() } else { KernelState::Idle })
+            .iter()
+            // A program left stopped has no kernel to speak of.
+            .map(|p| if on_watch(p) { p.worker.kernel() } else { KernelState::Idle })
             .collect();
         self.pool.publish(s.idle.len(), s.programs.len());
         s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
@@ -797,6 +1094,7 @@ impl Backend for MpsBackend {
         let mut log = Vec::new();
         let failure = {
             let mut s = self.lock();
+            absorb(&mut s);
             let mut failure = None;
             for p in &mut s.programs {
                 let Ok(slot) = self.mailbox.slot(p.core.slot) else { continue };
@@ -805,7 +1103,7 @@ impl Backend for MpsBackend {
                 if !on_watch(p) {
                     continue;
                 }
-                match p.worker.poll() {
+                match p.worker.kernel() {
                     KernelState::Failed { reason } => {
                         failure.get_or_insert(reason);
                     }
@@ -821,13 +1119,17 @@ impl Backend for MpsBackend {
                     _ => {}
                 }
             }
+            if let Some(sb) = s.standby.as_mut() {
+                log.extend(sb.tick(self.mailbox.path(), self.config.sms, &self.news));
+            }
             // An idle worker that died (nothing ran in it) is replaced at the next refill.
             s.idle.retain_mut(|w| {
-                let alive = w.alive();
-                if !alive {
+                let usable = w.alive() && w.broken().is_none();
+                if !usable {
+                    tracing::warn!("idle MPS worker {} discarded: {}", w.pid(), w.broken().unwrap_or("it exited"));
                     w.kill();
                 }
-                alive
+                usable
             });
             failure
         };
@@ -835,6 +1137,10 @@ impl Backend for MpsBackend {
             log.extend(self.recover(&error));
         }
         log
+    }
+
+    fn set_waker(&mut self, wake: mesh_backend::Waker) {
+        self.news.set_wake(wake);
     }
 
     fn take_events(&mut self) -> Vec<BackendEvent> {

@@ -4,6 +4,8 @@
 //!   of mode 0700), its commands, and the membership check (`get_server_list`, `get_client_list`).
 //! * [`worker`]: a worker process as meshd sees it.
 //! * [`pool`]: the pool's policy (a load past it refused unless `--pool-grow`) and its counters for `info`.
+//! * [`standby`]: a second MPS server whose idle workers take the programs over after a fault
+//!   (opt-in `MESH_MPS_STANDBY=K`, not yet verified on a GPU).
 //! * [`MpsBackend`]: the backend; [`native_pipe_dir`] and [`check_native`] for native GPU workers.
 //!
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
@@ -14,9 +16,10 @@ pub mod control;
 pub mod mps_dir;
 pub mod pool;
 pub mod process;
+pub mod standby;
 pub mod worker;
 
-pub use backend::{MAX_CLIENTS, MpsBackend, MpsConfig};
+pub use backend::{DEVICE_CHANNELS_ENV, MAX_CLIENTS, MpsBackend, MpsConfig, device_channels_opted_in};
 pub use control::MpsControl;
 /// The child handle [`process::spawn_tied`] returns (for meshd's native workers).
 pub use shared_child::SharedChild;

@@ -1,13 +1,29 @@
 //! A worker process seen from meshd: started as an MPS client of our server, spoken to over its stdin and stdout.
+//!
+//! A reader thread per worker reads its stdout: replies go to the command in flight, events (its
+//! kernel ended or failed, found by the worker's own check) and news of a worker that went silent
+//! for good (end of output, a garbled line) go to one [`NewsSender`] shared by every worker, which
+//! the backend drains without waiting and which wakes meshd's backend thread. So nothing asks every
+//! worker in turn; a worker's state here is what it last said ([`Worker::kernel`]). A worker whose
+//! line is garbled, or that misses a reply's deadline, is *broken*: it is no longer spoken to (a
+//! late reply would be taken for the next command's) and its kernel counts as failed, naming it.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mesh_backend::{BackendError, LaunchShape};
-use mesh_mps_worker::{Command as WorkerCommand, KernelState, Probe, Ready, Refusal, RefusalKind, Reply, encode};
+use mesh_mps_worker::fdpass::send_fd;
+use mesh_mps_worker::{
+    Command as WorkerCommand, Event, FdTag, Incoming, KernelState, PROTOCOL, Probe, Ready, Refusal, RefusalKind, Reply,
+    decode, encode,
+};
 use rustix::process::Signal;
 use shared_child::SharedChild;
 
@@ -36,16 +52,133 @@ pub fn worker_binary() -> PathBuf {
     which::which("mesh-mps-worker").unwrap_or_else(|_| PathBuf::from("mesh-mps-worker"))
 }
 
+/// What a worker said without being asked, or what its reader found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum News {
+    /// Its kernel of launch `launch` is no longer running (`idle`: returned; `failed`: the driver's error).
+    KernelEnded {
+        /// Which launch (counted from 1 in that worker).
+        launch: u64,
+        /// How it ended.
+        state: KernelState,
+        /// When the worker saw it (ns since the Unix epoch).
+        seen_unix_ns: u64,
+    },
+    /// A line that is no reply or event (the worker is broken).
+    Garbled(String),
+    /// Its output ended or cannot be read: it exited or is exiting.
+    Gone(String),
+}
+
+/// News of worker `pid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerNews {
+    /// The worker.
+    pub pid: u32,
+    /// What happened.
+    pub news: News,
+}
+
+/// Called when news arrives: wakes meshd's backend thread (see `Backend::set_waker`).
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// Where every worker's reader thread hands its news: one channel, and a wake-up once one is set.
+#[derive(Clone)]
+pub struct NewsSender {
+    tx: Sender<WorkerNews>,
+    wake: Arc<OnceLock<Wake>>,
+}
+
+impl std::fmt::Debug for NewsSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewsSender").field("wake_set", &self.wake.get().is_some()).finish_non_exhaustive()
+    }
+}
+
+impl NewsSender {
+    /// A channel for news: the sender (cloned into each reader) and the receiver the backend drains.
+    pub fn channel() -> (Self, Receiver<WorkerNews>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (Self { tx, wake: Arc::new(OnceLock::new()) }, rx)
+    }
+
+    /// Calls `wake` on every piece of news from now on (the first call wins).
+    pub fn set_wake(&self, wake: Wake) {
+        let _ = self.wake.set(wake);
+    }
+
+    fn send(&self, pid: u32, news: News) {
+        // The receiver gone means the backend is gone: nobody to tell.
+        if self.tx.send(WorkerNews { pid, news }).is_ok()
+            && let Some(wake) = self.wake.get()
+        {
+            wake();
+        }
+    }
+}
+
+/// The reader thread of worker `pid`: replies to `replies` (a garbled line as its error), events and
+/// its end to `news`.
+fn read_output(
+    pid: u32,
+    out: impl std::io::Read,
+    replies: &Sender<Result<Reply, String>>,
+    own: &Sender<News>,
+    news: &NewsSender,
+) {
+    // Each piece goes to the worker's own queue (never lost, wherever the worker is kept meanwhile)
+    // and to the shared channel (which says that there is news, and wakes meshd).
+    let tell = |n: News| {
+        let _ = own.send(n.clone());
+        news.send(pid, n);
+    };
+    let mut lines = BufReader::new(out).lines();
+    let end = loop {
+        match lines.next() {
+            None => break "its output ended (EOF)".to_string(),
+            Some(Err(e)) => break format!("reading its output: {e}"),
+            Some(Ok(line)) => match decode(&line) {
+                Ok(Incoming::Reply(r)) => {
+                    let _ = replies.send(Ok(r));
+                }
+                Ok(Incoming::Event(Event::KernelEnded { launch, state, seen_unix_ns })) => {
+                    tell(News::KernelEnded { launch, state, seen_unix_ns });
+                }
+                Err(e) => {
+                    let why = format!("garbled line: {e}");
+                    let _ = replies.send(Err(why.clone()));
+                    tell(News::Garbled(why));
+                }
+            },
+        }
+    };
+    tell(News::Gone(end));
+}
+
 /// One worker process.
 #[derive(Debug)]
 pub struct Worker {
     child: SharedChild,
     stdin: ChildStdin,
-    replies: Receiver<String>,
+    replies: Receiver<Result<Reply, String>>,
+    /// Its news, as its reader handed it over.
+    events: Receiver<News>,
+    /// meshd's end of the fd socket (device rings' descriptors).
+    fds: UnixStream,
     /// What it said at start.
     pub ready: Ready,
     /// The MPS server it is a client of.
     pub server: u32,
+    /// Launches acknowledged (events of older ones are stale).
+    launches: u64,
+    /// Its kernel as it last said.
+    kernel: KernelState,
+    /// Why it is no longer spoken to.
+    broken: Option<String>,
+    /// When it saw its current launch's kernel fail (ns since the Unix epoch).
+    failed_at: Option<u64>,
+    /// Device channels whose ring it has mapped.
+    mapped: BTreeSet<u32>,
 }
 
 impl Worker {
@@ -59,15 +192,21 @@ impl Worker {
         control: &MpsControl,
         mailbox: &Path,
         sms: Option<u32>,
+        news: &NewsSender,
         timeout: Duration,
     ) -> Result<Self, BackendError> {
-        Self::spawn(control, mailbox, sms)?.await_ready(control, timeout)
+        Self::spawn(control, mailbox, sms, news)?.await_ready(control, timeout)
     }
 
     /// Starts the worker process without waiting for it: several spawned at once create their MPS
     /// clients side by side (a recovery's workers), then each is awaited with [`Worker::await_ready`].
     /// Call it on the thread that lives as long as meshd (PDEATHSIG, see `process`).
-    pub fn spawn(control: &MpsControl, mailbox: &Path, sms: Option<u32>) -> Result<Self, BackendError> {
+    pub fn spawn(
+        control: &MpsControl,
+        mailbox: &Path,
+        sms: Option<u32>,
+        news: &NewsSender,
+    ) -> Result<Self, BackendError> {
         let binary = worker_binary();
         let mut cmd = Command::new(&binary);
         cmd.arg("--mailbox").arg(mailbox).env(PIPE_ENV, control.pipe_dir()).env(LOG_ENV, control.log_dir());
@@ -80,46 +219,69 @@ impl Worker {
         if let Some(uuid) = control.device() {
             cmd.arg("--device").arg(uuid);
         }
+        Self::spawn_command(&mut cmd, news)
+            .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })
+    }
+
+    /// Spawns `cmd` as a worker (a real one from [`Worker::spawn`], or a stand-in speaking the
+    /// protocol, in tests): `--fd-socket N` appended, stdin and stdout piped, its reader started.
+    pub fn spawn_command(cmd: &mut Command, news: &NewsSender) -> std::io::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let (fds, child_end) = UnixStream::pair()?;
+        // At 3 or above: the child's stdio setup overwrites 0 to 2 (which a daemon started with
+        // stdin closed could have handed the socket).
+        let child_end = rustix::io::fcntl_dupfd_cloexec(&child_end, 3)?;
+        let n = child_end.as_raw_fd();
+        cmd.arg("--fd-socket").arg(n.to_string());
+        // The child keeps its end across exec (std made it close-on-exec, as every descriptor, so
+        // that no other child inherits it); changed in the child only, after the fork.
+        // SAFETY: fcntl is async-signal-safe; no allocation, no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                // SAFETY: `n` is open in the child (the fork copied it); only its flags change.
+                let fd = std::os::fd::BorrowedFd::borrow_raw(n);
+                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(std::io::Error::from)
+            })
+        };
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         // A worker must not outlive meshd; SIGKILL is only reached when meshd itself is gone.
-        let child = process::spawn_tied(&mut cmd, Signal::KILL)
-            .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })?;
+        let child = process::spawn_tied(cmd, Signal::KILL)?;
+        drop(child_end);
         let pid = child.id();
-        let stdin = child.take_stdin().expect("piped");
-        let stdout = child.take_stdout().expect("piped");
+        let (Some(stdin), Some(stdout)) = (child.take_stdin(), child.take_stdout()) else {
+            process::kill(&child);
+            return Err(std::io::Error::other("the child's pipes were not made"));
+        };
         let (tx, replies) = crossbeam_channel::unbounded();
-        std::thread::Builder::new()
+        let (own, events) = crossbeam_channel::unbounded();
+        let news = news.clone();
+        let reader = std::thread::Builder::new()
             .name(format!("mps-worker-{pid}"))
-            .spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| BackendError::Worker { pid, detail: e.to_string() })?;
+            .spawn(move || read_output(pid, stdout, &tx, &own, &news));
+        if let Err(e) = reader {
+            process::kill(&child);
+            return Err(e);
+        }
         Ok(Self {
             child,
             stdin,
             replies,
-            ready: Ready { pid, device: String::new(), mps_enabled: false, sms: 0, context_ms: 0 },
+            events,
+            fds,
+            ready: Ready { protocol: PROTOCOL, pid, device: String::new(), mps_enabled: false, sms: 0, context_ms: 0 },
             server: 0,
+            launches: 0,
+            kernel: KernelState::Idle,
+            broken: None,
+            failed_at: None,
+            mapped: BTreeSet::new(),
         })
     }
 
     /// Waits for a spawned worker's `ready` and checks that it is our client; kills it if not.
     pub fn await_ready(self, control: &MpsControl, timeout: Duration) -> Result<Self, BackendError> {
-        let pid = self.pid();
-        let mut worker = self;
-        let checked = worker.read(timeout).and_then(|first| match first {
-            Reply::Ready(r) => {
-                worker.ready = r;
-                control.check_client(pid)
-            }
-            Reply::Refused(r) => Err(refused(pid, r)),
-            other => Err(unexpected(pid, "ready", &other)),
-        });
-        match checked {
+        let mut worker = self.handshake(timeout)?;
+        match control.check_client(worker.pid()) {
             Ok(server) => {
                 worker.server = server;
                 Ok(worker)
@@ -131,18 +293,61 @@ impl Worker {
         }
     }
 
-    fn read(&mut self, timeout: Duration) -> Result<Reply, BackendError> {
+    /// Waits for a spawned worker's first line: a `ready` of this protocol's version, else an error
+    /// naming the worker and what it said (and the worker killed).
+    pub fn handshake(mut self, timeout: Duration) -> Result<Self, BackendError> {
         let pid = self.pid();
+        let first = self.read(timeout).and_then(|first| first_line(pid, first));
+        match first {
+            Ok(r) => {
+                self.ready = r;
+                Ok(self)
+            }
+            Err(e) => {
+                self.kill();
+                Err(e)
+            }
+        }
+    }
+
+    /// The spawned worker's first line if it has come, without waiting: `None` while it starts;
+    /// else its `ready` taken (`Ok`), or why not (`Err`: the caller kills it).
+    pub fn try_handshake(&mut self) -> Option<Result<(), BackendError>> {
+        let pid = self.pid();
+        let first = match self.replies.try_recv() {
+            Err(crossbeam_channel::TryRecvError::Empty) => return None,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                Err(self.break_off("the worker is gone before its ready".into()))
+            }
+            Ok(Err(garbled)) => Err(self.break_off(garbled)),
+            Ok(Ok(reply)) => first_line(pid, reply),
+        };
+        Some(first.map(|r| self.ready = r))
+    }
+
+    /// Whether the process has exited (and been reaped).
+    pub fn exited(&self) -> bool {
+        self.child.try_wait().is_ok_and(|s| s.is_some())
+    }
+
+    /// Marks the worker broken (no longer spoken to; its kernel counts as failed) and returns the error.
+    fn break_off(&mut self, detail: String) -> BackendError {
+        let pid = self.pid();
+        self.broken.get_or_insert(detail.clone());
+        BackendError::Worker { pid, detail }
+    }
+
+    fn read(&mut self, timeout: Duration) -> Result<Reply, BackendError> {
         match self.replies.recv_timeout(timeout) {
-            Ok(line) => serde_json::from_str(&line)
-                .map_err(|e| BackendError::Worker { pid, detail: format!("unreadable reply {line:?}: {e}") }),
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(garbled)) => Err(self.break_off(garbled)),
             Err(RecvTimeoutError::Timeout) => {
-                Err(BackendError::Worker { pid, detail: format!("no answer within {} ms", timeout.as_millis()) })
+                Err(self.break_off(format!("no answer within {} ms", timeout.as_millis())))
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let status =
                     self.child.try_wait().ok().flatten().map_or("still running".to_string(), |s| s.to_string());
-                Err(BackendError::Worker { pid, detail: format!("the worker is gone ({status})") })
+                Err(self.break_off(format!("the worker is gone ({status})")))
             }
         }
     }
@@ -150,10 +355,75 @@ impl Worker {
     /// Sends one command and waits up to `timeout` for its reply, whatever it is.
     fn exchange(&mut self, cmd: &WorkerCommand, timeout: Duration) -> Result<Reply, BackendError> {
         let pid = self.pid();
-        writeln!(self.stdin, "{}", encode(cmd))
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| BackendError::Worker { pid, detail: format!("sending {cmd:?}: {e}") })?;
+        if let Some(why) = &self.broken {
+            return Err(BackendError::Worker { pid, detail: format!("not spoken to any more: {why}") });
+        }
+        if let Err(e) = writeln!(self.stdin, "{}", encode(cmd)).and_then(|()| self.stdin.flush()) {
+            return Err(self.break_off(format!("sending {cmd:?}: {e}")));
+        }
         self.read(timeout)
+    }
+
+    /// Takes in what its reader handed over since the last call, without waiting.
+    pub fn refresh(&mut self) {
+        while let Ok(n) = self.events.try_recv() {
+            self.note(n);
+        }
+    }
+
+    /// Takes in one piece of news of this worker.
+    fn note(&mut self, news: News) {
+        let pid = self.pid();
+        match news {
+            News::KernelEnded { launch, state, seen_unix_ns } if launch == self.launches => {
+                if matches!(state, KernelState::Failed { .. }) {
+                    self.failed_at = Some(seen_unix_ns);
+                }
+                self.kernel = state;
+            }
+            // A launch before the current one: stale.
+            News::KernelEnded { .. } => {}
+            News::Garbled(why) | News::Gone(why) => {
+                self.broken.get_or_insert(why.clone());
+                self.kernel = KernelState::Failed { reason: format!("worker {pid}: {why}") };
+            }
+        }
+    }
+
+    /// Its kernel as it last said (as of the last [`Worker::refresh`]): `busy` from a launch until it says otherwise; `failed` once it is
+    /// broken or gone, with the reason naming it.
+    pub fn kernel(&self) -> KernelState {
+        match &self.broken {
+            Some(why) => KernelState::Failed { reason: format!("worker {}: {why}", self.pid()) },
+            None => self.kernel.clone(),
+        }
+    }
+
+    /// When it saw its current launch's kernel fail (ns since the Unix epoch), if it said so.
+    pub fn failed_at(&self) -> Option<u64> {
+        self.failed_at
+    }
+
+    /// Why it is no longer spoken to, if it is not.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Maps device channel `channel`'s ring (`fd`, `bytes`) in the worker, zeroed there first when
+    /// `zero`: the descriptor on the fd socket, then the command naming it.
+    pub fn map(&mut self, channel: u32, fd: &OwnedFd, bytes: usize, zero: bool) -> Result<(), BackendError> {
+        let bytes = bytes as u64;
+        if let Err(e) = send_fd(&self.fds, fd.as_fd(), FdTag { channel, bytes }) {
+            return Err(self.break_off(format!("sending channel #{channel}'s descriptor: {e}")));
+        }
+        self.done(&WorkerCommand::Map { channel, bytes, zero }, WORKER_LAUNCH)?;
+        self.mapped.insert(channel);
+        Ok(())
+    }
+
+    /// Whether device channel `channel`'s ring is mapped in the worker.
+    pub fn has_mapped(&self, channel: u32) -> bool {
+        self.mapped.contains(&channel)
     }
 
     /// Has the worker load the cubin at `cubin` and probe program `program`'s `mesh_main` for `shape`.
@@ -170,25 +440,31 @@ impl Worker {
                 Err(BackendError::NoEntry { program: program.to_string(), detail: message })
             }
             Reply::Refused(r) => Err(refused(self.pid(), r)),
-            other => Err(unexpected(self.pid(), "load", &other)),
+            other => Err(self.break_off(unexpected("load", &other))),
         }
     }
 
     /// Launches the loaded `mesh_main` for `slot` (armed by the caller).
     pub fn launch(&mut self, slot: u32) -> Result<(), BackendError> {
-        self.done(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)
+        self.done(&WorkerCommand::Launch { slot }, WORKER_LAUNCH)?;
+        self.launches += 1;
+        self.kernel = KernelState::Busy;
+        self.failed_at = None;
+        Ok(())
     }
 
-    /// Unloads the module (its kernel must have returned).
+    /// Unloads the module (its kernel must have returned) and unmaps every device channel.
     pub fn unload(&mut self) -> Result<(), BackendError> {
-        self.done(&WorkerCommand::Unload, WORKER_LAUNCH)
+        self.done(&WorkerCommand::Unload, WORKER_LAUNCH)?;
+        self.mapped.clear();
+        Ok(())
     }
 
     fn done(&mut self, cmd: &WorkerCommand, timeout: Duration) -> Result<(), BackendError> {
         match self.exchange(cmd, timeout)? {
             Reply::Done => Ok(()),
             Reply::Refused(r) => Err(refused(self.pid(), r)),
-            other => Err(unexpected(self.pid(), "done", &other)),
+            other => Err(self.break_off(unexpected("done", &other))),
         }
     }
 
@@ -198,18 +474,15 @@ impl Worker {
             &WorkerCommand::Wait { timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
             wait + slack,
         )? {
-            Reply::State { state } => Ok(state),
+            Reply::State { state } => {
+                if state != KernelState::Busy {
+                    self.kernel = state.clone();
+                }
+                Ok(state)
+            }
             Reply::Refused(r) => Err(refused(self.pid(), r)),
-            other => Err(unexpected(self.pid(), "state", &other)),
+            other => Err(self.break_off(unexpected("state", &other))),
         }
-    }
-
-    /// The kernel's state now; a worker that is gone or does not answer counts as failed.
-    pub fn poll(&mut self) -> KernelState {
-        if !self.alive() {
-            return KernelState::Failed { reason: "the worker process is gone".into() };
-        }
-        self.wait(Duration::ZERO, WORKER_LAUNCH).unwrap_or_else(|e| KernelState::Failed { reason: e.to_string() })
     }
 
     /// Whether the process still runs.
@@ -241,6 +514,23 @@ fn refused(pid: u32, r: Refusal) -> BackendError {
     BackendError::Worker { pid, detail: r.message }
 }
 
-fn unexpected(pid: u32, wanted: &str, got: &Reply) -> BackendError {
-    BackendError::Worker { pid, detail: format!("answered {got:?} where a {wanted} reply was due") }
+/// A worker's first line: its `ready`, of this protocol's version, else why not.
+fn first_line(pid: u32, first: Reply) -> Result<Ready, BackendError> {
+    match first {
+        Reply::Ready(r) if r.protocol == PROTOCOL => Ok(r),
+        Reply::Ready(r) => Err(BackendError::Worker {
+            pid,
+            detail: format!(
+                "speaks protocol {} where meshd speaks {PROTOCOL}: the worker binary ({}) is not this meshd's",
+                r.protocol,
+                worker_binary().display()
+            ),
+        }),
+        Reply::Refused(r) => Err(refused(pid, r)),
+        other => Err(BackendError::Worker { pid, detail: unexpected("ready", &other) }),
+    }
+}
+
+fn unexpected(wanted: &str, got: &Reply) -> String {
+    format!("answered {got:?} where a {wanted} reply was due")
 }

@@ -5,11 +5,16 @@ use mesh_backend::IsolationMode;
 use mesh_shm::{Placement, Protocol};
 
 /// The placement `text` names (empty: host), refused where the mode cannot serve it: in MPS mode each
-/// program is a process of its own, and a device ring is not shared between them yet.
+/// program is a process of its own, and a device ring is shared between them only under the opt-in
+/// `MESH_MPS_DEVICE_CHANNELS=1` (meshd's own context owns it; not yet verified on a GPU).
 pub fn parse(text: &str, mode: IsolationMode) -> Result<Placement> {
+    parse_with(text, mode, mesh_mps::device_channels_opted_in())
+}
+
+fn parse_with(text: &str, mode: IsolationMode, mps_device_channels: bool) -> Result<Placement> {
     let placement =
         if text.is_empty() { Placement::Host } else { text.parse::<Placement>().map_err(anyhow::Error::msg)? };
-    if placement == Placement::Device && mode == IsolationMode::Mps {
+    if placement == Placement::Device && mode == IsolationMode::Mps && !mps_device_channels {
         bail!(
             "placement device: meshd runs in MPS mode, where each program is a process of its own and a \
              device ring is not shared between them yet; use --placement host, or run meshd with --isolation blink"
@@ -44,11 +49,16 @@ mod tests {
 
     #[test]
     fn host_by_default_device_only_in_blink_mode() {
-        assert_eq!(parse("", IsolationMode::Mps).unwrap(), Placement::Host);
-        assert_eq!(parse("device", IsolationMode::Blink).unwrap(), Placement::Device);
-        let e = parse("device", IsolationMode::Mps).unwrap_err().to_string();
+        assert_eq!(parse_with("", IsolationMode::Mps, false).unwrap(), Placement::Host);
+        assert_eq!(parse_with("device", IsolationMode::Blink, false).unwrap(), Placement::Device);
+        let e = parse_with("device", IsolationMode::Mps, false).unwrap_err().to_string();
         assert!(e.contains("MPS mode") && e.contains("--placement host"), "{e}");
-        let e = parse("gpu", IsolationMode::Blink).unwrap_err().to_string();
+        assert_eq!(
+            parse_with("device", IsolationMode::Mps, true).unwrap(),
+            Placement::Device,
+            "MESH_MPS_DEVICE_CHANNELS=1 lets MPS mode take device channels"
+        );
+        let e = parse_with("gpu", IsolationMode::Blink, false).unwrap_err().to_string();
         assert!(e.contains("\"gpu\"") && e.contains("host or device"), "{e}");
     }
 }

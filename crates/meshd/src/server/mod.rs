@@ -217,6 +217,8 @@ enum Job {
     Shutdown {
         reply: Option<mpsc::SyncSender<Response>>,
     },
+    /// The backend has news it received unasked (an MPS worker's kernel ended): run the watchdog now.
+    Wake,
 }
 
 /// Wakes the accept loop (a byte on a socket it polls). Cheap to clone.
@@ -284,6 +286,9 @@ pub struct Server {
     jobs: mpsc::Sender<Job>,
     backend: JoinHandle<bool>,
     wake_rx: UnixStream,
+    /// The sender the backend's waker reaches through a `Weak` (so that it never keeps the jobs
+    /// channel open by itself: the backend thread still sees it disconnected once the server is gone).
+    _wake_jobs: Arc<mpsc::Sender<Job>>,
     /// How many recorded programs were relaunched at start (and how many failed).
     pub relaunched: (usize, usize),
 }
@@ -337,14 +342,16 @@ impl Server {
             metrics: Arc::new(Metrics::new()),
         });
         let (jobs, rx) = mpsc::channel();
+        let wake_jobs = Arc::new(jobs.clone());
+        let weak_jobs = Arc::downgrade(&wake_jobs);
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let for_thread = shared.clone();
         let backend = std::thread::Builder::new()
             .name("meshd-backend".into())
-            .spawn(move || worker::backend_thread(&for_thread, open, state, replacer, &rx, &ready_tx))
+            .spawn(move || worker::backend_thread(&for_thread, open, state, replacer, &rx, weak_jobs, &ready_tx))
             .context("starting the backend thread")?;
         match ready_rx.recv() {
-            Ok(Ok(relaunched)) => Ok(Self { shared, jobs, backend, wake_rx, relaunched }),
+            Ok(Ok(relaunched)) => Ok(Self { shared, jobs, backend, wake_rx, _wake_jobs: wake_jobs, relaunched }),
             Ok(Err(e)) => {
                 let _ = backend.join();
                 Err(e)

@@ -26,6 +26,7 @@ pub(super) fn backend_thread<F>(
     state: Option<StateStore>,
     replacer: Replacer,
     jobs: &mpsc::Receiver<Job>,
+    wake_jobs: std::sync::Weak<mpsc::Sender<Job>>,
     ready: &Ready,
 ) -> bool
 where
@@ -51,6 +52,11 @@ where
     if backend.mode() == IsolationMode::Mps {
         shared.natives.set_membership(Arc::new(crate::native::MpsMembership));
     }
+    backend.set_waker(Arc::new(move || {
+        if let Some(jobs) = wake_jobs.upgrade() {
+            let _ = jobs.send(Job::Wake);
+        }
+    }));
     let mut worker = BackendWorker {
         backend: &mut *backend,
         shared,
@@ -274,7 +280,7 @@ impl BackendWorker<'_> {
         loop {
             self.shared.metrics.backend_pass();
             let job = jobs.recv_timeout(tick);
-            if !matches!(job, Err(mpsc::RecvTimeoutError::Timeout)) {
+            if !matches!(job, Err(mpsc::RecvTimeoutError::Timeout) | Ok(Job::Wake)) {
                 next_publish = Instant::now() + limits.refresh;
             }
             match job {
@@ -308,7 +314,7 @@ impl BackendWorker<'_> {
                     }
                     return self.shutdown();
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
             }
             let stopping = self.shared.stopping.load(Ordering::Acquire);

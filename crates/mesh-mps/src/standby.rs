@@ -1,0 +1,203 @@
+//! The standby MPS server (opt-in, `MESH_MPS_STANDBY=K`; NOT YET VERIFIED ON A GPU): a second MPS daemon whose K idle workers take the programs over after a fault.
+//!
+//! A fault in one MPS server ends every client of it, and that server takes no new client until
+//! every old one is gone (about 1.5 s on the H200); an idle client of a *second* daemon, made before
+//! the fault, survived it and ran a kernel 157 ms after it (issue 17's probe). So with the opt-in
+//! meshd runs two daemons: the active one (the programs and the pool) and this standby, whose
+//! workers are made at start, before any program runs. A recovery whose culprit is named, once every
+//! faulted worker has said its kernel failed (so no old kernel runs on), relaunches the others in
+//! standby workers at once, leaves the faulted server's workers to be reaped here as they exit, and
+//! swaps the roles; a new standby is then made on the faulted server, without blocking the backend
+//! thread, once it takes clients again. Anything else recovers the usual way. See
+//! docs/mps-standby.md for what the GPU must measure first (an idle standby should cost the running
+//! programs nothing: two servers are two contexts, which time-slice when both have work).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_backend::BackendError;
+
+use crate::control::MpsControl;
+use crate::worker::{NewsSender, WORKER_LOAD, Worker};
+
+/// The variable that turns the standby on: how many idle workers it holds (at least the programs
+/// that may run, plus one).
+pub const STANDBY_ENV: &str = "MESH_MPS_STANDBY";
+
+/// How long after a refused start a new standby worker is tried again (the faulted server refuses
+/// clients until its old ones are gone).
+pub const RETRY: Duration = Duration::from_millis(250);
+
+/// The standby's size from [`STANDBY_ENV`]: `None` when unset or `0`; an error naming the variable
+/// when it is no number.
+pub fn standby_size() -> Result<Option<u32>, BackendError> {
+    parse_size(std::env::var(STANDBY_ENV).ok().as_deref())
+}
+
+fn parse_size(value: Option<&str>) -> Result<Option<u32>, BackendError> {
+    let Some(v) = value else { return Ok(None) };
+    match v.trim().parse::<u32>() {
+        Ok(0) => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(e) => Err(BackendError::Invalid {
+            what: STANDBY_ENV.into(),
+            reason: format!("{v:?} is not a number of workers: {e}"),
+        }),
+    }
+}
+
+/// The standby server and its workers: ready, starting, and the faulted server's, being reaped.
+#[derive(Debug)]
+pub struct Standby {
+    control: Arc<MpsControl>,
+    ready: Vec<Worker>,
+    pending: Vec<Worker>,
+    dying: Vec<Worker>,
+    want: usize,
+    next_try: Instant,
+}
+
+impl Standby {
+    /// A standby of `want` workers on `control`'s server (none started yet).
+    pub fn new(control: Arc<MpsControl>, want: usize) -> Self {
+        Self { control, ready: Vec::new(), pending: Vec::new(), dying: Vec::new(), want, next_try: Instant::now() }
+    }
+
+    /// Its server's control daemon.
+    pub fn control(&self) -> &Arc<MpsControl> {
+        &self.control
+    }
+
+    /// Workers ready to take a program.
+    pub fn ready(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Pids of every worker it holds (ready, starting, dying), for the log and tests.
+    pub fn pids(&self) -> Vec<u32> {
+        self.ready.iter().chain(&self.pending).chain(&self.dying).map(Worker::pid).collect()
+    }
+
+    /// Starts every worker now, one after the other, each awaited and checked to be a client of
+    /// the standby server (at meshd's start, before any program runs).
+    pub fn fill_now(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> Result<(), BackendError> {
+        while self.ready.len() < self.want {
+            let w = Worker::start(&self.control, mailbox, sms, news, WORKER_LOAD)?;
+            self.ready.push(w);
+        }
+        Ok(())
+    }
+
+    /// One step, without blocking on a worker (each watchdog tick): reaps the dying that exited,
+    /// drops ready workers that died, takes the starting ones that said `ready` (membership
+    /// checked) and kills those refused (tried again after [`RETRY`]), and spawns more when fewer
+    /// than wanted are ready or starting. Returns lines for the log.
+    pub fn tick(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> Vec<String> {
+        let mut log = Vec::new();
+        self.dying.retain(|w| !w.exited());
+        self.ready.retain_mut(|w| {
+            w.refresh();
+            let usable = w.alive() && w.broken().is_none();
+            if !usable {
+                log.push(format!("standby MPS worker {} discarded: {}", w.pid(), w.broken().unwrap_or("it exited")));
+                w.kill();
+            }
+            usable
+        });
+        let was_short = self.ready.len() < self.want;
+        let mut still = Vec::new();
+        for mut w in std::mem::take(&mut self.pending) {
+            match w.try_handshake() {
+                None => still.push(w),
+                Some(Ok(())) => match self.control.check_client(w.pid()) {
+                    Ok(server) => {
+                        w.server = server;
+                        self.ready.push(w);
+                    }
+                    Err(e) => {
+                        tracing::debug!("standby worker {}: {e}", w.pid());
+                        w.kill();
+                        self.next_try = Instant::now() + RETRY;
+                    }
+                },
+                Some(Err(e)) => {
+                    // The faulted server refuses clients until its old ones are gone: expected for a while.
+                    tracing::debug!("standby worker {}: {e}", w.pid());
+                    w.kill();
+                    self.next_try = Instant::now() + RETRY;
+                }
+            }
+        }
+        self.pending = still;
+        if was_short && self.ready.len() >= self.want {
+            log.push(format!("MPS standby ready again: {} idle worker(s) on the standby server", self.ready.len()));
+        }
+        let missing = self.want.saturating_sub(self.ready.len() + self.pending.len());
+        if missing > 0 && Instant::now() >= self.next_try {
+            for _ in 0..missing {
+                match Worker::spawn(&self.control, mailbox, sms, news) {
+                    Ok(w) => self.pending.push(w),
+                    Err(e) => {
+                        log.push(format!("starting a standby MPS worker: {e}"));
+                        self.next_try = Instant::now() + RETRY;
+                        break;
+                    }
+                }
+            }
+        }
+        log
+    }
+
+    /// `n` ready workers, or `None` (and nothing taken) when fewer are ready.
+    pub fn take(&mut self, n: usize) -> Option<Vec<Worker>> {
+        if self.ready.len() < n {
+            return None;
+        }
+        Some(self.ready.split_off(self.ready.len() - n))
+    }
+
+    /// A worker of the faulted server: SIGKILL now (its kernel has failed), reaped by a later
+    /// [`Standby::tick`], so that no recovery waits for the driver to tear its context down.
+    pub fn bury(&mut self, w: Worker) {
+        w.signal_kill();
+        self.dying.push(w);
+    }
+
+    /// After a recovery moved the programs to this server: it becomes the active one. Returns its
+    /// control and its workers still idle (the active pool now); the standby is the faulted server
+    /// (`faulted`) from here, its workers made by the next ticks.
+    pub fn swap(&mut self, faulted: Arc<MpsControl>) -> (Arc<MpsControl>, Vec<Worker>) {
+        let active = std::mem::replace(&mut self.control, faulted);
+        let idle = std::mem::take(&mut self.ready);
+        for w in std::mem::take(&mut self.pending) {
+            self.bury(w);
+        }
+        self.next_try = Instant::now();
+        (active, idle)
+    }
+
+    /// Every worker killed and reaped; returns its daemon for the caller to quit (the standby's
+    /// directory is nested in the active one's, or the other way round after a swap: the nested one
+    /// is quit first).
+    pub fn tear_down(&mut self) -> Arc<MpsControl> {
+        for mut w in self.ready.drain(..).chain(self.pending.drain(..)).chain(self.dying.drain(..)) {
+            w.kill();
+        }
+        self.control.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_size_comes_from_the_variable_and_a_bad_one_is_refused_naming_it() {
+        assert_eq!(parse_size(None).unwrap(), None);
+        assert_eq!(parse_size(Some("0")).unwrap(), None, "0 is off");
+        assert_eq!(parse_size(Some(" 9 ")).unwrap(), Some(9));
+        let e = parse_size(Some("many")).unwrap_err().to_string();
+        assert!(e.contains(STANDBY_ENV) && e.contains("\"many\" is not a number"), "{e}");
+    }
+}

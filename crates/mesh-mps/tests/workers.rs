@@ -1,0 +1,211 @@
+//! The worker protocol as meshd reads it, against stand-in workers (shell scripts speaking the pipe
+//! protocol): events pushed and taken without asking, in the order the workers say them; a worker
+//! that dies, one that garbles a line, one of another protocol version, one that says nothing —
+//! each an error naming the worker, never a panic; and the fd socket a real worker inherits.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use mesh_mps::worker::{News, NewsSender, Worker, WorkerNews};
+use mesh_mps_worker::{Event, KernelState, encode};
+
+/// A stand-in worker. `MODE` says what it does after answering a launch: `ends` (says `EVENT` at
+/// once), `waits` (says `EVENT` once `FLAG` exists), `dies` (exits), `garbles` (answers the launch
+/// with a line that is no JSON); `silent` never says `ready`; `PROTO` overrides its protocol
+/// version, `noproto` leaves it out. It refuses to start unless its last argument names an open
+/// unix socket (the `--fd-socket N` meshd appends).
+const STAND_IN: &str = r#"#!/bin/sh
+for a in "$@"; do last=$a; done
+if [ ! -S "/proc/self/fd/$last" ]; then
+  echo '{"reply":"refused","kind":"start","message":"no fd socket"}'; exit 1
+fi
+case "$MODE" in
+  silent) while read -r line; do :; done; exit 0 ;;
+  noproto) printf '{"reply":"ready","pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$ ;;
+  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-2}" $$ ;;
+esac
+while read -r line; do
+  case "$line" in
+    *'"op":"launch"'*)
+      case "$MODE" in
+        garbles) echo 'hello, meshd'; continue ;;
+      esac
+      echo '{"reply":"done"}'
+      case "$MODE" in
+        ends) printf '%s\n' "$EVENT" ;;
+        waits) while [ ! -e "$FLAG" ]; do sleep 0.01; done; printf '%s\n' "$EVENT" ;;
+        dies) exit 3 ;;
+      esac ;;
+    *'"op":"exit"'*) exit 0 ;;
+    *) echo '{"reply":"done"}' ;;
+  esac
+done
+"#;
+
+struct Bench {
+    dir: tempfile::TempDir,
+    script: PathBuf,
+}
+
+impl Bench {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("stand-in-worker");
+        std::fs::write(&script, STAND_IN).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self { dir, script }
+    }
+
+    fn flag(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn spawn(&self, news: &NewsSender, env: &[(&str, &str)]) -> Worker {
+        let mut cmd = Command::new(&self.script);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Worker::spawn_command(&mut cmd, news).unwrap()
+    }
+}
+
+const READY: Duration = Duration::from_secs(10);
+
+const SEEN: u64 = 1_764_700_000_123_456_789;
+
+fn ended(launch: u64, state: KernelState) -> String {
+    encode(&Event::KernelEnded { launch, state, seen_unix_ns: SEEN })
+}
+
+/// The next piece of news (generous deadline: only a hang fails it).
+fn next(rx: &Receiver<WorkerNews>) -> WorkerNews {
+    rx.recv_timeout(Duration::from_secs(10)).expect("news within 10 s")
+}
+
+#[test]
+fn events_are_taken_in_the_order_the_workers_say_them() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let woken = Arc::new(AtomicUsize::new(0));
+    let w = woken.clone();
+    news.set_wake(Arc::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+    let flag = bench.flag("fault");
+    let fault = KernelState::Failed { reason: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access".into() };
+    let returns = ended(1, KernelState::Idle);
+    let faults = ended(1, fault.clone());
+    let mut a = bench.spawn(&news, &[("MODE", "ends"), ("EVENT", &returns)]).handshake(READY).unwrap();
+    let flag_text = flag.display().to_string();
+    let mut b =
+        bench.spawn(&news, &[("MODE", "waits"), ("EVENT", &faults), ("FLAG", &flag_text)]).handshake(READY).unwrap();
+    assert_eq!((a.ready.protocol, b.ready.sms), (mesh_mps_worker::PROTOCOL, 132));
+
+    b.launch(0).unwrap();
+    b.refresh();
+    assert_eq!(b.kernel(), KernelState::Busy, "launched, and it said nothing since");
+    a.launch(1).unwrap();
+    let first = next(&rx);
+    let returned = News::KernelEnded { launch: 1, state: KernelState::Idle, seen_unix_ns: SEEN };
+    assert_eq!(first, WorkerNews { pid: a.pid(), news: returned });
+    b.refresh();
+    assert_eq!(b.kernel(), KernelState::Busy, "a's news says nothing of b");
+    std::fs::write(&flag, "").unwrap();
+    let second = next(&rx);
+    let failed = News::KernelEnded { launch: 1, state: fault.clone(), seen_unix_ns: SEEN };
+    assert_eq!(second, WorkerNews { pid: b.pid(), news: failed });
+    a.refresh();
+    b.refresh();
+    assert_eq!((a.kernel(), b.kernel()), (KernelState::Idle, fault));
+    assert_eq!((a.failed_at(), b.failed_at()), (None, Some(SEEN)), "when the worker saw the fault");
+    assert!(woken.load(Ordering::SeqCst) >= 2, "each piece of news woke the backend");
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn a_stale_event_of_an_earlier_launch_changes_nothing() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    // It says launch 7 ended, but this is its first launch.
+    let stale = ended(7, KernelState::Failed { reason: "old".into() });
+    let mut w = bench.spawn(&news, &[("MODE", "ends"), ("EVENT", &stale)]).handshake(READY).unwrap();
+    w.launch(0).unwrap();
+    assert!(matches!(next(&rx).news, News::KernelEnded { launch: 7, .. }));
+    w.refresh();
+    assert_eq!(w.kernel(), KernelState::Busy);
+    w.exit();
+}
+
+#[test]
+fn a_worker_that_dies_is_gone_and_named() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let mut w = bench.spawn(&news, &[("MODE", "dies")]).handshake(READY).unwrap();
+    let pid = w.pid();
+    w.launch(0).unwrap();
+    let gone = next(&rx);
+    assert_eq!(gone, WorkerNews { pid, news: News::Gone("its output ended (EOF)".into()) });
+    w.refresh();
+    let KernelState::Failed { reason } = w.kernel() else { panic!("{:?}", w.kernel()) };
+    assert!(reason.contains(&format!("worker {pid}")) && reason.contains("EOF"), "{reason}");
+    let e = w.unload().unwrap_err().to_string();
+    assert!(e.contains(&pid.to_string()), "{e}");
+    w.kill();
+}
+
+#[test]
+fn a_garbled_line_is_an_error_naming_the_worker() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let mut w = bench.spawn(&news, &[("MODE", "garbles")]).handshake(READY).unwrap();
+    let pid = w.pid();
+    let e = w.launch(0).unwrap_err().to_string();
+    assert!(e.contains(&pid.to_string()) && e.contains("garbled line") && e.contains("hello, meshd"), "{e}");
+    let News::Garbled(why) = next(&rx).news else { panic!("garbled news first") };
+    assert!(why.contains("not a JSON object"), "{why}");
+    w.refresh();
+    assert!(matches!(w.kernel(), KernelState::Failed { reason } if reason.contains(&format!("worker {pid}"))));
+    let e = w.unload().unwrap_err().to_string();
+    assert!(e.contains("not spoken to any more") && e.contains("garbled"), "a broken worker is not asked again: {e}");
+    w.kill();
+}
+
+#[test]
+fn a_worker_of_another_protocol_or_silent_is_refused_naming_it() {
+    let bench = Bench::new();
+    let (news, _rx) = NewsSender::channel();
+    let w = bench.spawn(&news, &[("PROTO", "1")]);
+    let pid = w.pid();
+    let e = w.handshake(READY).unwrap_err().to_string();
+    assert!(e.contains(&pid.to_string()) && e.contains("speaks protocol 1 where meshd speaks 2"), "{e}");
+
+    let w = bench.spawn(&news, &[("MODE", "noproto")]);
+    let e = w.handshake(READY).unwrap_err().to_string();
+    assert!(e.contains("a malformed reply") && e.contains("protocol"), "a ready without its version: {e}");
+
+    let w = bench.spawn(&news, &[("MODE", "silent")]);
+    let pid = w.pid();
+    let e = w.handshake(Duration::from_millis(300)).unwrap_err().to_string();
+    assert!(e.contains(&pid.to_string()) && e.contains("no answer within 300 ms"), "{e}");
+}
+
+#[test]
+fn a_worker_inherits_its_fd_socket() {
+    // The stand-in refuses to start unless the descriptor `--fd-socket N` names is an open socket in
+    // it; a plain `sh -c` without the socket shows the refusal is real.
+    let bench = Bench::new();
+    let (news, _rx) = NewsSender::channel();
+    let w = bench.spawn(&news, &[]).handshake(READY).unwrap();
+    w.exit();
+    let mut no_socket = Command::new(&bench.script);
+    no_socket.arg("--fd-socket").arg("99");
+    let out = no_socket.output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no fd socket"), "{out:?}");
+    assert!(Path::new(&bench.script).exists());
+}
