@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus};
 use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer};
 
 /// How long a blocking call may wait before the peer gives up (a test's deadline, not a measurement).
@@ -195,100 +194,12 @@ fn ping(path: &Path, out: &str, input: &str, count: usize) -> Result<()> {
 
 // ---- the control plane over a stand-in backend ----
 
-/// A backend without a GPU: programs in a list, each bound to a real mailbox slot.
-struct StandIn {
-    mailbox: Mailbox,
-    programs: Vec<ProgramStatus>,
-}
-
-impl Backend for StandIn {
-    fn mode(&self) -> IsolationMode {
-        IsolationMode::Blink
-    }
-
-    fn load(&mut self, spec: ProgramSpec) -> mesh_backend::Result<ProgramStatus> {
-        spec.validate()?;
-        if self.programs.iter().any(|p| p.name == spec.name) {
-            return Err(BackendError::AlreadyLoaded(spec.name));
-        }
-        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).collect();
-        let Some(slot) = (0..self.mailbox.geometry().slot_count).find(|s| !taken.contains(s)) else {
-            return Err(BackendError::Mailbox("all program slots are in use".into()));
-        };
-        let mut bindings = Vec::new();
-        for c in &spec.bindings {
-            bindings.push(self.mailbox.channel(c).map_err(|e| BackendError::Mailbox(e.to_string()))?.index);
-        }
-        let s = self.mailbox.slot(slot).map_err(|e| BackendError::Mailbox(e.to_string()))?;
-        s.bind(&spec.name, &bindings).map_err(|e| BackendError::Mailbox(e.to_string()))?;
-        s.reset_status();
-        s.arm(1);
-        let status = ProgramStatus {
-            name: spec.name,
-            slot,
-            state: ProgramState::Running,
-            generation: 1,
-            heartbeat: 0,
-            worker_pid: None,
-            sms: None,
-            shape: spec.shape,
-            kind: spec.kind,
-            restarts: 0,
-            last_fault: None,
-            last_fault_unix_ms: None,
-            stopped_why: None,
-        };
-        self.programs.push(status.clone());
-        Ok(status)
-    }
-
-    fn upgrade(&mut self, name: &str, _image: Vec<u8>) -> mesh_backend::Result<ProgramStatus> {
-        let p = self
-            .programs
-            .iter_mut()
-            .find(|p| p.name == name)
-            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
-        p.generation += 1;
-        Ok(p.clone())
-    }
-
-    fn unload(&mut self, name: &str) -> mesh_backend::Result<()> {
-        let at = self
-            .programs
-            .iter()
-            .position(|p| p.name == name)
-            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
-        let p = self.programs.remove(at);
-        if let Ok(s) = self.mailbox.slot(p.slot) {
-            s.release();
-        }
-        Ok(())
-    }
-
-    fn status(&self) -> Vec<ProgramStatus> {
-        self.programs.clone()
-    }
-
-    fn shutdown(&mut self) -> mesh_backend::Result<()> {
-        for p in self.programs.drain(..) {
-            if let Ok(s) = self.mailbox.slot(p.slot) {
-                s.release();
-            }
-        }
-        Ok(())
-    }
-
-    fn host_atomics(&self) -> bool {
-        false
-    }
-}
-
 fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
     let config = MailboxConfig { size: 16 << 20, slots: 8, channels: 16 };
     let mailbox = Mailbox::create(mailbox_path, &config, CreateMode::Replace)?;
     let server = meshd::server::Server::start(mailbox, meshd::server::Limits::default(), None, |mb| {
         Ok(meshd::server::Opened {
-            backend: Box::new(StandIn { mailbox: mb.clone(), programs: Vec::new() }),
+            backend: Box::new(meshd::stand_in::StandInBackend::new(mb)),
             device: "stand-in (no GPU)".into(),
             arch: None,
         })

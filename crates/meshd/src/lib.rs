@@ -11,5 +11,6 @@ pub mod placement;
 pub mod protocol;
 pub mod replace;
 pub mod server;
+pub mod stand_in;
 pub mod start;
 pub mod state;

@@ -1,4 +1,4 @@
-//! Shared pieces of meshd's CPU tests: a stand-in backend that keeps programs in a list and binds real mailbox slots, and small socket clients.
+//! Shared pieces of meshd's CPU tests: meshd's stand-in backend with test hooks, and small socket clients.
 
 #![allow(dead_code)]
 
@@ -8,16 +8,17 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus};
+use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramStatus};
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::server::Opened;
+use meshd::stand_in::StandInBackend;
 
-/// A backend double: programs in a list, each bound to a mailbox slot as a real backend binds it.
-/// A program whose name starts with `slow` waits in `load` until the test sends on `gate`.
+/// meshd's [`StandInBackend`] with two hooks for the tests: a program whose name starts with `slow`
+/// waits in `load` until the test sends on `gate`; one named `degraded` is refused as a degraded
+/// backend would refuse it.
 pub struct ListBackend {
-    mailbox: Mailbox,
-    programs: Vec<ProgramStatus>,
+    inner: StandInBackend,
     gate: Option<mpsc::Receiver<()>>,
     /// Every program loaded, in order (what the backend thread applied).
     pub log: Option<mpsc::Sender<String>>,
@@ -25,7 +26,7 @@ pub struct ListBackend {
 
 impl ListBackend {
     pub fn new(mailbox: &Mailbox) -> Self {
-        Self { mailbox: mailbox.clone(), programs: Vec::new(), gate: None, log: None }
+        Self { inner: StandInBackend::new(mailbox), gate: None, log: None }
     }
 
     pub fn with_gate(mut self, gate: mpsc::Receiver<()>) -> Self {
@@ -40,7 +41,7 @@ impl ListBackend {
 
     /// Changes every program's status as a backend's recovery would (the watchdog tests).
     pub fn set_all(&mut self, f: impl FnMut(&mut ProgramStatus)) {
-        self.programs.iter_mut().for_each(f);
+        self.inner.programs_mut().iter_mut().for_each(f);
     }
 
     /// What `Server::start` wants.
@@ -51,7 +52,7 @@ impl ListBackend {
 
 impl Backend for ListBackend {
     fn mode(&self) -> IsolationMode {
-        IsolationMode::Blink
+        self.inner.mode()
     }
     fn load(&mut self, spec: ProgramSpec) -> mesh_backend::Result<ProgramStatus> {
         spec.validate()?;
@@ -66,72 +67,27 @@ impl Backend for ListBackend {
         if spec.name == "degraded" {
             return Err(BackendError::Degraded("a test said so".into()));
         }
-        if self.programs.iter().any(|p| p.name == spec.name) {
-            return Err(BackendError::AlreadyLoaded(spec.name));
-        }
-        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).collect();
-        let Some(slot) = (0..self.mailbox.geometry().slot_count).find(|s| !taken.contains(s)) else {
-            return Err(BackendError::Mailbox("all program slots are in use".into()));
-        };
-        let mut bindings = Vec::new();
-        for c in &spec.bindings {
-            bindings.push(self.mailbox.channel(c).map_err(|e| BackendError::Mailbox(e.to_string()))?.index);
-        }
-        let s = self.mailbox.slot(slot).unwrap();
-        s.bind(&spec.name, &bindings).unwrap();
-        s.reset_status();
-        s.arm(1);
+        let name = spec.name.clone();
+        let status = self.inner.load(spec)?;
         if let Some(log) = &self.log {
-            let _ = log.send(spec.name.clone());
+            let _ = log.send(name);
         }
-        let status = ProgramStatus {
-            name: spec.name,
-            slot,
-            state: ProgramState::Running,
-            generation: 1,
-            heartbeat: 0,
-            worker_pid: None,
-            sms: None,
-            shape: spec.shape,
-            kind: spec.kind,
-            restarts: 0,
-            last_fault: None,
-            last_fault_unix_ms: None,
-            stopped_why: None,
-        };
-        self.programs.push(status.clone());
         Ok(status)
     }
-    fn upgrade(&mut self, name: &str, _image: Vec<u8>) -> mesh_backend::Result<ProgramStatus> {
-        let p = self
-            .programs
-            .iter_mut()
-            .find(|p| p.name == name)
-            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
-        p.generation += 1;
-        Ok(p.clone())
+    fn upgrade(&mut self, name: &str, image: Vec<u8>) -> mesh_backend::Result<ProgramStatus> {
+        self.inner.upgrade(name, image)
     }
     fn unload(&mut self, name: &str) -> mesh_backend::Result<()> {
-        let p = self
-            .programs
-            .iter()
-            .position(|p| p.name == name)
-            .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
-        let p = self.programs.remove(p);
-        self.mailbox.slot(p.slot).unwrap().release();
-        Ok(())
+        self.inner.unload(name)
     }
     fn status(&self) -> Vec<ProgramStatus> {
-        self.programs.clone()
+        self.inner.status()
     }
     fn shutdown(&mut self) -> mesh_backend::Result<()> {
-        for p in self.programs.drain(..) {
-            self.mailbox.slot(p.slot).unwrap().release();
-        }
-        Ok(())
+        self.inner.shutdown()
     }
     fn host_atomics(&self) -> bool {
-        false
+        self.inner.host_atomics()
     }
 }
 
