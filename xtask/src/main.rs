@@ -178,7 +178,13 @@ fn bundle(dir: &Path) -> Result<()> {
     // The native worker example in C (examples/native-cuda), compiled by `run` with nvcc against mesh-shm-c.
     run(cargo().args(["build", "--release", "-p", "mesh-shm-c"]))?;
     std::fs::create_dir_all(dir.join("native"))?;
-    std::fs::copy(target.join("release/libmesh_shm_c.a"), dir.join("native/libmesh_shm_c.a"))?;
+    let lib = dir.join("native/libmesh_shm_c.a");
+    std::fs::copy(target.join("release/libmesh_shm_c.a"), &lib)?;
+    // The static library carries std's debug info (24 MiB of it, 15 without): a bundle travels
+    // with the working tree under a 64 MiB limit. Best effort: without `strip` it goes as it is.
+    if Command::new("strip").arg("--strip-debug").arg(&lib).status().is_ok_and(|s| s.success()) {
+        eprintln!("stripped the debug info of {}", lib.display());
+    }
     std::fs::copy("crates/mesh-shm-c/include/mesh_shm.h", dir.join("native/mesh_shm.h"))?;
     for f in ["native_echo.cu", "native_kernel.cuh"] {
         std::fs::copy(Path::new("examples/native-cuda").join(f), dir.join("native").join(f))?;
