@@ -148,6 +148,11 @@ fn read_output(
                     let why = format!("garbled line: {e}");
                     let _ = replies.send(Err(why.clone()));
                     tell(News::Garbled(why));
+                    // The worker is broken from now on (never spoken to again, then killed): what
+                    // else it writes is not read, so that one spewing lines cannot queue a wake-up
+                    // and a copy of each in meshd until it is killed. Its output is closed here: a
+                    // further write fails (EPIPE) rather than blocking it.
+                    return;
                 }
             },
         }

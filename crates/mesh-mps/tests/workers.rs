@@ -16,7 +16,8 @@ use mesh_mps_worker::{Event, KernelState, encode};
 
 /// A stand-in worker. `MODE` says what it does after answering a launch: `ends` (says `EVENT` at
 /// once), `waits` (says `EVENT` once `FLAG` exists), `dies` (exits), `garbles` (answers the launch
-/// with a line that is no JSON); `silent` never says `ready`; `PROTO` overrides its protocol
+/// with a line that is no JSON), `spews` (answers it with 2000 such lines, then exits); `silent`
+/// never says `ready`; `PROTO` overrides its protocol
 /// version, `noproto` leaves it out. It refuses to start unless its last argument names an open
 /// unix socket (the `--fd-socket N` meshd appends).
 const STAND_IN: &str = r#"#!/bin/sh
@@ -34,6 +35,7 @@ while read -r line; do
     *'"op":"launch"'*)
       case "$MODE" in
         garbles) echo 'hello, meshd'; continue ;;
+        spews) i=0; while [ $i -lt 2000 ]; do echo "junk $i" || exit 0; i=$((i+1)); done; exit 0 ;;
       esac
       echo '{"reply":"done"}'
       case "$MODE" in
@@ -173,6 +175,41 @@ fn a_garbled_line_is_an_error_naming_the_worker() {
     assert!(matches!(w.kernel(), KernelState::Failed { reason } if reason.contains(&format!("worker {pid}"))));
     let e = w.unload().unwrap_err().to_string();
     assert!(e.contains("not spoken to any more") && e.contains("garbled"), "a broken worker is not asked again: {e}");
+    w.kill();
+}
+
+#[test]
+fn a_worker_that_spews_lines_is_heard_once_then_no_more() {
+    // Broken at its first garbled line, it is not read further: its 1999 other lines neither
+    // queue news nor wake meshd (each would be a job on the backend thread until it is killed).
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let woken = Arc::new(AtomicUsize::new(0));
+    let counter = woken.clone();
+    news.set_wake(Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let mut w = bench.spawn(&news, &[("MODE", "spews")]).handshake(READY).unwrap();
+    let pid = w.pid();
+    let e = w.launch(0).unwrap_err().to_string();
+    assert!(e.contains(&pid.to_string()) && e.contains("garbled line") && e.contains("junk 0"), "{e}");
+    drop(news);
+    // Everything its reader said, up to its end (the channel disconnects once no reader holds it).
+    let mut heard = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(n) => heard.push(n),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => panic!("its reader still runs after 10 s"),
+        }
+    }
+    assert_eq!(heard.len(), 1, "one piece of news, not one per line: {:?}", &heard[..heard.len().min(3)]);
+    assert!(
+        matches!(&heard[0], WorkerNews { pid: p, news: News::Garbled(why) } if *p == pid && why.contains("junk 0"))
+    );
+    assert_eq!(woken.load(Ordering::SeqCst), 1, "meshd woken once");
+    w.refresh();
+    assert!(matches!(w.kernel(), KernelState::Failed { reason } if reason.contains(&format!("worker {pid}"))));
     w.kill();
 }
 
