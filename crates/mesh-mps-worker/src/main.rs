@@ -61,10 +61,37 @@ struct Worker {
     fd_socket: Option<UnixStream>,
 }
 
+/// Where the protocol's lines go: the descriptor that was stdout when the worker started, before
+/// [`protect_protocol`] pointed stdout at stderr.
+static PROTOCOL_OUT: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
+
+/// Keeps the protocol's pipe for [`say`] alone: moves it off descriptor 1 and points descriptor 1
+/// at stderr, so that whatever else writes to stdout (a kernel's `printf`, flushed by the driver at
+/// a synchronisation; the driver; a library) lands in the log instead of breaking the worker with
+/// a line meshd cannot read. On failure the protocol stays on stdout, as before.
+fn protect_protocol() {
+    let moved = rustix::io::fcntl_dupfd_cloexec(std::io::stdout(), 3).and_then(|fd| {
+        rustix::stdio::dup2_stdout(std::io::stderr())?;
+        Ok(fd)
+    });
+    if let Ok(fd) = moved {
+        let _ = PROTOCOL_OUT.set(std::sync::Mutex::new(std::fs::File::from(fd)));
+    }
+}
+
 fn say<T: serde::Serialize>(line: &T) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", encode(line));
-    let _ = out.flush();
+    let text = format!("{}\n", encode(line));
+    match PROTOCOL_OUT.get() {
+        Some(out) => {
+            let mut out = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = out.write_all(text.as_bytes());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+    }
 }
 
 /// The inherited fd socket `--fd-socket N`, checked to be a socket before it is owned.
@@ -263,6 +290,7 @@ impl Worker {
 }
 
 fn main() {
+    protect_protocol();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version: printed as usual

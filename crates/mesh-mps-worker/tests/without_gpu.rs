@@ -1,5 +1,5 @@
 //! The worker binary without a GPU: its first line is a refusal naming what is missing, and bad
-//! arguments are refused with the usage; never a panic.
+//! arguments are refused with the usage; never a panic; stray stdout output lands on stderr, not in the protocol.
 
 use std::process::Command;
 
@@ -49,4 +49,14 @@ fn a_bad_fd_socket_is_refused_before_the_driver_is_touched() {
         assert_eq!(refusal.kind, RefusalKind::Start, "{line}");
         assert!(refusal.message.contains(&format!("--fd-socket {n}: {why}")), "{}", refusal.message);
     }
+}
+
+#[test]
+fn what_else_writes_to_stdout_goes_to_stderr_and_leaves_the_protocol_alone() {
+    // clap prints --help to descriptor 1, as a kernel's printf (flushed by the driver) or a library
+    // would: meshd reads protocol lines there, so the worker points descriptor 1 at stderr first.
+    let out = worker(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty(), "the protocol pipe got: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: mesh-mps-worker"));
 }
