@@ -578,6 +578,15 @@ impl MpsBackend {
             Ok(()) => self.lock().idle.push(w),
             Err(e) => {
                 tracing::warn!("worker {} discarded: {e}", w.pid());
+                // A worker that did not answer may still run a kernel: cut it off through the
+                // server first (a SIGKILL of a busy client fails the server's other clients).
+                w.refresh();
+                if may_run_a_kernel(&w) {
+                    let control = self.lock().control.clone();
+                    if let Some(control) = control {
+                        let _ = control.terminate_client(w.server, w.pid());
+                    }
+                }
                 w.kill();
             }
         }
@@ -830,7 +839,7 @@ impl MpsBackend {
         let mut doomed = doomed;
         for w in doomed.iter_mut() {
             w.refresh();
-            if w.alive() && w.kernel() == KernelState::Busy {
+            if may_run_a_kernel(w) {
                 let _ = control.terminate_client(w.server, w.pid());
             }
             w.signal_kill();
@@ -1178,4 +1187,11 @@ impl Drop for MpsBackend {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+/// Whether `w`'s process lives and a kernel of it may still run: busy as it last said, or broken
+/// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
+/// `terminate_client` before any SIGKILL.
+fn may_run_a_kernel(w: &Worker) -> bool {
+    w.alive() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
 }
