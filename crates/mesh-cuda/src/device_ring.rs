@@ -20,6 +20,20 @@ fn invalid(slot: u32, e: mesh_shm::ShmError) -> CudaError {
     CudaError::Invalid { what: format!("program slot {slot}"), reason: e.to_string() }
 }
 
+/// Bytes of device memory channel `info`'s slots take, in its protocol's format (LL: twice the payload;
+/// bulk: the flags, padded to a page, then the payload). Both device-ring owners size with it: this
+/// module's (blink mode) and `exported`'s (MPS mode).
+pub fn ring_bytes(info: &ChannelInfo) -> Result<usize, CudaError> {
+    // At most 16 MiB × 2^24 bytes and its flags (mesh-shm's limits): a usize on the 64-bit hosts CUDA
+    // runs on.
+    usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code())).map_err(
+        |_| CudaError::Invalid {
+            what: format!("channel {:?}", info.name),
+            reason: "ring larger than this host's address space".into(),
+        },
+    )
+}
+
 /// One ring's slots in device memory, freed on drop.
 #[derive(Debug)]
 struct DeviceSlots {
@@ -92,14 +106,8 @@ impl DeviceRings {
     }
 
     fn allocate(&mut self, ctx: &Context, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {
-        // At most 16 MiB × 2^24 bytes and its flags (mesh-shm's limits): a usize on the 64-bit hosts CUDA
-        // runs on. Zeroed, a bulk ring's flags say "never written" as an LL ring's untagged words do.
-        let bytes =
-            usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code()))
-                .map_err(|_| CudaError::Invalid {
-                    what: format!("channel {:?}", info.name),
-                    reason: "ring larger than this host's address space".into(),
-                })?;
+        // Zeroed, a bulk ring's flags say "never written" as an LL ring's untagged words do.
+        let bytes = ring_bytes(info)?;
         let slots = DeviceSlots::alloc(ctx, bytes).map_err(|e| CudaError::Invalid {
             what: format!("channel {:?}", info.name),
             reason: format!("allocating its {bytes}-byte ring in device memory: {e}"),
@@ -130,5 +138,43 @@ impl DeviceRings {
     /// Bytes of device memory held.
     pub fn bytes(&self) -> usize {
         self.rings.values().map(|r| r.bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mesh_shm::Protocol;
+    use mesh_shm::layout::{bulk_slot_bytes, slot_bytes};
+
+    fn device_channel(msg_size: u32, capacity: u32, protocol: Protocol) -> ChannelInfo {
+        ChannelInfo {
+            index: 0,
+            name: "c".into(),
+            msg_size,
+            capacity,
+            ring_offset: 0,
+            placement: Placement::Device,
+            protocol,
+            slots_offset: 0,
+            lost: 0,
+            head: 0,
+            tail: 0,
+            producer_pid: None,
+            consumer_pid: None,
+        }
+    }
+
+    #[test]
+    fn a_ring_is_sized_in_its_protocols_format() {
+        let ll = device_channel(64, 8, Protocol::Ll);
+        assert_eq!(ring_bytes(&ll).unwrap() as u64, slot_bytes(64, 8));
+        // Bulk: 8 flags padded to a page, then 8 payloads of 1 MiB; not the LL ring's twice the payload
+        // (which MPS mode's rings were once given: 16 MiB where 8 MiB and a page are needed).
+        let bulk = device_channel(1 << 20, 8, Protocol::Bulk);
+        assert_eq!(ring_bytes(&bulk).unwrap() as u64, bulk_slot_bytes(1 << 20, 8));
+        assert_eq!(ring_bytes(&bulk).unwrap(), 4096 + (8 << 20));
+        // A small bulk ring needs more than twice its payload: the page of flags.
+        assert!(ring_bytes(&device_channel(16, 1, Protocol::Bulk)).unwrap() as u64 > slot_bytes(16, 1));
     }
 }

@@ -343,9 +343,9 @@ impl SharedRings {
     }
 
     fn allocate(&mut self, mailbox: &Mailbox, info: &ChannelInfo) -> Result<(), CudaError> {
-        let bytes = usize::try_from(mesh_shm::layout::slot_bytes(info.msg_size, info.capacity)).map_err(|_| {
-            CudaError::Invalid { what: format!("channel {:?}", info.name), reason: "ring larger than memory".into() }
-        })?;
+        // In the channel's own format (a bulk ring is its payload and a page of flags, not an LL ring's
+        // twice its payload).
+        let bytes = crate::device_ring::ring_bytes(info)?;
         let ring = ExportedMemory::create(&self.ctx, bytes).map_err(|e| CudaError::Invalid {
             what: format!("channel {:?}", info.name),
             reason: format!("allocating its {bytes}-byte ring in meshd's own context: {e}"),

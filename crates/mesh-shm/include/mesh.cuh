@@ -750,11 +750,16 @@ static __device__ __forceinline__ void mesh_bulk_close(mesh_bulk* ch) {
 }
 
 // Free slots a producer can fill now (the same on every thread; reads the consumer's tail, one round
-// trip, only when the ring looks full).
+// trip, only when the ring looks full). The tail is loaded with acquire semantics, and the barrier of
+// the broadcast passes that on to the block: the consumer's reads of a slot's last lap (before its
+// release of the tail) are then ordered before the block's stores into it. A relaxed or volatile load
+// would leave that to the hardware not issuing a store before the load it depends on has returned,
+// which the PTX memory model does not promise (the payload accesses are weak, so that would be a data
+// race); once per ring that looked full, the acquire costs nothing that matters.
 static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
     if (ch->msg_size == 0 || !ch->producer) return 0;
     if (ch->mine - ch->other > ch->mask)
-        ch->other = mesh_block_bcast(mesh_block_rank() == 0 ? mesh_ld_volatile_u64(ch->ring + MESH_RING_TAIL) : 0u);
+        ch->other = mesh_block_bcast(mesh_block_rank() == 0 ? mesh_ld_acquire_u64(ch->ring + MESH_RING_TAIL) : 0u);
     const uint64_t used = ch->mine - ch->other;
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }

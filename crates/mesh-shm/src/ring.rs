@@ -392,11 +392,12 @@ impl ProducerCore {
         &self.ring
     }
 
-    /// Free slots, refreshing the cached consumer index only when fewer than `wanted` look free.
+    /// Free slots, refreshing the cached consumer index only when fewer than `wanted` look free (or
+    /// the cached one is impossible: `refresh` then reports it, even for `wanted` 0).
     #[inline]
     fn free(&mut self, wanted: u64) -> Result<u64, Corrupt> {
         let used = self.head.wrapping_sub(self.cached_tail);
-        if self.ring.capacity - used.min(self.ring.capacity) < wanted {
+        if used > self.ring.capacity || self.ring.capacity - used < wanted {
             return self.refresh();
         }
         Ok(self.ring.capacity - used)
@@ -755,6 +756,8 @@ mod tests {
         assert_eq!(ConsumerCore::new(heap.ring).unwrap_err(), Corrupt { head: 1000, tail: 0 });
         let mut p = ProducerCore::new(heap.ring);
         assert_eq!(p.try_push(&[1]), Err(Corrupt { head: 1000, tail: 0 }));
+        // An empty batch too (its room was once computed as capacity - used, which overflowed).
+        assert_eq!(p.push_with(0, |_| &[]), Err(Corrupt { head: 1000, tail: 0 }));
     }
 
     #[test]
