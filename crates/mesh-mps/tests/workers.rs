@@ -125,7 +125,12 @@ fn events_are_taken_in_the_order_the_workers_say_them() {
     b.refresh();
     assert_eq!((a.kernel(), b.kernel()), (KernelState::Idle, fault));
     assert_eq!((a.failed_at(), b.failed_at()), (None, Some(SEEN)), "when the worker saw the fault");
-    assert!(woken.load(Ordering::SeqCst) >= 2, "each piece of news woke the backend");
+    // The news is sent before the wake is called: wait for the wake (a deadline, not a measurement).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while woken.load(Ordering::SeqCst) < 2 {
+        assert!(std::time::Instant::now() < deadline, "each piece of news wakes the backend");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     a.exit();
     b.exit();
 }
