@@ -80,7 +80,9 @@ impl BulkProducer {
 
     /// Sends one message written in place: `fill` gets the slot (exactly the message size, its bytes
     /// those of a message sent a lap ago) and writes the message into it. `Ok(false)`: full (`fill`
-    /// not called).
+    /// not called). A `fill` that writes with non-temporal (streaming) stores must end with an
+    /// `sfence` (`core::arch::x86_64::_mm_sfence`): the publish that follows is a release, which
+    /// orders ordinary stores only.
     pub fn try_send_with(&mut self, fill: impl FnOnce(&mut [u8])) -> Result<bool> {
         let Some(dst) = self.core.reserve().map_err(|c| corrupt(&self.info, c))? else { return Ok(false) };
         // SAFETY: `reserve` handed the slot's msg_size bytes to this end alone until `publish`.
