@@ -136,6 +136,13 @@ fn read_output(
     let end = loop {
         match lines.next() {
             None => break "its output ended (EOF)".to_string(),
+            // A line that is not UTF-8 is a garbled line from a live worker, not its end.
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let why = format!("garbled line: {e}");
+                let _ = replies.send(Err(why.clone()));
+                tell(News::Garbled(why));
+                return;
+            }
             Some(Err(e)) => break format!("reading its output: {e}"),
             Some(Ok(line)) => match decode(&line) {
                 Ok(Incoming::Reply(r)) => {

@@ -16,7 +16,7 @@ use mesh_mps_worker::{Event, KernelState, encode};
 
 /// A stand-in worker. `MODE` says what it does after answering a launch: `ends` (says `EVENT` at
 /// once), `waits` (says `EVENT` once `FLAG` exists), `dies` (exits), `garbles` (answers the launch
-/// with a line that is no JSON), `spews` (answers it with 2000 such lines, then exits); `silent`
+/// with a line that is no JSON), `binary` (with a line that is not UTF-8), `spews` (answers it with 2000 such lines, then exits); `silent`
 /// never says `ready`; `PROTO` overrides its protocol
 /// version, `noproto` leaves it out. It refuses to start unless its last argument names an open
 /// unix socket (the `--fd-socket N` meshd appends).
@@ -35,6 +35,7 @@ while read -r line; do
     *'"op":"launch"'*)
       case "$MODE" in
         garbles) echo 'hello, meshd'; continue ;;
+        binary) printf '\377\376 not utf-8\n'; continue ;;
         spews) i=0; while [ $i -lt 2000 ]; do echo "junk $i" || exit 0; i=$((i+1)); done; exit 0 ;;
       esac
       echo '{"reply":"done"}'
@@ -163,6 +164,17 @@ fn a_worker_that_dies_is_gone_and_named() {
     assert!(reason.contains(&format!("worker {pid}")) && reason.contains("EOF"), "{reason}");
     let e = w.unload().unwrap_err().to_string();
     assert!(e.contains(&pid.to_string()), "{e}");
+    w.kill();
+}
+
+#[test]
+fn a_line_that_is_not_utf8_is_garbled_not_the_end_of_the_worker() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let mut w = bench.spawn(&news, &[("MODE", "binary")]).handshake(READY).unwrap();
+    let e = w.launch(0).unwrap_err().to_string();
+    assert!(e.contains("garbled line"), "{e}");
+    assert!(matches!(next(&rx).news, News::Garbled(_)), "garbled, not gone: the worker still runs");
     w.kill();
 }
 
