@@ -2,7 +2,7 @@
 //! time in arrival order and, between them, runs the watchdog.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -52,8 +52,15 @@ where
     if backend.mode() == IsolationMode::Mps {
         shared.natives.set_membership(Arc::new(crate::native::MpsMembership));
     }
+    // One Wake in the queue at a time: news that comes while one waits is seen by the watchdog pass
+    // it brings (the pass clears the flag before it looks), so a burst of news during a long load
+    // does not queue one full pass per piece.
+    let wake_pending = Arc::new(AtomicBool::new(false));
+    let pending = wake_pending.clone();
     backend.set_waker(Arc::new(move || {
-        if let Some(jobs) = wake_jobs.upgrade() {
+        if !pending.swap(true, Ordering::AcqRel)
+            && let Some(jobs) = wake_jobs.upgrade()
+        {
             let _ = jobs.send(Job::Wake);
         }
     }));
@@ -68,6 +75,7 @@ where
         replacer,
         opened_mono_ns: mono_ns(),
         natives_restarted: false,
+        wake_pending,
     };
     // Read before the relaunch, whose publishing records the (still empty) table of native workers.
     let natives = worker.state.as_ref().map(|s| s.recorded().natives.clone()).unwrap_or_default();
@@ -118,6 +126,8 @@ pub(super) struct BackendWorker<'a> {
     /// The recorded native workers have been started again: until then the table is not yet the
     /// desired state, and recording it would forget them (a crash during the relaunch).
     pub(super) natives_restarted: bool,
+    /// A Wake is queued (set by the backend's waker, cleared by the pass it brings).
+    pub(super) wake_pending: Arc<AtomicBool>,
 }
 
 pub(super) fn unix_ms() -> u64 {
@@ -314,7 +324,8 @@ impl BackendWorker<'_> {
                     }
                     return self.shutdown();
                 }
-                Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Ok(Job::Wake) => self.wake_pending.store(false, Ordering::Release),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
             }
             let stopping = self.shared.stopping.load(Ordering::Acquire);
