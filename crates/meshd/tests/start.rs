@@ -38,6 +38,22 @@ fn refused_run(socket: &Path, mailbox: &Path, extra: &[&std::ffi::OsStr]) -> Str
     err
 }
 
+/// [`refused_run`] once nobody holds the mailbox's lock: a lock this test process released can
+/// still be held for a moment by a child that another test thread forked while the lock file was
+/// open (it shares the open file, and so the flock, until its exec closes it). The holder the
+/// refusal names is then this very process; wait that out (a deadline, not a measurement).
+fn refused_run_when_free(socket: &Path, mailbox: &Path, extra: &[&std::ffi::OsStr]) -> String {
+    let ours = format!("in use by meshd pid {}", std::process::id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let err = refused_run(socket, mailbox, extra);
+        if !err.contains(&ours) || std::time::Instant::now() > deadline {
+            return err;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The child: claims the mailbox, serves it on `<mailbox>.sock`, says "ready", runs until killed.
 #[test]
 fn child_meshd() {
@@ -158,7 +174,7 @@ fn fresh_starts_empty_and_another_layout_version_is_refused_naming_fresh() {
     let msg = err.to_string();
     assert!(msg.contains("layout version 1") && msg.contains("--fresh"), "{msg}");
     // Through the CLI, before any GPU work: the same refusal, exit 1.
-    let err = refused_run(&dir.path().join("sock"), &mailbox, &[]);
+    let err = refused_run_when_free(&dir.path().join("sock"), &mailbox, &[]);
     assert!(err.contains("layout version 1") && err.contains("--fresh"), "{err}");
     assert!(mailbox.exists(), "a refused start leaves the file as it was");
     assert!(claim_mailbox(&mailbox, &config(), true).is_ok(), "--fresh replaces it");
@@ -179,7 +195,7 @@ fn without_a_gpu_a_taken_over_mailbox_is_kept_with_its_messages() {
         // Dropped without cleanup, as a killed meshd leaves it.
     }
     let state = dir.path().join("state");
-    let err = refused_run(&dir.path().join("sock"), &mailbox, &["--state-dir".as_ref(), state.as_os_str()]);
+    let err = refused_run_when_free(&dir.path().join("sock"), &mailbox, &["--state-dir".as_ref(), state.as_os_str()]);
     assert!(err.contains("taken over") && err.contains("1 channels"), "the takeover happens before the GPU: {err}");
     assert!(err.contains("libcuda") || err.contains("no usable GPU"), "{err}");
     let m = mesh_shm::Mailbox::open(&mailbox).expect("the taken-over mailbox is kept after the failed start");
