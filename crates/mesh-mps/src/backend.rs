@@ -264,10 +264,17 @@ fn start_standby(
 /// Waits up to [`FAULT_SPREAD`] until every watched program's worker has said its kernel failed:
 /// then no kernel of the faulted server runs on, and the programs may move to the standby at once.
 fn every_kernel_failed(s: &mut Shared) -> bool {
-    let deadline = Instant::now() + FAULT_SPREAD;
+    news_until(s, Instant::now() + FAULT_SPREAD, |s| {
+        s.programs.iter().filter(|p| on_watch(p)).all(|p| failed(&p.worker).is_some())
+    })
+}
+
+/// Takes the workers' news until `holds` does (true) or `deadline` passes (false), waking for
+/// each piece of news rather than polling.
+fn news_until(s: &mut Shared, deadline: Instant, holds: impl Fn(&Shared) -> bool) -> bool {
     loop {
         absorb(s);
-        if s.programs.iter().filter(|p| on_watch(p)).all(|p| failed(&p.worker).is_some()) {
+        if holds(s) {
             return true;
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -276,6 +283,7 @@ fn every_kernel_failed(s: &mut Shared) -> bool {
         }
         match s.news.as_ref().map(|n| n.recv_timeout(left)) {
             Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            // No news channel (cannot happen while the backend runs): watch by the clock.
             _ => std::thread::sleep(left.min(Duration::from_millis(5))),
         }
     }
@@ -917,22 +925,9 @@ fn failed(w: &Worker) -> Option<String> {
 /// workers' news (no worker is asked), so a failure is seen as soon as its worker says it.
 fn faulted_within(s: &mut Shared, running: &[usize]) -> bool {
     // A fault reaches the clients some 150 ms after the faulting launch: watch long enough.
-    let watch = Instant::now() + FAULT_WATCH;
-    loop {
-        absorb(s);
-        if running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&s.programs[i].worker).is_some()) {
-            return true;
-        }
-        let left = watch.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
-            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
-            // No news channel (cannot happen while the backend runs): watch by the clock.
-            _ => std::thread::sleep(left.min(Duration::from_millis(10))),
-        }
-    }
+    news_until(s, Instant::now() + FAULT_WATCH, |s| {
+        running.iter().any(|&i| on_watch(&s.programs[i]) && failed(&s.programs[i].worker).is_some())
+    })
 }
 
 /// Starts `n` workers side by side (spawned together, then each awaited), retrying those the server
