@@ -32,6 +32,29 @@ pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<SharedChild> 
     SharedChild::spawn(cmd)
 }
 
+/// Makes `cmd`'s child inherit descriptor `fd` (close-on-exec here, as std opens everything, so no
+/// other child gets it) as descriptor `at`: changed in the child only, after the fork. `at` equal
+/// to `fd` keeps the number; another moves it there (`dup2`), replacing whatever the child had at
+/// `at`, which was close-on-exec too and would have closed at exec anyway.
+pub fn inherit_fd(cmd: &mut Command, fd: i32, at: i32) {
+    use std::os::unix::process::CommandExt;
+    let keep = move || {
+        if fd == at {
+            // SAFETY: `fd` is open in the child (the fork copied it); only its flags change.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            return rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(io::Error::from);
+        }
+        // SAFETY: dup2 on two descriptor numbers, `fd` open in the child; the copy has no close-on-exec.
+        if unsafe { libc::dup2(fd, at) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: `keep` runs between fork and exec and makes one async-signal-safe call (fcntl or
+    // dup2); it takes no lock and makes no allocation.
+    unsafe { cmd.pre_exec(keep) };
+}
+
 /// Waits for `child` up to `timeout`; kills it (SIGKILL) and reaps it if it is still there.
 /// Returns whether it left by itself.
 pub fn wait_or_kill(child: &SharedChild, timeout: Duration) -> bool {

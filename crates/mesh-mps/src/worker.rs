@@ -238,7 +238,6 @@ impl Worker {
     /// Spawns `cmd` as a worker (a real one from [`Worker::spawn`], or a stand-in speaking the
     /// protocol, in tests): `--fd-socket N` appended, stdin and stdout piped, its reader started.
     pub fn spawn_command(cmd: &mut Command, news: &NewsSender) -> std::io::Result<Self> {
-        use std::os::unix::process::CommandExt;
         let (fds, child_end) = UnixStream::pair()?;
         // At 3 or above: the child's stdio setup overwrites 0 to 2 (which a daemon started with
         // stdin closed could have handed the socket).
@@ -247,14 +246,7 @@ impl Worker {
         cmd.arg("--fd-socket").arg(n.to_string());
         // The child keeps its end across exec (std made it close-on-exec, as every descriptor, so
         // that no other child inherits it); changed in the child only, after the fork.
-        // SAFETY: fcntl is async-signal-safe; no allocation, no lock.
-        unsafe {
-            cmd.pre_exec(move || {
-                // SAFETY: `n` is open in the child (the fork copied it); only its flags change.
-                let fd = std::os::fd::BorrowedFd::borrow_raw(n);
-                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(std::io::Error::from)
-            })
-        };
+        process::inherit_fd(cmd, n, n);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         // A worker must not outlive meshd; SIGKILL is only reached when meshd itself is gone.
         let child = process::spawn_tied(cmd, Signal::KILL)?;

@@ -19,7 +19,7 @@
 mod ready;
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use mesh_mps::SharedChild;
 use mesh_shm::Mailbox;
 use parking_lot::Mutex;
-use rustix::io::FdFlags;
 use rustix::process::{Pid, Signal};
 use serde::{Deserialize, Serialize};
 
@@ -323,24 +322,9 @@ impl Natives {
                 "blink"
             }
         };
-        let keep_fd = move || {
-            // In the forked child: the pipe's write end goes to descriptor READY_FD without
-            // close-on-exec, so the worker inherits it under a one-digit number that every shell's
-            // `>&3` takes (dash reads `>&10` as descriptor 1 and `0`). Whatever held 3 was
-            // close-on-exec (std opens everything so) and would have closed at exec anyway.
-            if fd == READY_FD {
-                // SAFETY: `fd` is the pipe's write end, which the forked child holds open until exec.
-                let write_end = unsafe { BorrowedFd::borrow_raw(fd) };
-                return rustix::io::fcntl_setfd(write_end, FdFlags::empty()).map_err(std::io::Error::from);
-            }
-            // SAFETY: dup2 is async-signal-safe; `fd` is open in the child, READY_FD a plain number.
-            if unsafe { libc::dup2(fd, READY_FD) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        };
-        // SAFETY: `keep_fd` runs between fork and exec and makes only async-signal-safe calls.
-        unsafe { cmd.pre_exec(keep_fd) };
+        // Descriptor READY_FD in the worker, whatever its number here: a one-digit number that every
+        // shell's `>&3` takes (dash reads `>&10` as descriptor 1 and `0`).
+        mesh_mps::process::inherit_fd(&mut cmd, fd, READY_FD);
         let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
             .map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
         // Only the worker holds the write end now: its exit closes the pipe.
