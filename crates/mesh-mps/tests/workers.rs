@@ -69,7 +69,11 @@ impl Bench {
     }
 
     fn spawn(&self, news: &NewsSender, env: &[(&str, &str)]) -> Worker {
-        let mut cmd = Command::new(&self.script);
+        // Through `sh`, not by exec'ing the script: a sibling test forking while this test's
+        // `fs::write` held the file open for writing would make that exec fail with ETXTBSY
+        // ("Text file busy"), as it once did in CI.
+        let mut cmd = Command::new("sh");
+        cmd.arg(&self.script);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -257,8 +261,8 @@ fn a_worker_inherits_its_fd_socket() {
     let (news, _rx) = NewsSender::channel();
     let w = bench.spawn(&news, &[]).handshake(READY).unwrap();
     w.exit();
-    let mut no_socket = Command::new(&bench.script);
-    no_socket.arg("--fd-socket").arg("99");
+    let mut no_socket = Command::new("sh");
+    no_socket.arg(&bench.script).arg("--fd-socket").arg("99");
     let out = no_socket.output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("no fd socket"), "{out:?}");
     assert!(Path::new(&bench.script).exists());
