@@ -11,6 +11,11 @@
 //! tells a line's kind by its key (`reply` or `event`) and says exactly what is wrong with one that is
 //! neither; [`PROTOCOL`] travels in `ready` and a worker of another version is refused.
 //!
+//! **Liveness.** A worker also says [`Event::Alive`] every [`ALIVE_EVERY`], idle or not, from the
+//! loop that checks its stream, so that meshd can tell a stopped or wedged worker (SIGSTOP, a hung
+//! driver call) from a quiet one: a running kernel's heartbeats go on while its worker is stopped,
+//! but then nobody can act on its fault, unload or stop. meshd counts any line as a sign of life.
+//!
 //! **Device channels** (MPS mode, opt-in): meshd owns each device ring's memory and hands a worker a
 //! descriptor of it ([`Command::Map`]) over a second, inherited unix socket (`--fd-socket N`,
 //! `SCM_RIGHTS`), sent just before the command; the worker maps it and gives programs the address.
@@ -21,11 +26,22 @@ use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
 
 /// The protocol's version, said in `ready`; meshd refuses a worker that speaks another.
-pub const PROTOCOL: u32 = 2;
+/// Version 3 added [`Event::Alive`] and `ready`'s `kernel_check_us`.
+pub const PROTOCOL: u32 = 3;
 
-/// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read): the
-/// bound on how late meshd hears that a kernel ended or failed, whatever the number of workers.
+/// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read) by
+/// default: the bound on how late meshd hears that a kernel ended or failed, whatever the number of
+/// workers. `--kernel-check-us` changes it (meshd's `--mps-kernel-check-us`).
 pub const KERNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The range `--kernel-check-us` accepts: below 50 µs the loop is a busy wait in all but name; above
+/// a second a fault waits that long to be heard, and the loop would miss its [`ALIVE_EVERY`].
+pub const KERNEL_CHECK_RANGE_US: std::ops::RangeInclusive<u64> = 50..=200_000;
+
+/// How often a worker says [`Event::Alive`]: often enough that a few missed ones fit well within
+/// meshd's silence bound (mesh-mps's `SILENCE_LIMIT`, seconds), rarely enough to cost nothing (an
+/// idle worker wakes 4 times a second for it).
+pub const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What meshd asks a worker.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -113,6 +129,10 @@ pub struct Ready {
     pub sms: u32,
     /// Milliseconds its context creation took (the first client also starts the MPS server).
     pub context_ms: u64,
+    /// How often it checks a running kernel's stream, µs (0 from a worker before version 3, whose
+    /// `ready` is then refused for its version, not for this field).
+    #[serde(default)]
+    pub kernel_check_us: u64,
 }
 
 /// kcheck's figures for a loaded `mesh_main`.
@@ -254,6 +274,9 @@ pub enum Event {
         /// of a fault, in its recovery's breakdown, comparable with a GPU's `%globaltimer`.
         seen_unix_ns: u64,
     },
+    /// Said every [`ALIVE_EVERY`] by the loop that checks the stream: the worker runs and reads its
+    /// commands. meshd notes the time and nothing else (no wake-up, no watchdog pass).
+    Alive,
 }
 
 /// One line from a worker.
@@ -344,6 +367,7 @@ mod tests {
                 mps_enabled: true,
                 sms: 132,
                 context_ms: 3,
+                kernel_check_us: 1000,
             }),
         ];
         for r in replies {
@@ -362,6 +386,11 @@ mod tests {
         };
         assert_eq!(decode(&encode(&ended)).unwrap(), Incoming::Event(ended));
         assert_eq!(decode(r#"{"reply":"done"}"#).unwrap(), Incoming::Reply(Reply::Done));
+        assert_eq!(encode(&Event::Alive), r#"{"event":"alive"}"#);
+        assert_eq!(decode(r#"{"event":"alive"}"#).unwrap(), Incoming::Event(Event::Alive));
+        // An older worker's ready (no kernel_check_us) still reads, so that its version is what is refused.
+        let old = r#"{"reply":"ready","protocol":2,"pid":1,"device":"d","mps_enabled":true,"sms":1,"context_ms":0}"#;
+        assert!(matches!(decode(old).unwrap(), Incoming::Reply(Reply::Ready(Ready { protocol: 2, .. }))));
         let e = decode("hello").unwrap_err().to_string();
         assert!(e.starts_with("not a JSON object") && e.contains("\"hello\""), "{e}");
         let e = decode("[1]").unwrap_err().to_string();

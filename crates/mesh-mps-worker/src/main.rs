@@ -1,11 +1,12 @@
-//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID] [--fd-socket N]`: one MPS client of meshd's server, running one program at a time.
+//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID] [--fd-socket N] [--kernel-check-us N]`: one MPS client of meshd's server, running one program at a time.
 //!
 //! Started by meshd with `CUDA_MPS_PIPE_DIRECTORY` set to its private server. It creates its context
 //! (checking that it really is an MPS client), maps and registers the mailbox, takes a green context
 //! of N SMs if asked, says `ready`, then answers commands on stdin until `exit` or end of input (meshd
-//! gone). While a kernel runs it checks its stream every [`KERNEL_CHECK`] between commands and says,
-//! once per launch, when the kernel ended or failed (an event meshd did not ask for). Every failure
-//! is a reply with its kind and reason, never a panic.
+//! gone). While a kernel runs it checks its stream every [`KERNEL_CHECK`] (or `--kernel-check-us`)
+//! between commands and says, once per launch, when the kernel ended or failed (an event meshd did
+//! not ask for); idle or not, the same loop says `alive` every [`ALIVE_EVERY`]. Every failure is a
+//! reply with its kind and reason, never a panic.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -20,7 +21,8 @@ use mesh_cuda::exported::ImportedMemory;
 use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
 use mesh_mps_worker::fdpass::recv_fd;
 use mesh_mps_worker::{
-    Command, Event, FdTag, KERNEL_CHECK, PROTOCOL, Probe, Ready, Refusal, RefusalKind, Reply, encode,
+    ALIVE_EVERY, Command, Event, FdTag, KERNEL_CHECK, KERNEL_CHECK_RANGE_US, PROTOCOL, Probe, Ready, Refusal,
+    RefusalKind, Reply, encode,
 };
 use mesh_shm::{Mailbox, ShmError};
 
@@ -42,6 +44,11 @@ struct Args {
     /// An inherited unix socket on which meshd sends device rings' descriptors (MPS device channels).
     #[arg(long, value_name = "N")]
     fd_socket: Option<i32>,
+    /// How often a running kernel's stream is checked, µs: how soon meshd hears that it ended or
+    /// failed, against this process's CPU use (one wake-up per check).
+    #[arg(long, value_name = "N", default_value_t = KERNEL_CHECK.as_micros() as u64,
+          value_parser = clap::value_parser!(u64).range(*KERNEL_CHECK_RANGE_US.start()..=*KERNEL_CHECK_RANGE_US.end()))]
+    kernel_check_us: u64,
 }
 
 struct Worker {
@@ -156,6 +163,7 @@ fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
         mps_enabled: device.mps_enabled,
         sms: ctx.sms(),
         context_ms,
+        kernel_check_us: args.kernel_check_us,
     };
     let worker = Worker {
         mailbox,
@@ -172,13 +180,13 @@ fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
 }
 
 impl Worker {
-    fn handle(&mut self, cmd: Command) -> Reply {
+    fn handle(&mut self, cmd: Command, pulse: &mut Pulse) -> Reply {
         let answer = match cmd {
             Command::Load { cubin, grid, block, shared_mem } => {
                 self.load(Path::new(&cubin), LaunchShape { grid, block, shared_mem }).map(Reply::Loaded)
             }
             Command::Launch { slot } => self.launch(slot).map(|()| Reply::Done),
-            Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms).into() }),
+            Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms, pulse).into() }),
             Command::Unload => self.unload().map(|()| Reply::Done),
             Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
             Command::Exit => Ok(Reply::Done),
@@ -268,14 +276,16 @@ impl Worker {
         Ok(())
     }
 
-    /// The stream's state once the kernel returned, or after `timeout_ms` (0: at once).
-    fn wait(&self, timeout_ms: u64) -> StreamState {
+    /// The stream's state once the kernel returned, or after `timeout_ms` (0: at once). Says
+    /// `alive` meanwhile: a wait for a stop may outlast meshd's silence bound.
+    fn wait(&self, timeout_ms: u64, pulse: &mut Pulse) -> StreamState {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         loop {
             let s = self.stream.state();
             if s != StreamState::Busy || Instant::now() >= deadline {
                 return s;
             }
+            pulse.beat(Instant::now());
             std::thread::yield_now();
         }
     }
@@ -306,20 +316,32 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let check = Duration::from_micros(args.kernel_check_us);
+    // On stderr, which meshd's log takes: the period this worker runs with.
+    eprintln!(
+        "mesh-mps-worker {}: checks a running kernel's stream every {} µs, says alive every {} ms",
+        std::process::id(),
+        args.kernel_check_us,
+        ALIVE_EVERY.as_millis()
+    );
     say(&Reply::Ready(ready));
     let mut input = Lines::default();
+    let mut pulse = Pulse::new(Instant::now());
     loop {
         worker.check_kernel();
-        // While a kernel runs, the stream is checked every KERNEL_CHECK between commands.
-        let wait = (!worker.reported).then_some(KERNEL_CHECK);
-        let line = match input.next(wait) {
+        let now = Instant::now();
+        pulse.beat(now);
+        // While a kernel runs, the stream is checked every `check` between commands; idle, the
+        // loop wakes only to say alive.
+        let wait = if worker.reported { pulse.until_due(now) } else { check.min(pulse.until_due(now)) };
+        let line = match input.next(Some(wait)) {
             Next::Line(line) => line,
             Next::Quiet => continue,
             Next::End => break,
         };
         let reply = match serde_json::from_str::<Command>(&line) {
             Ok(Command::Exit) => break,
-            Ok(cmd) => worker.handle(cmd),
+            Ok(cmd) => worker.handle(cmd, &mut pulse),
             Err(e) => Reply::refused(RefusalKind::Malformed, format!("malformed command: {e}")),
         };
         say(&reply);
@@ -327,6 +349,40 @@ fn main() {
     // End of input: meshd asked us to leave, or is gone. A kernel still running is left to process exit.
     if worker.stream.state() == StreamState::Busy {
         std::mem::forget(worker);
+    }
+}
+
+/// When to say `alive` next: every [`ALIVE_EVERY`], from the loop that checks the stream (so a
+/// line proves that loop runs, not merely that some thread of the process does).
+struct Pulse {
+    next: Instant,
+}
+
+impl Pulse {
+    fn new(now: Instant) -> Self {
+        Self { next: now + ALIVE_EVERY }
+    }
+
+    /// Says `alive` if it is due at `now`.
+    fn beat(&mut self, now: Instant) {
+        if self.due(now) {
+            say(&Event::Alive);
+        }
+    }
+
+    /// Whether `alive` is due at `now` (then the next one is counted from `now`).
+    fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        // From now, not from the missed time: a loop that was held up says it once, not in a burst.
+        self.next = now + ALIVE_EVERY;
+        true
+    }
+
+    /// How long from `now` until the next `alive` is due (at least 1 ms, so a late loop does not spin).
+    fn until_due(&self, now: Instant) -> Duration {
+        self.next.saturating_duration_since(now).max(Duration::from_millis(1))
     }
 }
 
@@ -394,5 +450,27 @@ mod tests {
         assert_eq!(b.device, "GPU-5f3a0011");
         assert!(Args::try_parse_from(["mesh-mps-worker"]).is_err(), "--mailbox is required");
         assert!(Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--sms", "many"]).is_err());
+        assert_eq!(a.kernel_check_us, 1000, "the default period is KERNEL_CHECK");
+        let c = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", "5000"]).unwrap();
+        assert_eq!(c.kernel_check_us, 5000);
+        for bad in ["0", "49", "200001", "1ms"] {
+            let e = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", bad]);
+            assert!(e.is_err(), "--kernel-check-us {bad} is refused");
+        }
+    }
+
+    #[test]
+    fn alive_is_due_every_period_and_once_after_a_stall() {
+        let t0 = Instant::now();
+        let mut p = Pulse::new(t0);
+        assert_eq!(p.until_due(t0), ALIVE_EVERY);
+        assert!(!p.due(t0 + ALIVE_EVERY / 2), "not due yet");
+        assert!(p.due(t0 + ALIVE_EVERY), "due after one period");
+        assert!(!p.due(t0 + ALIVE_EVERY + Duration::from_millis(1)), "once per period");
+        // Held up for ten periods: one line, then the next a whole period later.
+        let late = t0 + ALIVE_EVERY * 11;
+        assert!(p.due(late));
+        assert!(!p.due(late + ALIVE_EVERY / 2));
+        assert_eq!(p.until_due(late + ALIVE_EVERY * 3), Duration::from_millis(1), "overdue: a short wait, not zero");
     }
 }

@@ -13,6 +13,14 @@
 //! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
 //! refilled. `status` only reads.
 //!
+//! **Silent workers.** Every worker says `alive` every quarter second from its checking loop. One
+//! that says nothing for [`SILENCE_LIMIT`] (SIGSTOP, a wedged driver call) cannot act on a fault,
+//! an unload or a stop, while its kernel runs on and its heartbeats stay fresh: the watchdog breaks
+//! it off and replaces it alone (no GPU fault happened, the other programs run on): the server cuts
+//! the client off (`terminate_client`), it is killed, and its program relaunched in a fresh worker
+//! (an idle one if the pool has one, else a new client). An idle worker silent that long is
+//! discarded. Not yet verified on a GPU.
+//!
 //! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
 //! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
@@ -51,6 +59,15 @@ pub const FAULT_WATCH: Duration = Duration::from_millis(600);
 pub use crate::pool::MAX_CLIENTS;
 use crate::pool::PoolFigures;
 
+/// A worker that says nothing for this long (it says `alive` every 250 ms) is taken for stopped or
+/// wedged and replaced: well above a loaded host's scheduling hiccups, well below what a user of a
+/// stuck program would wait.
+pub const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+
+/// How long the server gets to cut a client off before its SIGKILL (gpu.md: within 0.1 s; a SIGKILL
+/// of a client whose kernel still runs fails every other client's kernel).
+const CUT_OFF: Duration = Duration::from_millis(200);
+
 /// Options of the MPS backend.
 #[derive(Debug, Clone)]
 pub struct MpsConfig {
@@ -65,11 +82,21 @@ pub struct MpsConfig {
     pub pool_grow: bool,
     /// How long a program gets to stop before its worker is cut off.
     pub stop_deadline: Duration,
+    /// How often each worker checks its running kernel's stream (`KERNEL_CHECK`, 1 ms, by default):
+    /// how soon a fault is heard, against each worker's CPU use.
+    pub kernel_check: Duration,
 }
 
 impl Default for MpsConfig {
     fn default() -> Self {
-        Self { sms: None, mps_dir: None, pool: 2, pool_grow: false, stop_deadline: Duration::from_secs(2) }
+        Self {
+            sms: None,
+            mps_dir: None,
+            pool: 2,
+            pool_grow: false,
+            stop_deadline: Duration::from_secs(2),
+            kernel_check: mesh_mps_worker::KERNEL_CHECK,
+        }
     }
 }
 
@@ -191,6 +218,9 @@ pub struct MpsBackend {
     pool: PoolFigures,
     /// Where every worker's reader hands its news.
     news: NewsSender,
+    /// When the watchdog last looked (a longer gap means meshd itself did not run: no silence is
+    /// judged at that tick, see [`MpsBackend::replace_silent`]).
+    last_watch: Option<Instant>,
 }
 
 /// Starts the pool's workers one after the other (the first one's context creation also starts
@@ -209,6 +239,7 @@ fn start_pool(
             worker = w.pid(),
             server = w.server,
             context_ms = w.ready.context_ms,
+            kernel_check_us = w.ready.kernel_check_us,
             "pool worker {i} ready in {:?}",
             started.elapsed()
         );
@@ -253,8 +284,9 @@ fn start_standby(
         "{STANDBY_ENV}={k}: a standby MPS server with {k} idle worker(s) takes the programs over after a fault (not \
          yet verified on a GPU)"
     );
-    let sb_control =
-        MpsControl::start(Some(&control.root().join("standby")))?.with_device(control.device().map(String::from));
+    let sb_control = MpsControl::start(Some(&control.root().join("standby")))?
+        .with_device(control.device().map(String::from))
+        .with_kernel_check(control.kernel_check());
     shared.lock().standby = Some(Standby::new(Arc::new(sb_control), k as usize));
     let mut s = shared.lock();
     let filled = s.standby.as_mut().map(|sb| sb.fill_now(mailbox.path(), config.sms, news));
@@ -386,6 +418,22 @@ impl MpsBackend {
         if config.pool > client_limit {
             return Err(BackendError::ClientLimit { asked: config.pool, limit: client_limit });
         }
+        let check_us = u64::try_from(config.kernel_check.as_micros()).unwrap_or(u64::MAX);
+        if !mesh_mps_worker::KERNEL_CHECK_RANGE_US.contains(&check_us) {
+            return Err(BackendError::Invalid {
+                what: format!("the MPS workers' kernel check period {check_us} µs"),
+                reason: format!(
+                    "must be {} to {} µs",
+                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.start(),
+                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.end()
+                ),
+            });
+        }
+        tracing::info!(
+            "MPS workers check a running kernel's stream every {check_us} µs (how soon a fault is heard, against each \
+             worker's CPU use); a worker silent for {} ms is replaced",
+            SILENCE_LIMIT.as_millis()
+        );
         let device = Device::get(0)?;
         // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
         let uuid = match device.uuid() {
@@ -410,7 +458,9 @@ impl MpsBackend {
         } else {
             None
         };
-        let control = Arc::new(MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid));
+        let control = Arc::new(
+            MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid).with_kernel_check(config.kernel_check),
+        );
         let (news, news_rx) = NewsSender::channel();
         let shared = Arc::new(Mutex::new(Shared {
             control: Some(control.clone()),
@@ -449,6 +499,7 @@ impl MpsBackend {
             client_limit,
             pool,
             news,
+            last_watch: None,
         })
     }
 
@@ -576,7 +627,11 @@ impl MpsBackend {
 
     /// The pool's counts for `info`.
     fn publish_pool(&self) {
-        let s = self.lock();
+        self.publish_pool_locked(&self.lock());
+    }
+
+    /// [`MpsBackend::publish_pool`] under a lock already held.
+    fn publish_pool_locked(&self, s: &Shared) {
         self.pool.publish(s.idle.len(), s.programs.len());
     }
 
@@ -765,12 +820,20 @@ impl MpsBackend {
     fn relaunch(&self, s: &mut Shared, control: &MpsControl, which: &[usize], times: &mut Breakdown, standby: bool) {
         let spawned = Instant::now();
         let taken = if standby { s.standby.as_mut().and_then(|sb| sb.take(which.len())) } else { None };
-        let mut workers = match taken {
+        let workers = match taken {
             Some(w) => w,
             None => start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len()),
         };
         times.new_clients += spawned.elapsed();
         let launched_at = Instant::now();
+        self.launch_in(s, which, workers, standby);
+        times.relaunch += launched_at.elapsed();
+    }
+
+    /// Relaunches programs `which` (stopped) in `workers`, one each, the old worker of each killed (or
+    /// handed to the standby to reap); a program left without a worker, or whose launch fails, is
+    /// left stopped with the error. Workers left over go to the pool (standby) or are killed.
+    fn launch_in(&self, s: &mut Shared, which: &[usize], mut workers: Vec<Worker>, standby: bool) {
         for &i in which {
             let Some(mut worker) = workers.pop() else {
                 s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
@@ -806,7 +869,71 @@ impl MpsBackend {
                 w.kill();
             }
         }
-        times.relaunch += launched_at.elapsed();
+    }
+
+    /// Breaks off every worker of `s` silent for more than [`SILENCE_LIMIT`] at `now`, and replaces
+    /// each such program's worker alone: no GPU fault happened, so the other programs run on. The
+    /// server cuts the silent client off (its kernel ends), then it is killed (a stopped process
+    /// too), and the program is relaunched in an idle worker of its size, else in a new client
+    /// (which stalls the running programs once, counted as the pool's growth). Idle workers found
+    /// silent are only broken off: the watchdog discards them. Returns the log lines.
+    fn replace_silent(&self, s: &mut Shared, now: Instant) -> Vec<String> {
+        for w in &mut s.idle {
+            let _ = w.check_silence(now, SILENCE_LIMIT);
+        }
+        let silent: Vec<(usize, Duration)> = s
+            .programs
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, p)| on_watch(p))
+            .filter_map(|(i, p)| p.worker.check_silence(now, SILENCE_LIMIT).map(|d| (i, d)))
+            .collect();
+        let Some(control) = s.control.clone().filter(|_| !silent.is_empty()) else { return Vec::new() };
+        for &(i, _) in &silent {
+            let p = &mut s.programs[i];
+            slots::request_stop(&self.mailbox, p.core.slot);
+            p.core.life.request_stop();
+            if let Err(e) = control.terminate_client(p.worker.server, p.worker.pid()) {
+                tracing::error!(program = p.core.name, "terminate_client of silent worker {}: {e}", p.worker.pid());
+            }
+        }
+        // All cut off first, then one wait for the server, then the signals.
+        std::thread::sleep(CUT_OFF);
+        let mut log = Vec::new();
+        for (i, silent) in silent {
+            let p = &mut s.programs[i];
+            p.worker.signal_kill();
+            p.core.life.returned();
+            let (old, name, sms) = (p.worker.pid(), p.core.name.clone(), p.worker.ready.sms);
+            let pos = s.idle.iter().position(|w| self.config.sms.is_none() || w.ready.sms == sms);
+            let (workers, from) = match pos.map(|k| s.idle.swap_remove(k)) {
+                Some(w) => (vec![w], "an idle worker of the pool"),
+                None => {
+                    let running = s.programs.iter().filter(|p| on_watch(p)).count();
+                    if running > 0 {
+                        let stalled = u32::try_from(running).unwrap_or(u32::MAX);
+                        self.pool.record_growth(&name, "replace a silent worker", stalled);
+                    }
+                    let fresh = start_many(&control, self.mailbox.path(), self.config.sms, &self.news, 1);
+                    (fresh, "a new MPS client: the running programs stalled once")
+                }
+            };
+            self.launch_in(s, &[i], workers, false);
+            let p = &s.programs[i];
+            let outcome = match p.core.life.faulted() {
+                None => format!("{name} relaunched in worker {} ({from})", p.worker.pid()),
+                Some(why) => format!("{name} left stopped: {why}"),
+            };
+            log.push(format!(
+                "MPS worker {old} of program {name} was silent for {} ms (it says alive every {} ms; the bound is {} \
+                 ms): stopped or wedged; cut off its MPS server and killed; {outcome}",
+                silent.as_millis(),
+                mesh_mps_worker::ALIVE_EVERY.as_millis(),
+                SILENCE_LIMIT.as_millis()
+            ));
+        }
+        self.publish_pool_locked(s);
+        log
     }
 
     /// Refills the pool, now that the server takes clients again (workers started side by side).
@@ -1095,10 +1222,17 @@ impl Backend for MpsBackend {
             return Vec::new();
         }
         let now = Instant::now();
+        // A longer gap since the last tick means meshd itself did not run (stopped, starved), and
+        // neither did the readers that note the workers' lines: silence is judged from the next tick.
+        let judge_silence = self.last_watch.is_some_and(|t| now.saturating_duration_since(t) < SILENCE_LIMIT / 2);
+        self.last_watch = Some(now);
         let mut log = Vec::new();
         let failure = {
             let mut s = self.lock();
             absorb(&mut s);
+            if judge_silence {
+                log.extend(self.replace_silent(&mut s, now));
+            }
             let mut failure = None;
             for p in &mut s.programs {
                 let Ok(slot) = self.mailbox.slot(p.core.slot) else { continue };

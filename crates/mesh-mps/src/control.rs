@@ -66,6 +66,8 @@ pub struct MpsControl {
     connected: std::sync::Arc<Mutex<std::collections::HashSet<u32>>>,
     /// The GPU every worker opens, by UUID ([`MpsControl::with_device`]).
     device: Option<String>,
+    /// How often every worker checks its running kernel ([`MpsControl::with_kernel_check`]).
+    kernel_check: Duration,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -98,6 +100,7 @@ impl MpsControl {
             _claim: claim,
             connected: Default::default(),
             device: None,
+            kernel_check: mesh_mps_worker::KERNEL_CHECK,
         };
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
@@ -189,6 +192,19 @@ impl MpsControl {
     /// The GPU's UUID the workers open, if named.
     pub fn device(&self) -> Option<&str> {
         self.device.as_deref()
+    }
+
+    /// How often every worker started from now on checks its running kernel's stream (the
+    /// worker's `--kernel-check-us`; default `KERNEL_CHECK`, 1 ms).
+    #[must_use]
+    pub fn with_kernel_check(mut self, every: Duration) -> Self {
+        self.kernel_check = every;
+        self
+    }
+
+    /// How often the workers check their running kernel's stream.
+    pub fn kernel_check(&self) -> Duration {
+        self.kernel_check
     }
 
     /// Whether the daemon process still runs.

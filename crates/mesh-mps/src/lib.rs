@@ -19,8 +19,10 @@ pub mod process;
 pub mod standby;
 pub mod worker;
 
-pub use backend::{DEVICE_CHANNELS_ENV, MAX_CLIENTS, MpsBackend, MpsConfig, device_channels_opted_in};
+pub use backend::{DEVICE_CHANNELS_ENV, MAX_CLIENTS, MpsBackend, MpsConfig, SILENCE_LIMIT, device_channels_opted_in};
 pub use control::MpsControl;
+/// The workers' default kernel check period and the range a worker accepts (meshd's `--mps-kernel-check-us`).
+pub use mesh_mps_worker::{KERNEL_CHECK, KERNEL_CHECK_RANGE_US};
 /// The child handle [`process::spawn_tied`] returns (for meshd's native workers).
 pub use shared_child::SharedChild;
 

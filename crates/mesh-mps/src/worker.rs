@@ -7,6 +7,11 @@
 //! worker in turn; a worker's state here is what it last said ([`Worker::kernel`]). A worker whose
 //! line is garbled, or that misses a reply's deadline, is *broken*: it is no longer spoken to (a
 //! late reply would be taken for the next command's) and its kernel counts as failed, naming it.
+//!
+//! **Liveness.** Every worker says `alive` every [`ALIVE_EVERY`]; its reader notes when it last
+//! heard any line ([`Worker::silent_for`]) and does nothing else for it: no news, no wake-up, so
+//! that N workers cost the backend nothing between its ticks. The watchdog asks each worker it holds
+//! ([`Worker::check_silence`]) and a worker silent past the bound is broken like a garbled one.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -14,15 +19,16 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mesh_backend::{BackendError, LaunchShape};
 use mesh_mps_worker::fdpass::send_fd;
 use mesh_mps_worker::{
-    Command as WorkerCommand, Event, FdTag, Incoming, KernelState, PROTOCOL, Probe, Ready, Refusal, RefusalKind, Reply,
-    decode, encode,
+    ALIVE_EVERY, Command as WorkerCommand, Event, FdTag, Incoming, KERNEL_CHECK, KernelState, PROTOCOL, Probe, Ready,
+    Refusal, RefusalKind, Reply, decode, encode,
 };
 use rustix::process::Signal;
 use shared_child::SharedChild;
@@ -117,14 +123,45 @@ impl NewsSender {
     }
 }
 
+/// When a worker's reader last heard a line from it: ns since [`epoch`], written by the reader,
+/// read by the watchdog (a plain timestamp: nothing is ordered by it).
+#[derive(Debug, Clone)]
+struct Heard(Arc<AtomicU64>);
+
+/// The clock [`Heard`] counts from (the first use in this process).
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Heard {
+    fn now() -> Self {
+        let h = Self(Arc::new(AtomicU64::new(0)));
+        h.mark();
+        h
+    }
+
+    fn mark(&self) {
+        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.0.store(ns, Ordering::Relaxed);
+    }
+
+    /// How long before `now` the last line came.
+    fn silent_for(&self, now: Instant) -> Duration {
+        let at = epoch() + Duration::from_nanos(self.0.load(Ordering::Relaxed));
+        now.saturating_duration_since(at)
+    }
+}
+
 /// The reader thread of worker `pid`: replies to `replies` (a garbled line as its error), events and
-/// its end to `news`.
+/// its end to `news`; the time of every line read into `heard`.
 fn read_output(
     pid: u32,
     out: impl std::io::Read,
     replies: &Sender<Result<Reply, String>>,
     own: &Sender<News>,
     news: &NewsSender,
+    heard: &Heard,
 ) {
     // Each piece goes to the worker's own queue (never lost, wherever the worker is kept meanwhile)
     // and to the shared channel (which says that there is news, and wakes meshd).
@@ -146,11 +183,15 @@ fn read_output(
             Some(Err(e)) => break format!("reading its output: {e}"),
             Some(Ok(line)) => match decode(&line) {
                 Ok(Incoming::Reply(r)) => {
+                    heard.mark();
                     let _ = replies.send(Ok(r));
                 }
                 Ok(Incoming::Event(Event::KernelEnded { launch, state, seen_unix_ns })) => {
+                    heard.mark();
                     tell(News::KernelEnded { launch, state, seen_unix_ns });
                 }
+                // Only noted: the watchdog reads the time at its own tick.
+                Ok(Incoming::Event(Event::Alive)) => heard.mark(),
                 Err(e) => {
                     let why = format!("garbled line: {e}");
                     let _ = replies.send(Err(why.clone()));
@@ -191,6 +232,10 @@ pub struct Worker {
     failed_at: Option<u64>,
     /// Device channels whose ring it has mapped.
     mapped: BTreeSet<u32>,
+    /// When its reader last heard a line.
+    heard: Heard,
+    /// How long it had been silent when it was broken off for that (see [`Worker::check_silence`]).
+    silenced: Option<Duration>,
 }
 
 impl Worker {
@@ -224,6 +269,11 @@ impl Worker {
         cmd.arg("--mailbox").arg(mailbox).env(PIPE_ENV, control.pipe_dir()).env(LOG_ENV, control.log_dir());
         if let Some(n) = sms {
             cmd.arg("--sms").arg(n.to_string());
+        }
+        // Only when not the default: the command line of every worker so far stays as it was.
+        let check = control.kernel_check();
+        if check != KERNEL_CHECK {
+            cmd.arg("--kernel-check-us").arg(check.as_micros().to_string());
         }
         // NVIDIA: CUDA_VISIBLE_DEVICES must not be set in an MPS client's environment (the server's
         // own, inherited from meshd, already picked the GPU); the worker finds it by UUID instead.
@@ -259,9 +309,11 @@ impl Worker {
         let (tx, replies) = crossbeam_channel::unbounded();
         let (own, events) = crossbeam_channel::unbounded();
         let news = news.clone();
+        let heard = Heard::now();
+        let heard_by_reader = heard.clone();
         let reader = std::thread::Builder::new()
             .name(format!("mps-worker-{pid}"))
-            .spawn(move || read_output(pid, stdout, &tx, &own, &news));
+            .spawn(move || read_output(pid, stdout, &tx, &own, &news, &heard_by_reader));
         if let Err(e) = reader {
             process::kill(&child);
             return Err(e);
@@ -272,13 +324,23 @@ impl Worker {
             replies,
             events,
             fds,
-            ready: Ready { protocol: PROTOCOL, pid, device: String::new(), mps_enabled: false, sms: 0, context_ms: 0 },
+            ready: Ready {
+                protocol: PROTOCOL,
+                pid,
+                device: String::new(),
+                mps_enabled: false,
+                sms: 0,
+                context_ms: 0,
+                kernel_check_us: 0,
+            },
             server: 0,
             launches: 0,
             kernel: KernelState::Idle,
             broken: None,
             failed_at: None,
             mapped: BTreeSet::new(),
+            heard,
+            silenced: None,
         })
     }
 
@@ -411,6 +473,39 @@ impl Worker {
     /// Why it is no longer spoken to, if it is not.
     pub fn broken(&self) -> Option<&str> {
         self.broken.as_deref()
+    }
+
+    /// How long before `now` its reader last heard a line from it (its `ready`, a reply, an event,
+    /// an `alive`); from its spawn if none yet.
+    pub fn silent_for(&self, now: Instant) -> Duration {
+        self.heard.silent_for(now)
+    }
+
+    /// Breaks the worker off if it has said nothing for more than `limit` before `now` (it says
+    /// `alive` every [`ALIVE_EVERY`]: it is stopped or wedged, and cannot act on a fault, an unload
+    /// or a stop), unless it is broken already. Returns how long it was silent when it is broken now.
+    pub fn check_silence(&mut self, now: Instant, limit: Duration) -> Option<Duration> {
+        if self.broken.is_some() {
+            return None;
+        }
+        let silent = self.silent_for(now);
+        if silent <= limit {
+            return None;
+        }
+        self.silenced = Some(silent);
+        let _ = self.break_off(format!(
+            "silent for {} ms (it says alive every {} ms; the bound is {} ms): stopped or wedged",
+            silent.as_millis(),
+            ALIVE_EVERY.as_millis(),
+            limit.as_millis()
+        ));
+        Some(silent)
+    }
+
+    /// How long it had been silent, if it was broken off for its silence (not for a garbled line, a
+    /// missed deadline or its end).
+    pub fn silenced(&self) -> Option<Duration> {
+        self.silenced
     }
 
     /// Maps device channel `channel`'s ring (`fd`, `bytes`) in the worker, zeroed there first when

@@ -1,14 +1,16 @@
 //! The worker protocol as meshd reads it, against stand-in workers (shell scripts speaking the pipe
 //! protocol): events pushed and taken without asking, in the order the workers say them; a worker
 //! that dies, one that garbles a line, one of another protocol version, one that says nothing —
-//! each an error naming the worker, never a panic; and the fd socket a real worker inherits.
+//! each an error naming the worker, never a panic; the fd socket a real worker inherits; and
+//! liveness: a worker that stops saying `alive` (mute, or really stopped with SIGSTOP) is broken off
+//! past the bound, one that keeps saying it is not, and its `alive` lines wake nobody.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use mesh_mps::worker::{News, NewsSender, Worker, WorkerNews};
@@ -27,8 +29,12 @@ if [ ! -S "/proc/self/fd/$last" ]; then
 fi
 case "$MODE" in
   silent) while read -r line; do :; done; exit 0 ;;
+  mute) printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+        while read -r line; do :; done; exit 0 ;;
+  alive) printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+         while :; do echo '{"event":"alive"}' || exit 0; sleep 0.02; done ;;
   noproto) printf '{"reply":"ready","pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$ ;;
-  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-2}" $$ ;;
+  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-3}" $$ ;;
 esac
 while read -r line; do
   case "$line" in
@@ -241,7 +247,7 @@ fn a_worker_of_another_protocol_or_silent_is_refused_naming_it() {
     let w = bench.spawn(&news, &[("PROTO", "1")]);
     let pid = w.pid();
     let e = w.handshake(READY).unwrap_err().to_string();
-    assert!(e.contains(&pid.to_string()) && e.contains("speaks protocol 1 where meshd speaks 2"), "{e}");
+    assert!(e.contains(&pid.to_string()) && e.contains("speaks protocol 1 where meshd speaks 3"), "{e}");
 
     let w = bench.spawn(&news, &[("MODE", "noproto")]);
     let e = w.handshake(READY).unwrap_err().to_string();
@@ -266,4 +272,94 @@ fn a_worker_inherits_its_fd_socket() {
     let out = no_socket.output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("no fd socket"), "{out:?}");
     assert!(Path::new(&bench.script).exists());
+}
+
+#[test]
+fn a_worker_silent_past_the_bound_is_broken_off_naming_it_and_how_long() {
+    // `mute` says its ready and then nothing: judged at chosen instants, not by waiting.
+    let bench = Bench::new();
+    let (news, _rx) = NewsSender::channel();
+    let mut w = bench.spawn(&news, &[("MODE", "mute")]).handshake(READY).unwrap();
+    let pid = w.pid();
+    let now = Instant::now();
+    let heard = w.silent_for(now);
+    assert_eq!(w.check_silence(now, heard + Duration::from_secs(1)), None, "within the bound");
+    assert_eq!((w.broken(), w.kernel()), (None, KernelState::Idle));
+    let later = now + Duration::from_secs(4);
+    let silent = w.check_silence(later, Duration::from_secs(3)).expect("past the bound");
+    assert!(silent > Duration::from_secs(3), "{silent:?}");
+    assert_eq!(w.silenced(), Some(silent));
+    let KernelState::Failed { reason } = w.kernel() else { panic!("{:?}", w.kernel()) };
+    assert!(
+        reason.contains(&format!("worker {pid}"))
+            && reason.contains("silent for")
+            && reason.contains("stopped or wedged"),
+        "{reason}"
+    );
+    assert_eq!(w.check_silence(later + Duration::from_secs(10), Duration::from_secs(3)), None, "broken off once");
+    let e = w.unload().unwrap_err().to_string();
+    assert!(e.contains("not spoken to any more") && e.contains("silent for"), "{e}");
+    assert!(w.alive(), "silent, not dead: the watchdog still has to cut it off and kill it");
+    w.kill();
+}
+
+/// Waits (deadline 10 s) until `w` is heard from after this call: a line it said later than now.
+fn heard_again(w: &Worker) {
+    let since = Instant::now();
+    let deadline = since + Duration::from_secs(10);
+    loop {
+        let now = Instant::now();
+        if w.silent_for(now) < now.duration_since(since) {
+            return;
+        }
+        assert!(now < deadline, "worker {} said nothing for 10 s", w.pid());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_worker_that_keeps_saying_alive_is_not_broken_and_wakes_nobody() {
+    let bench = Bench::new();
+    let (news, rx) = NewsSender::channel();
+    let woken = Arc::new(AtomicUsize::new(0));
+    let counter = woken.clone();
+    news.set_wake(Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let mut w = bench.spawn(&news, &[("MODE", "alive")]).handshake(READY).unwrap();
+    // Several `alive` lines after its ready, each one noted.
+    for _ in 0..5 {
+        heard_again(&w);
+        assert_eq!(w.check_silence(Instant::now(), mesh_mps::SILENCE_LIMIT), None);
+    }
+    assert!(w.broken().is_none());
+    assert!(rx.try_recv().is_err(), "an alive line is no news");
+    assert_eq!(woken.load(Ordering::SeqCst), 0, "nor a wake-up of the backend");
+    w.kill();
+}
+
+#[test]
+fn a_stopped_worker_goes_silent_and_is_broken_off() {
+    let bench = Bench::new();
+    let (news, _rx) = NewsSender::channel();
+    let mut w = bench.spawn(&news, &[("MODE", "alive")]).handshake(READY).unwrap();
+    let pid = w.pid();
+    heard_again(&w);
+    let process = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    rustix::process::kill_process(process, rustix::process::Signal::STOP).unwrap();
+    let bound = Duration::from_millis(300);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let silent = loop {
+        if let Some(d) = w.check_silence(Instant::now(), bound) {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "a stopped worker was never found silent");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(silent > bound);
+    assert!(w.alive(), "stopped, not dead");
+    assert!(matches!(w.kernel(), KernelState::Failed { reason } if reason.contains(&format!("worker {pid}"))));
+    // A stopped process dies of SIGKILL all the same, and is reaped.
+    w.kill();
+    assert!(w.exited());
 }

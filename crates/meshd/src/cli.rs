@@ -178,6 +178,14 @@ pub struct RunArgs {
     /// every running program then stalls once, counted in info and ps and said in the reply.
     #[arg(long)]
     pub pool_grow: bool,
+    /// MPS: how often each worker checks its running kernel's stream, µs (50 to 200000): the trade
+    /// between how soon a fault is noticed (this bounds the detection part of a recovery) and each
+    /// worker's CPU use (a worker with a running kernel wakes once per check). The default, 1000, is
+    /// what earlier versions used; other values are not yet verified on a GPU.
+    #[arg(long, value_name = "US", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64)
+              .range(*mesh_mps::KERNEL_CHECK_RANGE_US.start()..=*mesh_mps::KERNEL_CHECK_RANGE_US.end()))]
+    pub mps_kernel_check_us: u64,
     /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
     #[arg(long)]
     pub shm: Option<PathBuf>,

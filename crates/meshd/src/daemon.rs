@@ -219,6 +219,7 @@ struct BackendArgs {
     pool: u32,
     pool_grow: bool,
     stop_deadline: Duration,
+    kernel_check: Duration,
 }
 
 impl From<&RunArgs> for BackendArgs {
@@ -229,6 +230,7 @@ impl From<&RunArgs> for BackendArgs {
             pool: a.pool,
             pool_grow: a.pool_grow,
             stop_deadline: Duration::from_millis(a.stop_timeout_ms),
+            kernel_check: Duration::from_micros(a.mps_kernel_check_us),
         }
     }
 }
@@ -260,6 +262,7 @@ fn open_backend(
                 pool: args.pool,
                 pool_grow: args.pool_grow,
                 stop_deadline: args.stop_deadline,
+                kernel_check: args.kernel_check,
             };
             let b = mesh_mps::MpsBackend::open(mailbox, config)?;
             let pool = b.pool().and_then(|p| p.snapshot()).unwrap_or_default();

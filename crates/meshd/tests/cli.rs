@@ -95,3 +95,23 @@ fn channel_create_names_its_protocols_and_refuses_others() {
     let out = meshd(&["channel", "create", "c", "--msg-size", "1048576", "--capacity", "4", "--protocol", "bulk"]);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn the_mps_kernel_check_period_says_its_trade_and_refuses_what_is_out_of_range() {
+    let help = String::from_utf8_lossy(&meshd(&["run", "--help"]).stdout).into_owned();
+    assert!(
+        help.contains("--mps-kernel-check-us") && help.contains("[default: 1000]") && help.contains("CPU"),
+        "{help}"
+    );
+    for bad in ["0", "49", "200001", "1ms"] {
+        let out = meshd(&["run", "--isolation", "mps", "--mps-kernel-check-us", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--mps-kernel-check-us"), "the refusal names the option: {err}");
+    }
+    // In range it parses (the start then fails for another reason here, never as bad usage).
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("mb");
+    let out = meshd(&["run", "--isolation", "mps", "--mps-kernel-check-us", "5000", "--shm", shm.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
