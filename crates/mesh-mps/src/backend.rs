@@ -192,7 +192,12 @@ fn map_channels(rings: &mut Option<SharedRings>, mailbox: &Mailbox, worker: &mut
         }
     }
     for loss in rings.take_losses() {
-        tracing::warn!(channel = loss.channel, "its device ring was made anew, empty: {} messages lost", loss.lost);
+        tracing::warn!(
+            channel = loss.channel,
+            "channel {:?}: its device ring was made anew, empty: {} messages lost",
+            loss.channel,
+            loss.lost
+        );
     }
     Ok(())
 }
@@ -377,7 +382,8 @@ impl Recovery for Clients<'_> {
             for loss in rings.take_losses() {
                 tracing::warn!(
                     channel = loss.channel,
-                    "its device ring was renewed empty after the GPU fault: {} messages lost",
+                    "channel {:?}: its device ring was renewed empty after the GPU fault: {} messages lost",
+                    loss.channel,
                     loss.lost
                 );
             }

@@ -184,10 +184,32 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         );
     }
     print_natives(&natives);
-    if let Ok(Some(pool)) = call(socket, &Request::Info, &[]).map(|r| r.info.and_then(|i| i.extra.pool)) {
-        print_pool(&pool);
+    if let Ok(Some(info)) = call(socket, &Request::Info, &[]).map(|r| r.info) {
+        for line in loss_lines(&info.channels) {
+            println!("{line}");
+        }
+        if let Some(pool) = &info.extra.pool {
+            print_pool(pool);
+        }
     }
     Ok(())
+}
+
+/// `ps`'s line for each channel that lost messages with its device ring's slots (nothing when none
+/// did): the total over the channel's life, as `info`'s `lost` (`ps --json` keeps its shape).
+fn loss_lines(channels: &[meshd::protocol::ChannelRow]) -> Vec<String> {
+    channels
+        .iter()
+        .filter(|c| c.lost > 0)
+        .map(|c| {
+            let placement = if c.placement.is_empty() { "host" } else { c.placement.as_str() };
+            format!(
+                "channel {} ({placement}): {} message(s) lost with its ring's slots, made anew when meshd started again \
+                 or after a GPU fault",
+                c.name, c.lost
+            )
+        })
+        .collect()
 }
 
 /// `ps --json`: one array, the programs' rows, then the native workers' rows marked `"native": true`
@@ -374,6 +396,25 @@ fn print_natives(natives: &[meshd::native::NativeRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ps_says_each_channel_that_lost_messages_and_nothing_for_the_others() {
+        let row = |name: &str, placement: &str, lost: u64| meshd::protocol::ChannelRow {
+            name: name.into(),
+            msg_size: 64,
+            capacity: 16,
+            placement: placement.into(),
+            protocol: "ll".into(),
+            lost,
+            head: 12,
+            tail: 12,
+        };
+        assert!(loss_lines(&[row("a", "host", 0), row("b", "device", 0)]).is_empty());
+        let lines = loss_lines(&[row("a", "host", 0), row("dev", "device", 7), row("old", "", 1)]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("channel dev (device): 7 message(s) lost"), "{lines:?}");
+        assert!(lines[1].starts_with("channel old (host): 1 message(s) lost"), "an older meshd's row: {lines:?}");
+    }
 
     #[test]
     fn ps_json_lists_native_workers_after_the_programs_marked_native() {
