@@ -881,11 +881,15 @@ impl MpsBackend {
     /// each such program's worker alone: no GPU fault happened, so the other programs run on. The
     /// server cuts the silent client off (its kernel ends), then it is killed (a stopped process
     /// too), and the program is relaunched in an idle worker of its size, else in a new client
-    /// (which stalls the running programs once, counted as the pool's growth). Idle workers found
-    /// silent are only broken off: the watchdog discards them. Returns the log lines.
+    /// (which stalls the running programs once, counted as the pool's growth). Idle and standby
+    /// workers found silent are only broken off: the watchdog and the standby's tick discard them.
+    /// Returns the log lines.
     fn replace_silent(&self, s: &mut Shared, now: Instant) -> Vec<String> {
         for w in &mut s.idle {
             let _ = w.check_silence(now, SILENCE_LIMIT);
+        }
+        if let Some(sb) = s.standby.as_mut() {
+            sb.check_silence(now, SILENCE_LIMIT);
         }
         let silent: Vec<(usize, Duration)> = s
             .programs

@@ -149,6 +149,14 @@ impl Standby {
         log
     }
 
+    /// Breaks off every ready worker silent for more than `limit` at `now` (stopped or wedged: it
+    /// would fail the recovery that takes it); the next [`Standby::tick`] discards and replaces it.
+    pub fn check_silence(&mut self, now: Instant, limit: std::time::Duration) {
+        for w in &mut self.ready {
+            let _ = w.check_silence(now, limit);
+        }
+    }
+
     /// `n` ready workers, or `None` (and nothing taken) when fewer are ready.
     pub fn take(&mut self, n: usize) -> Option<Vec<Worker>> {
         if self.ready.len() < n {

@@ -1,12 +1,12 @@
 //! The standby server's bookkeeping against stand-ins (a control daemon and workers as shell scripts,
 //! CI has no MPS): filled at start and checked to be its clients, taken all or nothing, the faulted
 //! server's workers reaped without waiting, the roles swapped, and a new standby made tick by tick on
-//! a server that refuses clients for a while, without blocking. The GPU side is docs/mps-standby.md's.
+//! a server that refuses clients for a while, without blocking; a silent standby worker replaced. The GPU side is docs/mps-standby.md's.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mesh_mps::MpsControl;
 use mesh_mps::standby::Standby;
@@ -110,6 +110,15 @@ fn the_standby_is_filled_taken_swapped_and_made_again_without_blocking() {
     std::fs::remove_file(active.pipe_dir().join("refuse")).unwrap();
     let log = tick_until(&mut standby, &news, |s| s.ready() == 2);
     assert!(log.iter().any(|l| l.contains("MPS standby ready again: 2 idle worker(s)")), "{log:?}");
+
+    // A standby worker that said nothing past the bound (these stand-ins never say alive) is
+    // discarded, naming its silence, and replaced.
+    let before = standby.pids();
+    standby.check_silence(Instant::now() + Duration::from_secs(4), Duration::from_secs(3));
+    let log = standby.tick(mailbox, None, &news);
+    let discarded: Vec<&String> = log.iter().filter(|l| l.contains("discarded") && l.contains("silent for")).collect();
+    assert_eq!(discarded.len(), 2, "{log:?}");
+    tick_until(&mut standby, &news, |s| s.ready() == 2 && s.pids().iter().all(|p| !before.contains(p)));
 
     for w in idle {
         w.exit();
