@@ -832,17 +832,18 @@ impl MpsBackend {
         };
         times.new_clients += spawned.elapsed();
         let launched_at = Instant::now();
-        self.launch_in(s, which, workers, standby);
+        self.launch_in(s, which, workers, standby, "a GPU fault");
         times.relaunch += launched_at.elapsed();
     }
 
     /// Relaunches programs `which` (stopped) in `workers`, one each, the old worker of each killed (or
     /// handed to the standby to reap); a program left without a worker, or whose launch fails, is
-    /// left stopped with the error. Workers left over go to the pool (standby) or are killed.
-    fn launch_in(&self, s: &mut Shared, which: &[usize], mut workers: Vec<Worker>, standby: bool) {
+    /// left stopped with the error, naming `after` (what the relaunch follows). Workers left over go
+    /// to the pool (standby) or are killed.
+    fn launch_in(&self, s: &mut Shared, which: &[usize], mut workers: Vec<Worker>, standby: bool, after: &str) {
         for &i in which {
             let Some(mut worker) = workers.pop() else {
-                s.programs[i].core.life.fault("relaunch after a GPU fault failed: no MPS client could be started");
+                s.programs[i].core.life.fault(format!("relaunch after {after} failed: no MPS client could be started"));
                 continue;
             };
             let Shared { programs, rings, standby: sb, .. } = &mut *s;
@@ -862,9 +863,9 @@ impl MpsBackend {
             match launched {
                 Ok(()) => p.core.health.restarts += 1,
                 Err(e) => {
-                    tracing::error!(program = p.core.name, "relaunch after the fault failed: {e}");
+                    tracing::error!(program = p.core.name, "relaunch after {after} failed: {e}");
                     p.core.life.returned();
-                    p.core.life.fault(format!("relaunch after a GPU fault failed: {e}"));
+                    p.core.life.fault(format!("relaunch after {after} failed: {e}"));
                 }
             }
         }
@@ -928,7 +929,7 @@ impl MpsBackend {
                     (fresh, "a new MPS client: the running programs stalled once")
                 }
             };
-            self.launch_in(s, &[i], workers, false);
+            self.launch_in(s, &[i], workers, false, "its worker went silent");
             let p = &s.programs[i];
             let outcome = match p.core.life.faulted() {
                 None => format!("{name} relaunched in worker {} ({from})", p.worker.pid()),
