@@ -248,6 +248,10 @@ fn a_worker_of_another_protocol_or_silent_is_refused_naming_it() {
     let pid = w.pid();
     let e = w.handshake(READY).unwrap_err().to_string();
     assert!(e.contains(&pid.to_string()) && e.contains("speaks protocol 1 where meshd speaks 3"), "{e}");
+    // The last version's worker (no `alive`, no kernel_check_us in its ready) is refused for its version.
+    let w = bench.spawn(&news, &[("PROTO", "2")]);
+    let e = w.handshake(READY).unwrap_err().to_string();
+    assert!(e.contains("speaks protocol 2 where meshd speaks 3"), "{e}");
 
     let w = bench.spawn(&news, &[("MODE", "noproto")]);
     let e = w.handshake(READY).unwrap_err().to_string();
