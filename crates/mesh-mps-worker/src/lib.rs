@@ -32,7 +32,11 @@ pub const PROTOCOL: u32 = 3;
 /// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read) by
 /// default: the bound on how late meshd hears that a kernel ended or failed, whatever the number of
 /// workers. `--kernel-check-us` changes it (meshd's `--mps-kernel-check-us`).
-pub const KERNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+///
+/// 5 ms: it adds at most 5 ms to a recovery (goal 500 ms) and to an MPS upgrade's wait for the old
+/// kernel, while a 1 ms wait loop alone cost about 2% of a core per busy worker on the development
+/// container (0.7% at 5 ms; docs/gpu-runs/PENDING.md) — with 48 programs, a whole core.
+pub const KERNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The range `--kernel-check-us` accepts: below 50 µs the loop is a busy wait in all but name; above
 /// a second a fault waits that long to be heard, and the loop would miss its [`ALIVE_EVERY`].

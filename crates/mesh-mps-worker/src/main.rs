@@ -450,9 +450,9 @@ mod tests {
         assert_eq!(b.device, "GPU-5f3a0011");
         assert!(Args::try_parse_from(["mesh-mps-worker"]).is_err(), "--mailbox is required");
         assert!(Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--sms", "many"]).is_err());
-        assert_eq!(a.kernel_check_us, 1000, "the default period is KERNEL_CHECK");
-        let c = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", "5000"]).unwrap();
-        assert_eq!(c.kernel_check_us, 5000);
+        assert_eq!(a.kernel_check_us, 5000, "the default period is KERNEL_CHECK");
+        let c = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", "1000"]).unwrap();
+        assert_eq!(c.kernel_check_us, 1000);
         for bad in ["0", "49", "200001", "1ms"] {
             let e = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", bad]);
             assert!(e.is_err(), "--kernel-check-us {bad} is refused");

@@ -82,7 +82,7 @@ pub struct MpsConfig {
     pub pool_grow: bool,
     /// How long a program gets to stop before its worker is cut off.
     pub stop_deadline: Duration,
-    /// How often each worker checks its running kernel's stream (`KERNEL_CHECK`, 1 ms, by default):
+    /// How often each worker checks its running kernel's stream (`KERNEL_CHECK`, 5 ms, by default):
     /// how soon a fault is heard, against each worker's CPU use.
     pub kernel_check: Duration,
 }

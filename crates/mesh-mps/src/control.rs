@@ -195,7 +195,7 @@ impl MpsControl {
     }
 
     /// How often every worker started from now on checks its running kernel's stream (the
-    /// worker's `--kernel-check-us`; default `KERNEL_CHECK`, 1 ms).
+    /// worker's `--kernel-check-us`; default `KERNEL_CHECK`, 5 ms).
     #[must_use]
     pub fn with_kernel_check(mut self, every: Duration) -> Self {
         self.kernel_check = every;

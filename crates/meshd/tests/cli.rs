@@ -100,7 +100,7 @@ fn channel_create_names_its_protocols_and_refuses_others() {
 fn the_mps_kernel_check_period_says_its_trade_and_refuses_what_is_out_of_range() {
     let help = String::from_utf8_lossy(&meshd(&["run", "--help"]).stdout).into_owned();
     assert!(
-        help.contains("--mps-kernel-check-us") && help.contains("[default: 1000]") && help.contains("CPU"),
+        help.contains("--mps-kernel-check-us") && help.contains("[default: 5000]") && help.contains("CPU"),
         "{help}"
     );
     for bad in ["0", "49", "200001", "1ms"] {
