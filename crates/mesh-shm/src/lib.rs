@@ -15,6 +15,7 @@ pub mod claim;
 pub mod copy;
 pub mod device_header;
 pub mod error;
+pub mod indices;
 pub mod layout;
 pub mod mailbox;
 pub mod ring;
