@@ -162,7 +162,7 @@ impl Producer {
     }
 
     /// Sends one message (at most the message size; shorter ones are zero-padded). `Ok(false)`: full.
-    #[inline]
+    #[inline(always)]
     pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
         self.check_len(msg.len())?;
         // The errors are built out of line (cold) so that this call stays small enough to inline.
@@ -269,7 +269,7 @@ impl Consumer {
 
     /// Receives one message into `out` (exactly the message size). `Ok(false)`: no whole message yet
     /// (`out` may then hold part of one that is still arriving).
-    #[inline]
+    #[inline(always)]
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         self.check_len(out.len())?;
         match &mut self.core {

@@ -142,7 +142,7 @@ impl IndexProducerCore {
     }
 
     /// Writes one message (shorter ones are zero-padded) and publishes `head`; `false` when full.
-    #[inline]
+    #[inline(always)]
     pub fn try_push(&mut self, msg: &[u8]) -> Result<bool, Corrupt> {
         if !self.index.has_room()? {
             return Ok(false);
@@ -201,9 +201,9 @@ impl IndexConsumerCore {
 
     /// Reads one message into `out` (its length must be the message size) and publishes `tail`;
     /// `false` when empty.
-    #[inline]
+    #[inline(always)]
     pub fn try_pop(&mut self, out: &mut [u8]) -> Result<bool, Corrupt> {
-        if self.index.available(1)? == 0 {
+        if !self.index.has_message()? {
             return Ok(false);
         }
         self.read(out);
@@ -421,6 +421,7 @@ mod tests {
         let mut c = IndexConsumerCore::new(heap.ring).unwrap();
         let mut out = [0u8; 8];
         assert_eq!(c.try_pop(&mut out), Err(Corrupt { head: 3, tail: 5 }));
+        assert_eq!(c.try_pop(&mut out), Err(Corrupt { head: 3, tail: 5 }), "an impossible head is never cached");
         assert_eq!(c.pop_into(&mut out), Err(Corrupt { head: 3, tail: 5 }));
     }
 

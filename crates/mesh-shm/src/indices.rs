@@ -184,7 +184,9 @@ impl ConsumerIndex {
         if (ahead as i64) > 0 && ahead > ring.capacity {
             return Err(Corrupt { head, tail });
         }
-        Ok(Self { ring, tail, cached_head: head })
+        // The cached copy starts at `tail`, not at the `head` just read: a copy is taken only through
+        // the refresh, which checks it (a lagging `head`, fine for LL's consumer, is corrupt for index's).
+        Ok(Self { ring, tail, cached_head: tail })
     }
 
     /// The indices.
@@ -212,16 +214,28 @@ impl ConsumerIndex {
         Ok(ready)
     }
 
+    /// Whether a message is there to read: [`ConsumerIndex::available`] for one, as one compare on the
+    /// hot path (every cached `head` passed the refresh's check, and `tail` never passes it).
+    #[inline]
+    pub fn has_message(&mut self) -> Result<bool, Corrupt> {
+        if self.cached_head == self.tail {
+            return Ok(self.refresh()? > 0);
+        }
+        Ok(true)
+    }
+
     /// Rereads `head` (Acquire: the producer's stores to the slots it covers happened before the
     /// caller's reads). Cold, as the producer's refresh: once per burst of messages.
     #[cold]
     #[inline(never)]
     fn refresh(&mut self) -> Result<u64, Corrupt> {
-        self.cached_head = self.ring.head();
-        let ready = self.cached_head.wrapping_sub(self.tail);
+        let head = self.ring.head();
+        let ready = head.wrapping_sub(self.tail);
         if ready > self.ring.capacity {
-            return Err(Corrupt { head: self.cached_head, tail: self.tail });
+            // Not cached: the fast path of `has_message` trusts every cached copy.
+            return Err(Corrupt { head, tail: self.tail });
         }
+        self.cached_head = head;
         Ok(ready)
     }
 

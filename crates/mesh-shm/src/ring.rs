@@ -425,7 +425,7 @@ impl ProducerCore {
     ///
     /// The path of one message on its own, not [`Self::push_with`]'s loop: a compare against the
     /// cached `tail`, the slot's stores, the `head` store.
-    #[inline]
+    #[inline(always)]
     pub fn try_push(&mut self, msg: &[u8]) -> Result<bool, Corrupt> {
         debug_assert!(msg.len() <= self.ring.msg_size);
         if !self.index.has_room()? {
@@ -515,7 +515,7 @@ impl ConsumerCore {
     }
 
     /// Reads one message into `out` (its length must be the message size); `false` when empty.
-    #[inline]
+    #[inline(always)]
     pub fn try_pop(&mut self, out: &mut [u8]) -> bool {
         debug_assert_eq!(out.len(), self.ring.msg_size);
         // Not `pop_into`: one message needs no record count (a division by the message size).
