@@ -37,24 +37,47 @@ fn pair_mailbox(path: &std::path::Path, size: usize, capacity: u32) -> Mailbox {
     mb
 }
 
+// Inlined into each sized caller, so that the message's length is a constant there, as in rtrb's rows.
+#[inline(always)]
 fn spin_send(p: &mut Producer, msg: &[u8]) {
     while !p.try_send(msg).unwrap() {
         std::hint::spin_loop();
     }
 }
 
+#[inline(always)]
 fn spin_recv(c: &mut Consumer, out: &mut [u8]) {
     while !c.try_recv(out).unwrap() {
         std::hint::spin_loop();
     }
 }
 
+/// Calls `$f::<N>($args)` for the message size `$size` (one of [`RT_SIZES`]): the mesh rows, like
+/// rtrb's `[u8; N]`, move fixed-size arrays, so both sides of a comparison know the size at compile
+/// time (a caller with a run-time size pays a few branches more per message).
+macro_rules! sized {
+    ($size:expr, $f:ident($($arg:expr),*)) => {
+        match $size {
+            8 => $f::<8>($($arg),*),
+            64 => $f::<64>($($arg),*),
+            256 => $f::<256>($($arg),*),
+            1024 => $f::<1024>($($arg),*),
+            4096 => $f::<4096>($($arg),*),
+            other => panic!("no sized copy of the harness for {other}-byte messages"),
+        }
+    };
+}
+
 /// The far side of a channel pair: `sink` drains `data` and acks each STOP on `back`; `echo` returns every message.
 fn far_side(mb: &Mailbox, size: usize, role: &str, prefix: &str) {
-    let mut rx = Consumer::claim(mb, &format!("{prefix}data{size}")).unwrap();
-    let mut tx = Producer::claim(mb, &format!("{prefix}back{size}")).unwrap();
+    sized!(size, far_side_n(mb, role, prefix))
+}
+
+fn far_side_n<const N: usize>(mb: &Mailbox, role: &str, prefix: &str) {
+    let mut rx = Consumer::claim(mb, &format!("{prefix}data{N}")).unwrap();
+    let mut tx = Producer::claim(mb, &format!("{prefix}back{N}")).unwrap();
     let echo = role == "echo";
-    let mut msg = vec![0u8; size];
+    let mut msg = [0u8; N];
     loop {
         spin_recv(&mut rx, &mut msg);
         // Only the first 8 bytes are looked at: the sink does what rtrb's consumer does, plus this test.
@@ -70,7 +93,11 @@ fn far_side(mb: &Mailbox, size: usize, role: &str, prefix: &str) {
 
 /// Sends `n` messages and waits for the sink's ack; the time per batch.
 fn stream(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
-    let mut msg = vec![0u8; size];
+    sized!(size, stream_n(tx, rx, n))
+}
+
+fn stream_n<const N: usize>(tx: &mut Producer, rx: &mut Consumer, n: u64) -> Duration {
+    let mut msg = [0u8; N];
     let start = Instant::now();
     for i in 0..n {
         msg[..8].copy_from_slice(&i.to_le_bytes());
@@ -83,7 +110,11 @@ fn stream(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration
 }
 
 fn round_trips(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
-    let mut msg = vec![0u8; size];
+    sized!(size, round_trips_n(tx, rx, n))
+}
+
+fn round_trips_n<const N: usize>(tx: &mut Producer, rx: &mut Consumer, n: u64) -> Duration {
+    let mut msg = [0u8; N];
     let start = Instant::now();
     for i in 0..n {
         msg[..8].copy_from_slice(&i.to_le_bytes());
