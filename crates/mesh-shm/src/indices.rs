@@ -225,9 +225,9 @@ impl ConsumerIndex {
     }
 
     /// Rereads `head` (Acquire: the producer's stores to the slots it covers happened before the
-    /// caller's reads). Cold, as the producer's refresh: once per burst of messages.
-    #[cold]
-    #[inline(never)]
+    /// caller's reads). Inline, unlike the producer's refresh (once a lap): a consumer that keeps up
+    /// (every ping-pong, every host round trip) finds the ring empty at every message.
+    #[inline]
     fn refresh(&mut self) -> Result<u64, Corrupt> {
         let head = self.ring.head();
         let ready = head.wrapping_sub(self.tail);
