@@ -9,9 +9,11 @@ use mesh_backend::{BackendError, Result, SlotReading};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_EXITED;
 
-/// The channel indices of `names`, in order (binding 0, 1, …); a missing channel is refused by name.
+/// The channel indices of `names`, in order (binding 0, 1, …); a missing channel, or one of a
+/// protocol no GPU program speaks (protocol index), is refused by name. Both backends call this
+/// before they change anything, so a refused load leaves everything as it was.
 pub fn channel_indices(mailbox: &Mailbox, names: &[String]) -> Result<Vec<u32>> {
-    names.iter().map(|name| mailbox.channel(name).map(|c| c.index).map_err(BackendError::mailbox)).collect()
+    names.iter().map(|name| mailbox.channel_for_program(name).map(|c| c.index).map_err(BackendError::mailbox)).collect()
 }
 
 /// The lowest slot of the mailbox that none of `programs` holds.

@@ -74,7 +74,7 @@ pub struct MeshConsumer {
     inner: AnyConsumer,
 }
 
-/// The end a channel's protocol calls for: LL (`Producer`) or bulk (`BulkProducer`).
+/// The end a channel's protocol calls for: LL or index (`Producer`, which handles both) or bulk (`BulkProducer`).
 #[derive(Debug)]
 enum AnyProducer {
     Ll(Producer),
@@ -85,7 +85,7 @@ impl AnyProducer {
     fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
         Ok(match mailbox.channel(name)?.protocol {
             Protocol::Bulk => Self::Bulk(BulkProducer::claim(mailbox, name)?),
-            Protocol::Ll => Self::Ll(Producer::claim(mailbox, name)?),
+            Protocol::Ll | Protocol::Index => Self::Ll(Producer::claim(mailbox, name)?),
         })
     }
 
@@ -122,7 +122,7 @@ impl AnyConsumer {
     fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
         Ok(match mailbox.channel(name)?.protocol {
             Protocol::Bulk => Self::Bulk(BulkConsumer::claim(mailbox, name)?),
-            Protocol::Ll => Self::Ll(Consumer::claim(mailbox, name)?),
+            Protocol::Ll | Protocol::Index => Self::Ll(Consumer::claim(mailbox, name)?),
         })
     }
 
@@ -523,6 +523,9 @@ pub unsafe extern "C" fn mesh_shm_ctx(
             match unsafe { &*mb }.mailbox.channel(name) {
                 Ok(c) if c.placement != mesh_shm::Placement::Host => {
                     return shm_fail(&mesh_shm::ShmError::DevicePlacement { channel: c.name });
+                }
+                Ok(c) if !c.protocol.gpu_bindable() => {
+                    return shm_fail(&mesh_shm::ShmError::HostOnly { channel: c.name, protocol: c.protocol });
                 }
                 Ok(c) => {
                     *b = MeshShmBinding {

@@ -20,6 +20,7 @@ fn fixture() -> Fixture {
     owner.create_channel("a", 16, 8).unwrap();
     owner.create_channel("b", 64, 4).unwrap();
     owner.create_channel_with("big", 4096, 2, mesh_shm::Placement::Host, mesh_shm::Protocol::Bulk).unwrap();
+    owner.create_channel_with("hh", 16, 4, mesh_shm::Placement::Host, mesh_shm::Protocol::Index).unwrap();
     Fixture { path: CString::new(path.to_str().unwrap()).unwrap(), _dir: dir, _owner: owner }
 }
 
@@ -188,5 +189,35 @@ fn bad_arguments_are_error_codes_not_crashes() {
         // SAFETY: mesh_shm_strerror returns a static NUL-terminated string.
         let text = unsafe { CStr::from_ptr(mesh_shm_strerror(code)) }.to_string_lossy().into_owned();
         assert!(!text.is_empty());
+    }
+}
+
+#[test]
+fn an_index_channel_works_through_the_same_c_ends_and_no_kernel_context_binds_it() {
+    let f = fixture();
+    let mb = open(&f);
+    let (mut tx, mut rx) = (null_mut(), null_mut());
+    // SAFETY: live mailbox, NUL-terminated names, writable outs; every handle is released once below.
+    unsafe {
+        assert_eq!(mesh_shm_producer_claim(mb, c"hh".as_ptr(), &mut tx), MESH_OK, "{}", last_error());
+        assert_eq!(mesh_shm_consumer_claim(mb, c"hh".as_ptr(), &mut rx), MESH_OK, "{}", last_error());
+        let mut buf = [0u8; 16];
+        for i in 0u64..4 {
+            assert_eq!(mesh_shm_try_send(tx, i.to_le_bytes().as_ptr().cast(), 8), MESH_OK, "{}", last_error());
+        }
+        assert_eq!(mesh_shm_try_send(tx, buf.as_ptr().cast(), 16), MESH_FULL, "capacity 4");
+        for i in 0u64..4 {
+            assert_eq!(mesh_shm_recv(rx, buf.as_mut_ptr().cast(), 16, 1000), MESH_OK);
+            assert_eq!(buf, [i.to_le_bytes(), [0; 8]].concat()[..], "zero-padded to the message size");
+        }
+        assert_eq!(mesh_shm_try_recv(rx, buf.as_mut_ptr().cast(), 16), MESH_EMPTY);
+        mesh_shm_producer_release(tx);
+        mesh_shm_consumer_release(rx);
+        let names = [c"a".as_ptr(), c"hh".as_ptr()];
+        let mut ctx = MeshShmCtx::default();
+        assert_eq!(mesh_shm_ctx(mb, 0, names.as_ptr(), 2, &mut ctx), MESH_ERR_ARG);
+        let e = last_error();
+        assert!(e.contains("\"hh\"") && e.contains("protocol index") && e.contains("cannot bind"), "{e}");
+        mesh_shm_close(mb);
     }
 }

@@ -3,13 +3,15 @@
 //! `cargo bench -p mesh-shm --bench channels`. rtrb is a heap ring and cannot cross processes, so the
 //! process rows compare against the same mesh channel between threads. The bench binary re-runs itself
 //! as the child process (role in `MESH_BENCH_CHILD`). Round trips run at 8 B to 4 KiB (64-slot rings
-//! above 256 B), throughput at 8 to 256 B.
+//! above 256 B), throughput at 8 to 256 B. Rows named `mesh-*` are channels of protocol ll (what a GPU
+//! program can be an end of), `index-*` of protocol index (host ends only, rtrb's format), through
+//! the same `Producer`/`Consumer` calls.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer};
+use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Placement, Producer, Protocol};
 
 const CAPACITY: u32 = 1024;
 const SIZES: [usize; 3] = [8, 64, 256];
@@ -19,38 +21,63 @@ const RT_BIG_CAPACITY: u32 = 64;
 const STOP: u64 = u64::MAX;
 const QUIT: u64 = u64::MAX - 1;
 
-fn mailbox(dir: &std::path::Path) -> Mailbox {
-    let mb = Mailbox::create(
-        dir.join("mb"),
-        &MailboxConfig { size: 16 << 20, slots: 1, channels: 16 },
-        CreateMode::Exclusive,
-    )
-    .unwrap();
-    for size in SIZES {
-        mb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
-        mb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
+/// The protocols measured: the row prefix and the channel-name prefix of each.
+const PROTOCOLS: [(&str, &str, Protocol); 2] = [("mesh", "", Protocol::Ll), ("index", "i", Protocol::Index)];
+
+/// A mailbox at `path` with a `data`/`back` pair of `size`-byte channels of `capacity` in each protocol.
+fn pair_mailbox(path: &std::path::Path, size: usize, capacity: u32) -> Mailbox {
+    let mb =
+        Mailbox::create(path, &MailboxConfig { size: 8 << 20, slots: 1, channels: 8 }, CreateMode::Exclusive).unwrap();
+    let size = u32::try_from(size).unwrap();
+    for (_, prefix, protocol) in PROTOCOLS {
+        for end in ["data", "back"] {
+            mb.create_channel_with(&format!("{prefix}{end}{size}"), size, capacity, Placement::Host, protocol).unwrap();
+        }
     }
     mb
 }
 
+// Inlined into each sized caller, so that the message's length is a constant there, as in rtrb's rows.
+#[inline(always)]
 fn spin_send(p: &mut Producer, msg: &[u8]) {
     while !p.try_send(msg).unwrap() {
         std::hint::spin_loop();
     }
 }
 
+#[inline(always)]
 fn spin_recv(c: &mut Consumer, out: &mut [u8]) {
     while !c.try_recv(out).unwrap() {
         std::hint::spin_loop();
     }
 }
 
+/// Calls `$f::<N>($args)` for the message size `$size` (one of [`RT_SIZES`]): the mesh rows, like
+/// rtrb's `[u8; N]`, move fixed-size arrays, so both sides of a comparison know the size at compile
+/// time (a caller with a run-time size pays a few branches more per message).
+macro_rules! sized {
+    ($size:expr, $f:ident($($arg:expr),*)) => {
+        match $size {
+            8 => $f::<8>($($arg),*),
+            64 => $f::<64>($($arg),*),
+            256 => $f::<256>($($arg),*),
+            1024 => $f::<1024>($($arg),*),
+            4096 => $f::<4096>($($arg),*),
+            other => panic!("no sized copy of the harness for {other}-byte messages"),
+        }
+    };
+}
+
 /// The far side of a channel pair: `sink` drains `data` and acks each STOP on `back`; `echo` returns every message.
-fn far_side(mb: &Mailbox, size: usize, role: &str) {
-    let mut rx = Consumer::claim(mb, &format!("data{size}")).unwrap();
-    let mut tx = Producer::claim(mb, &format!("back{size}")).unwrap();
+fn far_side(mb: &Mailbox, size: usize, role: &str, prefix: &str) {
+    sized!(size, far_side_n(mb, role, prefix))
+}
+
+fn far_side_n<const N: usize>(mb: &Mailbox, role: &str, prefix: &str) {
+    let mut rx = Consumer::claim(mb, &format!("{prefix}data{N}")).unwrap();
+    let mut tx = Producer::claim(mb, &format!("{prefix}back{N}")).unwrap();
     let echo = role == "echo";
-    let mut msg = vec![0u8; size];
+    let mut msg = [0u8; N];
     loop {
         spin_recv(&mut rx, &mut msg);
         // Only the first 8 bytes are looked at: the sink does what rtrb's consumer does, plus this test.
@@ -66,7 +93,11 @@ fn far_side(mb: &Mailbox, size: usize, role: &str) {
 
 /// Sends `n` messages and waits for the sink's ack; the time per batch.
 fn stream(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
-    let mut msg = vec![0u8; size];
+    sized!(size, stream_n(tx, rx, n))
+}
+
+fn stream_n<const N: usize>(tx: &mut Producer, rx: &mut Consumer, n: u64) -> Duration {
+    let mut msg = [0u8; N];
     let start = Instant::now();
     for i in 0..n {
         msg[..8].copy_from_slice(&i.to_le_bytes());
@@ -79,7 +110,11 @@ fn stream(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration
 }
 
 fn round_trips(tx: &mut Producer, rx: &mut Consumer, size: usize, n: u64) -> Duration {
-    let mut msg = vec![0u8; size];
+    sized!(size, round_trips_n(tx, rx, n))
+}
+
+fn round_trips_n<const N: usize>(tx: &mut Producer, rx: &mut Consumer, n: u64) -> Duration {
+    let mut msg = [0u8; N];
     let start = Instant::now();
     for i in 0..n {
         msg[..8].copy_from_slice(&i.to_le_bytes());
@@ -148,7 +183,6 @@ fn rtrb_round_trips<const N: usize>(n: u64) -> Duration {
 fn bench(c: &mut Criterion) {
     // /dev/shm, as meshd's mailbox: a file on a disk filesystem pays page-cache writeback faults.
     let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
-    let mb = mailbox(dir.path());
     let mut throughput = c.benchmark_group("throughput");
     throughput.throughput(Throughput::Elements(1));
     for size in SIZES {
@@ -159,34 +193,29 @@ fn bench(c: &mut Criterion) {
                 _ => rtrb_stream::<256>(n),
             })
         });
-        // A mesh sink thread for the whole group: each sample streams n messages and waits for the ack.
-        let sink_mb = mb.clone();
-        let sink = std::thread::spawn(move || far_side(&sink_mb, size, "sink"));
-        let mut tx = Producer::claim(&mb, &format!("data{size}")).unwrap();
-        let mut rx = Consumer::claim(&mb, &format!("back{size}")).unwrap();
-        throughput.bench_function(BenchmarkId::new("mesh-thread", size), |b| {
-            b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
-        });
-        quit(&mut tx, size);
-        sink.join().unwrap();
-        // The same channel pair, fresh, with the sink in another process.
-        let pair = format!("p{size}");
-        let pmb = Mailbox::create(
-            dir.path().join(&pair),
-            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
-            CreateMode::Exclusive,
-        )
-        .unwrap();
-        pmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
-        pmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), CAPACITY).unwrap();
-        let mut child = spawn_child(&dir.path().join(&pair), size, "sink");
-        let mut tx = Producer::claim(&pmb, &format!("data{size}")).unwrap();
-        let mut rx = Consumer::claim(&pmb, &format!("back{size}")).unwrap();
-        throughput.bench_function(BenchmarkId::new("mesh-process", size), |b| {
-            b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
-        });
-        quit(&mut tx, size);
-        let _ = child.wait();
+        let mb = pair_mailbox(&dir.path().join(format!("tt{size}")), size, CAPACITY);
+        let pmb = pair_mailbox(&dir.path().join(format!("tp{size}")), size, CAPACITY);
+        for (row, prefix, _) in PROTOCOLS {
+            // A sink thread for the whole group: each sample streams n messages and waits for the ack.
+            let sink_mb = mb.clone();
+            let sink = std::thread::spawn(move || far_side(&sink_mb, size, "sink", prefix));
+            let mut tx = Producer::claim(&mb, &format!("{prefix}data{size}")).unwrap();
+            let mut rx = Consumer::claim(&mb, &format!("{prefix}back{size}")).unwrap();
+            throughput.bench_function(BenchmarkId::new(format!("{row}-thread"), size), |b| {
+                b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
+            });
+            quit(&mut tx, size);
+            sink.join().unwrap();
+            // The same channel pair, fresh, with the sink in another process.
+            let mut child = spawn_child(&dir.path().join(format!("tp{size}")), size, "sink", prefix);
+            let mut tx = Producer::claim(&pmb, &format!("{prefix}data{size}")).unwrap();
+            let mut rx = Consumer::claim(&pmb, &format!("{prefix}back{size}")).unwrap();
+            throughput.bench_function(BenchmarkId::new(format!("{row}-process"), size), |b| {
+                b.iter_custom(|n| stream(&mut tx, &mut rx, size, n))
+            });
+            quit(&mut tx, size);
+            let _ = child.wait();
+        }
     }
     throughput.finish();
 
@@ -202,48 +231,34 @@ fn bench(c: &mut Criterion) {
                 _ => rtrb_round_trips::<4096>(n),
             })
         });
-        let name = format!("rt{size}");
-        let lmb = Mailbox::create(
-            dir.path().join(&name),
-            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
-            CreateMode::Exclusive,
-        )
-        .unwrap();
-        lmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
-        lmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
-        let mut child = spawn_child(&dir.path().join(&name), size, "echo");
-        {
-            let mut tx = Producer::claim(&lmb, &format!("data{size}")).unwrap();
-            let mut rx = Consumer::claim(&lmb, &format!("back{size}")).unwrap();
-            latency.bench_function(BenchmarkId::new("mesh-process", size), |b| {
+        let lmb = pair_mailbox(&dir.path().join(format!("rt{size}")), size, capacity);
+        let tmb = pair_mailbox(&dir.path().join(format!("rtt{size}")), size, capacity);
+        for (row, prefix, _) in PROTOCOLS {
+            let mut child = spawn_child(&dir.path().join(format!("rt{size}")), size, "echo", prefix);
+            {
+                let mut tx = Producer::claim(&lmb, &format!("{prefix}data{size}")).unwrap();
+                let mut rx = Consumer::claim(&lmb, &format!("{prefix}back{size}")).unwrap();
+                latency.bench_function(BenchmarkId::new(format!("{row}-process"), size), |b| {
+                    b.iter_custom(|n| round_trips(&mut tx, &mut rx, size, n))
+                });
+                let mut stop = vec![0u8; size];
+                stop[..8].copy_from_slice(&STOP.to_le_bytes());
+                spin_send(&mut tx, &stop);
+            }
+            let _ = child.wait();
+            // Thread to thread: an echo thread over a fresh pair.
+            let emb = tmb.clone();
+            let echo = std::thread::spawn(move || far_side(&emb, size, "echo", prefix));
+            let mut tx = Producer::claim(&tmb, &format!("{prefix}data{size}")).unwrap();
+            let mut rx = Consumer::claim(&tmb, &format!("{prefix}back{size}")).unwrap();
+            latency.bench_function(BenchmarkId::new(format!("{row}-thread"), size), |b| {
                 b.iter_custom(|n| round_trips(&mut tx, &mut rx, size, n))
             });
             let mut stop = vec![0u8; size];
             stop[..8].copy_from_slice(&STOP.to_le_bytes());
             spin_send(&mut tx, &stop);
+            echo.join().unwrap();
         }
-        let _ = child.wait();
-        // Thread to thread: an echo thread over a fresh pair.
-        let tname = format!("rtt{size}");
-        let tmb = Mailbox::create(
-            dir.path().join(&tname),
-            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
-            CreateMode::Exclusive,
-        )
-        .unwrap();
-        tmb.create_channel(&format!("data{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
-        tmb.create_channel(&format!("back{size}"), u32::try_from(size).unwrap(), capacity).unwrap();
-        let emb = tmb.clone();
-        let echo = std::thread::spawn(move || far_side(&emb, size, "echo"));
-        let mut tx = Producer::claim(&tmb, &format!("data{size}")).unwrap();
-        let mut rx = Consumer::claim(&tmb, &format!("back{size}")).unwrap();
-        latency.bench_function(BenchmarkId::new("mesh-thread", size), |b| {
-            b.iter_custom(|n| round_trips(&mut tx, &mut rx, size, n))
-        });
-        let mut stop = vec![0u8; size];
-        stop[..8].copy_from_slice(&STOP.to_le_bytes());
-        spin_send(&mut tx, &stop);
-        echo.join().unwrap();
     }
     latency.finish();
 
@@ -259,29 +274,24 @@ fn bench(c: &mut Criterion) {
             1024 => rtrb_one_thread::<1024>(b),
             _ => rtrb_one_thread::<4096>(b),
         });
-        let name = format!("own{size}");
-        let omb = Mailbox::create(
-            dir.path().join(&name),
-            &MailboxConfig { size: 4 << 20, slots: 1, channels: 4 },
-            CreateMode::Exclusive,
-        )
-        .unwrap();
-        omb.create_channel("data", u32::try_from(size).unwrap(), capacity).unwrap();
-        let mut tx = Producer::claim(&omb, "data").unwrap();
-        let mut rx = Consumer::claim(&omb, "data").unwrap();
-        let mut msg = vec![0u8; size];
-        let mut out = vec![0u8; size];
-        let mut i = 0u64;
-        own.bench_function(BenchmarkId::new("mesh", size), |b| {
-            b.iter(|| {
-                // One 8-byte store: a narrower one under a wider load would stall the load.
-                i += 1;
-                msg[..8].copy_from_slice(&i.to_le_bytes());
-                assert!(tx.try_send(black_box(&msg)).unwrap());
-                assert!(rx.try_recv(black_box(&mut out)).unwrap());
-                u64::from_le_bytes(out[..8].try_into().unwrap())
-            })
-        });
+        let omb = pair_mailbox(&dir.path().join(format!("own{size}")), size, capacity);
+        for (row, prefix, _) in PROTOCOLS {
+            let mut tx = Producer::claim(&omb, &format!("{prefix}data{size}")).unwrap();
+            let mut rx = Consumer::claim(&omb, &format!("{prefix}data{size}")).unwrap();
+            let mut msg = vec![0u8; size];
+            let mut out = vec![0u8; size];
+            let mut i = 0u64;
+            own.bench_function(BenchmarkId::new(row, size), |b| {
+                b.iter(|| {
+                    // One 8-byte store: a narrower one under a wider load would stall the load.
+                    i += 1;
+                    msg[..8].copy_from_slice(&i.to_le_bytes());
+                    assert!(tx.try_send(black_box(&msg)).unwrap());
+                    assert!(rx.try_recv(black_box(&mut out)).unwrap());
+                    u64::from_le_bytes(out[..8].try_into().unwrap())
+                })
+            });
+        }
     }
     own.finish();
 }
@@ -306,19 +316,20 @@ fn quit(tx: &mut Producer, size: usize) {
     spin_send(tx, &msg);
 }
 
-fn spawn_child(path: &std::path::Path, size: usize, role: &str) -> std::process::Child {
+fn spawn_child(path: &std::path::Path, size: usize, role: &str, prefix: &str) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
-        .env("MESH_BENCH_CHILD", format!("{role}:{size}:{}", path.display()))
+        .env("MESH_BENCH_CHILD", format!("{role}:{size}:{prefix}:{}", path.display()))
         .spawn()
         .unwrap()
 }
 
 fn main() {
     if let Ok(spec) = std::env::var("MESH_BENCH_CHILD") {
-        let mut parts = spec.splitn(3, ':');
-        let (role, size, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let mut parts = spec.splitn(4, ':');
+        let mut next = || parts.next().unwrap();
+        let (role, size, prefix, path) = (next(), next(), next(), next());
         let mb = Mailbox::open(path).unwrap();
-        far_side(&mb, size.parse().unwrap(), role);
+        far_side(&mb, size.parse().unwrap(), role, prefix);
         return;
     }
     let mut c = Criterion::default()

@@ -24,17 +24,17 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 
+pub use crate::indices::Corrupt;
+use crate::indices::{ConsumerIndex, ProducerIndex, RingIndices};
 use crate::layout::{RingHeader, bulk_payload_offset};
-pub use crate::ring::Corrupt;
 
 /// A bulk ring's memory: its header, its flags, its payloads.
 #[derive(Debug, Clone, Copy)]
 pub struct BulkMemory {
-    header: NonNull<RingHeader>,
+    indices: RingIndices,
     flags: NonNull<AtomicU64>,
     payload: NonNull<u8>,
     msg_size: usize,
-    capacity: u64,
 }
 
 // SAFETY: the ring is shared memory by design; flags and indices are accessed through atomics, and
@@ -55,7 +55,9 @@ impl BulkMemory {
         let offset = bulk_payload_offset(capacity as u32) as usize;
         // SAFETY: the payloads start `offset` bytes into the slots, inside the region the caller promised.
         let payload = unsafe { slots.add(offset) };
-        Self { header, flags: slots.cast(), payload, msg_size, capacity }
+        // SAFETY: the header's part of this function's contract.
+        let indices = unsafe { RingIndices::new(header, capacity) };
+        Self { indices, flags: slots.cast(), payload, msg_size }
     }
 
     /// Payload bytes per message.
@@ -65,33 +67,25 @@ impl BulkMemory {
 
     /// Messages the ring holds.
     pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    #[inline]
-    fn header(&self) -> &RingHeader {
-        // SAFETY: `new`'s contract keeps the header valid; it is only read through atomics.
-        unsafe { self.header.as_ref() }
+        self.indices.capacity()
     }
 
     /// The producer index, as last published.
     #[inline]
     pub fn head(&self) -> u64 {
-        self.header().producer.head.load(Ordering::Acquire)
+        self.indices.head()
     }
 
     /// The consumer index, as last published.
     #[inline]
     pub fn tail(&self) -> u64 {
-        self.header().consumer.tail.load(Ordering::Acquire)
+        self.indices.tail()
     }
 
     /// The slot message `seq` uses.
     #[inline]
     pub fn slot_of(&self, seq: u64) -> usize {
-        #[allow(clippy::cast_possible_truncation, reason = "masked to capacity - 1 < 2^32")]
-        let slot = (seq & (self.capacity - 1)) as usize;
-        slot
+        self.indices.slot_of(seq)
     }
 
     /// The flag of message `seq`'s slot.
@@ -116,27 +110,17 @@ impl BulkMemory {
     }
 }
 
-/// The producer end's private state: its own index and a cached copy of the consumer's.
+/// The producer end's private state: its index (see `indices`) over the flags and payloads.
 #[derive(Debug)]
 pub struct BulkProducerCore {
     ring: BulkMemory,
-    head: u64,
-    cached_tail: u64,
+    index: ProducerIndex,
 }
 
 impl BulkProducerCore {
     /// Takes over the producer end where the last producer left it (see the module's comment).
     pub fn new(ring: BulkMemory) -> Self {
-        let published = ring.header().producer.head.load(Ordering::Relaxed);
-        let tail = ring.tail();
-        let mut head = if (tail.wrapping_sub(published) as i64) > 0 { tail } else { published };
-        while head.wrapping_sub(tail) < ring.capacity && ring.written(head) {
-            head = head.wrapping_add(1);
-        }
-        if head != published {
-            ring.header().producer.head.store(head, Ordering::Release);
-        }
-        Self { ring, head, cached_tail: tail }
+        Self { ring, index: ProducerIndex::resume(ring.indices, |seq| ring.written(seq)) }
     }
 
     /// The ring this end writes.
@@ -146,29 +130,21 @@ impl BulkProducerCore {
 
     /// The sequence number the next message gets.
     pub fn head(&self) -> u64 {
-        self.head
+        self.index.head()
     }
 
     /// Free slots, reading the consumer's index only when the ring looks full.
     #[inline]
     pub fn free(&mut self) -> Result<u64, Corrupt> {
-        let mut used = self.head.wrapping_sub(self.cached_tail);
-        if used >= self.ring.capacity {
-            self.cached_tail = self.ring.tail();
-            used = self.head.wrapping_sub(self.cached_tail);
-        }
-        if used > self.ring.capacity {
-            return Err(Corrupt { head: self.head, tail: self.cached_tail });
-        }
-        Ok(self.ring.capacity - used)
+        self.index.free(1)
     }
 
     /// The payload slot of the next message when there is room: the caller may write its
     /// `msg_size` bytes (and nothing else) until [`BulkProducerCore::publish`]. The Acquire load of
-    /// `tail` in `free` ordered the consumer's reads of the slot's last lap before these writes.
+    /// `tail` behind `free` ordered the consumer's reads of the slot's last lap before these writes.
     #[inline]
     pub fn reserve(&mut self) -> Result<Option<*mut u8>, Corrupt> {
-        Ok((self.free()? > 0).then(|| self.ring.payload_ptr(self.head)))
+        Ok((self.free()? > 0).then(|| self.ring.payload_ptr(self.index.head())))
     }
 
     /// Publishes the message written into the slot [`BulkProducerCore::reserve`] gave: its flag, then
@@ -177,29 +153,24 @@ impl BulkProducerCore {
     /// `sfence`).
     #[inline]
     pub fn publish(&mut self) {
-        self.ring.flag(self.head).store(self.head.wrapping_add(1), Ordering::Release);
-        self.head = self.head.wrapping_add(1);
-        self.ring.header().producer.head.store(self.head, Ordering::Release);
+        let seq = self.index.head();
+        self.ring.flag(seq).store(seq.wrapping_add(1), Ordering::Release);
+        self.index.advance(1);
+        self.index.publish();
     }
 }
 
-/// The consumer end's private state: its own index.
+/// The consumer end's private state: its index (the bulk consumer reads flags, not `head`).
 #[derive(Debug)]
 pub struct BulkConsumerCore {
     ring: BulkMemory,
-    tail: u64,
+    index: ConsumerIndex,
 }
 
 impl BulkConsumerCore {
     /// Takes over the consumer end at the published `tail`; refuses a `head` more than a ring ahead.
     pub fn new(ring: BulkMemory) -> Result<Self, Corrupt> {
-        let tail = ring.header().consumer.tail.load(Ordering::Relaxed);
-        let head = ring.head();
-        let ahead = head.wrapping_sub(tail);
-        if (ahead as i64) > 0 && ahead > ring.capacity {
-            return Err(Corrupt { head, tail });
-        }
-        Ok(Self { ring, tail })
+        Ok(Self { ring, index: ConsumerIndex::claim(ring.indices)? })
     }
 
     /// The ring this end reads.
@@ -209,7 +180,7 @@ impl BulkConsumerCore {
 
     /// The sequence number of the next message to read.
     pub fn tail(&self) -> u64 {
-        self.tail
+        self.index.tail()
     }
 
     /// The payload of the next message if it is whole: the caller may read its `msg_size` bytes until
@@ -217,15 +188,16 @@ impl BulkConsumerCore {
     /// stores before the caller's reads.
     #[inline]
     pub fn peek(&self) -> Option<*const u8> {
-        self.ring.written(self.tail).then(|| self.ring.payload_ptr(self.tail).cast_const())
+        let seq = self.index.tail();
+        self.ring.written(seq).then(|| self.ring.payload_ptr(seq).cast_const())
     }
 
     /// Hands the slot [`BulkConsumerCore::peek`] gave back to the producer (`tail` with Release: every
     /// read of it is done). Reads by helper threads must have been joined first.
     #[inline]
     pub fn release(&mut self) {
-        self.tail = self.tail.wrapping_add(1);
-        self.ring.header().consumer.tail.store(self.tail, Ordering::Release);
+        self.index.advance(1);
+        self.index.publish();
     }
 }
 
@@ -260,7 +232,7 @@ mod tests {
         }
 
         fn set_indices(&self, head: u64, tail: u64) {
-            let h = self.ring.header();
+            let h = self.ring.indices.header();
             h.producer.head.store(head, Ordering::Relaxed);
             h.consumer.tail.store(tail, Ordering::Relaxed);
         }

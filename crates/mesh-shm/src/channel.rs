@@ -1,11 +1,12 @@
-//! Host ends of a channel: a claimed producer or consumer over the ring, with try, deadline and batch calls.
+//! Host ends of a channel: a claimed producer or consumer over the ring (protocol ll or index, chosen per channel), with try, deadline and batch calls.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use crate::claim::{self, ClaimRefused, Holder};
 use crate::error::{End, Result, ShmError};
-use crate::mailbox::{ChannelInfo, Mailbox};
+use crate::index_ring::{IndexConsumerCore, IndexProducerCore};
+use crate::mailbox::{ChannelInfo, Mailbox, Protocol};
 use crate::ring::{ConsumerCore, Corrupt, ProducerCore};
 
 /// A claim on one end of a channel, released on drop. meshd holds these for ends a GPU program binds.
@@ -97,21 +98,54 @@ pub(crate) fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Resu
     }
 }
 
-/// The sending end of a channel.
+/// A channel's ring memory in its format, found before the end is claimed.
+enum Memory {
+    Ll(crate::ring::RingMemory),
+    Index(crate::index_ring::IndexMemory),
+}
+
+impl Memory {
+    /// The ring of host channel `info`: protocol ll or index (a bulk channel is refused, naming the
+    /// ends that speak it).
+    fn of(mailbox: &Mailbox, info: &ChannelInfo) -> Result<Self> {
+        Ok(match info.protocol {
+            Protocol::Index => Memory::Index(mailbox.index_memory(info)?),
+            _ => Memory::Ll(mailbox.ring_memory(info)?),
+        })
+    }
+}
+
+/// A producer's ring, in its channel's format: one match per call, on a value that never changes,
+/// so the branch predictor takes it for free (measured: BENCHMARKS.md, protocol index).
+#[derive(Debug)]
+enum ProducerRing {
+    /// Protocol ll (`ring`): GPU programs may be the other end.
+    Ll(ProducerCore),
+    /// Protocol index (`index_ring`): both ends host processes.
+    Index(IndexProducerCore),
+}
+
+/// The sending end of a channel of protocol ll or index.
 #[derive(Debug)]
 pub struct Producer {
-    core: ProducerCore,
+    core: ProducerRing,
     info: ChannelInfo,
     _claim: EndClaim,
 }
 
 impl Producer {
-    /// Claims the producer end of `name`.
+    /// Claims the producer end of `name` (protocol ll or index; a bulk channel's ends are
+    /// [`crate::BulkProducer`] and [`crate::BulkConsumer`]).
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
-        let ring = mailbox.ring_memory(&info)?;
+        let memory = Memory::of(mailbox, &info)?;
+        // Claimed before the core resumes: a live holder must refuse before this end publishes a head.
         let claim = EndClaim::take(mailbox, name, End::Producer)?;
-        Ok(Self { core: ProducerCore::new(ring), info, _claim: claim })
+        let core = match memory {
+            Memory::Ll(ring) => ProducerRing::Ll(ProducerCore::new(ring)),
+            Memory::Index(ring) => ProducerRing::Index(IndexProducerCore::new(ring)),
+        };
+        Ok(Self { core, info, _claim: claim })
     }
 
     /// The channel.
@@ -128,11 +162,15 @@ impl Producer {
     }
 
     /// Sends one message (at most the message size; shorter ones are zero-padded). `Ok(false)`: full.
-    #[inline]
+    #[inline(always)]
     pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
         self.check_len(msg.len())?;
         // The errors are built out of line (cold) so that this call stays small enough to inline.
-        self.core.try_push(msg).map_err(|c| corrupt(&self.info, c))
+        match &mut self.core {
+            ProducerRing::Ll(core) => core.try_push(msg),
+            ProducerRing::Index(core) => core.try_push(msg),
+        }
+        .map_err(|c| corrupt(&self.info, c))
     }
 
     /// Sends one message, waiting for room until `timeout` passes.
@@ -159,11 +197,13 @@ impl Producer {
             clippy::cast_possible_truncation,
             reason = "message indices and counts are at most msgs.len() / size, a usize"
         )]
-        let sent = self
-            .core
-            .push_with(count, |i| &msgs[i as usize * size..(i as usize + 1) * size])
-            .map_err(|c| corrupt(&self.info, c))? as usize;
-        Ok(sent)
+        let (msg, usize_of) = (|i: u64| &msgs[i as usize * size..(i as usize + 1) * size], |n: u64| n as usize);
+        let sent = match &mut self.core {
+            ProducerRing::Ll(core) => core.push_with(count, msg),
+            ProducerRing::Index(core) => core.push_with(count, msg),
+        }
+        .map_err(|c| corrupt(&self.info, c))?;
+        Ok(usize_of(sent))
     }
 
     /// Sends every message of `msgs`, waiting for room until `timeout` passes.
@@ -183,21 +223,34 @@ impl Producer {
     }
 }
 
-/// The receiving end of a channel.
+/// A consumer's ring, in its channel's format (see [`ProducerRing`]).
+#[derive(Debug)]
+enum ConsumerRing {
+    /// Protocol ll.
+    Ll(ConsumerCore),
+    /// Protocol index.
+    Index(IndexConsumerCore),
+}
+
+/// The receiving end of a channel of protocol ll or index.
 #[derive(Debug)]
 pub struct Consumer {
-    core: ConsumerCore,
+    core: ConsumerRing,
     info: ChannelInfo,
     _claim: EndClaim,
 }
 
 impl Consumer {
-    /// Claims the consumer end of `name`.
+    /// Claims the consumer end of `name` (protocol ll or index).
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
-        let ring = mailbox.ring_memory(&info)?;
+        let memory = Memory::of(mailbox, &info)?;
         let claim = EndClaim::take(mailbox, name, End::Consumer)?;
-        let core = ConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
+        let core = match memory {
+            Memory::Ll(ring) => ConsumerCore::new(ring).map(ConsumerRing::Ll),
+            Memory::Index(ring) => IndexConsumerCore::new(ring).map(ConsumerRing::Index),
+        }
+        .map_err(|c| corrupt(&info, c))?;
         Ok(Self { core, info, _claim: claim })
     }
 
@@ -216,10 +269,13 @@ impl Consumer {
 
     /// Receives one message into `out` (exactly the message size). `Ok(false)`: no whole message yet
     /// (`out` may then hold part of one that is still arriving).
-    #[inline]
+    #[inline(always)]
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         self.check_len(out.len())?;
-        Ok(self.core.try_pop(out))
+        match &mut self.core {
+            ConsumerRing::Ll(core) => Ok(core.try_pop(out)),
+            ConsumerRing::Index(core) => core.try_pop(out).map_err(|c| corrupt(&self.info, c)),
+        }
     }
 
     /// Receives one message, waiting until `timeout` passes.
@@ -241,9 +297,12 @@ impl Consumer {
         if out.len() % size != 0 {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: out.len() % size });
         }
+        let got = match &mut self.core {
+            ConsumerRing::Ll(core) => core.pop_into(out),
+            ConsumerRing::Index(core) => core.pop_into(out).map_err(|c| corrupt(&self.info, c))?,
+        };
         #[allow(clippy::cast_possible_truncation, reason = "at most out.len() / size messages, a usize")]
-        let got = self.core.pop_into(out) as usize;
-        Ok(got)
+        Ok(got as usize)
     }
 
     /// Receives at least one message into `out`, waiting until `timeout` passes; returns how many.

@@ -129,7 +129,7 @@ pub enum ShmError {
     /// A host end of one protocol was asked for on a channel of another.
     #[error(
         "channel {channel:?}: its slots are in the {protocol} format; this end speaks {wanted} \
-         (protocol ll: Producer/Consumer; protocol bulk: BulkProducer/BulkConsumer)"
+         (protocols ll and index: Producer/Consumer; protocol bulk: BulkProducer/BulkConsumer)"
     )]
     Protocol {
         /// The channel's name.
@@ -138,6 +138,18 @@ pub enum ShmError {
         protocol: crate::mailbox::Protocol,
         /// The protocol of the end asked for.
         wanted: crate::mailbox::Protocol,
+    },
+    /// A GPU program was to bind a channel whose protocol only host processes speak.
+    #[error(
+        "channel {channel:?}: protocol {protocol} is for two host processes (the payload alone in each slot, \
+         the producer's index saying what is whole), so a GPU program cannot bind it; create a channel \
+         of protocol ll (or bulk) for a program's end"
+    )]
+    HostOnly {
+        /// The channel's name.
+        channel: String,
+        /// The channel's protocol.
+        protocol: crate::mailbox::Protocol,
     },
     /// A kernel's context was asked for with a device channel whose ring this context has no address for.
     #[error(

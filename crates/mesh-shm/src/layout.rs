@@ -24,7 +24,8 @@ pub const LINE: u64 = 128;
 pub const MAX_BINDINGS: usize = 8;
 /// Longest channel or program name, in bytes (no terminating NUL needed).
 pub const NAME_LEN: usize = 48;
-/// Largest message a channel of the LL protocol ([`PROTOCOL_LL`]) may carry.
+/// Largest message a channel of the LL protocol ([`PROTOCOL_LL`]) or the index protocol
+/// ([`PROTOCOL_INDEX`]) may carry.
 pub const MAX_MSG_SIZE: u32 = 64 * 1024;
 /// Largest message a channel of the bulk protocol ([`PROTOCOL_BULK`]) may carry.
 pub const MAX_BULK_MSG_SIZE: u32 = 16 << 20;
@@ -157,9 +158,10 @@ pub struct ChannelDesc {
     /// Messages lost with a device ring's slots, counted over every renewal (host only: meshd adds
     /// to it when it makes a device ring anew after a start or a GPU fault; see `renew_device_ring`).
     pub lost: AtomicU64,
-    /// The slots' format: [`PROTOCOL_LL`] (a tag in every word) or [`PROTOCOL_BULK`] (payload, then
-    /// one flag per message). Carved out of what was zeroed padding in layout version 3, so a
-    /// descriptor written before the field existed reads as LL, which is what it is.
+    /// The slots' format: [`PROTOCOL_LL`] (a tag in every word), [`PROTOCOL_BULK`] (payload, then
+    /// one flag per message) or [`PROTOCOL_INDEX`] (payload alone; host ends only). Carved out of what
+    /// was zeroed padding in layout version 3, so a descriptor written before the field existed reads
+    /// as LL, which is what it is.
     pub protocol: u32,
     /// Pads the descriptor to one line.
     pub pad: [u8; 36],
@@ -171,6 +173,12 @@ pub const PROTOCOL_LL: u32 = 0;
 /// [`ChannelDesc::protocol`]: NCCL's Simple layout, for large messages (see `bulk`): the payload as it
 /// is, then, after a fence, one 8-byte flag per message; up to [`MAX_BULK_MSG_SIZE`].
 pub const PROTOCOL_BULK: u32 = 1;
+
+/// [`ChannelDesc::protocol`]: Lamport's (and rtrb's) layout, for channels whose two ends are host
+/// processes (see `index_ring`): the payload alone in each slot, the producer's `head` (Release)
+/// saying which slots are whole; the ring costs its payload. GPU programs cannot bind it (mesh.cuh's
+/// opens refuse any protocol but their own, and meshd refuses the load). Up to [`MAX_MSG_SIZE`].
+pub const PROTOCOL_INDEX: u32 = 2;
 
 /// [`ChannelDesc::placement`]: the slots are in the mailbox (host memory), mapped into every context.
 pub const PLACEMENT_HOST: u32 = 0;
@@ -234,7 +242,8 @@ pub struct MeshBinding {
     /// [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
     pub placement: u32,
     /// [`PROTOCOL_LL`] or [`PROTOCOL_BULK`] (was a zero reserved word before bulk channels: an
-    /// older program reads every binding as LL, which every channel it could be given was).
+    /// older program reads every binding as LL, which every channel it could be given was). Never
+    /// [`PROTOCOL_INDEX`]: such a channel is refused as a binding.
     pub protocol: u32,
 }
 
@@ -299,9 +308,19 @@ pub const fn bulk_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     bulk_payload_offset(capacity) + msg_size as u64 * capacity as u64
 }
 
-/// Bytes of a ring's slots in the format `protocol` names (anything but [`PROTOCOL_BULK`] is LL).
+/// Bytes of an index ring's slots: the payloads alone.
+pub const fn index_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
+    msg_size as u64 * capacity as u64
+}
+
+/// Bytes of a ring's slots in the format `protocol` names (any value but [`PROTOCOL_BULK`] and
+/// [`PROTOCOL_INDEX`] is LL).
 pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32) -> u64 {
-    if protocol == PROTOCOL_BULK { bulk_slot_bytes(msg_size, capacity) } else { slot_bytes(msg_size, capacity) }
+    match protocol {
+        PROTOCOL_BULK => bulk_slot_bytes(msg_size, capacity),
+        PROTOCOL_INDEX => index_slot_bytes(msg_size, capacity),
+        _ => slot_bytes(msg_size, capacity),
+    }
 }
 
 /// Where a ring whose header is at `ring_offset` keeps its slots, for a host channel: the first page

@@ -3,7 +3,8 @@
 //! * [`layout`]: the bytes of the file, one writer per word, offsets never pointers.
 //! * [`Mailbox`]: create (mode 0600, exclusive unless replacing), open (validates everything first),
 //!   the channel table and the program slots.
-//! * [`Producer`] / [`Consumer`]: claimed ends of single-producer single-consumer rings (protocol ll).
+//! * [`Producer`] / [`Consumer`]: claimed ends of single-producer single-consumer rings (protocols ll
+//!   and index: [`ring`] and [`index_ring`] are their formats, [`indices`] the index logic all share).
 //! * [`BulkProducer`] / [`BulkConsumer`]: claimed ends of channels of protocol bulk, for large
 //!   messages ([`bulk`] is their format, [`copy`] how they copy).
 //! * [`device_header`]: `mesh.cuh`, the same layout for CUDA programs.
@@ -15,6 +16,8 @@ pub mod claim;
 pub mod copy;
 pub mod device_header;
 pub mod error;
+pub mod index_ring;
+pub mod indices;
 pub mod layout;
 pub mod mailbox;
 pub mod ring;

@@ -238,14 +238,19 @@ pub enum Protocol {
     /// The payload as it is, a fence, then one flag per message (NCCL's Simple): for large messages,
     /// moved by a whole thread block or by wide host copies. Messages of 16 B to 16 MiB, multiples of 16.
     Bulk,
+    /// The payload alone in each slot, the producer's index saying what is whole (Lamport's ring,
+    /// rtrb's format): both ends host processes; the fastest host↔host (8 messages of 8 B per cache
+    /// line against LL's 4); GPU programs cannot bind it. Messages of 8 B to 64 KiB, multiples of 8.
+    Index,
 }
 
 impl Protocol {
-    /// The descriptor's value ([`PROTOCOL_LL`] or [`PROTOCOL_BULK`]).
+    /// The descriptor's value ([`PROTOCOL_LL`], [`PROTOCOL_BULK`] or [`PROTOCOL_INDEX`]).
     pub fn code(self) -> u32 {
         match self {
             Protocol::Ll => PROTOCOL_LL,
             Protocol::Bulk => PROTOCOL_BULK,
+            Protocol::Index => PROTOCOL_INDEX,
         }
     }
 
@@ -254,6 +259,7 @@ impl Protocol {
         match code {
             PROTOCOL_LL => Some(Protocol::Ll),
             PROTOCOL_BULK => Some(Protocol::Bulk),
+            PROTOCOL_INDEX => Some(Protocol::Index),
             _ => None,
         }
     }
@@ -264,6 +270,12 @@ impl Protocol {
     pub fn default_for(msg_size: u32) -> Self {
         if msg_size > MAX_MSG_SIZE { Protocol::Bulk } else { Protocol::Ll }
     }
+
+    /// Whether a GPU program may bind a channel of this protocol (not [`Protocol::Index`], whose ends
+    /// are both host processes).
+    pub fn gpu_bindable(self) -> bool {
+        self != Protocol::Index
+    }
 }
 
 impl std::fmt::Display for Protocol {
@@ -271,6 +283,7 @@ impl std::fmt::Display for Protocol {
         f.write_str(match self {
             Protocol::Ll => "ll",
             Protocol::Bulk => "bulk",
+            Protocol::Index => "index",
         })
     }
 }
@@ -281,7 +294,8 @@ impl std::str::FromStr for Protocol {
         match s {
             "ll" => Ok(Protocol::Ll),
             "bulk" => Ok(Protocol::Bulk),
-            other => Err(format!("protocol {other:?}: must be ll or bulk")),
+            "index" => Ok(Protocol::Index),
+            other => Err(format!("protocol {other:?}: must be ll, bulk or index")),
         }
     }
 }
@@ -470,12 +484,17 @@ impl Mailbox {
             return Ok(None);
         }
         let (msg_size, capacity, ring_offset, slots_offset) = (d.msg_size, d.capacity, d.ring_offset, d.slots_offset);
-        let protocol = Protocol::from_code(d.protocol)
-            .ok_or_else(|| format!("protocol {}: must be {PROTOCOL_LL} (ll) or {PROTOCOL_BULK} (bulk)", d.protocol))?;
+        let protocol = Protocol::from_code(d.protocol).ok_or_else(|| {
+            format!(
+                "protocol {}: must be {PROTOCOL_LL} (ll), {PROTOCOL_BULK} (bulk) or {PROTOCOL_INDEX} (index)",
+                d.protocol
+            )
+        })?;
         check_channel_params(msg_size, capacity, protocol)?;
         let placement = Placement::from_code(d.placement).ok_or_else(|| {
             format!("placement {}: must be {PLACEMENT_HOST} (host) or {PLACEMENT_DEVICE} (device)", d.placement)
         })?;
+        check_placement(protocol, placement)?;
         let g = self.inner.geometry;
         if ring_offset > g.arena_offset + g.arena_size {
             return Err(format!("ring at {ring_offset} lies past the arena's end {}", g.arena_offset + g.arena_size));
@@ -561,8 +580,11 @@ impl Mailbox {
 
     /// Creates a channel as [`Mailbox::create_channel_placed`] does, its slots in the format `protocol`
     /// names: [`Protocol::Ll`] for messages up to 64 KiB (multiples of 8), [`Protocol::Bulk`] for
-    /// messages of 16 B to 16 MiB (multiples of 16). Host ends of a bulk channel are
-    /// [`crate::BulkProducer`] and [`crate::BulkConsumer`]; GPU programs use mesh.cuh's `mesh_block_*` calls.
+    /// messages of 16 B to 16 MiB (multiples of 16), [`Protocol::Index`] for messages of 8 B to 64 KiB
+    /// (multiples of 8) between two host processes (host placement only; no program may bind it).
+    /// Host ends of LL and index channels are [`crate::Producer`] and [`crate::Consumer`], of a bulk
+    /// channel [`crate::BulkProducer`] and [`crate::BulkConsumer`]; GPU programs use mesh.cuh's
+    /// `mesh_chan_*` (LL) and `mesh_block_*` (bulk) calls.
     pub fn create_channel_with(
         &self,
         name: &str,
@@ -575,6 +597,7 @@ impl Mailbox {
         let encoded =
             encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
         check_channel_params(msg_size, capacity, protocol).map_err(cfg)?;
+        check_placement(protocol, placement).map_err(cfg)?;
         let _lock = TableLock::take(&self.header().table_lock);
         if self.find_channel(name)?.is_some() {
             return Err(ShmError::ChannelExists(name.to_string()));
@@ -681,47 +704,59 @@ impl Mailbox {
         unsafe { &*self.base().add(in_map(ring_offset)).cast::<RingHeader>() }
     }
 
-    /// The ring of a host channel; a device channel's slots are not in this process's reach.
-    pub(crate) fn ring_memory(&self, info: &ChannelInfo) -> Result<RingMemory> {
+    /// The header and slots of host channel `info`, whose protocol must be `wanted`; a device
+    /// channel's slots are not in this process's reach.
+    fn host_ring(&self, info: &ChannelInfo, wanted: Protocol) -> Result<(NonNull<RingHeader>, NonNull<u8>)> {
         if info.placement != Placement::Host {
             return Err(ShmError::DevicePlacement { channel: info.name.clone() });
         }
-        if info.protocol != Protocol::Ll {
-            return Err(ShmError::Protocol {
-                channel: info.name.clone(),
-                protocol: info.protocol,
-                wanted: Protocol::Ll,
-            });
+        if info.protocol != wanted {
+            return Err(ShmError::Protocol { channel: info.name.clone(), protocol: info.protocol, wanted });
         }
         let header = NonNull::from(self.ring_header(info.ring_offset));
         // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
-        // inside the arena.
+        // its protocol's slot bytes inside the arena.
         let slots = unsafe { NonNull::new_unchecked(self.base().add(in_map(info.slots_offset))) };
+        Ok((header, slots))
+    }
+
+    /// The ring of a host channel of protocol ll.
+    pub(crate) fn ring_memory(&self, info: &ChannelInfo) -> Result<RingMemory> {
+        let (header, slots) = self.host_ring(info, Protocol::Ll)?;
         // SAFETY: `info` came from a validated descriptor: the header and its slots lie in the
         // arena of this mapping, which the caller keeps alive (ends hold the `Arc`).
         Ok(unsafe { RingMemory::new(header, slots.cast(), info.msg_size as usize, u64::from(info.capacity)) })
     }
 
-    /// The ring of a host channel of protocol bulk; a device channel's slots are not in this process's reach.
+    /// The ring of a host channel of protocol bulk.
     pub(crate) fn bulk_memory(&self, info: &ChannelInfo) -> Result<crate::bulk::BulkMemory> {
-        if info.placement != Placement::Host {
-            return Err(ShmError::DevicePlacement { channel: info.name.clone() });
-        }
-        if info.protocol != Protocol::Bulk {
-            return Err(ShmError::Protocol {
-                channel: info.name.clone(),
-                protocol: info.protocol,
-                wanted: Protocol::Bulk,
-            });
-        }
-        let header = NonNull::from(self.ring_header(info.ring_offset));
-        // SAFETY: the slots offset was validated with the descriptor: page aligned, after the header,
-        // its `bulk_slot_bytes` inside the arena.
-        let slots = unsafe { NonNull::new_unchecked(self.base().add(in_map(info.slots_offset))) };
+        let (header, slots) = self.host_ring(info, Protocol::Bulk)?;
         // SAFETY: `info` came from a validated descriptor (capacity a power of two up to 2^24, message
         // size a multiple of 16): the header and its slots lie in the arena of this mapping, which the
         // caller keeps alive (ends hold the `Arc`).
         Ok(unsafe { crate::bulk::BulkMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity)) })
+    }
+
+    /// The ring of a host channel of protocol index.
+    pub(crate) fn index_memory(&self, info: &ChannelInfo) -> Result<crate::index_ring::IndexMemory> {
+        let (header, slots) = self.host_ring(info, Protocol::Index)?;
+        // SAFETY: `info` came from a validated descriptor (capacity a power of two, message size a
+        // multiple of 8, slots page aligned): the header and its slots lie in the arena of this
+        // mapping, which the caller keeps alive (ends hold the `Arc`).
+        Ok(unsafe {
+            crate::index_ring::IndexMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity))
+        })
+    }
+
+    /// The live channel called `name`, for a GPU program to bind: refused, naming it and why, when
+    /// its protocol is one no GPU program speaks ([`Protocol::Index`]). Backends resolve a load's
+    /// bindings with it before they change anything.
+    pub fn channel_for_program(&self, name: &str) -> Result<ChannelInfo> {
+        let info = self.channel(name)?;
+        if !info.protocol.gpu_bindable() {
+            return Err(ShmError::HostOnly { channel: info.name, protocol: info.protocol });
+        }
+        Ok(info)
     }
 
     /// A device channel's ring got new, empty slots (meshd started, or its context was recreated after a
@@ -793,6 +828,9 @@ impl Mailbox {
                 return Err(ShmError::NoSuchChannel(format!("#{channel}")));
             }
             let info = self.channel_info_at(channel)?.ok_or_else(|| ShmError::NoSuchChannel(format!("#{channel}")))?;
+            if !info.protocol.gpu_bindable() {
+                return Err(ShmError::HostOnly { channel: info.name, protocol: info.protocol });
+            }
             let slots = match info.placement {
                 Placement::Host => base + info.slots_offset,
                 Placement::Device => {
@@ -843,6 +881,12 @@ fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std
                  (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
             ));
         }
+        Protocol::Index if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
+            return Err(format!(
+                "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol index \
+                 (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
+            ));
+        }
         Protocol::Bulk if msg_size == 0 || msg_size % BULK_MSG_ALIGN != 0 || msg_size > MAX_BULK_MSG_SIZE => {
             return Err(format!(
                 "message size {msg_size}: must be a multiple of {BULK_MSG_ALIGN} from {BULK_MSG_ALIGN} to \
@@ -853,6 +897,18 @@ fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std
     }
     if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
         return Err(format!("capacity {capacity}: must be a power of two up to {MAX_CAPACITY}"));
+    }
+    Ok(())
+}
+
+/// Checks that a channel of `protocol` can live where `placement` says: an index channel's two ends
+/// are host processes, so its slots are in host memory.
+fn check_placement(protocol: Protocol, placement: Placement) -> std::result::Result<(), String> {
+    if protocol == Protocol::Index && placement != Placement::Host {
+        return Err(format!(
+            "placement {placement}: protocol index is for two host processes, so its slots must be in host memory \
+             (--placement host); a device ring is for GPU programs (protocol ll or bulk)"
+        ));
     }
     Ok(())
 }

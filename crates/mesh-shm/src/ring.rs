@@ -33,6 +33,8 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 
+pub use crate::indices::Corrupt;
+use crate::indices::{ConsumerIndex, ProducerIndex, RingIndices};
 use crate::layout::RingHeader;
 
 /// Payload bytes one 8-byte word carries (the rest is its tag).
@@ -274,10 +276,9 @@ fn load_words(src: &[AtomicU64], tag32: u32, out: &mut [u8]) -> bool {
 /// A ring's memory: its header and `capacity` slots of `msg_size / 4` words right after it.
 #[derive(Debug, Clone, Copy)]
 pub struct RingMemory {
-    header: NonNull<RingHeader>,
+    indices: RingIndices,
     slots: NonNull<AtomicU64>,
     msg_size: usize,
-    capacity: u64,
 }
 
 // SAFETY: the ring is shared memory by design; every access goes through atomics, and the
@@ -285,15 +286,6 @@ pub struct RingMemory {
 unsafe impl Send for RingMemory {}
 // SAFETY: as above; `&RingMemory` only exposes the same atomic accesses.
 unsafe impl Sync for RingMemory {}
-
-/// The ring's indices say something impossible: the producer is more than a ring ahead of the consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Corrupt {
-    /// The producer index read.
-    pub head: u64,
-    /// The consumer index read.
-    pub tail: u64,
-}
 
 impl RingMemory {
     /// # Safety
@@ -303,7 +295,9 @@ impl RingMemory {
     /// `msg_size` a non-zero multiple of 8.
     pub unsafe fn new(header: NonNull<RingHeader>, slots: NonNull<AtomicU64>, msg_size: usize, capacity: u64) -> Self {
         debug_assert!(capacity.is_power_of_two() && msg_size > 0 && msg_size % 8 == 0);
-        Self { header, slots, msg_size, capacity }
+        // SAFETY: the header's part of this function's contract.
+        let indices = unsafe { RingIndices::new(header, capacity) };
+        Self { indices, slots, msg_size }
     }
 
     /// Payload bytes per message.
@@ -313,7 +307,12 @@ impl RingMemory {
 
     /// Messages the ring holds.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.indices.capacity()
+    }
+
+    /// Its indices.
+    pub fn indices(&self) -> RingIndices {
+        self.indices
     }
 
     #[inline]
@@ -321,33 +320,23 @@ impl RingMemory {
         self.msg_size / WORD_PAYLOAD
     }
 
-    #[inline]
-    fn header(&self) -> &RingHeader {
-        // SAFETY: `new`'s contract keeps the header valid; it is only read through atomics.
-        unsafe { self.header.as_ref() }
-    }
-
     /// The producer index, as last published (a GPU producer publishes in batches: a lower bound).
     #[inline]
     pub fn head(&self) -> u64 {
-        self.header().producer.head.load(Ordering::Acquire)
+        self.indices.head()
     }
 
     /// The consumer index, as last published (a GPU consumer publishes in batches: a lower bound).
     #[inline]
     pub fn tail(&self) -> u64 {
-        self.header().consumer.tail.load(Ordering::Acquire)
+        self.indices.tail()
     }
 
     /// The words of message `seq`'s slot.
     #[inline]
     fn words(&self, seq: u64) -> &[AtomicU64] {
         let n = self.words_per_message();
-        #[allow(
-            clippy::cast_possible_truncation,
-            reason = "masked to capacity - 1, and the capacity's words are in memory"
-        )]
-        let offset = (seq & (self.capacity - 1)) as usize * n;
+        let offset = self.indices.slot_of(seq) * n;
         // SAFETY: the slots are 16-aligned (see `new`), every slot a multiple of 16 bytes, and
         // `offset + n` words lie inside the `capacity * n` words `new` promised. AtomicU64 has the
         // layout of u64, and every access to the words is atomic.
@@ -362,12 +351,11 @@ impl RingMemory {
     }
 }
 
-/// The producer end's private state: its own index and a cached copy of the consumer's.
+/// The producer end's private state: its index (see `indices`) over the ring's words.
 #[derive(Debug)]
 pub struct ProducerCore {
     ring: RingMemory,
-    head: u64,
-    cached_tail: u64,
+    index: ProducerIndex,
 }
 
 impl ProducerCore {
@@ -375,46 +363,12 @@ impl ProducerCore {
     /// `head` and `tail`, then past every message already written after it (a GPU producer's
     /// published head may lag; its messages are recognised by their tags).
     pub fn new(ring: RingMemory) -> Self {
-        let published = ring.header().producer.head.load(Ordering::Relaxed);
-        let tail = ring.tail();
-        let mut head = if (tail.wrapping_sub(published) as i64) > 0 { tail } else { published };
-        while head.wrapping_sub(tail) < ring.capacity && ring.complete(head) {
-            head = head.wrapping_add(1);
-        }
-        if head != published {
-            ring.header().producer.head.store(head, Ordering::Release);
-        }
-        Self { ring, head, cached_tail: tail }
+        Self { ring, index: ProducerIndex::resume(ring.indices, |seq| ring.complete(seq)) }
     }
 
     /// The ring this end writes.
     pub fn ring(&self) -> &RingMemory {
         &self.ring
-    }
-
-    /// Free slots, refreshing the cached consumer index only when fewer than `wanted` look free (or
-    /// the cached one is impossible: `refresh` then reports it, even for `wanted` 0).
-    #[inline]
-    fn free(&mut self, wanted: u64) -> Result<u64, Corrupt> {
-        let used = self.head.wrapping_sub(self.cached_tail);
-        if used > self.ring.capacity || self.ring.capacity - used < wanted {
-            return self.refresh();
-        }
-        Ok(self.ring.capacity - used)
-    }
-
-    /// Rereads the consumer's `tail` (the ring looked too full to the cached copy) and returns the
-    /// free slots it leaves. Out of line and cold: it runs about once a lap, and without it the
-    /// send path is small enough for the compiler to inline into the caller's loop.
-    #[cold]
-    #[inline(never)]
-    fn refresh(&mut self) -> Result<u64, Corrupt> {
-        self.cached_tail = self.ring.tail();
-        let used = self.head.wrapping_sub(self.cached_tail);
-        if used > self.ring.capacity {
-            return Err(Corrupt { head: self.head, tail: self.cached_tail });
-        }
-        Ok(self.ring.capacity - used)
     }
 
     /// Writes message `self.head` from `msg` (zero-padded to the message size), without publishing.
@@ -429,7 +383,7 @@ impl ProducerCore {
         if msg.len() != self.ring.msg_size {
             return self.write_padded(msg);
         }
-        let seq = self.head;
+        let seq = self.index.head();
         let words = self.ring.words(seq);
         let (head_pair, rest) = words.split_at(2);
         store_words(rest, tag(seq), &msg[PAIR..]);
@@ -440,7 +394,7 @@ impl ProducerCore {
     #[cold]
     #[inline(never)]
     fn write_padded(&self, msg: &[u8]) {
-        let seq = self.head;
+        let seq = self.index.head();
         let words = self.ring.words(seq);
         let t = u64::from(tag(seq)) << 32;
         let (head_pair, rest) = words.split_at(2);
@@ -454,15 +408,15 @@ impl ProducerCore {
     /// shorter ones are zero-padded), then publishes `head` once. Returns how many were written.
     #[inline]
     pub fn push_with<'m>(&mut self, count: u64, mut msg: impl FnMut(u64) -> &'m [u8]) -> Result<u64, Corrupt> {
-        let n = self.free(count)?.min(count);
+        let n = self.index.free(count)?.min(count);
         for i in 0..n {
-            // The Acquire load of `tail` in `refresh` ordered the consumer's reads of this slot
-            // before these stores; the consumer accepts a word only once it carries this message's tag.
+            // The Acquire load of `tail` in the index's refresh ordered the consumer's reads of this
+            // slot before these stores; the consumer accepts a word only once it carries this message's tag.
             self.write(msg(i));
-            self.head = self.head.wrapping_add(1);
+            self.index.advance(1);
         }
         if n > 0 {
-            self.ring.header().producer.head.store(self.head, Ordering::Release);
+            self.index.publish();
         }
         Ok(n)
     }
@@ -471,40 +425,32 @@ impl ProducerCore {
     ///
     /// The path of one message on its own, not [`Self::push_with`]'s loop: a compare against the
     /// cached `tail`, the slot's stores, the `head` store.
-    #[inline]
+    #[inline(always)]
     pub fn try_push(&mut self, msg: &[u8]) -> Result<bool, Corrupt> {
         debug_assert!(msg.len() <= self.ring.msg_size);
-        if self.head.wrapping_sub(self.cached_tail) >= self.ring.capacity && self.refresh()? == 0 {
+        if !self.index.has_room()? {
             return Ok(false);
         }
-        // As in `push_with`: `refresh`'s Acquire load ordered the consumer's reads before these stores.
+        // As in `push_with`: the refresh's Acquire load ordered the consumer's reads before these stores.
         self.write(msg);
-        self.head = self.head.wrapping_add(1);
-        self.ring.header().producer.head.store(self.head, Ordering::Release);
+        self.index.advance(1);
+        self.index.publish();
         Ok(true)
     }
 }
 
-/// The consumer end's private state: its own index.
+/// The consumer end's private state: its index (see `indices`; the LL consumer never reads `head`).
 #[derive(Debug)]
 pub struct ConsumerCore {
     ring: RingMemory,
-    tail: u64,
+    index: ConsumerIndex,
 }
 
 impl ConsumerCore {
     /// Takes over the consumer end at the published `tail`. Refuses indices no producer can have
     /// left: a published `head` more than a ring ahead of `tail`.
     pub fn new(ring: RingMemory) -> Result<Self, Corrupt> {
-        let tail = ring.header().consumer.tail.load(Ordering::Relaxed);
-        let head = ring.head();
-        let ahead = head.wrapping_sub(tail);
-        // A GPU producer's published head lags (a negative distance is fine); a positive one
-        // beyond the capacity is impossible.
-        if (ahead as i64) > 0 && ahead > ring.capacity {
-            return Err(Corrupt { head, tail });
-        }
-        Ok(Self { ring, tail })
+        Ok(Self { ring, index: ConsumerIndex::claim(ring.indices)? })
     }
 
     /// The ring this end reads.
@@ -523,7 +469,7 @@ impl ConsumerCore {
     /// a time (see [`load_words`]).
     #[inline]
     fn read(&self, out: &mut [u8]) -> bool {
-        let seq = self.tail;
+        let seq = self.index.tail();
         let words = self.ring.words(seq);
         let t = tag(seq);
         let n = words.len();
@@ -559,25 +505,25 @@ impl ConsumerCore {
             if !self.read(record) {
                 break;
             }
-            self.tail = self.tail.wrapping_add(1);
+            self.index.advance(1);
             n += 1;
         }
         if n > 0 {
-            self.ring.header().consumer.tail.store(self.tail, Ordering::Release);
+            self.index.publish();
         }
         n
     }
 
     /// Reads one message into `out` (its length must be the message size); `false` when empty.
-    #[inline]
+    #[inline(always)]
     pub fn try_pop(&mut self, out: &mut [u8]) -> bool {
         debug_assert_eq!(out.len(), self.ring.msg_size);
         // Not `pop_into`: one message needs no record count (a division by the message size).
         if !self.read(out) {
             return false;
         }
-        self.tail = self.tail.wrapping_add(1);
-        self.ring.header().consumer.tail.store(self.tail, Ordering::Release);
+        self.index.advance(1);
+        self.index.publish();
         true
     }
 }
@@ -615,7 +561,7 @@ mod tests {
         }
 
         fn set_indices(&self, head: u64, tail: u64) {
-            let h = self.ring.header();
+            let h = self.ring.indices.header();
             h.producer.head.store(head, Ordering::Relaxed);
             h.consumer.tail.store(tail, Ordering::Relaxed);
         }
@@ -848,7 +794,7 @@ mod tests {
         let mut p = ProducerCore::new(heap.ring);
         assert!(p.try_push(&[1; 8]).unwrap());
         // A tail no consumer can have left: a producer that read it on every send would refuse now.
-        heap.ring.header().consumer.tail.store(1000, Ordering::Release);
+        heap.ring.indices.header().consumer.tail.store(1000, Ordering::Release);
         for _ in 0..3 {
             assert!(p.try_push(&[2; 8]).unwrap(), "the cached tail still says there is room");
         }

@@ -234,3 +234,47 @@ fn a_renewed_device_ring_reports_what_its_indices_still_counted() {
     let host = mb.create_channel("host", 8, 4).unwrap();
     assert!(mb.renew_device_ring(&host).is_err(), "a host channel's slots are never renewed");
 }
+
+#[test]
+fn an_index_channel_holds_payloads_alone_between_host_ends_and_no_program_binds_it() {
+    use mesh_shm::{BulkConsumer, BulkProducer, Protocol};
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    let i = mb.create_channel_with("i", 8, 16, Placement::Host, Protocol::Index).unwrap();
+    let after = mb.create_channel("after", 8, 4).unwrap();
+    assert_eq!(i.protocol, Protocol::Index);
+    assert_eq!(after.ring_offset, i.slots_offset + 8 * 16, "the ring takes its payloads alone: 8 B a message");
+    // Sizes and a placement it does not take, each refused naming the value and the rule.
+    for (size, capacity, placement, says) in [
+        (12, 4, Placement::Host, "message size 12: must be a multiple of 8 from 8 to 65536 for protocol index"),
+        (128 << 10, 4, Placement::Host, "message size 131072"),
+        (8, 6, Placement::Host, "capacity 6"),
+        (8, 4, Placement::Device, "protocol index is for two host processes"),
+    ] {
+        let e = mb.create_channel_with("bad", size, capacity, placement, Protocol::Index).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    }
+    // Host ends: Producer/Consumer as for LL; the bulk ends refuse, naming the format.
+    let mut tx = Producer::claim(&mb, "i").unwrap();
+    let e = BulkProducer::claim(&mb, "i").unwrap_err().to_string();
+    assert!(e.contains("index format") && e.contains("protocols ll and index: Producer/Consumer"), "{e}");
+    assert!(BulkConsumer::claim(&mb, "i").is_err());
+    for v in 0..20u64 {
+        assert_eq!(tx.try_send(&v.to_le_bytes()).unwrap(), v < 16, "16 slots");
+    }
+    let again = Mailbox::open(mb.path()).unwrap();
+    assert_eq!(again.channel("i").unwrap().protocol, Protocol::Index, "kept in the file");
+    let mut rx = Consumer::claim(&again, "i").unwrap();
+    let mut out = [0u8; 8 * 10];
+    assert_eq!(rx.try_recv_batch(&mut out).unwrap(), 10);
+    let mut one = [0u8; 8];
+    rx.recv(&mut one, Duration::from_secs(1)).unwrap();
+    assert_eq!(u64::from_le_bytes(one), 10);
+    tx.send_batch(&[[1u8; 8], [2; 8]].concat(), Duration::from_secs(1)).unwrap();
+    // A GPU program cannot bind it: the binding check and the kernel's context both refuse, naming it.
+    let e = mb.channel_for_program("i").unwrap_err();
+    assert!(matches!(e, ShmError::HostOnly { .. }) && e.to_string().contains("\"i\""), "{e}");
+    assert_eq!(mb.channel_for_program("after").unwrap().index, after.index);
+    mb.slot(0).unwrap().bind("p", &[after.index, i.index]).unwrap();
+    assert!(matches!(mb.mesh_ctx(0, 0x7000_0000), Err(ShmError::HostOnly { .. })));
+}

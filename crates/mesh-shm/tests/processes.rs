@@ -3,7 +3,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer, ShmError};
+use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Placement, Producer, Protocol, ShmError};
 
 const ROLE: &str = "MESH_SHM_TEST_ROLE";
 const PATH: &str = "MESH_SHM_TEST_PATH";
@@ -30,7 +30,9 @@ fn child_role() -> bool {
         "producer" => {
             let mut p = Producer::claim(&mb, "seq").unwrap();
             let mut batch = vec![0u8; 16 * 64];
-            let mut next = 0u64;
+            // Where the last producer left off: a host producer publishes every message it sends, so
+            // after a producer killed midway its successor continues the sequence without a gap.
+            let mut next = mb.channel("seq").unwrap().head;
             while next < count {
                 let n = (count - next).min(64);
                 for (i, m) in batch.chunks_exact_mut(16).take(n as usize).enumerate() {
@@ -98,6 +100,55 @@ fn millions_of_messages_cross_processes_in_order() {
     }
     assert!(c.try_recv(&mut [0; 16]).is_ok_and(|got| !got), "nothing beyond the count");
     wait_ok(child);
+}
+
+#[test]
+fn an_index_stream_crosses_processes_in_order_across_a_producer_killed_midway() {
+    let test = "an_index_stream_crosses_processes_in_order_across_a_producer_killed_midway";
+    if child_role() {
+        return;
+    }
+    let count: u64 = 2_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mb");
+    let mb =
+        Mailbox::create(&path, &MailboxConfig { size: 1 << 20, slots: 1, channels: 4 }, CreateMode::Exclusive).unwrap();
+    mb.create_channel_with("seq", 16, 256, Placement::Host, Protocol::Index).unwrap();
+    let mut c = Consumer::claim(&mb, "seq").unwrap();
+    let mut child = spawn_child(test, "producer", &path, count);
+    let mut killed = false;
+    let mut buf = vec![0u8; 16 * 100];
+    let mut one = [0u8; 16];
+    let mut expect = 0u64;
+    while expect < count {
+        if !killed && expect >= count / 4 {
+            // kill -9 mid-stream, then a new producer process resumes where the killed one published.
+            killed = true;
+            child.kill().unwrap();
+            child.wait().unwrap();
+            child = spawn_child(test, "producer", &path, count);
+        }
+        // Singles and batches, so both receive paths see the other process's stores.
+        let n = if expect % 7 == 0 {
+            c.recv(&mut one, Duration::from_secs(30)).unwrap();
+            buf[..16].copy_from_slice(&one);
+            1
+        } else {
+            c.recv_batch(&mut buf, Duration::from_secs(30)).unwrap()
+        };
+        for m in buf.chunks_exact(16).take(n) {
+            let a = u64::from_le_bytes(m[..8].try_into().unwrap());
+            let b = u64::from_le_bytes(m[8..].try_into().unwrap());
+            assert_eq!(a, expect, "lost, duplicated or reordered");
+            assert_eq!(b, !a, "torn message {a}");
+            expect += 1;
+        }
+    }
+    assert!(c.try_recv(&mut [0; 16]).is_ok_and(|got| !got), "nothing beyond the count");
+    assert!(killed, "the first producer was killed midway");
+    wait_ok(child);
+    let info = mb.channel("seq").unwrap();
+    assert_eq!((info.head, info.tail), (count, count));
 }
 
 #[test]

@@ -139,7 +139,8 @@ pub enum ChannelCommand {
         name: String,
         /// Payload bytes per message: protocol ll, a multiple of 8 up to 65536 (the ring takes twice
         /// this per message: each 8-byte word carries 4 payload bytes and a sequence tag); protocol
-        /// bulk, a multiple of 16 up to 16777216 (16 MiB; the ring takes this plus an 8-byte flag).
+        /// bulk, a multiple of 16 up to 16777216 (16 MiB; the ring takes this plus an 8-byte flag);
+        /// protocol index, a multiple of 8 up to 65536 (the ring takes this alone).
         #[arg(long, default_value_t = 64)]
         msg_size: u32,
         /// Messages the ring holds (a power of two, at most 2^24).
@@ -152,9 +153,11 @@ pub enum ChannelCommand {
         /// The slots' format: ll (a tag in every word: GPU programs use mesh.cuh's mesh_chan_* and warp
         /// calls) or bulk (payload, then one flag per message, for large messages: mesh_bulk_* and
         /// mesh_block_* calls, moved by a whole thread block; host processes use mesh-shm's
-        /// BulkProducer/BulkConsumer). Default: ll up to 64 KiB, bulk above. The bulk device calls are
-        /// not yet verified on a GPU.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["ll", "bulk"]))]
+        /// BulkProducer/BulkConsumer) or index (the payload alone, the producer's index saying what is
+        /// whole, as rtrb: both ends host processes; the fastest host-to-host; GPU programs cannot bind
+        /// it, and a load that binds it is refused; host placement only). Default: ll up to 64 KiB,
+        /// bulk above. The bulk device calls are not yet verified on a GPU.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["ll", "bulk", "index"]))]
         protocol: Option<String>,
     },
 }

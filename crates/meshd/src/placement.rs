@@ -24,7 +24,8 @@ fn parse_with(text: &str, mode: IsolationMode, mps_device_channels: bool) -> Res
 }
 
 /// The protocol `text` names, or (empty) the one a channel of `msg_size`-byte messages gets by default:
-/// LL up to 64 KiB, bulk above. Whether the size suits it is the mailbox's check.
+/// LL up to 64 KiB, bulk above (index only when named: its ends must both be host processes). Whether
+/// the size and placement suit it is the mailbox's check.
 pub fn protocol(text: &str, msg_size: u32) -> Result<Protocol> {
     if text.is_empty() {
         return Ok(Protocol::default_for(msg_size));
@@ -44,7 +45,9 @@ mod tests {
         assert_eq!(protocol("bulk", 4096).unwrap(), Protocol::Bulk);
         assert_eq!(protocol("ll", 1 << 20).unwrap(), Protocol::Ll, "the mailbox refuses the size, naming it");
         let e = protocol("simple", 64).unwrap_err().to_string();
-        assert!(e.contains("\"simple\"") && e.contains("ll or bulk"), "{e}");
+        assert!(e.contains("\"simple\"") && e.contains("ll, bulk or index"), "{e}");
+        assert_eq!(protocol("index", 8).unwrap(), Protocol::Index);
+        assert_eq!(protocol("", 8).unwrap(), Protocol::Ll, "index is never a default: GPU programs cannot bind it");
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl Backend for StandInBackend {
         let bindings = spec
             .bindings
             .iter()
-            .map(|c| self.mailbox.channel(c).map(|c| c.index).map_err(mailbox_err))
+            .map(|c| self.mailbox.channel_for_program(c).map(|c| c.index).map_err(mailbox_err))
             .collect::<Result<Vec<_>, _>>()?;
         let s = self.mailbox.slot(slot).map_err(mailbox_err)?;
         s.bind(&spec.name, &bindings).map_err(mailbox_err)?;

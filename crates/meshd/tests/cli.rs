@@ -90,7 +90,7 @@ fn channel_create_names_its_protocols_and_refuses_others() {
     let out = meshd(&["channel", "create", "c", "--msg-size", "1048576", "--protocol", "simple"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "bad usage: {err}");
-    assert!(err.contains("[possible values: ll, bulk]"), "{err}");
+    assert!(err.contains("[possible values: ll, bulk, index]"), "{err}");
     // A valid request gets as far as the socket (no daemon here).
     let out = meshd(&["channel", "create", "c", "--msg-size", "1048576", "--capacity", "4", "--protocol", "bulk"]);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));

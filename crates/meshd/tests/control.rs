@@ -537,7 +537,7 @@ fn bulk_channels_are_made_by_size_or_by_name_and_hostile_sizes_are_refused() {
         ("h", 32 << 20, 2, "", "16 MiB"),
         ("o", 16 << 20, 1 << 24, "", "mailbox full"),
         ("p", 64 << 10, 3, "bulk", "power of two"),
-        ("q", 4096, 4, "simple", "ll or bulk"),
+        ("q", 4096, 4, "simple", "ll, bulk or index"),
     ] {
         let r = create(name, size, capacity, protocol);
         let e = r.error.unwrap_or_default();
@@ -558,4 +558,58 @@ fn bulk_channels_are_made_by_size_or_by_name_and_hostile_sizes_are_refused() {
     rx.recv(&mut out, DEADLINE).unwrap();
     assert_eq!(&out[..26], b"a large message, shortened");
     assert!(out[26..].iter().all(|&b| b == 0), "a short message is zero-padded");
+}
+
+#[test]
+fn index_channels_carry_host_messages_through_the_cli_and_no_program_may_bind_one() {
+    let d = Running::start(ListBackend::new);
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(args)
+            .env_remove("MESHD_LOG")
+            .output()
+            .unwrap()
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let out = cli(&["channel", "create", "hh", "--msg-size", "16", "--capacity", "4", "--protocol", "index"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("protocol index"), "{}", text(&out.stdout));
+    // Sizes and placements it does not take: refused (exit 1), naming the value and the rule.
+    for (args, says) in [
+        (&["--msg-size", "12"][..], "message size 12: must be a multiple of 8 from 8 to 65536 for protocol index"),
+        (&["--msg-size", "131072"], "message size 131072: must be a multiple of 8 from 8 to 65536 for protocol index"),
+        (&["--capacity", "3"], "capacity 3: must be a power of two"),
+        (&["--placement", "device"], "protocol index is for two host processes"),
+    ] {
+        let out = cli(&[&["channel", "create", "bad", "--protocol", "index"][..], args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    }
+    let info = ask(&d.socket, &Request::Info, &[]).info.unwrap();
+    let shown: Vec<(&str, &str)> = info.channels.iter().map(|c| (c.name.as_str(), c.protocol.as_str())).collect();
+    assert_eq!(shown, [("hh", "index")], "the refused ones were not made");
+    // The CLI's send and recv, which claim Producer/Consumer as for an LL channel.
+    let out = cli(&["send", "hh", "one", "two", "three"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = cli(&["recv", "hh", "--count", "3"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\ntwo\nthree\n");
+    let c = d.mailbox.channel("hh").unwrap();
+    assert_eq!((c.head, c.tail, c.producer_pid, c.consumer_pid), (3, 3, None, None), "ends released");
+    // A program binding it is refused at load, naming the channel and why; nothing changes.
+    let slot = |mb: &Mailbox| {
+        let s = mb.slot(0).unwrap();
+        (s.in_use(), s.generation(), s.bindings())
+    };
+    let before = slot(&d.mailbox);
+    let r = ask(&d.socket, &load_req("p", &["hh"]), PTX);
+    let e = r.error.unwrap_or_default();
+    assert!(!r.ok && e.contains("channel \"hh\"") && e.contains("protocol index") && e.contains("cannot bind"), "{e}");
+    assert!(ask(&d.socket, &Request::Ps, &[]).programs.unwrap().is_empty(), "no program after the refusal");
+    assert_eq!(slot(&d.mailbox), before, "the slot a load would take is untouched");
+    // The same load bound to an LL channel goes through.
+    assert!(cli(&["channel", "create", "ll", "--msg-size", "16", "--capacity", "4"]).status.success());
+    assert!(ask(&d.socket, &load_req("p", &["ll"]), PTX).ok);
 }
