@@ -7,7 +7,7 @@
 //! is started before any program runs and a freed worker goes back to it.
 //!
 //! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
-//! reads what the workers pushed (each checks its own kernel every millisecond and says when it
+//! reads what the workers pushed (each checks its own kernel every 5 ms by default and says when it
 //! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery
 //! (see [`MpsBackend`]'s `recover`): every client ended at once, the culprit named or searched by
 //! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
@@ -50,7 +50,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
 use crate::standby::{STANDBY_ENV, Standby, standby_size};
-use crate::worker::{NewsSender, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
+use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
 /// fault reached the clients about 150 ms after the faulting launch.
@@ -223,9 +223,9 @@ pub struct MpsBackend {
     pool: PoolFigures,
     /// Where every worker's reader hands its news.
     news: NewsSender,
-    /// When the watchdog last looked (a longer gap means meshd itself did not run: no silence is
-    /// judged at that tick, see [`MpsBackend::replace_silent`]).
-    last_watch: Option<Instant>,
+    /// When the watchdog may judge the workers' silence (not until meshd has run a whole bound
+    /// since its last stall: see [`SilenceClock`]).
+    silence: SilenceClock,
 }
 
 /// Starts the pool's workers one after the other (the first one's context creation also starts
@@ -505,7 +505,7 @@ impl MpsBackend {
             client_limit,
             pool,
             news,
-            last_watch: None,
+            silence: SilenceClock::new(),
         })
     }
 
@@ -886,19 +886,7 @@ impl MpsBackend {
     /// workers found silent are only broken off: the watchdog and the standby's tick discard them.
     /// Returns the log lines.
     fn replace_silent(&self, s: &mut Shared, now: Instant) -> Vec<String> {
-        for w in &mut s.idle {
-            let _ = w.check_silence(now, SILENCE_LIMIT);
-        }
-        if let Some(sb) = s.standby.as_mut() {
-            sb.check_silence(now, SILENCE_LIMIT);
-        }
-        let silent: Vec<(usize, Duration)> = s
-            .programs
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, p)| on_watch(p))
-            .filter_map(|(i, p)| p.worker.check_silence(now, SILENCE_LIMIT).map(|d| (i, d)))
-            .collect();
+        let silent = silent_programs(s, now, SILENCE_LIMIT);
         let Some(control) = s.control.clone().filter(|_| !silent.is_empty()) else { return Vec::new() };
         for &(i, _) in &silent {
             let p = &mut s.programs[i];
@@ -916,8 +904,7 @@ impl MpsBackend {
             p.worker.signal_kill();
             p.core.life.returned();
             let (old, name, sms) = (p.worker.pid(), p.core.name.clone(), p.worker.ready.sms);
-            let pos = s.idle.iter().position(|w| self.config.sms.is_none() || w.ready.sms == sms);
-            let (workers, from) = match pos.map(|k| s.idle.swap_remove(k)) {
+            let (workers, from) = match take_idle(&mut s.idle, sms) {
                 Some(w) => (vec![w], "an idle worker of the pool"),
                 None => {
                     let running = s.programs.iter().filter(|p| on_watch(p)).count();
@@ -925,14 +912,21 @@ impl MpsBackend {
                         let stalled = u32::try_from(running).unwrap_or(u32::MAX);
                         self.pool.record_growth(&name, "replace a silent worker", stalled);
                     }
-                    let fresh = start_many(&control, self.mailbox.path(), self.config.sms, &self.news, 1);
+                    // A green context of the old worker's SMs unless it was the pool's kind.
+                    let same = (sms != self.config.sms.unwrap_or(self.device.sm_count)).then_some(sms);
+                    let fresh = start_many(&control, self.mailbox.path(), same.or(self.config.sms), &self.news, 1);
                     (fresh, "a new MPS client: the running programs stalled once")
                 }
             };
             self.launch_in(s, &[i], workers, false, "its worker went silent");
             let p = &s.programs[i];
             let outcome = match p.core.life.faulted() {
-                None => format!("{name} relaunched in worker {} ({from})", p.worker.pid()),
+                // Cut off, not stopped in order: a GPU consumer publishes its position in batches.
+                None => format!(
+                    "{name} relaunched in worker {} ({from}); its channels are at-least-once across this: messages \
+                     its kernel had taken since it last published its position come again",
+                    p.worker.pid()
+                ),
                 Some(why) => format!("{name} left stopped: {why}"),
             };
             log.push(format!(
@@ -1044,6 +1038,38 @@ impl MpsBackend {
 /// Whether the watchdog watches program `p`'s kernel: launched, not left stopped, not ended by itself.
 fn on_watch(p: &Program) -> bool {
     relaunchable(p) && p.core.life.phase() == &Phase::Running
+}
+
+/// The watched programs whose worker said nothing for more than `limit` before `now`, each broken
+/// off, with how long it was silent; idle and standby workers silent that long are broken off too
+/// (discarded later in the tick). None while a watched kernel has failed or a worker is gone: the
+/// recovery that follows in the same tick ends every client anyway, and a replacement now would
+/// land in a client of the faulted server (whose load fails, leaving an innocent program stopped
+/// for good) or wait for that server to take clients again; a worker can also be legitimately
+/// silent then, its driver call held while the server tears the faulted clients down.
+fn silent_programs(s: &mut Shared, now: Instant, limit: Duration) -> Vec<(usize, Duration)> {
+    for w in &mut s.idle {
+        let _ = w.check_silence(now, limit);
+    }
+    if let Some(sb) = s.standby.as_mut() {
+        sb.check_silence(now, limit);
+    }
+    if s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some()) {
+        return Vec::new();
+    }
+    s.programs
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, p)| on_watch(p))
+        .filter_map(|(i, p)| p.worker.check_silence(now, limit).map(|d| (i, d)))
+        .collect()
+}
+
+/// An idle worker that can take a program whose worker had `sms` SMs: one of that size, alive and
+/// not broken (one found silent at this very tick, or gone, would only fail the relaunch).
+fn take_idle(idle: &mut Vec<Worker>, sms: u32) -> Option<Worker> {
+    let pos = idle.iter().position(|w| w.ready.sms == sms && w.alive() && w.broken().is_none())?;
+    Some(idle.swap_remove(pos))
 }
 
 /// Whether a recovery relaunches `p`: not left stopped, not ended by itself (`mesh_exit`).
@@ -1233,10 +1259,9 @@ impl Backend for MpsBackend {
             return Vec::new();
         }
         let now = Instant::now();
-        // A longer gap since the last tick means meshd itself did not run (stopped, starved), and
-        // neither did the readers that note the workers' lines: silence is judged from the next tick.
-        let judge_silence = self.last_watch.is_some_and(|t| now.saturating_duration_since(t) < SILENCE_LIMIT / 2);
-        self.last_watch = Some(now);
+        // Not while meshd itself may have been stopped or starved, with the readers that note the
+        // workers' lines (see SilenceClock).
+        let judge_silence = self.silence.tick(now, SILENCE_LIMIT);
         let mut log = Vec::new();
         let failure = {
             let mut s = self.lock();
@@ -1334,4 +1359,143 @@ impl Drop for MpsBackend {
 /// `terminate_client` before any SIGKILL.
 fn may_run_a_kernel(w: &Worker) -> bool {
     w.alive() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The watchdog's choices about silent workers, against stand-in workers (shell scripts that say
+    //! `ready` and then nothing, or exit): the MPS backend itself needs a GPU.
+
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// Says `ready` (with `SMS` SMs), then answers `done` to every command (`MODE=gone`: exits at once).
+    const STAND_IN: &str = r#"printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}\n' $$ "${SMS:-132}"
+[ "$MODE" = gone ] && exit 0
+while read -r line; do
+  case "$line" in *'"op":"exit"'*) exit 0 ;; *) echo '{"reply":"done"}' ;; esac
+done
+"#;
+
+    struct Bench {
+        _dir: tempfile::TempDir,
+        script: PathBuf,
+        news: NewsSender,
+    }
+
+    impl Bench {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let script = dir.path().join("stand-in-worker");
+            std::fs::write(&script, STAND_IN).unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+            Self { _dir: dir, script, news: NewsSender::channel().0 }
+        }
+
+        fn worker(&self, env: &[(&str, &str)]) -> Worker {
+            // By its path: control.rs's test points PATH elsewhere while the tests run side by side.
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg(&self.script);
+            cmd.envs(env.iter().copied());
+            Worker::spawn_command(&mut cmd, &self.news).unwrap().handshake(Duration::from_secs(10)).unwrap()
+        }
+
+        /// A running program in slot `slot` of `worker`.
+        fn program(&self, slot: u32, worker: Worker) -> Program {
+            let mut core = ProgramCore::new(format!("p{slot}"), slot, ImageKind::Ptx, LaunchShape::default(), 0.0);
+            core.life.launch().unwrap();
+            Program { core, worker, cubin: Arc::new(Vec::new()) }
+        }
+    }
+
+    fn kill_all(s: &mut Shared) {
+        for p in &mut s.programs {
+            p.worker.kill();
+        }
+        for w in &mut s.idle {
+            w.kill();
+        }
+    }
+
+    #[test]
+    fn a_silent_worker_is_replaced_but_not_while_a_fault_is_pending() {
+        let bench = Bench::new();
+        let mut s = Shared::default();
+        s.programs.push(bench.program(0, bench.worker(&[])));
+        s.programs.push(bench.program(1, bench.worker(&[])));
+        let later = Instant::now() + Duration::from_secs(4);
+        let silent = silent_programs(&mut s, later, SILENCE_LIMIT);
+        assert_eq!(silent.iter().map(|&(i, _)| i).collect::<Vec<_>>(), [0, 1], "both said nothing past the bound");
+        assert!(silent.iter().all(|&(_, d)| d > SILENCE_LIMIT));
+        kill_all(&mut s);
+
+        // Program 0's worker is gone (a failure the same tick recovers from, ending every client):
+        // program 1's silent worker is left to that recovery, not replaced into the faulted server.
+        let mut s = Shared::default();
+        s.programs.push(bench.program(0, bench.worker(&[("MODE", "gone")])));
+        s.programs.push(bench.program(1, bench.worker(&[])));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failed(&s.programs[0].worker).is_none() {
+            assert!(Instant::now() < deadline, "the stand-in's exit was never noticed");
+            std::thread::sleep(Duration::from_millis(5));
+            s.programs[0].worker.refresh();
+        }
+        let later = Instant::now() + Duration::from_secs(4);
+        assert_eq!(silent_programs(&mut s, later, SILENCE_LIMIT), []);
+        assert_eq!(s.programs[1].worker.broken(), None, "left as it was for the recovery");
+        kill_all(&mut s);
+    }
+
+    #[test]
+    fn a_replacement_takes_only_a_usable_idle_worker_of_the_same_size() {
+        let bench = Bench::new();
+        let mut idle = vec![bench.worker(&[("SMS", "16")])];
+        assert!(take_idle(&mut idle, 132).is_none(), "a 16-SM worker is no home for a 132-SM program");
+        assert_eq!(idle.len(), 1);
+        // Found silent at this tick: broken, never handed a program.
+        assert!(idle[0].check_silence(Instant::now() + Duration::from_secs(4), SILENCE_LIMIT).is_some());
+        assert!(take_idle(&mut idle, 16).is_none(), "a broken idle worker is not taken");
+        idle.push(bench.worker(&[("SMS", "16")]));
+        let mut w = take_idle(&mut idle, 16).expect("the usable one");
+        assert!(w.broken().is_none());
+        w.kill();
+        for mut w in idle {
+            w.kill();
+        }
+    }
+
+    #[test]
+    fn silence_is_judged_only_after_meshd_ran_a_whole_bound_since_its_last_stall() {
+        let limit = Duration::from_secs(3);
+        let tick = Duration::from_millis(25);
+        let mut clock = SilenceClock::new();
+        let t0 = Instant::now();
+        let mut t = t0;
+        let mut first_judged = None;
+        while t < t0 + Duration::from_secs(5) {
+            if clock.tick(t, limit) && first_judged.is_none() {
+                first_judged = Some(t - t0);
+            }
+            t += tick;
+        }
+        let first = first_judged.expect("judged once meshd ran past the bound");
+        assert!(first > limit && first <= limit + tick, "{first:?}");
+        // meshd stopped for 5 s: neither the tick after it nor the ones its news brings at once
+        // (before every reader has read what its worker said meanwhile) judge anyone.
+        t += Duration::from_secs(5);
+        assert!(!clock.tick(t, limit), "the tick after the stall");
+        assert!(!clock.tick(t + Duration::from_millis(1), limit), "a tick a wake-up brought right after it");
+        let resumed = t;
+        while t < resumed + limit {
+            assert!(!clock.tick(t, limit), "{:?} after the stall", t - resumed);
+            t += tick;
+        }
+        t += tick;
+        assert!(clock.tick(t, limit), "a whole bound after the stall");
+        // A gap under half the bound (a long job of the backend thread) is no stall.
+        t += limit / 2 - Duration::from_millis(1);
+        assert!(clock.tick(t, limit));
+    }
 }
