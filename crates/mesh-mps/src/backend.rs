@@ -654,6 +654,7 @@ impl MpsBackend {
                     let control = self.lock().control.clone();
                     if let Some(control) = control {
                         let _ = control.terminate_client(w.server, w.pid());
+                        await_cut_off(&mut w);
                     }
                 }
                 w.kill();
@@ -1021,8 +1022,7 @@ impl MpsBackend {
                     }
                     Err(e) => tracing::error!("terminate_client: {e}"),
                 }
-                // Give the server a moment to cut the client off before the signal (gpu.md: within 0.1 s).
-                let _ = worker.wait(Duration::from_millis(200), Duration::from_millis(300));
+                await_cut_off(&mut worker);
                 worker.kill();
                 None
             }
@@ -1354,6 +1354,19 @@ impl Drop for MpsBackend {
     }
 }
 
+/// After `terminate_client` of `w`, before its SIGKILL: gives the server [`CUT_OFF`] to cut it off
+/// (gpu.md: within 0.1 s; a SIGKILL of a client whose kernel still runs fails every other client's
+/// kernel). A worker that still answers says when its kernel ended, often sooner; one spoken to no
+/// more (silent, wedged, past a deadline) cannot, and its `wait` would fail at once, so the whole
+/// time is waited.
+fn await_cut_off(w: &mut Worker) {
+    let started = Instant::now();
+    let answered = w.broken().is_none() && w.wait(CUT_OFF, CUT_OFF).is_ok();
+    if !answered {
+        std::thread::sleep(CUT_OFF.saturating_sub(started.elapsed()));
+    }
+}
+
 /// Whether `w`'s process lives and a kernel of it may still run: busy as it last said, or broken
 /// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
 /// `terminate_client` before any SIGKILL.
@@ -1464,6 +1477,18 @@ done
         for mut w in idle {
             w.kill();
         }
+    }
+
+    #[test]
+    fn a_worker_spoken_to_no_more_still_gets_the_servers_time_to_be_cut_off_before_its_kill() {
+        let bench = Bench::new();
+        let mut w = bench.worker(&[]);
+        assert!(w.check_silence(Instant::now() + Duration::from_secs(4), SILENCE_LIMIT).is_some());
+        let started = Instant::now();
+        await_cut_off(&mut w);
+        // A lower bound only: the wait is a sleep, not a race.
+        assert!(started.elapsed() >= CUT_OFF, "killed {:?} after terminate_client", started.elapsed());
+        w.kill();
     }
 
     #[test]
