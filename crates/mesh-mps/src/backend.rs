@@ -45,7 +45,7 @@ use mesh_cuda::exported::SharedRings;
 use mesh_cuda::{Context, Device, Jit, slots};
 use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
-use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
+use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING, STATE_STOPPED};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
@@ -880,9 +880,10 @@ impl MpsBackend {
     }
 
     /// Breaks off every worker of `s` silent for more than [`SILENCE_LIMIT`] at `now`, and replaces
-    /// each such program's worker alone: no GPU fault happened, so the other programs run on. The
-    /// server cuts the silent client off (its kernel ends), then it is killed (a stopped process
-    /// too), and the program is relaunched in an idle worker of its size, else in a new client
+    /// each such program's worker alone: no GPU fault happened, so the other programs run on. Its
+    /// kernel is asked to stop and gets the stop deadline to leave in order (read from its slot);
+    /// then the server cuts the silent client off (a kernel still running ends), it is killed (a
+    /// stopped process too), and the program is relaunched in an idle worker of its size, else in a new client
     /// (which stalls the running programs once, counted as the pool's growth). Idle and standby
     /// workers found silent are only broken off: the watchdog and the standby's tick discard them.
     /// Returns the log lines.
@@ -893,6 +894,15 @@ impl MpsBackend {
             let p = &mut s.programs[i];
             slots::request_stop(&self.mailbox, p.core.slot);
             p.core.life.request_stop();
+        }
+        // A silent worker's kernel still runs and reads its stop word: given the stop deadline to
+        // leave in order (mesh_end after closing its channels publishes their exact positions, so
+        // its relaunch repeats nothing), read from its slot, before the server cuts it off.
+        let slots: Vec<u32> = silent.iter().map(|&(i, _)| s.programs[i].core.slot).collect();
+        let state_of = |slot: u32| self.mailbox.slot(slot).map_or(STATE_EXITED, |s| s.status().state);
+        let in_order = await_stops(&slots, Instant::now() + self.config.stop_deadline, state_of);
+        for &(i, _) in &silent {
+            let p = &s.programs[i];
             if let Err(e) = control.terminate_client(p.worker.server, p.worker.pid()) {
                 tracing::error!(program = p.core.name, "terminate_client of silent worker {}: {e}", p.worker.pid());
             }
@@ -900,7 +910,7 @@ impl MpsBackend {
         // All cut off first, then one wait for the server, then the signals.
         std::thread::sleep(CUT_OFF);
         let mut log = Vec::new();
-        for (i, silent) in silent {
+        for ((i, silent), in_order) in silent.into_iter().zip(in_order) {
             let p = &mut s.programs[i];
             p.worker.signal_kill();
             p.core.life.returned();
@@ -922,10 +932,16 @@ impl MpsBackend {
             self.launch_in(s, &[i], workers, false, "its worker went silent");
             let p = &s.programs[i];
             let outcome = match p.core.life.faulted() {
+                None if in_order => format!(
+                    "{name} stopped in order first (exactly once on its channels) and relaunched in worker {} ({from})",
+                    p.worker.pid()
+                ),
                 // Cut off, not stopped in order: a GPU consumer publishes its position in batches.
                 None => format!(
-                    "{name} relaunched in worker {} ({from}); its channels are at-least-once across this: messages \
-                     its kernel had taken since it last published its position come again",
+                    "{name} did not stop in order within {} ms and was cut off, then relaunched in worker {} ({from}); \
+                     its channels are at-least-once across this: messages its kernel had taken since it last \
+                     published its position come again",
+                    self.config.stop_deadline.as_millis(),
                     p.worker.pid()
                 ),
                 Some(why) => format!("{name} left stopped: {why}"),
@@ -1354,6 +1370,20 @@ impl Drop for MpsBackend {
     }
 }
 
+/// Waits until the kernel of every slot of `slots` has left (its state, read with `state_of`, says
+/// stopped at the request or exited) or `deadline` passes. Returns, slot by slot, whether it stopped
+/// in order (`mesh_end`: its channels' positions published).
+fn await_stops(slots: &[u32], deadline: Instant, state_of: impl Fn(u32) -> u32) -> Vec<bool> {
+    loop {
+        let states: Vec<u32> = slots.iter().map(|&slot| state_of(slot)).collect();
+        if states.iter().all(|&st| st == STATE_STOPPED || st == STATE_EXITED) || Instant::now() >= deadline {
+            return states.into_iter().map(|st| st == STATE_STOPPED).collect();
+        }
+        // A kernel reads its stop word every 100 µs (MESH_STOP_PERIOD_NS) and sees it within two.
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// After `terminate_client` of `w`, before its SIGKILL: gives the server [`CUT_OFF`] to cut it off
 /// (gpu.md: within 0.1 s; a SIGKILL of a client whose kernel still runs fails every other client's
 /// kernel). A worker that still answers says when its kernel ended, often sooner; one spoken to no
@@ -1489,6 +1519,30 @@ done
         // A lower bound only: the wait is a sleep, not a race.
         assert!(started.elapsed() >= CUT_OFF, "killed {:?} after terminate_client", started.elapsed());
         w.kill();
+    }
+
+    #[test]
+    fn a_silent_workers_kernel_gets_its_stop_deadline_to_leave_in_order_before_the_cut_off() {
+        use std::cell::Cell;
+        // Slot 4's kernel sees its stop on the third look; slot 7's has exited by itself.
+        let looks = Cell::new(0);
+        let state_of = |slot: u32| match slot {
+            4 => {
+                looks.set(looks.get() + 1);
+                if looks.get() >= 3 { STATE_STOPPED } else { STATE_RUNNING }
+            }
+            _ => STATE_EXITED,
+        };
+        let far = Instant::now() + Duration::from_secs(60);
+        assert_eq!(
+            await_stops(&[4, 7], far, state_of),
+            [true, false],
+            "4 stopped in order; 7 left, not at the request"
+        );
+        assert!(looks.get() >= 3);
+        // One that never stops is given up at the deadline (already passed here: one look).
+        let stuck = |_slot: u32| STATE_RUNNING;
+        assert_eq!(await_stops(&[1, 2], Instant::now(), stuck), [false, false]);
     }
 
     #[test]
