@@ -16,10 +16,12 @@
 //! **Silent workers.** Every worker says `alive` every quarter second from its checking loop. One
 //! that says nothing for [`SILENCE_LIMIT`] (SIGSTOP, a wedged driver call) cannot act on a fault,
 //! an unload or a stop, while its kernel runs on and its heartbeats stay fresh: the watchdog breaks
-//! it off and replaces it alone (no GPU fault happened, the other programs run on): the server cuts
-//! the client off (`terminate_client`), it is killed, and its program relaunched in a fresh worker
-//! (an idle one if the pool has one, else a new client). An idle worker silent that long is
-//! discarded. Not yet verified on a GPU.
+//! it off and replaces it alone (no GPU fault happened, the other programs run on): its kernel is
+//! asked to stop and given the stop deadline to leave in order, the server cuts the client off
+//! (`terminate_client`), it is killed, and its program relaunched in a fresh worker (an idle one of
+//! its size if the pool has one, else a new client). An idle worker silent that long is discarded.
+//! Silence is not judged while a fault is being recovered from, nor until meshd has run 3 s since
+//! its own last stall ([`SilenceClock`]). Not yet verified on a GPU.
 //!
 //! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
