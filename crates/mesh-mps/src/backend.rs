@@ -911,12 +911,24 @@ impl MpsBackend {
         }
         // All cut off first, then one wait for the server, then the signals.
         std::thread::sleep(CUT_OFF);
+        // A GPU fault reported meanwhile (during the stop wait) poisons every client of the server,
+        // the idle ones too: a relaunch now would fail and leave the program faulted, which the
+        // recovery that follows in this tick would not relaunch. Left stopped instead, for it.
+        let fault_meanwhile = fault_pending(s);
         let mut log = Vec::new();
         for ((i, silent), in_order) in silent.into_iter().zip(in_order) {
             let p = &mut s.programs[i];
             p.worker.signal_kill();
             p.core.life.returned();
             let (old, name, sms) = (p.worker.pid(), p.core.name.clone(), p.worker.ready.sms);
+            if fault_meanwhile {
+                log.push(format!(
+                    "MPS worker {old} of program {name} was silent for {} ms: cut off its MPS server and killed; \
+                     {name} is relaunched by the recovery from the GPU fault reported meanwhile",
+                    silent.as_millis()
+                ));
+                continue;
+            }
             let (workers, from) = match take_idle(&mut s.idle, sms) {
                 Some(w) => (vec![w], "an idle worker of the pool"),
                 None => {
@@ -1072,7 +1084,7 @@ fn silent_programs(s: &mut Shared, now: Instant, limit: Duration) -> Vec<(usize,
     if let Some(sb) = s.standby.as_mut() {
         sb.check_silence(now, limit);
     }
-    if s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some()) {
+    if fault_pending(s) {
         return Vec::new();
     }
     s.programs
@@ -1081,6 +1093,13 @@ fn silent_programs(s: &mut Shared, now: Instant, limit: Duration) -> Vec<(usize,
         .filter(|(_, p)| on_watch(p))
         .filter_map(|(i, p)| p.worker.check_silence(now, limit).map(|d| (i, d)))
         .collect()
+}
+
+/// Whether a watched program's kernel has failed or its worker is gone, as the workers said up to
+/// now (their news taken in first): a recovery is due.
+fn fault_pending(s: &mut Shared) -> bool {
+    absorb(s);
+    s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some())
 }
 
 /// An idle worker that can take a program whose worker had `sms` SMs: one of that size, alive and
@@ -1490,6 +1509,12 @@ done
         let later = Instant::now() + Duration::from_secs(4);
         assert_eq!(silent_programs(&mut s, later, SILENCE_LIMIT), []);
         assert_eq!(s.programs[1].worker.broken(), None, "left as it was for the recovery");
+        // What replace_silent asks again before relaunching: a recovery is due while a watched
+        // program's worker failed, not once that program is off watch.
+        assert!(fault_pending(&mut s));
+        s.programs[0].core.life.request_stop();
+        s.programs[0].core.life.returned();
+        assert!(!fault_pending(&mut s), "program 1's mute worker alone is no fault");
         kill_all(&mut s);
     }
 
