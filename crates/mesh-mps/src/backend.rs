@@ -7,7 +7,7 @@
 //! is started before any program runs and a freed worker goes back to it.
 //!
 //! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
-//! reads what the workers pushed (each checks its own kernel every millisecond and says when it
+//! reads what the workers pushed (each checks its own kernel every 5 ms by default and says when it
 //! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery
 //! (see [`MpsBackend`]'s `recover`): every client ended at once, the culprit named or searched by
 //! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
@@ -16,10 +16,12 @@
 //! **Silent workers.** Every worker says `alive` every quarter second from its checking loop. One
 //! that says nothing for [`SILENCE_LIMIT`] (SIGSTOP, a wedged driver call) cannot act on a fault,
 //! an unload or a stop, while its kernel runs on and its heartbeats stay fresh: the watchdog breaks
-//! it off and replaces it alone (no GPU fault happened, the other programs run on): the server cuts
-//! the client off (`terminate_client`), it is killed, and its program relaunched in a fresh worker
-//! (an idle one if the pool has one, else a new client). An idle worker silent that long is
-//! discarded. Not yet verified on a GPU.
+//! it off and replaces it alone (no GPU fault happened, the other programs run on): its kernel is
+//! asked to stop and given the stop deadline to leave in order, the server cuts the client off
+//! (`terminate_client`), it is killed, and its program relaunched in a fresh worker (an idle one of
+//! its size if the pool has one, else a new client). An idle worker silent that long is discarded.
+//! Silence is not judged while a fault is being recovered from, nor until meshd has run 3 s since
+//! its own last stall ([`SilenceClock`]). Not yet verified on a GPU.
 //!
 //! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
@@ -45,12 +47,12 @@ use mesh_cuda::exported::SharedRings;
 use mesh_cuda::{Context, Device, Jit, slots};
 use mesh_mps_worker::{KernelState, Probe};
 use mesh_shm::Mailbox;
-use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING};
+use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING, STATE_STOPPED};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
 use crate::standby::{STANDBY_ENV, Standby, standby_size};
-use crate::worker::{NewsSender, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
+use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
 /// fault reached the clients about 150 ms after the faulting launch.
@@ -223,9 +225,9 @@ pub struct MpsBackend {
     pool: PoolFigures,
     /// Where every worker's reader hands its news.
     news: NewsSender,
-    /// When the watchdog last looked (a longer gap means meshd itself did not run: no silence is
-    /// judged at that tick, see [`MpsBackend::replace_silent`]).
-    last_watch: Option<Instant>,
+    /// When the watchdog may judge the workers' silence (not until meshd has run a whole bound
+    /// since its last stall: see [`SilenceClock`]).
+    silence: SilenceClock,
 }
 
 /// Starts the pool's workers one after the other (the first one's context creation also starts
@@ -505,7 +507,7 @@ impl MpsBackend {
             client_limit,
             pool,
             news,
-            last_watch: None,
+            silence: SilenceClock::new(),
         })
     }
 
@@ -654,6 +656,7 @@ impl MpsBackend {
                     let control = self.lock().control.clone();
                     if let Some(control) = control {
                         let _ = control.terminate_client(w.server, w.pid());
+                        await_cut_off(&mut w);
                     }
                 }
                 w.kill();
@@ -879,45 +882,54 @@ impl MpsBackend {
     }
 
     /// Breaks off every worker of `s` silent for more than [`SILENCE_LIMIT`] at `now`, and replaces
-    /// each such program's worker alone: no GPU fault happened, so the other programs run on. The
-    /// server cuts the silent client off (its kernel ends), then it is killed (a stopped process
-    /// too), and the program is relaunched in an idle worker of its size, else in a new client
+    /// each such program's worker alone: no GPU fault happened, so the other programs run on. Its
+    /// kernel is asked to stop and gets the stop deadline to leave in order (read from its slot);
+    /// then the server cuts the silent client off (a kernel still running ends), it is killed (a
+    /// stopped process too), and the program is relaunched in an idle worker of its size, else in a new client
     /// (which stalls the running programs once, counted as the pool's growth). Idle and standby
     /// workers found silent are only broken off: the watchdog and the standby's tick discard them.
     /// Returns the log lines.
     fn replace_silent(&self, s: &mut Shared, now: Instant) -> Vec<String> {
-        for w in &mut s.idle {
-            let _ = w.check_silence(now, SILENCE_LIMIT);
-        }
-        if let Some(sb) = s.standby.as_mut() {
-            sb.check_silence(now, SILENCE_LIMIT);
-        }
-        let silent: Vec<(usize, Duration)> = s
-            .programs
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, p)| on_watch(p))
-            .filter_map(|(i, p)| p.worker.check_silence(now, SILENCE_LIMIT).map(|d| (i, d)))
-            .collect();
+        let silent = silent_programs(s, now, SILENCE_LIMIT);
         let Some(control) = s.control.clone().filter(|_| !silent.is_empty()) else { return Vec::new() };
         for &(i, _) in &silent {
             let p = &mut s.programs[i];
             slots::request_stop(&self.mailbox, p.core.slot);
             p.core.life.request_stop();
+        }
+        // A silent worker's kernel still runs and reads its stop word: given the stop deadline to
+        // leave in order (mesh_end after closing its channels publishes their exact positions, so
+        // its relaunch repeats nothing), read from its slot, before the server cuts it off.
+        let slots: Vec<u32> = silent.iter().map(|&(i, _)| s.programs[i].core.slot).collect();
+        let state_of = |slot: u32| self.mailbox.slot(slot).map_or(STATE_EXITED, |s| s.status().state);
+        let in_order = await_stops(&slots, Instant::now() + self.config.stop_deadline, state_of);
+        for &(i, _) in &silent {
+            let p = &s.programs[i];
             if let Err(e) = control.terminate_client(p.worker.server, p.worker.pid()) {
                 tracing::error!(program = p.core.name, "terminate_client of silent worker {}: {e}", p.worker.pid());
             }
         }
         // All cut off first, then one wait for the server, then the signals.
         std::thread::sleep(CUT_OFF);
+        // A GPU fault reported meanwhile (during the stop wait) poisons every client of the server,
+        // the idle ones too: a relaunch now would fail and leave the program faulted, which the
+        // recovery that follows in this tick would not relaunch. Left stopped instead, for it.
+        let fault_meanwhile = fault_pending(s);
         let mut log = Vec::new();
-        for (i, silent) in silent {
+        for ((i, silent), in_order) in silent.into_iter().zip(in_order) {
             let p = &mut s.programs[i];
             p.worker.signal_kill();
             p.core.life.returned();
             let (old, name, sms) = (p.worker.pid(), p.core.name.clone(), p.worker.ready.sms);
-            let pos = s.idle.iter().position(|w| self.config.sms.is_none() || w.ready.sms == sms);
-            let (workers, from) = match pos.map(|k| s.idle.swap_remove(k)) {
+            if fault_meanwhile {
+                log.push(format!(
+                    "MPS worker {old} of program {name} was silent for {} ms: cut off its MPS server and killed; \
+                     {name} is relaunched by the recovery from the GPU fault reported meanwhile",
+                    silent.as_millis()
+                ));
+                continue;
+            }
+            let (workers, from) = match take_idle(&mut s.idle, sms) {
                 Some(w) => (vec![w], "an idle worker of the pool"),
                 None => {
                     let running = s.programs.iter().filter(|p| on_watch(p)).count();
@@ -925,14 +937,27 @@ impl MpsBackend {
                         let stalled = u32::try_from(running).unwrap_or(u32::MAX);
                         self.pool.record_growth(&name, "replace a silent worker", stalled);
                     }
-                    let fresh = start_many(&control, self.mailbox.path(), self.config.sms, &self.news, 1);
+                    // A green context of the old worker's SMs unless it was the pool's kind.
+                    let same = (sms != self.config.sms.unwrap_or(self.device.sm_count)).then_some(sms);
+                    let fresh = start_many(&control, self.mailbox.path(), same.or(self.config.sms), &self.news, 1);
                     (fresh, "a new MPS client: the running programs stalled once")
                 }
             };
             self.launch_in(s, &[i], workers, false, "its worker went silent");
             let p = &s.programs[i];
             let outcome = match p.core.life.faulted() {
-                None => format!("{name} relaunched in worker {} ({from})", p.worker.pid()),
+                None if in_order => format!(
+                    "{name} stopped in order first (exactly once on its channels) and relaunched in worker {} ({from})",
+                    p.worker.pid()
+                ),
+                // Cut off, not stopped in order: a GPU consumer publishes its position in batches.
+                None => format!(
+                    "{name} did not stop in order within {} ms and was cut off, then relaunched in worker {} ({from}); \
+                     its channels are at-least-once across this: messages its kernel had taken since it last \
+                     published its position come again",
+                    self.config.stop_deadline.as_millis(),
+                    p.worker.pid()
+                ),
                 Some(why) => format!("{name} left stopped: {why}"),
             };
             log.push(format!(
@@ -1027,8 +1052,7 @@ impl MpsBackend {
                     }
                     Err(e) => tracing::error!("terminate_client: {e}"),
                 }
-                // Give the server a moment to cut the client off before the signal (gpu.md: within 0.1 s).
-                let _ = worker.wait(Duration::from_millis(200), Duration::from_millis(300));
+                await_cut_off(&mut worker);
                 worker.kill();
                 None
             }
@@ -1044,6 +1068,45 @@ impl MpsBackend {
 /// Whether the watchdog watches program `p`'s kernel: launched, not left stopped, not ended by itself.
 fn on_watch(p: &Program) -> bool {
     relaunchable(p) && p.core.life.phase() == &Phase::Running
+}
+
+/// The watched programs whose worker said nothing for more than `limit` before `now`, each broken
+/// off, with how long it was silent; idle and standby workers silent that long are broken off too
+/// (discarded later in the tick). None while a watched kernel has failed or a worker is gone: the
+/// recovery that follows in the same tick ends every client anyway, and a replacement now would
+/// land in a client of the faulted server (whose load fails, leaving an innocent program stopped
+/// for good) or wait for that server to take clients again; a worker can also be legitimately
+/// silent then, its driver call held while the server tears the faulted clients down.
+fn silent_programs(s: &mut Shared, now: Instant, limit: Duration) -> Vec<(usize, Duration)> {
+    for w in &mut s.idle {
+        let _ = w.check_silence(now, limit);
+    }
+    if let Some(sb) = s.standby.as_mut() {
+        sb.check_silence(now, limit);
+    }
+    if fault_pending(s) {
+        return Vec::new();
+    }
+    s.programs
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, p)| on_watch(p))
+        .filter_map(|(i, p)| p.worker.check_silence(now, limit).map(|d| (i, d)))
+        .collect()
+}
+
+/// Whether a watched program's kernel has failed or its worker is gone, as the workers said up to
+/// now (their news taken in first): a recovery is due.
+fn fault_pending(s: &mut Shared) -> bool {
+    absorb(s);
+    s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some())
+}
+
+/// An idle worker that can take a program whose worker had `sms` SMs: one of that size, alive and
+/// not broken (one found silent at this very tick, or gone, would only fail the relaunch).
+fn take_idle(idle: &mut Vec<Worker>, sms: u32) -> Option<Worker> {
+    let pos = idle.iter().position(|w| w.ready.sms == sms && w.alive() && w.broken().is_none())?;
+    Some(idle.swap_remove(pos))
 }
 
 /// Whether a recovery relaunches `p`: not left stopped, not ended by itself (`mesh_exit`).
@@ -1233,10 +1296,9 @@ impl Backend for MpsBackend {
             return Vec::new();
         }
         let now = Instant::now();
-        // A longer gap since the last tick means meshd itself did not run (stopped, starved), and
-        // neither did the readers that note the workers' lines: silence is judged from the next tick.
-        let judge_silence = self.last_watch.is_some_and(|t| now.saturating_duration_since(t) < SILENCE_LIMIT / 2);
-        self.last_watch = Some(now);
+        // Not while meshd itself may have been stopped or starved, with the readers that note the
+        // workers' lines (see SilenceClock).
+        let judge_silence = self.silence.tick(now, SILENCE_LIMIT);
         let mut log = Vec::new();
         let failure = {
             let mut s = self.lock();
@@ -1329,9 +1391,217 @@ impl Drop for MpsBackend {
     }
 }
 
+/// Waits until the kernel of every slot of `slots` has left (its state, read with `state_of`, says
+/// stopped at the request or exited) or `deadline` passes. Returns, slot by slot, whether it stopped
+/// in order (`mesh_end`: its channels' positions published).
+fn await_stops(slots: &[u32], deadline: Instant, state_of: impl Fn(u32) -> u32) -> Vec<bool> {
+    loop {
+        let states: Vec<u32> = slots.iter().map(|&slot| state_of(slot)).collect();
+        if states.iter().all(|&st| st == STATE_STOPPED || st == STATE_EXITED) || Instant::now() >= deadline {
+            return states.into_iter().map(|st| st == STATE_STOPPED).collect();
+        }
+        // A kernel reads its stop word every 100 µs (MESH_STOP_PERIOD_NS) and sees it within two.
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// After `terminate_client` of `w`, before its SIGKILL: gives the server [`CUT_OFF`] to cut it off
+/// (gpu.md: within 0.1 s; a SIGKILL of a client whose kernel still runs fails every other client's
+/// kernel). A worker that still answers says when its kernel ended, often sooner; one spoken to no
+/// more (silent, wedged, past a deadline) cannot, and its `wait` would fail at once, so the whole
+/// time is waited.
+fn await_cut_off(w: &mut Worker) {
+    let started = Instant::now();
+    let answered = w.broken().is_none() && w.wait(CUT_OFF, CUT_OFF).is_ok();
+    if !answered {
+        std::thread::sleep(CUT_OFF.saturating_sub(started.elapsed()));
+    }
+}
+
 /// Whether `w`'s process lives and a kernel of it may still run: busy as it last said, or broken
 /// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
 /// `terminate_client` before any SIGKILL.
 fn may_run_a_kernel(w: &Worker) -> bool {
     w.alive() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The watchdog's choices about silent workers, against stand-in workers (shell scripts that say
+    //! `ready` and then nothing, or exit): the MPS backend itself needs a GPU.
+
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// Says `ready` (with `SMS` SMs), then answers `done` to every command (`MODE=gone`: exits at once).
+    const STAND_IN: &str = r#"printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}\n' $$ "${SMS:-132}"
+[ "$MODE" = gone ] && exit 0
+while read -r line; do
+  case "$line" in *'"op":"exit"'*) exit 0 ;; *) echo '{"reply":"done"}' ;; esac
+done
+"#;
+
+    struct Bench {
+        _dir: tempfile::TempDir,
+        script: PathBuf,
+        news: NewsSender,
+    }
+
+    impl Bench {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let script = dir.path().join("stand-in-worker");
+            std::fs::write(&script, STAND_IN).unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+            Self { _dir: dir, script, news: NewsSender::channel().0 }
+        }
+
+        fn worker(&self, env: &[(&str, &str)]) -> Worker {
+            // By its path: control.rs's test points PATH elsewhere while the tests run side by side.
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg(&self.script);
+            cmd.envs(env.iter().copied());
+            Worker::spawn_command(&mut cmd, &self.news).unwrap().handshake(Duration::from_secs(10)).unwrap()
+        }
+
+        /// A running program in slot `slot` of `worker`.
+        fn program(&self, slot: u32, worker: Worker) -> Program {
+            let mut core = ProgramCore::new(format!("p{slot}"), slot, ImageKind::Ptx, LaunchShape::default(), 0.0);
+            core.life.launch().unwrap();
+            Program { core, worker, cubin: Arc::new(Vec::new()) }
+        }
+    }
+
+    fn kill_all(s: &mut Shared) {
+        for p in &mut s.programs {
+            p.worker.kill();
+        }
+        for w in &mut s.idle {
+            w.kill();
+        }
+    }
+
+    #[test]
+    fn a_silent_worker_is_replaced_but_not_while_a_fault_is_pending() {
+        let bench = Bench::new();
+        let mut s = Shared::default();
+        s.programs.push(bench.program(0, bench.worker(&[])));
+        s.programs.push(bench.program(1, bench.worker(&[])));
+        let later = Instant::now() + Duration::from_secs(4);
+        let silent = silent_programs(&mut s, later, SILENCE_LIMIT);
+        assert_eq!(silent.iter().map(|&(i, _)| i).collect::<Vec<_>>(), [0, 1], "both said nothing past the bound");
+        assert!(silent.iter().all(|&(_, d)| d > SILENCE_LIMIT));
+        kill_all(&mut s);
+
+        // Program 0's worker is gone (a failure the same tick recovers from, ending every client):
+        // program 1's silent worker is left to that recovery, not replaced into the faulted server.
+        let mut s = Shared::default();
+        s.programs.push(bench.program(0, bench.worker(&[("MODE", "gone")])));
+        s.programs.push(bench.program(1, bench.worker(&[])));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failed(&s.programs[0].worker).is_none() {
+            assert!(Instant::now() < deadline, "the stand-in's exit was never noticed");
+            std::thread::sleep(Duration::from_millis(5));
+            s.programs[0].worker.refresh();
+        }
+        let later = Instant::now() + Duration::from_secs(4);
+        assert_eq!(silent_programs(&mut s, later, SILENCE_LIMIT), []);
+        assert_eq!(s.programs[1].worker.broken(), None, "left as it was for the recovery");
+        // What replace_silent asks again before relaunching: a recovery is due while a watched
+        // program's worker failed, not once that program is off watch.
+        assert!(fault_pending(&mut s));
+        s.programs[0].core.life.request_stop();
+        s.programs[0].core.life.returned();
+        assert!(!fault_pending(&mut s), "program 1's mute worker alone is no fault");
+        kill_all(&mut s);
+    }
+
+    #[test]
+    fn a_replacement_takes_only_a_usable_idle_worker_of_the_same_size() {
+        let bench = Bench::new();
+        let mut idle = vec![bench.worker(&[("SMS", "16")])];
+        assert!(take_idle(&mut idle, 132).is_none(), "a 16-SM worker is no home for a 132-SM program");
+        assert_eq!(idle.len(), 1);
+        // Found silent at this tick: broken, never handed a program.
+        assert!(idle[0].check_silence(Instant::now() + Duration::from_secs(4), SILENCE_LIMIT).is_some());
+        assert!(take_idle(&mut idle, 16).is_none(), "a broken idle worker is not taken");
+        idle.push(bench.worker(&[("SMS", "16")]));
+        let mut w = take_idle(&mut idle, 16).expect("the usable one");
+        assert!(w.broken().is_none());
+        w.kill();
+        for mut w in idle {
+            w.kill();
+        }
+    }
+
+    #[test]
+    fn a_worker_spoken_to_no_more_still_gets_the_servers_time_to_be_cut_off_before_its_kill() {
+        let bench = Bench::new();
+        let mut w = bench.worker(&[]);
+        assert!(w.check_silence(Instant::now() + Duration::from_secs(4), SILENCE_LIMIT).is_some());
+        let started = Instant::now();
+        await_cut_off(&mut w);
+        // A lower bound only: the wait is a sleep, not a race.
+        assert!(started.elapsed() >= CUT_OFF, "killed {:?} after terminate_client", started.elapsed());
+        w.kill();
+    }
+
+    #[test]
+    fn a_silent_workers_kernel_gets_its_stop_deadline_to_leave_in_order_before_the_cut_off() {
+        use std::cell::Cell;
+        // Slot 4's kernel sees its stop on the third look; slot 7's has exited by itself.
+        let looks = Cell::new(0);
+        let state_of = |slot: u32| match slot {
+            4 => {
+                looks.set(looks.get() + 1);
+                if looks.get() >= 3 { STATE_STOPPED } else { STATE_RUNNING }
+            }
+            _ => STATE_EXITED,
+        };
+        let far = Instant::now() + Duration::from_secs(60);
+        assert_eq!(
+            await_stops(&[4, 7], far, state_of),
+            [true, false],
+            "4 stopped in order; 7 left, not at the request"
+        );
+        assert!(looks.get() >= 3);
+        // One that never stops is given up at the deadline (already passed here: one look).
+        let stuck = |_slot: u32| STATE_RUNNING;
+        assert_eq!(await_stops(&[1, 2], Instant::now(), stuck), [false, false]);
+    }
+
+    #[test]
+    fn silence_is_judged_only_after_meshd_ran_a_whole_bound_since_its_last_stall() {
+        let limit = Duration::from_secs(3);
+        let tick = Duration::from_millis(25);
+        let mut clock = SilenceClock::new();
+        let t0 = Instant::now();
+        let mut t = t0;
+        let mut first_judged = None;
+        while t < t0 + Duration::from_secs(5) {
+            if clock.tick(t, limit) && first_judged.is_none() {
+                first_judged = Some(t - t0);
+            }
+            t += tick;
+        }
+        let first = first_judged.expect("judged once meshd ran past the bound");
+        assert!(first > limit && first <= limit + tick, "{first:?}");
+        // meshd stopped for 5 s: neither the tick after it nor the ones its news brings at once
+        // (before every reader has read what its worker said meanwhile) judge anyone.
+        t += Duration::from_secs(5);
+        assert!(!clock.tick(t, limit), "the tick after the stall");
+        assert!(!clock.tick(t + Duration::from_millis(1), limit), "a tick a wake-up brought right after it");
+        let resumed = t;
+        while t < resumed + limit {
+            assert!(!clock.tick(t, limit), "{:?} after the stall", t - resumed);
+            t += tick;
+        }
+        t += tick;
+        assert!(clock.tick(t, limit), "a whole bound after the stall");
+        // A gap under half the bound (a long job of the backend thread) is no stall.
+        t += limit / 2 - Duration::from_millis(1);
+        assert!(clock.tick(t, limit));
+    }
 }

@@ -153,6 +153,37 @@ impl Heard {
     }
 }
 
+/// Whether the watchdog may judge the workers' silence at its tick: only once meshd itself has run
+/// without a stall for longer than the bound. A gap between ticks of half the bound or more means
+/// meshd did not run (stopped, starved, frozen with its cgroup), and then neither did the reader
+/// threads that note the workers' lines: a worker's silence is only measured over time meshd was
+/// seen running. One skipped tick is not enough: a reader that wakes first sends news, whose wake-up
+/// brings the next tick at once, before the other readers have read what their workers said meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct SilenceClock {
+    /// The last tick.
+    last: Option<Instant>,
+    /// The first tick after meshd's last stall (or its first tick): silence counts from there.
+    since: Option<Instant>,
+}
+
+impl SilenceClock {
+    /// A clock that has seen no tick yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes a watchdog tick at `now` (monotonic); returns whether a silence past `limit` may be judged at it.
+    pub fn tick(&mut self, now: Instant, limit: Duration) -> bool {
+        let stalled = self.last.is_none_or(|t| now.saturating_duration_since(t) >= limit / 2);
+        self.last = Some(now);
+        if stalled {
+            self.since = Some(now);
+        }
+        self.since.is_some_and(|t| now.saturating_duration_since(t) > limit)
+    }
+}
+
 /// The reader thread of worker `pid`: replies to `replies` (a garbled line as its error), events and
 /// its end to `news`; the time of every line read into `heard`.
 fn read_output(
