@@ -408,3 +408,26 @@ fn a_stopped_worker_is_replaced_alone_and_the_others_run_on() {
     d.ok(&["shutdown"]);
     assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
 }
+
+#[test]
+fn a_programs_own_sms_are_kept_across_an_upgrade_and_not_handed_on_after_its_unload() {
+    require_gpu!("a_programs_own_sms_are_kept_across_an_upgrade_and_not_handed_on_after_its_unload");
+    assert!(leftovers().is_empty(), "MPS processes before the test: {:?}", leftovers());
+    // No global --sms: the pool's workers have the whole GPU; `small` asks 16 SMs of its own.
+    let d = Meshd::start(&["--isolation", "mps", "--pool", "1", "--pool-grow"]);
+    let sms = |d: &Meshd, name: &str| row(&ps(d), name)["sms"].as_u64();
+    d.ok(&["load", "small", &ptx_file("heartbeat"), "--sms", "16"]);
+    let own = sms(&d, "small");
+    eprintln!("small loaded with --sms 16: ps says sms {own:?}");
+    assert!(own.is_some_and(|n| (16..132).contains(&n)), "a green context of about 16 SMs: {own:?}");
+    // An upgrade loads the new image in another worker: one with the same 16 SMs, not the pool's.
+    d.ok(&["upgrade", "small", &ptx_file("heartbeat")]);
+    assert_eq!(sms(&d, "small"), own, "the upgrade kept small's own SMs");
+    assert_eq!(row(&ps(&d), "small")["state"], "running");
+    // Its 16-SM worker goes back to the pool at the unload; a later whole-GPU load must not take it.
+    d.ok(&["unload", "small"]);
+    d.ok(&["load", "whole", &ptx_file("heartbeat")]);
+    assert_eq!(sms(&d, "whole"), None, "a program without --sms has the whole GPU, not small's old worker");
+    d.ok(&["shutdown"]);
+    assert!(wait_until(Duration::from_secs(15), || leftovers().is_empty()), "{:?}", leftovers());
+}

@@ -29,6 +29,7 @@
 //! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
 //! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -548,26 +549,29 @@ impl MpsBackend {
         Ok(())
     }
 
-    /// An idle worker with `sms` for `op` (`load`, `upgrade`) of `program`. None idle: refused with
+    /// An idle worker started with `sms` (the program's own `--sms`, else the global one; None: the
+    /// whole GPU) for `op` (`load`, `upgrade`) of `program`. None idle: refused with
     /// the reason, unless growth is allowed (`--pool-grow`); then a new MPS client, which stalls the
     /// running programs once: counted, logged, and shown by `info` and the request's reply.
     fn take_worker(&mut self, sms: Option<u32>, program: &str, op: &'static str) -> Result<Worker> {
-        let (found, idle_sms, in_use) = {
+        let (found, idle_asks, in_use) = {
             let mut s = self.lock();
-            let pos = s.idle.iter().position(|w| sms.is_none_or(|n| w.ready.sms == n));
+            // Exactly what was asked: a worker given back by an unloaded `--sms 16` program must not
+            // hand a later whole-GPU program 16 SMs.
+            let pos = s.idle.iter().position(|w| w.asked_sms == sms);
             let found = pos.map(|p| s.idle.swap_remove(p));
-            (found, s.idle.iter().map(|w| w.ready.sms).collect::<Vec<u32>>(), s.programs.len())
+            (found, s.idle.iter().map(|w| w.asked_sms).collect::<Vec<Option<u32>>>(), s.programs.len())
         };
         if let Some(w) = found {
             self.publish_pool();
             return Ok(w);
         }
         if !self.config.pool_grow {
-            let why = crate::pool::refusal(op, program, sms, &idle_sms, in_use, self.config.pool);
+            let why = crate::pool::refusal(op, program, sms, &idle_asks, in_use, self.config.pool);
             tracing::warn!("{why}");
             return Err(BackendError::Invalid { what: "MPS pool".into(), reason: why });
         }
-        self.grow(sms.or(self.config.sms), program, op)
+        self.grow(sms, program, op)
     }
 
     /// A new worker (a new MPS client) for `op` of `program`, growth being allowed: every running
@@ -737,11 +741,13 @@ impl MpsBackend {
         let to_relaunch = s.programs.iter().filter(|p| relaunchable(p)).count();
         let standby = matches!(verdict, Verdict::Culprit { .. })
             && s.standby.as_ref().is_some_and(|sb| sb.ready() >= to_relaunch)
+            && s.programs.iter().filter(|p| relaunchable(p)).all(|p| p.worker.asked_sms == self.config.sms)
             && every_kernel_failed(&mut s);
         if s.standby.is_some() && !standby {
             log.push(
-                "MPS standby not used for this recovery (no named culprit, too few standby workers, or a worker \
-                      that did not say its kernel failed within 100 ms): the usual recovery"
+                "MPS standby not used for this recovery (no named culprit, too few standby workers, a program \
+                      with its own --sms, or a worker that did not say its kernel failed within 100 ms): the usual \
+                      recovery"
                     .into(),
             );
         }
@@ -831,7 +837,17 @@ impl MpsBackend {
         let taken = if standby { s.standby.as_mut().and_then(|sb| sb.take(which.len())) } else { None };
         let workers = match taken {
             Some(w) => w,
-            None => start_many(control, self.mailbox.path(), self.config.sms, &self.news, which.len()),
+            None => {
+                // Each program in a worker of its own size (its `--sms`, else the global one):
+                // the sizes one after the other, each size's workers side by side.
+                let mut asks: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+                for &i in which {
+                    *asks.entry(s.programs[i].worker.asked_sms).or_default() += 1;
+                }
+                asks.into_iter()
+                    .flat_map(|(ask, n)| start_many(control, self.mailbox.path(), ask, &self.news, n))
+                    .collect()
+            }
         };
         times.new_clients += spawned.elapsed();
         let launched_at = Instant::now();
@@ -845,7 +861,9 @@ impl MpsBackend {
     /// to the pool (standby) or are killed.
     fn launch_in(&self, s: &mut Shared, which: &[usize], mut workers: Vec<Worker>, standby: bool, after: &str) {
         for &i in which {
-            let Some(mut worker) = workers.pop() else {
+            let ask = s.programs[i].worker.asked_sms;
+            let Some(mut worker) = workers.iter().position(|w| w.asked_sms == ask).map(|at| workers.swap_remove(at))
+            else {
                 s.programs[i].core.life.fault(format!("relaunch after {after} failed: no MPS client could be started"));
                 continue;
             };
@@ -920,7 +938,7 @@ impl MpsBackend {
             let p = &mut s.programs[i];
             p.worker.signal_kill();
             p.core.life.returned();
-            let (old, name, sms) = (p.worker.pid(), p.core.name.clone(), p.worker.ready.sms);
+            let (old, name, ask) = (p.worker.pid(), p.core.name.clone(), p.worker.asked_sms);
             if fault_meanwhile {
                 log.push(format!(
                     "MPS worker {old} of program {name} was silent for {} ms: cut off its MPS server and killed; \
@@ -929,7 +947,7 @@ impl MpsBackend {
                 ));
                 continue;
             }
-            let (workers, from) = match take_idle(&mut s.idle, sms) {
+            let (workers, from) = match take_idle(&mut s.idle, ask) {
                 Some(w) => (vec![w], "an idle worker of the pool"),
                 None => {
                     let running = s.programs.iter().filter(|p| on_watch(p)).count();
@@ -937,9 +955,8 @@ impl MpsBackend {
                         let stalled = u32::try_from(running).unwrap_or(u32::MAX);
                         self.pool.record_growth(&name, "replace a silent worker", stalled);
                     }
-                    // A green context of the old worker's SMs unless it was the pool's kind.
-                    let same = (sms != self.config.sms.unwrap_or(self.device.sm_count)).then_some(sms);
-                    let fresh = start_many(&control, self.mailbox.path(), same.or(self.config.sms), &self.news, 1);
+                    // Started with what the old worker was started with (the program's own --sms).
+                    let fresh = start_many(&control, self.mailbox.path(), ask, &self.news, 1);
                     (fresh, "a new MPS client: the running programs stalled once")
                 }
             };
@@ -1060,7 +1077,7 @@ impl MpsBackend {
     }
 
     fn status_of(&self, p: &Program, state: KernelState) -> ProgramStatus {
-        let sms = self.config.sms.map(|_| p.worker.ready.sms);
+        let sms = p.worker.asked_sms.map(|_| p.worker.ready.sms);
         p.core.status(state.into(), slots::reading(&self.mailbox, p.core.slot), Some(p.worker.pid()), sms)
     }
 }
@@ -1102,10 +1119,11 @@ fn fault_pending(s: &mut Shared) -> bool {
     s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some())
 }
 
-/// An idle worker that can take a program whose worker had `sms` SMs: one of that size, alive and
-/// not broken (one found silent at this very tick, or gone, would only fail the relaunch).
-fn take_idle(idle: &mut Vec<Worker>, sms: u32) -> Option<Worker> {
-    let pos = idle.iter().position(|w| w.ready.sms == sms && w.alive() && w.broken().is_none())?;
+/// An idle worker that can take a program whose worker was started with `ask` (its `--sms`): one
+/// started with the same, alive and not broken (one found silent at this very tick, or gone, would
+/// only fail the relaunch).
+fn take_idle(idle: &mut Vec<Worker>, ask: Option<u32>) -> Option<Worker> {
+    let pos = idle.iter().position(|w| w.asked_sms == ask && w.alive() && w.broken().is_none())?;
     Some(idle.swap_remove(pos))
 }
 
@@ -1182,7 +1200,7 @@ impl Backend for MpsBackend {
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
         let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;
-        let mut worker = self.take_worker(spec.sms, &spec.name, "load")?;
+        let mut worker = self.take_worker(spec.sms.or(self.config.sms), &spec.name, "load")?;
         let prepared = self.prepare(&mut worker, &spec.name, cubin, &spec.shape, None);
         let (share, cubin) =
             match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
@@ -1219,7 +1237,7 @@ impl Backend for MpsBackend {
         let (shape, sms) = {
             let s = self.lock();
             let p = &s.programs[i];
-            (p.core.shape, Some(p.worker.ready.sms).filter(|_| self.config.sms.is_some()))
+            (p.core.shape, p.worker.asked_sms)
         };
         // The new image is linked first, then loaded and probed in another worker while the old one runs.
         let cubin = self.link_checked(name, image, kind)?;
@@ -1521,14 +1539,23 @@ done
     #[test]
     fn a_replacement_takes_only_a_usable_idle_worker_of_the_same_size() {
         let bench = Bench::new();
-        let mut idle = vec![bench.worker(&[("SMS", "16")])];
-        assert!(take_idle(&mut idle, 132).is_none(), "a 16-SM worker is no home for a 132-SM program");
+        let sixteen = |env: &[(&str, &str)]| {
+            let mut w = bench.worker(env);
+            w.asked_sms = Some(16);
+            w
+        };
+        let mut idle = vec![sixteen(&[("SMS", "16")])];
+        assert!(
+            take_idle(&mut idle, None).is_none(),
+            "a worker started with --sms 16 is no home for a whole-GPU program"
+        );
+        assert!(take_idle(&mut idle, Some(15)).is_none(), "matched by what was asked, not by the rounded SMs");
         assert_eq!(idle.len(), 1);
         // Found silent at this tick: broken, never handed a program.
         assert!(idle[0].check_silence(Instant::now() + Duration::from_secs(4), SILENCE_LIMIT).is_some());
-        assert!(take_idle(&mut idle, 16).is_none(), "a broken idle worker is not taken");
-        idle.push(bench.worker(&[("SMS", "16")]));
-        let mut w = take_idle(&mut idle, 16).expect("the usable one");
+        assert!(take_idle(&mut idle, Some(16)).is_none(), "a broken idle worker is not taken");
+        idle.push(sixteen(&[("SMS", "16")]));
+        let mut w = take_idle(&mut idle, Some(16)).expect("the usable one");
         assert!(w.broken().is_none());
         w.kill();
         for mut w in idle {

@@ -31,7 +31,8 @@ pub fn client_limit(version: Option<i32>) -> (u32, String) {
 pub use mesh_backend::pool::{Growth, PoolFigures, PoolSnapshot};
 
 /// Why a load or upgrade that found no idle worker is refused (growth not allowed).
-pub fn refusal(op: &str, program: &str, sms: Option<u32>, idle_sms: &[u32], in_use: usize, size: u32) -> String {
+/// `sms` is the program's ask (None: the whole GPU), `idle` what each idle worker was started with.
+pub fn refusal(op: &str, program: &str, sms: Option<u32>, idle: &[Option<u32>], in_use: usize, size: u32) -> String {
     let what = match op {
         "upgrade" => format!(
             "upgrade of {program:?} refused: an MPS upgrade loads the new image in another (idle) worker while the \
@@ -39,10 +40,12 @@ pub fn refusal(op: &str, program: &str, sms: Option<u32>, idle_sms: &[u32], in_u
         ),
         _ => format!("load of {program:?} refused:"),
     };
-    let found = match (sms, idle_sms.is_empty()) {
+    let shown: Vec<String> =
+        idle.iter().map(|a| a.map_or_else(|| "the whole GPU".into(), |n| format!("{n} SMs"))).collect();
+    let found = match (sms, idle.is_empty()) {
         (_, true) => format!("the pool is empty ({in_use} workers in use, --pool {size})"),
-        (Some(n), false) => format!("no idle worker has {n} SMs (idle workers' SMs: {idle_sms:?})"),
-        (None, false) => "no idle worker fits".into(),
+        (Some(n), false) => format!("no idle worker has {n} SMs (idle workers: {})", shown.join(", ")),
+        (None, false) => format!("no idle worker has the whole GPU (idle workers: {})", shown.join(", ")),
     };
     format!(
         "{what} {found}; creating an MPS client now would stall every running program (measured: a running \
@@ -72,7 +75,9 @@ mod tests {
         let up = refusal("upgrade", "p", None, &[], 1, 1);
         assert!(up.contains("upgrade of \"p\" refused: an MPS upgrade loads the new image in another (idle) worker"));
         assert!(up.contains("--pool-grow"), "{up}");
-        let sms = refusal("load", "q", Some(16), &[132], 0, 1);
-        assert!(sms.contains("no idle worker has 16 SMs (idle workers' SMs: [132])"), "{sms}");
+        let sms = refusal("load", "q", Some(16), &[None], 0, 1);
+        assert!(sms.contains("no idle worker has 16 SMs (idle workers: the whole GPU)"), "{sms}");
+        let whole = refusal("load", "r", None, &[Some(16), Some(32)], 0, 2);
+        assert!(whole.contains("no idle worker has the whole GPU (idle workers: 16 SMs, 32 SMs)"), "{whole}");
     }
 }

@@ -253,6 +253,10 @@ pub struct Worker {
     pub ready: Ready,
     /// The MPS server it is a client of.
     pub server: u32,
+    /// The `--sms` it was started with (None: the whole GPU). A worker is matched to a program by
+    /// what was asked, not by `ready.sms`: a green context rounds SMs up to its granularity, and a
+    /// program loaded with its own `--sms` must keep it across upgrades and recoveries.
+    pub asked_sms: Option<u32>,
     /// Launches acknowledged (events of older ones are stale).
     launches: u64,
     /// Its kernel as it last said.
@@ -312,8 +316,10 @@ impl Worker {
         if let Some(uuid) = control.device() {
             cmd.arg("--device").arg(uuid);
         }
-        Self::spawn_command(&mut cmd, news)
-            .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })
+        let mut worker = Self::spawn_command(&mut cmd, news)
+            .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })?;
+        worker.asked_sms = sms;
+        Ok(worker)
     }
 
     /// Spawns `cmd` as a worker (a real one from [`Worker::spawn`], or a stand-in speaking the
@@ -365,6 +371,7 @@ impl Worker {
                 kernel_check_us: 0,
             },
             server: 0,
+            asked_sms: None,
             launches: 0,
             kernel: KernelState::Idle,
             broken: None,
