@@ -67,6 +67,28 @@ def test_every_request_is_served_and_refusals_carry_meshds_reason(
     assert isinstance(e2.value, ConnectionError) and "is `meshd run` running?" in str(e2.value)
 
 
+def test_an_index_channel_carries_messages_between_host_ends_and_no_program_binds_it(
+    daemon: tuple[meshd.Client, subprocess.Popen[str]],
+) -> None:
+    client, _ = daemon
+    client.channel_create("h2h", msg_size=8, capacity=64, protocol="index")
+    with pytest.raises(meshd.MeshdRefused) as e:
+        client.channel_create("odd", msg_size=12, capacity=8, protocol="index")
+    assert "odd" in e.value.reason or "12" in e.value.reason, e.value.reason
+    [row] = client.info()["channels"]
+    assert (row["name"], row["protocol"]) == ("h2h", "index"), row
+    with pytest.raises(meshd.MeshdRefused) as e:
+        client.load("echo", PTX, bind=["h2h"])
+    assert "h2h" in e.value.reason, e.value.reason
+    assert client.ps()["programs"] == [], "a refused load leaves nothing behind"
+    # Sequence-checked through the ring (more messages than slots: it wraps many times).
+    with client.producer("h2h") as tx, client.consumer("h2h") as rx:
+        for i in range(1000):
+            tx.send(i.to_bytes(8, "little"), timeout=DEADLINE)
+            assert int.from_bytes(rx.recv(timeout=DEADLINE), "little") == i
+    assert client.info()["channels"][0]["head"] == 1000
+
+
 def test_bad_arguments_are_refused_before_sending(daemon: tuple[meshd.Client, subprocess.Popen[str]]) -> None:
     client, _ = daemon
     with pytest.raises(ValueError, match="grid"):

@@ -38,6 +38,7 @@ REQUESTS = {
     "channel_create": lambda c: c.channel_create("to-gpu", msg_size=64, capacity=16),
     "channel_create_utf8": lambda c: c.channel_create("entrée-é", msg_size=8),
     "channel_create_device": lambda c: c.channel_create("g2g", msg_size=64, capacity=16, placement="device"),
+    "channel_create_index": lambda c: c.channel_create("h2h", msg_size=8, protocol="index"),
     "spawn": lambda c: c.spawn(
         "worker", ["./native-cuda", "--iterations", "3"], bind=["to-gpu", "from-gpu"], ready_timeout=2.5
     ),

@@ -162,7 +162,8 @@ pub struct ChannelRow {
     /// Where its slots live: `host` or `device`.
     #[serde(default)]
     pub placement: String,
-    /// The slots' format: `ll` (a tag in every word) or `bulk` (payload, then one flag per message).
+    /// The slots' format: `ll` (a tag in every word), `bulk` (payload, then one flag per message) or
+    /// `index` (payload alone, published indices; host ends only).
     /// Absent from an older meshd's answer (and from the Python client's golden files): ll.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub protocol: String,

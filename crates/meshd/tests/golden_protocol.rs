@@ -79,6 +79,11 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
             json!({"op": "channel_create", "name": "g2g", "msg_size": 64, "capacity": 16, "placement": "device"}),
             b"",
         ),
+        (
+            "channel_create_index",
+            json!({"op": "channel_create", "name": "h2h", "msg_size": 8, "capacity": 1024, "protocol": "index"}),
+            b"",
+        ),
         // A name outside ASCII: serde_json writes UTF-8 as it is, and so must the client.
         (
             "channel_create_utf8",

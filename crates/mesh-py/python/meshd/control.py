@@ -276,15 +276,26 @@ class Client:
         return result
 
     def channel_create(
-        self, name: str, msg_size: int = 64, capacity: int = 1024, *, placement: str | None = None
+        self,
+        name: str,
+        msg_size: int = 64,
+        capacity: int = 1024,
+        *,
+        placement: str | None = None,
+        protocol: str | None = None,
     ) -> None:
         """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
 
         ``placement`` (``"host"`` or ``"device"``), where the meshd has it: sent only when given.
+        ``protocol`` (``"ll"``, ``"bulk"`` or ``"index"``; meshd picks by size when not given):
+        ``"index"`` is for channels whose both ends are host processes (the fastest host to host;
+        no GPU program can bind it). The mailbox calls take every protocol alike.
         """
         req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
         if placement:
             req["placement"] = placement
+        if protocol:
+            req["protocol"] = protocol
         self.call(req)
 
     def metrics(self) -> str:
