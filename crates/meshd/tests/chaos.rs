@@ -342,6 +342,8 @@ struct Model {
     /// Program name → left stopped as a fault's culprit.
     programs: BTreeMap<String, bool>,
     channels: BTreeSet<String>,
+    /// Channels of protocol index: host ends only, never bound by a load.
+    host_only: BTreeSet<String>,
     natives: BTreeSet<String>,
     next: u32,
 }
@@ -479,7 +481,7 @@ enum Outcome {
 
 /// Applies one event.
 fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut usize) -> Outcome {
-    let channels: Vec<String> = m.channels.iter().cloned().collect();
+    let channels: Vec<String> = m.channels.difference(&m.host_only).cloned().collect();
     match kind {
         Kind::Load => {
             let name = m.fresh("p");
@@ -501,9 +503,13 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
         }
         Kind::RefusedLoad => {
             let name = m.fresh("bad");
+            let host_only: Vec<String> = m.host_only.iter().cloned().collect();
             let (r, why) = if rng.below(2) == 0 {
                 let junk = b"no image at all";
                 (d.ask(&load_of(&name, &[], junk), junk), "image")
+            } else if let Some(h) = rng.pick(&host_only).filter(|_| rng.below(2) == 0) {
+                // A program binding an index channel (host ends only) is refused, naming it.
+                (d.ask(&load_req(&name, &[h.as_str()]), PTX), h.as_str())
             } else {
                 (d.ask(&load_req(&name, &["no-such-channel"]), PTX), "no-such-channel")
             };
@@ -607,11 +613,14 @@ fn chaos_loses_nothing_and_leaks_nothing() {
     let mut d = Daemon::start(dir.path());
     let mut m = Model::default();
 
-    // Host streams: three sizes and capacities, on channels meshd made (and records).
+    // Host streams: three sizes and capacities of LL, and one index channel, on channels meshd
+    // made (and records).
     let stop = Arc::new(AtomicBool::new(false));
     let mb = Mailbox::open(dir.path().join("mb")).unwrap();
     let mut streams = Vec::new();
-    for (i, (size, capacity)) in [(8u32, 16u32), (64, 8), (256, 32)].into_iter().enumerate() {
+    for (i, (size, capacity, protocol)) in
+        [(8u32, 16u32, ""), (64, 8, ""), (256, 32, ""), (8, 16, "index")].into_iter().enumerate()
+    {
         let name = format!("s{i}");
         d.ok(
             &Request::ChannelCreate {
@@ -619,11 +628,14 @@ fn chaos_loses_nothing_and_leaks_nothing() {
                 msg_size: size,
                 capacity,
                 placement: String::new(),
-                protocol: String::new(),
+                protocol: protocol.into(),
             },
             &[],
         );
         m.channels.insert(name.clone());
+        if protocol == "index" {
+            m.host_only.insert(name.clone());
+        }
         streams.push((name.clone(), stream(&mb, &name, i as u64, size as usize, &stop)));
     }
 
