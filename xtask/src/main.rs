@@ -58,10 +58,12 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// CPU tests: the whole workspace, then the GPU test crate again with its skip notices shown and
+/// CPU tests: the whole workspace (its doc examples too), then the GPU test crate again with its skip notices shown and
 /// counted, the count said in one line at the end.
 fn test() -> Result<()> {
     run(cargo().args(["test", "--workspace", "--all-targets"]).env_remove(GPU_GATE))?;
+    // `--all-targets` leaves out the doc examples (a user copies them first): run them too.
+    run(cargo().args(["test", "--workspace", "--doc"]).env_remove(GPU_GATE))?;
     let skipped = run_counting_skips(
         cargo().args(["test", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"]).env_remove(GPU_GATE),
     )?;

@@ -8,6 +8,44 @@
 //! * [`BulkProducer`] / [`BulkConsumer`]: claimed ends of channels of protocol bulk, for large
 //!   messages ([`bulk`] is their format, [`copy`] how they copy).
 //! * [`device_header`]: `mesh.cuh`, the same layout for CUDA programs.
+//!
+//! # A host client
+//!
+//! meshd creates the mailbox (`meshd info` names its file) and the channels (`meshd channel create`);
+//! a host process opens the file and claims one end of a channel. One producer and one consumer per
+//! channel: a second claim of an end is refused while it is held (dropping the handle releases it; a
+//! claim dies with its process, even by kill -9), and a new holder resumes where the last one stopped. Here the test makes the mailbox and channel itself, as meshd would:
+//!
+//! ```
+//! use std::time::Duration;
+//! use mesh_shm::{Consumer, Mailbox, Producer, Protocol};
+//! # use mesh_shm::{CreateMode, MailboxConfig, Placement};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("mailbox");
+//! # let made = Mailbox::create(&path, &MailboxConfig::default(), CreateMode::Exclusive)?;
+//! # made.create_channel("requests", 64, 16)?;
+//! # made.create_channel_with("h2h", 8, 1024, Placement::Host, Protocol::Index)?;
+//!
+//! let mailbox = Mailbox::open(&path)?; // validates the whole file before anything is read
+//! let mut tx = Producer::claim(&mailbox, "requests")?;
+//! tx.send(b"hello, GPU", Duration::from_secs(1))?; // shorter than the message size: zero-padded
+//!
+//! // The other end (a GPU program's, usually: `mesh_chan_open` in mesh.cuh) receives it whole.
+//! let mut rx = Consumer::claim(&mailbox, "requests")?;
+//! let mut msg = [0u8; 64];
+//! rx.recv(&mut msg, Duration::from_secs(1))?;
+//! assert!(msg.starts_with(b"hello, GPU"));
+//! assert!(!rx.try_recv(&mut msg)?, "nothing more");
+//!
+//! // Protocol index (`--protocol index`): the same calls, for two host ends (rtrb's format).
+//! assert_eq!(mailbox.channel("h2h")?.protocol, Protocol::Index);
+//! let (mut tx, mut rx) = (Producer::claim(&mailbox, "h2h")?, Consumer::claim(&mailbox, "h2h")?);
+//! tx.send(&7u64.to_le_bytes(), Duration::from_secs(1))?;
+//! let mut word = [0u8; 8];
+//! rx.recv(&mut word, Duration::from_secs(1))?;
+//! assert_eq!(u64::from_le_bytes(word), 7);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod bulk;
 pub mod bulk_channel;
