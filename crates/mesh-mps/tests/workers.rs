@@ -95,6 +95,16 @@ fn ended(launch: u64, state: KernelState) -> String {
     encode(&Event::KernelEnded { launch, state, seen_unix_ns: SEEN })
 }
 
+/// Counts the wakes `news` gives meshd's backend thread.
+fn count_wakes(news: &NewsSender) -> Arc<AtomicUsize> {
+    let woken = Arc::new(AtomicUsize::new(0));
+    let counter = woken.clone();
+    news.set_wake(Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    woken
+}
+
 /// The next piece of news (generous deadline: only a hang fails it).
 fn next(rx: &Receiver<WorkerNews>) -> WorkerNews {
     rx.recv_timeout(Duration::from_secs(10)).expect("news within 10 s")
@@ -104,11 +114,7 @@ fn next(rx: &Receiver<WorkerNews>) -> WorkerNews {
 fn events_are_taken_in_the_order_the_workers_say_them() {
     let bench = Bench::new();
     let (news, rx) = NewsSender::channel();
-    let woken = Arc::new(AtomicUsize::new(0));
-    let w = woken.clone();
-    news.set_wake(Arc::new(move || {
-        w.fetch_add(1, Ordering::SeqCst);
-    }));
+    let woken = count_wakes(&news);
     let flag = bench.flag("fault");
     let fault = KernelState::Failed { reason: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access".into() };
     let returns = ended(1, KernelState::Idle);
@@ -211,11 +217,7 @@ fn a_worker_that_spews_lines_is_heard_once_then_no_more() {
     // queue news nor wake meshd (each would be a job on the backend thread until it is killed).
     let bench = Bench::new();
     let (news, rx) = NewsSender::channel();
-    let woken = Arc::new(AtomicUsize::new(0));
-    let counter = woken.clone();
-    news.set_wake(Arc::new(move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-    }));
+    let woken = count_wakes(&news);
     let mut w = bench.spawn(&news, &[("MODE", "spews")]).handshake(READY).unwrap();
     let pid = w.pid();
     let e = w.launch(0).unwrap_err().to_string();
@@ -325,11 +327,7 @@ fn heard_again(w: &Worker) {
 fn a_worker_that_keeps_saying_alive_is_not_broken_and_wakes_nobody() {
     let bench = Bench::new();
     let (news, rx) = NewsSender::channel();
-    let woken = Arc::new(AtomicUsize::new(0));
-    let counter = woken.clone();
-    news.set_wake(Arc::new(move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-    }));
+    let woken = count_wakes(&news);
     let mut w = bench.spawn(&news, &[("MODE", "alive")]).handshake(READY).unwrap();
     // Several `alive` lines after its ready, each one noted.
     for _ in 0..5 {
