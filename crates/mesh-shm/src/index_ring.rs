@@ -238,7 +238,8 @@ mod tests {
     use core::sync::atomic::Ordering;
     use proptest::prelude::*;
     use std::alloc::{Layout, alloc_zeroed, dealloc};
-    use std::collections::VecDeque;
+
+    use crate::queue_model::{ModelRing, check, op, pattern};
 
     /// An index ring over heap memory, freed on drop (what Miri runs the protocol on).
     struct HeapIndex {
@@ -279,11 +280,6 @@ mod tests {
             // SAFETY: allocated in `new` with this layout.
             unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
         }
-    }
-
-    /// A message of `size` bytes whose every byte says where it is and which message it is from.
-    fn pattern(size: usize, salt: u8) -> Vec<u8> {
-        (0..size).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
     }
 
     #[test]
@@ -444,32 +440,35 @@ mod tests {
         assert_eq!(got, [5, 6, 7, 100, 101, 102, 103, 104]);
     }
 
-    /// One step of the model test.
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// Send one message of this many bytes (at most the message size; shorter is zero-padded).
-        Push(usize),
-        /// Send this many whole messages in one batch.
-        PushBatch(usize),
-        /// Receive one message.
-        Pop,
-        /// Receive up to this many messages in one batch.
-        PopBatch(usize),
-        /// The producer's process dies and a new one claims the end.
-        RestartProducer,
-        /// The consumer's process dies and a new one claims the end.
-        RestartConsumer,
+    /// The index ring's two cores over one heap ring, for the shared model test.
+    struct Model<'h> {
+        heap: &'h HeapIndex,
+        p: IndexProducerCore,
+        c: IndexConsumerCore,
     }
 
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            4 => (0usize..=80).prop_map(Op::Push),
-            2 => (0usize..20).prop_map(Op::PushBatch),
-            4 => Just(Op::Pop),
-            2 => (1usize..20).prop_map(Op::PopBatch),
-            1 => Just(Op::RestartProducer),
-            1 => Just(Op::RestartConsumer),
-        ]
+    impl ModelRing for Model<'_> {
+        fn push(&mut self, msg: &[u8]) -> bool {
+            self.p.try_push(msg).unwrap()
+        }
+        fn push_batch(&mut self, msgs: &[Vec<u8>]) -> u64 {
+            self.p.push_with(msgs.len() as u64, |i| &msgs[i as usize]).unwrap()
+        }
+        fn pop(&mut self, out: &mut [u8]) -> bool {
+            self.c.try_pop(out).unwrap()
+        }
+        fn pop_batch(&mut self, out: &mut [u8]) -> u64 {
+            self.c.pop_into(out).unwrap()
+        }
+        fn restart_producer(&mut self) {
+            self.p = IndexProducerCore::new(self.heap.ring);
+        }
+        fn restart_consumer(&mut self) {
+            self.c = IndexConsumerCore::new(self.heap.ring).unwrap();
+        }
+        fn in_flight(&self) -> u64 {
+            self.heap.ring.head().wrapping_sub(self.heap.ring.tail())
+        }
     }
 
     proptest! {
@@ -491,51 +490,9 @@ mod tests {
             let size = words * 8;
             let heap = HeapIndex::new(size, capacity);
             heap.set_indices(start, start);
-            let mut p = IndexProducerCore::new(heap.ring);
-            let mut c = IndexConsumerCore::new(heap.ring).unwrap();
-            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
-            let mut salt = 0u8;
-            for op in ops {
-                match op {
-                    Op::Push(len) => {
-                        salt = salt.wrapping_add(1);
-                        let msg = pattern(len.min(size), salt);
-                        let sent = p.try_push(&msg).unwrap();
-                        prop_assert_eq!(sent, (model.len() as u64) < capacity);
-                        if sent {
-                            let mut padded = msg.clone();
-                            padded.resize(size, 0);
-                            model.push_back(padded);
-                        }
-                    }
-                    Op::PushBatch(k) => {
-                        salt = salt.wrapping_add(1);
-                        let msgs: Vec<Vec<u8>> = (0..k).map(|i| pattern(size, salt ^ (i as u8) << 4)).collect();
-                        let sent = p.push_with(k as u64, |i| &msgs[i as usize]).unwrap() as usize;
-                        prop_assert_eq!(sent, k.min(capacity as usize - model.len()));
-                        model.extend(msgs.into_iter().take(sent));
-                    }
-                    Op::Pop => {
-                        let mut out = vec![0u8; size];
-                        let got = c.try_pop(&mut out).unwrap();
-                        prop_assert_eq!(got, !model.is_empty());
-                        if got {
-                            prop_assert_eq!(&out, &model.pop_front().unwrap());
-                        }
-                    }
-                    Op::PopBatch(k) => {
-                        let mut out = vec![0u8; size * k];
-                        let got = c.pop_into(&mut out).unwrap() as usize;
-                        prop_assert_eq!(got, k.min(model.len()));
-                        for record in out.chunks(size).take(got) {
-                            prop_assert_eq!(record, &model.pop_front().unwrap()[..]);
-                        }
-                    }
-                    Op::RestartProducer => p = IndexProducerCore::new(heap.ring),
-                    Op::RestartConsumer => c = IndexConsumerCore::new(heap.ring).unwrap(),
-                }
-                prop_assert_eq!(heap.ring.head().wrapping_sub(heap.ring.tail()), model.len() as u64);
-            }
+            let mut ring =
+                Model { heap: &heap, p: IndexProducerCore::new(heap.ring), c: IndexConsumerCore::new(heap.ring).unwrap() };
+            check(&mut ring, size, capacity, ops)?;
         }
     }
 

@@ -58,6 +58,9 @@ pub mod index_ring;
 pub mod indices;
 pub mod layout;
 pub mod mailbox;
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation, reason = "test sizes, counts and byte patterns are small")]
+mod queue_model;
 pub mod ring;
 
 pub use bulk_channel::{BulkConsumer, BulkProducer};

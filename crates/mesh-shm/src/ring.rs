@@ -739,10 +739,7 @@ mod tests {
         assert_eq!(seen, [0, 1, 2, 3, 4, 5, 6, 7, 100, 101, 102, 103, 104]);
     }
 
-    /// A message of `size` bytes whose every byte says where it is and which message it is from.
-    fn pattern(size: usize, salt: u8) -> Vec<u8> {
-        (0..size).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
-    }
+    use crate::queue_model::pattern;
 
     #[test]
     fn every_size_is_written_word_by_word_as_the_format_says() {
@@ -824,36 +821,46 @@ mod tests {
         assert!(!c.try_pop(&mut out));
     }
 
-    /// One step of the model test.
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// Send one message of this many bytes (at most the message size; shorter is zero-padded).
-        Push(usize),
-        /// Send this many whole messages in one batch.
-        PushBatch(usize),
-        /// Receive one message.
-        Pop,
-        /// Receive up to this many messages in one batch.
-        PopBatch(usize),
+    /// LL's two cores over one heap ring, for the shared model test.
+    struct Model<'h> {
+        heap: &'h HeapRing,
+        p: ProducerCore,
+        c: ConsumerCore,
     }
 
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            (0usize..=80).prop_map(Op::Push),
-            (0usize..20).prop_map(Op::PushBatch),
-            Just(Op::Pop),
-            (1usize..20).prop_map(Op::PopBatch),
-        ]
+    impl ModelRing for Model<'_> {
+        fn push(&mut self, msg: &[u8]) -> bool {
+            self.p.try_push(msg).unwrap()
+        }
+        fn push_batch(&mut self, msgs: &[Vec<u8>]) -> u64 {
+            self.p.push_with(msgs.len() as u64, |i| &msgs[i as usize]).unwrap()
+        }
+        fn pop(&mut self, out: &mut [u8]) -> bool {
+            self.c.try_pop(out)
+        }
+        fn pop_batch(&mut self, out: &mut [u8]) -> u64 {
+            self.c.pop_into(out)
+        }
+        fn restart_producer(&mut self) {
+            self.p = ProducerCore::new(self.heap.ring);
+        }
+        fn restart_consumer(&mut self) {
+            self.c = ConsumerCore::new(self.heap.ring).unwrap();
+        }
+        fn in_flight(&self) -> u64 {
+            self.heap.ring.head().wrapping_sub(self.heap.ring.tail())
+        }
     }
 
+    use crate::queue_model::{ModelRing, check, op};
     use proptest::prelude::*;
-    use std::collections::VecDeque;
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// Any sequence of sends and receives, single and batched, across wraparounds and the tag's
-        /// 31-bit boundary, gives what a queue of `capacity` messages gives, and publishes the same indices.
+        /// Any sequence of sends and receives, single and batched, and restarts of either end,
+        /// across wraparounds and the tag's 31-bit boundary, gives what a queue of `capacity`
+        /// messages gives, and publishes the same indices.
         #[test]
         #[cfg_attr(miri, ignore = "proptest is slow under Miri; the unit tests above cover the same paths there")]
         fn the_ring_behaves_as_a_bounded_queue(
@@ -866,49 +873,8 @@ mod tests {
             let size = pairs * PAIR;
             let heap = HeapRing::new(size, capacity);
             heap.set_indices(start, start);
-            let mut p = ProducerCore::new(heap.ring);
-            let mut c = ConsumerCore::new(heap.ring).unwrap();
-            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
-            let mut salt = 0u8;
-            for op in ops {
-                match op {
-                    Op::Push(len) => {
-                        salt = salt.wrapping_add(1);
-                        let msg = pattern(len.min(size), salt);
-                        let sent = p.try_push(&msg).unwrap();
-                        prop_assert_eq!(sent, (model.len() as u64) < capacity);
-                        if sent {
-                            let mut padded = msg.clone();
-                            padded.resize(size, 0);
-                            model.push_back(padded);
-                        }
-                    }
-                    Op::PushBatch(k) => {
-                        salt = salt.wrapping_add(1);
-                        let msgs: Vec<Vec<u8>> = (0..k).map(|i| pattern(size, salt ^ (i as u8) << 4)).collect();
-                        let sent = p.push_with(k as u64, |i| &msgs[i as usize]).unwrap() as usize;
-                        prop_assert_eq!(sent, k.min(capacity as usize - model.len()));
-                        model.extend(msgs.into_iter().take(sent));
-                    }
-                    Op::Pop => {
-                        let mut out = vec![0u8; size];
-                        let got = c.try_pop(&mut out);
-                        prop_assert_eq!(got, !model.is_empty());
-                        if got {
-                            prop_assert_eq!(&out, &model.pop_front().unwrap());
-                        }
-                    }
-                    Op::PopBatch(k) => {
-                        let mut out = vec![0u8; size * k];
-                        let got = c.pop_into(&mut out) as usize;
-                        prop_assert_eq!(got, k.min(model.len()));
-                        for record in out.chunks(size).take(got) {
-                            prop_assert_eq!(record, &model.pop_front().unwrap()[..]);
-                        }
-                    }
-                }
-                prop_assert_eq!(heap.ring.head().wrapping_sub(heap.ring.tail()), model.len() as u64);
-            }
+            let mut ring = Model { heap: &heap, p: ProducerCore::new(heap.ring), c: ConsumerCore::new(heap.ring).unwrap() };
+            check(&mut ring, size, capacity, ops)?;
         }
     }
 
