@@ -875,15 +875,9 @@ const fn u32_of(n: usize) -> u32 {
 
 fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std::result::Result<(), String> {
     match protocol {
-        Protocol::Ll if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
+        Protocol::Ll | Protocol::Index if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
             return Err(format!(
-                "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol ll \
-                 (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
-            ));
-        }
-        Protocol::Index if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
-            return Err(format!(
-                "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol index \
+                "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol {protocol} \
                  (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
             ));
         }
