@@ -20,6 +20,7 @@ pub mod life;
 pub mod pid_lock;
 pub mod pool;
 pub mod recover;
+pub mod recovering;
 pub mod residency;
 pub mod roster;
 mod spec;
@@ -29,6 +30,7 @@ pub use error::{BackendError, Result};
 pub use event::{BackendEvent, RecoveryMethod, RecoveryOutcome};
 pub use life::{Life, Phase};
 pub use recover::Recovery;
+pub use recovering::{BoardView, InProgress, RecoveryBoard};
 pub use residency::{KernelFigures, SmBudget, check_resident};
 pub use roster::{HasCore, ProgramCore, SlotReading};
 pub use spec::{ImageKind, IsolationMode, KernelRun, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
@@ -67,6 +69,13 @@ pub trait Backend: Send {
     /// without being asked (MPS workers push their kernels' ends) is acted on at once rather than at
     /// the next tick. The default ignores it (blink mode polls its streams on the tick).
     fn set_waker(&mut self, _wake: Waker) {}
+
+    /// Gives the backend meshd's [`RecoveryBoard`]: the backend marks a recovery in place as begun
+    /// the moment it notices the fault or the death (before it takes its own lock or makes any GPU
+    /// call), each program as it is relaunched, and the end; `ps`, `/readyz` and `/metrics` read the
+    /// board without waiting for the backend. The default ignores it (a backend that never recovers
+    /// in place).
+    fn set_recovery_board(&mut self, _board: RecoveryBoard) {}
 
     /// The worker pool's figures (MPS mode), a handle meshd reads whenever `info` asks, without
     /// waiting for the backend. The default has no pool.
