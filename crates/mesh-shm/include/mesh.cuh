@@ -44,6 +44,57 @@
 // and then mesh_end: that publishes its exact positions, so the relaunched kernel (after an upgrade or
 // any blink) continues where it stopped, without losing or repeating a message.
 //
+// After a crash (a GPU fault, meshd killed, an MPS worker killed) delivery is at-least-once: a kernel
+// that never reached mesh_chan_close resumes at the position it last published, so a consumer may
+// receive again up to a ring of messages it had already taken (meshd logs the bound), and a producer
+// resumes after every whole message it wrote. A relay (the echo above) is fine with that: it passes
+// the repeats on. A program that sends requests and waits for replies is not, unless it matches
+// replies to requests: a repeated request is answered twice, and the extra reply must be dropped, or
+// the exchange misaligns for good, or stops with both rings full, each end waiting for the other.
+//
+// Request / reply, surviving repeats (tests/programs/ping.cu is this loop, with timing and counters):
+//   1. every request carries a sequence number (here word 0; ring position out.mine is unique for the
+//      channel's life, across relaunches too, so a relaunch never reuses one);
+//   2. a reply is matched to the request in flight by that number; a reply to an earlier number is a
+//      repeat: dropped (count it if you like), never an error; only a reply to a number never sent,
+//      or with wrong content, is one;
+//   3. while a request cannot be sent (its ring is full), keep receiving replies: the other end may
+//      be blocked on a full reply ring;
+//   4. a (re)launch sends a fresh request instead of guessing what the last launch had in flight;
+//      a reply to the old one then arrives as a repeat (ping.cu remembers, in user words, what an
+//      orderly stop left in flight, to tell those replies from crash repeats).
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         __shared__ uint32_t req[1024], rep[1024];
+//         if (threadIdx.x >= 32) return;
+//         if (threadIdx.x == 0) mesh_begin(ctx);
+//         mesh_chan out = mesh_chan_open(ctx, 0, true);   // requests
+//         mesh_chan in = mesh_chan_open(ctx, 1, false);   // replies (e.g. the echo above)
+//         const uint32_t words = out.msg_size / 4u;       // check out.msg_size == in.msg_size != 0
+//         bool waiting = false;                           // a fresh request first, after any relaunch
+//         uint32_t seq = 0;                               // the request in flight
+//         while (!mesh_should_stop(ctx)) {
+//             if (!waiting) {
+//                 const uint32_t next = (uint32_t)out.mine;
+//                 for (uint32_t i = threadIdx.x; i < words; i += 32) req[i] = i == 0 ? next : work(next, i);
+//                 __syncwarp();
+//                 if (mesh_warp_try_send(&out, req)) { seq = next; waiting = true; continue; }
+//                 // the ring is full: fall through and drain replies, so neither end waits for the other
+//             }
+//             if (!mesh_warp_try_recv(&in, rep)) continue;
+//             const uint32_t r = rep[0];
+//             if (waiting && r == seq) { waiting = false; use(rep); }        // the answer
+//             else if ((int32_t)(r - (uint32_t)out.mine) < 0) repeats++;     // an earlier one again: drop
+//             else errors++;                                                 // never sent: a real error
+//         }
+//         mesh_chan_close(&out);
+//         mesh_chan_close(&in);
+//         if (threadIdx.x == 0) mesh_end(ctx);
+//     }
+//
+// The same holds for a host process talking to a GPU program after a crash: number the requests,
+// skip replies with an old number.
+//
 // Slot states: MESH_STATE_IDLE (armed by meshd, not yet started), MESH_STATE_RUNNING (mesh_begin),
 // MESH_STATE_STOPPED (mesh_end after a stop request), MESH_STATE_EXITED (mesh_exit with a code).
 // A program may report up to MESH_SLOT_USER_WORDS words of its own through mesh_user_store; the
