@@ -10,24 +10,9 @@
 //!   [`HealthConfig::max_heartbeat_age`]. A launch counts as a beat, so a program just loaded or
 //!   relaunched has that long to beat first. A faulted or stopped program is not ready: it is named.
 
-use std::time::Duration;
-
-use crate::metrics::{Metrics, Scrape, state_name};
-
-/// The health probes' thresholds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HealthConfig {
-    /// A running program whose heartbeat has not moved for longer is not ready.
-    pub max_heartbeat_age: Duration,
-    /// The backend thread must pass between jobs at least this often to be live.
-    pub live_deadline: Duration,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        Self { max_heartbeat_age: Duration::from_secs(5), live_deadline: Duration::from_secs(30) }
-    }
-}
+use crate::metrics::Metrics;
+pub use crate::observe::HealthConfig;
+use crate::observe::{Scrape, state_name};
 
 /// Reasons listed in a 503's body at most (the count of the rest follows).
 const MAX_REASONS: usize = 8;

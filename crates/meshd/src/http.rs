@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::health::HealthConfig;
-use crate::metrics::{CONTENT_TYPE, Monitor};
+use crate::metrics::CONTENT_TYPE;
+use crate::monitor::Monitor;
+use crate::observe::HealthConfig;
 
 /// `meshd run`'s monitoring options.
 #[derive(clap::Args, Debug, Clone)]

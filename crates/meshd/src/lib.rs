@@ -6,7 +6,9 @@
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod monitor;
 pub mod native;
+pub mod observe;
 pub mod placement;
 pub mod protocol;
 pub mod replace;

@@ -92,6 +92,9 @@ pub enum Request {
     Metrics,
 }
 
+/// The slot `ps` shows for a program held back (recorded, not in the backend: it holds no slot).
+pub const HELD_SLOT: u32 = u32::MAX;
+
 /// A program's row in `ps`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ProgramRow {

@@ -532,7 +532,8 @@ fn a_bad_or_taken_metrics_address_refuses_the_start_before_the_gpu() {
 
 /// An exposition with every family: a pool, a faulted program, a native worker, every kind of event.
 fn everything() -> Exposition {
-    use meshd::metrics::{Metrics, Scrape, render};
+    use meshd::metrics::{Metrics, render};
+    use meshd::observe::Scrape;
     use meshd::protocol::{ChannelRow, Info, InfoExtra, PoolRow, ProgramRow};
     let m = Metrics::new();
     m.change_done(Some("load"), true, Duration::from_millis(3));

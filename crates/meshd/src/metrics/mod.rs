@@ -7,13 +7,13 @@
 //! Prometheus scrapes and what node_exporter's textfile collector reads.
 //!
 //! The server hands the recorder ([`Metrics`]) facts at a few call sites and implements
-//! [`Source`] over its snapshot; everything else lives here (the recorder), in `render` (the
-//! text) and in [`crate::health`].
+//! [`Source`](crate::observe::Source) over its snapshot; everything else lives here (the recorder) and in `render` (the
+//! text). Imports go one way: [`crate::observe`] (the types a scrape and a probe share) ← this
+//! module ← `crate::health` ← `crate::monitor` ← the server and the HTTP listener.
 
 mod render;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,36 +24,15 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
-pub use render::{render, state_name};
+pub use render::render;
 
-use crate::health::{self, HealthConfig};
-use crate::native::NativeRow;
-use crate::protocol::{Info, ProgramRow, Request};
+use crate::observe::HealthConfig;
 
-/// The `Content-Type` of [`Monitor::render`]'s text.
+/// The `Content-Type` of [`render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// A series' labels (besides the registry's constant `gpu` and `UUID`).
 type Labels = Vec<(&'static str, String)>;
-
-/// What a scrape reads: the rows `ps` and `info` answer with, taken at once.
-#[derive(Debug, Clone)]
-pub struct Scrape {
-    /// `ps`'s programs (heartbeats read fresh from the slots).
-    pub programs: Vec<ProgramRow>,
-    /// `ps`'s native GPU workers.
-    pub natives: Vec<NativeRow>,
-    /// `info`; `Err` with why when it could not be read (the mailbox's channel table).
-    pub info: Result<Info, String>,
-    /// meshd is shutting down.
-    pub stopping: bool,
-}
-
-/// Where a scrape's snapshot comes from: the control plane (the server implements it).
-pub trait Source: Send + Sync {
-    /// The rows `ps` and `info` would answer with now.
-    fn scrape(&self) -> Scrape;
-}
 
 /// The heartbeat of one program's current launch as last seen, and when it last moved.
 #[derive(Debug, Clone, Copy)]
@@ -131,7 +110,7 @@ impl Metrics {
         }
     }
 
-    /// A change (`op`, from [`op_of`]) was applied (`ok`) or refused, in `took` on the backend.
+    /// A change (`op`, the server's label for it) was applied (`ok`) or refused, in `took` on the backend.
     pub fn change_done(&self, op: Option<&'static str>, ok: bool, took: Duration) {
         let Some(op) = op else { return };
         let result = if ok { "ok" } else { "refused" };
@@ -213,11 +192,6 @@ impl Metrics {
     }
 }
 
-/// A change request's `op` label; `None` for requests that change nothing on the backend.
-pub fn op_of(req: &Request) -> Option<&'static str> {
-    crate::server::change_op(req)
-}
-
 /// Bucket bounds 1, 2.5, 5 × 10^k from `from` up to `to` (both included), as short decimals.
 fn steps(from: f64, to: f64) -> Vec<f64> {
     let mut out = Vec::new();
@@ -239,67 +213,7 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// What the HTTP listener, the control socket's `metrics` and the health probes read: the
-/// recorder and the snapshot's source. Cheap to clone.
-#[derive(Clone)]
-pub struct Monitor {
-    metrics: Arc<Metrics>,
-    source: Arc<dyn Source>,
-}
-
-impl std::fmt::Debug for Monitor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Monitor").field("metrics", &self.metrics).finish_non_exhaustive()
-    }
-}
-
-impl Monitor {
-    /// A monitor over `source`, recording into `metrics`.
-    pub fn new(metrics: Arc<Metrics>, source: Arc<dyn Source>) -> Self {
-        Self { metrics, source }
-    }
-
-    /// The recorder.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// A snapshot, its heartbeats noted (so that their ages are as fresh as the scrape).
-    pub fn scrape(&self) -> Scrape {
-        scrape(&self.metrics, &*self.source)
-    }
-
-    /// The exposition, in the Prometheus text format.
-    pub fn render(&self) -> String {
-        exposition(&self.metrics, &*self.source)
-    }
-
-    /// `/livez`: `Ok` with what was checked, or `Err` with why not.
-    pub fn live(&self) -> Result<String, String> {
-        health::live(&self.metrics)
-    }
-
-    /// `/readyz`: `Ok` with what was checked, or `Err` with the first reasons it is not ready.
-    pub fn ready(&self) -> Result<String, String> {
-        health::ready(&self.metrics, &self.scrape())
-    }
-}
-
-/// A snapshot from `source`, its heartbeats noted in `metrics` (so that their ages are as fresh as the scrape).
-pub fn scrape(metrics: &Metrics, source: &dyn Source) -> Scrape {
-    let scrape = source.scrape();
-    metrics.observe_heartbeats(scrape.programs.iter().map(|p| (p.name.as_str(), p.generation, p.heartbeat)));
-    scrape
-}
-
-/// The exposition of `source` and `metrics` now, in the Prometheus text format.
-pub fn exposition(metrics: &Metrics, source: &dyn Source) -> String {
-    let scrape = scrape(metrics, source);
-    let ready = health::ready(metrics, &scrape).is_ok();
-    render(metrics, &scrape, ready)
-}
-
-/// Helpers for [`crate::server`]'s call sites: the programs of a published status as
+/// Helpers for the server's call sites: the programs of a published status as
 /// `(name, generation, heartbeat)`.
 pub fn beats_of(programs: &[ProgramStatus]) -> impl Iterator<Item = (&str, u32, u64)> {
     programs.iter().map(|p| (p.name.as_str(), p.generation, p.heartbeat))
@@ -308,6 +222,7 @@ pub fn beats_of(programs: &[ProgramStatus]) -> impl Iterator<Item = (&str, u32, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::Scrape;
 
     #[test]
     fn buckets_step_by_1_2_5_and_print_short() {
@@ -318,15 +233,6 @@ mod tests {
         assert_eq!(steps(1e-3, 60.0).last(), Some(&50.0));
         let all = [steps(1e-5, 2.5), steps(1e-4, 30.0), steps(1e-3, 60.0)].concat();
         assert!(all.iter().all(|b| b.to_string().len() <= 8), "no float noise such as 2.5000000000000004e-5: {all:?}");
-    }
-
-    #[test]
-    fn a_state_loses_its_detail() {
-        assert_eq!(state_name("running"), "running");
-        assert_eq!(state_name("exited(3)"), "exited");
-        assert_eq!(state_name("faulted: CUDA_ERROR_ILLEGAL_ADDRESS"), "faulted");
-        assert_eq!(state_name("killed(signal 9)"), "killed");
-        assert_eq!(state_name(""), "");
     }
 
     #[test]
@@ -347,15 +253,14 @@ mod tests {
     #[test]
     fn changes_are_counted_by_op_and_result_and_reads_are_not() {
         let m = Metrics::new();
-        let unload = op_of(&Request::Unload { name: "x".into() });
-        m.change_done(unload, true, Duration::from_millis(2));
-        m.change_done(unload, false, Duration::from_millis(2));
-        m.change_done(op_of(&Request::Ps), true, Duration::ZERO);
+        // The labels the server gives (its `change_op`; `None` for a read, whose test is the server's).
+        m.change_done(Some("unload"), true, Duration::from_millis(2));
+        m.change_done(Some("unload"), false, Duration::from_millis(2));
+        m.change_done(None, true, Duration::ZERO);
         let empty = Scrape { programs: vec![], natives: vec![], info: Err("no mailbox".into()), stopping: false };
         let text = render(&m, &empty, false);
         assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"ok\"} 1\n"), "{text}");
         assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"refused\"} 1\n"));
         assert!(!text.contains("op=\"ps\""), "a read is no change");
-        assert_eq!(op_of(&Request::Ps), None);
     }
 }

@@ -10,9 +10,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Labels, Metrics, Scrape, secs};
+use super::{Labels, Metrics, secs};
 use crate::native::NativeRow;
-use crate::protocol::{ChannelRow, Info, ProgramRow};
+use crate::observe::{Scrape, state_name};
+use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow};
 
 /// The `gpu` and `UUID` labels DCGM exporter puts on every series: the ordinal `--device` gave
 /// (none given: 0, the only GPU meshd sees in PCI order), and the GPU's UUID. An empty value is
@@ -32,12 +33,6 @@ fn dcgm_labels(info: Option<&Info>) -> Vec<(Cow<'static, str>, Cow<'static, str>
         labels.push((Cow::Borrowed("UUID"), Cow::Owned(u)));
     }
     labels
-}
-
-/// A program's state without its detail: `exited(3)` → `exited`, `faulted: …` → `faulted`.
-pub fn state_name(state: &str) -> &str {
-    let end = state.find(['(', ':', ' ']).unwrap_or(state.len());
-    &state[..end]
 }
 
 /// The states `meshd_program_state` always lists (one of them 1).
@@ -168,7 +163,7 @@ impl Programs {
         }
         self.generation.get_or_create(&l).set(i64::from(p.generation));
         self.exempt.get_or_create(&l).set(i64::from(metrics.is_exempt(&p.name)));
-        let slot = if p.slot == crate::server::HELD_SLOT { "-".to_string() } else { p.slot.to_string() };
+        let slot = if p.slot == HELD_SLOT { "-".to_string() } else { p.slot.to_string() };
         self.info.get_or_create(&vec![("program", p.name.clone()), ("kind", p.kind.clone()), ("slot", slot)]).set(1);
     }
 

@@ -207,7 +207,7 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
         }
         Query::Info => info(shared),
         Query::Metrics => {
-            let text = crate::metrics::exposition(&shared.metrics, shared);
+            let text = crate::monitor::exposition(&shared.metrics, shared);
             Response { ok: true, metrics: Some(text), ..Response::default() }
         }
         Query::Shutdown => {
@@ -243,10 +243,10 @@ pub(super) fn fresh(mailbox: &Mailbox, p: &ProgramStatus) -> ProgramStatus {
 }
 
 /// A scrape reads what `ps` and `info` answer with.
-impl crate::metrics::Source for Shared {
-    fn scrape(&self) -> crate::metrics::Scrape {
+impl crate::observe::Source for Shared {
+    fn scrape(&self) -> crate::observe::Scrape {
         let info = info(self);
-        crate::metrics::Scrape {
+        crate::observe::Scrape {
             programs: ps_rows(self),
             natives: self.natives.rows(),
             info: info.info.ok_or_else(|| info.error.unwrap_or_default()),

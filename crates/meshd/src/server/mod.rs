@@ -37,17 +37,16 @@ use mesh_backend::{Backend, IsolationMode, ProgramStatus};
 use mesh_shm::Mailbox;
 use parking_lot::Mutex;
 
-use crate::metrics::{Metrics, Monitor};
+use crate::metrics::Metrics;
+use crate::monitor::Monitor;
 use crate::native::NativeSpec;
 use crate::protocol::{Request, Response};
 use crate::replace;
 use crate::start::DeviceId;
 use crate::state::StateStore;
 
+pub use crate::protocol::HELD_SLOT;
 pub use listener::peer_allowed;
-
-/// The slot `ps` shows for a program held back (recorded, not in the backend: it holds no slot).
-pub const HELD_SLOT: u32 = u32::MAX;
 /// What replaces the process ([`crate::replace::exec_self`]); returns only when that failed, with why.
 pub type Replacer = Box<dyn FnMut() -> std::io::Error + Send>;
 
@@ -159,7 +158,7 @@ impl Change {
 }
 
 /// A request's `op` label in the metrics when the backend thread applies it; `None` for the rest.
-pub(crate) fn change_op(req: &Request) -> Option<&'static str> {
+pub fn change_op(req: &Request) -> Option<&'static str> {
     match Routed::from(req.clone()) {
         Routed::Change(change) => Some(change.op()),
         Routed::Query(_) | Routed::Spawn(_) => None,
@@ -387,5 +386,18 @@ impl Server {
             signal_hook::low_level::pipe::register(sig, fd)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_have_an_op_label_and_reads_have_none() {
+        assert_eq!(change_op(&Request::Unload { name: "x".into() }), Some("unload"));
+        assert_eq!(change_op(&Request::Upgrade { name: "x".into(), image_len: 1 }), Some("upgrade"));
+        assert_eq!(change_op(&Request::Ps), None);
+        assert_eq!(change_op(&Request::Metrics), None);
     }
 }
