@@ -113,6 +113,16 @@ impl RecoveryBoard {
         self.0.lock().current = None;
     }
 
+    /// Ends the recovery under way if it began before `t`: the watchdog, finding no failure to
+    /// recover from at a tick that started at `t`, clears what a reader thread marked earlier
+    /// (a failure no recovery followed), but not what was marked since.
+    pub fn end_if_begun_before(&self, t: Instant) {
+        let mut b = self.0.lock();
+        if b.current.as_ref().is_some_and(|c| c.since < t) {
+            b.current = None;
+        }
+    }
+
     /// A program that left (unloaded) takes its restart count with it.
     pub fn forget(&self, program: &str) {
         let mut b = self.0.lock();

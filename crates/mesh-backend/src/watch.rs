@@ -149,7 +149,9 @@ pub struct Evidence {
     pub on_gpu: bool,
     /// The MPS server's log names its process in a line about the fault.
     pub named_by_server: bool,
-    /// Its process (MPS worker) is gone while it ran.
+    /// Its process (MPS worker) died while its kernel ran without first saying that its kernel
+    /// failed: killed from outside (the OOM killer, an operator) or crashed. Such a death is the
+    /// fault's cause, not a program's: see [`name_culprit`].
     pub process_gone: bool,
     /// How long its image had been loaded.
     pub image_age: Option<Duration>,
@@ -174,7 +176,8 @@ pub enum Verdict {
         /// The one whose heartbeat stopped first, if one did.
         likely: Option<usize>,
     },
-    /// No program's kernel was on the GPU (the MPS server went away): relaunch every program.
+    /// No program caused it: no program's kernel was on the GPU (the MPS server went away), or a
+    /// worker died from outside (its death failed every client's kernel): relaunch every program.
     NoCulprit,
 }
 
@@ -190,18 +193,21 @@ pub fn name_culprit(evidence: &[Evidence], tick: Duration) -> Verdict {
     if suspects.is_empty() {
         return Verdict::NoCulprit;
     }
+    let e = |i: usize| &evidence[i];
+    // A worker that died while its kernel ran, without first saying that its kernel failed, was
+    // killed from outside or crashed; a SIGKILL of a busy MPS client fails every client's kernel (seen
+    // on the H200), and the server's log then names the dead worker too. The death is the cause, not
+    // a program: every program is relaunched, the dead worker's own too (its backend leaves it
+    // stopped only after repeated deaths). Checked first: the only suspect, or the one the log
+    // names, may be the one that was killed.
+    if suspects.iter().any(|&i| e(i).process_gone) {
+        return Verdict::NoCulprit;
+    }
     if suspects.len() == 1 {
         return Verdict::Culprit { index: suspects[0], why: "the only program whose kernel was on the GPU".into() };
     }
-    let e = |i: usize| &evidence[i];
     if let Some(i) = only(suspects.iter().copied().filter(|&i| e(i).named_by_server)) {
         return Verdict::Culprit { index: i, why: "the MPS server's log names its worker".into() };
-    }
-    let gone = suspects.iter().filter(|&&i| e(i).process_gone).count();
-    if gone < suspects.len() {
-        if let Some(i) = only(suspects.iter().copied().filter(|&i| e(i).process_gone)) {
-            return Verdict::Culprit { index: i, why: "its worker died while its kernel ran".into() };
-        }
     }
     if let Some(i) = only(suspects.iter().copied().filter(|&i| e(i).image_age.is_some_and(|a| a < FAULT_WINDOW))) {
         let ms = e(i).image_age.map_or(0, |a| a.as_millis());
@@ -325,16 +331,23 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_worker_or_the_servers_log_names_it_but_not_when_every_one_says_so() {
+    fn a_worker_killed_from_outside_names_no_culprit_and_the_servers_log_names_one() {
         let mut ev = vec![suspect(); 3];
+        ev[2].named_by_server = true;
+        assert!(matches!(name_culprit(&ev, TICK), Verdict::Culprit { index: 2, ref why } if why.contains("log")));
+        // A death: the fault is the death's, whatever the log says of the dead worker.
         ev[1].process_gone = true;
-        assert!(matches!(name_culprit(&ev, TICK), Verdict::Culprit { index: 1, ref why } if why.contains("died")));
+        ev[1].named_by_server = true;
+        ev[2].named_by_server = false;
+        assert_eq!(name_culprit(&ev, TICK), Verdict::NoCulprit);
+        // The only program on the GPU, killed: not named either.
+        let mut one = vec![suspect()];
+        one[0].process_gone = true;
+        assert_eq!(name_culprit(&one, TICK), Verdict::NoCulprit);
         for e in &mut ev {
             e.process_gone = true;
         }
-        assert!(matches!(name_culprit(&ev, TICK), Verdict::Search { .. }), "all gone: the server went away");
-        ev[2].named_by_server = true;
-        assert!(matches!(name_culprit(&ev, TICK), Verdict::Culprit { index: 2, ref why } if why.contains("log")));
+        assert_eq!(name_culprit(&ev, TICK), Verdict::NoCulprit, "all gone: the server went away");
     }
 
     #[test]

@@ -162,6 +162,8 @@ pub struct BlinkBackend {
     probes: HashMap<(usize, LaunchShape), KernelFigures>,
     /// Blink pauses and recoveries not yet handed to meshd's metrics ([`Backend::take_events`]).
     events: Vec<BackendEvent>,
+    /// Where a recovery in place shows at once (meshd's `ps`, `/readyz`, `/metrics`).
+    board: mesh_backend::RecoveryBoard,
 }
 
 impl BlinkBackend {
@@ -191,6 +193,7 @@ impl BlinkBackend {
             last_blink: BlinkTimes::default(),
             probes: HashMap::new(),
             events: Vec::new(),
+            board: mesh_backend::RecoveryBoard::new(),
         })
     }
 
@@ -417,6 +420,7 @@ impl BlinkBackend {
     fn restart(&mut self, i: usize, base: u64) -> Result<()> {
         self.launch(i, base)?;
         self.programs[i].core.health.restarts += 1;
+        self.board.relaunched(&self.programs[i].core.name);
         Ok(())
     }
 
@@ -460,7 +464,13 @@ impl BlinkBackend {
             return vec![self.replace_process(error, verdict, started, "the error is sticky")];
         }
         let mut log = vec![format!("GPU fault in the context ({error}): resetting it; {verdict:?}")];
+        // A reset stops every kernel of the context: every program shows as recovering.
+        self.board.begin(
+            format!("GPU fault: {error}"),
+            self.programs.iter().map(|p| p.core.name.clone()).collect::<Vec<_>>(),
+        );
         let recovered = recover::recover(&mut InPlace(self), &verdict, error, &evidence, started, &mut log);
+        self.board.end();
         match recovered {
             Ok(culprit) => {
                 let culprit = culprit.map_or_else(|| "none".to_string(), |(i, _)| self.programs[i].core.name.clone());
@@ -610,6 +620,7 @@ impl Backend for BlinkBackend {
     fn unload(&mut self, name: &str) -> Result<()> {
         self.ready()?;
         let i = roster::index_of(&self.programs, name)?;
+        self.board.forget(name);
         self.blink(|me| {
             let p = me.programs.remove(i);
             slots::release(&me.mailbox, p.core.slot)?;
@@ -647,6 +658,10 @@ impl Backend for BlinkBackend {
             log.extend(self.recover(&error));
         }
         log
+    }
+
+    fn set_recovery_board(&mut self, board: mesh_backend::RecoveryBoard) {
+        self.board = board;
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -42,7 +42,7 @@ use mesh_backend::roster::{self, HasCore};
 use mesh_backend::watch::{self, Evidence, Verdict};
 use mesh_backend::{
     Backend, BackendError, BackendEvent, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec,
-    ProgramStatus, Result, SmBudget, check_resident,
+    ProgramStatus, RecoveryBoard, Result, SmBudget, check_resident,
 };
 use mesh_cuda::exported::SharedRings;
 use mesh_cuda::{Context, Device, Jit, slots};
@@ -52,7 +52,7 @@ use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING, STATE_STOPPED};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::control::MpsControl;
-use crate::standby::{STANDBY_ENV, Standby, standby_size};
+use crate::standby::Standby;
 use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
@@ -88,6 +88,18 @@ pub struct MpsConfig {
     /// How often each worker checks its running kernel's stream (`KERNEL_CHECK`, 5 ms, by default):
     /// how soon a fault is heard, against each worker's CPU use.
     pub kernel_check: Duration,
+    /// Idle workers of the standby server (a second MPS daemon, made at start) that take the programs
+    /// over after a fault: `None` as many as the pool (every program a pool can hold); `Some(0)` no
+    /// standby (a fault then stalls every program for the faulted server's teardown, 1.3-1.6 s on the
+    /// H200).
+    pub standby: Option<u32>,
+}
+
+impl MpsConfig {
+    /// The standby's size: as many as the pool unless set.
+    pub fn standby_size(&self) -> u32 {
+        self.standby.unwrap_or(self.pool)
+    }
 }
 
 impl Default for MpsConfig {
@@ -99,6 +111,7 @@ impl Default for MpsConfig {
             pool_grow: false,
             stop_deadline: Duration::from_secs(2),
             kernel_check: mesh_mps_worker::KERNEL_CHECK,
+            standby: None,
         }
     }
 }
@@ -110,7 +123,22 @@ struct Program {
     worker: Worker,
     /// The linked image, kept to relaunch the program in a fresh worker after a GPU fault.
     cubin: Arc<Vec<u8>>,
+    /// When its workers died from outside while its kernel ran (within [`DEATH_WINDOW`]): past
+    /// [`DEATH_LIMIT`] it is left stopped rather than relaunched again.
+    deaths: Vec<Instant>,
 }
+
+/// A program whose worker dies this many times within [`DEATH_WINDOW`] is left stopped (a worker
+/// that keeps dying under it, or an operator who keeps killing it, says something a relaunch will not
+/// fix); fewer deaths are relaunched with everyone else.
+pub const DEATH_LIMIT: usize = 3;
+/// See [`DEATH_LIMIT`].
+pub const DEATH_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long `terminate_client` may take before meshd gives up on it and signals the worker anyway:
+/// the server cuts a client off within 0.1 s (gpu.md); a server busy with a fault can hold the
+/// command for the control daemon's 10 s timeout, which every program would wait out.
+pub const TERMINATE_WITHIN: Duration = Duration::from_millis(500);
 
 impl HasCore for Program {
     fn core(&self) -> &ProgramCore {
@@ -131,7 +159,7 @@ struct Shared {
     news: Option<Receiver<WorkerNews>>,
     /// Device channels' rings, owned by meshd's own plain context (opt-in).
     rings: Option<SharedRings>,
-    /// The standby server (opt-in `MESH_MPS_STANDBY`).
+    /// The standby server (`--standby`, on by default).
     standby: Option<Standby>,
 }
 
@@ -139,20 +167,22 @@ struct Shared {
 /// the programs to the standby (on the H200 the fault reached 8 clients within 41 ms of each other).
 pub const FAULT_SPREAD: Duration = Duration::from_millis(100);
 
-/// The variable that enables device channels in MPS mode (`1`): an implementation not yet verified
-/// on a GPU, so off by default (a device channel is then refused in MPS mode, as before).
-pub const DEVICE_CHANNELS_ENV: &str = "MESH_MPS_DEVICE_CHANNELS";
+/// Why device channels are refused in MPS mode, if they are: meshd's own plain context, which owns
+/// every device ring, could not be made when the backend opened (a compute mode that allows one
+/// context per device, another MPS server in meshd's environment). `None` while no MPS backend has
+/// opened, and when they are served.
+static DEVICE_CHANNELS_REFUSED: Mutex<Option<String>> = Mutex::new(None);
 
-/// Whether [`DEVICE_CHANNELS_ENV`] is `1` in meshd's environment.
-pub fn device_channels_opted_in() -> bool {
-    std::env::var(DEVICE_CHANNELS_ENV).is_ok_and(|v| v == "1")
+/// Why a device channel is refused in MPS mode now (see [`DEVICE_CHANNELS_REFUSED`]), else `None`.
+pub fn device_channels_refusal() -> Option<String> {
+    DEVICE_CHANNELS_REFUSED.lock().clone()
 }
 
 /// meshd's own context for the device rings: a plain (non-MPS) context, made before the MPS daemon
 /// starts. A process whose environment leads it to an MPS server becomes its client instead, so the
 /// context is checked (`MPS_ENABLED` = 0) and refused with the reason otherwise.
 fn owner_context(device: &Device) -> Result<SharedRings> {
-    let refuse = |reason: String| BackendError::Invalid { what: format!("{DEVICE_CHANNELS_ENV}=1"), reason };
+    let refuse = |reason: String| BackendError::Invalid { what: "device channels in MPS mode".into(), reason };
     mesh_cuda::exported::check_support(device)?;
     let ctx = Context::primary(device).map_err(|e| refuse(format!("meshd's own context for device rings: {e}")))?;
     let seen = Device::get(0)?;
@@ -229,10 +259,14 @@ pub struct MpsBackend {
     /// When the watchdog may judge the workers' silence (not until meshd has run a whole bound
     /// since its last stall: see [`SilenceClock`]).
     silence: SilenceClock,
+    /// Where a recovery in place shows at once (meshd's `ps`, `/readyz`, `/metrics`).
+    board: RecoveryBoard,
 }
 
-/// Starts the pool's workers one after the other (the first one's context creation also starts
-/// the MPS server), each checked to be our client, into `shared`'s idle list.
+/// Starts the pool's workers, each checked to be our client, into `shared`'s idle list: the first
+/// alone (its context creation starts the MPS server, and its error is the clearest), the rest side
+/// by side (each client takes 0.1-0.4 s to create; one after the other, a pool of 14 and a standby
+/// of 14 took seconds at every start).
 fn start_pool(
     control: &MpsControl,
     mailbox: &Mailbox,
@@ -240,20 +274,48 @@ fn start_pool(
     shared: &Mutex<Shared>,
     news: &NewsSender,
 ) -> Result<()> {
-    for i in 0..config.pool {
-        let started = Instant::now();
-        let w = Worker::start(control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
-        tracing::info!(
-            worker = w.pid(),
-            server = w.server,
-            context_ms = w.ready.context_ms,
-            kernel_check_us = w.ready.kernel_check_us,
-            "pool worker {i} ready in {:?}",
-            started.elapsed()
-        );
-        shared.lock().idle.push(w);
+    if config.pool == 0 {
+        return Ok(());
     }
+    let started = Instant::now();
+    let first = Worker::start(control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
+    tracing::info!(
+        worker = first.pid(),
+        server = first.server,
+        context_ms = first.ready.context_ms,
+        kernel_check_us = first.ready.kernel_check_us,
+        "first pool worker ready in {:?} (the MPS server started with it)",
+        started.elapsed()
+    );
+    shared.lock().idle.push(first);
+    let rest = start_all(control, mailbox.path(), config.sms, news, config.pool as usize - 1, "pool")?;
+    shared.lock().idle.extend(rest);
+    tracing::info!("MPS pool of {} worker(s) ready in {:?}", config.pool, started.elapsed());
     Ok(())
+}
+
+/// Exactly `n` workers started side by side for `what` (at meshd's start), or an error naming why
+/// the last one failed.
+fn start_all(
+    control: &MpsControl,
+    mailbox: &Path,
+    sms: Option<u32>,
+    news: &NewsSender,
+    n: usize,
+    what: &str,
+) -> Result<Vec<Worker>> {
+    let (ready, last) = start_many_or_why(control, mailbox, sms, news, n);
+    if ready.len() < n {
+        let got = ready.len();
+        for mut w in ready {
+            w.kill();
+        }
+        return Err(BackendError::MpsDaemon(format!(
+            "started {got} of the {n} MPS workers of the {what}: {}",
+            last.map_or_else(|| "no reason given".to_string(), |e| e.to_string())
+        )));
+    }
+    Ok(ready)
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -278,8 +340,9 @@ fn tear_down(shared: &Mutex<Shared>) {
     *ACTIVE.lock() = None;
 }
 
-/// With `MESH_MPS_STANDBY=K`: the standby daemon (`<mps dir>/standby`) and its K workers, started
-/// now, before any program runs, into `shared` (so that the cleanup tears them down on failure).
+/// The standby daemon (`<mps dir>/standby`) and its workers (`--standby`, by default as many as
+/// the pool), started now side by side, before any program runs, into `shared` (so that the cleanup
+/// tears them down on failure). `--standby 0`: none.
 fn start_standby(
     control: &MpsControl,
     mailbox: &Mailbox,
@@ -287,18 +350,32 @@ fn start_standby(
     shared: &Mutex<Shared>,
     news: &NewsSender,
 ) -> Result<()> {
-    let Some(k) = standby_size()? else { return Ok(()) };
-    tracing::warn!(
-        "{STANDBY_ENV}={k}: a standby MPS server with {k} idle worker(s) takes the programs over after a fault (not \
-         yet verified on a GPU)"
+    let k = config.standby_size();
+    if k == 0 {
+        tracing::warn!(
+            "--standby 0: no standby MPS server; a GPU fault stalls every program until the faulted server has \
+             torn its clients down (1.3-1.6 s on the H200, against 15 ms with a standby)"
+        );
+        return Ok(());
+    }
+    let started = Instant::now();
+    let sb_control = Arc::new(
+        MpsControl::start(Some(&control.root().join("standby")))?
+            .with_device(control.device().map(String::from))
+            .with_kernel_check(control.kernel_check()),
     );
-    let sb_control = MpsControl::start(Some(&control.root().join("standby")))?
-        .with_device(control.device().map(String::from))
-        .with_kernel_check(control.kernel_check());
-    shared.lock().standby = Some(Standby::new(Arc::new(sb_control), k as usize));
-    let mut s = shared.lock();
-    let filled = s.standby.as_mut().map(|sb| sb.fill_now(mailbox.path(), config.sms, news));
-    filled.unwrap_or(Ok(()))
+    shared.lock().standby = Some(Standby::new(sb_control.clone(), k as usize));
+    let first = Worker::start(&sb_control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
+    let mut workers = vec![first];
+    workers.extend(start_all(&sb_control, mailbox.path(), config.sms, news, k as usize - 1, "standby")?);
+    if let Some(sb) = shared.lock().standby.as_mut() {
+        sb.adopt(workers);
+    }
+    tracing::info!(
+        "MPS standby server ready with {k} idle worker(s) in {:?}: after a GPU fault they take the programs over",
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// Waits up to [`FAULT_SPREAD`] until every watched program's worker has said its kernel failed:
@@ -427,6 +504,29 @@ impl MpsBackend {
         if config.pool > client_limit {
             return Err(BackendError::ClientLimit { asked: config.pool, limit: client_limit });
         }
+        let standby = config.standby_size();
+        if config.pool + standby > client_limit {
+            return Err(BackendError::Invalid {
+                what: format!("--pool {} with --standby {standby}", config.pool),
+                reason: format!(
+                    "the pool and the standby would be {} MPS clients, more than this device's {client_limit} \
+                     ({limit_source}); lower --standby (it needs one worker per program that runs) or --pool",
+                    config.pool + standby
+                ),
+            });
+        }
+        let growth = client_limit - config.pool - standby;
+        tracing::info!(
+            "MPS clients: the pool uses {} and the standby {standby} of this device's {client_limit} ({limit_source}); \
+             up to {} program(s) run without creating a client, {}",
+            config.pool,
+            config.pool,
+            if config.pool_grow {
+                format!("and --pool-grow may create {growth} more (each stalls the running programs once)")
+            } else {
+                format!("{growth} more with --pool-grow")
+            }
+        );
         let check_us = u64::try_from(config.kernel_check.as_micros()).unwrap_or(u64::MAX);
         if !mesh_mps_worker::KERNEL_CHECK_RANGE_US.contains(&check_us) {
             return Err(BackendError::Invalid {
@@ -458,14 +558,19 @@ impl MpsBackend {
             device.sm_partitioning()?.check(n)?;
         }
         // Before the MPS daemon exists, so that it cannot become its client.
-        let rings = if device_channels_opted_in() {
-            tracing::warn!(
-                "{DEVICE_CHANNELS_ENV}=1: device channels in MPS mode, owned by meshd's own context (not yet verified on \
-                 a GPU)"
-            );
-            Some(owner_context(&device)?)
-        } else {
-            None
+        // MPS mode still starts without it: only device channels are then refused, saying why.
+        let rings = match owner_context(&device) {
+            Ok(rings) => {
+                *DEVICE_CHANNELS_REFUSED.lock() = None;
+                tracing::info!("device channels: their rings are owned by meshd's own plain context");
+                Some(rings)
+            }
+            Err(e) => {
+                let why = format!("meshd's own context, which owns device rings in MPS mode, could not be made: {e}");
+                tracing::warn!("device channels are refused in this MPS meshd: {why}");
+                *DEVICE_CHANNELS_REFUSED.lock() = Some(why);
+                None
+            }
         };
         let control = Arc::new(
             MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid).with_kernel_check(config.kernel_check),
@@ -509,6 +614,7 @@ impl MpsBackend {
             pool,
             news,
             silence: SilenceClock::new(),
+            board: RecoveryBoard::new(),
         })
     }
 
@@ -580,7 +686,8 @@ impl MpsBackend {
         let (clients, running) = {
             let s = self.lock();
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-            (count(s.idle.len() + s.programs.len()), count(s.programs.iter().filter(|p| on_watch(p)).count()))
+            let standby = s.standby.as_ref().map_or(0, |sb| sb.pids().len());
+            (count(s.idle.len() + s.programs.len() + standby), count(s.programs.iter().filter(|p| on_watch(p)).count()))
         };
         if clients + 1 > self.client_limit {
             return Err(BackendError::ClientLimit { asked: clients + 1, limit: self.client_limit });
@@ -659,7 +766,9 @@ impl MpsBackend {
                 if may_run_a_kernel(&w) {
                     let control = self.lock().control.clone();
                     if let Some(control) = control {
-                        let _ = control.terminate_client(w.server, w.pid());
+                        if let Err(e) = control.terminate_client(w.server, w.pid(), TERMINATE_WITHIN) {
+                            tracing::error!("cutting discarded MPS worker {} off its server: {e}", w.pid());
+                        }
                         await_cut_off(&mut w);
                     }
                 }
@@ -723,6 +832,12 @@ impl MpsBackend {
         let started_unix = unix_ns_now();
         let mut s = self.lock();
         let Some(control) = s.control.clone() else { return Vec::new() };
+        // Every program on the GPU shows as recovering from now until it is relaunched (the reader
+        // thread that heard the fault marked the recovery begun already, naming no program).
+        self.board.begin(
+            format!("GPU fault: {error}"),
+            s.programs.iter().filter(|p| on_watch(p)).map(|p| p.core.name.clone()).collect::<Vec<_>>(),
+        );
         // The first worker to see the fault, and when (its own clock reading, not meshd's).
         let first_seen = s.programs.iter().filter_map(|p| p.worker.failed_at().map(|t| (t, p.worker.pid()))).min();
         let evidence = self.evidence(&mut s, &control, started);
@@ -730,32 +845,88 @@ impl MpsBackend {
         let server_gone = control.servers().is_ok_and(|servers| {
             s.programs.iter().filter(|p| on_watch(p)).any(|p| !servers.contains(&p.worker.server))
         });
-        let verdict = if server_gone { Verdict::NoCulprit } else { watch::name_culprit(&evidence, watch::TICK) };
+        let mut verdict = if server_gone { Verdict::NoCulprit } else { watch::name_culprit(&evidence, watch::TICK) };
         let mut log = vec![format!(
             "GPU fault reported to the MPS clients ({error}){}: ending every client; {verdict:?}",
             if server_gone { "; our MPS server went away" } else { "" }
         )];
-        // The standby takes the programs over when the culprit is named (a search by halves would
-        // put halves on it, and one that faults would leave no standby), it has a worker for each,
-        // and every faulted kernel has said so (none runs on beside its relaunch).
-        let to_relaunch = s.programs.iter().filter(|p| relaunchable(p)).count();
-        let standby = matches!(verdict, Verdict::Culprit { .. })
-            && s.standby.as_ref().is_some_and(|sb| sb.ready() >= to_relaunch)
-            && s.programs.iter().filter(|p| relaunchable(p)).all(|p| p.worker.asked_sms == self.config.sms)
-            && every_kernel_failed(&mut s);
-        if s.standby.is_some() && !standby {
-            log.push(
-                "MPS standby not used for this recovery (no named culprit, too few standby workers, a program \
-                      with its own --sms, or a worker that did not say its kernel failed within 100 ms): the usual \
-                      recovery"
-                    .into(),
-            );
+        // A worker killed from outside (or crashed) while its kernel ran: its death failed every
+        // client's kernel, so no program is to blame and all are relaunched, its own too; a program
+        // whose workers keep dying ([`DEATH_LIMIT`] within [`DEATH_WINDOW`]) is left stopped.
+        for (i, e) in evidence.iter().enumerate() {
+            if !e.process_gone || server_gone {
+                continue;
+            }
+            let p = &mut s.programs[i];
+            p.deaths.retain(|t| started.saturating_duration_since(*t) < DEATH_WINDOW);
+            p.deaths.push(started);
+            let n = p.deaths.len();
+            log.push(format!(
+                "MPS worker {} of program {} died while its kernel ran, without its kernel reporting a fault of its \
+                 own (killed from outside, e.g. the OOM killer or an operator, or crashed): its death failed every \
+                 client's kernel; death {n} of {DEATH_LIMIT} allowed within {} s",
+                p.worker.pid(),
+                p.core.name,
+                DEATH_WINDOW.as_secs()
+            ));
+            if n >= DEATH_LIMIT && !matches!(verdict, Verdict::Culprit { .. }) {
+                verdict = Verdict::Culprit {
+                    index: i,
+                    why: format!(
+                        "its MPS worker died {n} times within {} s while its kernel ran (each death fails every \
+                         program's kernel); `meshd upgrade` or a new load runs it again",
+                        DEATH_WINDOW.as_secs()
+                    ),
+                };
+            }
+        }
+        // The standby takes the programs over unless one reason below holds; the log names it.
+        let to_relaunch: Vec<usize> = (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i])).collect();
+        let refusal = match s.standby.as_ref() {
+            None => None,
+            Some(_) if matches!(verdict, Verdict::Search { .. }) => Some(
+                "the culprit is not named and is searched by halves (a half relaunched on the standby that faulted \
+                 would leave no standby)"
+                    .to_string(),
+            ),
+            Some(sb) if sb.ready() < to_relaunch.len() => Some(format!(
+                "it has {} ready worker(s) for {} program(s) to relaunch (--standby {}; it refills after each use)",
+                sb.ready(),
+                to_relaunch.len(),
+                sb.wanted()
+            )),
+            Some(_) => match to_relaunch.iter().find(|&&i| s.programs[i].worker.asked_sms != self.config.sms) {
+                Some(&i) => Some(format!(
+                    "program {} runs with its own --sms ({}), and the standby's workers have the pool's",
+                    s.programs[i].core.name,
+                    s.programs[i].worker.asked_sms.map_or_else(|| "the whole GPU".into(), |n| n.to_string())
+                )),
+                None if !every_kernel_failed(&mut s) => {
+                    let quiet: Vec<String> = s
+                        .programs
+                        .iter()
+                        .filter(|p| on_watch(p) && failed(&p.worker).is_none())
+                        .map(|p| format!("{} (worker {})", p.core.name, p.worker.pid()))
+                        .collect();
+                    Some(format!(
+                        "{} did not say within {} ms that its kernel failed, so it may still run on the faulted server",
+                        quiet.join(", "),
+                        FAULT_SPREAD.as_millis()
+                    ))
+                }
+                None => None,
+            },
+        };
+        let standby = s.standby.is_some() && refusal.is_none();
+        if let Some(why) = &refusal {
+            log.push(format!("MPS standby not used for this recovery: {why}; the usual recovery"));
         }
         let named = started.elapsed();
         let mut clients = Clients { backend: self, s: &mut s, control: &control, times: Breakdown::default(), standby };
         let culprit = recover::recover(&mut clients, &verdict, error, &evidence, started, &mut log);
         let times = clients.times;
         let Ok(culprit) = culprit;
+        self.board.end();
         if let Some((i, why)) = &culprit {
             tracing::error!(program = s.programs[*i].core.name, "caused the GPU fault ({why}): left stopped");
         }
@@ -822,7 +993,7 @@ impl MpsBackend {
                     named_by_server: fault_lines
                         .iter()
                         .any(|l| l.split(|c: char| !c.is_ascii_digit()).any(|w| w == pid)),
-                    process_gone: !p.worker.alive(),
+                    process_gone: p.worker.died_unreported(),
                     image_age: p.core.health.image_age(now),
                     beat_stale: p.core.health.beat_stale(now),
                 }
@@ -876,13 +1047,19 @@ impl MpsBackend {
                 p.core.health.launched(slots::reading(&self.mailbox, p.core.slot).heartbeat);
                 worker.launch(p.core.slot)
             });
-            let mut old = std::mem::replace(&mut p.worker, worker);
+            let old = std::mem::replace(&mut p.worker, worker);
             match sb.as_mut().filter(|_| standby) {
                 Some(sb) => sb.bury(old),
-                None => old.kill(),
+                None => {
+                    old.signal_kill();
+                    reap_later(old);
+                }
             }
             match launched {
-                Ok(()) => p.core.health.restarts += 1,
+                Ok(()) => {
+                    p.core.health.restarts += 1;
+                    self.board.relaunched(&p.core.name);
+                }
                 Err(e) => {
                     tracing::error!(program = p.core.name, "relaunch after {after} failed: {e}");
                     p.core.life.returned();
@@ -910,6 +1087,10 @@ impl MpsBackend {
     fn replace_silent(&self, s: &mut Shared, now: Instant) -> Vec<String> {
         let silent = silent_programs(s, now, SILENCE_LIMIT);
         let Some(control) = s.control.clone().filter(|_| !silent.is_empty()) else { return Vec::new() };
+        self.board.begin(
+            format!("MPS worker(s) silent for more than {} ms", SILENCE_LIMIT.as_millis()),
+            silent.iter().map(|&(i, _)| s.programs[i].core.name.clone()).collect::<Vec<_>>(),
+        );
         for &(i, _) in &silent {
             let p = &mut s.programs[i];
             slots::request_stop(&self.mailbox, p.core.slot);
@@ -921,11 +1102,12 @@ impl MpsBackend {
         let slots: Vec<u32> = silent.iter().map(|&(i, _)| s.programs[i].core.slot).collect();
         let state_of = |slot: u32| self.mailbox.slot(slot).map_or(STATE_EXITED, |s| s.status().state);
         let in_order = await_stops(&slots, Instant::now() + self.config.stop_deadline, state_of);
-        for &(i, _) in &silent {
-            let p = &s.programs[i];
-            if let Err(e) = control.terminate_client(p.worker.server, p.worker.pid()) {
-                tracing::error!(program = p.core.name, "terminate_client of silent worker {}: {e}", p.worker.pid());
-            }
+        // Side by side and bounded: a stopped client may never let the command finish (test-mps's
+        // SIGSTOPped worker was replaced 13.28 s after its stop, against a 3 s bound).
+        let cut: Vec<(u32, u32)> =
+            silent.iter().map(|&(i, _)| (s.programs[i].worker.server, s.programs[i].worker.pid())).collect();
+        for (pid, e) in control.terminate_clients(&cut, TERMINATE_WITHIN) {
+            tracing::error!("terminate_client of silent MPS worker {pid}: {e}; it is killed all the same");
         }
         // All cut off first, then one wait for the server, then the signals.
         std::thread::sleep(CUT_OFF);
@@ -986,6 +1168,7 @@ impl MpsBackend {
             ));
         }
         self.publish_pool_locked(s);
+        self.board.end();
         log
     }
 
@@ -1014,28 +1197,49 @@ impl MpsBackend {
         }
     }
 
-    /// Ends every client: a stop request to every program, then each worker cut off and killed.
+    /// Ends every client, bounded (at most about [`FAULT_SPREAD`] + [`TERMINATE_WITHIN`] +
+    /// [`CUT_OFF`], however many): a stop request to every program; a wait of up to
+    /// [`FAULT_SPREAD`] for every worker to say its kernel failed (after a fault they all do, within
+    /// some 40 ms of each other on the H200); a worker whose kernel may still run is then cut off
+    /// through the server, all side by side, each bounded (a server busy with the fault held a
+    /// `terminate_client` for the daemon's 10 s timeout: "ending the clients 10267.3 ms"); then
+    /// every worker is signalled. None is reaped here: a SIGKILLed client stays in D state while the
+    /// driver tears its context down (up to 2 s), and the server takes new clients only once it is
+    /// gone, which the relaunch waits for anyway.
     fn end_all_clients(&self, s: &mut Shared, control: &MpsControl) {
         for p in &mut s.programs {
             slots::request_stop(&self.mailbox, p.core.slot);
             p.core.life.request_stop();
         }
-        let doomed: Vec<&mut Worker> = s.idle.iter_mut().chain(s.programs.iter_mut().map(|p| &mut p.worker)).collect();
-        // A kernel that still runs is cut off before the signal (a SIGKILL of a busy client fails the
-        // others); after a fault none does. Every worker is signalled first, then each reaped, so the
-        // driver tears their contexts down side by side.
-        let mut doomed = doomed;
-        for w in doomed.iter_mut() {
-            w.refresh();
-            if may_run_a_kernel(w) {
-                let _ = control.terminate_client(w.server, w.pid());
+        let every_worker = |s: &Shared| -> Vec<(u32, u32)> {
+            s.idle
+                .iter()
+                .chain(s.programs.iter().map(|p| &p.worker))
+                .filter(|w| may_run_a_kernel(w))
+                .map(|w| (w.server, w.pid()))
+                .collect()
+        };
+        news_until(s, Instant::now() + FAULT_SPREAD, |s| every_worker(s).is_empty());
+        let busy = every_worker(s);
+        if !busy.is_empty() {
+            let pids: Vec<u32> = busy.iter().map(|b| b.1).collect();
+            tracing::warn!(
+                "MPS workers {pids:?} did not say their kernel failed within {} ms: cut off through the server first \
+                 (at most {} ms)",
+                FAULT_SPREAD.as_millis(),
+                TERMINATE_WITHIN.as_millis()
+            );
+            for (pid, e) in control.terminate_clients(&busy, TERMINATE_WITHIN) {
+                tracing::error!("cutting MPS worker {pid} off its server: {e}; it is killed all the same");
             }
+            std::thread::sleep(CUT_OFF);
+        }
+        for w in s.idle.iter().chain(s.programs.iter().map(|p| &p.worker)) {
             w.signal_kill();
         }
-        for w in doomed {
-            w.kill();
+        for w in s.idle.drain(..) {
+            reap_later(w);
         }
-        s.idle.clear();
         for p in &mut s.programs {
             p.core.life.returned();
         }
@@ -1063,7 +1267,7 @@ impl MpsBackend {
                 );
                 match self.control() {
                     Ok(control) => {
-                        if let Err(e) = control.terminate_client(worker.server, worker.pid()) {
+                        if let Err(e) = control.terminate_client(worker.server, worker.pid(), TERMINATE_WITHIN) {
                             tracing::error!("terminate_client: {e}");
                         }
                     }
@@ -1153,12 +1357,23 @@ fn faulted_within(s: &mut Shared, running: &[usize]) -> bool {
 /// refuses for up to 10 s: after a fault it takes no client until every old one has exited (the
 /// H200 took a new client 0.3 s later). Returns those that started.
 fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, news: &NewsSender, n: usize) -> Vec<Worker> {
+    start_many_or_why(control, mailbox, sms, news, n).0
+}
+
+/// [`start_many`], with the last error when fewer than `n` started.
+fn start_many_or_why(
+    control: &MpsControl,
+    mailbox: &Path,
+    sms: Option<u32>,
+    news: &NewsSender,
+    n: usize,
+) -> (Vec<Worker>, Option<BackendError>) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut ready = Vec::with_capacity(n);
+    let mut last = None;
     while ready.len() < n {
         let spawned: Vec<Result<Worker>> =
             (ready.len()..n).map(|_| Worker::spawn(control, mailbox, sms, news)).collect();
-        let mut last = None;
         for w in spawned {
             match w.and_then(|w| w.await_ready(control, WORKER_LOAD)) {
                 Ok(w) => ready.push(w),
@@ -1170,7 +1385,7 @@ fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, news: &New
                 tracing::error!(
                     "started {} of {n} MPS workers: {}",
                     ready.len(),
-                    last.map_or(String::new(), |e| e.to_string())
+                    last.as_ref().map_or(String::new(), |e| e.to_string())
                 );
                 break;
             }
@@ -1178,7 +1393,7 @@ fn start_many(control: &MpsControl, mailbox: &Path, sms: Option<u32>, news: &New
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    ready
+    (ready, last)
 }
 
 impl Backend for MpsBackend {
@@ -1223,7 +1438,7 @@ impl Backend for MpsBackend {
             self.give_back(worker);
             return Err(e);
         }
-        let program = Program { core, worker, cubin };
+        let program = Program { core, worker, cubin, deaths: Vec::new() };
         let status = self.status_of(&program, KernelState::Busy);
         self.lock().programs.push(program);
         self.publish_pool();
@@ -1286,6 +1501,7 @@ impl Backend for MpsBackend {
         self.ready()?;
         let i = roster::index_of(&self.lock().programs, name)?;
         let p = self.lock().programs.remove(i);
+        self.board.forget(name);
         let slot = p.core.slot;
         let kept = self.stop(name, slot, p.worker);
         slots::release(&self.mailbox, slot)?;
@@ -1314,6 +1530,7 @@ impl Backend for MpsBackend {
             return Vec::new();
         }
         let now = Instant::now();
+        let mut standby_spawned = 0;
         // Not while meshd itself may have been stopped or starved, with the readers that note the
         // workers' lines (see SilenceClock).
         let judge_silence = self.silence.tick(now, SILENCE_LIMIT);
@@ -1349,7 +1566,22 @@ impl Backend for MpsBackend {
                 }
             }
             if let Some(sb) = s.standby.as_mut() {
-                log.extend(sb.tick(self.mailbox.path(), self.config.sms, &self.news));
+                let (lines, spawned) = sb.tick(self.mailbox.path(), self.config.sms, &self.news);
+                log.extend(lines);
+                standby_spawned = spawned;
+            }
+            // Each standby worker created while programs run is a new MPS client, counted as the
+            // pool's growth is (whether it stalls programs of the other server is the GPU's to say).
+            let running = s.programs.iter().filter(|p| on_watch(p)).count();
+            if standby_spawned > 0 && running > 0 {
+                let stalled = u32::try_from(running).unwrap_or(u32::MAX);
+                for _ in 0..standby_spawned {
+                    self.pool.record_growth("standby", "refill the standby", stalled);
+                }
+                log.push(format!(
+                    "MPS standby: {standby_spawned} worker(s) being created while {running} program(s) run (counted as \
+                     pool growth)"
+                ));
             }
             // An idle worker that died (nothing ran in it) is replaced at the next refill.
             s.idle.retain_mut(|w| {
@@ -1362,10 +1594,21 @@ impl Backend for MpsBackend {
             });
             failure
         };
-        if let Some(error) = failure {
-            log.extend(self.recover(&error));
+        match failure {
+            Some(error) => log.extend(self.recover(&error)),
+            // A failure a reader heard that no recovery followed (a load's probe, a worker meshd
+            // itself cut off): nothing to show any more.
+            None => self.board.end_if_begun_before(now),
         }
         log
+    }
+
+    fn set_recovery_board(&mut self, board: RecoveryBoard) {
+        let heard = board.clone();
+        self.news.set_on_failure(Arc::new(move |pid, reason| {
+            heard.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new());
+        }));
+        self.board = board;
     }
 
     fn set_waker(&mut self, wake: mesh_backend::Waker) {
@@ -1440,7 +1683,21 @@ fn await_cut_off(w: &mut Worker) {
 /// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
 /// `terminate_client` before any SIGKILL.
 fn may_run_a_kernel(w: &Worker) -> bool {
-    w.alive() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
+    // One whose output ended is dying (a SIGKILLed client lingers in D state): no cut-off can help it.
+    w.alive() && !w.output_ended() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
+}
+
+/// SIGKILLs `w` and reaps it on a thread of its own: the driver can take up to 2 s to tear a
+/// killed client's context down, which no recovery should wait for.
+fn reap_later(w: Worker) {
+    w.signal_kill();
+    let spawned = std::thread::Builder::new().name(format!("reap-{}", w.pid())).spawn(move || {
+        let mut w = w;
+        w.kill();
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("reaping a killed MPS worker on its own thread: {e}; it is reaped at meshd's exit");
+    }
 }
 
 #[cfg(test)]
@@ -1488,7 +1745,7 @@ done
         fn program(&self, slot: u32, worker: Worker) -> Program {
             let mut core = ProgramCore::new(format!("p{slot}"), slot, ImageKind::Ptx, LaunchShape::default(), 0.0);
             core.life.launch().unwrap();
-            Program { core, worker, cubin: Arc::new(Vec::new()) }
+            Program { core, worker, cubin: Arc::new(Vec::new()), deaths: Vec::new() }
         }
     }
 

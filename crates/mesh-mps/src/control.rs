@@ -308,9 +308,34 @@ impl MpsControl {
         })
     }
 
-    /// Cuts client `pid` off its server (its calls fail from then on; the other clients go on).
-    pub fn terminate_client(&self, server: u32, pid: u32) -> Result<(), BackendError> {
-        self.command(&format!("terminate_client {server} {pid}")).map(|_| ())
+    /// Cuts client `pid` off its server (its calls fail from then on; the other clients go on),
+    /// waiting at most `within` for the control daemon's answer: a server busy with a fault can hold
+    /// the command for the daemon's whole [`COMMAND_TIMEOUT`], and the caller signals the worker
+    /// anyway.
+    pub fn terminate_client(&self, server: u32, pid: u32, within: Duration) -> Result<(), BackendError> {
+        self.command_within(&format!("terminate_client {server} {pid}"), within).map(|_| ())
+    }
+
+    /// Cuts every `(server, pid)` client off at once, one control command each side by side, each
+    /// bounded by `within`: the whole takes about `within` at most, however many clients. Returns
+    /// the clients whose cut-off failed or was not answered in time, with why.
+    pub fn terminate_clients(&self, clients: &[(u32, u32)], within: Duration) -> Vec<(u32, BackendError)> {
+        std::thread::scope(|scope| {
+            let asked: Vec<_> = clients
+                .iter()
+                .map(|&(server, pid)| (pid, scope.spawn(move || self.terminate_client(server, pid, within))))
+                .collect();
+            asked
+                .into_iter()
+                .filter_map(|(pid, h)| match h.join() {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some((pid, e)),
+                    Err(_) => {
+                        Some((pid, BackendError::MpsDaemon(format!("terminate_client {pid}: the thread panicked"))))
+                    }
+                })
+                .collect()
+        })
     }
 
     /// Quits the daemon (and with it its server), waits for it, removes the directory if meshd made it.

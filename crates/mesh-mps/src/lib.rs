@@ -19,7 +19,10 @@ pub mod process;
 pub mod standby;
 pub mod worker;
 
-pub use backend::{DEVICE_CHANNELS_ENV, MAX_CLIENTS, MpsBackend, MpsConfig, SILENCE_LIMIT, device_channels_opted_in};
+pub use backend::{
+    DEATH_LIMIT, DEATH_WINDOW, MAX_CLIENTS, MpsBackend, MpsConfig, SILENCE_LIMIT, TERMINATE_WITHIN,
+    device_channels_refusal,
+};
 pub use control::MpsControl;
 /// The workers' default kernel check period and the range a worker accepts (meshd's `--mps-kernel-check-us`).
 pub use mesh_mps_worker::{KERNEL_CHECK, KERNEL_CHECK_RANGE_US};
@@ -52,7 +55,7 @@ pub fn terminate_native(pid: u32) -> Result<(), BackendError> {
     match control {
         Some(c) => {
             let server = c.check_client(pid)?;
-            c.terminate_client(server, pid)
+            c.terminate_client(server, pid, backend::TERMINATE_WITHIN)
         }
         None => Err(BackendError::MpsDaemon("no MPS backend is running (blink mode?)".into())),
     }

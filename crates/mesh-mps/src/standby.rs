@@ -1,51 +1,29 @@
-//! The standby MPS server (opt-in, `MESH_MPS_STANDBY=K`; NOT YET VERIFIED ON A GPU): a second MPS daemon whose K idle workers take the programs over after a fault.
+//! The standby MPS server (`meshd run --standby K`, by default as many as the pool): a second MPS daemon whose K idle workers take the programs over after a fault.
 //!
 //! A fault in one MPS server ends every client of it, and that server takes no new client until
 //! every old one is gone (about 1.5 s on the H200); an idle client of a *second* daemon, made before
-//! the fault, survived it and ran a kernel 157 ms after it (issue 17's probe). So with the opt-in
-//! meshd runs two daemons: the active one (the programs and the pool) and this standby, whose
+//! the fault, survived it and ran a kernel 157 ms after it (issue 17's probe). So meshd runs two
+//! daemons by default: the active one (the programs and the pool) and this standby, whose
 //! workers are made at start, before any program runs. A recovery whose culprit is named, once every
 //! faulted worker has said its kernel failed (so no old kernel runs on), relaunches the others in
 //! standby workers at once, leaves the faulted server's workers to be reaped here as they exit, and
 //! swaps the roles; a new standby is then made on the faulted server, without blocking the backend
-//! thread, once it takes clients again. Anything else recovers the usual way. See
-//! docs/mps-standby.md for what the GPU must measure first (an idle standby should cost the running
-//! programs nothing: two servers are two contexts, which time-slice when both have work).
+//! thread, once it takes clients again (each such worker counted like a pool growth). Anything
+//! else recovers the usual way, and the log names the one reason. On the H200 (2026-12-03) 8
+//! programs recovered in 15.3 ms with the standby against 1.35-1.63 s without; see
+//! docs/mps-standby.md for its cost to the running programs (an idle standby's server is a second
+//! context, which time-slices only when both have work).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_backend::BackendError;
-
 use crate::control::MpsControl;
-use crate::worker::{NewsSender, WORKER_LOAD, Worker};
-
-/// The variable that turns the standby on: how many idle workers it holds (at least the programs
-/// that may run, plus one).
-pub const STANDBY_ENV: &str = "MESH_MPS_STANDBY";
+use crate::worker::{NewsSender, Worker};
 
 /// How long after a refused start a new standby worker is tried again (the faulted server refuses
 /// clients until its old ones are gone).
 pub const RETRY: Duration = Duration::from_millis(250);
-
-/// The standby's size from [`STANDBY_ENV`]: `None` when unset or `0`; an error naming the variable
-/// when it is no number.
-pub fn standby_size() -> Result<Option<u32>, BackendError> {
-    parse_size(std::env::var(STANDBY_ENV).ok().as_deref())
-}
-
-fn parse_size(value: Option<&str>) -> Result<Option<u32>, BackendError> {
-    let Some(v) = value else { return Ok(None) };
-    match v.trim().parse::<u32>() {
-        Ok(0) => Ok(None),
-        Ok(n) => Ok(Some(n)),
-        Err(e) => Err(BackendError::Invalid {
-            what: STANDBY_ENV.into(),
-            reason: format!("{v:?} is not a number of workers: {e}"),
-        }),
-    }
-}
 
 /// The standby server and its workers: ready, starting, and the faulted server's, being reaped.
 #[derive(Debug)]
@@ -79,21 +57,24 @@ impl Standby {
         self.ready.iter().chain(&self.pending).chain(&self.dying).map(Worker::pid).collect()
     }
 
-    /// Starts every worker now, one after the other, each awaited and checked to be a client of
-    /// the standby server (at meshd's start, before any program runs).
-    pub fn fill_now(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> Result<(), BackendError> {
-        while self.ready.len() < self.want {
-            let w = Worker::start(&self.control, mailbox, sms, news, WORKER_LOAD)?;
-            self.ready.push(w);
-        }
-        Ok(())
+    /// Takes `workers`, started (side by side) and checked to be clients of the standby server, at
+    /// meshd's start before any program runs.
+    pub fn adopt(&mut self, workers: Vec<Worker>) {
+        self.ready.extend(workers);
+    }
+
+    /// How many ready workers it wants.
+    pub fn wanted(&self) -> usize {
+        self.want
     }
 
     /// One step, without blocking on a worker (each watchdog tick): reaps the dying that exited,
     /// drops ready workers that died, takes the starting ones that said `ready` (membership
     /// checked) and kills those refused (tried again after [`RETRY`]), and spawns more when fewer
-    /// than wanted are ready or starting. Returns lines for the log.
-    pub fn tick(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> Vec<String> {
+    /// than wanted are ready or starting. Returns lines for the log and how many workers it spawned
+    /// (each a new MPS client, created while programs may run).
+    pub fn tick(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> (Vec<String>, usize) {
+        let mut spawned = 0;
         let mut log = Vec::new();
         self.dying.retain(|w| !w.exited());
         self.ready.retain_mut(|w| {
@@ -137,7 +118,10 @@ impl Standby {
         if missing > 0 && Instant::now() >= self.next_try {
             for _ in 0..missing {
                 match Worker::spawn(&self.control, mailbox, sms, news) {
-                    Ok(w) => self.pending.push(w),
+                    Ok(w) => {
+                        spawned += 1;
+                        self.pending.push(w);
+                    }
                     Err(e) => {
                         log.push(format!("starting a standby MPS worker: {e}"));
                         self.next_try = Instant::now() + RETRY;
@@ -146,7 +130,7 @@ impl Standby {
                 }
             }
         }
-        log
+        (log, spawned)
     }
 
     /// Breaks off every ready worker silent for more than `limit` at `now` (stopped or wedged: it
@@ -193,19 +177,5 @@ impl Standby {
             w.kill();
         }
         self.control.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_size_comes_from_the_variable_and_a_bad_one_is_refused_naming_it() {
-        assert_eq!(parse_size(None).unwrap(), None);
-        assert_eq!(parse_size(Some("0")).unwrap(), None, "0 is off");
-        assert_eq!(parse_size(Some(" 9 ")).unwrap(), Some(9));
-        let e = parse_size(Some("many")).unwrap_err().to_string();
-        assert!(e.contains(STANDBY_ENV) && e.contains("\"many\" is not a number"), "{e}");
     }
 }

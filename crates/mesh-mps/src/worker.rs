@@ -88,11 +88,16 @@ pub struct WorkerNews {
 /// Called when news arrives: wakes meshd's backend thread (see `Backend::set_waker`).
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
 
+/// Called by a reader thread the moment its worker says its kernel failed (pid, the driver's error),
+/// before meshd's backend thread hears of it: marks a recovery as begun (see `Backend::set_recovery_board`).
+pub type OnFailure = Arc<dyn Fn(u32, &str) + Send + Sync>;
+
 /// Where every worker's reader thread hands its news: one channel, and a wake-up once one is set.
 #[derive(Clone)]
 pub struct NewsSender {
     tx: Sender<WorkerNews>,
     wake: Arc<OnceLock<Wake>>,
+    on_failure: Arc<OnceLock<OnFailure>>,
 }
 
 impl std::fmt::Debug for NewsSender {
@@ -105,7 +110,13 @@ impl NewsSender {
     /// A channel for news: the sender (cloned into each reader) and the receiver the backend drains.
     pub fn channel() -> (Self, Receiver<WorkerNews>) {
         let (tx, rx) = crossbeam_channel::unbounded();
-        (Self { tx, wake: Arc::new(OnceLock::new()) }, rx)
+        (Self { tx, wake: Arc::new(OnceLock::new()), on_failure: Arc::new(OnceLock::new()) }, rx)
+    }
+
+    /// Calls `hook` from the reader thread of any worker that says its kernel failed, from now on
+    /// (the first call wins): the only path that does not wait for the backend thread.
+    pub fn set_on_failure(&self, hook: OnFailure) {
+        let _ = self.on_failure.set(hook);
     }
 
     /// Calls `wake` on every piece of news from now on (the first call wins).
@@ -114,6 +125,11 @@ impl NewsSender {
     }
 
     fn send(&self, pid: u32, news: News) {
+        if let News::KernelEnded { state: KernelState::Failed { reason }, .. } = &news
+            && let Some(hook) = self.on_failure.get()
+        {
+            hook(pid, reason);
+        }
         // The receiver gone means the backend is gone: nobody to tell.
         if self.tx.send(WorkerNews { pid, news }).is_ok()
             && let Some(wake) = self.wake.get()
@@ -263,6 +279,9 @@ pub struct Worker {
     kernel: KernelState,
     /// Why it is no longer spoken to.
     broken: Option<String>,
+    /// Its output ended (it exited, was killed, or is being torn down by the driver): a process in
+    /// that state may still show as alive (D or Z state) for up to 2 s after a SIGKILL.
+    output_ended: bool,
     /// When it saw its current launch's kernel fail (ns since the Unix epoch).
     failed_at: Option<u64>,
     /// Device channels whose ring it has mapped.
@@ -375,6 +394,7 @@ impl Worker {
             launches: 0,
             kernel: KernelState::Idle,
             broken: None,
+            output_ended: false,
             failed_at: None,
             mapped: BTreeSet::new(),
             heard,
@@ -478,6 +498,7 @@ impl Worker {
     /// Takes in one piece of news of this worker.
     fn note(&mut self, news: News) {
         let pid = self.pid();
+        self.output_ended |= matches!(news, News::Gone(_));
         match news {
             News::KernelEnded { launch, state, seen_unix_ns } if launch == self.launches => {
                 if matches!(state, KernelState::Failed { .. }) {
@@ -506,6 +527,18 @@ impl Worker {
     /// When it saw its current launch's kernel fail (ns since the Unix epoch), if it said so.
     pub fn failed_at(&self) -> Option<u64> {
         self.failed_at
+    }
+
+    /// Whether its output ended (as of the last [`Worker::refresh`]): it died or is dying, whatever
+    /// `alive` says while the driver tears its context down.
+    pub fn output_ended(&self) -> bool {
+        self.output_ended
+    }
+
+    /// Whether it died without first saying that its kernel failed: killed from outside (the OOM
+    /// killer, an operator) or crashed, not a program that faulted.
+    pub fn died_unreported(&self) -> bool {
+        self.output_ended && self.failed_at.is_none()
     }
 
     /// Why it is no longer spoken to, if it is not.

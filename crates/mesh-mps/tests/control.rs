@@ -20,7 +20,7 @@ read cmd arg rest
 case "$cmd" in
   get_server_list) echo 4242 ;;
   get_client_list) if [ "$arg" = 4242 ]; then printf '100\n101\n'; else echo "Server $arg not found"; fi ;;
-  terminate_client) echo "$arg $rest" > "$CUDA_MPS_PIPE_DIRECTORY/terminated" ;;
+  terminate_client) case "$rest" in 9*) exec sleep 30 ;; esac; echo "$arg $rest" > "$CUDA_MPS_PIPE_DIRECTORY/terminated" ;;
   quit) : > "$CUDA_MPS_PIPE_DIRECTORY/quit" ;;
   *) echo "unknown command $cmd" >&2; exit 1 ;;
 esac
@@ -50,8 +50,17 @@ fn the_control_daemon_is_driven_through_its_command_protocol() {
     assert_eq!(control.check_client(101).unwrap(), 4242);
     let err = control.check_client(555).unwrap_err().to_string();
     assert!(err.contains("process 555 is not a client of meshd's MPS server") && err.contains("4242"), "{err}");
-    control.terminate_client(4242, 101).unwrap();
+    control.terminate_client(4242, 101, mesh_mps::TERMINATE_WITHIN).unwrap();
     assert_eq!(std::fs::read_to_string(control.pipe_dir().join("terminated")).unwrap().trim(), "4242 101");
+    // A server busy with a fault can hold terminate_client for the daemon's whole 10 s timeout (seen on
+    // the H200: "ending the clients 10267.3 ms"): each cut-off is bounded, and all are asked side by side.
+    let failed = control.terminate_clients(&[(4242, 901), (4242, 101), (4242, 902)], mesh_mps::TERMINATE_WITHIN);
+    let failed_pids: Vec<u32> = failed.iter().map(|(pid, _)| *pid).collect();
+    assert_eq!(failed_pids, [901, 902], "the clients whose cut-off hung, and only those: {failed:?}");
+    for (pid, e) in &failed {
+        let e = e.to_string();
+        assert!(e.contains(&format!("terminate_client 4242 {pid}")) && e.contains("no answer within 500 ms"), "{e}");
+    }
     let err = control.command("frobnicate").unwrap_err().to_string();
     assert!(err.contains("frobnicate") && err.contains("unknown command"), "{err}");
     let err = MpsControl::start(Some(&mps)).unwrap_err().to_string();

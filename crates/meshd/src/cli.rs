@@ -181,6 +181,13 @@ pub struct RunArgs {
     /// every running program then stalls once, counted in info and ps and said in the reply.
     #[arg(long)]
     pub pool_grow: bool,
+    /// MPS: idle workers of a standby MPS server, made at start beside the pool, that take the
+    /// programs over after a GPU fault (8 programs recovered in 15 ms on the H200). Default: as many
+    /// as --pool (one per program the pool can hold). 0 turns it off, and every GPU fault then
+    /// stalls every program until the faulted server has torn its clients down (1.3-1.6 s on the
+    /// H200). The pool and the standby together must fit the device's MPS client limit.
+    #[arg(long, value_name = "N")]
+    pub standby: Option<u32>,
     /// MPS: how often each worker checks its running kernel's stream, µs (50 to 200000): the trade
     /// between how soon a fault is noticed (this bounds the detection part of a recovery) and each
     /// worker's CPU use (a worker with a running kernel wakes once per check). Default 5000 (at most

@@ -218,6 +218,7 @@ struct BackendArgs {
     mps_dir: Option<PathBuf>,
     pool: u32,
     pool_grow: bool,
+    standby: Option<u32>,
     stop_deadline: Duration,
     kernel_check: Duration,
 }
@@ -229,6 +230,7 @@ impl From<&RunArgs> for BackendArgs {
             mps_dir: a.mps_dir.clone(),
             pool: a.pool,
             pool_grow: a.pool_grow,
+            standby: a.standby,
             stop_deadline: Duration::from_millis(a.stop_timeout_ms),
             kernel_check: Duration::from_micros(a.mps_kernel_check_us),
         }
@@ -263,6 +265,7 @@ fn open_backend(
                 pool_grow: args.pool_grow,
                 stop_deadline: args.stop_deadline,
                 kernel_check: args.kernel_check,
+                standby: args.standby,
             };
             let b = mesh_mps::MpsBackend::open(mailbox, config)?;
             let pool = b.pool().and_then(|p| p.snapshot()).unwrap_or_default();

@@ -4,21 +4,24 @@ use anyhow::{Result, bail};
 use mesh_backend::IsolationMode;
 use mesh_shm::{Placement, Protocol};
 
-/// The placement `text` names (empty: host), refused where the mode cannot serve it: in MPS mode each
-/// program is a process of its own, and a device ring is shared between them only under the opt-in
-/// `MESH_MPS_DEVICE_CHANNELS=1` (meshd's own context owns it; not yet verified on a GPU).
+/// The placement `text` names (empty: host), refused where the mode cannot serve it: in MPS mode a
+/// device ring is owned by meshd's own plain context and mapped by each worker, and when that
+/// context could not be made (a compute mode that allows one context per device, say) device
+/// channels are refused with the reason.
 pub fn parse(text: &str, mode: IsolationMode) -> Result<Placement> {
-    parse_with(text, mode, mesh_mps::device_channels_opted_in())
+    parse_with(text, mode, mesh_mps::device_channels_refusal().as_deref())
 }
 
-fn parse_with(text: &str, mode: IsolationMode, mps_device_channels: bool) -> Result<Placement> {
+fn parse_with(text: &str, mode: IsolationMode, mps_refusal: Option<&str>) -> Result<Placement> {
     let placement =
         if text.is_empty() { Placement::Host } else { text.parse::<Placement>().map_err(anyhow::Error::msg)? };
-    if placement == Placement::Device && mode == IsolationMode::Mps && !mps_device_channels {
-        bail!(
-            "placement device: meshd runs in MPS mode, where each program is a process of its own and a \
-             device ring is not shared between them yet; use --placement host, or run meshd with --isolation blink"
-        );
+    if placement == Placement::Device && mode == IsolationMode::Mps {
+        if let Some(why) = mps_refusal {
+            bail!(
+                "placement device: this MPS meshd cannot serve device channels: {why}; use --placement host, or run \
+                 meshd with --isolation blink"
+            );
+        }
     }
     Ok(placement)
 }
@@ -51,17 +54,15 @@ mod tests {
     }
 
     #[test]
-    fn host_by_default_device_only_in_blink_mode() {
-        assert_eq!(parse_with("", IsolationMode::Mps, false).unwrap(), Placement::Host);
-        assert_eq!(parse_with("device", IsolationMode::Blink, false).unwrap(), Placement::Device);
-        let e = parse_with("device", IsolationMode::Mps, false).unwrap_err().to_string();
-        assert!(e.contains("MPS mode") && e.contains("--placement host"), "{e}");
-        assert_eq!(
-            parse_with("device", IsolationMode::Mps, true).unwrap(),
-            Placement::Device,
-            "MESH_MPS_DEVICE_CHANNELS=1 lets MPS mode take device channels"
-        );
-        let e = parse_with("gpu", IsolationMode::Blink, false).unwrap_err().to_string();
+    fn host_by_default_device_in_both_modes_unless_the_owner_context_failed() {
+        assert_eq!(parse_with("", IsolationMode::Mps, None).unwrap(), Placement::Host);
+        assert_eq!(parse_with("device", IsolationMode::Blink, None).unwrap(), Placement::Device);
+        assert_eq!(parse_with("device", IsolationMode::Mps, None).unwrap(), Placement::Device, "on by default");
+        let why = "meshd's own context, which owns device rings in MPS mode, could not be made: exclusive process";
+        let e = parse_with("device", IsolationMode::Mps, Some(why)).unwrap_err().to_string();
+        assert!(e.contains("MPS meshd") && e.contains("exclusive process") && e.contains("--placement host"), "{e}");
+        assert_eq!(parse_with("device", IsolationMode::Blink, Some(why)).unwrap(), Placement::Device);
+        let e = parse_with("gpu", IsolationMode::Blink, None).unwrap_err().to_string();
         assert!(e.contains("\"gpu\"") && e.contains("host or device"), "{e}");
     }
 }
