@@ -4,12 +4,14 @@
 //!
 //! Not yet run on a GPU: written in a session without one (compiled and its CPU parts tested only).
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mesh_shm::{Consumer, Mailbox, Producer};
 
@@ -180,6 +182,11 @@ impl UnitMeshd {
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
+    /// meshd's log file (every start appends to it).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// The whole log so far (every start appends to it).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -265,6 +272,198 @@ pub fn gpu_memory_mib() -> Option<u64> {
     let out =
         Command::new("nvidia-smi").args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"]).output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+}
+
+/// Slack on top of the 1% that the GPU's memory in use may grow by over a run without counting as a
+/// leak (nvidia-smi's figure moves by a few MiB with the driver's own allocations).
+pub const MEMORY_SLACK_MIB: u64 = 16;
+
+/// Whether the GPU's memory in use grew from `before` to `after` (MiB) by more than 1% plus
+/// [`MEMORY_SLACK_MIB`]: a leak. Less memory in use at the end is never one.
+pub fn memory_leaked(before: u64, after: u64) -> bool {
+    after > before + before / 100 + MEMORY_SLACK_MIB
+}
+
+/// The monitoring endpoint meshd's log announced last (`monitoring endpoint: http://ADDR/metrics`,
+/// logged once it serves; with `--metrics-addr 127.0.0.1:0` every start picks its own port), and how
+/// many starts announced one.
+pub fn endpoint_in_log(log: &str) -> (Option<SocketAddr>, usize) {
+    let found: Vec<SocketAddr> = log
+        .lines()
+        .filter_map(|l| l.split_once("monitoring endpoint: http://").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once('/')?.0.parse().ok())
+        .collect();
+    (found.last().copied(), found.len())
+}
+
+/// One GET's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Got {
+    /// An answer with this status.
+    Status(u16),
+    /// Nothing listens (meshd restarting or being replaced), or the connection was cut before any
+    /// answer (the process ended under it).
+    Unreachable(String),
+    /// Connected, but no whole answer within the timeout, or one that is not HTTP.
+    Failed(String),
+}
+
+/// `GET path` on `addr` with `Connection: close`, waiting at most `timeout` for the answer.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Got {
+    let mut c = match TcpStream::connect_timeout(&addr, timeout) {
+        Ok(c) => c,
+        Err(e) => return Got::Unreachable(format!("connect: {e}")),
+    };
+    let _ = c.set_read_timeout(Some(timeout));
+    let _ = c.set_write_timeout(Some(timeout));
+    if let Err(e) = write!(c, "GET {path} HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n") {
+        return Got::Unreachable(format!("send: {e}"));
+    }
+    let mut raw = Vec::new();
+    match c.read_to_end(&mut raw) {
+        Ok(_) => {}
+        Err(e)
+            if raw.is_empty() && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+        {
+            return Got::Failed(format!("no answer within {timeout:?}"));
+        }
+        Err(e) if raw.is_empty() => return Got::Unreachable(format!("read: {e}")),
+        // Cut off after the status line came (a reset as the server closes): the status stands.
+        Err(_) if raw.starts_with(b"HTTP/1.") && raw.len() >= 12 => {}
+        Err(e) => return Got::Failed(format!("read after {} bytes: {e}", raw.len())),
+    }
+    if raw.is_empty() {
+        return Got::Unreachable("closed without an answer".into());
+    }
+    let head = String::from_utf8_lossy(&raw);
+    let status = head.strip_prefix("HTTP/1.").and_then(|r| r.get(2..5)).and_then(|c| c.parse().ok());
+    status.map_or_else(|| Got::Failed(format!("not HTTP: {:?}", head.lines().next())), Got::Status)
+}
+
+/// What [`Scraper`] saw.
+#[derive(Debug, Default)]
+pub struct ScrapeStats {
+    /// Answers 200.
+    pub ok: AtomicU64,
+    /// Answers 503 (/readyz while a program is not running, or a recovery is under way).
+    pub unavailable: AtomicU64,
+    /// Tries that found nothing listening (meshd restarting).
+    pub unreachable: AtomicU64,
+    /// The slowest answer, µs.
+    pub slowest_us: AtomicU64,
+    /// The first failure: an answer slower than the limit, a status other than 200 and 503, no answer
+    /// on an open connection, or no endpoint reachable for a minute.
+    pub failure: Mutex<Option<String>>,
+}
+
+impl ScrapeStats {
+    fn fail(&self, why: String) {
+        let mut f = self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some(why);
+        }
+    }
+
+    /// The first failure, if any.
+    pub fn failed(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// A thread scraping `/metrics` and `/readyz` of the endpoint meshd's log names, every `period`,
+/// until dropped or [`Scraper::finish`]ed.
+#[derive(Debug)]
+pub struct Scraper {
+    /// What it saw.
+    pub stats: Arc<ScrapeStats>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scraper {
+    /// How long an answer may take (meshd answers both from its snapshot, within milliseconds).
+    pub const LIMIT: Duration = Duration::from_secs(3);
+    /// How long no endpoint may be reachable (a restart or a replacement takes seconds).
+    pub const DOWN_LIMIT: Duration = Duration::from_secs(60);
+
+    /// Starts scraping the endpoint announced in `log` (the log file meshd appends to).
+    pub fn start(log: PathBuf, period: Duration) -> Self {
+        let stats = Arc::new(ScrapeStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp) = (stats.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut reached = Instant::now();
+            while !sp.load(Ordering::Relaxed) {
+                std::thread::sleep(period);
+                let (addr, starts) = endpoint_in_log(&std::fs::read_to_string(&log).unwrap_or_default());
+                let Some(addr) = addr else {
+                    reached = Instant::now(); // not announced yet: meshd's first start
+                    continue;
+                };
+                for path in ["/metrics", "/readyz"] {
+                    let t = Instant::now();
+                    let got = http_get(addr, path, Self::LIMIT * 3);
+                    let took = t.elapsed();
+                    // A start announced during the scrape: the port may have been reused by a process
+                    // still starting (its listener bound, not yet served). Not judged.
+                    let restarted = endpoint_in_log(&std::fs::read_to_string(&log).unwrap_or_default()).1 != starts;
+                    match got {
+                        Got::Status(code) => {
+                            reached = Instant::now();
+                            st.slowest_us
+                                .fetch_max(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Ordering::AcqRel);
+                            let counter = match code {
+                                200 => &st.ok,
+                                503 => &st.unavailable,
+                                other => {
+                                    st.fail(format!("GET {path} on {addr}: status {other}"));
+                                    continue;
+                                }
+                            };
+                            counter.fetch_add(1, Ordering::AcqRel);
+                            if took > Self::LIMIT && !restarted {
+                                st.fail(format!(
+                                    "GET {path} on {addr}: answered {code} in {took:?} (limit {:?})",
+                                    Self::LIMIT
+                                ));
+                            }
+                        }
+                        Got::Unreachable(_) => {
+                            st.unreachable.fetch_add(1, Ordering::AcqRel);
+                            if reached.elapsed() > Self::DOWN_LIMIT {
+                                st.fail(format!(
+                                    "no monitoring endpoint reachable for {:?} (last {addr})",
+                                    Self::DOWN_LIMIT
+                                ));
+                            }
+                        }
+                        Got::Failed(why) if !restarted => {
+                            st.fail(format!("GET {path} on {addr}: {why} after {took:?}"))
+                        }
+                        Got::Failed(_) => {
+                            st.unreachable.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                }
+            }
+        });
+        Self { stats, stop, thread: Some(thread) }
+    }
+
+    /// Stops the thread and returns what it saw.
+    pub fn finish(mut self) -> Arc<ScrapeStats> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the scraper");
+        }
+        self.stats.clone()
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// What a host end of a stream counted. A failure (a lost, torn or reordered message) is kept with
@@ -530,5 +729,70 @@ mod tests {
         assert_eq!(logged_replay(log, "to-echo"), Some(17));
         assert_eq!(logged_replay(log, "other"), Some(3));
         assert_eq!(logged_replay(log, "h2g"), None);
+    }
+
+    #[test]
+    fn memory_is_a_leak_only_when_it_grows() {
+        assert!(!memory_leaked(1, 0), "a decrease (the GPU run's 1 -> 0 MiB) is no leak");
+        assert!(!memory_leaked(1000, 10), "nor a large one");
+        assert!(!memory_leaked(0, MEMORY_SLACK_MIB), "the slack");
+        assert!(memory_leaked(0, MEMORY_SLACK_MIB + 1));
+        assert!(!memory_leaked(10_000, 10_000 + 100 + MEMORY_SLACK_MIB), "1% and the slack");
+        assert!(memory_leaked(10_000, 10_000 + 101 + MEMORY_SLACK_MIB));
+    }
+
+    #[test]
+    fn the_endpoint_is_read_off_the_log_last_start_wins() {
+        let log = "2026-12-03T17:27:21Z  INFO meshd::http: monitoring endpoint: http://127.0.0.1:40001/metrics, /livez, \
+                   /readyz\nx WARN other\n2026-12-03T17:28:00Z  INFO meshd::http: monitoring endpoint: \
+                   http://127.0.0.1:40002/metrics, /livez, /readyz";
+        assert_eq!(endpoint_in_log(log), (Some("127.0.0.1:40002".parse().unwrap()), 2));
+        assert_eq!(endpoint_in_log("nothing"), (None, 0));
+    }
+
+    /// A one-connection-at-a-time HTTP server answering `status` after `delay`.
+    fn server(status: u16, delay: Duration) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf);
+                std::thread::sleep(delay);
+                let _ = write!(c, "HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_get_tells_answers_from_nothing_listening_and_from_silence() {
+        let short = Duration::from_millis(300);
+        assert_eq!(http_get(server(200, Duration::ZERO), "/metrics", short), Got::Status(200));
+        assert_eq!(http_get(server(503, Duration::ZERO), "/readyz", short), Got::Status(503));
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        assert!(matches!(http_get(free, "/metrics", short), Got::Unreachable(_)), "a closed port");
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let got = http_get(silent.local_addr().unwrap(), "/metrics", short);
+        assert!(matches!(got, Got::Failed(ref w) if w.contains("no answer")), "{got:?}");
+    }
+
+    #[test]
+    fn the_scraper_counts_503s_and_fails_on_other_statuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("meshd.log");
+        let announce =
+            |addr: SocketAddr| format!("INFO meshd::http: monitoring endpoint: http://{addr}/metrics, /livez\n");
+        std::fs::write(&log, announce(server(503, Duration::ZERO))).unwrap();
+        let s = Scraper::start(log.clone(), Duration::from_millis(10));
+        assert!(wait_until(Duration::from_secs(10), || Tally::get(&s.stats.unavailable) >= 4));
+        assert_eq!(s.stats.failed(), None, "503 is an answer");
+        // A restart announces another endpoint, which answers 500.
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str(&announce(server(500, Duration::ZERO)));
+        std::fs::write(&log, text).unwrap();
+        assert!(wait_until(Duration::from_secs(10), || s.stats.failed().is_some()));
+        let stats = s.finish();
+        assert!(stats.failed().unwrap().contains("status 500"), "{:?}", stats.failed());
     }
 }

@@ -202,12 +202,15 @@ pub fn gpu_round_trips(mps: bool) {
     println!();
     println!("| mode | size | device channels | host channels | device, rarestop | device, nodrain | errors |");
     println!("|------|-----:|----------------:|--------------:|-----------------:|----------------:|-------:|");
-    // MPS mode shares device rings only under MESH_MPS_DEVICE_CHANNELS=1 (not yet verified on a GPU).
-    let device = !mps || mesh_mps::device_channels_opted_in();
+    // MPS mode serves device channels by default; only a GPU whose compute mode refuses meshd's own
+    // context refuses them (the backend, open by now, says why).
+    let refused = if mps { mesh_mps::device_channels_refusal() } else { None };
+    let device = refused.is_none();
     let cell = |r: Option<(f64, f64, f64, u32)>| {
-        r.map_or("(MPS: MESH_MPS_DEVICE_CHANNELS=1 not set)".to_string(), |(m, lo, hi, _)| {
-            format!("{m:.2} [{lo:.2}, {hi:.1}]")
-        })
+        r.map_or_else(
+            || format!("(refused: {})", refused.as_deref().unwrap_or("-")),
+            |(m, lo, hi, _)| format!("{m:.2} [{lo:.2}, {hi:.1}]"),
+        )
     };
     for size in [8u32, 64, 256, 1024, 4096] {
         let n = 100_000;
