@@ -5,7 +5,7 @@
 //! * [`worker`]: a worker process as meshd sees it.
 //! * [`pool`]: the pool's policy (a load past it refused unless `--pool-grow`) and its counters for `info`.
 //! * [`standby`]: a second MPS server whose idle workers take the programs over after a fault
-//!   (opt-in `MESH_MPS_STANDBY=K`, not yet verified on a GPU).
+//!   (`meshd run --standby N`, by default as many as the pool).
 //! * [`MpsBackend`]: the backend; [`native_pipe_dir`] and [`check_native`] for native GPU workers.
 //!
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
