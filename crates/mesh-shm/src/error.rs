@@ -135,9 +135,9 @@ pub enum ShmError {
         /// The channel's name.
         channel: String,
         /// The channel's protocol.
-        protocol: crate::mailbox::Protocol,
+        protocol: crate::protocol::Protocol,
         /// The protocol of the end asked for.
-        wanted: crate::mailbox::Protocol,
+        wanted: crate::protocol::Protocol,
     },
     /// A GPU program was to bind a channel whose protocol only host processes speak.
     #[error(
@@ -149,7 +149,7 @@ pub enum ShmError {
         /// The channel's name.
         channel: String,
         /// The channel's protocol.
-        protocol: crate::mailbox::Protocol,
+        protocol: crate::protocol::Protocol,
     },
     /// A kernel's context was asked for with a device channel whose ring this context has no address for.
     #[error(
