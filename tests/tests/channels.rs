@@ -404,15 +404,19 @@ fn a_device_rings_loss_after_a_crash_is_reported_exactly() {
     m.d.ok(&["shutdown"]);
 }
 
-/// In MPS mode each program is a process of its own: a device channel is refused at creation, saying so.
+/// In MPS mode device channels are served by default (meshd's own context owns the rings; every
+/// worker maps them): one is created without any option, `info` lists it, and a host end is refused.
+/// (Only a compute mode that refuses meshd's context refuses them; mps_device.rs moves data on them.)
 #[test]
-fn device_channels_are_refused_in_mps_mode_with_the_reason() {
-    require_gpu!("device_channels_are_refused_in_mps_mode_with_the_reason");
+fn device_channels_are_served_in_mps_mode_by_default() {
+    require_gpu!("device_channels_are_served_in_mps_mode_by_default");
     let dir = tempfile::tempdir().unwrap();
     let m = Mesh::start(true, dir.path());
-    let refused =
-        m.d.refused(&["channel", "create", "d", "--msg-size", "8", "--capacity", "4", "--placement", "device"]);
-    assert!(refused.contains("MPS mode") && refused.contains("--placement host"), "{refused}");
+    m.d.ok(&["channel", "create", "d", "--msg-size", "8", "--capacity", "4", "--placement", "device"]);
+    let info = m.d.ok(&["info"]);
+    assert!(info.contains("\"placement\": \"device\""), "info names the placement: {info}");
+    let e = Consumer::claim(&m.mb, "d").unwrap_err();
+    assert!(e.to_string().contains("device memory"), "a host end of a device channel: {e}");
     m.d.ok(&["shutdown"]);
 }
 

@@ -1,10 +1,11 @@
-//! The standby MPS server (`MESH_MPS_STANDBY=K`, docs/mps-standby.md). NOT YET RUN ON A GPU: written in
-//! a session without one. It measures what the design needs first (an idle standby's cost to a
+//! The standby MPS server (`meshd run --standby N`, default the pool's size, `--standby 0` off;
+//! docs/mps-standby.md). It measures what the design needs first (an idle standby's cost to a
 //! running program, M1) and the recovery itself (M3): eight bystanders and a program that faults,
 //! with and without a standby, the outage each bystander saw by its own clock (the heartbeat program
 //! carries its last iteration's %globaltimer across relaunches, so its largest gap afterwards is the
 //! time from the fault that stopped it to its first iteration in the new worker), then a second
-//! fault once the new standby is ready (the roles swapped back).
+//! fault once the new standby is ready (the roles swapped back). The first GPU run (2026-12-03) used
+//! `--pool 2` for nine programs (a refused load); the pool now holds every program of the case.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,6 +14,8 @@ use mesh_gpu_tests::harness::{Meshd, mps_membership};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 
 const BYSTANDERS: u32 = 8;
+/// The fault case's pool: the bystanders and one faulting program at a time, and one spare.
+const FAULT_POOL: u32 = BYSTANDERS + 2;
 
 fn ptx_file(name: &str) -> String {
     programs_dir().join(format!("{name}.ptx")).display().to_string()
@@ -32,22 +35,24 @@ fn gap(d: &Meshd, name: &str) -> u32 {
     d.mailbox().slot(slot).unwrap().user_words()[0]
 }
 
-fn start(dir: &Path, standby: Option<u32>) -> Meshd {
+/// meshd in MPS mode with a pool of `pool` and `--standby N` (`None`: the default, the pool's size).
+fn start(dir: &Path, pool: u32, standby: Option<u32>) -> Meshd {
     let mps = dir.join("mps");
-    let args = ["--isolation", "mps", "--pool", "2", "--mps-dir", mps.to_str().unwrap()];
-    match standby {
-        Some(k) => Meshd::start_with_env(&args, &[("MESH_MPS_STANDBY", &k.to_string())]),
-        None => Meshd::start(&args),
+    let (pool, k) = (pool.to_string(), standby.map(|k| k.to_string()));
+    let mut args = vec!["--isolation", "mps", "--pool", &pool, "--mps-dir", mps.to_str().unwrap()];
+    if let Some(k) = &k {
+        args.extend(["--standby", k]);
     }
+    Meshd::start(&args)
 }
 
-/// M1: one heartbeat program's largest gap over `secs` s, with meshd started as `standby` says.
-fn lone_gap(standby: Option<u32>) -> u32 {
+/// M1: one heartbeat program's largest gap over 3 s, beside an idle standby of `standby` workers.
+fn lone_gap(standby: u32) -> u32 {
     let dir = tempfile::tempdir().unwrap();
-    let d = start(dir.path(), standby);
-    if let Some(k) = standby {
+    let d = start(dir.path(), 2, Some(standby));
+    if standby > 0 {
         let (_, clients) = mps_membership(&dir.path().join("mps/standby/pipe"));
-        assert_eq!(clients.len(), k as usize, "the standby server holds its idle workers\n{}", d.log_text());
+        assert_eq!(clients.len(), standby as usize, "the standby server holds its idle workers\n{}", d.log_text());
     }
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
     std::thread::sleep(Duration::from_secs(3));
@@ -59,8 +64,8 @@ fn lone_gap(standby: Option<u32>) -> u32 {
 #[test]
 fn an_idle_standby_costs_a_running_program_nothing() {
     require_gpu!("an_idle_standby_costs_a_running_program_nothing");
-    let without = lone_gap(None);
-    let with = lone_gap(Some(9));
+    let without = lone_gap(0);
+    let with = lone_gap(9);
     eprintln!(
         "M1 standby cost: largest gap over 3 s without a standby {:.1} µs, beside an idle standby of 9 workers {:.1} µs \
          (goal: no more than 2x: {})",
@@ -97,22 +102,24 @@ fn recovery_lines(d: &Meshd) -> Vec<String> {
 #[test]
 fn a_fault_moves_the_programs_to_the_standby_within_the_goal() {
     require_gpu!("a_fault_moves_the_programs_to_the_standby_within_the_goal");
-    for standby in [None, Some(BYSTANDERS + 2)] {
+    // `--standby 0`, then the default (as many as the pool: every program of the case).
+    for standby in [Some(0), None] {
         let dir = tempfile::tempdir().unwrap();
-        let d = start(dir.path(), standby);
+        let d = start(dir.path(), FAULT_POOL, standby);
         for i in 0..BYSTANDERS {
             d.ok(&["load", &format!("b{i}"), &ptx_file("heartbeat")]);
         }
         std::thread::sleep(Duration::from_millis(500));
         let outage = fault_round(&d, "fault1");
-        let what = if standby.is_some() { "with a standby" } else { "without a standby" };
+        let on = standby.is_none();
+        let what = if on { "with the default standby" } else { "without a standby (--standby 0)" };
         eprintln!(
             "M3 {what}: largest bystander outage (GPU clock) {:.1} ms (goal <= 500 ms: {}); meshd: {:?}",
             f64::from(outage) / 1e6,
             if outage <= 500_000_000 { "met" } else { "NOT met" },
             recovery_lines(&d)
         );
-        if standby.is_some() {
+        if on {
             let log = d.log_text();
             assert!(log.contains("MPS standby took the programs over"), "{log}");
             let (_, on_standby) = mps_membership(&dir.path().join("mps/standby/pipe"));
