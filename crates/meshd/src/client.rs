@@ -231,6 +231,9 @@ fn ps_json(
 
 /// `ps`'s last column: why a program is stopped, else its last fault and when (seconds ago).
 fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
+    if let Some(r) = &p.recovery {
+        return format!("recovering from {} for {} ms", r.reason, r.elapsed_ms);
+    }
     if let Some(why) = &p.stopped_why {
         return why.clone();
     }

@@ -9,6 +9,11 @@
 //!   ended by itself) runs with a heartbeat that moved within
 //!   [`HealthConfig::max_heartbeat_age`]. A launch counts as a beat, so a program just loaded or
 //!   relaunched has that long to beat first. A faulted or stopped program is not ready: it is named.
+//!   While a recovery in place is under way (the backend marked the recovery board) meshd is not
+//!   ready either, from the moment it was marked: [`recovering`] reads the board alone, never the
+//!   snapshot, which the backend thread publishes only once its recovery call returns.
+
+use mesh_backend::BoardView;
 
 use crate::metrics::Metrics;
 pub use crate::observe::HealthConfig;
@@ -40,6 +45,9 @@ pub fn ready(metrics: &Metrics, scrape: &Scrape) -> Result<String, String> {
     }
     if scrape.stopping {
         return Err("not ready: meshd is shutting down".into());
+    }
+    if let Some(why) = recovering(&scrape.recovery) {
+        return Err(why);
     }
     let max = metrics.health().max_heartbeat_age;
     let (mut beating, mut exempt, mut reasons) = (0, 0, Vec::new());
@@ -79,6 +87,18 @@ pub fn ready(metrics: &Metrics, scrape: &Scrape) -> Result<String, String> {
         body.push_str(&format!("\n… and {more} more"));
     }
     Err(body)
+}
+
+/// `/readyz`'s answer while a recovery in place is under way (`None`: none is): its reason, how long
+/// so far, and the programs it still holds.
+pub fn recovering(view: &BoardView) -> Option<String> {
+    let current = view.current.as_ref()?;
+    Some(format!(
+        "not ready: recovering from {} for {} ms: programs {}",
+        current.reason,
+        current.elapsed().as_millis(),
+        if current.programs.is_empty() { "(none left to relaunch)".to_string() } else { current.programs.join(", ") }
+    ))
 }
 
 /// systemd (`Type=notify`): tells it meshd is ready. Nothing happens outside systemd.

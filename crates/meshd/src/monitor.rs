@@ -48,8 +48,14 @@ impl Monitor {
         health::live(&self.metrics)
     }
 
-    /// `/readyz`: `Ok` with what was checked, or `Err` with the first reasons it is not ready.
+    /// `/readyz`: `Ok` with what was checked, or `Err` with the first reasons it is not ready. A
+    /// recovery under way answers from the board alone, before any snapshot or mailbox is read.
     pub fn ready(&self) -> Result<String, String> {
+        if self.metrics.since_backend_pass().is_some()
+            && let Some(why) = health::recovering(&self.source.recovery())
+        {
+            return Err(why);
+        }
         health::ready(&self.metrics, &self.scrape())
     }
 }

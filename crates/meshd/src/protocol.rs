@@ -102,7 +102,8 @@ pub struct ProgramRow {
     pub name: String,
     /// Index of its slot in the mailbox's slot table (what `mesh_ctx` points the kernel at).
     pub slot: u32,
-    /// running, stopped, exited(N), faulted: …
+    /// running, recovering, stopped, exited(N), faulted: …; `recovering` while a recovery in place
+    /// has stopped it and not yet relaunched it (then `recovery` says from what, and for how long).
     pub state: String,
     /// Launches so far, bumped by every relaunch (blink, upgrade, recovery).
     pub generation: u32,
@@ -130,6 +131,20 @@ pub struct ProgramRow {
     /// Why it is not running: left stopped after a fault (and why it was named), or ended by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_why: Option<String>,
+    /// The recovery in place under way that holds it (state `recovering`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryRow>,
+}
+
+/// A recovery in place as `ps` shows it on each program it holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecoveryRow {
+    /// What started it: the fault or the death, as the log says it.
+    pub reason: String,
+    /// When it began, milliseconds since the Unix epoch.
+    pub since_unix_ms: u64,
+    /// How long it has run so far, in milliseconds, when `ps` answered.
+    pub elapsed_ms: u64,
 }
 
 impl From<&ProgramStatus> for ProgramRow {
@@ -149,6 +164,7 @@ impl From<&ProgramStatus> for ProgramRow {
             last_fault: s.last_fault.clone(),
             last_fault_unix_ms: s.last_fault_unix_ms,
             stopped_why: s.stopped_why.clone(),
+            recovery: None,
         }
     }
 }

@@ -3,9 +3,15 @@
 //! meshd's CPU tests and the Python package's Rust peer serve the real control socket and mailbox
 //! over it: every request meshd answers (channels, load, upgrade, unload, `ps`, metrics) takes its
 //! real path, and only the kernels are missing (a "running" program never moves a message).
+//! A [`RecoveryKnob`] makes its `watch` act out a long recovery in place, as the MPS backend's
+//! is: the board marked first, then one long call, each program relaunched, the board cleared.
 
-use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus, RecoveryBoard};
 use mesh_shm::Mailbox;
+use parking_lot::{Condvar, Mutex};
 
 /// Programs in a list, each bound to a free mailbox slot as a real backend binds it (its channels
 /// named in the slot, the slot armed at generation 1). Blink mode, no host atomics.
@@ -13,12 +19,75 @@ use mesh_shm::Mailbox;
 pub struct StandInBackend {
     mailbox: Mailbox,
     programs: Vec<ProgramStatus>,
+    /// meshd's board ([`Backend::set_recovery_board`]); a private one until meshd gives its own.
+    board: RecoveryBoard,
+    knob: RecoveryKnob,
+}
+
+/// What a test arms for the stand-in's next `watch`: a recovery in place that holds the backend
+/// thread, as a real one does for up to seconds. Cheap to clone; the test keeps one.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryKnob(Arc<(Mutex<Knob>, Condvar)>);
+
+#[derive(Debug, Default)]
+struct Knob {
+    /// The next recovery's reason and how long it may hold each program at most.
+    armed: Option<(String, Duration)>,
+    /// Relaunches the test allowed before their time ([`RecoveryKnob::step`]).
+    steps: u32,
+}
+
+impl RecoveryKnob {
+    /// A knob with nothing armed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The next `watch` begins a recovery in place from `reason` (the board marked for every
+    /// program), then relaunches the programs one at a time, in load order, each at a
+    /// [`step`](Self::step) or once `hold` has passed since the recovery began, whichever is first;
+    /// then it ends the recovery. The backend thread is inside that one call throughout.
+    pub fn fault(&self, reason: impl Into<String>, hold: Duration) {
+        let (knob, _) = &*self.0;
+        let mut k = knob.lock();
+        k.armed = Some((reason.into(), hold));
+        k.steps = 0;
+    }
+
+    /// Lets the recovery under way relaunch its next program now.
+    pub fn step(&self) {
+        let (knob, woken) = &*self.0;
+        knob.lock().steps += 1;
+        woken.notify_all();
+    }
+
+    fn take(&self) -> Option<(String, Duration)> {
+        self.0.0.lock().armed.take()
+    }
+
+    /// Waits for a step (taking it) or for `deadline`.
+    fn next(&self, deadline: Instant) {
+        let (knob, woken) = &*self.0;
+        let mut k = knob.lock();
+        while k.steps == 0 {
+            if woken.wait_until(&mut k, deadline).timed_out() {
+                return;
+            }
+        }
+        k.steps -= 1;
+    }
 }
 
 impl StandInBackend {
     /// A stand-in binding programs in `mailbox`.
     pub fn new(mailbox: &Mailbox) -> Self {
-        Self { mailbox: mailbox.clone(), programs: Vec::new() }
+        Self { mailbox: mailbox.clone(), programs: Vec::new(), board: RecoveryBoard::new(), knob: RecoveryKnob::new() }
+    }
+
+    /// With `knob`, which a test keeps to act out a long recovery in place in `watch`.
+    pub fn with_recovery_knob(mut self, knob: RecoveryKnob) -> Self {
+        self.knob = knob;
+        self
     }
 
     /// The programs' statuses, to change as a backend's recovery would (tests of the watchdog).
@@ -30,6 +99,31 @@ impl StandInBackend {
         if let Ok(s) = self.mailbox.slot(slot) {
             s.release();
         }
+    }
+
+    /// The recovery the knob armed, if any: what a real backend does, minus the GPU.
+    fn recover(&mut self, reason: String, hold: Duration) -> Vec<String> {
+        let started = Instant::now();
+        // Marked first, as a real backend marks it before it takes any lock or makes any GPU call.
+        self.board.begin(reason.clone(), self.programs.iter().map(|p| p.name.clone()));
+        let deadline = started + hold;
+        for p in &mut self.programs {
+            self.knob.next(deadline);
+            p.generation += 1;
+            p.restarts += 1;
+            p.state = ProgramState::Running;
+            if let Ok(s) = self.mailbox.slot(p.slot) {
+                s.reset_status();
+                s.arm(p.generation);
+            }
+            self.board.relaunched(&p.name);
+        }
+        self.board.end();
+        vec![format!(
+            "stand-in: recovered in place from {reason}: {} program(s) relaunched in {:.1} ms",
+            self.programs.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        )]
     }
 }
 
@@ -102,6 +196,17 @@ impl Backend for StandInBackend {
 
     fn status(&self) -> Vec<ProgramStatus> {
         self.programs.clone()
+    }
+
+    fn watch(&mut self) -> Vec<String> {
+        match self.knob.take() {
+            Some((reason, hold)) => self.recover(reason, hold),
+            None => Vec::new(),
+        }
+    }
+
+    fn set_recovery_board(&mut self, board: RecoveryBoard) {
+        self.board = board;
     }
 
     fn shutdown(&mut self) -> mesh_backend::Result<()> {

@@ -1,4 +1,4 @@
-//! The monitoring endpoint against a stand-in backend: `/metrics` scraped over loopback and parsed (names, types, labels, values following `ps`), `/livez` and `/readyz`, `meshd metrics` over the control socket, and slow or silent HTTP clients that stall neither a scrape nor the control socket.
+//! The monitoring endpoint against a stand-in backend: `/metrics` scraped over loopback and parsed (names, types, labels, values following `ps`), `/livez` and `/readyz`, a long recovery in place seen at once by `ps`, `/readyz` and `/metrics`, `meshd metrics` over the control socket, and slow or silent HTTP clients that stall neither a scrape nor the control socket.
 
 mod common;
 
@@ -12,12 +12,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::{ListBackend, PTX, ask, load_req, wait_until, within};
-use mesh_backend::{Backend, BackendEvent, IsolationMode, ProgramSpec, ProgramStatus, RecoveryMethod, RecoveryOutcome};
+use mesh_backend::{
+    Backend, BackendEvent, IsolationMode, ProgramSpec, ProgramStatus, RecoveryBoard, RecoveryMethod, RecoveryOutcome,
+};
 use mesh_shm::{Mailbox, Producer};
 use meshd::health::HealthConfig;
 use meshd::http::{Endpoint, HttpLimits};
 use meshd::protocol::Request;
 use meshd::server::{Limits, Opened, Server, StopHandle};
+use meshd::stand_in::RecoveryKnob;
 use meshd::start::bind_socket;
 use meshd::state::StateStore;
 
@@ -45,6 +48,12 @@ impl Backend for Evented {
     }
     fn status(&self) -> Vec<ProgramStatus> {
         self.inner.status()
+    }
+    fn watch(&mut self) -> Vec<String> {
+        self.inner.watch()
+    }
+    fn set_recovery_board(&mut self, board: RecoveryBoard) {
+        self.inner.set_recovery_board(board);
     }
     fn shutdown(&mut self) -> mesh_backend::Result<()> {
         self.inner.shutdown()
@@ -74,6 +83,16 @@ impl Running {
 
     /// With `gate`: a load of a program named `slow…` waits on the backend thread until the test sends on it.
     fn start_gated(health: HealthConfig, http: HttpLimits, gate: Option<mpsc::Receiver<()>>) -> Self {
+        Self::start_with(health, http, gate, RecoveryKnob::new())
+    }
+
+    /// With `knob`: the test arms a long recovery in place that the next watchdog tick acts out.
+    fn start_with(
+        health: HealthConfig,
+        http: HttpLimits,
+        gate: Option<mpsc::Receiver<()>>,
+        knob: RecoveryKnob,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("sock");
         let mailbox = common::small_mailbox(dir.path());
@@ -84,7 +103,8 @@ impl Running {
             let inner = match gate {
                 Some(g) => ListBackend::new(mb).with_gate(g),
                 None => ListBackend::new(mb),
-            };
+            }
+            .with_knob(knob);
             Ok(Opened {
                 backend: Box::new(Evented { inner, events: for_backend }),
                 device: "test double".into(),
@@ -442,6 +462,131 @@ fn livez_fails_while_the_backend_thread_is_stuck_and_scrapes_still_answer() {
     assert!(wait_until(DEADLINE, || d.get("/livez").0 == 200), "live again once the job is done");
 }
 
+/// `ps`'s row for `name`.
+fn ps_row(d: &Running, name: &str) -> meshd::protocol::ProgramRow {
+    let rows = ask(&d.socket, &Request::Ps, &[]).programs.unwrap();
+    rows.into_iter().find(|p| p.name == name).unwrap_or_else(|| panic!("{name} in ps"))
+}
+
+/// GET `path`, timed: the answer and how long it took (printed by the caller, asserted by none).
+fn timed_get(d: &Running, path: &str) -> ((u16, String), Duration) {
+    let at = std::time::Instant::now();
+    let answer = d.get(path);
+    (answer, at.elapsed())
+}
+
+const FAULT: &str = "GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) in a";
+
+#[test]
+fn a_recovery_in_place_shows_at_once_in_ps_readyz_and_metrics_while_the_backend_thread_is_inside_it() {
+    let knob = RecoveryKnob::new();
+    let d = Running::start_with(HealthConfig::default(), HttpLimits::default(), None, knob.clone());
+    assert!(ask(&d.socket, &load_req("a", &[]), PTX).ok);
+    assert!(ask(&d.socket, &load_req("b", &[]), PTX).ok);
+    assert!(wait_until(DEADLINE, || d.get("/readyz").0 == 200), "both just launched: ready");
+    let m = scrape(&d);
+    assert_eq!(m.value("meshd_recovery_in_progress", &[]), 0.0);
+    assert_eq!(m.value("meshd_recoveries_begun_total", &[]), 0.0);
+
+    // The next watchdog tick begins a recovery that holds every program until the test steps it
+    // (or DEADLINE passes): the backend thread stays inside that one `watch` call throughout.
+    knob.fault(FAULT, DEADLINE);
+    assert!(
+        wait_until(DEADLINE, || d.get("/readyz").0 == 503),
+        "/readyz says so while the backend thread is still inside the recovery"
+    );
+    let ((code, body), took) = timed_get(&d, "/readyz");
+    eprintln!("/readyz during the recovery: {code} in {:.2} ms: {body}", took.as_secs_f64() * 1e3);
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains(&format!("recovering from {FAULT} for ")) && body.contains("ms: programs a, b"), "{body}");
+    let ((code, body), took) = timed_get(&d, "/livez");
+    eprintln!("/livez during the recovery: {code} in {:.2} ms", took.as_secs_f64() * 1e3);
+    assert_eq!(code, 200, "a recovery in progress is live: {body}");
+    for name in ["a", "b"] {
+        let row = ps_row(&d, name);
+        assert_eq!((row.state.as_str(), row.restarts), ("recovering", 0), "{row:?}");
+        let r = row.recovery.as_ref().unwrap_or_else(|| panic!("the recovery on {row:?}"));
+        assert_eq!(r.reason, FAULT);
+        assert!(r.since_unix_ms > 0, "{r:?}");
+    }
+    let socket = d.socket.clone();
+    assert_eq!(within(DEADLINE, move || ask(&socket, &Request::Info, &[]).ok), Some(true), "info answers");
+    let m = scrape(&d);
+    assert_eq!(m.value("meshd_recovery_in_progress", &[]), 1.0);
+    assert!(m.value("meshd_recovery_in_progress_seconds", &[]) >= 0.0);
+    assert_eq!(m.value("meshd_recovery_in_progress_programs", &[]), 2.0);
+    assert_eq!(m.value("meshd_recoveries_begun_total", &[]), 1.0);
+    assert_eq!(m.value("meshd_program_state", &[("program", "a"), ("state", "recovering")]), 1.0);
+    assert_eq!(m.value("meshd_program_state", &[("program", "a"), ("state", "running")]), 0.0);
+    assert_eq!(m.value("meshd_program_up", &[("program", "b")]), 0.0);
+    assert_eq!(m.value("meshd_ready", &[]), 0.0);
+
+    // a is relaunched, b still held: a's restart shows at once, before the recovery ends.
+    knob.step();
+    assert!(wait_until(DEADLINE, || ps_row(&d, "a").state == "running"), "a relaunched");
+    let a = ps_row(&d, "a");
+    assert_eq!((a.restarts, a.recovery), (1, None), "counted when it happened");
+    assert_eq!(ps_row(&d, "b").state, "recovering", "b waits for its own step");
+    let m = scrape(&d);
+    assert_eq!(m.value("meshd_program_restarts_total", &[("program", "a")]), 1.0);
+    assert_eq!(m.value("meshd_recovery_in_progress", &[]), 1.0);
+    assert_eq!(m.value("meshd_recovery_in_progress_programs", &[]), 1.0);
+    let (code, body) = d.get("/readyz");
+    assert!(code == 503 && body.contains("programs b") && !body.contains("programs a"), "{code} {body}");
+
+    // b too: the recovery ends, all is back.
+    knob.step();
+    assert!(wait_until(DEADLINE, || d.get("/readyz").0 == 200), "ready again once the recovery ends");
+    for name in ["a", "b"] {
+        let row = ps_row(&d, name);
+        assert_eq!((row.state.as_str(), row.restarts, row.generation), ("running", 1, 2), "{row:?}");
+        assert!(row.recovery.is_none());
+    }
+    let m = scrape(&d);
+    assert_eq!(m.value("meshd_recovery_in_progress", &[]), 0.0);
+    assert_eq!(m.value("meshd_recovery_in_progress_seconds", &[]), 0.0);
+    assert_eq!(m.value("meshd_recoveries_begun_total", &[]), 1.0);
+    assert_eq!(m.value("meshd_program_restarts_total", &[("program", "b")]), 1.0);
+    assert_eq!(m.value("meshd_program_state", &[("program", "b"), ("state", "running")]), 1.0);
+    assert_eq!(m.value("meshd_ready", &[]), 1.0);
+
+    // An unloaded program takes its restarts with it: a new one of that name starts from 0.
+    assert!(ask(&d.socket, &Request::Unload { name: "a".into() }, &[]).ok);
+    assert!(ask(&d.socket, &load_req("a", &[]), PTX).ok);
+    assert_eq!(ps_row(&d, "a").restarts, 0);
+}
+
+#[test]
+fn a_recovery_that_holds_the_backend_thread_for_2_s_is_seen_throughout_and_ends_by_itself() {
+    let knob = RecoveryKnob::new();
+    let d = Running::start_with(HealthConfig::default(), HttpLimits::default(), None, knob.clone());
+    assert!(ask(&d.socket, &load_req("a", &[]), PTX).ok);
+    assert!(wait_until(DEADLINE, || d.get("/readyz").0 == 200));
+    let armed = std::time::Instant::now();
+    knob.fault(FAULT, Duration::from_secs(2));
+    assert!(wait_until(DEADLINE, || d.get("/readyz").0 == 503), "not ready while it runs");
+    eprintln!("/readyz turned 503 {:.1} ms after the fault was armed", armed.elapsed().as_secs_f64() * 1e3);
+    let mut answers = Vec::new();
+    while d.get("/readyz").0 == 503 {
+        let ((_, _), readyz) = timed_get(&d, "/readyz");
+        let ((live, _), livez) = timed_get(&d, "/livez");
+        assert_eq!(live, 200);
+        answers.push((readyz, livez));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let slowest = |f: fn(&(Duration, Duration)) -> Duration| answers.iter().map(f).max().unwrap_or_default();
+    eprintln!(
+        "{} probes during the recovery; slowest /readyz {:.2} ms, /livez {:.2} ms; it ended {:.0} ms after being armed",
+        answers.len(),
+        slowest(|a| a.0).as_secs_f64() * 1e3,
+        slowest(|a| a.1).as_secs_f64() * 1e3,
+        armed.elapsed().as_secs_f64() * 1e3
+    );
+    assert!(wait_until(DEADLINE, || ps_row(&d, "a").state == "running"));
+    assert_eq!(ps_row(&d, "a").restarts, 1);
+    assert_eq!(scrape(&d).value("meshd_recovery_in_progress", &[]), 0.0);
+}
+
 #[test]
 fn silent_and_slow_http_clients_stall_neither_a_scrape_nor_the_control_socket() {
     let d = Running::start(HealthConfig::default(), HttpLimits::default());
@@ -565,6 +710,7 @@ fn everything() -> Exposition {
         last_fault: Some("GPU fault: CUDA_ERROR_ILLEGAL_ADDRESS".into()),
         last_fault_unix_ms: Some(1_700_000_000_000),
         stopped_why: None,
+        recovery: None,
     };
     let info = Info {
         mode: "mps".into(),
@@ -600,6 +746,7 @@ fn everything() -> Exposition {
         natives: vec![native],
         info: Ok(info),
         stopping: false,
+        recovery: Default::default(),
     };
     m.observe_heartbeats(scrape.programs.iter().map(|p| (p.name.as_str(), p.generation, p.heartbeat)));
     let text = render(&m, &scrape, false);

@@ -257,7 +257,13 @@ mod tests {
         m.change_done(Some("unload"), true, Duration::from_millis(2));
         m.change_done(Some("unload"), false, Duration::from_millis(2));
         m.change_done(None, true, Duration::ZERO);
-        let empty = Scrape { programs: vec![], natives: vec![], info: Err("no mailbox".into()), stopping: false };
+        let empty = Scrape {
+            programs: vec![],
+            natives: vec![],
+            info: Err("no mailbox".into()),
+            stopping: false,
+            recovery: Default::default(),
+        };
         let text = render(&m, &empty, false);
         assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"ok\"} 1\n"), "{text}");
         assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"refused\"} 1\n"));

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 
+use mesh_backend::BoardView;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,7 +37,7 @@ fn dcgm_labels(info: Option<&Info>) -> Vec<(Cow<'static, str>, Cow<'static, str>
 }
 
 /// The states `meshd_program_state` always lists (one of them 1).
-const STATES: [&str; 4] = ["running", "stopped", "exited", "faulted"];
+const STATES: [&str; 5] = ["running", "recovering", "stopped", "exited", "faulted"];
 
 /// A channel's placement: `host` (its ring in the mailbox) or `device` (in GPU memory meshd owns);
 /// a row from a meshd that did not say is in host memory.
@@ -63,6 +64,7 @@ pub fn render(metrics: &Metrics, scrape: &Scrape, ready: bool) -> String {
         render_pool(i, &mut reg);
     }
     render_natives(&scrape.natives, &mut reg);
+    render_recovery(&scrape.recovery, &mut reg);
     register_recorded(metrics, &mut reg);
     let mut text = String::new();
     // Writing to a String cannot fail; an encoder error would be a bug in a name or label here.
@@ -172,12 +174,12 @@ impl Programs {
         reg.register("program_up", "1 when the program's kernel runs", self.up);
         reg.register(
             "program_state",
-            "The program's state: 1 for the current one of running, stopped, exited, faulted",
+            "The program's state: 1 for the current one of running, recovering, stopped, exited, faulted",
             self.state,
         );
         reg.register(
             "program_restarts",
-            "Relaunches by the watchdog after GPU faults (carried across replacements)",
+            "Relaunches by the watchdog after GPU faults, counted as each happens (carried across replacements)",
             self.restarts,
         );
         reg.register("program_heartbeats", "The program's heartbeat counter (mesh_heartbeat)", self.beats);
@@ -258,6 +260,31 @@ fn render_pool(info: &Info, reg: &mut Registry) {
         "MPS clients created while programs ran (--pool-grow): each stalled every running program once",
         stalls,
     );
+}
+
+/// The recovery in place under way, read from the board the backend marks as it goes (not from the
+/// snapshot, which the backend thread publishes only after the recovery's call returns).
+fn render_recovery(view: &BoardView, reg: &mut Registry) {
+    let on: Gauge = Gauge::default();
+    on.set(i64::from(view.current.is_some()));
+    reg.register("recovery_in_progress", "1 while a recovery in place from a GPU fault or a dead worker runs", on);
+    let took: Gauge<f64, AtomicU64> = Gauge::default();
+    took.set(view.current.as_ref().map_or(0.0, |c| secs(c.elapsed())));
+    reg.register(
+        "recovery_in_progress_seconds",
+        "How long the recovery in place under way has run so far (0: none is)",
+        took,
+    );
+    let held: Gauge = Gauge::default();
+    held.set(view.current.as_ref().map_or(0, |c| i64::try_from(c.programs.len()).unwrap_or(i64::MAX)));
+    reg.register(
+        "recovery_in_progress_programs",
+        "Programs the recovery in place under way has stopped and not yet relaunched",
+        held,
+    );
+    let begun: Counter = Counter::default();
+    begun.inc_by(view.begun);
+    reg.register("recoveries_begun", "Recoveries in place begun since meshd started (ended or not)", begun);
 }
 
 fn render_natives(natives: &[NativeRow], reg: &mut Registry) {

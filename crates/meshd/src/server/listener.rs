@@ -9,13 +9,14 @@ use std::sync::{Arc, mpsc};
 
 use anyhow::{Context, Result, anyhow};
 use mesh_backend::pool::PoolFigures;
-use mesh_backend::{ProgramState, ProgramStatus};
+use mesh_backend::{BoardView, ProgramState, ProgramStatus};
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_EXITED;
 use rustix::event::{PollFd, PollFlags};
 
 use super::natives::native_stop;
 use super::{Job, Query, Routed, Server, Shared};
+use crate::observe::overlay_recovery;
 use crate::protocol::{
     ChannelRow, Info, InfoExtra, PoolRow, ProgramRow, Request, RequestError, Response, read_request_within,
     write_response,
@@ -194,7 +195,7 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
     match query {
         Query::Ps => Response {
             ok: true,
-            programs: Some(ps_rows(shared)),
+            programs: Some(ps_rows(shared, &shared.board.view())),
             natives: Some(shared.natives.rows()),
             ..Response::default()
         },
@@ -222,10 +223,14 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
     }
 }
 
-/// The snapshot's programs with heartbeat and exit read now from their slots (plain host memory).
-fn ps_rows(shared: &Shared) -> Vec<ProgramRow> {
+/// The snapshot's programs with heartbeat and exit read now from their slots (plain host memory),
+/// overlaid with the recovery board `view` (a program a recovery holds shows `recovering`).
+fn ps_rows(shared: &Shared, view: &BoardView) -> Vec<ProgramRow> {
     let snap = shared.snapshot();
-    snap.programs.iter().map(|p| ProgramRow::from(&fresh(&shared.mailbox, p))).collect()
+    let mut rows: Vec<ProgramRow> =
+        snap.programs.iter().map(|p| ProgramRow::from(&fresh(&shared.mailbox, p))).collect();
+    overlay_recovery(&mut rows, view);
+    rows
 }
 
 /// `p` with what its slot says now: the heartbeat, and an exit the backend has not seen yet.
@@ -246,12 +251,18 @@ pub(super) fn fresh(mailbox: &Mailbox, p: &ProgramStatus) -> ProgramStatus {
 impl crate::observe::Source for Shared {
     fn scrape(&self) -> crate::observe::Scrape {
         let info = info(self);
+        let recovery = self.board.view();
         crate::observe::Scrape {
-            programs: ps_rows(self),
+            programs: ps_rows(self, &recovery),
             natives: self.natives.rows(),
             info: info.info.ok_or_else(|| info.error.unwrap_or_default()),
             stopping: self.stopping.load(Ordering::Acquire),
+            recovery,
         }
+    }
+
+    fn recovery(&self) -> BoardView {
+        self.board.view()
     }
 }
 

@@ -6,7 +6,8 @@
 //!   in arrival order. After every change, and every [`Limits::refresh`], it publishes a snapshot.
 //!   Between changes it is the **watchdog**: every [`Limits::watch`] (25 ms) it calls
 //!   [`Backend::watch`], which polls the kernels and recovers from a fault with no request; while
-//!   a recovery runs, `ps` answers from the last snapshot. When the backend says the fault is
+//!   a recovery runs, `ps` answers from the last snapshot overlaid with the recovery board, which
+//!   the backend marks from the moment it notices the fault ([`Backend::set_recovery_board`]). When the backend says the fault is
 //!   sticky ([`Backend::take_replacement`], after every backend call), it records what
 //!   the new process needs and replaces the process ([`crate::replace`]); the new image's backend
 //!   thread relaunches the recorded programs but the culprit, which `ps` shows left stopped, and
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use mesh_backend::pool::PoolFigures;
-use mesh_backend::{Backend, IsolationMode, ProgramStatus};
+use mesh_backend::{Backend, IsolationMode, ProgramStatus, RecoveryBoard};
 use mesh_shm::Mailbox;
 use parking_lot::Mutex;
 
@@ -262,6 +263,10 @@ struct Shared {
     device_id: OnceLock<DeviceId>,
     /// What the monitoring endpoint and `meshd metrics` read beside the snapshot.
     metrics: Arc<Metrics>,
+    /// The one recovery board: the backend marks a recovery in place on it as it happens (it is
+    /// handed over the moment the backend opens), and `ps`, `/readyz` and `/metrics` read it here,
+    /// never waiting for the backend thread, which is inside that recovery's one long call.
+    board: RecoveryBoard,
 }
 
 impl Shared {
@@ -339,6 +344,7 @@ impl Server {
             waker: Waker(Arc::new(wake_tx)),
             natives: crate::native::Natives::new(&mailbox),
             metrics: Arc::new(Metrics::new()),
+            board: RecoveryBoard::new(),
         });
         let (jobs, rx) = mpsc::channel();
         let wake_jobs = Arc::new(jobs.clone());

@@ -39,6 +39,8 @@ where
             return true;
         }
     };
+    // At once, before the relaunch of the recorded programs (a fault during it is a recovery too).
+    backend.set_recovery_board(shared.board.clone());
     {
         let mut s = shared.snapshot.lock();
         *s = Arc::new(Snapshot {
@@ -413,6 +415,7 @@ impl BackendWorker<'_> {
                 tracing::info!(program = %name, "unloaded (it was left stopped)");
                 self.record(|s| s.record_unload(&name));
                 self.unhold(&name);
+                self.shared.board.forget(&name);
                 Ok(Response::ok())
             }
             Change::Upgrade { name } => {
@@ -425,6 +428,8 @@ impl BackendWorker<'_> {
             Change::Unload { name } => {
                 self.kinds.remove(&name);
                 self.backend.unload(&name)?;
+                // Its restarts leave with it: a later program of that name starts from 0.
+                self.shared.board.forget(&name);
                 tracing::info!(program = %name, "unloaded");
                 self.record(|s| s.record_unload(&name));
                 Ok(Response::ok())

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramStatus};
+use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramStatus, RecoveryBoard};
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::server::Opened;
-use meshd::stand_in::StandInBackend;
+use meshd::stand_in::{RecoveryKnob, StandInBackend};
 
 /// meshd's [`StandInBackend`] with two hooks for the tests: a program whose name starts with `slow`
 /// waits in `load` until the test sends on `gate`; one named `degraded` is refused as a degraded
@@ -36,6 +36,12 @@ impl ListBackend {
 
     pub fn with_log(mut self, log: mpsc::Sender<String>) -> Self {
         self.log = Some(log);
+        self
+    }
+
+    /// With `knob`: the test arms a long recovery in place that the next watchdog tick acts out.
+    pub fn with_knob(mut self, knob: RecoveryKnob) -> Self {
+        self.inner = self.inner.with_recovery_knob(knob);
         self
     }
 
@@ -82,6 +88,12 @@ impl Backend for ListBackend {
     }
     fn status(&self) -> Vec<ProgramStatus> {
         self.inner.status()
+    }
+    fn watch(&mut self) -> Vec<String> {
+        self.inner.watch()
+    }
+    fn set_recovery_board(&mut self, board: RecoveryBoard) {
+        self.inner.set_recovery_board(board);
     }
     fn shutdown(&mut self) -> mesh_backend::Result<()> {
         self.inner.shutdown()
