@@ -316,7 +316,9 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Got {
     };
     let _ = c.set_read_timeout(Some(timeout));
     let _ = c.set_write_timeout(Some(timeout));
-    if let Err(e) = write!(c, "GET {path} HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n") {
+    // One write: write! would send the pieces of its format separately.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n");
+    if let Err(e) = c.write_all(request.as_bytes()) {
         return Got::Unreachable(format!("send: {e}"));
     }
     let mut raw = Vec::new();
@@ -756,8 +758,13 @@ mod tests {
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
             for mut c in l.incoming().flatten() {
-                let mut buf = [0u8; 1024];
-                let _ = c.read(&mut buf);
+                let (mut buf, mut got) = ([0u8; 1024], Vec::new());
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf) {
+                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
                 std::thread::sleep(delay);
                 let _ = write!(c, "HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
             }
