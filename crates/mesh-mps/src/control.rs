@@ -16,8 +16,8 @@ use crate::process;
 
 /// The control binary's name.
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
-/// The variable naming the pipe directory of an MPS server.
-pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// The variable naming the pipe directory of an MPS server (its home is [`crate::mps_dir`]).
+pub use crate::mps_dir::PIPE_ENV;
 /// The variable naming its log directory.
 pub const LOG_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
 /// How long one control command may take.

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use mesh_backend::BackendError;
 use mesh_backend::pid_lock::PidLock;
 
-use crate::control::PIPE_ENV;
+/// The variable naming the pipe directory of an MPS server.
+pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 
 /// The file in an MPS directory whose flock says which meshd holds the directory; it holds that pid.
 pub const CLAIM_FILE: &str = "meshd.lock";
