@@ -1,0 +1,541 @@
+//! The MPS backend: each program in its own worker (an MPS client of meshd's private server), so that a
+//! load, upgrade or unload halts no other program.
+//!
+//! A module load in one MPS client does not wait for the other clients' kernels (measured on the H200:
+//! 0.09 to 0.14 ms while another client's kernel ran), so an idle worker loads and probes the new cubin
+//! while everything runs. Creating a client stalls the running kernels once (up to 0.4 ms), so the pool
+//! is started before any program runs and a freed worker goes back to it.
+//!
+//! **The watchdog** ([`Backend::watch`], every few tens of ms, and at once when a worker has news)
+//! reads what the workers pushed (each checks its own kernel every 5 ms by default and says when it
+//! ended or failed; no worker is asked in turn); a failed kernel or a worker gone starts a recovery
+//! (see [`MpsBackend`]'s `recover`): every client ended at once, the culprit named or searched by
+//! halves and left stopped, the others relaunched in fresh workers started side by side, the pool
+//! refilled. `status` only reads.
+//!
+//! **Silent workers.** Every worker says `alive` every quarter second from its checking loop. One
+//! that says nothing for [`SILENCE_LIMIT`] (SIGSTOP, a wedged driver call) cannot act on a fault,
+//! an unload or a stop, while its kernel runs on and its heartbeats stay fresh: the watchdog breaks
+//! it off and replaces it alone (no GPU fault happened, the other programs run on): its kernel is
+//! asked to stop and given the stop deadline to leave in order, the server cuts the client off
+//! (`terminate_client`), it is killed, and its program relaunched in a fresh worker (an idle one of
+//! its size if the pool has one, else a new client). An idle worker silent that long is discarded.
+//! Silence is not judged while a fault is being recovered from, nor until meshd has run 3 s since
+//! its own last stall ([`SilenceClock`]). Not yet verified on a GPU.
+//!
+//! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
+//! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
+//! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
+//! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
+//! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
+//!
+//! **Layout.** This file owns the shared state (`Shared`, behind the one lock every job takes), the
+//! backend's options and the [`Backend`] impl; each job has a file of its own: `workers` (the pool),
+//! `changes` (load, upgrade, unload), `recovery` (after a GPU fault), `takeover` (the standby's part),
+//! `liveness` (the watchdog's tick, silent workers) and `device_rings` (device channels).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use mesh_backend::cleanup::{self, CleanupId};
+use mesh_backend::recover::{self, Recovery};
+use mesh_backend::roster::{self, HasCore};
+use mesh_backend::watch::{self, Evidence, Verdict};
+use mesh_backend::{
+    Backend, BackendError, BackendEvent, ImageKind, IsolationMode, LaunchShape, Phase, ProgramCore, ProgramSpec,
+    ProgramStatus, RecoveryBoard, Result, SmBudget, check_resident,
+};
+use mesh_cuda::exported::SharedRings;
+use mesh_cuda::{Context, Device, Jit, slots};
+use mesh_mps_worker::{KernelState, Probe};
+use mesh_shm::Mailbox;
+use mesh_shm::layout::{STATE_EXITED, STATE_IDLE, STATE_RUNNING, STATE_STOPPED};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::control::MpsControl;
+use crate::standby::Standby;
+use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
+
+mod changes;
+mod device_rings;
+mod liveness;
+mod recovery;
+#[cfg(test)]
+mod stand_in;
+mod takeover;
+mod workers;
+
+pub use device_rings::device_channels_refusal;
+use device_rings::{map_channels, open_rings};
+use liveness::{await_cut_off, may_run_a_kernel, reap_later};
+use takeover::{start_standby, take_over};
+use workers::{start_all, start_many, start_pool, take_idle};
+
+/// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
+/// fault reached the clients about 150 ms after the faulting launch.
+pub const FAULT_WATCH: Duration = Duration::from_millis(600);
+
+pub use crate::pool::MAX_CLIENTS;
+use crate::pool::PoolFigures;
+
+/// A worker that says nothing for this long (it says `alive` every 250 ms) is taken for stopped or
+/// wedged and replaced: well above a loaded host's scheduling hiccups, well below what a user of a
+/// stuck program would wait.
+pub const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+
+/// How long the server gets to cut a client off before its SIGKILL (gpu.md: within 0.1 s; a SIGKILL
+/// of a client whose kernel still runs fails every other client's kernel).
+const CUT_OFF: Duration = Duration::from_millis(200);
+
+/// Options of the MPS backend.
+#[derive(Debug, Clone)]
+pub struct MpsConfig {
+    /// A green context of this many SMs per worker.
+    pub sms: Option<u32>,
+    /// Pipe and log directories (default `/tmp/meshd-mps.PID`).
+    pub mps_dir: Option<PathBuf>,
+    /// Workers started before any program runs.
+    pub pool: u32,
+    /// Whether a load or upgrade that finds the pool empty may create an MPS client (stalling every
+    /// running program once, counted), and whether discarded workers are replaced; else it is refused.
+    pub pool_grow: bool,
+    /// How long a program gets to stop before its worker is cut off.
+    pub stop_deadline: Duration,
+    /// How often each worker checks its running kernel's stream (`KERNEL_CHECK`, 5 ms, by default):
+    /// how soon a fault is heard, against each worker's CPU use.
+    pub kernel_check: Duration,
+    /// Idle workers of the standby server (a second MPS daemon, made at start) that take the programs
+    /// over after a fault: `None` as many as the pool (every program a pool can hold); `Some(0)` no
+    /// standby (a fault then stalls every program for the faulted server's teardown, 1.3-1.6 s on the
+    /// H200).
+    pub standby: Option<u32>,
+}
+
+impl MpsConfig {
+    /// The standby's size: as many as the pool unless set.
+    pub fn standby_size(&self) -> u32 {
+        self.standby.unwrap_or(self.pool)
+    }
+}
+
+impl Default for MpsConfig {
+    fn default() -> Self {
+        Self {
+            sms: None,
+            mps_dir: None,
+            pool: 2,
+            pool_grow: false,
+            stop_deadline: Duration::from_secs(2),
+            kernel_check: mesh_mps_worker::KERNEL_CHECK,
+            standby: None,
+        }
+    }
+}
+
+/// A loaded program: what every backend keeps, its worker, and its linked image.
+#[derive(Debug)]
+struct Program {
+    core: ProgramCore,
+    worker: Worker,
+    /// The linked image, kept to relaunch the program in a fresh worker after a GPU fault.
+    cubin: Arc<Vec<u8>>,
+    /// When its workers died from outside while its kernel ran (within [`DEATH_WINDOW`]): past
+    /// [`DEATH_LIMIT`] it is left stopped rather than relaunched again.
+    deaths: Vec<Instant>,
+}
+
+/// A program whose worker dies this many times within [`DEATH_WINDOW`] is left stopped (a worker
+/// that keeps dying under it, or an operator who keeps killing it, says something a relaunch will not
+/// fix); fewer deaths are relaunched with everyone else.
+pub const DEATH_LIMIT: usize = 3;
+/// See [`DEATH_LIMIT`].
+pub const DEATH_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long `terminate_client` may take before meshd gives up on it and signals the worker anyway:
+/// the server cuts a client off within 0.1 s (gpu.md); a server busy with a fault can hold the
+/// command for the control daemon's 10 s timeout, which every program would wait out.
+pub const TERMINATE_WITHIN: Duration = Duration::from_millis(500);
+
+impl HasCore for Program {
+    fn core(&self) -> &ProgramCore {
+        &self.core
+    }
+}
+
+/// What the cleanup action needs, shared with it (and what a recovery under its lock keeps).
+#[derive(Debug, Default)]
+struct Shared {
+    control: Option<Arc<MpsControl>>,
+    idle: Vec<Worker>,
+    programs: Vec<Program>,
+    /// Recoveries not yet handed to meshd's metrics ([`Backend::take_events`]); kept here because
+    /// a recovery runs under this lock (from the watchdog, or before a change).
+    events: Vec<BackendEvent>,
+    /// That some worker has news (its reader's copy): drained, then every worker refreshed.
+    news: Option<Receiver<WorkerNews>>,
+    /// Device channels' rings, owned by meshd's own plain context (opt-in).
+    rings: Option<SharedRings>,
+    /// The standby server (`--standby`, on by default).
+    standby: Option<Standby>,
+}
+
+/// How long a recovery waits for every faulted worker to say its kernel failed before it may move
+/// the programs to the standby (on the H200 the fault reached 8 clients within 41 ms of each other).
+pub const FAULT_SPREAD: Duration = Duration::from_millis(100);
+
+/// Takes in whatever the workers pushed, without waiting: the shared channel drained (it only says
+/// that there is news), then each worker's own queue.
+fn absorb(s: &mut Shared) {
+    if let Some(news) = &s.news {
+        while news.try_recv().is_ok() {}
+    }
+    for p in &mut s.programs {
+        p.worker.refresh();
+    }
+    for w in &mut s.idle {
+        w.refresh();
+    }
+}
+
+/// The control daemon of the running MPS backend, for `native_pipe_dir` / `check_native`.
+pub(crate) static ACTIVE: Mutex<Option<Arc<MpsControl>>> = Mutex::new(None);
+
+/// The MPS backend (the seed's `mesh_cuda_backend_open` with `iso` = mps).
+#[derive(Debug)]
+pub struct MpsBackend {
+    shared: Arc<Mutex<Shared>>,
+    mailbox: Mailbox,
+    jit: Jit,
+    device: Device,
+    config: MpsConfig,
+    cleanup_id: CleanupId,
+    cubins: PathBuf,
+    next_cubin: AtomicU64,
+    shut_down: bool,
+    /// MPS clients the device takes (48, or 60 from CUDA 13.1).
+    client_limit: u32,
+    /// The pool's figures, shared with meshd's `info`.
+    pool: PoolFigures,
+    /// Where every worker's reader hands its news.
+    news: NewsSender,
+    /// When the watchdog may judge the workers' silence (not until meshd has run a whole bound
+    /// since its last stall: see [`SilenceClock`]).
+    silence: SilenceClock,
+    /// Where a recovery in place shows at once (meshd's `ps`, `/readyz`, `/metrics`).
+    board: RecoveryBoard,
+}
+
+/// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
+fn tear_down(shared: &Mutex<Shared>) {
+    let mut s = shared.lock();
+    for mut p in s.programs.drain(..) {
+        p.worker.kill();
+    }
+    for mut w in s.idle.drain(..) {
+        w.kill();
+    }
+    let mut controls: Vec<Arc<MpsControl>> = s.control.take().into_iter().collect();
+    if let Some(mut standby) = s.standby.take() {
+        controls.push(standby.tear_down());
+    }
+    // The standby's directory is nested in the first daemon's (whichever is active now), which
+    // removes it when it made it: the nested one quits first, while its pipes still exist.
+    controls.sort_by_key(|c| std::cmp::Reverse(c.root().as_os_str().len()));
+    for control in controls {
+        control.quit();
+    }
+    *ACTIVE.lock() = None;
+}
+
+/// Takes the workers' news until `holds` does (true) or `deadline` passes (false), waking for
+/// each piece of news rather than polling.
+fn news_until(s: &mut Shared, deadline: Instant, holds: impl Fn(&Shared) -> bool) -> bool {
+    loop {
+        absorb(s);
+        if holds(s) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match s.news.as_ref().map(|n| n.recv_timeout(left)) {
+            Some(Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout)) => {}
+            // No news channel (cannot happen while the backend runs): watch by the clock.
+            _ => std::thread::sleep(left.min(Duration::from_millis(5))),
+        }
+    }
+}
+
+/// A refused life transition (a bug), as the contract's error naming the program.
+fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError {
+    BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
+}
+
+impl MpsBackend {
+    /// Starts the private daemon and the pool (each worker checked to be our client) before any program runs.
+    pub fn open(mailbox: &Mailbox, config: MpsConfig) -> Result<Self> {
+        let (client_limit, limit_source) = crate::pool::client_limit(mesh_cuda::driver::init().ok().map(|d| d.version));
+        if config.pool > client_limit {
+            return Err(BackendError::ClientLimit { asked: config.pool, limit: client_limit });
+        }
+        let standby = config.standby_size();
+        if config.pool + standby > client_limit {
+            return Err(BackendError::Invalid {
+                what: format!("--pool {} with --standby {standby}", config.pool),
+                reason: format!(
+                    "the pool and the standby would be {} MPS clients, more than this device's {client_limit} \
+                     ({limit_source}); lower --standby (it needs one worker per program that runs) or --pool",
+                    config.pool + standby
+                ),
+            });
+        }
+        let growth = client_limit - config.pool - standby;
+        tracing::info!(
+            "MPS clients: the pool uses {} and the standby {standby} of this device's {client_limit} ({limit_source}); \
+             up to {} program(s) run without creating a client, {}",
+            config.pool,
+            config.pool,
+            if config.pool_grow {
+                format!("and --pool-grow may create {growth} more (each stalls the running programs once)")
+            } else {
+                format!("{growth} more with --pool-grow")
+            }
+        );
+        let check_us = u64::try_from(config.kernel_check.as_micros()).unwrap_or(u64::MAX);
+        if !mesh_mps_worker::KERNEL_CHECK_RANGE_US.contains(&check_us) {
+            return Err(BackendError::Invalid {
+                what: format!("the MPS workers' kernel check period {check_us} µs"),
+                reason: format!(
+                    "must be {} to {} µs",
+                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.start(),
+                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.end()
+                ),
+            });
+        }
+        tracing::info!(
+            "MPS workers check a running kernel's stream every {check_us} µs (how soon a fault is heard, against each \
+             worker's CPU use); a worker silent for {} ms is replaced",
+            SILENCE_LIMIT.as_millis()
+        );
+        let device = Device::get(0)?;
+        // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
+        let uuid = match device.uuid() {
+            Ok(uuid) => Some(uuid),
+            Err(e) => {
+                tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0");
+                None
+            }
+        };
+        let pool = PoolFigures::default();
+        pool.open(config.pool, config.pool_grow, client_limit, limit_source);
+        if let Some(n) = config.sms {
+            device.sm_partitioning()?.check(n)?;
+        }
+        // Before the MPS daemon exists, so that it cannot become its client.
+        // MPS mode still starts without it: only device channels are then refused, saying why.
+        let rings = open_rings(&device);
+        let control = Arc::new(
+            MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid).with_kernel_check(config.kernel_check),
+        );
+        let (news, news_rx) = NewsSender::channel();
+        let shared = Arc::new(Mutex::new(Shared {
+            control: Some(control.clone()),
+            news: Some(news_rx),
+            rings,
+            ..Shared::default()
+        }));
+        let for_cleanup = shared.clone();
+        let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
+        *ACTIVE.lock() = Some(control.clone());
+        let cubins = control.root().join("cubins");
+        let built = std::fs::create_dir_all(&cubins)
+            .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| Jit::start(&device.arch()));
+        let jit = match built {
+            Ok(j) => j,
+            Err(e) => {
+                cleanup::run_one(cleanup_id);
+                pool.close();
+                return Err(e);
+            }
+        };
+        pool.publish(shared.lock().idle.len(), 0);
+        Ok(Self {
+            shared,
+            mailbox: mailbox.clone(),
+            jit,
+            device,
+            config,
+            cleanup_id,
+            cubins,
+            next_cubin: AtomicU64::new(0),
+            shut_down: false,
+            client_limit,
+            pool,
+            news,
+            silence: SilenceClock::new(),
+            board: RecoveryBoard::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock()
+    }
+
+    fn control(&self) -> Result<Arc<MpsControl>> {
+        self.lock().control.clone().ok_or(BackendError::ShutDown)
+    }
+
+    /// The private daemon's pipe directory.
+    pub fn pipe_dir(&self) -> Option<PathBuf> {
+        self.lock().control.as_ref().map(|c| c.pipe_dir())
+    }
+
+    /// Pids of the idle pool.
+    pub fn idle_workers(&self) -> Vec<u32> {
+        self.lock().idle.iter().map(Worker::pid).collect()
+    }
+
+    /// Refuses after shutdown; recovers from a GPU fault first if one happened since the watchdog
+    /// last looked (a change in a poisoned server would fail).
+    fn ready(&self) -> Result<()> {
+        if self.shut_down {
+            return Err(BackendError::ShutDown);
+        }
+        let failure = {
+            let mut s = self.lock();
+            absorb(&mut s);
+            s.programs.iter().filter(|p| on_watch(p)).find_map(|p| failed(&p.worker))
+        };
+        if let Some(error) = failure {
+            for line in self.recover(&error) {
+                tracing::warn!(target: "watchdog", "{line}");
+            }
+        }
+        Ok(())
+    }
+
+    fn status_of(&self, p: &Program, state: KernelState) -> ProgramStatus {
+        let sms = p.worker.asked_sms.map(|_| p.worker.ready.sms);
+        p.core.status(state.into(), slots::reading(&self.mailbox, p.core.slot), Some(p.worker.pid()), sms)
+    }
+}
+
+/// Whether the watchdog watches program `p`'s kernel: launched, not left stopped, not ended by itself.
+fn on_watch(p: &Program) -> bool {
+    relaunchable(p) && p.core.life.phase() == &Phase::Running
+}
+
+/// Whether a watched program's kernel has failed or its worker is gone, as the workers said up to
+/// now (their news taken in first): a recovery is due.
+fn fault_pending(s: &mut Shared) -> bool {
+    absorb(s);
+    s.programs.iter().any(|p| on_watch(p) && failed(&p.worker).is_some())
+}
+
+/// Whether a recovery relaunches `p`: not left stopped, not ended by itself (`mesh_exit`).
+fn relaunchable(p: &Program) -> bool {
+    p.core.life.relaunchable() && p.core.health.exited.is_none()
+}
+
+/// The error of a worker whose kernel failed or that is gone, as it last said (see [`absorb`]).
+fn failed(w: &Worker) -> Option<String> {
+    match w.kernel() {
+        KernelState::Failed { reason } => Some(reason),
+        _ => None,
+    }
+}
+
+impl Backend for MpsBackend {
+    fn mode(&self) -> IsolationMode {
+        IsolationMode::Mps
+    }
+
+    fn pool(&self) -> Option<PoolFigures> {
+        Some(self.pool.clone())
+    }
+
+    fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
+        self.load_program(spec)
+    }
+
+    fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
+        self.upgrade_program(name, image)
+    }
+
+    fn unload(&mut self, name: &str) -> Result<()> {
+        self.unload_program(name)
+    }
+
+    fn status(&self) -> Vec<ProgramStatus> {
+        let mut s = self.lock();
+        absorb(&mut s);
+        let states: Vec<KernelState> = s
+            .programs
+            .iter()
+            // A program left stopped has no kernel to speak of.
+            .map(|p| if on_watch(p) { p.worker.kernel() } else { KernelState::Idle })
+            .collect();
+        self.pool.publish(s.idle.len(), s.programs.len());
+        s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
+    }
+
+    fn watch(&mut self) -> Vec<String> {
+        self.watch_tick()
+    }
+
+    fn set_recovery_board(&mut self, board: RecoveryBoard) {
+        let heard = board.clone();
+        self.news.set_on_failure(Arc::new(move |pid, reason| {
+            heard.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new());
+        }));
+        self.board = board;
+    }
+
+    fn set_waker(&mut self, wake: mesh_backend::Waker) {
+        self.news.set_wake(wake);
+    }
+
+    fn take_events(&mut self) -> Vec<BackendEvent> {
+        std::mem::take(&mut self.lock().events)
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.shut_down {
+            return Ok(());
+        }
+        self.shut_down = true;
+        let programs: Vec<Program> = self.lock().programs.drain(..).collect();
+        for p in programs {
+            // A program that will not stop is cut off inside `stop`: nothing runs on afterwards.
+            if let Some(w) = self.stop(&p.core.name, p.core.slot, p.worker) {
+                w.exit();
+            }
+            let _ = slots::release(&self.mailbox, p.core.slot);
+        }
+        let idle: Vec<Worker> = self.lock().idle.drain(..).collect();
+        for w in idle {
+            w.exit();
+        }
+        cleanup::run_one(self.cleanup_id);
+        self.pool.close();
+        Ok(())
+    }
+
+    fn host_atomics(&self) -> bool {
+        self.device.host_atomics
+    }
+}
+
+impl Drop for MpsBackend {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
