@@ -8,7 +8,17 @@ from typing import Any
 import pytest
 
 import meshd
-from meshd.control import ChannelRow, Info, NativeRow, ProgramRow, decode_response, encode_request
+from meshd.control import (
+    PROGRAM_STATES,
+    ChannelRow,
+    Info,
+    NativeRow,
+    ProgramRow,
+    RecoveryRow,
+    decode_response,
+    encode_request,
+    state_name,
+)
 from conftest import GOLDEN
 
 IMAGE = b".version 8.0\n.target sm_90\n"
@@ -92,6 +102,22 @@ def test_answers_parse_into_the_typed_rows() -> None:
     assert (row["name"], row["worker_pid"], client.last_backend_us) == ("echo", 4242, None)
     assert decode_response((GOLDEN / "load.response").read_bytes())["backend_us"] == 125000
     assert Recorder("spawn").spawn("worker", ["x"])["pid"] == 31337
+
+
+def test_a_program_held_by_a_recovery_in_place_reads_as_recovering() -> None:
+    ps = Recorder("ps_recovering").ps()
+    echo, bystander = ps["programs"]
+    assert set(echo) <= keys(ProgramRow), f"fields the client does not describe: {set(echo) - keys(ProgramRow)}"
+    assert echo["state"] == "recovering" and state_name(echo["state"]) in PROGRAM_STATES
+    assert set(echo["recovery"]) == keys(RecoveryRow)
+    assert echo["recovery"]["reason"] == "the worker of bystander2 died (signal 9)"
+    assert (echo["recovery"]["since_unix_ms"], echo["recovery"]["elapsed_ms"]) == (1764748800000, 812)
+    assert bystander["state"] == "running" and "recovery" not in bystander, "only a held program carries one"
+    assert [state_name(s) for s in ("exited(3)", "faulted: CUDA_ERROR_ILLEGAL_ADDRESS", "recovering")] == [
+        "exited",
+        "faulted",
+        "recovering",
+    ]
 
 
 def test_a_refusal_raises_with_meshds_reason() -> None:

@@ -116,6 +116,15 @@ fn program(name: &str, slot: u32, fault: bool) -> Value {
     row
 }
 
+/// A program a recovery in place holds: `recovering`, with the recovery's reason and age.
+fn recovering(name: &str, slot: u32) -> Value {
+    let mut row = program(name, slot, false);
+    row["state"] = json!("recovering");
+    row["recovery"] = json!({"reason": "the worker of bystander2 died (signal 9)",
+                             "since_unix_ms": 1_764_748_800_000_u64, "elapsed_ms": 812});
+    row
+}
+
 fn native(name: &str) -> Value {
     json!({"name": name, "pid": 31337, "state": "running", "bind": ["to-gpu", "from-gpu"],
            "command": "./native-cuda --iterations 3", "isolation": "mps"})
@@ -144,6 +153,10 @@ fn response_cases() -> Vec<(&'static str, Value)> {
                    "natives": [native("worker")]}),
         ),
         ("ps_empty", json!({"ok": true, "programs": [], "natives": []})),
+        (
+            "ps_recovering",
+            json!({"ok": true, "programs": [recovering("echo", 0), program("bystander2", 1, false)], "natives": []}),
+        ),
         ("info", json!({"ok": true, "info": info})),
         ("spawn", json!({"ok": true, "natives": [native("worker")]})),
         ("metrics", json!({"ok": true, "metrics": "# TYPE meshd_up gauge\nmeshd_up 1\n"})),

@@ -26,6 +26,9 @@ __all__ = [
     "Client",
     "DEFAULT_SOCKET",
     "ProgramRow",
+    "RecoveryRow",
+    "PROGRAM_STATES",
+    "state_name",
     "NativeRow",
     "ChannelRow",
     "Info",
@@ -42,11 +45,34 @@ MAX_RESPONSE = 64 << 20
 Image = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 
+#: What a program's ``state`` says, without its detail (see :func:`state_name`). ``recovering``: a
+#: recovery in place (after a GPU fault or a dead MPS worker) has stopped it and not yet relaunched
+#: it; its row's ``recovery`` then says from what and for how long.
+PROGRAM_STATES = ("running", "recovering", "stopped", "exited", "faulted")
+
+
+def state_name(state: str) -> str:
+    """A state without its detail, as meshd's metrics label it: ``exited(3)`` → ``exited``, ``faulted: …`` → ``faulted``."""
+    for i, c in enumerate(state):
+        if c in "(: ":
+            return state[:i]
+    return state
+
+
+class RecoveryRow(TypedDict):
+    """The recovery in place that holds a program (a ``recovering`` row's ``recovery``)."""
+
+    reason: str
+    since_unix_ms: int
+    elapsed_ms: int
+
+
 class ProgramRow(TypedDict, total=False):
     """A program's row (``ps``, and the answer to ``load`` and ``upgrade``)."""
 
     name: str
     slot: int
+    #: running, recovering, stopped, exited(N) or faulted: … (:data:`PROGRAM_STATES`, :func:`state_name`)
     state: str
     generation: int
     heartbeat: int
@@ -59,6 +85,7 @@ class ProgramRow(TypedDict, total=False):
     last_fault: str
     last_fault_unix_ms: int
     stopped_why: str
+    recovery: RecoveryRow
 
 
 class NativeRow(TypedDict):
