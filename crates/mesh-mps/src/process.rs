@@ -75,3 +75,53 @@ pub fn kill(child: &SharedChild) {
 pub fn alive(child: &SharedChild) -> bool {
     child.try_wait().is_ok_and(|s| s.is_none())
 }
+
+/// Whether process `pid` is dying: the kernel began its exit (`PF_EXITING` in `/proc/PID/stat`'s
+/// flags), a SIGKILL is pending for it (`SigPnd`/`ShdPnd` in `/proc/PID/status`: one sent while it
+/// sat in an uninterruptible driver call), or it is gone. A SIGKILLed MPS client lingers in D state
+/// while the driver tears its context down (up to 2 s on the H200), its output not yet closed, so
+/// neither its pipe nor `waitpid` says it died: this does, at once.
+pub fn dying(pid: u32) -> bool {
+    /// The kernel's flag for a task in `do_exit` (include/linux/sched.h).
+    const PF_EXITING: u64 = 0x4;
+    /// SIGKILL's bit in a signal mask (signal 9: bit 8).
+    const SIGKILL_BIT: u64 = 1 << 8;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    // The command name (field 2) may hold spaces and parentheses: the fields after the last ')'.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    if fields.first().is_some_and(|state| matches!(*state, "Z" | "X" | "x")) {
+        return true;
+    }
+    if fields.get(6).and_then(|f| f.parse::<u64>().ok()).is_some_and(|flags| flags & PF_EXITING != 0) {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+    status.lines().filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:")).any(|l| {
+        l.split_once(':')
+            .and_then(|(_, mask)| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_is_not_dying_a_killed_or_vanished_one_is() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!dying(pid), "a sleeping child");
+        assert!(!dying(std::process::id()), "this test itself");
+        child.kill().unwrap();
+        // A zombie until reaped: dying.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !dying(pid) {
+            assert!(std::time::Instant::now() < deadline, "a SIGKILLed child never showed as dying");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(dying(pid), "a reaped child is gone");
+    }
+}

@@ -536,9 +536,17 @@ impl Worker {
     }
 
     /// Whether it died without first saying that its kernel failed: killed from outside (the OOM
-    /// killer, an operator) or crashed, not a program that faulted.
+    /// killer, an operator) or crashed, not a program that faulted. Its output ended, or the kernel
+    /// says it is exiting or has a SIGKILL pending ([`crate::process::dying`]): a SIGKILLed client
+    /// lingers while the driver tears its context down, and the other clients report the fault its
+    /// death caused before its pipe closes (seen on the H200: a search by halves then followed).
     pub fn died_unreported(&self) -> bool {
-        self.output_ended && self.failed_at.is_none()
+        self.failed_at.is_none() && (self.output_ended || crate::process::dying(self.pid()))
+    }
+
+    /// Whether it said its kernel failed or died: nothing of it runs on.
+    pub fn failed_or_dead(&self) -> bool {
+        matches!(self.kernel(), KernelState::Failed { .. }) || self.died_unreported()
     }
 
     /// Why it is no longer spoken to, if it is not.

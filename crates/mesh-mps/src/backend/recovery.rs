@@ -110,6 +110,12 @@ impl MpsBackend {
         );
         // The first worker to see the fault, and when (its own clock reading, not meshd's).
         let first_seen = s.programs.iter().filter_map(|p| p.worker.failed_at().map(|t| (t, p.worker.pid()))).min();
+        // Every worker says its kernel failed within some 40 ms of the first (H200); one that died
+        // says nothing, and is seen dying. Waited for (at most FAULT_SPREAD) before the evidence is
+        // read, so that a death is never mistaken for a fault to search by halves.
+        news_until(&mut s, Instant::now() + FAULT_SPREAD, |s| {
+            s.programs.iter().filter(|p| on_watch(p)).all(|p| p.worker.failed_or_dead())
+        });
         let evidence = self.evidence(&mut s, &control, started);
         // Only a list that answers and lacks our server says it went away.
         let server_gone = control.servers().is_ok_and(|servers| {

@@ -45,7 +45,7 @@ pub(super) fn start_standby(
 /// then no kernel of the faulted server runs on, and the programs may move to the standby at once.
 fn every_kernel_failed(s: &mut Shared) -> bool {
     news_until(s, Instant::now() + FAULT_SPREAD, |s| {
-        s.programs.iter().filter(|p| on_watch(p)).all(|p| failed(&p.worker).is_some())
+        s.programs.iter().filter(|p| on_watch(p)).all(|p| p.worker.failed_or_dead())
     })
 }
 
