@@ -7,9 +7,13 @@
 //! fault once the new standby is ready (the roles swapped back). The first GPU run (2026-12-03) used
 //! `--pool 2` for nine programs (a refused load); the pool now holds every program of the case.
 
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use mesh_gpu_tests::chaos::{Got, endpoint_in_log, http_get};
 use mesh_gpu_tests::harness::{Meshd, mps_membership};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 
@@ -39,7 +43,16 @@ fn gap(d: &Meshd, name: &str) -> u32 {
 fn start(dir: &Path, pool: u32, standby: Option<u32>) -> Meshd {
     let mps = dir.join("mps");
     let (pool, k) = (pool.to_string(), standby.map(|k| k.to_string()));
-    let mut args = vec!["--isolation", "mps", "--pool", &pool, "--mps-dir", mps.to_str().unwrap()];
+    let mut args = vec![
+        "--isolation",
+        "mps",
+        "--pool",
+        &pool,
+        "--mps-dir",
+        mps.to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
     if let Some(k) = &k {
         args.extend(["--standby", k]);
     }
@@ -76,9 +89,42 @@ fn an_idle_standby_costs_a_running_program_nothing() {
     assert!(with > 0 && without > 0, "both runs beat");
 }
 
+/// Seconds since midnight UTC of a log line's leading RFC 3339 timestamp (`2026-12-03T18:30:07.266803Z`).
+fn log_time_of_day(line: &str) -> Option<f64> {
+    let t = line.split_once('T')?.1.split_once('Z')?.0;
+    let mut parts = t.split(':');
+    let (h, m, sec) = (parts.next()?.parse::<f64>().ok()?, parts.next()?.parse::<f64>().ok()?, parts.next()?);
+    Some(h * 3600.0 + m * 60.0 + sec.parse::<f64>().ok()?)
+}
+
+fn time_of_day_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() % 86_400.0)
+}
+
+/// Polls `/readyz` every 2 ms until `stop`; returns the time of day of every answer that turned it
+/// from 200 to 503.
+fn turns_to_503(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<f64>> {
+    std::thread::spawn(move || {
+        let mut turns = Vec::new();
+        let mut was_503 = false;
+        while !stop.load(Ordering::Relaxed) {
+            let is_503 = matches!(http_get(addr, "/readyz", Duration::from_secs(2)), Got::Status(503));
+            if is_503 && !was_503 {
+                turns.push(time_of_day_now());
+            }
+            was_503 = is_503;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        turns
+    })
+}
+
 /// Loads the bystanders and a faulting program; waits until the fault is noticed and every bystander
-/// runs again; returns the largest outage a bystander saw, ns.
+/// runs again; returns the largest outage a bystander saw, ns. Also prints how long after meshd
+/// heard the fault (its reader thread's log line) `/readyz` first answered 503 (the goal: 50 ms).
 fn fault_round(d: &Meshd, fault: &str) -> u32 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = endpoint_in_log(&d.log_text()).0.map(|addr| turns_to_503(addr, stop.clone()));
     d.ok(&["load", fault, &ptx_file("fault")]);
     let recovered = wait_until(Duration::from_secs(30), || {
         let rows = rows(d);
@@ -90,6 +136,19 @@ fn fault_round(d: &Meshd, fault: &str) -> u32 {
         faulted && all
     });
     assert!(recovered, "the fault was recovered from\n{}", d.log_text());
+    stop.store(true, Ordering::Relaxed);
+    let turns = poller.and_then(|p| p.join().ok()).unwrap_or_default();
+    let log = d.log_text();
+    let heard = log.lines().filter(|l| l.contains("says its kernel failed")).rev().find_map(log_time_of_day);
+    // The first turn to 503 at or after meshd heard it (a 1 ms margin for the two clocks' rounding).
+    let first = heard.and_then(|h| turns.iter().copied().find(|&t| t >= h - 0.001));
+    match (heard, first) {
+        (Some(h), Some(f)) => eprintln!(
+            "/readyz answered 503 {:.1} ms after meshd heard the fault of {fault} (goal <= 50 ms)",
+            (f - h) * 1e3
+        ),
+        _ => eprintln!("/readyz 503 not timed for {fault}: heard {heard:?}, first 503 {first:?}"),
+    }
     // Each bystander's first iteration after its relaunch ends its outage: wait for them to beat.
     std::thread::sleep(Duration::from_millis(300));
     (0..BYSTANDERS).map(|i| gap(d, &format!("b{i}"))).max().unwrap()

@@ -77,7 +77,8 @@ impl RecoveryBoard {
 
     /// A recovery in place begins: `programs` show as recovering from now on. A recovery already
     /// under way (a search by halves' next fault) keeps its start and gains the programs named.
-    pub fn begin(&self, reason: impl Into<String>, programs: impl IntoIterator<Item = String>) {
+    /// Returns whether this began a new one (false: one was under way).
+    pub fn begin(&self, reason: impl Into<String>, programs: impl IntoIterator<Item = String>) -> bool {
         let mut b = self.0.lock();
         match b.current.as_mut() {
             Some(c) => {
@@ -86,6 +87,7 @@ impl RecoveryBoard {
                         c.programs.push(p);
                     }
                 }
+                false
             }
             None => {
                 b.begun += 1;
@@ -95,6 +97,7 @@ impl RecoveryBoard {
                     since: Instant::now(),
                     since_unix_ns: unix_ns(),
                 });
+                true
             }
         }
     }

@@ -494,7 +494,11 @@ impl Backend for MpsBackend {
     fn set_recovery_board(&mut self, board: RecoveryBoard) {
         let heard = board.clone();
         self.news.set_on_failure(Arc::new(move |pid, reason| {
-            heard.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new());
+            // Logged from the reader thread, at the moment meshd hears it: the time every probe's
+            // answer (/readyz 503) is measured from.
+            if heard.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new()) {
+                tracing::warn!(target: "watchdog", "MPS worker {pid} says its kernel failed ({reason}): a recovery in place begins");
+            }
         }));
         self.board = board;
     }
