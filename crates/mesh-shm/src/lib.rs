@@ -54,6 +54,7 @@ pub mod claim;
 pub mod copy;
 pub mod device_header;
 pub mod error;
+pub mod fanin;
 pub mod index_ring;
 pub mod indices;
 pub mod layout;
