@@ -123,6 +123,13 @@ pub enum FanInCorrupt {
         /// The consumer's position read.
         tail: u64,
     },
+    /// The slot the cursor points at was never reserved in its previous lap.
+    Owner {
+        /// The cursor read.
+        seq: u64,
+        /// The slot's ownership word.
+        word: u64,
+    },
     /// A slot whose header words carry the right tag has a kind no producer writes.
     Kind {
         /// The message's sequence number.
@@ -371,8 +378,14 @@ impl FanInProducer {
                     return Ok(None);
                 }
             }
-            if own.ticket != want.wrapping_sub(1) & ring.ticket_mask {
-                continue; // a later lap holds the slot: our cursor read is stale
+            let prev = want.wrapping_sub(1) & ring.ticket_mask;
+            if own.ticket != prev {
+                // A later lap holds the slot: our cursor read is stale. An earlier one cannot: the
+                // cursor at `seq` means `seq - capacity` was reserved, and tickets only grow.
+                if prev.wrapping_sub(own.ticket) & ring.ticket_mask <= ring.ticket_mask / 2 {
+                    return Err(FanInCorrupt::Owner { seq, word: cur });
+                }
+                continue;
             }
             if !own.state.is_final() {
                 // The previous lap was consumed but its producer has not finished (it is between its
@@ -878,6 +891,11 @@ mod tests {
         assert_eq!(take(&mut c, 8).unwrap().1, msg(8, 1, 2));
         heap.ring.cursor().store(100, Ordering::Relaxed);
         assert_eq!(p.try_send(&[1]), Err(FanInCorrupt::Indices { next: 100, tail: 1 }));
+        heap.ring.cursor().store(2, Ordering::Relaxed);
+        let behind = Ownership { ticket: TICKET_MASK, state: OwnState::Done, owner: 0 }.word();
+        heap.ring.owner_word(2).store(behind, Ordering::Relaxed);
+        let refused = p.try_send(&[1]);
+        assert_eq!(refused, Err(FanInCorrupt::Owner { seq: 2, word: behind }), "seq 2's slot missed a lap");
         heap.ring.words(1)[0].store(u64::from(tag(1)) << 32, Ordering::Relaxed);
         heap.ring.words(1)[1].store(u64::from(tag(1)) << 32 | 7, Ordering::Relaxed);
         let mut out = [0u8; 8];
