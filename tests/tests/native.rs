@@ -189,10 +189,12 @@ fn native_worker_that_never_says_ready_is_refused() {
     assert!(ps_line(&m, "mute").is_none());
 }
 
-/// The native worker `name` as `ps --json` lists it: (pid, state, bindings, command).
+/// The native worker `name` as `ps --json` lists it: (pid, state, bindings, command). `ps --json` is
+/// one array, the programs' rows then the native workers' marked `"native": true` (the first GPU run
+/// of this test, 2026-12-03 session 4, found it reading a `natives` key that `ps --json` never had).
 fn native_row(m: &Meshd, name: &str) -> Option<(u64, String, Vec<String>, String)> {
     let v: serde_json::Value = serde_json::from_str(&m.ok(&["ps", "--json"])).ok()?;
-    let row = v["natives"].as_array()?.iter().find(|n| n["name"] == name)?.clone();
+    let row = v.as_array()?.iter().find(|n| n["native"] == true && n["name"] == name)?.clone();
     let binds = row["bind"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_string)).collect();
     Some((row["pid"].as_u64()?, row["state"].as_str()?.to_string(), binds, row["command"].as_str()?.to_string()))
 }
