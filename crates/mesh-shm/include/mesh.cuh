@@ -73,6 +73,8 @@
 //         const uint32_t words = out.msg_size / 4u;       // check out.msg_size == in.msg_size != 0
 //         bool waiting = false;                           // a fresh request first, after any relaunch
 //         uint32_t seq = 0;                               // the request in flight
+//         uint32_t repeats = 0, errors = 0;               // report them with mesh_user_store if you like
+//         // work(seq, i): your request's word i; use(rep): your handling of the answer
 //         while (!mesh_should_stop(ctx)) {
 //             if (!waiting) {
 //                 const uint32_t next = (uint32_t)out.mine;
