@@ -24,9 +24,57 @@ pub struct CopyConfig {
 }
 
 impl Default for CopyConfig {
+    /// One thread, plain stores: the explicit setting of a caller that wants no helper threads. The
+    /// ends' own default ([`crate::BulkProducer::claim`], [`crate::BulkConsumer::claim`]) is
+    /// [`CopyConfig::for_msg_size`].
     fn default() -> Self {
         Self { threads: 1, min_part: 256 << 10, non_temporal: false }
     }
+}
+
+/// Below this message size one thread copies (a hand-off to a helper costs microseconds).
+pub const SPLIT_FROM: usize = 256 << 10;
+/// From this message size the copy is bound by DRAM, not by one core's stores.
+pub const LARGE_FROM: usize = 4 << 20;
+
+impl CopyConfig {
+    /// How the host ends copy messages of `msg_size` bytes by default (what `claim` uses), chosen
+    /// from the H200 machine's host↔GPU figures (BENCHMARKS.md, "Bulk channels, host ends by size"):
+    ///
+    /// * below [`SPLIT_FROM`] (64 KiB messages): one thread, streaming stores: host→GPU 64 KiB
+    ///   12.9-13.1 GB/s streaming against 8.7-9.1 plain; a helper's hand-off is not worth it;
+    /// * [`SPLIT_FROM`] to [`LARGE_FROM`] (1 MiB): two threads, plain stores: 31.1-32.4 GB/s host→GPU
+    ///   against 14.2-15.0 with one thread, 28.7-30.2 with two streaming, 28.1-33.0 with four;
+    ///   GPU→host copy-out 20.9-29.2 against 14.9-15.1;
+    /// * from [`LARGE_FROM`] (16 MiB): four threads, streaming stores: the source and the ring no
+    ///   longer fit in the caches, so the copy is bound by how many misses the cores keep in flight
+    ///   (more threads) and by the read-for-ownership of every ring line (streaming stores skip it).
+    ///   Not yet measured on the GPU machine (docs/gpu-runs/PENDING.md, issue 24).
+    ///
+    /// Threads never exceed the CPUs this process may run on. A consumer's copy-out always uses
+    /// plain stores (its destination is the caller's buffer), with the same threads.
+    pub fn for_msg_size(msg_size: usize) -> Self {
+        Self::for_msg_size_on(msg_size, available_cpus())
+    }
+
+    /// [`CopyConfig::for_msg_size`] on a machine of `cpus` CPUs.
+    pub fn for_msg_size_on(msg_size: usize, cpus: usize) -> Self {
+        let (threads, min_part, non_temporal) = if msg_size < SPLIT_FROM {
+            (1, SPLIT_FROM, true)
+        } else if msg_size < LARGE_FROM {
+            // Two shares of a 1 MiB message, one share of anything below 2 × 128 KiB.
+            (2, 128 << 10, false)
+        } else {
+            (4, 1 << 20, true)
+        };
+        Self { threads: threads.min(cpus.max(1)), min_part, non_temporal }
+    }
+}
+
+/// CPUs this process may run on (1 when the system cannot say), read once.
+fn available_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
 }
 
 /// One share of a copy, handed to a helper thread as addresses.
@@ -228,6 +276,55 @@ mod tests {
                     assert!(dst[offset + 32 + len..].iter().all(|&b| b == 0xee), "nothing written past the range");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_default_by_size_follows_the_measured_table() {
+        let at = |size, cpus| {
+            let c = CopyConfig::for_msg_size_on(size, cpus);
+            (c.threads, c.non_temporal)
+        };
+        // 64 KiB: one thread, streaming; 1 MiB: two threads, plain; 16 MiB: four threads, streaming.
+        assert_eq!(at(64 << 10, 16), (1, true));
+        assert_eq!(at(SPLIT_FROM - 16, 16), (1, true));
+        assert_eq!(at(SPLIT_FROM, 16), (2, false));
+        assert_eq!(at(1 << 20, 16), (2, false));
+        assert_eq!(at(LARGE_FROM - 16, 16), (2, false));
+        assert_eq!(at(LARGE_FROM, 16), (4, true));
+        assert_eq!(at(16 << 20, 16), (4, true));
+        // Never more threads than CPUs, and at least one.
+        assert_eq!(at(1 << 20, 2), (2, false));
+        assert_eq!(at(16 << 20, 2), (2, true));
+        assert_eq!(at(16 << 20, 1), (1, true));
+        assert_eq!(at(16 << 20, 0), (1, true));
+        let auto = CopyConfig::for_msg_size(1 << 20);
+        assert!((1..=2).contains(&auto.threads) && !auto.non_temporal);
+    }
+
+    #[test]
+    fn a_1_mib_message_is_split_in_two_and_a_small_one_is_not() {
+        // The shares the copy makes: len / min_part, clamped to the threads.
+        let parts = |size: usize, len: usize| {
+            let c = CopyConfig::for_msg_size_on(size, 16);
+            (len / c.min_part.max(4096)).clamp(1, c.threads)
+        };
+        assert_eq!(parts(1 << 20, 1 << 20), 2);
+        assert_eq!(parts(1 << 20, 200 << 10), 1, "a short message in a 1 MiB channel: one share");
+        assert_eq!(parts(16 << 20, 16 << 20), 4);
+        assert_eq!(parts(16 << 20, 2 << 20), 2);
+        assert_eq!(parts(64 << 10, 64 << 10), 1);
+    }
+
+    #[test]
+    fn every_default_by_size_copies_every_byte() {
+        for size in [64 << 10, 1 << 20, 5 << 20] {
+            let mut copier = Copier::new(CopyConfig::for_msg_size_on(size, 4)).unwrap();
+            let src = pattern(size, 7);
+            let mut dst = vec![0u8; size];
+            // SAFETY: both ranges lie in their vectors and are disjoint.
+            unsafe { copier.copy(dst.as_mut_ptr(), src.as_ptr(), size, true) };
+            assert!(dst == src, "{size} B");
         }
     }
 
