@@ -1,7 +1,9 @@
 //! The Rust peer of the Python package's tests and benchmark: makes mailboxes, produces, consumes and echoes sequence-numbered messages, and serves the control socket over a stand-in backend.
 //!
 //! ```text
-//! peer mailbox PATH NAME:MSG_SIZE:CAPACITY...   a new mailbox (replacing any file) with these channels
+//! peer mailbox PATH [--size BYTES] NAME:MSG_SIZE:CAPACITY[:PROTOCOL]...
+//!                                               a new mailbox (replacing any file; 64 MiB unless --size) with
+//!                                               these channels (protocol ll, bulk or index; by size if left out)
 //! peer bump-version PATH                        make PATH a mailbox of the next layout version
 //! peer produce PATH CHANNEL COUNT [--from-head] [--first-word]
 //!                                               COUNT messages numbered from 0 (or from the channel's head;
@@ -17,13 +19,17 @@
 //!
 //! A message numbered `n` carries `n` as a little-endian u64 in its first 8 bytes, and every further
 //! 8-byte word holds `n ^ word_index`, so a byte out of place anywhere is caught. Counts and timings
-//! go to stdout as `key value` lines for the Python side to read.
+//! go to stdout as `key value` lines for the Python side to read. `produce`, `consume` and `echo` take
+//! a channel of any protocol: a bulk channel's ends are mesh-shm's `BulkProducer`/`BulkConsumer` with
+//! their default copy settings (the Rust host end the Python one is measured against).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Producer};
+use mesh_shm::{
+    BulkConsumer, BulkProducer, Consumer, CreateMode, Mailbox, MailboxConfig, Placement, Producer, Protocol,
+};
 
 /// How long a blocking call may wait before the peer gives up (a test's deadline, not a measurement).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -59,13 +65,100 @@ fn check(msg: &[u8]) -> Option<u64> {
     (1..msg.len() / 8).all(|i| word(i) == n ^ i as u64).then_some(n)
 }
 
-fn make_mailbox(path: &Path, channels: &[&str]) -> Result<()> {
-    let config = MailboxConfig { size: 64 << 20, slots: 8, channels: 16 };
+/// A producer end of any protocol.
+enum Tx {
+    Ring(Producer),
+    Bulk(BulkProducer),
+}
+
+impl Tx {
+    fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        Ok(match mailbox.channel(name)?.protocol {
+            Protocol::Bulk => Tx::Bulk(BulkProducer::claim(mailbox, name)?),
+            _ => Tx::Ring(Producer::claim(mailbox, name)?),
+        })
+    }
+
+    fn msg_size(&self) -> usize {
+        match self {
+            Tx::Ring(p) => p.info().msg_size as usize,
+            Tx::Bulk(p) => p.info().msg_size as usize,
+        }
+    }
+
+    fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<()> {
+        match self {
+            Tx::Ring(p) => p.send(msg, timeout)?,
+            Tx::Bulk(p) => p.send(msg, timeout)?,
+        }
+        Ok(())
+    }
+}
+
+/// A consumer end of any protocol.
+enum Rx {
+    Ring(Consumer),
+    Bulk(BulkConsumer),
+}
+
+impl Rx {
+    fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        Ok(match mailbox.channel(name)?.protocol {
+            Protocol::Bulk => Rx::Bulk(BulkConsumer::claim(mailbox, name)?),
+            _ => Rx::Ring(Consumer::claim(mailbox, name)?),
+        })
+    }
+
+    fn msg_size(&self) -> usize {
+        match self {
+            Rx::Ring(c) => c.info().msg_size as usize,
+            Rx::Bulk(c) => c.info().msg_size as usize,
+        }
+    }
+
+    fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
+        match self {
+            Rx::Ring(c) => c.recv(out, timeout)?,
+            Rx::Bulk(c) => c.recv(out, timeout)?,
+        }
+        Ok(())
+    }
+
+    /// At least one message into `out` (a multiple of the message size); how many. A bulk end takes one.
+    fn recv_batch(&mut self, out: &mut [u8], timeout: Duration) -> Result<usize> {
+        match self {
+            Rx::Ring(c) => Ok(c.recv_batch(out, timeout)?),
+            Rx::Bulk(c) => {
+                let size = c.info().msg_size as usize;
+                c.recv(&mut out[..size], timeout)?;
+                Ok(1)
+            }
+        }
+    }
+}
+
+fn make_mailbox(path: &Path, args: &[&str]) -> Result<()> {
+    let (size, channels) = match args {
+        ["--size", bytes, rest @ ..] => (bytes.parse()?, rest),
+        rest => (64 << 20, rest),
+    };
+    let config = MailboxConfig { size, slots: 8, channels: 16 };
     let mailbox = Mailbox::create(path, &config, CreateMode::Replace)?;
     for spec in channels {
         let parts: Vec<&str> = spec.split(':').collect();
-        let [name, size, cap] = parts.as_slice() else { bail!("channel {spec:?}: expected NAME:MSG_SIZE:CAPACITY") };
-        mailbox.create_channel(name, size.parse()?, cap.parse()?)?;
+        let (name, size, cap, protocol) = match parts.as_slice() {
+            [name, size, cap] => (name, size.parse()?, cap.parse()?, None),
+            [name, size, cap, p] => (name, size.parse()?, cap.parse()?, Some(*p)),
+            _ => bail!("channel {spec:?}: expected NAME:MSG_SIZE:CAPACITY[:PROTOCOL]"),
+        };
+        let protocol = match protocol {
+            None => Protocol::default_for(size),
+            Some("ll") => Protocol::Ll,
+            Some("bulk") => Protocol::Bulk,
+            Some("index") => Protocol::Index,
+            Some(other) => bail!("channel {spec:?}: protocol {other:?} is none of ll, bulk, index"),
+        };
+        mailbox.create_channel_with(name, size, cap, Placement::Host, protocol)?;
     }
     println!("ready");
     Ok(())
@@ -82,10 +175,10 @@ fn bump_version(path: &Path) -> Result<()> {
 
 fn produce(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> {
     let mailbox = Mailbox::open(path)?;
-    let mut tx = Producer::claim(&mailbox, channel)?;
+    let mut tx = Tx::claim(&mailbox, channel)?;
     let first = if opts.contains(&"--from-head") { mailbox.channel(channel)?.head } else { 0 };
     let first_word = opts.contains(&"--first-word");
-    let mut msg = vec![0u8; tx.info().msg_size as usize];
+    let mut msg = vec![0u8; tx.msg_size()];
     println!("first {first}");
     let start = Instant::now();
     for n in first..first + count {
@@ -103,16 +196,18 @@ fn produce(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
 
 fn consume(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> {
     let mailbox = Mailbox::open(path)?;
-    let mut rx = Consumer::claim(&mailbox, channel)?;
+    let mut rx = Rx::claim(&mailbox, channel)?;
     let first_word = opts.contains(&"--first-word");
     let mut next = if opts.contains(&"--from-tail") { mailbox.channel(channel)?.tail } else { 0 };
-    let size = rx.info().msg_size as usize;
-    // Batches of up to 64 messages: the consumer keeps up with any producer, as a real one would.
-    let mut buf = vec![0u8; size * 64];
+    let size = rx.msg_size();
+    // Batches of up to 64 messages (at most 4 MiB): the consumer keeps up with any producer, as a real
+    // one would.
+    let batch = ((4 << 20) / size).clamp(1, 64);
+    let mut buf = vec![0u8; size * batch];
     let mut got = 0;
     let mut start = None;
     while got < count {
-        let want = usize::try_from(count - got).unwrap_or(usize::MAX).min(64);
+        let want = usize::try_from(count - got).unwrap_or(usize::MAX).min(batch);
         let n = rx.recv_batch(&mut buf[..want * size], PATIENCE)?;
         start.get_or_insert_with(Instant::now);
         for msg in buf[..n * size].chunks_exact(size) {
@@ -132,9 +227,9 @@ fn consume(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> 
 
 fn echo(path: &Path, input: &str, output: &str, count: u64) -> Result<()> {
     let mailbox = Mailbox::open(path)?;
-    let mut rx = Consumer::claim(&mailbox, input)?;
-    let mut tx = Producer::claim(&mailbox, output)?;
-    let mut msg = vec![0u8; rx.info().msg_size as usize];
+    let mut rx = Rx::claim(&mailbox, input)?;
+    let mut tx = Tx::claim(&mailbox, output)?;
+    let mut msg = vec![0u8; rx.msg_size()];
     println!("ready");
     for _ in 0..count {
         rx.recv(&mut msg, PATIENCE)?;

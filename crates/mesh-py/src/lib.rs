@@ -3,16 +3,22 @@
 //! Host memory only: nothing here touches CUDA, so importing the package never makes the process a
 //! CUDA (or MPS) client. Messages go straight between Python buffers and the ring: `send` reads any
 //! C-contiguous buffer in place (bytes, bytearray, memoryview, numpy arrays), `recv_into` writes into
-//! a writable one, `recv` fills a new `bytes` object directly.
+//! a writable one, `recv` fills a new `bytes` object directly. One `Producer` and one `Consumer` class
+//! serve every protocol: the end reads the channel's (ll and index: mesh-shm's `Producer`/`Consumer`;
+//! bulk: [`bulk`]'s ends, which also lend a slot in place as a `SlotView`).
 //!
 //! Blocking calls release the GIL and come back for it every [`SIGNAL_CHECK`] to let Python run its
 //! signal handlers (Ctrl-C raises `KeyboardInterrupt` there); the `try_` calls keep the GIL, since
 //! releasing it costs more than one attempt. Errors are the classes of `meshd._errors`, one per
 //! mesh-shm error kind, carrying mesh-shm's own text.
 
+mod bulk;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_shm::{ChannelInfo, Consumer, Mailbox, Producer, ShmError};
+use bulk::{BulkRx, BulkTx, Lent, PyCopyConfig, SlotView};
+use mesh_shm::{ChannelInfo, Consumer, Mailbox, Producer, Protocol, ShmError};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -324,14 +330,27 @@ impl PyMailbox {
         self.inner.channel(name).map(PyChannelInfo::from).map_err(|e| shm_err(py, e))
     }
 
-    /// Claims the producer end of channel `name`.
-    fn producer(&self, py: Python<'_>, name: &str) -> PyResult<PyProducer> {
-        PyProducer::new(py, self, name)
+    /// Claims the producer end of channel `name`, whatever its protocol (`copy_config`: a bulk
+    /// channel's copy settings; None: Rust's defaults).
+    #[pyo3(signature = (name, copy_config=None))]
+    fn producer(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        copy_config: Option<PyRef<'_, PyCopyConfig>>,
+    ) -> PyResult<PyProducer> {
+        PyProducer::new(py, self, name, copy_config)
     }
 
-    /// Claims the consumer end of channel `name`.
-    fn consumer(&self, py: Python<'_>, name: &str) -> PyResult<PyConsumer> {
-        PyConsumer::new(py, self, name)
+    /// Claims the consumer end of channel `name`, whatever its protocol.
+    #[pyo3(signature = (name, copy_config=None))]
+    fn consumer(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        copy_config: Option<PyRef<'_, PyCopyConfig>>,
+    ) -> PyResult<PyConsumer> {
+        PyConsumer::new(py, self, name, copy_config)
     }
 
     fn __repr__(&self) -> String {
@@ -339,30 +358,128 @@ impl PyMailbox {
     }
 }
 
-/// The sending end of a channel, claimed for this process until closed.
+/// A channel's protocol as Python names it.
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Bulk => "bulk",
+        Protocol::Index => "index",
+        _ => "ll",
+    }
+}
+
+/// The refusal of an in-place view on a channel whose format has none.
+fn no_views(name: &str, protocol: Protocol, op: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "channel {name:?}: {op} lends a slot in place, which only bulk channels have (protocol {protocol} \
+         interleaves its own words with the payload or reuses slots as it goes); use send / recv_into"
+    ))
+}
+
+/// The refusal of a call on an end that lent a slot not yet given back.
+fn busy(name: &str, lent: &Lent, what: &str) -> PyErr {
+    PyBufferError::new_err(format!(
+        "channel {name:?}: a {what} is still open ({} export(s) live); give it back first \
+         (leave its with block, or call publish / discard / release)",
+        lent.exports()
+    ))
+}
+
+/// A producer's ring end, by the channel's protocol.
+#[derive(Debug)]
+enum TxEnd {
+    /// Protocols ll and index: mesh-shm's `Producer`.
+    Ring(Producer),
+    /// Protocol bulk.
+    Bulk(BulkTx),
+}
+
+/// The sending end of a channel (any protocol), claimed for this process until closed.
 #[pyclass(name = "Producer", module = "meshd")]
 #[derive(Debug)]
 struct PyProducer {
-    inner: Option<Producer>,
+    inner: Option<TxEnd>,
     name: String,
     msg_size: u32,
     capacity: u32,
+    protocol: Protocol,
+    mailbox: Mailbox,
+    /// The slot lent to a `send_view`, until it is given back.
+    lent: Option<Arc<Lent>>,
 }
 
 impl PyProducer {
-    fn end(&mut self) -> PyResult<&mut Producer> {
+    fn end(&mut self) -> PyResult<&mut TxEnd> {
+        if let Some(lent) = &self.lent {
+            return Err(busy(&self.name, lent, "send_view"));
+        }
         let name = &self.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: producer is closed")))
+    }
+
+    /// The view `lent` is given back: published (`publish`) or discarded.
+    pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, publish: bool) {
+        if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
+            if let (true, Some(TxEnd::Bulk(b))) = (publish, self.inner.as_mut()) {
+                b.publish();
+            }
+            self.lent = None;
+        }
+        lent.finish();
+    }
+
+    /// A view of the next slot, if `reserve` finds one.
+    fn lend(slf: &Bound<'_, Self>, addr: usize) -> PyResult<SlotView> {
+        let mut this = slf.borrow_mut();
+        let lent = Arc::new(Lent::default());
+        let mailbox = this.mailbox.clone();
+        let Some(TxEnd::Bulk(b)) = this.inner.as_ref() else { unreachable!("lend follows a bulk reserve") };
+        let view = SlotView::for_producer(slf.clone().unbind(), lent.clone(), addr, b, mailbox);
+        this.lent = Some(lent);
+        Ok(view)
+    }
+
+    fn bulk_for_view(&mut self, op: &str) -> PyResult<&mut BulkTx> {
+        let (name, protocol) = (self.name.clone(), self.protocol);
+        match self.end()? {
+            TxEnd::Bulk(b) => Ok(b),
+            TxEnd::Ring(_) => Err(no_views(&name, protocol, op)),
+        }
     }
 }
 
 #[pymethods]
 impl PyProducer {
+    /// Claims the producer end of channel `name`, whatever its protocol. `copy_config` (bulk
+    /// channels): how messages are copied into the ring; None: Rust's defaults.
     #[new]
-    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str) -> PyResult<Self> {
-        let p = Producer::claim(&mailbox.inner, name).map_err(|e| shm_err(py, e))?;
-        let (name, msg_size, capacity) = (p.info().name.clone(), p.info().msg_size, p.info().capacity);
-        Ok(Self { inner: Some(p), name, msg_size, capacity })
+    #[pyo3(signature = (mailbox, name, copy_config=None))]
+    fn new(
+        py: Python<'_>,
+        mailbox: &PyMailbox,
+        name: &str,
+        copy_config: Option<PyRef<'_, PyCopyConfig>>,
+    ) -> PyResult<Self> {
+        let mb = &mailbox.inner;
+        let info = mb.channel(name).map_err(|e| shm_err(py, e))?;
+        let inner = if info.protocol == Protocol::Bulk {
+            let config = copy_config.map_or_else(mesh_shm::CopyConfig::default, |c| c.inner);
+            TxEnd::Bulk(BulkTx::claim(mb, name, config).map_err(|e| shm_err(py, e))?)
+        } else {
+            TxEnd::Ring(Producer::claim(mb, name).map_err(|e| shm_err(py, e))?)
+        };
+        let info = match &inner {
+            TxEnd::Ring(p) => p.info(),
+            TxEnd::Bulk(b) => b.info(),
+        };
+        Ok(Self {
+            name: info.name.clone(),
+            msg_size: info.msg_size,
+            capacity: info.capacity,
+            protocol: info.protocol,
+            inner: Some(inner),
+            mailbox: mb.clone(),
+            lent: None,
+        })
     }
 
     /// The channel's name.
@@ -383,11 +500,30 @@ impl PyProducer {
         self.capacity
     }
 
+    /// The channel's protocol: "ll", "bulk" or "index".
+    #[getter]
+    fn protocol(&self) -> &'static str {
+        protocol_name(self.protocol)
+    }
+
+    /// How a bulk end copies (None for ll and index channels, whose ends copy word by word).
+    #[getter]
+    fn copy_config(&self) -> Option<PyCopyConfig> {
+        match self.inner.as_ref()? {
+            TxEnd::Bulk(b) => Some(PyCopyConfig { inner: b.copy_config() }),
+            TxEnd::Ring(_) => None,
+        }
+    }
+
     /// Sends one message (any C-contiguous buffer of at most `msg_size` bytes) if there is room;
-    /// False when the ring is full. Keeps the GIL.
+    /// False when the ring is full. Keeps the GIL, but for a bulk copy of more than 4 KiB.
     fn try_send(&mut self, py: Python<'_>, msg: &Bound<'_, PyAny>) -> PyResult<bool> {
         let bytes = Bytes::get(msg, "send", false)?;
-        self.end()?.try_send(bytes.as_slice()).map_err(|e| shm_err(py, e))
+        match self.end()? {
+            TxEnd::Ring(p) => p.try_send(bytes.as_slice()),
+            TxEnd::Bulk(b) => b.try_send(py, bytes.as_slice()),
+        }
+        .map_err(|e| shm_err(py, e))
     }
 
     /// Sends one message, waiting for room (the GIL released) until `timeout` seconds pass (None: for ever).
@@ -396,21 +532,43 @@ impl PyProducer {
         let bytes = Bytes::get(msg, "send", false)?;
         let deadline = deadline(timeout)?;
         let msg = bytes.as_slice();
-        let end = self.end()?;
-        if end.try_send(msg).map_err(|e| shm_err(py, e))? {
-            return Ok(());
-        }
-        match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
-            Some(()) => Ok(()),
-            None => Err(timed_out(py, &self.name, "send", deadline)),
+        let name = self.name.clone();
+        match self.end()? {
+            TxEnd::Ring(end) => {
+                if end.try_send(msg).map_err(|e| shm_err(py, e))? {
+                    return Ok(());
+                }
+                match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
+                    Some(()) => Ok(()),
+                    None => Err(timed_out(py, &name, "send", deadline)),
+                }
+            }
+            TxEnd::Bulk(b) => {
+                b.check_len(msg.len()).map_err(|e| shm_err(py, e))?;
+                let slot = match b.reserve().map_err(|e| shm_err(py, e))? {
+                    Some(dst) => dst,
+                    None => match wait_for(py, deadline, || b.reserve())? {
+                        Some(dst) => dst,
+                        None => return Err(timed_out(py, &name, "send", deadline)),
+                    },
+                };
+                // SAFETY: `slot` was just reserved and nothing published since.
+                unsafe { b.fill_and_publish(py, slot, msg) };
+                Ok(())
+            }
         }
     }
 
     /// Sends as many whole messages of `msgs` (a buffer of `msg_size`-byte records) as fit,
-    /// publishing once; returns how many. Keeps the GIL.
+    /// publishing once (a bulk channel: each); returns how many. Keeps the GIL.
     fn try_send_batch(&mut self, py: Python<'_>, msgs: &Bound<'_, PyAny>) -> PyResult<usize> {
         let bytes = Bytes::get(msgs, "send_batch", false)?;
-        self.end()?.try_send_batch(bytes.as_slice()).map_err(|e| shm_err(py, e))
+        let size = self.msg_size as usize;
+        match self.end()? {
+            TxEnd::Ring(p) => p.try_send_batch(bytes.as_slice()),
+            TxEnd::Bulk(b) => bulk_send_batch(py, b, bytes.as_slice(), size),
+        }
+        .map_err(|e| shm_err(py, e))
     }
 
     /// Sends every record of `msgs`, waiting for room until `timeout` seconds pass (None: for ever).
@@ -421,28 +579,95 @@ impl PyProducer {
         let deadline = deadline(timeout)?;
         let all = bytes.as_slice();
         let size = self.msg_size as usize;
-        let end = self.end()?;
-        let mut done = end.try_send_batch(all).map_err(|e| shm_err(py, e))?;
-        if done * size == all.len() {
-            return Ok(());
-        }
-        let finished = wait_for(py, deadline, || {
-            done += end.try_send_batch(&all[done * size..])?;
-            Ok((done * size == all.len()).then_some(()))
-        })?;
+        let name = self.name.clone();
+        let mut done = 0;
+        let finished = match self.end()? {
+            TxEnd::Ring(end) => {
+                done = end.try_send_batch(all).map_err(|e| shm_err(py, e))?;
+                if done * size == all.len() {
+                    return Ok(());
+                }
+                wait_for(py, deadline, || {
+                    done += end.try_send_batch(&all[done * size..])?;
+                    Ok((done * size == all.len()).then_some(()))
+                })?
+            }
+            TxEnd::Bulk(b) => {
+                if all.len() % size != 0 {
+                    return Err(shm_err(py, ShmError::MessageSize { channel: name, size, got: all.len() % size }));
+                }
+                let mut finished = Some(());
+                while done * size < all.len() {
+                    let slot = match b.reserve().map_err(|e| shm_err(py, e))? {
+                        Some(dst) => dst,
+                        None => match wait_for(py, deadline, || b.reserve())? {
+                            Some(dst) => dst,
+                            None => {
+                                finished = None;
+                                break;
+                            }
+                        },
+                    };
+                    // SAFETY: `slot` was just reserved and nothing published since.
+                    unsafe { b.fill_and_publish(py, slot, &all[done * size..(done + 1) * size]) };
+                    done += 1;
+                }
+                finished
+            }
+        };
         match finished {
             Some(()) => Ok(()),
             None => {
-                let err = timed_out(py, &self.name, "send", deadline);
+                let err = timed_out(py, &name, "send", deadline);
                 err.value(py).setattr("sent", done)?;
                 Err(err)
             }
         }
     }
 
+    /// The next slot in place (bulk channels), waiting for room until `timeout` seconds pass: a
+    /// context manager whose `__enter__` gives a writable memoryview of the slot (`msg_size` bytes,
+    /// holding whatever a message a lap ago left there). Published when the block ends normally,
+    /// discarded (not published; the next send reuses the slot) when it raises.
+    #[pyo3(signature = (timeout=None))]
+    fn send_view(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<SlotView> {
+        let py = slf.py();
+        let deadline = deadline(timeout)?;
+        let addr = {
+            let mut this = slf.borrow_mut();
+            let name = this.name.clone();
+            let b = this.bulk_for_view("send_view")?;
+            match b.reserve().map_err(|e| shm_err(py, e))? {
+                Some(a) => a,
+                None => match wait_for(py, deadline, || b.reserve())? {
+                    Some(a) => a,
+                    None => return Err(timed_out(py, &name, "send", deadline)),
+                },
+            }
+        };
+        Self::lend(slf, addr)
+    }
+
+    /// `send_view` without waiting: None when the ring is full. Keeps the GIL.
+    fn try_send_view(slf: &Bound<'_, Self>) -> PyResult<Option<SlotView>> {
+        let py = slf.py();
+        let addr = slf.borrow_mut().bulk_for_view("try_send_view")?.reserve().map_err(|e| shm_err(py, e))?;
+        addr.map(|a| Self::lend(slf, a)).transpose()
+    }
+
     /// Releases the claim (further calls raise ValueError). Also done when the object is collected.
-    fn close(&mut self) {
+    /// BufferError while a view it lent is still exported; an open view without exports is discarded.
+    fn close(&mut self) -> PyResult<()> {
+        if let Some(lent) = self.lent.take() {
+            if lent.exports() > 0 {
+                let err = busy(&self.name, &lent, "send_view");
+                self.lent = Some(lent);
+                return Err(err);
+            }
+            lent.finish();
+        }
         self.inner = None;
+        Ok(())
     }
 
     /// Whether `close` was called.
@@ -455,31 +680,102 @@ impl PyProducer {
         slf
     }
 
-    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
-        self.close();
-        false
+    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {
         let state = if self.inner.is_some() { "" } else { ", closed" };
-        format!("Producer({:?}, msg_size={}, capacity={}{state})", self.name, self.msg_size, self.capacity)
+        format!(
+            "Producer({:?}, protocol={}, msg_size={}, capacity={}{state})",
+            self.name,
+            protocol_name(self.protocol),
+            self.msg_size,
+            self.capacity
+        )
     }
 }
 
-/// The receiving end of a channel, claimed for this process until closed.
+/// As many records of `all` as there is room for, one message each; how many.
+fn bulk_send_batch(py: Python<'_>, b: &mut BulkTx, all: &[u8], size: usize) -> Result<usize, ShmError> {
+    if all.len() % size != 0 {
+        return Err(ShmError::MessageSize { channel: b.info().name.clone(), size, got: all.len() % size });
+    }
+    let mut n = 0;
+    for msg in all.chunks_exact(size) {
+        if !b.try_send(py, msg)? {
+            break;
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// A consumer's ring end, by the channel's protocol.
+#[derive(Debug)]
+enum RxEnd {
+    /// Protocols ll and index: mesh-shm's `Consumer`.
+    Ring(Consumer),
+    /// Protocol bulk.
+    Bulk(BulkRx),
+}
+
+/// The receiving end of a channel (any protocol), claimed for this process until closed.
 #[pyclass(name = "Consumer", module = "meshd")]
 #[derive(Debug)]
 struct PyConsumer {
-    inner: Option<Consumer>,
+    inner: Option<RxEnd>,
     name: String,
     msg_size: u32,
     capacity: u32,
+    protocol: Protocol,
+    mailbox: Mailbox,
+    /// The slot lent to a `recv_view`, until it is given back.
+    lent: Option<Arc<Lent>>,
 }
 
 impl PyConsumer {
-    fn end(&mut self) -> PyResult<&mut Consumer> {
+    fn end(&mut self) -> PyResult<&mut RxEnd> {
+        if let Some(lent) = &self.lent {
+            return Err(busy(&self.name, lent, "recv_view"));
+        }
         let name = &self.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: consumer is closed")))
+    }
+
+    /// The view `lent` is given back: its slot released to the producer.
+    pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, release: bool) {
+        if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
+            if let (true, Some(RxEnd::Bulk(b))) = (release, self.inner.as_mut()) {
+                b.release();
+            }
+            self.lent = None;
+        }
+        lent.finish();
+    }
+
+    /// The view `lent` is dropped unreleased: the message stays in the ring and comes again.
+    pub(crate) fn abandon_view(&mut self, lent: &Arc<Lent>) {
+        self.finish_view(lent, false);
+    }
+
+    fn lend(slf: &Bound<'_, Self>, addr: usize) -> PyResult<SlotView> {
+        let mut this = slf.borrow_mut();
+        let lent = Arc::new(Lent::default());
+        let mailbox = this.mailbox.clone();
+        let Some(RxEnd::Bulk(b)) = this.inner.as_ref() else { unreachable!("lend follows a bulk peek") };
+        let view = SlotView::for_consumer(slf.clone().unbind(), lent.clone(), addr, b, mailbox);
+        this.lent = Some(lent);
+        Ok(view)
+    }
+
+    fn bulk_for_view(&mut self, op: &str) -> PyResult<&mut BulkRx> {
+        let (name, protocol) = (self.name.clone(), self.protocol);
+        match self.end()? {
+            RxEnd::Bulk(b) => Ok(b),
+            RxEnd::Ring(_) => Err(no_views(&name, protocol, op)),
+        }
     }
 }
 
@@ -489,13 +785,84 @@ fn aio<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     MODULE.get_or_try_init(py, || py.import("meshd._aio").map(Bound::unbind))?.bind(py).getattr(name)
 }
 
+/// One message into `out`, waiting (the GIL released) until the deadline; false when it passed.
+fn recv_one(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], deadline: Option<(Instant, Duration)>) -> PyResult<bool> {
+    match end {
+        RxEnd::Ring(end) => {
+            if end.try_recv(out).map_err(|e| shm_err(py, e))? {
+                return Ok(true);
+            }
+            Ok(wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))?.is_some())
+        }
+        RxEnd::Bulk(b) => {
+            b.check_len(out.len()).map_err(|e| shm_err(py, e))?;
+            let src = match b.peek() {
+                Some(src) => src,
+                None => match wait_for(py, deadline, || Ok(b.peek()))? {
+                    Some(src) => src,
+                    None => return Ok(false),
+                },
+            };
+            // SAFETY: `src` was just peeked and not released; `out` has the message size (checked).
+            unsafe { b.take_into(py, src, out) };
+            Ok(true)
+        }
+    }
+}
+
+/// As many whole messages as wait and fit in `out` (bulk: one copy each); how many.
+fn try_recv_batch_any(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], size: usize) -> Result<usize, ShmError> {
+    match end {
+        RxEnd::Ring(c) => c.try_recv_batch(out),
+        RxEnd::Bulk(b) => {
+            if out.len() % size != 0 {
+                return Err(ShmError::MessageSize { channel: b.info().name.clone(), size, got: out.len() % size });
+            }
+            let mut n = 0;
+            for msg in out.chunks_exact_mut(size) {
+                if !b.try_recv(py, msg)? {
+                    break;
+                }
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
+}
+
 #[pymethods]
 impl PyConsumer {
+    /// Claims the consumer end of channel `name`, whatever its protocol. `copy_config` (bulk
+    /// channels): how messages are copied out of the ring; None: Rust's defaults.
     #[new]
-    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str) -> PyResult<Self> {
-        let c = Consumer::claim(&mailbox.inner, name).map_err(|e| shm_err(py, e))?;
-        let (name, msg_size, capacity) = (c.info().name.clone(), c.info().msg_size, c.info().capacity);
-        Ok(Self { inner: Some(c), name, msg_size, capacity })
+    #[pyo3(signature = (mailbox, name, copy_config=None))]
+    fn new(
+        py: Python<'_>,
+        mailbox: &PyMailbox,
+        name: &str,
+        copy_config: Option<PyRef<'_, PyCopyConfig>>,
+    ) -> PyResult<Self> {
+        let mb = &mailbox.inner;
+        let info = mb.channel(name).map_err(|e| shm_err(py, e))?;
+        let inner = if info.protocol == Protocol::Bulk {
+            let config = copy_config.map_or_else(mesh_shm::CopyConfig::default, |c| c.inner);
+            RxEnd::Bulk(BulkRx::claim(mb, name, config).map_err(|e| shm_err(py, e))?)
+        } else {
+            RxEnd::Ring(Consumer::claim(mb, name).map_err(|e| shm_err(py, e))?)
+        };
+        let info = match &inner {
+            RxEnd::Ring(c) => c.info(),
+            RxEnd::Bulk(b) => b.info(),
+        };
+        Ok(Self {
+            name: info.name.clone(),
+            msg_size: info.msg_size,
+            capacity: info.capacity,
+            protocol: info.protocol,
+            inner: Some(inner),
+            mailbox: mb.clone(),
+            lent: None,
+        })
     }
 
     /// The channel's name.
@@ -516,12 +883,33 @@ impl PyConsumer {
         self.capacity
     }
 
-    /// One message as bytes (`msg_size` long), or None when none is waiting. Keeps the GIL.
+    /// The channel's protocol: "ll", "bulk" or "index".
+    #[getter]
+    fn protocol(&self) -> &'static str {
+        protocol_name(self.protocol)
+    }
+
+    /// How a bulk end copies (None for ll and index channels).
+    #[getter]
+    fn copy_config(&self) -> Option<PyCopyConfig> {
+        match self.inner.as_ref()? {
+            RxEnd::Bulk(b) => Some(PyCopyConfig { inner: b.copy_config() }),
+            RxEnd::Ring(_) => None,
+        }
+    }
+
+    /// One message as bytes (`msg_size` long), or None when none is waiting. Keeps the GIL, but
+    /// for a bulk copy of more than 4 KiB.
     fn try_recv<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let size = self.msg_size as usize;
         let end = self.end()?;
         let mut got = false;
-        let bytes = PyBytes::new_with(py, end.info().msg_size as usize, |out| {
-            got = end.try_recv(out).map_err(|e| shm_err(py, e))?;
+        let bytes = PyBytes::new_with(py, size, |out| {
+            got = match end {
+                RxEnd::Ring(c) => c.try_recv(out),
+                RxEnd::Bulk(b) => b.try_recv(py, out),
+            }
+            .map_err(|e| shm_err(py, e))?;
             Ok(())
         })?;
         Ok(got.then_some(bytes))
@@ -532,23 +920,22 @@ impl PyConsumer {
     fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
         let deadline = deadline(timeout)?;
         let name = self.name.clone();
+        let size = self.msg_size as usize;
         let end = self.end()?;
-        PyBytes::new_with(py, end.info().msg_size as usize, |out| {
-            if end.try_recv(out).map_err(|e| shm_err(py, e))? {
-                return Ok(());
-            }
-            match wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))? {
-                Some(()) => Ok(()),
-                None => Err(timed_out(py, &name, "recv", deadline)),
-            }
+        PyBytes::new_with(py, size, |out| {
+            if recv_one(py, end, out, deadline)? { Ok(()) } else { Err(timed_out(py, &name, "recv", deadline)) }
         })
     }
 
     /// Receives one message into `buffer` (writable, C-contiguous, exactly `msg_size` bytes);
-    /// False when none is waiting. Keeps the GIL.
+    /// False when none is waiting. Keeps the GIL, but for a bulk copy of more than 4 KiB.
     fn try_recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<bool> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
-        self.end()?.try_recv(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
+        match self.end()? {
+            RxEnd::Ring(c) => c.try_recv(bytes.as_mut_slice()),
+            RxEnd::Bulk(b) => b.try_recv(py, bytes.as_mut_slice()),
+        }
+        .map_err(|e| shm_err(py, e))
     }
 
     /// Receives one message into `buffer`, waiting (the GIL released) until `timeout` seconds pass.
@@ -556,22 +943,20 @@ impl PyConsumer {
     fn recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
         let deadline = deadline(timeout)?;
-        let out = bytes.as_mut_slice();
-        let end = self.end()?;
-        if end.try_recv(out).map_err(|e| shm_err(py, e))? {
-            return Ok(());
-        }
-        match wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))? {
-            Some(()) => Ok(()),
-            None => Err(timed_out(py, &self.name, "recv", deadline)),
+        let name = self.name.clone();
+        if recv_one(py, self.end()?, bytes.as_mut_slice(), deadline)? {
+            Ok(())
+        } else {
+            Err(timed_out(py, &name, "recv", deadline))
         }
     }
 
     /// Receives as many whole messages as are waiting and fit in `buffer` (writable, a multiple of
-    /// `msg_size` bytes), publishing once; returns how many (0: none waiting). Keeps the GIL.
+    /// `msg_size` bytes), publishing once (a bulk channel: each); returns how many (0: none waiting).
     fn try_recv_batch(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
-        self.end()?.try_recv_batch(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
+        let size = self.msg_size as usize;
+        try_recv_batch_any(py, self.end()?, bytes.as_mut_slice(), size).map_err(|e| shm_err(py, e))
     }
 
     /// Receives at least one message into `buffer` (as `try_recv_batch`), waiting until `timeout`
@@ -581,18 +966,58 @@ impl PyConsumer {
         let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
         let deadline = deadline(timeout)?;
         let out = bytes.as_mut_slice();
+        let size = self.msg_size as usize;
+        let name = self.name.clone();
         let end = self.end()?;
-        let n = end.try_recv_batch(out).map_err(|e| shm_err(py, e))?;
+        let n = try_recv_batch_any(py, end, out, size).map_err(|e| shm_err(py, e))?;
         if n > 0 {
             return Ok(n);
         }
-        match wait_for(py, deadline, || {
-            let n = end.try_recv_batch(out)?;
-            Ok((n > 0).then_some(n))
-        })? {
-            Some(n) => Ok(n),
-            None => Err(timed_out(py, &self.name, "recv", deadline)),
-        }
+        let got = match end {
+            RxEnd::Ring(c) => wait_for(py, deadline, || {
+                let n = c.try_recv_batch(out)?;
+                Ok((n > 0).then_some(n))
+            })?,
+            RxEnd::Bulk(_) => {
+                // Wait for one without the GIL, then take what is there (the copies release it themselves).
+                if recv_one(py, end, &mut out[..size], deadline)? {
+                    let more = try_recv_batch_any(py, end, &mut out[size..], size).map_err(|e| shm_err(py, e))?;
+                    Some(1 + more)
+                } else {
+                    None
+                }
+            }
+        };
+        got.ok_or_else(|| timed_out(py, &name, "recv", deadline))
+    }
+
+    /// The next message in place (bulk channels), waiting until `timeout` seconds pass: a context
+    /// manager whose `__enter__` gives a read-only memoryview of the slot (`numpy.frombuffer` on it
+    /// copies nothing). Released to the producer when the block ends, normally or not; BufferError
+    /// then if an array or memoryview made from it still lives (the slot stays held until `release`).
+    #[pyo3(signature = (timeout=None))]
+    fn recv_view(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<SlotView> {
+        let py = slf.py();
+        let deadline = deadline(timeout)?;
+        let addr = {
+            let mut this = slf.borrow_mut();
+            let name = this.name.clone();
+            let b = this.bulk_for_view("recv_view")?;
+            match b.peek() {
+                Some(a) => a,
+                None => match wait_for(py, deadline, || Ok(b.peek()))? {
+                    Some(a) => a,
+                    None => return Err(timed_out(py, &name, "recv", deadline)),
+                },
+            }
+        };
+        Self::lend(slf, addr)
+    }
+
+    /// `recv_view` without waiting: None when no message is whole. Keeps the GIL.
+    fn try_recv_view(slf: &Bound<'_, Self>) -> PyResult<Option<SlotView>> {
+        let addr = slf.borrow_mut().bulk_for_view("try_recv_view")?.peek();
+        addr.map(|a| Self::lend(slf, a)).transpose()
     }
 
     /// `await consumer.arecv(timeout)`: `recv` for asyncio, polling from the event loop (no thread).
@@ -612,8 +1037,19 @@ impl PyConsumer {
     }
 
     /// Releases the claim (further calls raise ValueError). Also done when the object is collected.
-    fn close(&mut self) {
+    /// BufferError while a view it lent is still exported; an open view without exports is left
+    /// unreleased (its message comes again to the next consumer).
+    fn close(&mut self) -> PyResult<()> {
+        if let Some(lent) = self.lent.take() {
+            if lent.exports() > 0 {
+                let err = busy(&self.name, &lent, "recv_view");
+                self.lent = Some(lent);
+                return Err(err);
+            }
+            lent.finish();
+        }
         self.inner = None;
+        Ok(())
     }
 
     /// Whether `close` was called.
@@ -626,14 +1062,20 @@ impl PyConsumer {
         slf
     }
 
-    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
-        self.close();
-        false
+    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {
         let state = if self.inner.is_some() { "" } else { ", closed" };
-        format!("Consumer({:?}, msg_size={}, capacity={}{state})", self.name, self.msg_size, self.capacity)
+        format!(
+            "Consumer({:?}, protocol={}, msg_size={}, capacity={}{state})",
+            self.name,
+            protocol_name(self.protocol),
+            self.msg_size,
+            self.capacity
+        )
     }
 }
 
@@ -651,8 +1093,11 @@ fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProducer>()?;
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyChannelInfo>()?;
+    m.add_class::<PyCopyConfig>()?;
+    m.add_class::<SlotView>()?;
     m.add_function(wrap_pyfunction!(_timeout_error, m)?)?;
     m.add("LAYOUT_VERSION", mesh_shm::layout::LAYOUT_VERSION)?;
     m.add("MAX_MSG_SIZE", mesh_shm::layout::MAX_MSG_SIZE)?;
+    m.add("MAX_BULK_MSG_SIZE", mesh_shm::layout::MAX_BULK_MSG_SIZE)?;
     Ok(())
 }

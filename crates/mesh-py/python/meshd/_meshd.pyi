@@ -10,8 +10,66 @@ from typing_extensions import Buffer, Self
 
 #: The mailbox layout version this build reads (a file of another version is refused).
 LAYOUT_VERSION: Final[int]
-#: The largest message size a channel may have.
+#: The largest message size a channel of protocol ll or index may have (64 KiB).
 MAX_MSG_SIZE: Final[int]
+#: The largest message size a channel of protocol bulk may have (16 MiB).
+MAX_BULK_MSG_SIZE: Final[int]
+
+class CopyConfig:
+    """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out is Rust's default."""
+
+    def __init__(
+        self, threads: int | None = None, min_part: int | None = None, non_temporal: bool | None = None
+    ) -> None: ...
+    @staticmethod
+    def default() -> CopyConfig:
+        """The Rust host end's defaults."""
+    @property
+    def threads(self) -> int:
+        """Threads copying one message together, the caller's included."""
+    @property
+    def min_part(self) -> int:
+        """The smallest share of a message worth another thread, in bytes."""
+    @property
+    def non_temporal(self) -> bool:
+        """Streaming stores into the ring (the producer's copy)."""
+
+class SlotView:
+    """A bulk ring's slot lent to Python: ``with`` gives a memoryview of it (writable for a producer's,
+    read-only for a consumer's). Given back when the block ends: a producer's published (discarded
+    when the block raises), a consumer's released. Giving it back while an export of the view lives
+    (an array from ``numpy.frombuffer``, another memoryview) raises BufferError and keeps it lent;
+    drop them, then call ``publish``/``discard``/``release``. Dropped without being given back: a
+    producer's is not published, a consumer's not released (its message comes again)."""
+
+    def __enter__(self) -> memoryview: ...
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> bool: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, view: memoryview, /) -> None: ...
+    @property
+    def view(self) -> memoryview:
+        """The memoryview ``__enter__`` gives."""
+    def publish(self) -> None:
+        """A producer's slot: published as the next message."""
+    def discard(self) -> None:
+        """A producer's slot: given back unpublished (the next send reuses it)."""
+    def release(self) -> None:
+        """A consumer's slot: handed back to the producer."""
+    @property
+    def seq(self) -> int:
+        """The message's sequence number in its channel."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def done(self) -> bool:
+        """Whether the slot was given back."""
+    @property
+    def exports(self) -> int:
+        """Live exports (the memoryview ``__enter__`` gave included)."""
 
 class ChannelInfo:
     """A channel as the mailbox's table describes it, with a snapshot of its indices and claims."""
@@ -45,13 +103,25 @@ class Mailbox:
     def owner_pid(self) -> int | None: ...
     def channels(self) -> list[ChannelInfo]: ...
     def channel(self, name: str) -> ChannelInfo: ...
-    def producer(self, name: str) -> Producer: ...
-    def consumer(self, name: str) -> Consumer: ...
+    def producer(self, name: str, copy_config: CopyConfig | None = None) -> Producer:
+        """The producer end of ``name``, whatever its protocol."""
+    def consumer(self, name: str, copy_config: CopyConfig | None = None) -> Consumer:
+        """The consumer end of ``name``, whatever its protocol."""
 
 class Producer:
-    """The sending end of a channel, claimed for this process until closed."""
+    """The sending end of a channel of any protocol, claimed for this process until closed."""
 
-    def __init__(self, mailbox: Mailbox, name: str) -> None: ...
+    def __init__(self, mailbox: Mailbox, name: str, copy_config: CopyConfig | None = None) -> None: ...
+    @property
+    def protocol(self) -> str:
+        """``"ll"``, ``"bulk"`` or ``"index"``."""
+    @property
+    def copy_config(self) -> CopyConfig | None:
+        """A bulk end's copy settings (None for ll and index)."""
+    def send_view(self, timeout: float | None = None) -> SlotView:
+        """Bulk channels: the next slot in place, waiting for room; published when its ``with`` ends."""
+    def try_send_view(self) -> SlotView | None:
+        """``send_view`` without waiting: None when full."""
     @property
     def name(self) -> str: ...
     @property
@@ -68,16 +138,27 @@ class Producer:
         """As many ``msg_size``-byte records as fit, published once; how many."""
     def send_batch(self, msgs: Buffer, timeout: float | None = None) -> None:
         """Every record, waiting for room; on timeout the exception's ``sent`` says how many went."""
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Releases the claim; BufferError while a view it lent is exported."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> bool: ...
 
 class Consumer:
-    """The receiving end of a channel, claimed for this process until closed."""
+    """The receiving end of a channel of any protocol, claimed for this process until closed."""
 
-    def __init__(self, mailbox: Mailbox, name: str) -> None: ...
+    def __init__(self, mailbox: Mailbox, name: str, copy_config: CopyConfig | None = None) -> None: ...
+    @property
+    def protocol(self) -> str:
+        """``"ll"``, ``"bulk"`` or ``"index"``."""
+    @property
+    def copy_config(self) -> CopyConfig | None:
+        """A bulk end's copy settings (None for ll and index)."""
+    def recv_view(self, timeout: float | None = None) -> SlotView:
+        """Bulk channels: the next message in place, read-only; released when its ``with`` ends."""
+    def try_recv_view(self) -> SlotView | None:
+        """``recv_view`` without waiting: None when no message is whole."""
     @property
     def name(self) -> str: ...
     @property
@@ -100,7 +181,8 @@ class Consumer:
     def arecv(self, timeout: float | None = None) -> Awaitable[bytes]:
         """``recv`` for asyncio: polled from the event loop, no thread."""
     def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]: ...
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Releases the claim; BufferError while a view it lent is exported."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None

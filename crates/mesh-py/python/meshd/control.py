@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, TypedDict, Union
 
 from ._errors import MeshdProtocolError, MeshdRefused, MeshdUnreachable
-from ._meshd import Consumer, Mailbox, Producer
+from ._meshd import Consumer, CopyConfig, Mailbox, Producer
 
 __all__ = [
     "Client",
@@ -314,9 +314,14 @@ class Client:
         """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
 
         ``placement`` (``"host"`` or ``"device"``), where the meshd has it: sent only when given.
-        ``protocol`` (``"ll"``, ``"bulk"`` or ``"index"``; meshd picks by size when not given):
-        ``"index"`` is for channels whose both ends are host processes (the fastest host to host;
-        no GPU program can bind it). The mailbox calls take every protocol alike.
+        ``protocol`` (``"ll"``, ``"bulk"`` or ``"index"``; meshd picks by size when not given: ll up
+        to 64 KiB, bulk above): ``"index"`` is for channels whose both ends are host processes (the
+        fastest host to host; no GPU program can bind it); ``"bulk"`` for messages of 16 B to 16 MiB
+        (multiples of 16), moved with wide copies. :meth:`producer` and :meth:`consumer` give the
+        end of whichever protocol the channel has, with the same copying calls (``send``,
+        ``recv_into``, the batch forms); only bulk channels lend a slot in place (``send_view``,
+        ``recv_view``: ll and index refuse them, their slots are not the message as sent), and
+        only bulk ends take a ``copy_config``.
         """
         req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
         if placement:
@@ -375,10 +380,13 @@ class Client:
             self._mailbox = Mailbox.open(self.info()["mailbox"])
         return self._mailbox
 
-    def producer(self, channel: str) -> Producer:
-        """Claims the producer end of ``channel`` in this meshd's mailbox."""
-        return self.mailbox().producer(channel)
+    def producer(self, channel: str, copy_config: CopyConfig | None = None) -> Producer:
+        """Claims the producer end of ``channel`` in this meshd's mailbox, whatever its protocol.
 
-    def consumer(self, channel: str) -> Consumer:
-        """Claims the consumer end of ``channel`` in this meshd's mailbox."""
-        return self.mailbox().consumer(channel)
+        ``copy_config``: a bulk channel's copy settings (None: the Rust host end's defaults).
+        """
+        return self.mailbox().producer(channel, copy_config)
+
+    def consumer(self, channel: str, copy_config: CopyConfig | None = None) -> Consumer:
+        """Claims the consumer end of ``channel`` in this meshd's mailbox, whatever its protocol."""
+        return self.mailbox().consumer(channel, copy_config)
