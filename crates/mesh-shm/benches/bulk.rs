@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use mesh_shm::layout::bulk_slot_bytes;
-use mesh_shm::{BulkConsumer, BulkProducer, CopyConfig, CreateMode, Mailbox, MailboxConfig};
+use mesh_shm::{BulkConsumer, BulkProducer, CopyConfig, CreateMode, Mailbox, MailboxConfig, Placement, Protocol};
 
 const CAPACITY: u32 = 4;
 
@@ -23,27 +23,28 @@ fn mailbox(dir: &std::path::Path, size: u32, channels: u32) -> Mailbox {
 }
 
 /// Receives `n` messages that a producer thread sends; `config` None: the ends' default (`claim`).
-fn stream(mb: &Mailbox, name: &str, size: usize, n: u64, config: Option<CopyConfig>) -> Duration {
+/// `msg` and `out` are the caller's, touched before: a fresh 16 MiB buffer per call would time its
+/// own page faults.
+fn stream(mb: &Mailbox, name: &str, bufs: &mut (Vec<u8>, Vec<u8>), n: u64, config: Option<CopyConfig>) -> Duration {
     let (mut tx, mut rx) = match config {
         Some(c) => (BulkProducer::claim_with(mb, name, c).unwrap(), BulkConsumer::claim_with(mb, name, c).unwrap()),
         None => (BulkProducer::claim(mb, name).unwrap(), BulkConsumer::claim(mb, name).unwrap()),
     };
-    let msg = vec![7u8; size];
-    let mut out = vec![0u8; size];
+    let (msg, out) = (&bufs.0, &mut bufs.1);
     std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..n {
-                while !tx.try_send(&msg).unwrap() {
+                while !tx.try_send(msg).unwrap() {
                     std::hint::spin_loop();
                 }
             }
         });
         let start = Instant::now();
         for _ in 0..n {
-            while !rx.try_recv(&mut out).unwrap() {
+            while !rx.try_recv(out).unwrap() {
                 std::hint::spin_loop();
             }
-            black_box(&out);
+            black_box(&*out);
         }
         start.elapsed()
     })
@@ -54,7 +55,7 @@ fn bench_size(c: &mut Criterion, size: u32, label: &str) {
     // One channel for the steady rows, and fresh ones for the first-lap row (a few samples' worth).
     let fresh = 12;
     let mb = mailbox(dir.path(), size, 1 + fresh);
-    mb.create_channel("big", size, CAPACITY).unwrap();
+    mb.create_channel_with("big", size, CAPACITY, Placement::Host, Protocol::Bulk).unwrap();
     let bytes = size as usize;
     let mut g = c.benchmark_group(format!("bulk_{label}"));
     g.throughput(Throughput::Bytes(u64::from(size)));
@@ -85,15 +86,16 @@ fn bench_size(c: &mut Criterion, size: u32, label: &str) {
             total
         });
     });
+    let mut bufs = (vec![7u8; bytes], vec![1u8; bytes]);
     let auto = CopyConfig::for_msg_size(bytes);
     let name = format!(
         "mailbox, default by size ({} thread(s), {} stores)",
         auto.threads,
         if auto.non_temporal { "streaming" } else { "plain" }
     );
-    g.bench_function(&name, |b| b.iter_custom(|n| stream(&mb, "big", bytes, n, None)));
+    g.bench_function(&name, |b| b.iter_custom(|n| stream(&mb, "big", &mut bufs, n, None)));
     g.bench_function("mailbox, 1 thread, plain stores (the old default)", |b| {
-        b.iter_custom(|n| stream(&mb, "big", bytes, n, Some(CopyConfig::default())));
+        b.iter_custom(|n| stream(&mb, "big", &mut bufs, n, Some(CopyConfig::default())));
     });
     let mut next = 0;
     g.bench_function("mailbox, default, first lap of a fresh channel", |b| {
@@ -104,11 +106,11 @@ fn bench_size(c: &mut Criterion, size: u32, label: &str) {
             while left > 0 {
                 let name = format!("fresh{}", next.min(fresh - 1));
                 if next < fresh {
-                    mb.create_channel(&name, size, CAPACITY).unwrap();
+                    mb.create_channel_with(&name, size, CAPACITY, Placement::Host, Protocol::Bulk).unwrap();
                     next += 1;
                 }
                 let k = left.min(u64::from(CAPACITY));
-                total += stream(&mb, &name, bytes, k, None);
+                total += stream(&mb, &name, &mut bufs, k, None);
                 left -= k;
             }
             total
