@@ -1,4 +1,4 @@
-"""The Python client beside the Rust client, in one run: try_send/try_recv pair cost, round trips and 64 KiB streams.
+"""The Python client beside the Rust client, in one run: try_send/try_recv pair cost, round trips, 64 KiB streams and bulk streams (64 KiB, 1 MiB, 16 MiB).
 
 Host <-> host (any machine):
 
@@ -6,9 +6,12 @@ Host <-> host (any machine):
     (cd crates/mesh-py && maturin build --release -o /tmp/wheels) && pip install /tmp/wheels/meshd-*.whl
     python3 crates/mesh-py/bench/bench.py
 
-Host <-> GPU (a machine with meshd and a GPU; round trips through the echo program, 8 to 256 bytes):
+Host <-> GPU (a machine with meshd and a GPU; round trips through the echo program, 8 to 256 bytes,
+and bulk streams host -> bulk_echo -> host at 64 KiB, 1 MiB and 16 MiB):
 
-    python3 bench.py --gpu --meshd bin/meshd --echo programs/echo.ptx --peer bin/peer
+    python3 bench.py --gpu --meshd bin/meshd --echo programs/echo.ptx --bulk-echo programs/bulk_echo.ptx --peer bin/peer
+
+`--bulk-only` runs only the bulk tables (host <-> host, or with --gpu through bulk_echo).
 
 Prints Markdown tables. The Rust side of every row is the peer (crates/mesh-py/examples/peer.rs)
 doing the same thing with mesh-shm's API; each figure is one run (no loops of runs).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,8 @@ SIZES = [8, 64, 256, 4096, 65536]
 GPU_SIZES = [8, 64, 256]
 STREAM_SIZE = 65536
 STREAM_COUNT = 20_000
+#: Bulk streams: size -> (ring capacity, messages per row: about 1-2 GB each).
+BULK = {64 << 10: (8, 20_000), 1 << 20: (4, 2_000), 16 << 20: (2, 120)}
 
 
 def run(peer: Path, *args: object) -> dict[str, str]:
@@ -197,11 +203,120 @@ def host(peer: Path, pairs: int, pings: int) -> None:
     print(f"| Rust -> Python `recv_batch` (numpy, up to 16 per call) | {rb:.2f} ({rb / rr:.0%} of Rust) |")
 
 
-def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
+def bulk_send(tx: meshd.Producer, first: int, count: int, in_place: bool) -> None:
+    """Messages `first..first+count`, each numbered in word 0 (as the peer's --first-word)."""
+    # Every page written (as the peer's producer does): an untouched buffer would be read from the zero page.
+    msg = np.arange(tx.msg_size // 8, dtype=np.uint64)
+    for i in range(first, first + count):
+        msg[0] = i
+        if in_place:
+            # Written in place: the message's bytes land in the slot by numpy's copy (the one copy).
+            with tx.send_view(timeout=60) as v:
+                np.frombuffer(v, dtype=np.uint64)[:] = msg
+        else:
+            tx.send(msg, timeout=60)
+
+
+def bulk_recv(rx: meshd.Consumer, count: int, in_place: bool) -> float:
+    """Seconds from the first message to the last, each message's number checked."""
+    buf = np.empty(rx.msg_size // 8, dtype=np.uint64)
+
+    def one() -> int:
+        if in_place:
+            # Read in place: np.frombuffer copies nothing; the number word is read from the slot.
+            with rx.recv_view(timeout=60) as v:
+                return int(np.frombuffer(v, dtype=np.uint64, count=1)[0])
+        rx.recv_into(buf, timeout=60)
+        return int(buf[0])
+
+    base = one()
+    t = time.perf_counter()
+    for i in range(1, count):
+        got = one()
+        if got != base + i:
+            sys.exit(f"bulk stream: message {i} carries {got}, expected {base + i}")
+    return time.perf_counter() - t
+
+
+def bulk_host(peer: Path, repeats: int) -> None:
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-bulk-", dir=shm))
+    path = tmp / "mailbox"
+    total = sum(size * cap for size, (cap, _) in BULK.items()) + (16 << 20)
+    run(peer, "mailbox", path, "--size", total, *[f"bulk{s}:{s}:{c}:bulk" for s, (c, _) in BULK.items()])
+    mb = meshd.Mailbox.open(path)
+    print(f"## Bulk channels, Python beside the Rust host end (BulkProducer/BulkConsumer), host -> host ({os.cpu_count()} CPUs)\n")
+    print(f"Copy settings: Python {meshd.CopyConfig.default()!r}, the Rust ends their defaults (the same). Mailbox in {tmp}.")
+    print(
+        f"Each cell the median of {repeats} streams of numbered messages (the columns interleaved), GB/s from the "
+        "first message to the last; the other end the Rust peer; in brackets the share of Rust -> Rust.\n"
+    )
+    print("| message | messages | Rust -> Rust | Python `send` -> Rust | Rust -> Python `recv_into` | Python `send_view` (numpy fill) -> Rust | Rust -> Python `recv_view` (no copy) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for size, (_, n) in BULK.items():
+        ch = f"bulk{size}"
+        cols: list[list[float]] = [[] for _ in range(5)]
+        for _ in range(repeats):  # interleaved, so that a noisy moment hits every column alike
+            c = start(peer, "consume", path, ch, n, "--first-word", "--from-tail")
+            run(peer, "produce", path, ch, n, "--first-word", "--from-head")
+            cols[0].append(gbps(size, n, float(finish(c)["seconds"])))
+            for k, in_place in ((1, False), (3, True)):
+                c = start(peer, "consume", path, ch, n, "--first-word", "--from-tail")
+                with mb.producer(ch) as tx:
+                    bulk_send(tx, mb.channel(ch).head, n, in_place)
+                cols[k].append(gbps(size, n, float(finish(c)["seconds"])))
+                p = start(peer, "produce", path, ch, n, "--first-word", "--from-head")
+                with mb.consumer(ch) as rx:
+                    secs = bulk_recv(rx, n, in_place)
+                finish(p)
+                cols[k + 1].append(gbps(size, n, secs))
+        med = [statistics.median(c) for c in cols]
+        rr = med[0]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        cells = [f"{m:.2f} ({m / rr:.0%})" for m in med[1:]]
+        print(f"| {label} | {n} | {rr:.2f} | " + " | ".join(cells) + " |")
+    print()
+
+
+def bulk_gpu(peer: Path, client: meshd.Client, shm: Path, bulk_echo: Path) -> None:
+    """Host -> bulk_echo -> host streams: the Rust peer's ends (produce | consume), then Python's (two threads)."""
+    import threading
+
+    print("### Bulk streams through bulk_echo (host -> GPU -> host), GB/s each way\n")
+    print("| message | messages | Rust ends | Python `send` / `recv_into` | Python `send_view` / `recv_view` |")
+    print("| --- | --- | --- | --- | --- |")
+    mb = client.mailbox()
+    for size, (cap, n) in BULK.items():
+        n = max(8, n // 4)
+        to, back = f"to-bulk{size}", f"from-bulk{size}"
+        client.channel_create(to, msg_size=size, capacity=cap, protocol="bulk")
+        client.channel_create(back, msg_size=size, capacity=cap, protocol="bulk")
+        client.load(f"bulk-echo{size}", bulk_echo, block=1024, bind=[to, back])
+        c = start(peer, "consume", shm, back, n, "--first-word", "--from-tail")
+        run(peer, "produce", shm, to, n, "--first-word", "--from-head")
+        rr = gbps(size, n, float(finish(c)["seconds"]))
+        cells = []
+        for in_place in (False, True):
+            with mb.producer(to) as tx, mb.consumer(back) as rx:
+                first = mb.channel(to).head
+                sender = threading.Thread(target=bulk_send, args=(tx, first, n, in_place))
+                sender.start()
+                secs = bulk_recv(rx, n, in_place)
+                sender.join()
+            py = gbps(size, n, secs)
+            cells.append(f"{py:.2f} ({py / rr:.0%})")
+        client.unload(f"bulk-echo{size}")
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        print(f"| {label} | {n} | {rr:.2f} | " + " | ".join(cells) + " |")
+    print()
+
+
+def gpu(peer: Path, meshd_bin: Path, echo: Path, bulk_echo: Path | None, pings: int, bulk_only: bool) -> None:
     # On tmpfs, as meshd's default: the GPU registers only memory the driver can pin.
     tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-gpu-", dir="/dev/shm"))
     sock, shm = tmp / "sock", tmp / "mailbox"
     args = [str(meshd_bin), "--socket", str(sock), "run", "--shm", str(shm), "--fresh", "--state-dir", str(tmp / "state")]
+    args += ["--shm-size", "256M"]  # the bulk rows: a 16 MiB channel of 2 messages each way
     log = open(tmp / "meshd.log", "w")
     daemon = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     client = meshd.Client(sock, timeout=120)
@@ -216,11 +331,13 @@ def gpu(peer: Path, meshd_bin: Path, echo: Path, pings: int) -> None:
                     sys.exit(f"meshd did not come up:\n{(tmp / 'meshd.log').read_text()[-2000:]}")
                 time.sleep(0.1)
         print(f"## Python client beside the Rust client, host <-> GPU ({info['device']})\n")
+        if bulk_echo is not None:
+            bulk_gpu(peer, client, shm, bulk_echo)
         print("### Round trip through the echo program, median / p99, µs\n")
         print("| message | Rust | Python |")
         print("| --- | --- | --- |")
         mb = client.mailbox()
-        for s in GPU_SIZES:
+        for s in ([] if bulk_only else GPU_SIZES):
             client.channel_create(f"to{s}", msg_size=s, capacity=64)
             client.channel_create(f"from{s}", msg_size=s, capacity=64)
             client.load(f"echo{s}", echo, bind=[f"to{s}", f"from{s}"])
@@ -246,14 +363,23 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="round trips through meshd's echo program on the GPU")
     ap.add_argument("--meshd", type=Path, default=Path("meshd"))
     ap.add_argument("--echo", type=Path, default=here.parents[3] / "tests" / "programs" / "echo.ptx")
+    ap.add_argument("--bulk-echo", type=Path, default=None, help="bulk_echo.ptx (default: beside --echo)")
+    ap.add_argument("--bulk-only", action="store_true", help="only the bulk tables")
+    ap.add_argument("--repeats", type=int, default=5, help="streams per bulk cell (host <-> host; the median)")
     args = ap.parse_args()
     if not args.peer.exists():
         sys.exit(f"{args.peer}: build it with `cargo build --release -p mesh-py --example peer`")
     print(f"meshd package: {meshd.__file__}; Python {sys.version.split()[0]}; mailbox layout {meshd.LAYOUT_VERSION}\n")
     if args.gpu:
-        gpu(args.peer, args.meshd, args.echo, args.pings)
+        bulk_echo = args.bulk_echo or args.echo.with_name("bulk_echo.ptx")
+        if not bulk_echo.exists():
+            print(f"{bulk_echo}: not found, so no bulk rows through bulk_echo\n")
+            bulk_echo = None
+        gpu(args.peer, args.meshd, args.echo, bulk_echo, args.pings, args.bulk_only)
     else:
-        host(args.peer, args.pairs, args.pings)
+        bulk_host(args.peer, args.repeats)
+        if not args.bulk_only:
+            host(args.peer, args.pairs, args.pings)
 
 
 if __name__ == "__main__":

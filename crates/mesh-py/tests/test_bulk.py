@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -309,3 +311,28 @@ def test_a_numpy_array_through_a_rust_bulk_echo_and_back(bulk_path: Path, peer: 
                 with rx.recv_view(timeout=DEADLINE) as v:
                     assert np.array_equal(np.frombuffer(v, np.float32), a)
     assert peer.finish(echo)["echoed"] == str(count)
+
+
+def test_blocking_bulk_calls_wake_for_signals(bulk_path: Path) -> None:
+    mb = meshd.Mailbox.open(bulk_path)
+    with mb.producer("b16m") as tx, mb.consumer("b16m") as rx:
+        out = np.empty(2 * MiB, dtype=np.uint64)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            for call in (lambda: rx.recv_view(), lambda: rx.recv_into(out), lambda: rx.recv()):
+                timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+                timer.start()
+                t = time.monotonic()
+                with pytest.raises(KeyboardInterrupt):
+                    call()
+                assert time.monotonic() - t < 5
+                timer.join()
+            tx.send(b"x")
+            tx.send(b"y")  # the ring (2 messages) is full now
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                tx.send_view()
+            timer.join()
+        finally:
+            signal.signal(signal.SIGINT, previous)

@@ -1,4 +1,4 @@
-"""On the GPU: meshd started from Python, the echo program loaded through the control client and driven from Python (numpy arrays byte for byte, a sequence-checked stream through the GPU). Needs MESH_GPU_TESTS=1, a GPU, meshd (MESHD_BIN or on PATH) and echo.ptx (MESH_PROGRAMS, else tests/programs)."""
+"""On the GPU: meshd started from Python, the echo program loaded through the control client and driven from Python (numpy arrays byte for byte, a sequence-checked stream through the GPU), and bulk_echo driven through bulk channels (64 KiB to 16 MiB, copying and in place) in blink and MPS mode. Needs MESH_GPU_TESTS=1, a GPU, meshd (MESHD_BIN or on PATH) and echo.ptx, bulk_echo.ptx (MESH_PROGRAMS, else tests/programs)."""
 
 from __future__ import annotations
 
@@ -30,18 +30,31 @@ def meshd_bin() -> str:
     return found
 
 
-def echo_ptx() -> Path:
-    return Path(os.environ.get("MESH_PROGRAMS", REPO / "tests" / "programs")) / "echo.ptx"
+def echo_ptx(name: str = "echo") -> Path:
+    return Path(os.environ.get("MESH_PROGRAMS", REPO / "tests" / "programs")) / f"{name}.ptx"
 
 
 @pytest.fixture
 def gpu_meshd(tmp_path: Path) -> Iterator[meshd.Client]:
+    yield from _meshd(tmp_path, [])
+
+
+@pytest.fixture(params=["blink", "mps"])
+def bulk_meshd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[meshd.Client]:
+    """meshd in either mode with a mailbox large enough for two 16 MiB bulk rings of 2 messages."""
+    extra = ["--shm-size", "256M"]
+    if request.param == "mps":
+        extra += ["--isolation", "mps", "--pool", "2", "--mps-dir", str(tmp_path / "mps")]
+    yield from _meshd(tmp_path, extra)
+
+
+def _meshd(tmp_path: Path, extra: list[str]) -> Iterator[meshd.Client]:
     sock = tmp_path / "sock"
     # The mailbox on tmpfs, as meshd's default: the GPU registers only memory the driver can pin (a
     # mailbox under /tmp failed cuMemHostRegister on the H200).
     shm = Path(tempfile.mkdtemp(prefix="meshd-pytest-", dir="/dev/shm")) / "mailbox"
     args = [meshd_bin(), "--socket", str(sock), "run", "--shm", str(shm), "--fresh"]
-    args += ["--state-dir", str(tmp_path / "state")]
+    args += ["--state-dir", str(tmp_path / "state"), *extra]
     log = open(tmp_path / "meshd.log", "w")
     daemon = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     client = meshd.Client(sock, timeout=120)
@@ -108,4 +121,58 @@ def test_the_echo_program_driven_from_python(gpu_meshd: meshd.Client) -> None:
     ps = client.ps()["programs"]
     assert ps[0]["heartbeat"] > 0, "the program ran"
     client.unload("echo")
+    assert "libcuda" not in Path("/proc/self/maps").read_text(), "the Python process loaded the CUDA driver"
+
+
+def test_numpy_arrays_through_bulk_echo_copying_and_in_place(bulk_meshd: meshd.Client) -> None:
+    """Every size class through bulk_echo (one block of 1024 threads), each message numbered and every
+    word checked: copying (send / recv_into) and in place (send_view / recv_view) in turn, then a stream
+    with the sender on its own thread."""
+    client = bulk_meshd
+    for size, capacity, count in ((64 << 10, 4, 64), (1 << 20, 4, 32), (16 << 20, 2, 8)):
+        to, back = f"to{size}", f"back{size}"
+        client.channel_create(to, msg_size=size, capacity=capacity, protocol="bulk")
+        client.channel_create(back, msg_size=size, capacity=capacity, protocol="bulk")
+        row = client.load(f"bulk-echo{size}", echo_ptx("bulk_echo"), block=1024, bind=[to, back])
+        assert row["state"] == "running", row
+        tx, rx = client.producer(to), client.consumer(back)
+        assert (tx.protocol, rx.protocol) == ("bulk", "bulk")
+        words = size // 8
+        out = np.empty(words, dtype=np.uint64)
+
+        def message(n: int) -> np.ndarray:
+            m = np.arange(words, dtype=np.uint64) ^ np.uint64(n)
+            m[0] = n
+            return m
+
+        for n in range(count):
+            if n % 2:
+                tx.send(message(n), timeout=DEADLINE)
+                rx.recv_into(out, timeout=DEADLINE)
+                assert np.array_equal(out, message(n)), f"{size} B message {n} (copying) differs"
+            else:
+                with tx.send_view(timeout=DEADLINE) as v:
+                    np.frombuffer(v, dtype=np.uint64)[:] = message(n)
+                with rx.recv_view(timeout=DEADLINE) as v:
+                    got = np.frombuffer(v, dtype=np.uint64)
+                    ok = np.array_equal(got, message(n))
+                    del got
+                assert ok, f"{size} B message {n} (in place) differs"
+
+        def send_all() -> None:
+            for n in range(count, 3 * count):
+                tx.send(message(n), timeout=DEADLINE)
+
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        t = time.perf_counter()
+        for n in range(count, 3 * count):
+            rx.recv_into(out, timeout=DEADLINE)
+            assert int(out[0]) == n and np.array_equal(out, message(n)), f"{size} B stream at {n}"
+        secs = time.perf_counter() - t
+        sender.join()
+        print(f"{size} B through bulk_echo from Python: {2 * count * size / secs / 1e9:.2f} GB/s each way (checked)")
+        tx.close()
+        rx.close()
+        client.unload(f"bulk-echo{size}")
     assert "libcuda" not in Path("/proc/self/maps").read_text(), "the Python process loaded the CUDA driver"
