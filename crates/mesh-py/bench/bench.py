@@ -246,7 +246,9 @@ def bulk_host(peer: Path, repeats: int) -> None:
     run(peer, "mailbox", path, "--size", total, *[f"bulk{s}:{s}:{c}:bulk" for s, (c, _) in BULK.items()])
     mb = meshd.Mailbox.open(path)
     print(f"## Bulk channels, Python beside the Rust host end (BulkProducer/BulkConsumer), host -> host ({os.cpu_count()} CPUs)\n")
-    print(f"Copy settings: Python {meshd.CopyConfig.default()!r}, the Rust ends their defaults (the same). Mailbox in {tmp}.")
+    for size in BULK:
+        print(f"Copy settings at {size} B, both ends' default: {meshd.CopyConfig.for_msg_size(size)!r}")
+    print(f"Mailbox in {tmp}.")
     print(
         f"Each cell the median of {repeats} streams of numbered messages (the columns interleaved), GB/s from the "
         "first message to the last; the other end the Rust peer; in brackets the share of Rust -> Rust.\n"

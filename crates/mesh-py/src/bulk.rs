@@ -4,9 +4,10 @@
 //! (`try_send_with`, `try_recv_with`); Python needs one held across a `with` block. So these ends are
 //! made of the same public parts and in the same order as `mesh_shm::bulk_channel`'s: the claim
 //! (`EndClaim`), the ring's cores (`BulkProducerCore`, `BulkConsumerCore`: `reserve`/`publish`,
-//! `peek`/`release`), and a `Copier` built from a `CopyConfig` whose unset fields are Rust's
-//! `CopyConfig::default()` (so a change of the Rust defaults reaches Python without a change here).
-//! The copy of a whole message is the copier's, exactly as the Rust ends do it.
+//! `peek`/`release`), the ring's pages mapped at claim (as `bulk_channel`'s `prefault`), and a
+//! `Copier` built from `CopyConfig::for_msg_size` (what `BulkProducer::claim` uses; so a change of the
+//! Rust defaults reaches Python without a change here) unless the caller gives a `CopyConfig`. The
+//! copy of a whole message is the copier's, exactly as the Rust ends do it.
 //!
 //! **Views.** A [`SlotView`] lends one slot: the producer's reserved (not yet published) slot,
 //! writable, or the consumer's message (not yet released), read-only. It implements the buffer
@@ -23,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use mesh_shm::bulk::{BulkConsumerCore, BulkMemory, BulkProducerCore};
 use mesh_shm::copy::Copier;
-use mesh_shm::layout::{RingHeader, bulk_slot_bytes};
+use mesh_shm::layout::{RingHeader, bulk_payload_offset, bulk_slot_bytes};
 use mesh_shm::{ChannelInfo, End, EndClaim, Mailbox, Placement, Protocol, ShmError};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -35,7 +36,8 @@ use crate::{PyConsumer, PyProducer};
 /// than the copy).
 pub(crate) const GIL_FREE_COPY: usize = 4096;
 
-/// The copy settings of a bulk end: `mesh_shm::CopyConfig`, each field not given taking Rust's default.
+/// The copy settings of a bulk end: `mesh_shm::CopyConfig`, each field not given taking the value of
+/// `CopyConfig::default()` (an end claimed without one uses `CopyConfig::for_msg_size` instead).
 #[pyclass(name = "CopyConfig", module = "meshd", frozen, eq)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PyCopyConfig {
@@ -64,10 +66,17 @@ impl PyCopyConfig {
         Self { inner }
     }
 
-    /// Rust's defaults (`mesh_shm::CopyConfig::default()`).
+    /// `mesh_shm::CopyConfig::default()`.
     #[staticmethod]
     fn default() -> Self {
         Self { inner: mesh_shm::CopyConfig::default() }
+    }
+
+    /// What a bulk end claimed without a `copy_config` uses for `msg_size`-byte messages (the Rust
+    /// host end's choice by size, `mesh_shm::CopyConfig::for_msg_size`, on this machine's CPUs).
+    #[staticmethod]
+    fn for_msg_size(msg_size: usize) -> Self {
+        Self { inner: mesh_shm::CopyConfig::for_msg_size(msg_size) }
     }
 
     #[getter]
@@ -135,6 +144,25 @@ fn bulk_memory(mailbox: &Mailbox, info: &ChannelInfo) -> Result<BulkMemory, ShmE
     }
 }
 
+/// Maps every page of `ring`'s flags and payloads into this process at claim, as mesh-shm's bulk ends
+/// do (`bulk_channel::prefault`, private there): otherwise the first lap of a 16 MiB ring takes a
+/// page fault every 4 KiB inside its copies.
+fn prefault(ring: &BulkMemory) {
+    const PAGE: usize = 4096;
+    let capacity = ring.capacity();
+    #[allow(clippy::cast_possible_truncation, reason = "a ring's capacity is below 2^32 (BulkMemory::new)")]
+    let offset = usize::try_from(bulk_payload_offset(capacity as u32)).unwrap_or(0);
+    let len = offset + usize::try_from(capacity).unwrap_or(0).saturating_mul(ring.msg_size());
+    let flags = ring.payload_ptr(0).cast_const().wrapping_sub(offset);
+    let mut at = 0;
+    while at < len {
+        // SAFETY: inside the ring's slots (its flags, then its payloads), which `bulk_memory` checked
+        // to lie in the mapping; a volatile one-byte read whose value is dropped disturbs nothing.
+        unsafe { core::ptr::read_volatile(flags.add(at)) };
+        at += PAGE;
+    }
+}
+
 fn corrupt(info: &ChannelInfo, c: mesh_shm::bulk::Corrupt) -> ShmError {
     ShmError::Corrupt { channel: info.name.clone(), head: c.head, tail: c.tail, capacity: u64::from(info.capacity) }
 }
@@ -174,12 +202,15 @@ pub(crate) struct BulkTx {
 }
 
 impl BulkTx {
-    /// Claims the producer end of bulk channel `name` (as `BulkProducer::claim_with`).
-    pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: mesh_shm::CopyConfig) -> Result<Self, ShmError> {
+    /// Claims the producer end of bulk channel `name` (as `BulkProducer::claim`, or `claim_with`
+    /// when `config` is given).
+    pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: Option<mesh_shm::CopyConfig>) -> Result<Self, ShmError> {
         let info = mailbox.channel(name)?;
+        let config = config.unwrap_or_else(|| mesh_shm::CopyConfig::for_msg_size(info.msg_size as usize));
         let ring = bulk_memory(mailbox, &info)?;
         let claim = EndClaim::take(mailbox, name, End::Producer)?;
         let copier = copier(mailbox, config)?;
+        prefault(&ring);
         Ok(Self { core: BulkProducerCore::new(ring), copier, info, _claim: claim })
     }
 
@@ -255,13 +286,16 @@ pub(crate) struct BulkRx {
 }
 
 impl BulkRx {
-    /// Claims the consumer end of bulk channel `name` (as `BulkConsumer::claim_with`).
-    pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: mesh_shm::CopyConfig) -> Result<Self, ShmError> {
+    /// Claims the consumer end of bulk channel `name` (as `BulkConsumer::claim`, or `claim_with`
+    /// when `config` is given).
+    pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: Option<mesh_shm::CopyConfig>) -> Result<Self, ShmError> {
         let info = mailbox.channel(name)?;
+        let config = config.unwrap_or_else(|| mesh_shm::CopyConfig::for_msg_size(info.msg_size as usize));
         let ring = bulk_memory(mailbox, &info)?;
         let claim = EndClaim::take(mailbox, name, End::Consumer)?;
         let core = BulkConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
         let copier = copier(mailbox, config)?;
+        prefault(&ring);
         Ok(Self { core, copier, info, _claim: claim })
     }
 

@@ -331,7 +331,7 @@ impl PyMailbox {
     }
 
     /// Claims the producer end of channel `name`, whatever its protocol (`copy_config`: a bulk
-    /// channel's copy settings; None: Rust's defaults).
+    /// channel's copy settings; None: the Rust host end's choice by message size).
     #[pyo3(signature = (name, copy_config=None))]
     fn producer(
         &self,
@@ -450,7 +450,8 @@ impl PyProducer {
 #[pymethods]
 impl PyProducer {
     /// Claims the producer end of channel `name`, whatever its protocol. `copy_config` (bulk
-    /// channels): how messages are copied into the ring; None: Rust's defaults.
+    /// channels): how messages are copied into the ring; None: the Rust host end's choice by message
+    /// size (`CopyConfig.for_msg_size`).
     #[new]
     #[pyo3(signature = (mailbox, name, copy_config=None))]
     fn new(
@@ -462,7 +463,7 @@ impl PyProducer {
         let mb = &mailbox.inner;
         let info = mb.channel(name).map_err(|e| shm_err(py, e))?;
         let inner = if info.protocol == Protocol::Bulk {
-            let config = copy_config.map_or_else(mesh_shm::CopyConfig::default, |c| c.inner);
+            let config = copy_config.map(|c| c.inner);
             TxEnd::Bulk(BulkTx::claim(mb, name, config).map_err(|e| shm_err(py, e))?)
         } else {
             TxEnd::Ring(Producer::claim(mb, name).map_err(|e| shm_err(py, e))?)
@@ -833,7 +834,7 @@ fn try_recv_batch_any(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], size: usi
 #[pymethods]
 impl PyConsumer {
     /// Claims the consumer end of channel `name`, whatever its protocol. `copy_config` (bulk
-    /// channels): how messages are copied out of the ring; None: Rust's defaults.
+    /// channels): how messages are copied out of the ring; None: the Rust host end's choice by size.
     #[new]
     #[pyo3(signature = (mailbox, name, copy_config=None))]
     fn new(
@@ -845,7 +846,7 @@ impl PyConsumer {
         let mb = &mailbox.inner;
         let info = mb.channel(name).map_err(|e| shm_err(py, e))?;
         let inner = if info.protocol == Protocol::Bulk {
-            let config = copy_config.map_or_else(mesh_shm::CopyConfig::default, |c| c.inner);
+            let config = copy_config.map(|c| c.inner);
             RxEnd::Bulk(BulkRx::claim(mb, name, config).map_err(|e| shm_err(py, e))?)
         } else {
             RxEnd::Ring(Consumer::claim(mb, name).map_err(|e| shm_err(py, e))?)

@@ -54,8 +54,10 @@ def test_the_end_is_chosen_by_the_channels_protocol(bulk_path: Path) -> None:
     mb = meshd.Mailbox.open(bulk_path)
     with mb.producer("b1m") as tx, meshd.Consumer(mb, "b1m") as rx:
         assert (tx.protocol, rx.protocol, tx.msg_size, tx.capacity) == ("bulk", "bulk", MiB, 4)
-        assert tx.copy_config == meshd.CopyConfig.default() == meshd.CopyConfig()
-        assert rx.copy_config == meshd.CopyConfig.default()
+        # The Rust host end's choice by size (mesh-shm's CopyConfig::for_msg_size), not a copy of it.
+        assert tx.copy_config == meshd.CopyConfig.for_msg_size(MiB)
+        assert rx.copy_config == meshd.CopyConfig.for_msg_size(MiB)
+        assert meshd.CopyConfig() == meshd.CopyConfig.default()
         assert "protocol=bulk" in repr(tx)
     with mb.producer("small") as tx, mb.consumer("small") as rx:
         assert (tx.protocol, tx.copy_config, rx.copy_config) == ("ll", None, None)
@@ -64,7 +66,7 @@ def test_the_end_is_chosen_by_the_channels_protocol(bulk_path: Path) -> None:
         with pytest.raises(ValueError, match="only bulk channels"):
             rx.try_recv_view()
     config = meshd.CopyConfig(threads=2, non_temporal=True)
-    assert (config.threads, config.non_temporal, config.min_part) == (2, True, meshd.CopyConfig().min_part)
+    assert (config.threads, config.non_temporal, config.min_part) == (2, True, meshd.CopyConfig.default().min_part)
     with mb.producer("b64k", config) as tx:
         assert tx.copy_config == config
     assert meshd.MAX_BULK_MSG_SIZE == 16 * MiB

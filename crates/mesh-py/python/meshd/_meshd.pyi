@@ -16,14 +16,19 @@ MAX_MSG_SIZE: Final[int]
 MAX_BULK_MSG_SIZE: Final[int]
 
 class CopyConfig:
-    """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out is Rust's default."""
+    """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out takes
+    ``CopyConfig.default()``'s value. An end claimed without one uses ``for_msg_size`` (the Rust host
+    end's choice by message size)."""
 
     def __init__(
         self, threads: int | None = None, min_part: int | None = None, non_temporal: bool | None = None
     ) -> None: ...
     @staticmethod
     def default() -> CopyConfig:
-        """The Rust host end's defaults."""
+        """mesh-shm's ``CopyConfig::default()``."""
+    @staticmethod
+    def for_msg_size(msg_size: int) -> CopyConfig:
+        """What an end claimed without a ``copy_config`` uses (``CopyConfig::for_msg_size``)."""
     @property
     def threads(self) -> int:
         """Threads copying one message together, the caller's included."""

@@ -383,7 +383,8 @@ class Client:
     def producer(self, channel: str, copy_config: CopyConfig | None = None) -> Producer:
         """Claims the producer end of ``channel`` in this meshd's mailbox, whatever its protocol.
 
-        ``copy_config``: a bulk channel's copy settings (None: the Rust host end's defaults).
+        ``copy_config``: a bulk channel's copy settings (None: the Rust host end's choice by message
+        size, ``CopyConfig.for_msg_size``).
         """
         return self.mailbox().producer(channel, copy_config)
 
