@@ -1,13 +1,11 @@
 //! The host ends of a bulk channel (protocol bulk) for Python, and the views that lend a ring slot to Python.
 //!
-//! mesh-shm's `BulkProducer`/`BulkConsumer` take a slot in place only for the length of a closure
-//! (`try_send_with`, `try_recv_with`); Python needs one held across a `with` block. So these ends are
-//! made of the same public parts and in the same order as `mesh_shm::bulk_channel`'s: the claim
-//! (`EndClaim`), the ring's cores (`BulkProducerCore`, `BulkConsumerCore`: `reserve`/`publish`,
-//! `peek`/`release`), the ring's pages mapped at claim (as `bulk_channel`'s `prefault`), and a
-//! `Copier` built from `CopyConfig::for_msg_size` (what `BulkProducer::claim` uses; so a change of the
-//! Rust defaults reaches Python without a change here) unless the caller gives a `CopyConfig`. The
-//! copy of a whole message is the copier's, exactly as the Rust ends do it.
+//! These ends are mesh-shm's `BulkProducer`/`BulkConsumer` (the claim, the ring's pages mapped at
+//! claim, `CopyConfig::for_msg_size` unless the caller gives a `CopyConfig`: so a change of the Rust
+//! ends reaches Python without a change here), driven through their split calls: `try_reserve` then
+//! `publish`/`discard`, `try_peek` then `release`/`unpeek`. What is added here is Python's: the
+//! copies of more than [`GIL_FREE_COPY`] bytes are made with the GIL released, and a slot is lent
+//! across a `with` block.
 //!
 //! **Views.** A [`SlotView`] lends one slot: the producer's reserved (not yet published) slot,
 //! writable, or the consumer's message (not yet released), read-only. It implements the buffer
@@ -22,10 +20,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use mesh_shm::bulk::{BulkConsumerCore, BulkMemory, BulkProducerCore};
-use mesh_shm::copy::Copier;
-use mesh_shm::layout::{RingHeader, bulk_payload_offset, bulk_slot_bytes};
-use mesh_shm::{ChannelInfo, End, EndClaim, Mailbox, Placement, Protocol, ShmError};
+use mesh_shm::{BulkConsumer, BulkProducer, ChannelInfo, Mailbox, Peeked, Reserved, ShmError};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyMemoryView;
@@ -101,255 +96,148 @@ impl PyCopyConfig {
     }
 }
 
-/// The ring of host channel `info`, of protocol bulk: what `Mailbox::bulk_memory` (crate-private in
-/// mesh-shm) does, from the mapping's public address and the validated descriptor, every bound checked again.
-fn bulk_memory(mailbox: &Mailbox, info: &ChannelInfo) -> Result<BulkMemory, ShmError> {
-    if info.placement != Placement::Host {
-        return Err(ShmError::DevicePlacement { channel: info.name.clone() });
-    }
-    if info.protocol != Protocol::Bulk {
-        return Err(ShmError::Protocol { channel: info.name.clone(), protocol: info.protocol, wanted: Protocol::Bulk });
-    }
-    let (base, len) = mailbox.as_raw_parts();
-    let header_end = info.ring_offset.checked_add(core::mem::size_of::<RingHeader>() as u64);
-    let slots_end = info.slots_offset.checked_add(bulk_slot_bytes(info.msg_size, info.capacity));
-    let fits = |end: Option<u64>| end.is_some_and(|e| e <= len as u64);
-    let sane = fits(header_end)
-        && fits(slots_end)
-        && info.ring_offset % 128 == 0
-        && info.slots_offset % 16 == 0
-        && info.slots_offset >= header_end.unwrap_or(u64::MAX)
-        && info.msg_size > 0
-        && info.msg_size % 16 == 0
-        && info.capacity.is_power_of_two();
-    if !sane {
-        return Err(ShmError::Invalid {
-            path: mailbox.path().to_path_buf(),
-            field: "channel descriptor",
-            reason: format!("channel {:?}: its bulk ring does not fit the mapping", info.name),
-        });
-    }
-    #[allow(clippy::cast_possible_truncation, reason = "both offsets were checked to lie inside the mapping")]
-    let (ring_at, slots_at) = (info.ring_offset as usize, info.slots_offset as usize);
-    // SAFETY: both offsets lie inside the mapping (checked above), so the pointers are in bounds and
-    // non-null; the header is 128-byte aligned and the slots 16-byte aligned (the mapping is page
-    // aligned; offsets checked), the slots hold `bulk_slot_bytes` bytes after the header, the
-    // capacity is a power of two (< 2^32, a u32) and the message size a non-zero multiple of 16 —
-    // BulkMemory::new's contract. The mapping lives as long as the `Mailbox` clones the ends and
-    // views hold (its `Arc`).
-    unsafe {
-        let header = core::ptr::NonNull::new_unchecked(base.add(ring_at).cast::<RingHeader>());
-        let slots = core::ptr::NonNull::new_unchecked(base.add(slots_at));
-        Ok(BulkMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity)))
-    }
-}
-
-/// Maps every page of `ring`'s flags and payloads into this process at claim, as mesh-shm's bulk ends
-/// do (`bulk_channel::prefault`, private there): otherwise the first lap of a 16 MiB ring takes a
-/// page fault every 4 KiB inside its copies.
-fn prefault(ring: &BulkMemory) {
-    const PAGE: usize = 4096;
-    let capacity = ring.capacity();
-    #[allow(clippy::cast_possible_truncation, reason = "a ring's capacity is below 2^32 (BulkMemory::new)")]
-    let offset = usize::try_from(bulk_payload_offset(capacity as u32)).unwrap_or(0);
-    let len = offset + usize::try_from(capacity).unwrap_or(0).saturating_mul(ring.msg_size());
-    let flags = ring.payload_ptr(0).cast_const().wrapping_sub(offset);
-    let mut at = 0;
-    while at < len {
-        // SAFETY: inside the ring's slots (its flags, then its payloads), which `bulk_memory` checked
-        // to lie in the mapping; a volatile one-byte read whose value is dropped disturbs nothing.
-        unsafe { core::ptr::read_volatile(flags.add(at)) };
-        at += PAGE;
-    }
-}
-
-fn corrupt(info: &ChannelInfo, c: mesh_shm::bulk::Corrupt) -> ShmError {
-    ShmError::Corrupt { channel: info.name.clone(), head: c.head, tail: c.tail, capacity: u64::from(info.capacity) }
-}
-
-fn copier(mailbox: &Mailbox, config: mesh_shm::CopyConfig) -> Result<Copier, ShmError> {
-    Copier::new(config).map_err(|source| ShmError::Io {
-        path: mailbox.path().to_path_buf(),
-        op: "start a copy thread",
-        source,
-    })
-}
-
-/// A copy of `len` bytes, with the GIL released above [`GIL_FREE_COPY`].
-///
-/// # Safety
-/// As `Copier::copy`: `src` valid for `len` reads, `dst` for `len` writes, disjoint, and nothing else
-/// writing either (or reading `dst`) until this returns.
-unsafe fn copy(py: Python<'_>, copier: &mut Copier, dst: *mut u8, src: *const u8, len: usize, nt: bool) {
-    if len <= GIL_FREE_COPY {
-        // SAFETY: the caller's contract.
-        unsafe { copier.copy(dst, src, len, nt) };
-        return;
-    }
-    let (d, s) = (dst as usize, src as usize);
-    // SAFETY: the caller's contract; the addresses go to the detached closure as integers, and it
-    // ends before this function returns.
-    py.detach(|| unsafe { copier.copy(d as *mut u8, s as *const u8, len, nt) });
-}
-
-/// The sending end of a bulk channel: its claim, its core and its copier.
+/// The sending end of a bulk channel: mesh-shm's, its copies made with the GIL released above
+/// [`GIL_FREE_COPY`] bytes.
 #[derive(Debug)]
 pub(crate) struct BulkTx {
-    core: BulkProducerCore,
-    copier: Copier,
-    info: ChannelInfo,
-    _claim: EndClaim,
+    end: BulkProducer,
 }
 
 impl BulkTx {
-    /// Claims the producer end of bulk channel `name` (as `BulkProducer::claim`, or `claim_with`
-    /// when `config` is given).
+    /// Claims the producer end of bulk channel `name` (`BulkProducer::claim`, or `claim_with` when
+    /// `config` is given).
     pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: Option<mesh_shm::CopyConfig>) -> Result<Self, ShmError> {
-        let info = mailbox.channel(name)?;
-        let config = config.unwrap_or_else(|| mesh_shm::CopyConfig::for_msg_size(info.msg_size as usize));
-        let ring = bulk_memory(mailbox, &info)?;
-        let claim = EndClaim::take(mailbox, name, End::Producer)?;
-        let copier = copier(mailbox, config)?;
-        prefault(&ring);
-        Ok(Self { core: BulkProducerCore::new(ring), copier, info, _claim: claim })
+        let end = match config {
+            Some(config) => BulkProducer::claim_with(mailbox, name, config)?,
+            None => BulkProducer::claim(mailbox, name)?,
+        };
+        Ok(Self { end })
     }
 
     pub(crate) fn info(&self) -> &ChannelInfo {
-        &self.info
+        self.end.info()
     }
 
     pub(crate) fn copy_config(&self) -> mesh_shm::CopyConfig {
-        self.copier.config()
+        self.end.copy_config()
     }
 
-    /// The next slot when there is room (its address as an integer, for closures without the GIL).
-    pub(crate) fn reserve(&mut self) -> Result<Option<usize>, ShmError> {
-        Ok(self.core.reserve().map_err(|c| corrupt(&self.info, c))?.map(|p| p as usize))
-    }
-
-    /// The sequence number of the slot `reserve` gives.
-    pub(crate) fn head(&self) -> u64 {
-        self.core.head()
-    }
-
-    /// Writes `msg` (checked against the message size) into the reserved slot at `dst`, zero-padded,
-    /// and publishes it.
-    ///
-    /// # Safety
-    /// `dst` must be the address the last `reserve` gave, not yet published.
-    pub(crate) unsafe fn fill_and_publish(&mut self, py: Python<'_>, dst: usize, msg: &[u8]) {
-        let size = self.info.msg_size as usize;
-        let dst = dst as *mut u8;
-        // SAFETY: `reserve` handed the slot's `size` bytes to this end until `publish` (the caller's
-        // contract); `msg` is at most `size` bytes (checked by the callers), the caller's buffer,
-        // disjoint from the mapping's slot; the copier waits for its helpers.
-        unsafe {
-            copy(py, &mut self.copier, dst, msg.as_ptr(), msg.len(), true);
-            if msg.len() < size {
-                core::ptr::write_bytes(dst.add(msg.len()), 0, size - msg.len());
-            }
-        }
-        self.core.publish();
+    /// Reserves the next slot when there is room (`BulkProducer::try_reserve`).
+    pub(crate) fn reserve(&mut self) -> Result<Option<Reserved>, ShmError> {
+        self.end.try_reserve()
     }
 
     /// Refuses a message longer than the message size.
     pub(crate) fn check_len(&self, len: usize) -> Result<(), ShmError> {
-        let size = self.info.msg_size as usize;
-        if len > size {
-            return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: len });
+        self.end.check_len(len)
+    }
+
+    /// Writes `msg` into the reserved slot, zero-padded, and publishes it; a write refused (a message
+    /// too long) discards the slot.
+    pub(crate) fn fill_and_publish(&mut self, py: Python<'_>, msg: &[u8]) -> Result<(), ShmError> {
+        let end = &mut self.end;
+        let written =
+            if msg.len() <= GIL_FREE_COPY { end.write_reserved(msg) } else { py.detach(|| end.write_reserved(msg)) };
+        if let Err(e) = written {
+            let _ = end.discard();
+            return Err(e);
         }
-        Ok(())
+        end.publish().map(drop)
     }
 
     /// One message if there is room, with the copy's GIL rule. `Ok(false)`: full.
     pub(crate) fn try_send(&mut self, py: Python<'_>, msg: &[u8]) -> Result<bool, ShmError> {
+        if msg.len() <= GIL_FREE_COPY {
+            return self.end.try_send(msg);
+        }
         self.check_len(msg.len())?;
-        let Some(dst) = self.reserve()? else { return Ok(false) };
-        // SAFETY: `dst` was just reserved.
-        unsafe { self.fill_and_publish(py, dst, msg) };
+        if self.reserve()?.is_none() {
+            return Ok(false);
+        }
+        self.fill_and_publish(py, msg)?;
         Ok(true)
     }
 
     /// Publishes the slot lent to a view (written in place).
-    pub(crate) fn publish(&mut self) {
-        self.core.publish();
+    pub(crate) fn publish(&mut self) -> Result<(), ShmError> {
+        self.end.publish().map(drop)
+    }
+
+    /// Gives the slot lent to a view back unpublished (the next send reuses it).
+    pub(crate) fn discard(&mut self) -> Result<(), ShmError> {
+        self.end.discard()
     }
 }
 
-/// The receiving end of a bulk channel.
+/// The receiving end of a bulk channel: mesh-shm's, its copies made with the GIL released above
+/// [`GIL_FREE_COPY`] bytes.
 #[derive(Debug)]
 pub(crate) struct BulkRx {
-    core: BulkConsumerCore,
-    copier: Copier,
-    info: ChannelInfo,
-    _claim: EndClaim,
+    end: BulkConsumer,
 }
 
 impl BulkRx {
-    /// Claims the consumer end of bulk channel `name` (as `BulkConsumer::claim`, or `claim_with`
-    /// when `config` is given).
+    /// Claims the consumer end of bulk channel `name` (`BulkConsumer::claim`, or `claim_with` when
+    /// `config` is given).
     pub(crate) fn claim(mailbox: &Mailbox, name: &str, config: Option<mesh_shm::CopyConfig>) -> Result<Self, ShmError> {
-        let info = mailbox.channel(name)?;
-        let config = config.unwrap_or_else(|| mesh_shm::CopyConfig::for_msg_size(info.msg_size as usize));
-        let ring = bulk_memory(mailbox, &info)?;
-        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
-        let core = BulkConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
-        let copier = copier(mailbox, config)?;
-        prefault(&ring);
-        Ok(Self { core, copier, info, _claim: claim })
+        let end = match config {
+            Some(config) => BulkConsumer::claim_with(mailbox, name, config)?,
+            None => BulkConsumer::claim(mailbox, name)?,
+        };
+        Ok(Self { end })
     }
 
     pub(crate) fn info(&self) -> &ChannelInfo {
-        &self.info
+        self.end.info()
     }
 
     pub(crate) fn copy_config(&self) -> mesh_shm::CopyConfig {
-        self.copier.config()
+        self.end.copy_config()
     }
 
-    /// The next whole message's address (an integer), if any.
-    pub(crate) fn peek(&self) -> Option<usize> {
-        self.core.peek().map(|p| p as usize)
-    }
-
-    /// The sequence number of the message `peek` gives.
-    pub(crate) fn tail(&self) -> u64 {
-        self.core.tail()
+    /// The next whole message, if any (`BulkConsumer::try_peek`).
+    pub(crate) fn peek(&mut self) -> Result<Option<Peeked>, ShmError> {
+        self.end.try_peek()
     }
 
     /// Refuses a buffer that is not exactly the message size.
     pub(crate) fn check_len(&self, len: usize) -> Result<(), ShmError> {
-        let size = self.info.msg_size as usize;
-        if len != size {
-            return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: len });
-        }
-        Ok(())
+        self.end.check_len(len)
     }
 
-    /// Copies the message at `src` into `out` and releases its slot.
-    ///
-    /// # Safety
-    /// `src` must be what the last `peek` gave, not yet released; `out` exactly the message size.
-    pub(crate) unsafe fn take_into(&mut self, py: Python<'_>, src: usize, out: &mut [u8]) {
-        // SAFETY: `peek` handed the slot's msg_size bytes to this end until `release` (the producer
-        // rewrites it only after); `out` is the caller's buffer of that size; the copier waits for
-        // its helpers before returning.
-        unsafe { copy(py, &mut self.copier, out.as_mut_ptr(), src as *const u8, out.len(), false) };
-        self.core.release();
+    /// Copies the peeked message into `out` (exactly the message size) and releases its slot; a
+    /// read refused (a buffer of another size) unpeeks the message instead.
+    pub(crate) fn take_into(&mut self, py: Python<'_>, out: &mut [u8]) -> Result<(), ShmError> {
+        let end = &mut self.end;
+        let read = if out.len() <= GIL_FREE_COPY { end.read_peeked(out) } else { py.detach(|| end.read_peeked(out)) };
+        if let Err(e) = read {
+            let _ = end.unpeek();
+            return Err(e);
+        }
+        end.release().map(drop)
     }
 
     /// One message into `out` (exactly the message size) if one is whole. `Ok(false)`: none.
     pub(crate) fn try_recv(&mut self, py: Python<'_>, out: &mut [u8]) -> Result<bool, ShmError> {
+        if out.len() <= GIL_FREE_COPY {
+            return self.end.try_recv(out);
+        }
         self.check_len(out.len())?;
-        let Some(src) = self.peek() else { return Ok(false) };
-        // SAFETY: `src` was just peeked; `out` has the message size (checked).
-        unsafe { self.take_into(py, src, out) };
+        if self.peek()?.is_none() {
+            return Ok(false);
+        }
+        self.take_into(py, out)?;
         Ok(true)
     }
 
     /// Releases the slot lent to a view.
-    pub(crate) fn release(&mut self) {
-        self.core.release();
+    pub(crate) fn release(&mut self) -> Result<(), ShmError> {
+        self.end.release().map(drop)
+    }
+
+    /// Gives the message lent to a view back unreleased (it comes again).
+    pub(crate) fn unpeek(&mut self) -> Result<(), ShmError> {
+        self.end.unpeek()
     }
 }
 
@@ -402,13 +290,21 @@ pub(crate) struct SlotView {
 }
 
 impl SlotView {
-    pub(crate) fn for_producer(end: Py<PyProducer>, lent: Arc<Lent>, addr: usize, p: &BulkTx, m: Mailbox) -> Self {
-        let (len, seq, channel) = (p.info().msg_size as usize, p.head(), p.info().name.clone());
+    /// A view of the slot `slot` that the producer `end` reserved.
+    pub(crate) fn for_producer(
+        end: Py<PyProducer>,
+        lent: Arc<Lent>,
+        slot: Reserved,
+        channel: String,
+        m: Mailbox,
+    ) -> Self {
+        let (addr, len, seq) = (slot.as_mut_ptr() as usize, slot.len(), slot.seq());
         Self { owner: Owner::Tx(end), lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
     }
 
-    pub(crate) fn for_consumer(end: Py<PyConsumer>, lent: Arc<Lent>, addr: usize, c: &BulkRx, m: Mailbox) -> Self {
-        let (len, seq, channel) = (c.info().msg_size as usize, c.tail(), c.info().name.clone());
+    /// A view of the message `msg` that the consumer `end` peeked.
+    pub(crate) fn for_consumer(end: Py<PyConsumer>, lent: Arc<Lent>, msg: Peeked, channel: String, m: Mailbox) -> Self {
+        let (addr, len, seq) = (msg.as_ptr() as usize, msg.len(), msg.seq());
         Self { owner: Owner::Rx(end), lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
     }
 
@@ -448,7 +344,7 @@ impl SlotView {
             Owner::Tx(end) => end.bind(py).try_borrow_mut()?.finish_view(&self.lent, publish),
             Owner::Rx(end) => end.bind(py).try_borrow_mut()?.finish_view(&self.lent, true),
         }
-        Ok(())
+        .map_err(|e| crate::shm_err(py, e))
     }
 
     fn memoryview(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
@@ -480,12 +376,14 @@ impl Drop for SlotView {
         Python::attach(|py| match &self.owner {
             Owner::Tx(end) => {
                 if let Ok(mut p) = end.bind(py).try_borrow_mut() {
-                    p.finish_view(&self.lent, false);
+                    // A slot lent to this view is discarded: nothing to refuse here.
+                    let _ = p.finish_view(&self.lent, false);
                 }
             }
             Owner::Rx(end) => {
                 if let Ok(mut c) = end.bind(py).try_borrow_mut() {
-                    c.abandon_view(&self.lent);
+                    // A message lent to this view is unpeeked: nothing to refuse here.
+                    let _ = c.abandon_view(&self.lent);
                 }
             }
         });
@@ -589,10 +487,13 @@ impl SlotView {
         }
         let len = pyo3::ffi::Py_ssize_t::try_from(this.len).map_err(|_| PyBufferError::new_err("slot too large"))?;
         let readonly = c_int::from(!this.writable());
-        // SAFETY: `view` is the Py_buffer Python passed to fill; the slot's `len` bytes at `addr` stay
-        // valid while the export lives (the export holds this object, which holds the mapping, and
-        // the slot is not given back while `exports` > 0); FillInfo takes its own reference to the
-        // object, refuses a writable request on a read-only slot, and fills a 1-D byte buffer.
+        // SAFETY: `view` is the Py_buffer Python passed to fill. The slot's `len` bytes at `addr` are a
+        // mesh-shm `Reserved`/`Peeked` and stay valid under its contract while the export lives: the
+        // export holds this object, which holds the mapping; the slot is not published, discarded or
+        // released while `exports` > 0 (`give_back` refuses), nor is the end dropped (its `close`
+        // refuses, and a view given back exports no more: checked above). FillInfo takes its own
+        // reference to the object, refuses a writable request on a read-only slot, and fills a 1-D
+        // byte buffer.
         let rc = unsafe {
             pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), this.addr as *mut std::ffi::c_void, len, readonly, flags)
         };

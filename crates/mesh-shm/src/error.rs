@@ -160,6 +160,20 @@ pub enum ShmError {
         /// The channel's name.
         channel: String,
     },
+    /// A bulk end's split calls out of order: a reserve, send or receive while a slot the end lent is
+    /// still out (`lent`: that message's sequence number), or a publish, discard, release or unpeek
+    /// with none out (`lent`: `None`).
+    #[error("channel {channel:?}: {end} {op}: {}", lent_text(.lent))]
+    SlotLent {
+        /// The channel's name.
+        channel: String,
+        /// The end asked: producer or consumer.
+        end: End,
+        /// The call refused: `reserve`, `send`, `publish`, `discard`, `recv`, `release`, …
+        op: &'static str,
+        /// The message whose slot is still lent, if one is.
+        lent: Option<u64>,
+    },
     /// A slot index past the table.
     #[error("program slot {index}: no such slot (the mailbox has {count})")]
     NoSuchSlot {
@@ -178,6 +192,17 @@ pub enum ShmError {
         /// `MAX_BINDINGS`, what a slot and a `mesh_ctx` hold.
         max: usize,
     },
+}
+
+/// The reason of a [`ShmError::SlotLent`].
+fn lent_text(lent: &Option<u64>) -> String {
+    match lent {
+        Some(seq) => format!(
+            "message {seq}'s slot is still lent by this end (publish or discard a reserved slot, release or \
+             unpeek a peeked message first)"
+        ),
+        None => "no slot is lent by this end (reserve or peek one first)".to_string(),
+    }
 }
 
 /// The mailbox's result type.

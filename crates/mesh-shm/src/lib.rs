@@ -65,7 +65,7 @@ mod protocol;
 mod queue_model;
 pub mod ring;
 
-pub use bulk_channel::{BulkConsumer, BulkProducer};
+pub use bulk_channel::{BulkConsumer, BulkProducer, Peeked, Reserved};
 pub use channel::{Consumer, EndClaim, Producer};
 pub use copy::CopyConfig;
 pub use error::{End, Result, ShmError};
