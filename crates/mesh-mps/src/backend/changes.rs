@@ -183,16 +183,7 @@ impl MpsBackend {
                     deadline.as_millis(),
                     worker.pid()
                 );
-                match self.control() {
-                    Ok(control) => {
-                        if let Err(e) = control.terminate_client(worker.server, worker.pid(), TERMINATE_WITHIN) {
-                            tracing::error!("terminate_client: {e}");
-                        }
-                    }
-                    Err(e) => tracing::error!("terminate_client: {e}"),
-                }
-                await_cut_off(&mut worker);
-                worker.kill();
+                self.cut_off_and_kill(self.control().ok(), &mut worker, "MPS worker");
                 None
             }
         }

@@ -227,6 +227,9 @@ pub struct MpsBackend {
     silence: SilenceClock,
     /// Where a recovery in place shows at once (meshd's `ps`, `/readyz`, `/metrics`).
     board: RecoveryBoard,
+    /// Workers meshd is cutting off on its own account (a stop past its deadline, a discarded
+    /// worker): their kernels' failure is meshd's doing, not a fault, and marks no recovery.
+    cutting: Arc<Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
@@ -382,7 +385,27 @@ impl MpsBackend {
             news,
             silence: SilenceClock::new(),
             board: RecoveryBoard::new(),
+            cutting: Arc::default(),
         })
+    }
+
+    /// Cuts `w` off its server on meshd's own account (bounded by [`TERMINATE_WITHIN`]), gives the
+    /// server its time, then kills and reaps it. Its kernel's failure, which follows, is not a GPU
+    /// fault: the reader hook marks no recovery for it (a `/readyz` 503 until the next tick).
+    fn cut_off_and_kill(&self, control: Option<Arc<MpsControl>>, w: &mut Worker, what: &str) {
+        let pid = w.pid();
+        self.cutting.lock().insert(pid);
+        match control {
+            Some(control) => {
+                if let Err(e) = control.terminate_client(w.server, pid, TERMINATE_WITHIN) {
+                    tracing::error!("cutting {what} {pid} off its MPS server: {e}; it is killed all the same");
+                }
+                await_cut_off(w);
+            }
+            None => tracing::error!("cutting {what} {pid} off its MPS server: the backend is shut down"),
+        }
+        w.kill();
+        self.cutting.lock().remove(&pid);
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -453,6 +476,24 @@ fn failed(w: &Worker) -> Option<String> {
     }
 }
 
+/// What a worker's reader thread does the moment its worker says its kernel failed: marks a
+/// recovery in place as begun on `board` and logs it (the time every probe's answer, `/readyz`'s
+/// 503, is measured from), unless meshd itself is cutting that worker off (`cutting`): then the
+/// failure is meshd's doing and no recovery follows.
+fn failure_hook(
+    board: RecoveryBoard,
+    cutting: Arc<Mutex<std::collections::BTreeSet<u32>>>,
+) -> crate::worker::OnFailure {
+    Arc::new(move |pid, reason| {
+        if cutting.lock().contains(&pid) {
+            return;
+        }
+        if board.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new()) {
+            tracing::warn!(target: "watchdog", "MPS worker {pid} says its kernel failed ({reason}): a recovery in place begins");
+        }
+    })
+}
+
 impl Backend for MpsBackend {
     fn mode(&self) -> IsolationMode {
         IsolationMode::Mps
@@ -492,14 +533,7 @@ impl Backend for MpsBackend {
     }
 
     fn set_recovery_board(&mut self, board: RecoveryBoard) {
-        let heard = board.clone();
-        self.news.set_on_failure(Arc::new(move |pid, reason| {
-            // Logged from the reader thread, at the moment meshd hears it: the time every probe's
-            // answer (/readyz 503) is measured from.
-            if heard.begin(format!("GPU fault reported by MPS worker {pid}: {reason}"), Vec::<String>::new()) {
-                tracing::warn!(target: "watchdog", "MPS worker {pid} says its kernel failed ({reason}): a recovery in place begins");
-            }
-        }));
+        self.news.set_on_failure(failure_hook(board.clone(), self.cutting.clone()));
         self.board = board;
     }
 
@@ -541,5 +575,26 @@ impl Backend for MpsBackend {
 impl Drop for MpsBackend {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod hook_tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_marks_a_recovery_unless_meshd_is_cutting_that_worker_off() {
+        let board = RecoveryBoard::new();
+        let cutting: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
+        let hook = failure_hook(board.clone(), cutting.clone());
+        cutting.lock().insert(41);
+        hook(41, "the MPS client has been terminated by the server");
+        assert!(!board.in_progress(), "a worker meshd cut off itself marks no recovery");
+        hook(42, "CUDA_ERROR_ILLEGAL_ADDRESS");
+        let v = board.view();
+        assert!(v.current.as_ref().is_some_and(|c| c.reason.contains("worker 42") && c.reason.contains("ILLEGAL")));
+        assert_eq!(v.begun, 1);
+        hook(43, "CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(board.view().begun, 1, "the other workers' reports join the recovery under way");
     }
 }

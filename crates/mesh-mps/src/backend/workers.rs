@@ -226,14 +226,10 @@ impl MpsBackend {
                 w.refresh();
                 if may_run_a_kernel(&w) {
                     let control = self.lock().control.clone();
-                    if let Some(control) = control {
-                        if let Err(e) = control.terminate_client(w.server, w.pid(), TERMINATE_WITHIN) {
-                            tracing::error!("cutting discarded MPS worker {} off its server: {e}", w.pid());
-                        }
-                        await_cut_off(&mut w);
-                    }
+                    self.cut_off_and_kill(control, &mut w, "discarded MPS worker");
+                } else {
+                    w.kill();
                 }
-                w.kill();
             }
         }
     }
