@@ -3,7 +3,9 @@
 # Compiles the test programs to PTX where nvcc exists, for every call, in parallel (and keeps them in
 # $OUT/ptx.tar to be committed),
 # runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
-# Usage: ./run [tests|bench|all|chan|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
+# Usage: ./run [tests|bench|all|chan|lean|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
+# lean: issue 24 item 2 alone (PENDING, issue 24 call 4): the g2g probe, then `mesh-gpu-bench g2g-lean blink`
+#   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
 # chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
 # 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
@@ -39,7 +41,7 @@ else
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
-if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ]; then
+if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ]; then
   IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
   img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
     local file=$1; shift; img_total=$((img_total + 1))
@@ -75,7 +77,7 @@ fi
 # --- end image kinds ---
 
 # --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
-if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ]; then
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ]; then
   if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
       native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
     ROWS+=("nvcc native-cuda|built bin/native-cuda")
@@ -111,6 +113,15 @@ if [ "$WHAT" = chan ]; then
     ROWS+=("$name|rc=$rc $(grep -E '^test result:' "$OUT/$name.log" | tail -1)")
     grep -E '^test .* (FAILED|ok)$|^channel-' "$OUT/$name.log" | sed "s/^/  [$name] /"
   done
+fi
+
+if [ "$WHAT" = lean ]; then
+  {
+    probes "plain context"
+    for v in echo_x_lean ping_x_lean; do [ -e "$OUT/nvcc/$v.ok" ] || echo "$v: not compiled here (nvcc.log): committed PTX, if any"; done
+    timeout -k 10 400 bin/mesh-gpu-bench g2g-lean ${LEAN_MODE:-blink}; echo "g2g-lean rc=$?"
+  } 2>&1 | tee "$OUT/lean-bench.log"
+  ROWS+=("g2g-lean bench|$(grep -c 'rc=0' "$OUT/lean-bench.log")/1 rc=0 (log: lean-bench.log)")
 fi
 
 if [ "$WHAT" = chaos ]; then

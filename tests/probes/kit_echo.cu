@@ -12,6 +12,8 @@
 //         written last, first and last word read first, `pause` in the receive spin, every reply checked)
 //   probe the LL probe's host loop over the same ring (words written in order, each reply word spun on)
 // --delays spins that many ns on the host after each reply, before the next request (the sweep).
+// --ptx FILE --ptx-block N: the ptx variant loads FILE (default tests/programs/echo_header.ptx) and launches
+// it with N threads (default 32; echo_x_pollers needs 32 * (POLLERS + 1): run-kit.sh pollers).
 // --hist 0 leaves out the timeline's histograms (its summary lines stay), --csv 0 its per-message CSV.
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 -I crates/mesh-shm/include -o kit_echo kit_echo.cu
 // Run: tests/probes/run-kit.sh. Prints "ROW|echo|..." and "TL|..." lines, histograms ("HIST|"), raw data
@@ -169,6 +171,7 @@ struct Result {
 };
 
 static cudaKernel_t g_ptx_kernel = nullptr;  // echo_header.ptx's mesh_main, loaded once
+static unsigned g_ptx_block = 32;             // --ptx-block: threads of its block (echo_x_pollers: 32 * (K + 1))
 
 static bool wait_word(volatile uint32_t* p, uint32_t want, double seconds) {
     const uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
@@ -195,7 +198,7 @@ static Result run_case(Region& r, const Case& c, int rounds, int warm, CpuSeen* 
     const int n = rounds + warm;
     if (c.variant == "ptx") {
         void* params[] = {&ctx};
-        cudaError_t e = cudaLaunchKernel((const void*)g_ptx_kernel, dim3(1), dim3(32), params, 0, 0);
+        cudaError_t e = cudaLaunchKernel((const void*)g_ptx_kernel, dim3(1), dim3(g_ptx_block), params, 0, 0);
         if (e != cudaSuccess) {
             res.error = std::string("launch: ") + cudaGetErrorString(e);
             return res;
@@ -412,6 +415,7 @@ int main(int argc, char** argv) {
     const auto sizes = split(args.get("--sizes", "8,64,256,1024,4096"), ',');
     const auto delays = parse_delays(args.get("--delays", "0"));
     const std::string ptx = args.get("--ptx", "tests/programs/echo_header.ptx");
+    g_ptx_block = (unsigned)atoi(args.get("--ptx-block", "32").c_str());
     const bool hist = args.get("--hist", "1") == "1", csv = args.get("--csv", "1") == "1";
     CK(cudaSetDevice(0));
     CK(cudaFree(0));

@@ -13,6 +13,11 @@
 #      local_cpulist), to one on another NUMA node if there is one, and unpinned, back to back.
 # Every step runs under `timeout`, within an overall budget (KIT_BUDGET seconds, default 230). Prints
 # the tables last (also $OUT/kit-table.md); the whole log is $OUT/kit.log, raw samples in $OUT/kit-raw-*.tar.gz.
+# `bash tests/probes/run-kit.sh pollers` (issue 24 item 1, PENDING's call 3): only the poll-stream echo,
+# tests/programs/echo_x_pollers.cu, built with nvcc -ptx for POLLERS x SPACING_NS (KIT_POLLERS, default
+# "1:300 2:300 4:150 4:300 4:500 8:150 8:300"), each through the kit's ptx variant beside echo_header.ptx
+# (built here too) and the raw word / LL probe of the same run, then the host-delay sweep for 4:300
+# (KIT_POLLERS_SWEEP). Budget KIT_BUDGET (default 230 s). Tables: kit-table.sh, rows labelled pollers-kK-sS.
 # Knobs: KIT_ROUNDS (20000), KIT_SWEEP_ROUNDS (10000), NVCC, KIT_NVCC_FLAGS (e.g. -L for a pip toolchain). Written without a GPU: not yet run (2026-12-03).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -96,6 +101,38 @@ NEAR=$(expand "${GPU_CPUS:-$ONLINE}" | tail -1)                # the last CPU ne
 FIRST=$(expand "${GPU_CPUS:-$ONLINE}" | head -1)               # the first: often the one that takes the device's interrupts
 FAR=$(comm -23 <(expand "$ONLINE" | sort) <(expand "${GPU_CPUS:-$ONLINE}" | sort) | sort -n | tail -1)
 log "== GPU node $(echo "$INFO" | sed -n 's/^KIT_GPU_NODE=//p'), local CPUs [${GPU_CPUS}], online [${ONLINE}]: near CPU ${NEAR:-none}, first ${FIRST:-none}, far CPU ${FAR:-none (one node)}"
+
+# --- issue 24 item 1: the poll-stream echo only (`run-kit.sh pollers`) ---
+if [ "${1:-}" = pollers ]; then
+  R=(--rounds "$ROUNDS"); SR=(--rounds "$SWEEP_ROUNDS")
+  PT=$B/ptx
+  mkdir -p "$PT"
+  "$NVCC" -ptx -arch=compute_80 -I crates/mesh-shm/include -o "$PT/echo_header.ptx" tests/programs/echo_header.cu >>"$LOG" 2>&1 ||
+    log "== nvcc echo_header FAILED"
+  for ks in ${KIT_POLLERS:-1:300 2:300 4:150 4:300 4:500 8:150 8:300}; do
+    k=${ks%:*}; s=${ks#*:}
+    "$NVCC" -ptx -arch=compute_80 -I crates/mesh-shm/include -DPOLLERS="$k" -DSPACING_NS="$s" \
+      -o "$PT/pollers-k$k-s$s.ptx" tests/programs/echo_x_pollers.cu >>"$LOG" 2>&1 || log "== nvcc echo_x_pollers K=$k S=$s FAILED"
+  done
+  cp "$PT"/*.ptx "$OUT/" 2>/dev/null
+  step "p0 raw and LL" 40 "$LL" "${R[@]}" --kinds hostalloc,shm --sizes raw,8,64,256,1024 --layouts fixed
+  step "p1 echo_header" 40 "$ECHO" "${R[@]}" --label header --kinds shm --variants ptx --hostloops mesh \
+    --sizes 8,64,256,1024 --ptx "$PT/echo_header.ptx"
+  for ks in ${KIT_POLLERS:-1:300 2:300 4:150 4:300 4:500 8:150 8:300}; do
+    k=${ks%:*}; s=${ks#*:}
+    [ -f "$PT/pollers-k$k-s$s.ptx" ] || continue
+    step "p2 pollers K=$k S=$s" 30 "$ECHO" "${R[@]}" --label "pollers-k$k-s$s" --kinds shm --variants ptx --hostloops mesh \
+      --sizes 8,64,256,1024 --ptx "$PT/pollers-k$k-s$s.ptx" --ptx-block $((32 * (k + 1)))
+  done
+  ks=${KIT_POLLERS_SWEEP:-4:300}; k=${ks%:*}; s=${ks#*:}
+  [ -f "$PT/pollers-k$k-s$s.ptx" ] && step "p3 sweep pollers K=$k S=$s" 50 "$ECHO" "${SR[@]}" --label "sweep-pollers-k$k-s$s" \
+    --kinds shm --variants ptx --hostloops mesh --sizes 8,64,256 --delays 0:1600:100 --ptx "$PT/pollers-k$k-s$s.ptx" \
+    --ptx-block $((32 * (k + 1)))
+  step "p4 drift raw word" 20 "$LL" "${R[@]}" --label drift --kinds shm --sizes raw --layouts fixed
+  log "== total +$(($(date +%s) - START))s"
+  bash "$ROOT/tests/probes/kit-table.sh" "$LOG" | tee "$OUT/kit-table.md"
+  exit 0
+fi
 
 # --- a tmpfs with huge pages, for the tmpfs-huge kind (the mailbox's recipe on 2 MiB pages) ---
 mkdir -p "$HUGE"

@@ -39,11 +39,12 @@ fn main() {
         ["mps"] => return mps_benches(),
         ["rt", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips(*mode == "mps"),
         ["g2g", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips(*mode == "mps"),
+        ["g2g-lean", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips_lean(*mode == "mps"),
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
         [] => {}
         other => {
             eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps` or `bulk blink|mps`"
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps` or `bulk blink|mps`"
             );
             std::process::exit(2);
         }

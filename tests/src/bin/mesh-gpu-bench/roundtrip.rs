@@ -170,9 +170,22 @@ pub fn host_round_trips(mps: bool) {
     b.shutdown();
 }
 
-/// GPU↔GPU: `ping` ↔ `echo_header` over two channels of `placement`. (mean, fastest, slowest) µs, errors.
+/// GPU↔GPU: `ping` ↔ `echo_header` over two channels of `placement`, capacity 64. (mean, fastest, slowest)
+/// µs, errors.
 fn ping_pong(b: &mut Bench, size: u32, placement: Placement, n: u64, pair: (&str, &str)) -> (f64, f64, f64, u32) {
-    let (to, from) = (b.channel(size, 64, placement), b.channel(size, 64, placement));
+    ping_pong_cap(b, size, 64, placement, n, pair)
+}
+
+/// `ping_pong` over channels of `capacity` messages.
+fn ping_pong_cap(
+    b: &mut Bench,
+    size: u32,
+    capacity: u32,
+    placement: Placement,
+    n: u64,
+    pair: (&str, &str),
+) -> (f64, f64, f64, u32) {
+    let (to, from) = (b.channel(size, capacity, placement), b.channel(size, capacity, placement));
     b.load("echo", pair.1, &[&to, &from]);
     let slot = b.load("ping", pair.0, &[&to, &from]);
     let words = || b.mb.slot(slot).unwrap().user_words();
@@ -228,6 +241,45 @@ pub fn gpu_round_trips(mps: bool) {
             cell(rare),
             cell(nodrain)
         );
+    }
+    b.shutdown();
+}
+
+/// `mesh-gpu-bench g2g-lean MODE` (issue 24 item 2, docs/design/speed.md): on device channels, `ping` ↔
+/// `echo_header` beside `ping_x_lean` ↔ `echo_x_lean` (tests/programs/x_lean.cuh: one-pair receive, loop-free
+/// send) at capacity 4, 16, 64, 256 (the credit read crosses PCIe once per ~capacity messages), 8 to 1024 B.
+/// Needs the variants' PTX: the bundle's `run` compiles every program first (`./run lean` does all of it).
+pub fn gpu_round_trips_lean(mps: bool) {
+    let mut b = Bench::open(mps);
+    let mode = b.mode;
+    if let Some(why) = if mps { mesh_mps::device_channels_refusal() } else { None } {
+        println!("g2g-lean {mode}: device channels refused: {why}");
+        b.shutdown();
+        return;
+    }
+    println!();
+    println!("GPU↔GPU round trip on device channels, {mode} mode, by capacity: baseline = ping ↔ echo_header,");
+    println!("lean = ping_x_lean ↔ echo_x_lean; µs, mean [fastest, slowest] over 100,000 after 1,000 warm-up.");
+    println!();
+    println!("| mode | size | capacity | baseline | lean | lean / baseline | errors |");
+    println!("|------|-----:|---------:|---------:|-----:|----------------:|-------:|");
+    for size in [8u32, 64, 256, 1024] {
+        for capacity in [4u32, 16, 64, 256] {
+            let n = 100_000;
+            let base = ping_pong_cap(&mut b, size, capacity, Placement::Device, n, ("ping", "echo_header"));
+            let lean = ping_pong_cap(&mut b, size, capacity, Placement::Device, n, ("ping_x_lean", "echo_x_lean"));
+            println!(
+                "| {mode} | {size} | {capacity} | {:.2} [{:.2}, {:.1}] | {:.2} [{:.2}, {:.1}] | {:.2} | {} |",
+                base.0,
+                base.1,
+                base.2,
+                lean.0,
+                lean.1,
+                lean.2,
+                lean.0 / base.0,
+                base.3 + lean.3
+            );
+        }
     }
     b.shutdown();
 }
