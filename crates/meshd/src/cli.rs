@@ -182,10 +182,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub pool_grow: bool,
     /// MPS: idle workers of a standby MPS server, made at start beside the pool, that take the
-    /// programs over after a GPU fault (8 programs recovered in 15 ms on the H200). Default: as many
-    /// as --pool (one per program the pool can hold). 0 turns it off, and every GPU fault then
-    /// stalls every program until the faulted server has torn its clients down (1.3-1.6 s on the
-    /// H200). The pool and the standby together must fit the device's MPS client limit.
+    /// programs over after a GPU fault (on the H200, 8 programs' longest stall 51-53 ms). Default:
+    /// as many as --pool (one per program the pool can hold). 0 turns it off, and every GPU fault
+    /// then stalls every program until the faulted server has torn its clients down (1.5-1.7 s on
+    /// the H200). The pool and the standby together must fit the device's MPS client limit.
     #[arg(long, value_name = "N")]
     pub standby: Option<u32>,
     /// MPS: how often each worker checks its running kernel's stream, µs (50 to 200000): the trade
