@@ -28,9 +28,7 @@ pub(super) fn start_standby(
             .with_kernel_check(control.kernel_check()),
     );
     shared.lock().standby = Some(Standby::new(sb_control.clone(), k as usize));
-    let first = Worker::start(&sb_control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
-    let mut workers = vec![first];
-    workers.extend(start_all(&sb_control, mailbox.path(), config.sms, news, k as usize - 1, "standby")?);
+    let workers = start_all(&sb_control, mailbox.path(), config.sms, news, k as usize, "standby")?;
     if let Some(sb) = shared.lock().standby.as_mut() {
         sb.adopt(workers);
     }

@@ -3,10 +3,7 @@
 
 use super::*;
 
-/// Starts the pool's workers, each checked to be our client, into `shared`'s idle list: the first
-/// alone (its context creation starts the MPS server, and its error is the clearest), the rest side
-/// by side (each client takes 0.1-0.4 s to create; one after the other, a pool of 14 and a standby
-/// of 14 took seconds at every start).
+/// Starts the pool's workers ([`start_all`]), each checked to be our client, into `shared`'s idle list.
 pub(super) fn start_pool(
     control: &MpsControl,
     mailbox: &Mailbox,
@@ -14,28 +11,27 @@ pub(super) fn start_pool(
     shared: &Mutex<Shared>,
     news: &NewsSender,
 ) -> Result<()> {
-    if config.pool == 0 {
-        return Ok(());
-    }
     let started = Instant::now();
-    let first = Worker::start(control, mailbox.path(), config.sms, news, WORKER_LOAD)?;
-    tracing::info!(
-        worker = first.pid(),
-        server = first.server,
-        context_ms = first.ready.context_ms,
-        kernel_check_us = first.ready.kernel_check_us,
-        "first pool worker ready in {:?} (the MPS server started with it)",
-        started.elapsed()
-    );
-    shared.lock().idle.push(first);
-    let rest = start_all(control, mailbox.path(), config.sms, news, config.pool as usize - 1, "pool")?;
-    shared.lock().idle.extend(rest);
-    tracing::info!("MPS pool of {} worker(s) ready in {:?}", config.pool, started.elapsed());
+    let workers = start_all(control, mailbox.path(), config.sms, news, config.pool as usize, "pool")?;
+    if let Some(first) = workers.first() {
+        tracing::info!(
+            worker = first.pid(),
+            server = first.server,
+            context_ms = first.ready.context_ms,
+            kernel_check_us = first.ready.kernel_check_us,
+            "MPS pool of {} worker(s) ready in {:?} (the MPS server started with the first)",
+            config.pool,
+            started.elapsed()
+        );
+    }
+    shared.lock().idle.extend(workers);
     Ok(())
 }
 
-/// Exactly `n` workers started side by side for `what` (at meshd's start), or an error naming why
-/// the last one failed.
+/// Exactly `n` workers for `what` (at meshd's start), or an error naming why one failed: the first
+/// alone (its context creation starts the MPS server, and its error is the clearest), the rest side
+/// by side (each client takes 0.1-0.4 s to create; one after the other, a pool of 14 and a standby
+/// of 14 took seconds at every start). On an error every worker started is killed.
 pub(super) fn start_all(
     control: &MpsControl,
     mailbox: &Path,
@@ -44,7 +40,13 @@ pub(super) fn start_all(
     n: usize,
     what: &str,
 ) -> Result<Vec<Worker>> {
-    let (ready, last) = start_many_or_why(control, mailbox, sms, news, n);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let first = Worker::start(control, mailbox, sms, news, WORKER_LOAD)?;
+    let (rest, last) = start_many_or_why(control, mailbox, sms, news, n - 1);
+    let mut ready = vec![first];
+    ready.extend(rest);
     if ready.len() < n {
         let got = ready.len();
         for mut w in ready {
