@@ -342,6 +342,25 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Got {
     status.map_or_else(|| Got::Failed(format!("not HTTP: {:?}", head.lines().next())), Got::Status)
 }
 
+/// The first failure a thread of the test reports (later ones are dropped: the first is the cause).
+#[derive(Debug, Default)]
+pub struct FirstFailure(Mutex<Option<String>>);
+
+impl FirstFailure {
+    /// Keeps `why` unless a failure is kept already.
+    pub fn set(&self, why: String) {
+        let mut f = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some(why);
+        }
+    }
+
+    /// The failure kept, if any.
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
 /// What [`Scraper`] saw.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
@@ -355,20 +374,17 @@ pub struct ScrapeStats {
     pub slowest_us: AtomicU64,
     /// The first failure: an answer slower than the limit, a status other than 200 and 503, no answer
     /// on an open connection, or no endpoint reachable for a minute.
-    pub failure: Mutex<Option<String>>,
+    pub failure: FirstFailure,
 }
 
 impl ScrapeStats {
     fn fail(&self, why: String) {
-        let mut f = self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if f.is_none() {
-            *f = Some(why);
-        }
+        self.failure.set(why);
     }
 
     /// The first failure, if any.
     pub fn failed(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.failure.get()
     }
 }
 
@@ -481,20 +497,17 @@ pub struct Tally {
     /// Messages that came again (sequence numbers already received).
     pub repeated: AtomicU64,
     /// The first failure.
-    pub failure: Mutex<Option<String>>,
+    pub failure: FirstFailure,
 }
 
 impl Tally {
     fn fail(&self, why: String) {
-        let mut f = self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if f.is_none() {
-            *f = Some(why);
-        }
+        self.failure.set(why);
     }
 
     /// The first failure, if any.
     pub fn failed(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.failure.get()
     }
 
     /// Reads one counter.
