@@ -289,10 +289,7 @@ impl MpsBackend {
             let old = std::mem::replace(&mut p.worker, worker);
             match sb.as_mut().filter(|_| standby) {
                 Some(sb) => sb.bury(old),
-                None => {
-                    old.signal_kill();
-                    reap_later(old);
-                }
+                None => reap_later(old),
             }
             match launched {
                 Ok(()) => {
