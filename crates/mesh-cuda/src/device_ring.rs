@@ -21,17 +21,17 @@ fn invalid(slot: u32, e: mesh_shm::ShmError) -> CudaError {
 }
 
 /// Bytes of device memory channel `info`'s slots take, in its protocol's format (LL: twice the payload;
-/// bulk: the flags, padded to a page, then the payload). Both device-ring owners size with it: this
+/// bulk: the flags of every part and, for more than one part, the parts' index lines, padded to a
+/// page, then the payload). Both device-ring owners size with it: this
 /// module's (blink mode) and `exported`'s (MPS mode).
 pub fn ring_bytes(info: &ChannelInfo) -> Result<usize, CudaError> {
     // At most 16 MiB × 2^24 bytes and its flags (mesh-shm's limits): a usize on the 64-bit hosts CUDA
     // runs on.
-    usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code())).map_err(
-        |_| CudaError::Invalid {
+    usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code(), info.parts))
+        .map_err(|_| CudaError::Invalid {
             what: format!("channel {:?}", info.name),
             reason: "ring larger than this host's address space".into(),
-        },
-    )
+        })
 }
 
 /// One ring's slots in device memory, freed on drop.
@@ -148,6 +148,10 @@ mod tests {
     use mesh_shm::layout::{bulk_slot_bytes, slot_bytes};
 
     fn device_channel(msg_size: u32, capacity: u32, protocol: Protocol) -> ChannelInfo {
+        device_channel_parts(msg_size, capacity, protocol, 1)
+    }
+
+    fn device_channel_parts(msg_size: u32, capacity: u32, protocol: Protocol, parts: u32) -> ChannelInfo {
         ChannelInfo {
             index: 0,
             name: "c".into(),
@@ -156,6 +160,7 @@ mod tests {
             ring_offset: 0,
             placement: Placement::Device,
             protocol,
+            parts,
             slots_offset: 0,
             lost: 0,
             head: 0,
@@ -172,8 +177,11 @@ mod tests {
         // Bulk: 8 flags padded to a page, then 8 payloads of 1 MiB; not the LL ring's twice the payload
         // (which MPS mode's rings were once given: 16 MiB where 8 MiB and a page are needed).
         let bulk = device_channel(1 << 20, 8, Protocol::Bulk);
-        assert_eq!(ring_bytes(&bulk).unwrap() as u64, bulk_slot_bytes(1 << 20, 8));
+        assert_eq!(ring_bytes(&bulk).unwrap() as u64, bulk_slot_bytes(1 << 20, 8, 1));
         assert_eq!(ring_bytes(&bulk).unwrap(), 4096 + (8 << 20));
+        // 32 parts: 8 × 32 flags (2 KiB), then 64 index lines (8 KiB), padded to 12 KiB.
+        let parts = device_channel_parts(1 << 20, 8, Protocol::Bulk, 32);
+        assert_eq!(ring_bytes(&parts).unwrap(), 12288 + (8 << 20));
         // A small bulk ring needs more than twice its payload: the page of flags.
         assert!(ring_bytes(&device_channel(16, 1, Protocol::Bulk)).unwrap() as u64 > slot_bytes(16, 1));
     }

@@ -17,7 +17,7 @@ use mesh_shm::{BulkConsumer, BulkProducer, CopyConfig, CreateMode, Mailbox, Mail
 const CAPACITY: u32 = 4;
 
 fn mailbox(dir: &std::path::Path, size: u32, channels: u32) -> Mailbox {
-    let ring = bulk_slot_bytes(size, CAPACITY);
+    let ring = bulk_slot_bytes(size, CAPACITY, 1);
     let config = MailboxConfig { size: ring * u64::from(channels) + (4 << 20), slots: 1, channels: channels + 2 };
     Mailbox::create(dir.join(format!("mb-{size}")), &config, CreateMode::Exclusive).unwrap()
 }

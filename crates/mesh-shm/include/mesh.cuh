@@ -110,7 +110,7 @@
 #include <stddef.h>
 
 // BEGIN GENERATED LAYOUT (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)
-#define MESH_LAYOUT_VERSION 3u
+#define MESH_LAYOUT_VERSION 4u
 #define MESH_MAX_BINDINGS 8u
 #define MESH_SLOT_SIZE 384u
 #define MESH_SLOT_STOP 0u

@@ -16,6 +16,16 @@
 //! address and length for holders that outlive a borrow (FFI, Python's buffer protocol); their
 //! safety contract is on the types. An end dropped with a slot out gives it back unpublished (a
 //! reserved slot is discarded) or unreleased (a peeked message is read again by the next consumer).
+//!
+//! **Parts.** A channel created with `parts` P > 1 ([`Mailbox::create_channel_parts`]) lets P GPU
+//! blocks serve one end, block `p` moving part `p` of every message. A host end serves all P parts
+//! at once and keeps every call above as it is: a reserved or peeked slot is the whole message (its
+//! parts are contiguous, part `p` at `p × msg_size / P`); `publish` stores the P flags after the
+//! copy, `release` the P tails. The copy is this end's [`Copier`] over the whole message: its
+//! threads take contiguous shares, each P / T adjacent parts when the thread count T divides P,
+//! rather than part `p` on thread `p mod T`: the same work per thread, with longer runs for the
+//! prefetchers, and no part is published before every share is done, so which thread copied which
+//! part changes nothing the other end sees.
 
 use std::time::{Duration, Instant};
 
@@ -37,28 +47,20 @@ fn copier(mailbox: &Mailbox, config: CopyConfig) -> Result<Copier> {
     })
 }
 
-/// Maps every page of `ring`'s flags and payloads into this process's page tables: one read per page
-/// (the kernel maps its neighbours around it too). A /dev/shm mapping is otherwise filled in one
-/// fault per 4 KiB page on first touch, inside the first lap's copies: 4096 faults per 16 MiB slot.
+/// Maps every page of `ring`'s flags, index lines and payloads into this process's page tables: one
+/// read per page (the kernel maps its neighbours around it too). A /dev/shm mapping is otherwise
+/// filled in one fault per 4 KiB page on first touch, inside the first lap's copies: 4096 faults per
+/// 16 MiB slot.
 fn prefault(ring: &BulkMemory) {
     const PAGE: usize = 4096;
-    let capacity = usize::try_from(ring.capacity()).unwrap_or(usize::MAX);
-    let flags = ring.payload_ptr(0).cast_const().wrapping_sub(bulk_payload_offset_of(ring));
-    let len = bulk_payload_offset_of(ring) + capacity.saturating_mul(ring.msg_size());
+    let (start, len) = ring.slots_raw();
     let mut at = 0;
     while at < len {
-        // SAFETY: inside the ring's slots (flags, then payloads), mapped for the mailbox's life; a
-        // volatile read of one byte, whose value is dropped, cannot disturb the other end's data.
-        unsafe { core::ptr::read_volatile(flags.add(at)) };
+        // SAFETY: inside the ring's slots (flags, lines, then payloads), mapped for the mailbox's life;
+        // a volatile read of one byte, whose value is dropped, cannot disturb the other end's data.
+        unsafe { core::ptr::read_volatile(start.add(at)) };
         at += PAGE;
     }
-}
-
-/// Bytes from the start of `ring`'s slots (its flags) to its first payload.
-fn bulk_payload_offset_of(ring: &BulkMemory) -> usize {
-    // The capacity of a ring is below 2^32 (`BulkMemory::new`'s contract).
-    let capacity = u32::try_from(ring.capacity()).unwrap_or(u32::MAX);
-    usize::try_from(crate::layout::bulk_payload_offset(capacity)).unwrap_or(0)
 }
 
 fn timeout(info: &ChannelInfo, op: &'static str, waited: Duration) -> ShmError {
@@ -632,6 +634,102 @@ mod tests {
         assert_eq!((p.seq(), rx.peeked().unwrap()[0]), (0, 4), "the next consumer reads the message again");
         rx.release().unwrap();
         assert!(recv(&mut rx).is_none());
+    }
+
+    /// A mailbox with one bulk channel "p" of `parts` parts, messages of `size` bytes, capacity 2.
+    fn part_ends(dir: &tempfile::TempDir, size: u32, parts: u32) -> (Mailbox, BulkProducer, BulkConsumer) {
+        let config = MailboxConfig { size: 4 << 20, slots: 2, channels: 4 };
+        let mb = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).unwrap();
+        let info = mb.create_channel_parts("p", size, 2, Placement::Host, Protocol::Bulk, parts).unwrap();
+        assert_eq!(info.parts, parts);
+        let tx =
+            BulkProducer::claim_with(&mb, "p", CopyConfig { threads: 2, min_part: 4096, non_temporal: false }).unwrap();
+        let rx =
+            BulkConsumer::claim_with(&mb, "p", CopyConfig { threads: 2, min_part: 4096, non_temporal: false }).unwrap();
+        (mb, tx, rx)
+    }
+
+    fn pattern(seq: u64, len: usize) -> Vec<u8> {
+        #[allow(clippy::cast_possible_truncation, reason = "a byte pattern")]
+        (0..len).map(|i| (seq as usize * 131 + i * 7 + i / 4096) as u8).collect()
+    }
+
+    #[test]
+    fn every_part_count_moves_every_byte_through_the_host_ends() {
+        for parts in [1, 2, 4, 8, 32] {
+            let dir = tempfile::tempdir().unwrap();
+            let size = 16 * 1024;
+            let (mb, mut tx, mut rx) = part_ends(&dir, size, parts);
+            let mut out = vec![0; size as usize];
+            for seq in 0..7u64 {
+                let msg = pattern(seq, size as usize);
+                match seq % 3 {
+                    0 => assert!(tx.try_send(&msg).unwrap()),
+                    1 => assert!(tx.try_send_with(|s| s.copy_from_slice(&msg)).unwrap()),
+                    _ => {
+                        let r = tx.try_reserve().unwrap().unwrap();
+                        assert_eq!(r.seq(), seq);
+                        tx.write_reserved(&msg).unwrap();
+                        assert!(rx.try_peek().unwrap().is_none(), "{parts} parts: not published yet");
+                        tx.publish().unwrap();
+                    }
+                }
+                if seq % 2 == 0 {
+                    assert!(rx.try_recv(&mut out).unwrap());
+                    assert!(out == msg, "{parts} parts, message {seq}");
+                } else {
+                    let p = rx.try_peek().unwrap().unwrap();
+                    assert_eq!(p.seq(), seq);
+                    assert!(rx.peeked().unwrap() == &msg[..]);
+                    rx.unpeek().unwrap();
+                    assert_eq!(rx.try_recv_with(|m| m == &msg[..]).unwrap(), Some(true));
+                }
+            }
+            let info = mb.channel("p").unwrap();
+            assert_eq!((info.head, info.tail, info.parts), (7, 7, parts), "lower bounds over the parts");
+        }
+    }
+
+    #[test]
+    fn ends_of_a_parted_channel_resume_where_the_last_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 8 * 1024;
+        let (mb, mut tx, mut rx) = part_ends(&dir, size, 8);
+        assert!(tx.try_send(&pattern(0, size as usize)).unwrap());
+        assert!(tx.try_send(&pattern(1, size as usize)).unwrap());
+        assert!(!tx.try_send(&pattern(2, size as usize)).unwrap(), "capacity 2");
+        let mut out = vec![0; size as usize];
+        assert!(rx.try_recv(&mut out).unwrap());
+        drop((tx, rx));
+        let mut tx = BulkProducer::claim(&mb, "p").unwrap();
+        let mut rx = BulkConsumer::claim(&mb, "p").unwrap();
+        assert_eq!(tx.try_reserve().unwrap().unwrap().seq(), 2, "the producer resumes after message 1");
+        tx.discard().unwrap();
+        assert!(rx.try_recv(&mut out).unwrap());
+        assert!(out == pattern(1, size as usize), "the consumer resumes at message 1");
+        assert!(tx.try_send(&pattern(2, size as usize)).unwrap());
+        assert!(rx.try_recv(&mut out).unwrap());
+        assert!(out == pattern(2, size as usize));
+    }
+
+    #[test]
+    fn parts_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = MailboxConfig { size: 1 << 20, slots: 2, channels: 4 };
+        let mb = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).unwrap();
+        let refused = |size, protocol, parts| {
+            mb.create_channel_parts("x", size, 2, Placement::Host, protocol, parts).unwrap_err().to_string()
+        };
+        let e = refused(4096, Protocol::Bulk, 3);
+        assert!(e.contains("\"x\"") || e.contains("x"), "{e}");
+        assert!(e.contains("parts 3: must be a power of two from 1 to 32"), "{e}");
+        assert!(refused(4096, Protocol::Bulk, 64).contains("parts 64: must be a power of two"));
+        let e = refused(16 * 8 * 3, Protocol::Bulk, 16);
+        assert!(e.contains("must be a multiple of 256 (16 × parts)"), "{e}");
+        let e = refused(64, Protocol::Ll, 2);
+        assert!(e.contains("only a channel of protocol bulk"), "{e}");
+        assert!(refused(64, Protocol::Bulk, 0).contains("parts 0"), "zero parts is refused, not read as one");
+        assert!(mb.channels().unwrap().is_empty(), "nothing was created");
     }
 
     #[test]

@@ -15,7 +15,8 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// `"MESHSHM1"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
 /// Bumped on any change to a structure in this file.
-pub const LAYOUT_VERSION: u32 = 3;
+/// Version 4 = bulk parts (issue 24) + fan-in/group protocols (issue 26, reserved).
+pub const LAYOUT_VERSION: u32 = 4;
 /// The header page; the tables start after it.
 pub const HEADER_SIZE: u64 = 4096;
 /// One cache line of the GPU's and the host's coherence unit we separate writers by.
@@ -31,6 +32,9 @@ pub const MAX_MSG_SIZE: u32 = 64 * 1024;
 pub const MAX_BULK_MSG_SIZE: u32 = 16 << 20;
 /// A bulk channel's message size is a multiple of this: the unit of the 16-byte vector copies.
 pub const BULK_MSG_ALIGN: u32 = 16;
+/// Most parts a bulk channel's messages may be split into ([`ChannelDesc::parts`]): one per block of
+/// a warp's worth of blocks, the most one end is designed to be served by.
+pub const MAX_BULK_PARTS: u32 = 32;
 /// Largest channel capacity, in messages.
 pub const MAX_CAPACITY: u32 = 1 << 24;
 /// Value of a binding that names no channel.
@@ -163,8 +167,13 @@ pub struct ChannelDesc {
     /// was zeroed padding in layout version 3, so a descriptor written before the field existed reads
     /// as LL, which is what it is.
     pub protocol: u32,
+    /// Parts every message of a bulk channel is split into (a power of two, 1 to [`MAX_BULK_PARTS`]),
+    /// each with its own flag per slot and its own head and tail line (see `bulk`); 1 for every other
+    /// protocol. Carved out of what was zeroed padding in layout version 3; a 0 reads as 1, which is
+    /// the format such a descriptor's ring has (bit for bit today's bulk format).
+    pub parts: u32,
     /// Pads the descriptor to one line.
-    pub pad: [u8; 36],
+    pub pad: [u8; 32],
 }
 
 /// [`ChannelDesc::protocol`]: NCCL's LL packing, 4 payload bytes and a tag in every 8-byte word (see
@@ -243,7 +252,10 @@ pub struct MeshBinding {
     pub placement: u32,
     /// [`PROTOCOL_LL`] or [`PROTOCOL_BULK`] (was a zero reserved word before bulk channels: an
     /// older program reads every binding as LL, which every channel it could be given was). Never
-    /// [`PROTOCOL_INDEX`]: such a channel is refused as a binding.
+    /// [`PROTOCOL_INDEX`]: such a channel is refused as a binding. A bulk channel of more than one
+    /// part has its parts in bits [`BINDING_PARTS_SHIFT`].. ([`binding_protocol`]): a program built
+    /// before parts existed then sees a protocol it does not know and refuses the binding, rather
+    /// than moving whole messages through a ring laid out for parts.
     pub protocol: u32,
 }
 
@@ -281,6 +293,7 @@ const _: () = assert!(size_of::<RingHeader>() as u64 == 3 * LINE);
 const _: () = assert!(offset_of!(RingHeader, consumer) as u64 == LINE);
 const _: () = assert!(size_of::<MeshBinding>() == 32);
 const _: () = assert!(offset_of!(ChannelDesc, protocol) == 88);
+const _: () = assert!(offset_of!(ChannelDesc, parts) == 92);
 const _: () = assert!(size_of::<MeshCtx>() == 24 + 32 * MAX_BINDINGS + 16);
 
 /// Ring bytes per payload byte: each 8-byte word of a slot carries 4 payload bytes and a tag (see `ring`).
@@ -297,15 +310,44 @@ pub const fn slot_bytes(msg_size: u32, capacity: u32) -> u64 {
 /// Bytes of one bulk flag (the sequence number plus one of the message its slot holds, 0: never written).
 pub const BULK_FLAG_SIZE: u64 = 8;
 
-/// Where a bulk ring's payloads start, from the start of its slots: after `capacity` flags, on a
-/// page of their own (so that a payload of a multiple of 4 KiB is page aligned).
-pub const fn bulk_payload_offset(capacity: u32) -> u64 {
-    (BULK_FLAG_SIZE * capacity as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+/// [`MeshBinding::protocol`]: where a bulk binding keeps its channel's parts when there are more than one.
+pub const BINDING_PARTS_SHIFT: u32 = 16;
+
+/// The [`MeshBinding::protocol`] word of a channel of `protocol` split into `parts` parts: the
+/// protocol alone for one part (what every binding held before parts existed), the parts above it
+/// otherwise.
+pub const fn binding_protocol(protocol: u32, parts: u32) -> u32 {
+    if parts > 1 { protocol | (parts << BINDING_PARTS_SHIFT) } else { protocol }
 }
 
-/// Bytes of a bulk ring's slots: its flags, then `capacity` payloads of `msg_size` bytes each.
-pub const fn bulk_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
-    bulk_payload_offset(capacity) + msg_size as u64 * capacity as u64
+/// `parts` as a ring counts them: a 0 (a descriptor that predates the field) is one part.
+const fn parts_of(parts: u32) -> u64 {
+    if parts == 0 { 1 } else { parts as u64 }
+}
+
+/// Where a bulk ring of more than one part keeps its index lines, from the start of its slots: the
+/// first line boundary after its `capacity × parts` flags. Part `p`'s head is line `2p`, its tail line
+/// `2p + 1` (one writer each). A ring of one part has none: its head and tail are the [`RingHeader`]'s.
+pub const fn bulk_lines_offset(capacity: u32, parts: u32) -> u64 {
+    (BULK_FLAG_SIZE * capacity as u64 * parts_of(parts)).div_ceil(LINE) * LINE
+}
+
+/// Where a bulk ring's payloads start, from the start of its slots: after `capacity × parts` flags
+/// (and, for more than one part, `2 × parts` index lines), on a page of their own (so that a payload
+/// of a multiple of 4 KiB is page aligned). One part: exactly the format before parts existed.
+pub const fn bulk_payload_offset(capacity: u32, parts: u32) -> u64 {
+    let end = if parts_of(parts) == 1 {
+        BULK_FLAG_SIZE * capacity as u64
+    } else {
+        bulk_lines_offset(capacity, parts) + 2 * parts_of(parts) * LINE
+    };
+    end.div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+}
+
+/// Bytes of a bulk ring's slots: its flags (and index lines), then `capacity` payloads of `msg_size`
+/// bytes each.
+pub const fn bulk_slot_bytes(msg_size: u32, capacity: u32, parts: u32) -> u64 {
+    bulk_payload_offset(capacity, parts) + msg_size as u64 * capacity as u64
 }
 
 /// Bytes of an index ring's slots: the payloads alone.
@@ -314,10 +356,10 @@ pub const fn index_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
 }
 
 /// Bytes of a ring's slots in the format `protocol` names (any value but [`PROTOCOL_BULK`] and
-/// [`PROTOCOL_INDEX`] is LL).
-pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32) -> u64 {
+/// [`PROTOCOL_INDEX`] is LL); `parts` counts for bulk alone.
+pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32, parts: u32) -> u64 {
     match protocol {
-        PROTOCOL_BULK => bulk_slot_bytes(msg_size, capacity),
+        PROTOCOL_BULK => bulk_slot_bytes(msg_size, capacity, parts),
         PROTOCOL_INDEX => index_slot_bytes(msg_size, capacity),
         _ => slot_bytes(msg_size, capacity),
     }
@@ -331,11 +373,18 @@ pub const fn host_slots_offset(ring_offset: u64) -> u64 {
 
 /// Bytes a ring starting at `ring_offset` takes in the arena, up to the next line: its header, and
 /// for a host channel the gap to the page boundary and the slots.
-pub const fn ring_bytes_at(ring_offset: u64, msg_size: u32, capacity: u32, placement: u32, protocol: u32) -> u64 {
+pub const fn ring_bytes_at(
+    ring_offset: u64,
+    msg_size: u32,
+    capacity: u32,
+    placement: u32,
+    protocol: u32,
+    parts: u32,
+) -> u64 {
     let end = if placement == PLACEMENT_DEVICE {
         ring_offset + size_of::<RingHeader>() as u64
     } else {
-        host_slots_offset(ring_offset) + slot_bytes_for(msg_size, capacity, protocol)
+        host_slots_offset(ring_offset) + slot_bytes_for(msg_size, capacity, protocol, parts)
     };
     end.div_ceil(LINE) * LINE - ring_offset
 }

@@ -238,13 +238,21 @@ struct LiveDesc {
     ring_offset: u64,
     placement: Placement,
     protocol: Protocol,
+    parts: u32,
     slots_offset: u64,
 }
 
 impl LiveDesc {
     fn end(&self) -> u64 {
         self.ring_offset
-            + ring_bytes_at(self.ring_offset, self.msg_size, self.capacity, self.placement.code(), self.protocol.code())
+            + ring_bytes_at(
+                self.ring_offset,
+                self.msg_size,
+                self.capacity,
+                self.placement.code(),
+                self.protocol.code(),
+                self.parts,
+            )
     }
 }
 
@@ -265,13 +273,16 @@ pub struct ChannelInfo {
     pub placement: Placement,
     /// The format of its slots.
     pub protocol: Protocol,
+    /// Parts each message is split into (bulk; see `bulk`): 1 for every other protocol, and for a
+    /// bulk channel in the format before parts existed.
+    pub parts: u32,
     /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
     pub slots_offset: u64,
     /// Messages lost with a device ring's slots over every renewal (always 0 for a host channel).
     pub lost: u64,
-    /// Messages ever sent.
+    /// Messages ever sent (for a bulk channel of more than one part, a lower bound over the parts).
     pub head: u64,
-    /// Messages ever received.
+    /// Messages ever received (for a bulk channel of more than one part, a lower bound over the parts).
     pub tail: u64,
     /// Pid holding the producer end, if any.
     pub producer_pid: Option<u32>,
@@ -419,7 +430,10 @@ impl Mailbox {
                 d.protocol
             )
         })?;
+        // A 0 is a descriptor written before the field existed: one part, the format it has.
+        let parts = d.parts.max(1);
         check_channel_params(msg_size, capacity, protocol)?;
+        check_parts(msg_size, protocol, parts)?;
         let placement = Placement::from_code(d.placement).ok_or_else(|| {
             format!("placement {}: must be {PLACEMENT_HOST} (host) or {PLACEMENT_DEVICE} (device)", d.placement)
         })?;
@@ -429,7 +443,7 @@ impl Mailbox {
             return Err(format!("ring at {ring_offset} lies past the arena's end {}", g.arena_offset + g.arena_size));
         }
         let end = ring_offset
-            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code()))
+            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts))
             .ok_or("ring end overflows")?;
         if ring_offset % LINE != 0 || ring_offset < g.arena_offset || end > g.arena_offset + g.arena_size {
             return Err(format!(
@@ -454,6 +468,7 @@ impl Mailbox {
             ring_offset,
             placement,
             protocol,
+            parts,
             slots_offset,
         }))
     }
@@ -522,10 +537,28 @@ impl Mailbox {
         placement: Placement,
         protocol: Protocol,
     ) -> Result<ChannelInfo> {
+        self.create_channel_parts(name, msg_size, capacity, placement, protocol, 1)
+    }
+
+    /// Creates a channel as [`Mailbox::create_channel_with`] does, every message split into `parts`
+    /// parts (protocol bulk: a power of two from 1 to [`MAX_BULK_PARTS`], `msg_size` a multiple of
+    /// 16 × `parts`; any other protocol: 1), so that up to `parts` GPU blocks serve each end, block
+    /// `p` moving part `p` of every message (mesh.cuh's `mesh_bulk_open_part`). One part is the
+    /// format of [`Mailbox::create_channel_with`]. The host ends serve every part.
+    pub fn create_channel_parts(
+        &self,
+        name: &str,
+        msg_size: u32,
+        capacity: u32,
+        placement: Placement,
+        protocol: Protocol,
+        parts: u32,
+    ) -> Result<ChannelInfo> {
         let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let encoded =
             encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
         check_channel_params(msg_size, capacity, protocol).map_err(cfg)?;
+        check_parts(msg_size, protocol, parts).map_err(cfg)?;
         check_placement(protocol, placement).map_err(cfg)?;
         let _lock = TableLock::take(&self.header().table_lock);
         if self.find_channel(name)?.is_some() {
@@ -541,7 +574,7 @@ impl Mailbox {
             })?;
         let used = self.header().arena_used.load(Ordering::Acquire);
         let ring_offset = g.arena_offset + used;
-        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code());
+        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts);
         if need > g.arena_size - used {
             return Err(ShmError::Full {
                 name: name.into(),
@@ -569,6 +602,7 @@ impl Mailbox {
             (&raw mut (*d_ptr).ring_offset).write(ring_offset);
             (&raw mut (*d_ptr).placement).write(placement.code());
             (&raw mut (*d_ptr).protocol).write(protocol.code());
+            (&raw mut (*d_ptr).parts).write(parts);
             (&raw mut (*d_ptr).slots_offset).write(slots_offset);
             (&raw mut (*d_ptr).name).write(encoded);
         }
@@ -591,7 +625,7 @@ impl Mailbox {
     }
 
     fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
-        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, slots_offset }) = self
+        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, parts, slots_offset }) = self
             .live_desc(index)
             .map_err(|reason| ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason })?
         else {
@@ -599,6 +633,13 @@ impl Mailbox {
         };
         let ring = self.ring_header(ring_offset);
         let holder = |w: &AtomicU64| crate::claim::Holder::from_word(w.load(Ordering::Acquire)).map(|h| h.pid);
+        let (mut head, mut tail) =
+            (ring.producer.head.load(Ordering::Acquire), ring.consumer.tail.load(Ordering::Acquire));
+        if parts > 1 && placement == Placement::Host {
+            // The parts' own lines, which a GPU end publishes on every message (the header's only
+            // when it closes): the lower bounds over them.
+            (head, tail) = self.bulk_part_bounds(slots_offset, capacity, parts);
+        }
         Ok(Some(ChannelInfo {
             index,
             name,
@@ -607,10 +648,11 @@ impl Mailbox {
             ring_offset,
             placement,
             protocol,
+            parts,
             slots_offset,
             lost: self.desc(index).lost.load(Ordering::Acquire),
-            head: ring.producer.head.load(Ordering::Acquire),
-            tail: ring.consumer.tail.load(Ordering::Acquire),
+            head,
+            tail,
             producer_pid: holder(&ring.claims.producer),
             consumer_pid: holder(&ring.claims.consumer),
         }))
@@ -625,6 +667,24 @@ impl Mailbox {
     /// Every live channel, in table order.
     pub fn channels(&self) -> Result<Vec<ChannelInfo>> {
         (0..self.inner.geometry.channel_count).filter_map(|i| self.channel_info_at(i).transpose()).collect()
+    }
+
+    /// The smallest head and tail over the parts of a host bulk channel of more than one part, read
+    /// from its index lines (each the furthest-behind part's, on the wrapping sequence line).
+    fn bulk_part_bounds(&self, slots_offset: u64, capacity: u32, parts: u32) -> (u64, u64) {
+        let lines = slots_offset + crate::layout::bulk_lines_offset(capacity, parts);
+        let word = |line: u64| {
+            // SAFETY: `live_desc` checked that the ring's slots, whose index lines these are
+            // (`2 × parts` of them after the flags), lie in the arena of this mapping; lines are
+            // 128-byte aligned (page-aligned slots) and only accessed atomically.
+            unsafe { &*self.base().add(in_map(lines + line * LINE)).cast::<AtomicU64>() }.load(Ordering::Acquire)
+        };
+        let lowest = |first: u64| {
+            (0..u64::from(parts))
+                .map(|p| word(2 * p + first))
+                .reduce(|m, x| if (m.wrapping_sub(x) as i64) > 0 { x } else { m })
+        };
+        (lowest(0).unwrap_or(0), lowest(1).unwrap_or(0))
     }
 
     pub(crate) fn ring_header(&self, ring_offset: u64) -> &RingHeader {
@@ -663,7 +723,9 @@ impl Mailbox {
         // SAFETY: `info` came from a validated descriptor (capacity a power of two up to 2^24, message
         // size a multiple of 16): the header and its slots lie in the arena of this mapping, which the
         // caller keeps alive (ends hold the `Arc`).
-        Ok(unsafe { crate::bulk::BulkMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity)) })
+        Ok(unsafe {
+            crate::bulk::BulkMemory::new(header, slots, info.msg_size as usize, u64::from(info.capacity), info.parts)
+        })
     }
 
     /// The ring of a host channel of protocol index.
@@ -772,7 +834,7 @@ impl Mailbox {
                 msg_size: info.msg_size,
                 capacity: info.capacity,
                 placement: info.placement.code(),
-                protocol: info.protocol.code(),
+                protocol: binding_protocol(info.protocol.code(), info.parts),
             };
         }
         Ok(ctx)
@@ -820,6 +882,32 @@ fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std
     }
     if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
         return Err(format!("capacity {capacity}: must be a power of two up to {MAX_CAPACITY}"));
+    }
+    Ok(())
+}
+
+/// Checks a channel's parts: a power of two from 1 to [`MAX_BULK_PARTS`], more than one only for
+/// protocol bulk, and the message size a multiple of 16 × parts (every part a whole number of the
+/// 16-byte vector copies).
+fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Result<(), String> {
+    if parts == 1 {
+        return Ok(());
+    }
+    if protocol != Protocol::Bulk {
+        return Err(format!(
+            "parts {parts}: only a channel of protocol bulk splits its messages into parts (this one is protocol \
+             {protocol}); leave parts at 1"
+        ));
+    }
+    if !parts.is_power_of_two() || parts > MAX_BULK_PARTS {
+        return Err(format!("parts {parts}: must be a power of two from 1 to {MAX_BULK_PARTS}"));
+    }
+    if msg_size % (BULK_MSG_ALIGN * parts) != 0 {
+        return Err(format!(
+            "message size {msg_size}: with {parts} parts it must be a multiple of {} ({BULK_MSG_ALIGN} × parts), so \
+             that every part is a whole number of 16-byte units",
+            BULK_MSG_ALIGN * parts
+        ));
     }
     Ok(())
 }

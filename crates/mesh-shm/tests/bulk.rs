@@ -61,7 +61,7 @@ fn check(buf: &[u8], seq: u64) -> Result<(), String> {
 /// of `capacity`, and checks each. `in_place`: the ends write and read the slots themselves.
 fn stream(size: u32, capacity: u32, count: u64, config: CopyConfig, in_place: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let need = bulk_slot_bytes(size, capacity) + (1 << 20);
+    let need = bulk_slot_bytes(size, capacity, 1) + (1 << 20);
     let mb = mailbox(&dir, need);
     let info = mb.create_channel("big", size, capacity).unwrap();
     assert_eq!(info.protocol, if size > 65536 { Protocol::Bulk } else { Protocol::Ll });

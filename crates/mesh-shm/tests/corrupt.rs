@@ -129,7 +129,7 @@ proptest! {
                 prop_assert!(info.ring_offset >= g.arena_offset);
                 prop_assert!(
                     info.ring_offset
-                        + mesh_shm::layout::ring_bytes_at(info.ring_offset, info.msg_size, info.capacity, info.placement.code(), info.protocol.code())
+                        + mesh_shm::layout::ring_bytes_at(info.ring_offset, info.msg_size, info.capacity, info.placement.code(), info.protocol.code(), info.parts)
                         <= g.file_size
                 );
                 if let Ok(mut p) = Producer::claim(&mb, &info.name) {
