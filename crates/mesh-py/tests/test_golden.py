@@ -49,6 +49,7 @@ REQUESTS = {
     "channel_create_utf8": lambda c: c.channel_create("entrée-é", msg_size=8),
     "channel_create_device": lambda c: c.channel_create("g2g", msg_size=64, capacity=16, placement="device"),
     "channel_create_index": lambda c: c.channel_create("h2h", msg_size=8, protocol="index"),
+    "channel_create_parts": lambda c: c.channel_create("wide", msg_size=1 << 20, capacity=4, parts=32),
     "spawn": lambda c: c.spawn(
         "worker", ["./native-cuda", "--iterations", "3"], bind=["to-gpu", "from-gpu"], ready_timeout=2.5
     ),

@@ -159,6 +159,13 @@ pub enum ChannelCommand {
         /// bulk above. The bulk device calls are not yet verified on a GPU.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["ll", "bulk", "index"]))]
         protocol: Option<String>,
+        /// Protocol bulk: split every message into this many equal parts (a power of two, 1 to 32;
+        /// --msg-size a multiple of 16 × parts), each with its own flag per slot and its own head and
+        /// tail, so that up to this many GPU blocks serve each end of the one channel (block p moves
+        /// part p: mesh.cuh's mesh_bulk_open_part). Host ends serve every part. 1: the format of
+        /// every bulk channel before parts existed.
+        #[arg(long, default_value_t = 1)]
+        parts: u32,
     },
 }
 

@@ -44,8 +44,8 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Upgrade { name, image } => upgrade(socket, name, &image),
         Command::Unload { name } => unload(socket, &name),
         Command::Ps { json } => ps(socket, json),
-        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol }) => {
-            channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default())
+        Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol, parts }) => {
+            channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default(), parts)
         }
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
@@ -203,8 +203,9 @@ fn loss_lines(channels: &[meshd::protocol::ChannelRow]) -> Vec<String> {
         .filter(|c| c.lost > 0)
         .map(|c| {
             let placement = if c.placement.is_empty() { "host" } else { c.placement.as_str() };
+            let parts = if c.parts > 1 { format!(", {} parts", c.parts) } else { String::new() };
             format!(
-                "channel {} ({placement}): {} message(s) lost with its ring's slots, made anew when meshd started again \
+                "channel {} ({placement}{parts}): {} message(s) lost with its ring's slots, made anew when meshd started again \
                  or after a GPU fault",
                 c.name, c.lost
             )
@@ -254,13 +255,21 @@ fn channel_create(
     capacity: u32,
     placement: String,
     protocol: String,
+    parts: u32,
 ) -> Result<(), Exit> {
     let shown = meshd::placement::protocol(&protocol, msg_size).map_err(refused)?;
-    let req =
-        Request::ChannelCreate { name: name.to_string(), msg_size, capacity, placement: placement.clone(), protocol };
+    let req = Request::ChannelCreate {
+        name: name.to_string(),
+        msg_size,
+        capacity,
+        placement: placement.clone(),
+        protocol,
+        parts,
+    };
     call(socket, &req, &[])?;
+    let split = if parts > 1 { format!(", {parts} parts of {} bytes", msg_size / parts) } else { String::new() };
     println!(
-        "created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory, protocol {shown})"
+        "created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory, protocol {shown}{split})"
     );
     Ok(())
 }
@@ -408,6 +417,7 @@ mod tests {
             capacity: 16,
             placement: placement.into(),
             protocol: "ll".into(),
+            parts: 1,
             lost,
             head: 12,
             tail: 12,

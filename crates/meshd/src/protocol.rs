@@ -67,6 +67,10 @@ pub enum Request {
         /// The slots' format: `ll` or `bulk` (absent: by the message size, bulk above 64 KiB).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         protocol: String,
+        /// Parts each message is split into, for as many GPU blocks per end (bulk only; absent: 1, the
+        /// format every channel had before parts existed, so older requests read unchanged).
+        #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+        parts: u32,
     },
     /// The daemon's mode, mailbox path and channels.
     Info,
@@ -169,6 +173,17 @@ impl From<&ProgramStatus> for ProgramRow {
     }
 }
 
+/// What an absent `parts` means: one part.
+pub fn one_part() -> u32 {
+    1
+}
+
+/// Whether `parts` says nothing beyond the default (left out of the JSON, which then reads as before).
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+pub fn is_one_part(parts: &u32) -> bool {
+    *parts <= 1
+}
+
 /// A channel's row in `info`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChannelRow {
@@ -186,6 +201,9 @@ pub struct ChannelRow {
     /// Absent from an older meshd's answer (and from the Python client's golden files): ll.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub protocol: String,
+    /// Parts each message is split into (bulk; absent from the answer when 1, as from an older meshd).
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub parts: u32,
     /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.
     #[serde(default)]
     pub lost: u64,

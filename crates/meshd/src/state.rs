@@ -43,6 +43,9 @@ pub struct RecordedChannel {
     /// The slots' format (absent in older records: by the message size, which made them LL).
     #[serde(default)]
     pub protocol: String,
+    /// Parts each message is split into (absent in older records, and left out when 1: one part).
+    #[serde(default = "crate::protocol::one_part", skip_serializing_if = "crate::protocol::is_one_part")]
+    pub parts: u32,
 }
 
 /// A native worker as recorded (`meshd spawn`): what a restarted meshd starts again.
@@ -377,7 +380,7 @@ impl StateStore {
             if mailbox.channel(&c.name).is_err() {
                 let placement = c.placement.parse().unwrap_or_default();
                 let protocol = c.protocol.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
-                mailbox.create_channel_with(&c.name, c.msg_size, c.capacity, placement, protocol)?;
+                mailbox.create_channel_parts(&c.name, c.msg_size, c.capacity, placement, protocol, c.parts.max(1))?;
                 created += 1;
             }
         }
@@ -392,6 +395,7 @@ impl StateStore {
             .map(|c| RecordedChannel {
                 placement: c.placement.to_string(),
                 protocol: c.protocol.to_string(),
+                parts: c.parts,
                 name: c.name,
                 msg_size: c.msg_size,
                 capacity: c.capacity,

@@ -528,6 +528,7 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
                     capacity,
                     placement: placement.into(),
                     protocol: String::new(),
+                    parts: 1,
                 },
                 &[],
             );
@@ -539,6 +540,7 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
                     capacity,
                     placement: String::new(),
                     protocol: String::new(),
+                    parts: 1,
                 },
                 &[],
             );
@@ -629,6 +631,7 @@ fn chaos_loses_nothing_and_leaks_nothing() {
                 capacity,
                 placement: String::new(),
                 protocol: protocol.into(),
+                parts: 1,
             },
             &[],
         );

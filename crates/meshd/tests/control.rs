@@ -91,7 +91,8 @@ fn requests_and_refusals_are_served_until_shutdown() {
                 msg_size: 16,
                 capacity: 8,
                 placement: String::new(),
-                protocol: String::new()
+                protocol: String::new(),
+                parts: 1,
             },
             &[]
         )
@@ -105,6 +106,7 @@ fn requests_and_refusals_are_served_until_shutdown() {
             capacity: 8,
             placement: String::new(),
             protocol: String::new(),
+            parts: 1,
         },
         &[],
     );
@@ -224,6 +226,7 @@ fn many_clients_at_once_all_get_answers() {
                             capacity: 2,
                             placement: String::new(),
                             protocol: String::new(),
+                            parts: 1,
                         },
                         1 => load_req(&format!("p{i}"), &[]),
                         _ => Request::Ps,
@@ -292,7 +295,8 @@ fn programs_are_recorded_and_relaunched_by_the_next_server() {
                 msg_size: 8,
                 capacity: 4,
                 placement: String::new(),
-                protocol: String::new()
+                protocol: String::new(),
+                parts: 1,
             },
             &[]
         )
@@ -524,6 +528,7 @@ fn bulk_channels_are_made_by_size_or_by_name_and_hostile_sizes_are_refused() {
             capacity,
             placement: String::new(),
             protocol: protocol.into(),
+            parts: 1,
         };
         ask(&d.socket, &req, &[])
     };

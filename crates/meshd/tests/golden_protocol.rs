@@ -84,6 +84,12 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
             json!({"op": "channel_create", "name": "h2h", "msg_size": 8, "capacity": 1024, "protocol": "index"}),
             b"",
         ),
+        // A bulk channel of 32 parts (issue 24): `parts` is sent only above 1.
+        (
+            "channel_create_parts",
+            json!({"op": "channel_create", "name": "wide", "msg_size": 1048576, "capacity": 4, "parts": 32}),
+            b"",
+        ),
         // A name outside ASCII: serde_json writes UTF-8 as it is, and so must the client.
         (
             "channel_create_utf8",

@@ -295,7 +295,8 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
                 msg_size: 8,
                 capacity: 16,
                 placement: String::new(),
-                protocol: String::new()
+                protocol: String::new(),
+                parts: 1,
             },
             &[]
         )
@@ -723,6 +724,7 @@ fn everything() -> Exposition {
             capacity: 8,
             placement: "host".into(),
             protocol: "ll".into(),
+            parts: 1,
             lost: 0,
             head: 9,
             tail: 4,

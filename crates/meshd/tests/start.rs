@@ -99,7 +99,8 @@ fn a_held_mailbox_is_refused_with_the_holders_pid_and_taken_over_after_kill_9() 
                 msg_size: 8,
                 capacity: 8,
                 placement: String::new(),
-                protocol: String::new()
+                protocol: String::new(),
+                parts: 1,
             },
             &[]
         )

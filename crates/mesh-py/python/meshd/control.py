@@ -100,7 +100,8 @@ class NativeRow(TypedDict):
 
 
 class ChannelRow(TypedDict, total=False):
-    """A channel's row in ``info`` (``placement`` and ``lost`` where the meshd reports them)."""
+    """A channel's row in ``info`` (``placement`` and ``lost`` where the meshd reports them;
+    ``protocol``; ``parts`` only for a bulk channel of more than one part)."""
 
     name: str
     msg_size: int
@@ -108,6 +109,8 @@ class ChannelRow(TypedDict, total=False):
     head: int
     tail: int
     placement: str
+    protocol: str
+    parts: int
     lost: int
 
 
@@ -310,6 +313,7 @@ class Client:
         *,
         placement: str | None = None,
         protocol: str | None = None,
+        parts: int | None = None,
     ) -> None:
         """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
 
@@ -322,12 +326,20 @@ class Client:
         ``recv_into``, the batch forms); only bulk channels lend a slot in place (``send_view``,
         ``recv_view``: ll and index refuse them, their slots are not the message as sent), and
         only bulk ends take a ``copy_config``.
+
+        ``parts`` (bulk only; a power of two from 1 to 32, ``msg_size`` a multiple of 16 × parts):
+        every message is split into that many equal parts, each with its own flag and indices, so
+        that as many GPU blocks serve each end of the one channel (``meshd channel create --parts``).
+        Sent only when above 1: one part is the format every bulk channel had before. The host ends
+        serve every part, with the same calls.
         """
         req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
         if placement:
             req["placement"] = placement
         if protocol:
             req["protocol"] = protocol
+        if parts is not None and parts != 1:
+            req["parts"] = parts
         self.call(req)
 
     def metrics(self) -> str:

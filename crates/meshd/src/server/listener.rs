@@ -277,6 +277,7 @@ fn info(shared: &Shared) -> Response {
         .map(|c| ChannelRow {
             placement: c.placement.to_string(),
             protocol: c.protocol.to_string(),
+            parts: c.parts,
             lost: c.lost,
             name: c.name,
             msg_size: c.msg_size,

@@ -143,6 +143,7 @@ enum Change {
         capacity: u32,
         placement: String,
         protocol: String,
+        parts: u32,
     },
 }
 
@@ -187,8 +188,8 @@ impl From<Request> for Routed {
             }
             Request::Upgrade { name, image_len: _ } => Self::Change(Change::Upgrade { name }),
             Request::Unload { name } => Self::Change(Change::Unload { name }),
-            Request::ChannelCreate { name, msg_size, capacity, placement, protocol } => {
-                Self::Change(Change::ChannelCreate { name, msg_size, capacity, placement, protocol })
+            Request::ChannelCreate { name, msg_size, capacity, placement, protocol, parts } => {
+                Self::Change(Change::ChannelCreate { name, msg_size, capacity, placement, protocol, parts })
             }
             Request::Spawn { name, bind, command, ready_timeout_ms } => {
                 Self::Spawn(NativeSpec { name, bind, command, ready_timeout: Duration::from_millis(ready_timeout_ms) })

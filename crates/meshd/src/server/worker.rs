@@ -434,11 +434,11 @@ impl BackendWorker<'_> {
                 self.record(|s| s.record_unload(&name));
                 Ok(Response::ok())
             }
-            Change::ChannelCreate { name, msg_size, capacity, placement, protocol } => {
+            Change::ChannelCreate { name, msg_size, capacity, placement, protocol, parts } => {
                 let placement = crate::placement::parse(&placement, self.backend.mode())?;
                 let protocol = crate::placement::protocol(&protocol, msg_size)?;
-                self.shared.mailbox.create_channel_with(&name, msg_size, capacity, placement, protocol)?;
-                tracing::info!(channel = %name, msg_size, capacity, %placement, %protocol, "channel created");
+                self.shared.mailbox.create_channel_parts(&name, msg_size, capacity, placement, protocol, parts)?;
+                tracing::info!(channel = %name, msg_size, capacity, %placement, %protocol, parts, "channel created");
                 let mailbox = self.shared.mailbox.clone();
                 self.record(move |s| s.record_channels(&mailbox));
                 Ok(Response::ok())
