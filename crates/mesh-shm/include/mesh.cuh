@@ -135,6 +135,9 @@
 #define MESH_PROTOCOL_BULK 1u
 #define MESH_BULK_FLAG_SIZE 8u
 #define MESH_BULK_ALIGN 4096u
+#define MESH_BULK_MAX_PARTS 32u
+#define MESH_BULK_PARTS_SHIFT 16u
+#define MESH_LINE 128u
 typedef struct {
     uint64_t ring_offset;
     uint64_t slots;
@@ -645,14 +648,16 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 // call fails). Both placements work: host (the mailbox; a host process with mesh-shm's
 // BulkProducer / BulkConsumer or a GPU program at either end) and device (GPU memory, two GPU
 // programs, blink mode). NOT YET RUN ON A GPU: these calls were compiled (nvcc, ptxas sm_90) but
-// their first GPU run is still to come.
+// their first GPU run is still to come (the parts calls: not even compiled by nvcc yet).
 //
 // Every thread of the block calls every mesh_bulk_* / mesh_block_* function together, with the same
 // arguments (each thread holds its own copy of the mesh_bulk, and every copy changes the same way);
 // they synchronise the block (__syncthreads) and may not be called from divergent code. Any block
 // shape works; mesh_block_rank() is a thread's rank in it (0: the one that talks to meshd). An end
-// of a channel belongs to one block: two blocks opening the same end break the ring. Buffers are
-// 16-byte aligned, global or shared memory, msg_size bytes.
+// of a channel belongs to one block, or, for a channel of several parts, to blocks that each open
+// their own share of the parts with mesh_bulk_open_part (below); two blocks opening the same part of
+// the same end break the ring. Buffers are 16-byte aligned, global or shared memory, msg_size bytes
+// (ch.msg_size: for a block serving a share of the parts, the share's bytes).
 //
 // A bulk echo (tests/programs/bulk_echo.cu), one block: `meshd load echo bulk_echo.ptx --block 1024
 // --bind in --bind out`, both channels bulk, of one message size:
@@ -671,27 +676,68 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 //         if (mesh_block_rank() == 0) mesh_end(ctx);
 //     }
 //
-// Format (mesh-shm's bulk.rs): the slots start with capacity flags of MESH_BULK_FLAG_SIZE bytes,
-// padded to MESH_BULK_ALIGN, then capacity payloads of msg_size bytes. Message `seq` is in slot
-// seq & (capacity - 1); its flag holds seq + 1 once the payload is whole. A sender's threads store
-// the payload with 16-byte stores, the block synchronises, and one thread stores the flag with release
-// semantics; a receiver's thread 0 loads the flag with acquire semantics (one PCIe
-// round trip for a host channel, which a large message amortises), the block synchronises, and every
-// thread loads the payload, 4 x 16 bytes in flight each. Both ends publish their index (head, tail)
-// on every message: a producer waits for room only when the ring looks full, reading the tail once.
-// One block per channel and end: to spread a stream over B blocks, bind B channels (blockIdx.x picks
-// its binding; at most MESH_MAX_BINDINGS).
+// ONE CHANNEL SERVED BY B BLOCKS (parts). A channel created with `--parts P` (a power of two up to
+// MESH_BULK_MAX_PARTS; msg_size a multiple of 16 × P) splits every message into P equal parts, part p
+// being bytes p × msg_size / P to (p + 1) × msg_size / P. Each part has its own flag per slot and its
+// own head and tail, with one writer each, so B blocks move one message together without any barrier
+// between them: the block serving part p sends or receives part p of every message, at its own pace,
+// and the message is whole when all its parts are. B must be a power of two up to P; block i of B then
+// serves parts i × P / B to (i + 1) × P / B - 1, a contiguous share of P / B parts (ch.msg_size bytes,
+// at byte mesh_bulk_part_offset(&ch) of the message). mesh_bulk_open(ctx, b, producer) is the share of
+// one block serving every part. Both ends choose their B independently, and a host end (BulkProducer,
+// BulkConsumer) serves every part. A 16 MiB copy over 8 blocks on one binding, `meshd load copy x.ptx
+// --grid 8 --block 512 --bind in --bind out`, both channels `--parts 8`:
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         if (blockIdx.x == 0 && mesh_block_rank() == 0) mesh_begin(ctx);
+//         mesh_bulk in = mesh_bulk_open_part(ctx, 0, false, blockIdx.x, gridDim.x);
+//         mesh_bulk out = mesh_bulk_open_part(ctx, 1, true, blockIdx.x, gridDim.x);
+//         while (!mesh_block_should_stop(ctx)) {
+//             const void* part = mesh_block_peek(&in);              // this block's part, in place
+//             if (part != NULL && mesh_block_try_send(&out, part)) mesh_block_release(&in);
+//         }
+//         mesh_bulk_close(&in);
+//         mesh_bulk_close(&out);
+//         if (blockIdx.x == 0 && mesh_block_rank() == 0) mesh_end(ctx);
+//     }
+//
+// Only block 0 calls mesh_begin / mesh_end (and mesh_heartbeat); every block checks the stop itself.
+// A block whose share is refused (B not a power of two, B > P, blockIdx.x >= B, or an LL binding)
+// gets msg_size 0, on which every call fails.
+//
+// Format (mesh-shm's bulk.rs): the slots start with capacity × parts flags of MESH_BULK_FLAG_SIZE
+// bytes (slot s, part p at s × parts + p); for more than one part, 2 × parts index lines of MESH_LINE
+// bytes follow on the next line boundary (part p's head, then its tail); all padded to
+// MESH_BULK_ALIGN, then capacity payloads of msg_size bytes. One part has no index lines: its head and
+// tail are the ring header's (MESH_RING_HEAD, MESH_RING_TAIL), the format before parts existed. The
+// binding's `protocol` word holds a channel's parts above MESH_BULK_PARTS_SHIFT when there are more
+// than one (a program built before parts existed sees an unknown protocol and refuses the binding).
+// Message `seq` is in slot seq & (capacity - 1); a part's flag holds seq + 1 once that part is whole.
+// A sender's threads store the part with 16-byte stores, the block synchronises, and one thread per
+// part stores its flag with release semantics; a receiver's threads (one per part) load the flags
+// with acquire semantics (one PCIe round trip for a host channel, which a large message amortises),
+// the block synchronises, and every thread loads the payload, 4 x 16 bytes in flight each. Both ends
+// publish each part's index (head, tail) on every message: a producer waits for room only when the
+// ring looks full, reading its parts' tails once. The ring header's head and tail are, for more than
+// one part, lower bounds over the parts that block 0 publishes in mesh_bulk_close (for `meshd info`).
 
-// One end of a bound bulk channel, held in registers by every thread of the block using it.
+// One end of a bound bulk channel (this block's share of its parts), held in registers by every
+// thread of the block using it.
 typedef struct {
     char* ring;                // the ring's header (indices and claims, in the mailbox)
-    uint64_t* flags;           // capacity flags (the mailbox, or GPU memory for a device channel)
-    char* payload;             // capacity payloads of msg_size bytes
-    uint32_t msg_size;         // payload bytes per message, a multiple of 16 (0: not open)
+    uint64_t* flags;           // capacity × parts flags (the mailbox, or GPU memory for a device channel)
+    char* payload;             // this block's share of slot 0's payload (the slots follow, stride apart)
+    char* lines;               // part `first`'s head line (one part: the header's head); its tail follows
+    uint32_t msg_size;         // payload bytes this block moves per message, a multiple of 16 (0: not open)
     uint32_t mask;             // capacity - 1
     uint64_t mine;             // producer: the next message to write; consumer: the next to read
-    uint64_t other;            // producer: the consumer's tail as last read
+    uint64_t other;            // producer: the slowest of its parts' tails as last read
     uint32_t placement;        // MESH_PLACEMENT_HOST or MESH_PLACEMENT_DEVICE
+    uint32_t parts;            // the channel's parts
+    uint32_t first;            // this block's first part
+    uint32_t count;            // parts this block serves (threads 0 .. count - 1 each keep one's words)
+    uint32_t stride;           // the whole message's bytes: one slot's payload to the next
+    uint32_t line_step;        // bytes from one part's head line to the next's
     bool producer;
 } mesh_bulk;
 
@@ -710,6 +756,18 @@ static __device__ __forceinline__ uint64_t mesh_block_bcast(uint64_t v) {
     if (mesh_block_rank() == 0) mesh_bcast_word = v;
     __syncthreads();
     return mesh_bcast_word;
+}
+
+// The largest `v` of threads 0 .. n - 1 (n from 1 to MESH_BULK_MAX_PARTS), on every thread of the
+// block, compared as signed distances (`v` is a difference of two sequence numbers, or a count).
+static __device__ __forceinline__ int64_t mesh_block_max_of(int64_t v, uint32_t n) {
+    __shared__ int64_t mesh_max_words[MESH_BULK_MAX_PARTS];
+    __syncthreads();  // every thread has read the previous values
+    if (mesh_block_rank() < n) mesh_max_words[mesh_block_rank()] = v;
+    __syncthreads();
+    int64_t m = mesh_max_words[0];
+    for (uint32_t i = 1; i < n; i++) m = mesh_max_words[i] > m ? mesh_max_words[i] : m;
+    return m;
 }
 
 // mesh_should_stop for a whole block: thread 0 asks (keeping the check's state in its ctx), every
@@ -753,95 +811,195 @@ static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* 
     for (; i < n; i += s) dst[i] = mesh_ld_volatile_v4(src + i);
 }
 
-static __device__ __forceinline__ uint64_t* mesh_bulk_flag(const mesh_bulk* ch, uint64_t seq) {
-    return ch->flags + (seq & ch->mask);
+// The flag of part first + r of message seq's slot (r < count).
+static __device__ __forceinline__ uint64_t* mesh_bulk_flag(const mesh_bulk* ch, uint64_t seq, uint32_t r) {
+    return ch->flags + (seq & ch->mask) * ch->parts + ch->first + r;
 }
+// This block's share of message seq's slot.
 static __device__ __forceinline__ char* mesh_bulk_slot(const mesh_bulk* ch, uint64_t seq) {
-    return ch->payload + (seq & ch->mask) * (uint64_t)ch->msg_size;
+    return ch->payload + (seq & ch->mask) * (uint64_t)ch->stride;
+}
+// Part first + r's head line, and its tail line.
+static __device__ __forceinline__ char* mesh_bulk_head_line(const mesh_bulk* ch, uint32_t r) {
+    return ch->lines + (uint64_t)r * ch->line_step;
+}
+static __device__ __forceinline__ char* mesh_bulk_tail_line(const mesh_bulk* ch, uint32_t r) {
+    return mesh_bulk_head_line(ch, r) + (MESH_RING_TAIL - MESH_RING_HEAD);
+}
+static __device__ __forceinline__ uint64_t mesh_bulk_ld_flag(const mesh_bulk* ch, const uint64_t* f) {
+    return ch->placement == MESH_PLACEMENT_HOST ? mesh_ld_acquire_u64(f) : mesh_ld_acquire_gpu_u64(f);
 }
 
-// Opens binding `b` of protocol bulk as a producer (`producer` true) or consumer; every thread of the
-// block calls it. A producer resumes after the last message written into the ring (published or
-// not), a consumer at the published tail. An unbound `b` or an LL channel gives msg_size 0.
-static __device__ mesh_bulk mesh_bulk_open(const mesh_ctx& c, uint32_t b, bool producer) {
-    mesh_bulk ch = {0, 0, 0, 0, 0, 0, 0, 0, producer};
-    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0 ||
-        c.bindings[b].protocol != MESH_PROTOCOL_BULK)
+// Where this block's share starts inside a message: what a block that keeps whole messages in its
+// own buffers adds to their address.
+static __device__ __forceinline__ uint32_t mesh_bulk_part_offset(const mesh_bulk* ch) {
+    return ch->parts == 0 ? 0u : ch->first * (ch->stride / ch->parts);
+}
+
+// Opens this block's share of binding `b` of protocol bulk as a producer (`producer` true) or consumer:
+// it is block `block` of the `blocks` blocks that serve this end (a power of two up to the channel's
+// parts), and serves parts block × parts / blocks onwards, parts / blocks of them. Every thread of the
+// block calls it. A producer resumes each of its parts after the last message written into it
+// (published or not), as mesh_bulk_open always did; where its parts disagree (the end was served by
+// more blocks before) it continues at the furthest and completes the parts behind with what their
+// slots hold, as far as their consumers have room now (a message the last launch left half-written
+// is delivered torn). A consumer resumes at the furthest of its parts' tails and moves the others
+// there (the messages between, partly taken by the last launch, are skipped). An unbound `b`, an LL
+// channel or a refused share gives msg_size 0.
+static __device__ mesh_bulk mesh_bulk_open_part(const mesh_ctx& c, uint32_t b, bool producer, uint32_t block,
+                                                uint32_t blocks) {
+    mesh_bulk ch = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, producer};
+    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
+        return ch;
+    const uint32_t word = c.bindings[b].protocol;
+    const uint32_t parts = (word >> MESH_BULK_PARTS_SHIFT) == 0u ? 1u : word >> MESH_BULK_PARTS_SHIFT;
+    if ((word & ((1u << MESH_BULK_PARTS_SHIFT) - 1u)) != MESH_PROTOCOL_BULK || parts > MESH_BULK_MAX_PARTS ||
+        (parts & (parts - 1u)) != 0u || blocks == 0u || (blocks & (blocks - 1u)) != 0u || blocks > parts ||
+        block >= blocks || c.bindings[b].msg_size % (16u * parts) != 0u)
         return ch;
     const uint32_t capacity = c.bindings[b].capacity;
+    const uint32_t part_bytes = c.bindings[b].msg_size / parts;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
     ch.flags = (uint64_t*)(uintptr_t)c.bindings[b].slots;
-    const uint64_t flags_bytes = (uint64_t)capacity * MESH_BULK_FLAG_SIZE;
-    ch.payload = (char*)ch.flags + (flags_bytes + MESH_BULK_ALIGN - 1u) / MESH_BULK_ALIGN * MESH_BULK_ALIGN;
-    ch.msg_size = c.bindings[b].msg_size;
+    ch.parts = parts;
+    ch.count = parts / blocks;
+    ch.first = block * ch.count;
+    ch.stride = c.bindings[b].msg_size;
+    ch.msg_size = ch.count * part_bytes;
     ch.mask = capacity - 1u;
     ch.placement = c.bindings[b].placement;
-    // Thread 0 reads the indices (and, for a producer, the flags after the published head), and the
-    // block takes its answer: every copy of the channel must start equal.
-    uint64_t pos = 0, tail = 0;
-    if (mesh_block_rank() == 0) {
-        tail = mesh_ld_acquire_u64(ch.ring + MESH_RING_TAIL);
-        pos = tail;
-        if (producer) {
-            uint64_t head = mesh_ld_acquire_u64(ch.ring + MESH_RING_HEAD);
-            if ((int64_t)(tail - head) > 0) head = tail;
-            while (head - tail <= ch.mask && mesh_ld_acquire_u64(mesh_bulk_flag(&ch, head)) == head + 1u) head++;
-            pos = head;
-        }
+    const uint64_t flags_bytes = (uint64_t)capacity * parts * MESH_BULK_FLAG_SIZE;
+    uint64_t end = flags_bytes;
+    if (parts == 1u) {
+        ch.lines = ch.ring + MESH_RING_HEAD;
+        ch.line_step = 0;
+    } else {
+        const uint64_t lines = (flags_bytes + MESH_LINE - 1u) / MESH_LINE * MESH_LINE;
+        ch.lines = (char*)ch.flags + lines + (uint64_t)ch.first * 2u * MESH_LINE;
+        ch.line_step = 2u * MESH_LINE;
+        end = lines + 2u * (uint64_t)parts * MESH_LINE;
     }
-    ch.mine = mesh_block_bcast(pos);
-    ch.other = mesh_block_bcast(tail);
+    ch.payload = (char*)ch.flags + (end + MESH_BULK_ALIGN - 1u) / MESH_BULK_ALIGN * MESH_BULK_ALIGN +
+                 (uint64_t)ch.first * part_bytes;
+    // Threads 0 .. count - 1 each read one part's indices (and, for a producer, its flags after the
+    // published head), and the block takes the furthest: every copy of the channel must start equal.
+    // Positions are compared as distances from part `first`'s tail, read by every thread.
+    const uint32_t r = mesh_block_rank();
+    const uint64_t base = mesh_block_bcast(r == 0 ? mesh_ld_acquire_u64(mesh_bulk_tail_line(&ch, 0)) : 0u);
+    int64_t pos = 0, tail_at = 0;
+    uint64_t tail = base;
+    if (r < ch.count) {
+        tail = mesh_ld_acquire_u64(mesh_bulk_tail_line(&ch, r));
+        uint64_t at = tail;
+        if (producer) {
+            uint64_t head = mesh_ld_acquire_u64(mesh_bulk_head_line(&ch, r));
+            if ((int64_t)(tail - head) > 0) head = tail;
+            while (head - tail <= ch.mask && mesh_bulk_ld_flag(&ch, mesh_bulk_flag(&ch, head, r)) == head + 1u) head++;
+            at = head;
+        }
+        pos = (int64_t)(at - base);
+        tail_at = (int64_t)(tail - base);
+    }
+    const int64_t furthest = mesh_block_max_of(pos, ch.count);
+    ch.mine = base + (uint64_t)furthest;
+    if (producer) {
+        // The slowest tail, for the room check; then the parts behind, completed as far as room allows.
+        ch.other = base - (uint64_t)mesh_block_max_of(-tail_at, ch.count);
+        if (r < ch.count) {
+            uint64_t at = base + (uint64_t)pos;
+            while (at != ch.mine && at - tail <= ch.mask) {
+                if (ch.placement == MESH_PLACEMENT_HOST) mesh_st_release_u64(mesh_bulk_flag(&ch, at, r), at + 1u);
+                else mesh_st_release_gpu_u64(mesh_bulk_flag(&ch, at, r), at + 1u);
+                at++;
+            }
+            if (at != base + (uint64_t)pos) mesh_st_volatile_u64(mesh_bulk_head_line(&ch, r), at);
+        }
+    } else if (r < ch.count && tail != ch.mine) {
+        mesh_st_release_u64(mesh_bulk_tail_line(&ch, r), ch.mine);
+    }
+    __syncthreads();
     return ch;
 }
 
-// Publishes this end's position. Both ends publish on every message already; call it on every bulk
-// channel before mesh_end anyway (what the next launch resumes from is then certain).
-static __device__ __forceinline__ void mesh_bulk_close(mesh_bulk* ch) {
-    __syncthreads();
-    if (ch->msg_size == 0 || mesh_block_rank() != 0) return;
-    mesh_st_release_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), ch->mine);
+// Opens binding `b` of protocol bulk as a producer (`producer` true) or consumer, one block serving
+// every part: mesh_bulk_open_part(c, b, producer, 0, 1).
+static __device__ mesh_bulk mesh_bulk_open(const mesh_ctx& c, uint32_t b, bool producer) {
+    return mesh_bulk_open_part(c, b, producer, 0u, 1u);
 }
 
-// Free slots a producer can fill now (the same on every thread; reads the consumer's tail, one round
-// trip, only when the ring looks full). The tail is loaded with acquire semantics, and the barrier of
-// the broadcast passes that on to the block: the consumer's reads of a slot's last lap (before its
-// release of the tail) are then ordered before the block's stores into it. A relaxed or volatile load
-// would leave that to the hardware not issuing a store before the load it depends on has returned,
-// which the PTX memory model does not promise (the payload accesses are weak, so that would be a data
-// race); once per ring that looked full, the acquire costs nothing that matters.
+// Publishes this end's position: every part it serves (its line), and, from the block serving part 0,
+// the ring header's lower bound over every part (for `meshd info`; one part: the same word). Both ends
+// publish their parts on every message already; call it on every bulk channel before mesh_end anyway
+// (what the next launch resumes from is then certain).
+static __device__ __forceinline__ void mesh_bulk_close(mesh_bulk* ch) {
+    __syncthreads();
+    if (ch->msg_size == 0) return;
+    const uint32_t r = mesh_block_rank();
+    const uint32_t side = ch->producer ? 0u : MESH_RING_TAIL - MESH_RING_HEAD;
+    if (r < ch->count) {
+        if (ch->producer) mesh_st_release_u64(mesh_bulk_head_line(ch, r), ch->mine);
+        else mesh_st_release_u64(mesh_bulk_tail_line(ch, r), ch->mine);
+    }
+    if (ch->parts == 1u || ch->first != 0u) return;
+    // Block 0's threads read every part's line (other blocks' too: reading needs no ownership).
+    const char* line0 = ch->lines;
+    int64_t behind = 0;
+    if (r < ch->parts) behind = (int64_t)(ch->mine - mesh_ld_acquire_u64(line0 + (uint64_t)r * ch->line_step + side));
+    const int64_t most = mesh_block_max_of(behind, ch->parts);
+    if (r == 0) mesh_st_release_u64(ch->ring + (ch->producer ? MESH_RING_HEAD : MESH_RING_TAIL), ch->mine - (uint64_t)most);
+}
+
+// Free slots a producer can fill now (the same on every thread; reads its parts' tails, one round
+// trip, only when the ring looks full). The tails are loaded with acquire semantics, and the barrier
+// of the reduction passes that on to the block: the consumers' reads of a slot's last lap (before
+// their release of the tail) are then ordered before the block's stores into it. A relaxed or volatile
+// load would leave that to the hardware not issuing a store before the load it depends on has
+// returned, which the PTX memory model does not promise (the payload accesses are weak, so that would
+// be a data race); once per ring that looked full, the acquire costs nothing that matters. A tail
+// ahead of this end (its consumer skipped messages when it resumed) moves the producer there.
 static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
     if (ch->msg_size == 0 || !ch->producer) return 0;
-    if (ch->mine - ch->other > ch->mask)
-        ch->other = mesh_block_bcast(mesh_block_rank() == 0 ? mesh_ld_acquire_u64(ch->ring + MESH_RING_TAIL) : 0u);
+    if (ch->mine - ch->other > ch->mask) {
+        const uint32_t r = mesh_block_rank();
+        int64_t used = INT64_MIN;
+        if (r < ch->count) used = (int64_t)(ch->mine - mesh_ld_acquire_u64(mesh_bulk_tail_line(ch, r)));
+        const int64_t most = mesh_block_max_of(used, ch->count);
+        if (most < 0) ch->mine -= (uint64_t)most;  // every tail ahead: jump to the nearest
+        ch->other = ch->mine - (uint64_t)(most < 0 ? 0 : most);
+    }
     const uint64_t used = ch->mine - ch->other;
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
 }
 
-// The next message's slot for the block to write in place (msg_size bytes, 16-byte aligned), or NULL
-// when the ring is full. Write it with ordinary stores, then mesh_block_publish.
+// This block's share of the next message's slot for the block to write in place (msg_size bytes,
+// 16-byte aligned), or NULL when the ring is full. Write it with ordinary stores, then
+// mesh_block_publish.
 static __device__ __forceinline__ void* mesh_block_reserve(mesh_bulk* ch) {
     return mesh_bulk_room(ch) == 0 ? (void*)0 : (void*)mesh_bulk_slot(ch, ch->mine);
 }
 
-// Makes the message written into the slot mesh_block_reserve gave visible to the consumer: the block
-// synchronises (every thread's stores are ordered before thread 0's next step), then thread 0 stores
-// the flag with release semantics (system scope for a host channel, GPU scope for a device one), which
-// orders what the block stored before it: NCCL's Simple protocol does the same (a barrier, then one
-// thread's fence.acq_rel.sys and the step store), so one fence per message, not one per thread.
+// Makes the share written into the slot mesh_block_reserve gave visible to the consumer: the block
+// synchronises (every thread's stores are ordered before the flag stores), then each of threads
+// 0 .. count - 1 stores one part's flag with release semantics (system scope for a host channel, GPU
+// scope for a device one), which orders what the block stored before it: NCCL's Simple protocol does
+// the same (a barrier, then one thread's fence.acq_rel.sys and the step store), so one fence per part
+// and message, not one per thread. Then each stores its part's head.
 static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
     const bool host = ch->placement == MESH_PLACEMENT_HOST;
     __syncthreads();
-    if (mesh_block_rank() == 0) {
+    const uint32_t r = mesh_block_rank();
+    if (r < ch->count) {
         const uint64_t flag = ch->mine + 1u;
-        if (host) mesh_st_release_u64(mesh_bulk_flag(ch, ch->mine), flag);
-        else mesh_st_release_gpu_u64(mesh_bulk_flag(ch, ch->mine), flag);
-        mesh_st_volatile_u64(ch->ring + MESH_RING_HEAD, flag);
+        if (host) mesh_st_release_u64(mesh_bulk_flag(ch, ch->mine, r), flag);
+        else mesh_st_release_gpu_u64(mesh_bulk_flag(ch, ch->mine, r), flag);
+        mesh_st_volatile_u64(mesh_bulk_head_line(ch, r), flag);
     }
     ch->mine += 1u;
 }
 
-// Sends one message from `msg` (msg_size bytes, 16-byte aligned). False on every thread when the ring
-// is full. 16 bytes per thread per load and store, 4 in flight; one fence per message.
+// Sends this block's share of one message from `msg` (msg_size bytes, 16-byte aligned: for a block
+// serving a share of the parts, the share alone). False on every thread when the ring is full. 16
+// bytes per thread per load and store, 4 in flight; one fence per part.
 static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const void* msg) {
     void* slot = mesh_block_reserve(ch);
     if (slot == 0) return false;
@@ -850,31 +1008,30 @@ static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const 
     return true;
 }
 
-// The next message, in place (msg_size bytes, 16-byte aligned), or NULL on every thread when none is
-// whole yet. Read it with ordinary loads (thread 0's acquire of the flag and the block barrier order
-// them after the producer's stores), then mesh_block_release; until then it stays the program's and
-// the producer cannot reuse its slot.
+// This block's share of the next message, in place (msg_size bytes, 16-byte aligned), or NULL on every
+// thread when its parts are not all whole yet. Read it with ordinary loads (the acquires of the flags
+// and the block barrier order them after the producer's stores), then mesh_block_release; until then
+// it stays the program's and the producer cannot reuse its parts of the slot.
 static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     if (ch->msg_size == 0 || ch->producer) return 0;
-    uint64_t ok = 0;
-    if (mesh_block_rank() == 0) {
-        const uint64_t* f = mesh_bulk_flag(ch, ch->mine);
-        const uint64_t v = ch->placement == MESH_PLACEMENT_HOST ? mesh_ld_acquire_u64(f) : mesh_ld_acquire_gpu_u64(f);
-        ok = v == ch->mine + 1u;
-    }
-    return mesh_block_bcast(ok) ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
+    const uint32_t r = mesh_block_rank();
+    int64_t missing = 0;
+    if (r < ch->count) missing = mesh_bulk_ld_flag(ch, mesh_bulk_flag(ch, ch->mine, r)) != ch->mine + 1u;
+    const bool ok = ch->count == 1u ? mesh_block_bcast((uint64_t)(missing == 0)) != 0
+                                    : mesh_block_max_of(missing, ch->count) == 0;
+    return ok ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
 }
 
-// Gives the message mesh_block_peek returned back to the producer: the block synchronises (every
-// thread's reads of it are done) and thread 0 publishes tail.
+// Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
+// thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail.
 static __device__ __forceinline__ void mesh_block_release(mesh_bulk* ch) {
     __syncthreads();
     ch->mine += 1u;
-    if (mesh_block_rank() == 0) mesh_st_release_u64(ch->ring + MESH_RING_TAIL, ch->mine);
+    if (mesh_block_rank() < ch->count) mesh_st_release_u64(mesh_bulk_tail_line(ch, mesh_block_rank()), ch->mine);
 }
 
-// Receives one message into `out` (msg_size bytes, 16-byte aligned). False on every thread when none
-// is whole yet (`out` untouched).
+// Receives this block's share of one message into `out` (msg_size bytes, 16-byte aligned). False on
+// every thread when it is not whole yet (`out` untouched).
 static __device__ __forceinline__ bool mesh_block_try_recv(mesh_bulk* ch, void* out) {
     const void* msg = mesh_block_peek(ch);
     if (msg == 0) return false;

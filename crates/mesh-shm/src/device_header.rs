@@ -47,6 +47,9 @@ pub fn layout_block() -> String {
     def("MESH_PROTOCOL_BULK", PROTOCOL_BULK.into());
     def("MESH_BULK_FLAG_SIZE", BULK_FLAG_SIZE);
     def("MESH_BULK_ALIGN", SLOTS_ALIGN);
+    def("MESH_BULK_MAX_PARTS", MAX_BULK_PARTS.into());
+    def("MESH_BULK_PARTS_SHIFT", BINDING_PARTS_SHIFT.into());
+    def("MESH_LINE", LINE);
     let mut out = format!("{BEGIN} (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)\n{s}");
     out.push_str(
         "typedef struct {\n    uint64_t ring_offset;\n    uint64_t slots;\n    uint32_t msg_size;\n    uint32_t capacity;\n    \
