@@ -16,7 +16,7 @@
 #define BULK_RESUME_ONE (1u << 20)
 #define BULK_MAX_BLOCKS 8u
 // Largest message of the FIXED (benchmark) mode, which copies from / into a buffer of each block's own.
-#define BULK_FIXED_MAX (1u << 20)
+#define BULK_FIXED_MAX (16u << 20)
 
 static __device__ __forceinline__ uint32_t bulk_block_sum(uint32_t part) {
     __shared__ uint32_t bulk_sum;

@@ -82,26 +82,7 @@ pub fn alive(child: &SharedChild) -> bool {
 /// while the driver tears its context down (up to 2 s on the H200), its output not yet closed, so
 /// neither its pipe nor `waitpid` says it died: this does, at once.
 pub fn dying(pid: u32) -> bool {
-    /// The kernel's flag for a task in `do_exit` (include/linux/sched.h).
-    const PF_EXITING: u64 = 0x4;
-    /// SIGKILL's bit in a signal mask (signal 9: bit 8).
-    const SIGKILL_BIT: u64 = 1 << 8;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
-    // The command name (field 2) may hold spaces and parentheses: the fields after the last ')'.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    if fields.first().is_some_and(|state| matches!(*state, "Z" | "X" | "x")) {
-        return true;
-    }
-    if fields.get(6).and_then(|f| f.parse::<u64>().ok()).is_some_and(|flags| flags & PF_EXITING != 0) {
-        return true;
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
-    status.lines().filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:")).any(|l| {
-        l.split_once(':')
-            .and_then(|(_, mask)| u64::from_str_radix(mask.trim(), 16).ok())
-            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
-    })
+    mesh_shm::claim::process_dying(pid)
 }
 
 #[cfg(test)]

@@ -4,9 +4,20 @@
 //! field 22 of `/proc/PID/stat` (clock ticks since boot), so that a reused pid
 //! does not pass for the process that died. The word is host-only: CPU
 //! compare-and-swap is fine here, unlike on words the GPU shares.
+//!
+//! A zombie holds nothing (it runs no code), and a holder that is exiting (a SIGKILL pending, or the
+//! kernel's exit begun: a process killed inside a CUDA driver call sits in D state for up to seconds
+//! while the driver tears its context down) is waited for, up to [`DYING_HOLDER_WAIT`], rather than
+//! refused: a process restarted right after its predecessor was killed (a native worker after
+//! `kill -9` of meshd, whose PDEATHSIG killed the old one) would otherwise be refused for an end no
+//! live code holds.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a claim waits for an exiting holder to be gone before it is refused.
+pub const DYING_HOLDER_WAIT: Duration = Duration::from_secs(5);
 
 /// A process identity as stored in a claim word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,29 +52,66 @@ impl Holder {
         })
     }
 
-    /// Whether the process this names still runs (the same process, not a reuse of its pid).
+    /// Whether the process this names still runs (the same process, not a reuse of its pid, and not
+    /// a zombie: a process that has exited stores nothing more, whether or not it was reaped).
     pub fn alive(self) -> bool {
+        #[allow(clippy::cast_possible_wrap, reason = "pids fit in i32; a larger word is no pid and fails")]
         let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) else { return false };
         if rustix::process::test_kill_process(pid).is_err_and(|e| e == rustix::io::Errno::SRCH) {
             return false;
         }
-        match start_time(self.pid) {
-            Some(start) => self.start == 0 || start == self.start,
+        match stat_fields(self.pid) {
+            Some(stat) => !stat.exited && (self.start == 0 || stat.start == self.start),
             // Exists (kill said so) but /proc is unreadable: assume alive rather than steal the end.
             None => rustix::process::test_kill_process(pid).is_ok() || self.start == 0,
         }
     }
 }
 
+/// What a claim needs from `/proc/PID/stat`.
+struct StatFields {
+    /// Low 32 bits of the start time (field 22).
+    start: u32,
+    /// A zombie or a dead task (state `Z`, `X` or `x`): it has exited.
+    exited: bool,
+    /// The kernel's `PF_EXITING` flag (field 9): its exit has begun.
+    exiting: bool,
+}
+
+fn stat_fields(pid: u32) -> Option<StatFields> {
+    /// The kernel's flag for a task in `do_exit` (include/linux/sched.h).
+    const PF_EXITING: u64 = 0x4;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the fields after the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_ascii_whitespace().collect();
+    let exited = matches!(*fields.first()?, "Z" | "X" | "x");
+    let flags = fields.get(6)?.parse::<u64>().ok()?;
+    #[allow(clippy::cast_possible_truncation, reason = "the claim word keeps the low 32 bits, on purpose")]
+    let start = fields.get(19)?.parse::<u64>().ok()? as u32;
+    Some(StatFields { start, exited, exiting: flags & PF_EXITING != 0 })
+}
+
 /// Low 32 bits of a process's start time, from `/proc/PID/stat`.
 fn start_time(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let field22 = rest.split_ascii_whitespace().nth(19)?;
-    #[allow(clippy::cast_possible_truncation, reason = "the claim word keeps the low 32 bits, on purpose")]
-    let low = field22.parse::<u64>().ok()? as u32;
-    Some(low)
+    stat_fields(pid).map(|s| s.start)
+}
+
+/// Whether process `pid` is dying: it has exited (a zombie) or is gone, the kernel began its exit
+/// (`PF_EXITING`), or a SIGKILL is pending for it (`SigPnd`/`ShdPnd` in `/proc/PID/status`: one
+/// sent while it sat in an uninterruptible driver call). Such a process runs no more user code.
+pub fn process_dying(pid: u32) -> bool {
+    /// SIGKILL's bit in a signal mask (signal 9: bit 8).
+    const SIGKILL_BIT: u64 = 1 << 8;
+    let Some(stat) = stat_fields(pid) else { return true };
+    if stat.exited || stat.exiting {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+    status.lines().filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:")).any(|l| {
+        l.split_once(':')
+            .and_then(|(_, mask)| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    })
 }
 
 /// Outcome of a claim attempt that did not succeed.
@@ -73,14 +121,23 @@ pub enum ClaimRefused {
     HeldBy(Holder),
 }
 
-/// Claims `word` for `me`, taking it over from a holder that has died.
-/// Returns the dead holder that was replaced, if any.
+/// Claims `word` for `me`, taking it over from a holder that has died (waiting up to
+/// [`DYING_HOLDER_WAIT`] for one that is exiting). Returns the dead holder that was replaced, if any.
 pub fn claim(word: &AtomicU64, me: Holder) -> Result<Option<Holder>, ClaimRefused> {
     let mut current = word.load(Ordering::Acquire);
+    let mut dying_since: Option<Instant> = None;
     loop {
         let replaced = match Holder::from_word(current) {
             None => None,
-            Some(h) if h.alive() => return Err(ClaimRefused::HeldBy(h)),
+            Some(h) if h.alive() => {
+                let since = *dying_since.get_or_insert_with(Instant::now);
+                if h != me && process_dying(h.pid) && since.elapsed() < DYING_HOLDER_WAIT {
+                    std::thread::sleep(Duration::from_millis(2));
+                    current = word.load(Ordering::Acquire);
+                    continue;
+                }
+                return Err(ClaimRefused::HeldBy(h));
+            }
             Some(h) => Some(h),
         };
         match word.compare_exchange(current, me.word(), Ordering::AcqRel, Ordering::Acquire) {
@@ -116,6 +173,34 @@ mod tests {
         assert_eq!(claim(&word, me), Err(ClaimRefused::HeldBy(me)));
         release(&word, me);
         assert_eq!(claim(&word, me), Ok(None));
+    }
+
+    #[test]
+    fn a_zombie_holds_nothing_and_a_killed_holder_is_waited_for() {
+        // A child killed and not yet reaped is a zombie: its end is free at once.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let zombie = Holder { pid: child.id(), start: start_time(child.id()).unwrap() };
+        assert!(zombie.alive() && !process_dying(zombie.pid));
+        child.kill().unwrap();
+        let t = Instant::now();
+        while zombie.alive() {
+            assert!(t.elapsed() < Duration::from_secs(5), "a killed child never showed as exited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(process_dying(zombie.pid), "a zombie is dying");
+        let word = AtomicU64::new(zombie.word());
+        assert_eq!(claim(&word, Holder::current()), Ok(Some(zombie)));
+        child.wait().unwrap();
+
+        // A live holder that is not dying is refused at once, without the wait.
+        let mut live = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let holder = Holder { pid: live.id(), start: start_time(live.id()).unwrap() };
+        let word = AtomicU64::new(holder.word());
+        let t = Instant::now();
+        assert_eq!(claim(&word, Holder::current()), Err(ClaimRefused::HeldBy(holder)));
+        assert!(t.elapsed() < DYING_HOLDER_WAIT / 2, "a live holder was waited for");
+        live.kill().unwrap();
+        live.wait().unwrap();
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! * raw limits (blink run only: an MPS run's process holds no plain context): back-to-back
 //!   `cuMemcpy*Async` host→device and device→host from pinned memory, and device→device, at 64 KiB
 //!   and 1 MiB, 200 copies on one stream, per copy;
-//! * host→GPU: a host `BulkProducer` (1, 2, 4 copy threads; plain or streaming stores) into
+//! * host→GPU: a host `BulkProducer` (the default `claim`, which picks its copy settings by size,
+//!   beside 1, 2, 4 (and 8 at 16 MiB) copy threads with plain or streaming stores) into
 //!   `bulk_sink` (one block of 1024 threads copying each message out, FIXED knob: counted, not checked);
 //! * GPU→host: `bulk_source` (FIXED: one buffer sent again and again) into a host `BulkConsumer`;
 //! * GPU→GPU streaming: `bulk_source` → `bulk_sink`, 1 and 8 blocks per end (a channel per block),
 //!   on device channels (blink) and host channels.
 //!
-//! Written on 2026-12-03 without a GPU: not yet run.
+//! * 16 MiB (capacity 4, in a mailbox of its own): the same rows, and the default host end's first lap
+//!   over a fresh channel (pages never touched by the copy) beside its steady state.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +24,10 @@ use mesh_shm::{BulkConsumer, BulkProducer, CopyConfig, Placement, Producer, Prot
 use crate::roundtrip::Bench;
 
 const SIZES: [u32; 2] = [64 << 10, 1 << 20];
+const BIG: u32 = 16 << 20;
 const CAPACITY: u32 = 8;
+/// A 16 MiB channel holds 4 messages: 64 MiB a channel, 15 channels in the 16 MiB table.
+const BIG_CAPACITY: u32 = 4;
 const BLOCK: u32 = 1024;
 
 fn check(what: &str, r: sys::CUresult) {
@@ -90,7 +95,8 @@ impl Bulk {
     fn channel(&mut self, size: u32, placement: Placement, protocol: Protocol) -> String {
         self.next += 1;
         let name = format!("L{}", self.next);
-        self.b.mb.create_channel_with(&name, size, CAPACITY, placement, protocol).unwrap();
+        let capacity = if size >= BIG { BIG_CAPACITY } else { CAPACITY };
+        self.b.mb.create_channel_with(&name, size, capacity, placement, protocol).unwrap();
         name
     }
 
@@ -113,13 +119,23 @@ impl Bulk {
         (0..blocks).map(|k| bulk::count(&w, k)).sum()
     }
 
-    /// Host→GPU: `n` messages from a host producer copying with `config`. GB/s of payload.
-    fn host_to_gpu(&mut self, size: u32, config: CopyConfig, n: u64) -> f64 {
+    /// Host→GPU: `n` messages from a host producer copying with `config` (`None`: the default
+    /// `claim`). GB/s of payload: (the first lap over the fresh ring, the steady state after warm-up).
+    fn host_to_gpu(&mut self, size: u32, config: Option<CopyConfig>, n: u64) -> (f64, f64) {
         let data = self.channel(size, Placement::Host, Protocol::Bulk);
         let knob = self.fixed_knob();
         let slot = self.load("sink", "bulk_sink", 1, &[data.clone(), knob]);
-        let mut tx = BulkProducer::claim_with(&self.b.mb, &data, config).unwrap();
+        let mut tx = match config {
+            Some(config) => BulkProducer::claim_with(&self.b.mb, &data, config).unwrap(),
+            None => BulkProducer::claim(&self.b.mb, &data).unwrap(),
+        };
         let msg = vec![7u8; size as usize];
+        let lap = u64::from(self.b.mb.channel(&data).unwrap().capacity);
+        let t = Instant::now();
+        for _ in 0..lap {
+            tx.send(&msg, Duration::from_secs(10)).unwrap();
+        }
+        let first = gbs(size, t.elapsed().as_secs_f64() * 1e6 / lap as f64);
         for _ in 0..n / 10 {
             tx.send(&msg, Duration::from_secs(10)).unwrap();
         }
@@ -130,15 +146,19 @@ impl Bulk {
         assert!(wait_until(Duration::from_secs(60), || self.counts(slot, 1) >= start + n), "the sink got them all");
         let took = t.elapsed();
         self.b.backend.unload("sink").unwrap();
-        gbs(size, took.as_secs_f64() * 1e6 / n as f64)
+        (first, gbs(size, took.as_secs_f64() * 1e6 / n as f64))
     }
 
-    /// GPU→host: `n` messages into a host consumer copying with `config`. GB/s of payload.
-    fn gpu_to_host(&mut self, size: u32, config: CopyConfig, n: u64) -> f64 {
+    /// GPU→host: `n` messages into a host consumer copying with `config` (`None`: the default
+    /// `claim`). GB/s of payload.
+    fn gpu_to_host(&mut self, size: u32, config: Option<CopyConfig>, n: u64) -> f64 {
         let data = self.channel(size, Placement::Host, Protocol::Bulk);
         let knob = self.fixed_knob();
         self.load("source", "bulk_source", 1, &[data.clone(), knob]);
-        let mut rx = BulkConsumer::claim_with(&self.b.mb, &data, config).unwrap();
+        let mut rx = match config {
+            Some(config) => BulkConsumer::claim_with(&self.b.mb, &data, config).unwrap(),
+            None => BulkConsumer::claim(&self.b.mb, &data).unwrap(),
+        };
         let mut out = vec![0u8; size as usize];
         for _ in 0..n / 10 {
             rx.recv(&mut out, Duration::from_secs(10)).unwrap();
@@ -208,14 +228,7 @@ pub fn bulk_benches(mps: bool) {
     println!("|-----:|------------------:|--------|---------:|---------:|");
     for size in SIZES {
         let n = if size <= 64 << 10 { 20_000 } else { 2_000 };
-        for (threads, non_temporal) in [(1, false), (1, true), (2, false), (2, true), (4, false), (4, true)] {
-            let config = CopyConfig { threads, non_temporal, min_part: 64 << 10 };
-            let to = b.host_to_gpu(size, config, n);
-            let from = if non_temporal { None } else { Some(b.gpu_to_host(size, config, n)) };
-            let stores = if non_temporal { "streaming" } else { "plain" };
-            let from = from.map_or("(a consumer's stores are plain)".into(), |g| format!("{g:.2}"));
-            println!("| {size} | {threads} | {stores} | {to:.2} | {from} |");
-        }
+        host_rows(&mut b, size, n, &[1, 2, 4]);
     }
     println!();
     println!("Bulk channels, {mode} mode, GPU→GPU streaming (blocks of {BLOCK} threads, a channel per block), GB/s:");
@@ -236,4 +249,34 @@ pub fn bulk_benches(mps: bool) {
         }
     }
     b.b.shutdown();
+
+    // 16 MiB in a mailbox of its own: 15 channels of 64 MiB (and their knobs) fit in 1.25 GiB.
+    let mut big = Bulk { b: Bench::open_sized(mps, 1280 << 20), next: 0 };
+    println!();
+    println!("Bulk channels, {mode} mode, host ↔ GPU at 16 MiB (capacity {BIG_CAPACITY}), GB/s of payload:");
+    println!();
+    println!("| size | host copy threads | stores | host→GPU | GPU→host |");
+    println!("|-----:|------------------:|--------|---------:|---------:|");
+    host_rows(&mut big, BIG, 200, &[1, 2, 4, 8]);
+    big.b.shutdown();
+}
+
+/// The host ↔ GPU rows of one size: the default end (with its first lap over the fresh ring), then
+/// every `threads` count with plain and streaming stores.
+fn host_rows(b: &mut Bulk, size: u32, n: u64, threads: &[usize]) {
+    let default = CopyConfig::for_msg_size(size as usize);
+    let (first, to) = b.host_to_gpu(size, None, n);
+    let from = b.gpu_to_host(size, None, n);
+    let stores = if default.non_temporal { "streaming" } else { "plain" };
+    println!("| {size} | default ({}) | {stores} | {to:.2} (first lap {first:.2}) | {from:.2} |", default.threads);
+    for &threads in threads {
+        for non_temporal in [false, true] {
+            let config = CopyConfig { threads, non_temporal, min_part: 64 << 10 };
+            let (_, to) = b.host_to_gpu(size, Some(config), n);
+            let from = if non_temporal { None } else { Some(b.gpu_to_host(size, Some(config), n)) };
+            let stores = if non_temporal { "streaming" } else { "plain" };
+            let from = from.map_or("(a consumer's stores are plain)".into(), |g| format!("{g:.2}"));
+            println!("| {size} | {threads} | {stores} | {to:.2} | {from} |");
+        }
+    }
 }
