@@ -193,6 +193,12 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
     timeout -k 10 400 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
+  # One bulk channel of P parts served by B = P blocks each end, beside copy_blocks (issue 24 item 3);
+  # not yet run on a GPU when written.
+  for a in "parts blink" "parts mps"; do
+    timeout -k 10 300 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    ROWS+=("mesh-gpu-bench $a|rc=$?")
+  done
   # (MPS device channels are on by default: "g2g mps" above measures them.)
   [ -x bin/mesh-cli-bench ] && { timeout -k 10 200 bin/mesh-cli-bench >>"$OUT/bench.log" 2>&1; ROWS+=("mesh-cli-bench|rc=$?"); }
   cat "$OUT/bench.log"

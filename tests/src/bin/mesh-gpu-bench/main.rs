@@ -5,6 +5,8 @@
 //!   streaming beside one warp's plain mapped-memory bandwidth; all in one process and context;
 //! * bulk channels (`bulk` module, `mesh-gpu-bench bulk blink|mps`): large messages host↔GPU and
 //!   GPU→GPU beside back-to-back cudaMemcpyAsync;
+//! * bulk channels of P parts (`parts` module, `mesh-gpu-bench parts blink|mps`): one channel served
+//!   by B = P blocks each end beside a plain copy kernel of the same B blocks;
 //! * nvJitLink: cold (library start-up, paid once by `Jit::start`), warm, cached.
 
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use mesh_gpu_tests::{Fixture, program};
 
 mod bulk;
 mod channels;
+mod parts;
 mod roundtrip;
 use channels::channel_benches;
 
@@ -41,10 +44,11 @@ fn main() {
         ["g2g", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips(*mode == "mps"),
         ["g2g-lean", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips_lean(*mode == "mps"),
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
+        ["parts", mode @ ("blink" | "mps")] => return parts::parts_benches(*mode == "mps"),
         [] => {}
         other => {
             eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps` or `bulk blink|mps`"
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps` or `parts blink|mps`"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,164 @@
+//! One bulk channel split into parts (`mesh-gpu-bench parts blink|mps`): P parts served by B = P blocks each end, beside a plain copy kernel (`copy_blocks`) with the same B blocks in the same run.
+//!
+//! * B = 1, 2, 4, 8, 16, 32 blocks of 1024 threads, at 1 MiB (capacity 8) and 16 MiB (capacity 4,
+//!   in a mailbox of its own), each size and B on a fresh channel of B parts;
+//! * copy path (STRESS_FIXED knob): the source's blocks copy their shares of one buffer into the ring
+//!   (`mesh_block_try_send`), the sink's copy them out into one (`mesh_block_try_recv`), unchecked:
+//!   two copies per message;
+//! * fill+check path: the source fills every word in place, the sink checks every word in place;
+//! * plain copy: `copy_blocks`, B blocks copying one channel's slot 0 into another's, each a
+//!   contiguous 1/B share with `mesh_block_copy` (the channel's copy loop without the ring): one copy;
+//! * device channels in blink mode (ring and copy buffers in GPU memory), host channels in MPS mode.
+//!
+//! Each measurement: warm-up, then about a second of the programs' per-block counts (user word b,
+//! low 24 bits, bulk_parts.cuh), sampled every 20 ms so the 24-bit counts cannot wrap unseen. GB/s of
+//! payload: the bytes of the shares counted over the seconds.
+
+use std::time::{Duration, Instant};
+
+use mesh_backend::{LaunchShape, ProgramSpec};
+use mesh_gpu_tests::stress;
+use mesh_gpu_tests::{program, wait_until};
+use mesh_shm::{Placement, Producer, Protocol};
+
+use crate::roundtrip::Bench;
+
+const BLOCKS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+const SIZE: u32 = 1 << 20;
+const CAPACITY: u32 = 8;
+const BIG: u32 = 16 << 20;
+const BIG_CAPACITY: u32 = 4;
+const BLOCK: u32 = 1024;
+/// bulk_parts.cuh's PARTS_COUNT_MASK and PARTS_BAD_SHIFT.
+const COUNT_MASK: u32 = 0xff_ffff;
+const BAD_SHIFT: u32 = 24;
+const WINDOW: Duration = Duration::from_secs(1);
+const SAMPLE: Duration = Duration::from_millis(20);
+
+struct Parts {
+    b: Bench,
+    next: u32,
+    placement: Placement,
+}
+
+impl Parts {
+    fn channel(&mut self, size: u32, capacity: u32, placement: Placement, protocol: Protocol, parts: u32) -> String {
+        self.next += 1;
+        let name = format!("P{}", self.next);
+        self.b
+            .mb
+            .create_channel_parts(&name, size, capacity, placement, protocol, parts)
+            .unwrap_or_else(|e| panic!("channel {name}: {size} B, capacity {capacity}, {parts} parts: {e}"));
+        name
+    }
+
+    /// A knob channel holding the FIXED knob: the source sends one buffer, the sink copies out unchecked.
+    fn fixed_knob(&mut self) -> String {
+        let name = self.channel(8, 2, Placement::Host, Protocol::Ll, 1);
+        Producer::claim(&self.b.mb, &name).unwrap().send(&stress::knobs(0, 1, true), Duration::from_secs(1)).unwrap();
+        name
+    }
+
+    fn load(&mut self, name: &str, program_name: &str, blocks: u32, channels: &[String]) -> u32 {
+        let mut spec = ProgramSpec::new(name, program(program_name)).unwrap();
+        spec.shape = LaunchShape { grid: [blocks, 1, 1], block: [BLOCK, 1, 1], shared_mem: 0 };
+        spec.bindings = channels.to_vec();
+        self.b.backend.load(spec).unwrap_or_else(|e| panic!("load {program_name} ({blocks} blocks): {e}")).slot
+    }
+
+    fn words(&self, slot: u32, blocks: u32) -> Vec<u32> {
+        self.b.mb.slot(slot).unwrap().user_words()[..blocks as usize].to_vec()
+    }
+
+    /// Waits until every one of the `blocks` blocks of the program in `slot` has counted `n`.
+    fn warm(&self, slot: u32, blocks: u32, n: u32, what: &str) {
+        let ok = wait_until(Duration::from_secs(30), || self.words(slot, blocks).iter().all(|w| w & COUNT_MASK >= n));
+        assert!(ok, "{what}: no traffic; user words 0..{blocks}: {:x?}", self.words(slot, blocks));
+    }
+
+    /// GB/s of the shares (`share` bytes each) the program in `slot` counts over about WINDOW.
+    fn rate(&self, slot: u32, blocks: u32, share: u32) -> f64 {
+        let mut last = self.words(slot, blocks);
+        let t = Instant::now();
+        let mut shares = 0u64;
+        while t.elapsed() < WINDOW {
+            std::thread::sleep(SAMPLE);
+            let now = self.words(slot, blocks);
+            shares += now.iter().zip(&last).map(|(n, l)| u64::from(n.wrapping_sub(*l) & COUNT_MASK)).sum::<u64>();
+            last = now;
+        }
+        shares as f64 * f64::from(share) / t.elapsed().as_secs_f64() / 1e9
+    }
+
+    /// `bulk_parts_source` → `bulk_parts_sink` on a fresh channel of `blocks` parts, `blocks` blocks
+    /// each end. GB/s of payload through the sink.
+    fn channel_rate(&mut self, size: u32, capacity: u32, blocks: u32, fixed: bool) -> f64 {
+        let what = format!("parts channel {size} B, {blocks} parts and blocks, fixed {fixed}");
+        let data = self.channel(size, capacity, self.placement, Protocol::Bulk, blocks);
+        let (mut sink_binds, mut source_binds) = (vec![data.clone()], vec![data]);
+        if fixed {
+            sink_binds.push(self.fixed_knob());
+            source_binds.push(self.fixed_knob());
+        }
+        let slot = self.load("sink", "bulk_parts_sink", blocks, &sink_binds);
+        self.load("source", "bulk_parts_source", blocks, &source_binds);
+        self.warm(slot, blocks, 4 * capacity, &what);
+        let gbs = self.rate(slot, blocks, size / blocks);
+        let w = self.words(slot, blocks);
+        self.b.backend.unload("source").unwrap();
+        self.b.backend.unload("sink").unwrap();
+        for (b, word) in w.iter().enumerate() {
+            assert_eq!(word >> BAD_SHIFT, 0, "{what}: sink block {b}: user word {b} read {word:#010x} (bad shares)");
+        }
+        gbs
+    }
+
+    /// `copy_blocks` with `blocks` blocks from `from`'s slot 0 into `to`'s. GB/s copied.
+    fn copy_rate(&mut self, size: u32, blocks: u32, from: &str, to: &str) -> f64 {
+        let slot = self.load("copy", "copy_blocks", blocks, &[from.to_string(), to.to_string()]);
+        self.warm(slot, blocks, 16, &format!("copy_blocks {size} B, {blocks} blocks"));
+        let gbs = self.rate(slot, blocks, size / blocks);
+        self.b.backend.unload("copy").unwrap();
+        gbs
+    }
+}
+
+/// The rows of one size: every B, the plain copy first, then the channel's copy and fill+check paths.
+fn rows(p: &mut Parts, size: u32, capacity: u32) {
+    // copy_blocks reads and writes slot 0 of two channels of one part (any capacity: 2).
+    let from = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
+    let to = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
+    for blocks in BLOCKS {
+        let plain = p.copy_rate(size, blocks, &from, &to);
+        for fixed in [true, false] {
+            let gbs = p.channel_rate(size, capacity, blocks, fixed);
+            let path = if fixed { "copy" } else { "fill+check" };
+            println!("| {size} | {blocks} | {path} | {gbs:.1} | {plain:.1} | {:.2} |", gbs / plain);
+        }
+    }
+}
+
+/// `mesh-gpu-bench parts MODE`.
+pub fn parts_benches(mps: bool) {
+    let mode = if mps { "mps" } else { "blink" };
+    let placement = if mps { Placement::Host } else { Placement::Device };
+    println!();
+    println!(
+        "Bulk channels of P parts, {mode} mode, {placement} channels: B = P blocks of {BLOCK} threads each end on ONE channel, beside copy_blocks (B blocks, one copy of each byte, {placement} memory), GB/s of payload:"
+    );
+    println!();
+    println!("(copy: the source copies its shares of one buffer into the ring and the sink copies them out,");
+    println!("unchecked: two copies per message; fill+check: the source fills every word in place and the");
+    println!("sink checks every word in place. ratio: channel / plain copy.)");
+    println!();
+    println!("| size | blocks | path | channel GB/s | plain copy GB/s | ratio |");
+    println!("|-----:|-------:|------|-------------:|----------------:|------:|");
+    // 1 MiB: 12 channels of 8 MiB, 2 of 2 MiB and 12 knobs (host channels in MPS mode) in 256 MiB.
+    let mut p = Parts { b: Bench::open_sized(mps, 256 << 20), next: 0, placement };
+    rows(&mut p, SIZE, CAPACITY);
+    p.b.shutdown();
+    // 16 MiB in a mailbox of its own: 12 channels of 64 MiB and 2 of 32 MiB fit in 1.25 GiB.
+    let mut p = Parts { b: Bench::open_sized(mps, 1280 << 20), next: 0, placement };
+    rows(&mut p, BIG, BIG_CAPACITY);
+    p.b.shutdown();
+}
