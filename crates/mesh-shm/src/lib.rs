@@ -55,6 +55,7 @@ pub mod copy;
 pub mod device_header;
 pub mod error;
 pub mod fanin;
+pub mod group;
 pub mod index_ring;
 pub mod indices;
 pub mod layout;
