@@ -46,10 +46,12 @@ impl CopyConfig {
     /// * [`SPLIT_FROM`] to [`LARGE_FROM`] (1 MiB): two threads, plain stores: 31.1-32.4 GB/s host→GPU
     ///   against 14.2-15.0 with one thread, 28.7-30.2 with two streaming, 28.1-33.0 with four;
     ///   GPU→host copy-out 20.9-29.2 against 14.9-15.1;
-    /// * from [`LARGE_FROM`] (16 MiB): four threads, streaming stores: the source and the ring no
-    ///   longer fit in the caches, so the copy is bound by how many misses the cores keep in flight
-    ///   (more threads) and by the read-for-ownership of every ring line (streaming stores skip it).
-    ///   Not yet measured on the GPU machine (docs/gpu-runs/PENDING.md, issue 24).
+    /// * from [`LARGE_FROM`] (16 MiB): eight threads, plain stores: the source and the ring no
+    ///   longer fit in the caches, so the copy is bound by how many misses the cores keep in flight.
+    ///   H200 machine, session 5 (`mesh-gpu-bench bulk blink`, 16 MiB, capacity 4): host→GPU 44.5
+    ///   GB/s with eight threads plain against 36.2 streaming, 35.7 / 37.2 with four plain /
+    ///   streaming, 24.9 / 30.9 with two; GPU→host copy-out 41.6 against 34.3 with four. Streaming
+    ///   stores stop paying once eight cores keep misses in flight.
     ///
     /// Threads never exceed the CPUs this process may run on. A consumer's copy-out always uses
     /// plain stores (its destination is the caller's buffer), with the same threads.
@@ -65,7 +67,7 @@ impl CopyConfig {
             // Two shares of a 1 MiB message, one share of anything below 2 × 128 KiB.
             (2, 128 << 10, false)
         } else {
-            (4, 1 << 20, true)
+            (8, 1 << 20, false)
         };
         Self { threads: threads.min(cpus.max(1)), min_part, non_temporal }
     }
@@ -285,19 +287,19 @@ mod tests {
             let c = CopyConfig::for_msg_size_on(size, cpus);
             (c.threads, c.non_temporal)
         };
-        // 64 KiB: one thread, streaming; 1 MiB: two threads, plain; 16 MiB: four threads, streaming.
+        // 64 KiB: one thread, streaming; 1 MiB: two threads, plain; 16 MiB: eight threads, plain.
         assert_eq!(at(64 << 10, 16), (1, true));
         assert_eq!(at(SPLIT_FROM - 16, 16), (1, true));
         assert_eq!(at(SPLIT_FROM, 16), (2, false));
         assert_eq!(at(1 << 20, 16), (2, false));
         assert_eq!(at(LARGE_FROM - 16, 16), (2, false));
-        assert_eq!(at(LARGE_FROM, 16), (4, true));
-        assert_eq!(at(16 << 20, 16), (4, true));
+        assert_eq!(at(LARGE_FROM, 16), (8, false));
+        assert_eq!(at(16 << 20, 16), (8, false));
         // Never more threads than CPUs, and at least one.
         assert_eq!(at(1 << 20, 2), (2, false));
-        assert_eq!(at(16 << 20, 2), (2, true));
-        assert_eq!(at(16 << 20, 1), (1, true));
-        assert_eq!(at(16 << 20, 0), (1, true));
+        assert_eq!(at(16 << 20, 2), (2, false));
+        assert_eq!(at(16 << 20, 1), (1, false));
+        assert_eq!(at(16 << 20, 0), (1, false));
         let auto = CopyConfig::for_msg_size(1 << 20);
         assert!((1..=2).contains(&auto.threads) && !auto.non_temporal);
     }
@@ -311,7 +313,7 @@ mod tests {
         };
         assert_eq!(parts(1 << 20, 1 << 20), 2);
         assert_eq!(parts(1 << 20, 200 << 10), 1, "a short message in a 1 MiB channel: one share");
-        assert_eq!(parts(16 << 20, 16 << 20), 4);
+        assert_eq!(parts(16 << 20, 16 << 20), 8);
         assert_eq!(parts(16 << 20, 2 << 20), 2);
         assert_eq!(parts(64 << 10, 64 << 10), 1);
     }

@@ -1,8 +1,8 @@
 //! Large messages through bulk channels (`mesh-gpu-bench bulk blink|mps`), beside back-to-back cudaMemcpyAsync of the same sizes in the same run.
 //!
 //! * raw limits (blink run only: an MPS run's process holds no plain context): back-to-back
-//!   `cuMemcpy*Async` host→device and device→host from pinned memory, and device→device, at 64 KiB
-//!   and 1 MiB, 200 copies on one stream, per copy;
+//!   `cuMemcpy*Async` host→device and device→host from pinned memory, and device→device, at 64 KiB,
+//!   1 MiB and 16 MiB, 200 copies on one stream, per copy;
 //! * host→GPU: a host `BulkProducer` (the default `claim`, which picks its copy settings by size,
 //!   beside 1, 2, 4 (and 8 at 16 MiB) copy threads with plain or streaming stores) into
 //!   `bulk_sink` (one block of 1024 threads copying each message out, FIXED knob: counted, not checked);
@@ -210,7 +210,7 @@ pub fn bulk_benches(mps: bool) {
         println!();
         println!("| size | host→device | device→host | device→device |");
         println!("|-----:|------------:|------------:|--------------:|");
-        for size in SIZES {
+        for size in SIZES.into_iter().chain([BIG]) {
             let (h2d, d2h, d2d) = raw_copies(size as usize);
             println!(
                 "| {size} | {h2d:.2} ({:.1}) | {d2h:.2} ({:.1}) | {d2d:.2} ({:.1}) |",
