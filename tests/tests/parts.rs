@@ -167,7 +167,9 @@ fn host_to_sink(m: &mut Mesh, parts: u32, mode: &str) {
 /// (b) `bulk_parts_source` → `bulk_parts_sink`, `parts` blocks each end on one channel of `parts`
 /// parts: fill in place, check every byte in place; the counts move and nothing is bad.
 fn source_to_sink(m: &mut Mesh, parts: u32, placement: &str, mode: &str) {
-    let what = format!("{mode} bulk_parts_source→bulk_parts_sink, {placement} channel, parts {parts}, {parts} blocks each end, {SIZE} B");
+    let what = format!(
+        "{mode} bulk_parts_source→bulk_parts_sink, {placement} channel, parts {parts}, {parts} blocks each end, {SIZE} B"
+    );
     let data = m.channel(parts, placement);
     m.load("sink", "bulk_parts_sink", parts, &data);
     m.load("source", "bulk_parts_source", parts, &data);
