@@ -18,6 +18,8 @@
 # "1:300 2:300 4:150 4:300 4:500 8:150 8:300"), each through the kit's ptx variant beside echo_header.ptx
 # (built here too) and the raw word / LL probe of the same run, then the host-delay sweep for 4:300
 # (KIT_POLLERS_SWEEP). Budget KIT_BUDGET (default 230 s). Tables: kit-table.sh, rows labelled pollers-kK-sS.
+# Also mesh.cuh's poll-stream section as a user writes it, tests/programs/echo_poll.cu (defaults: 2 pollers,
+# 300 ns), row echo-poll, --ptx-block 96, after echo_header and before the K:S rows.
 # Knobs: KIT_ROUNDS (20000), KIT_SWEEP_ROUNDS (10000), NVCC, KIT_NVCC_FLAGS (e.g. -L for a pip toolchain). Written without a GPU: not yet run (2026-12-03).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -109,6 +111,8 @@ if [ "${1:-}" = pollers ]; then
   mkdir -p "$PT"
   "$NVCC" -ptx -arch=compute_80 -I crates/mesh-shm/include -o "$PT/echo_header.ptx" tests/programs/echo_header.cu >>"$LOG" 2>&1 ||
     log "== nvcc echo_header FAILED"
+  "$NVCC" -ptx -arch=compute_80 -I crates/mesh-shm/include -I tests/programs -o "$PT/echo_poll.ptx" tests/programs/echo_poll.cu >>"$LOG" 2>&1 ||
+    log "== nvcc echo_poll FAILED"
   for ks in ${KIT_POLLERS:-1:300 2:300 4:150 4:300 4:500 8:150 8:300}; do
     k=${ks%:*}; s=${ks#*:}
     "$NVCC" -ptx -arch=compute_80 -I crates/mesh-shm/include -DPOLLERS="$k" -DSPACING_NS="$s" \
@@ -118,6 +122,8 @@ if [ "${1:-}" = pollers ]; then
   step "p0 raw and LL" 40 "$LL" "${R[@]}" --kinds hostalloc,shm --sizes raw,8,64,256,1024 --layouts fixed
   step "p1 echo_header" 40 "$ECHO" "${R[@]}" --label header --kinds shm --variants ptx --hostloops mesh \
     --sizes 8,64,256,1024 --ptx "$PT/echo_header.ptx"
+  [ -f "$PT/echo_poll.ptx" ] && step "p1 echo_poll" 30 "$ECHO" "${R[@]}" --label echo-poll --kinds shm --variants ptx --hostloops mesh \
+    --sizes 8,64,256,1024 --ptx "$PT/echo_poll.ptx" --ptx-block 96
   for ks in ${KIT_POLLERS:-1:300 2:300 4:150 4:300 4:500 8:150 8:300}; do
     k=${ks%:*}; s=${ks#*:}
     [ -f "$PT/pollers-k$k-s$s.ptx" ] || continue

@@ -595,11 +595,39 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
     return got;
 }
 
-// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived. (A lean
-// single-message receive, every word of the message loaded and checked by one vote, measured slower
-// than the batch path at every size on the H200 and 4x slower at 4 KiB: BENCHMARKS.md, layout 3.)
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived.
+// A message of up to 256 bytes (one 16-byte load per lane) takes the short path: one predicated load
+// per lane, one vote, and a half-arrived message is simply polled again on the next call. On the H200
+// (session 5, device channels, ping <-> echo) it halved the round trip: 8 / 64 / 256 B 1.08 / 1.11 /
+// 1.14 us against 2.21 / 2.25 / 2.31 us through the batch path, whose unrolled 16-pair setup, min-
+// reduction and partial wait cost as much as a load of GPU memory. Larger messages take the batch
+// path (at 1 KiB the two measured alike). Ordering as in the batch path: a word with the right tag is
+// that message's word (8-byte single-copy atomicity), the vote covers every word, and the tail store
+// (mesh_chan_progress) comes after the vote that consumed the loaded values.
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
-    return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
+    const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
+    if (words > 64u) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
+    if (words == 0 || ch->producer) return false;
+    const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
+    const bool mine = 2u * lane < words;  // lane 0 always
+    uint64_t a = 0, b = 0;
+    if (mine) mesh_ld_volatile_v2(mesh_chan_slot(ch, ch->mine) + 2u * lane, &a, &b);
+    const bool first = (uint32_t)(a >> 32) == t;
+    if (!__all_sync(0xffffffffu, !mine || (first && (uint32_t)(b >> 32) == t))) {
+        if (__shfl_sync(0xffffffffu, first, 0)) ch->partial++;  // word 0 is there: half-arrived
+        else mesh_chan_drained(ch);                             // nothing yet
+        return false;
+    }
+    uint32_t* dst = (uint32_t*)buf;
+    if (mine) {
+        dst[2u * lane] = (uint32_t)a;
+        dst[2u * lane + 1u] = (uint32_t)b;
+    }
+    __syncwarp();
+    ch->mine += 1;
+    ch->other = ch->mine;
+    mesh_chan_progress(ch);
+    return true;
 }
 
 // Sends up to `count` messages from `buf` (count * msg_size bytes, 4-byte aligned), as many as there is
@@ -627,8 +655,9 @@ static __device__ uint32_t mesh_warp_try_send_batch(mesh_chan* ch, const void* b
 // only, 16 bytes per lane per store: nothing waits for PCIe.
 static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const void* buf) {
     if (ch->msg_size == 0 || !ch->producer) return false;
-    // Every lane reads the same tail (one request) when the ring looks full, so they agree.
-    if (mesh_chan_room(ch) == 0) return false;
+    // Every lane reads the same tail (one request) when the ring looks full, so they agree; with
+    // credit cached, one compare (no call).
+    if (ch->mine - ch->other > ch->mask && mesh_chan_room(ch) == 0) return false;
     const uint32_t words = ch->msg_size / 4u;
     volatile uint64_t* dst = mesh_chan_slot(ch, ch->mine);
     const uint64_t t = (uint64_t)mesh_tag(ch->mine) << 32;
@@ -637,6 +666,287 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
     ch->mine += 1;
     mesh_chan_progress(ch);
     return true;
+}
+
+// ---- Lowest host round trip: the poll stream ---------------------------------------------------
+// One warp polling a host ring misses a request that lands just after its poll by a whole empty poll
+// (~1.4 us of PCIe on the H200). The poll stream (docs/design/speed.md, issue 24 item 1) has
+// MESH_POLLERS warps poll the input ring MESH_POLL_SPACING_NS apart, so that a poll reaches the host
+// soon after any moment a request lands (a lost race costs ~MESH_POLL_SPACING_NS), and warp 0, the
+// server, never loads host memory: it arms the pollers, takes what the first of them caught, sends it
+// and checks the stop. Measured on an H200 (tests/probes/run-kit.sh pollers, host round trip through
+// mesh-shm's client, one run): MESH_POLLERS 2, 300 ns: 2.45 / 2.54 / 2.56 / 3.57 us at 8 / 64 / 256 /
+// 1024 B, against the one-warp echo above (echo_header) 2.26 / 3.60 / 3.73 / 3.98 us and the raw
+// mapped word 2.51 us in the same run; 1 poller: 2.49 / 2.55 / 2.56 / 4.49; 4 pollers at 300 ns:
+// 3.07 / 2.69 / 2.66 / 3.66; 8 worse. Hence the defaults 2 and 300 ns (override with -D). Worth it
+// for host channels of messages above 8 bytes; it costs MESH_POLLERS + 1 warps of one block.
+//
+// The loop to write (tests/programs/echo_poll.cu is this program; meshd: `--block 96`, i.e.
+// 32 * (MESH_POLLERS + 1) threads; a smaller block exits with code 2):
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         __shared__ mesh_poll_box box;                     // the pollers' hand-off, one message up to 4 KiB
+//         if (blockIdx.x != 0 || threadIdx.x >= 32u * (MESH_POLLERS + 1u)) return;
+//         mesh_chan in = {}, out = {};
+//         if (threadIdx.x < 32) {                           // warp 0 serves the channels
+//             if (threadIdx.x == 0) mesh_begin(ctx);
+//             in = mesh_chan_open(ctx, 0, false);
+//             out = mesh_chan_open(ctx, 1, true);
+//         }
+//         if (!mesh_poll_start(&box, &in, in.msg_size == out.msg_size)) {
+//             if (threadIdx.x == 0) mesh_exit(ctx, blockDim.x < 32u * (MESH_POLLERS + 1u) ? 2 : 1);
+//             return;
+//         }
+//         if (threadIdx.x >= 32) {                          // warps 1..MESH_POLLERS poll until closed
+//             mesh_poll_serve(&box);
+//             return;
+//         }
+//         while (!mesh_should_stop(ctx)) {
+//             if (mesh_chan_room(&out) > 0 && mesh_poll_try_recv(&box, &in, box.buf)) mesh_warp_try_send(&out, box.buf);
+//         }
+//         if (mesh_poll_stop(&box, &in, box.buf)) mesh_warp_try_send(&out, box.buf);  // a claimed message
+//         mesh_chan_close(&in);                             // exact positions for the next launch
+//         mesh_chan_close(&out);
+//         if (threadIdx.x == 0) mesh_end(ctx);
+//     }
+//
+// The calls:
+//   * mesh_poll_start(&box, &in, ok = true): the whole block (every thread not returned), after warp 0
+//     opened `in` (thread 0's copy of `in` and `ok` count); sets the box up, one __syncthreads inside.
+//     False on every thread when the block is smaller than 32 * (MESH_POLLERS + 1), `in` is not an
+//     open receiving channel of at most 4 KiB messages (MESH_POLL_MAX_PAIRS), or `ok` is false: then
+//     nothing polls and the box is closed.
+//   * mesh_poll_serve(&box): warps 1..MESH_POLLERS, whole warps; returns when the server closed the box.
+//   * mesh_poll_try_recv(&box, &in, buf): warp 0, all lanes. Arms the next message (in.mine) if it is
+//     not armed, and returns true when a poller handed it over: the message is then in buf (msg_size
+//     bytes; pass box.buf itself to skip a copy: it then stays valid until the next call), in.mine has
+//     moved past it and its slot is credited to the producer (mesh_chan_progress). Call it only when
+//     the message can be handled (e.g. mesh_chan_room(&out) > 0): an armed message, once a poller
+//     claimed it, must be handled, even across the stop.
+//   * mesh_poll_stop(&box, &in, buf): warp 0, all lanes, after the stop; closes the claim and the
+//     pollers. True when one message had been claimed: it is now in buf and the caller must still
+//     handle it (send it); false otherwise. Then close the channels as usual.
+// Contract (the echo's): every message taken from `in` is handled exactly once across orderly stops. A
+// poller may take message p only while the server has armed p, and the server arms p only in
+// mesh_poll_try_recv (so when it can handle p) and never after mesh_poll_stop; at the stop the server
+// closes the claim word with a compare-and-swap, so a message is either claimed before (and handed to
+// the caller by mesh_poll_stop) or left in the ring for the next launch.
+//
+// Memory model (PTX ISA, "Memory Consistency Model"):
+//  * The ring: each 8-byte word of message p carries mesh_tag(p) in its high half and is stored whole
+//    by the producer (8-byte single-copy atomicity); pollers load it with ld.volatile (a relaxed, sys
+//    scope, morally strong load), so a word with the right tag is that message's word whatever order
+//    the words arrive in. A poller takes the message only when every word of it has its tag (a warp
+//    vote over all lanes' loads): a half-arrived message is never claimed, it is polled again.
+//  * The claim (which warp consumes message p): a 64-bit word in shared memory, `claim`, never a host
+//    atomic (the H200 has no host-native atomics, and none is needed: one block consumes the ring).
+//    claim == 2p: p is armed, nobody has it; 2p + 1: p is claimed; MESH_POLL_CLOSED: stopping. A poller
+//    that saw p whole does atomicCAS(claim, 2p, 2p + 1) from one lane: the CAS is one read-modify-write
+//    of one location, so in claim's coherence order exactly one CAS expecting 2p succeeds; every other
+//    warp's (and the server's closing CAS) reads a value other than 2p and fails. The values only rise
+//    (2p -> 2p+1 -> 2p+2 ...) or become MESH_POLL_CLOSED, never return: no ABA, and a poller holding
+//    an old 2p' can never claim a later message. So the first warp to see the message whole (first to
+//    CAS) is the only one to consume it; the others drop their loads.
+//  * The hand-off: the winning warp's lanes store the payload into shared `buf` (weak stores),
+//    __syncwarp (orders them before lane 0's next accesses), then lane 0 st.release.cta `ready` = p + 1.
+//    Every server lane spins with ld.acquire.cta on `ready`: its reads of buf after it sees p + 1 are
+//    ordered after the poller's stores (release -> acquire, CTA scope: same block).
+//  * Reuse of buf: the server reads buf (the copy, or the caller's send from box.buf between two calls),
+//    __syncwarp, then lane 0 __threadfence_block() + atomicExch(claim, 2(p + 1)) (a release pattern);
+//    the next winner's lane 0 CAS reads that value and __threadfence_block() (an acquire pattern)
+//    before the __syncwarp after which its lanes store buf: the server's reads of message p happen
+//    before the stores of message p + 1. After the close no poller stores buf: the only claimer of the
+//    last armed message released `ready` before the server acquired it, and a closed claim is never
+//    CASed, so box.buf stays the caller's after mesh_poll_stop.
+//  * `armed`: the server's own flag in the box (warp 0 only): lane 0 writes it between two __syncwarp,
+//    every lane reads it after the second, so the lanes agree and no read races a write.
+//  * The tail (the producer's credit): published by the server only (mesh_chan_progress / flush /
+//    close on its own copy of `in`), for messages whose `ready` it has acquired: the poller's loads of
+//    the slot completed (their values were voted on and stored to buf) before the release of `ready`,
+//    so the producer cannot reuse a slot still being read. Same reasoning as the header's LL calls.
+//  * Poll timing: `next_poll` (shared, 64-bit) hands out poll times at least MESH_POLL_SPACING_NS
+//    apart with a CAS loop (relaxed atomics: only the timing depends on it, not correctness).
+
+#ifndef MESH_POLLERS
+#define MESH_POLLERS 2u  // warps polling the input ring (warps 1..MESH_POLLERS; warp 0 serves)
+#endif
+#ifndef MESH_POLL_SPACING_NS
+#define MESH_POLL_SPACING_NS 300u  // ns of %globaltimer between two polls of the stream
+#endif
+#ifndef MESH_POLL_MAX_PAIRS
+#define MESH_POLL_MAX_PAIRS 16u  // 16-byte loads per lane per poll: 16 x 32 x 8 payload bytes = 4 KiB
+#endif
+#define MESH_POLL_CLOSED (~0ull)
+
+struct mesh_poll_box {
+    unsigned long long claim;      // 2p armed, 2p + 1 claimed, MESH_POLL_CLOSED stopping
+    unsigned long long ready;      // p + 1 once message p's payload is in buf
+    unsigned long long next_poll;  // %globaltimer of the next poll slot
+    uint32_t ok;                   // mesh_poll_start's verdict
+    uint32_t armed;                // the server's: claim was set to 2 * in.mine and not yet handled
+    mesh_chan in;                  // the server's opened input channel, for the pollers' addresses
+    uint32_t buf[32u * 2u * MESH_POLL_MAX_PAIRS];  // the message handed over (payload words)
+};
+
+static __device__ __forceinline__ uint64_t mesh_poll_ld_relaxed(const unsigned long long* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.cta.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ uint64_t mesh_poll_ld_acquire(const unsigned long long* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.cta.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void mesh_poll_st_release(unsigned long long* p, uint64_t v) {
+    asm volatile("st.release.cta.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Lane 0's value on every lane.
+static __device__ __forceinline__ uint64_t mesh_poll_bcast(uint64_t v) {
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// The next poll time for this warp: at least MESH_POLL_SPACING_NS after the one handed out before, and
+// never in the past (a warp that comes back late polls at once and moves the schedule to now).
+static __device__ __forceinline__ uint64_t mesh_poll_take_time(mesh_poll_box* box) {
+    uint64_t t = 0;
+    if (mesh_lane() == 0) {
+        unsigned long long cur = mesh_poll_ld_relaxed(&box->next_poll);
+        for (;;) {
+            const uint64_t now = mesh_globaltimer();
+            t = cur < now ? now : cur;
+            const unsigned long long prev =
+                atomicCAS(&box->next_poll, cur, (unsigned long long)(t + MESH_POLL_SPACING_NS));
+            if (prev == cur) break;
+            cur = prev;
+        }
+    }
+    return mesh_poll_bcast(t);
+}
+
+// The whole block, after warp 0 opened `in` (thread 0's `in` and `ok` are the ones used). False on
+// every thread when the poll stream cannot run (block too small, `in` unusable, `ok` false).
+static __device__ bool mesh_poll_start(mesh_poll_box* box, const mesh_chan* in, bool ok = true) {
+    if (threadIdx.x == 0) {
+        ok = ok && blockDim.x >= 32u * (MESH_POLLERS + 1u) && in->msg_size != 0 && !in->producer &&
+             in->msg_size / 4u <= 32u * 2u * MESH_POLL_MAX_PAIRS;
+        box->claim = ok ? 1u : MESH_POLL_CLOSED;  // 1: nothing armed yet (odd: "claimed"), nobody polls
+        box->ready = 0u;
+        box->next_poll = 0u;
+        box->armed = 0u;
+        box->in = *in;
+        box->ok = ok ? 1u : 0u;
+    }
+    __syncthreads();  // the only block barrier: box is set up; from here warps meet only through box
+    return box->ok != 0u;
+}
+
+// Warps 1..MESH_POLLERS: poll the armed message and hand it to the server when this warp claims it;
+// returns once the server closed the box (mesh_poll_stop).
+static __device__ void mesh_poll_serve(mesh_poll_box* box) {
+    const uint32_t lane = mesh_lane();
+    const mesh_chan in = box->in;  // a copy for addresses only: a poller never publishes anything
+    const uint32_t words = in.msg_size / 4u;
+    for (;;) {
+        const uint64_t c = mesh_poll_bcast(lane == 0 ? mesh_poll_ld_relaxed(&box->claim) : 0u);
+        if (c == MESH_POLL_CLOSED) return;
+        if (c & 1u) continue;  // claimed: wait for the server to arm the next one
+        const uint64_t p = c / 2u;
+        const uint64_t at = mesh_poll_take_time(box);
+        bool moved = false;
+        while (mesh_globaltimer() < at)
+            if ((moved = mesh_poll_bcast(lane == 0 ? mesh_poll_ld_relaxed(&box->claim) : 0u) != c)) break;
+        if (moved) continue;
+        // One poll: every pair of the message's words at once (MESH_POLL_MAX_PAIRS 16-byte loads per
+        // lane, predicated), then one vote on all of them.
+        const volatile uint64_t* src = mesh_chan_slot(&in, p);
+        const uint32_t t = mesh_tag(p);
+        uint64_t a[MESH_POLL_MAX_PAIRS], b[MESH_POLL_MAX_PAIRS];
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_POLL_MAX_PAIRS; k++)
+            if (2u * (lane + 32u * k) < words) mesh_ld_volatile_v2(src + 2u * (lane + 32u * k), &a[k], &b[k]);
+        bool whole = true;
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_POLL_MAX_PAIRS; k++)
+            if (2u * (lane + 32u * k) < words)
+                whole &= (uint32_t)(a[k] >> 32) == t && (uint32_t)(b[k] >> 32) == t;
+        if (!__all_sync(0xffffffffu, whole)) continue;  // empty or half-arrived: poll again
+        // The claim: one CAS in shared memory; exactly one warp reads 2p here.
+        bool won = false;
+        if (lane == 0) {
+            won = atomicCAS(&box->claim, (unsigned long long)c, (unsigned long long)(c + 1u)) == c;
+            if (won) __threadfence_block();  // acquire: the server's reads of buf's last message come first
+        }
+        if (!__shfl_sync(0xffffffffu, won, 0)) continue;  // another warp has it (or the server closed)
+        __syncwarp();
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_POLL_MAX_PAIRS; k++) {
+            const uint32_t idx = 2u * (lane + 32u * k);
+            if (idx < words) {
+                box->buf[idx] = (uint32_t)a[k];
+                box->buf[idx + 1u] = (uint32_t)b[k];
+            }
+        }
+        __syncwarp();  // every lane's buf stores before lane 0's release
+        if (lane == 0) mesh_poll_st_release(&box->ready, p + 1u);
+    }
+}
+
+// Warp 0: message in->mine, handed over (acquired), into buf; moves in past it (no tail store here).
+static __device__ __forceinline__ void mesh_poll_take(mesh_poll_box* box, mesh_chan* in, void* buf) {
+    if ((uint32_t*)buf != box->buf) {
+        uint32_t* dst = (uint32_t*)buf;
+        for (uint32_t idx = mesh_lane(); idx < in->msg_size / 4u; idx += 32u) dst[idx] = box->buf[idx];
+    }
+    in->mine += 1;
+    in->other = in->mine;
+}
+
+// Warp 0, all lanes: arms message in->mine if it is not armed; true with it in buf (in->mine advanced,
+// the tail published) when a poller handed it over. Call only when the message can be handled.
+static __device__ __forceinline__ bool mesh_poll_try_recv(mesh_poll_box* box, mesh_chan* in, void* buf) {
+    const uint64_t p = in->mine;
+    if (box->armed == 0u) {
+        __syncwarp();  // every lane is done reading buf (the last message) and `armed`
+        if (mesh_lane() == 0) {
+            __threadfence_block();  // release: buf's reads before the arm
+            atomicExch(&box->claim, (unsigned long long)(2u * p));
+            box->armed = 1u;
+        }
+        __syncwarp();  // `armed` as lane 0 wrote it, for every lane
+        if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(in);  // as the header's receive does when it waits
+    }
+    if (mesh_poll_ld_acquire(&box->ready) != p + 1u) return false;  // every lane acquires it itself
+    mesh_poll_take(box, in, buf);
+    __syncwarp();  // every lane read `armed` (and buf, when copied) before lane 0 clears it
+    if (mesh_lane() == 0) box->armed = 0u;
+    __syncwarp();
+    mesh_chan_progress(in);
+    return true;
+}
+
+// Warp 0, all lanes, after the stop: closes the claim and the pollers. True when a poller had claimed
+// the armed message: it is in buf now (in->mine advanced) and must still be handled (sent).
+static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* buf) {
+    const uint64_t p = in->mine;
+    const bool armed = box->armed != 0u;
+    uint64_t was = 0;
+    if (mesh_lane() == 0) was = atomicCAS(&box->claim, (unsigned long long)(2u * p), MESH_POLL_CLOSED);
+    was = mesh_poll_bcast(was);
+    bool got = false;
+    if (armed && was == 2u * p + 1u) {  // a poller claimed p first: it is handing p over
+        while (mesh_poll_ld_acquire(&box->ready) != p + 1u) {}  // bounded: the claimer holds the whole message
+        mesh_poll_take(box, in, buf);
+        got = true;
+    }
+    __syncwarp();  // every lane read `armed` (and buf) first
+    if (mesh_lane() == 0) {
+        atomicExch(&box->claim, MESH_POLL_CLOSED);  // unarmed (claim odd) or after the hand-off
+        box->armed = 0u;
+    }
+    __syncwarp();
+    return got;
 }
 
 // ---- Large messages: bulk channels, moved by a whole thread block ------------------------------
