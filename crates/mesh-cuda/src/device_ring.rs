@@ -27,11 +27,15 @@ fn invalid(slot: u32, e: mesh_shm::ShmError) -> CudaError {
 pub fn ring_bytes(info: &ChannelInfo) -> Result<usize, CudaError> {
     // At most 16 MiB × 2^24 bytes and its flags (mesh-shm's limits): a usize on the 64-bit hosts CUDA
     // runs on.
-    usize::try_from(mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code(), info.parts))
-        .map_err(|_| CudaError::Invalid {
+    let bytes = mesh_shm::layout::slot_bytes_for(info.msg_size, info.capacity, info.protocol.code(), info.parts)
+        .ok_or_else(|| CudaError::Invalid {
             what: format!("channel {:?}", info.name),
-            reason: "ring larger than this host's address space".into(),
-        })
+            reason: format!("protocol {} has no size in this build's layout", info.protocol),
+        })?;
+    usize::try_from(bytes).map_err(|_| CudaError::Invalid {
+        what: format!("channel {:?}", info.name),
+        reason: "ring larger than this host's address space".into(),
+    })
 }
 
 /// One ring's slots in device memory, freed on drop.

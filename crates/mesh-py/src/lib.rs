@@ -361,9 +361,11 @@ impl PyMailbox {
 /// A channel's protocol as Python names it.
 fn protocol_name(p: Protocol) -> &'static str {
     match p {
+        Protocol::Ll => "ll",
         Protocol::Bulk => "bulk",
         Protocol::Index => "index",
-        _ => "ll",
+        Protocol::FanIn => "fanin",
+        Protocol::Group => "group",
     }
 }
 

@@ -85,7 +85,10 @@ impl AnyProducer {
     fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
         Ok(match mailbox.channel(name)?.protocol {
             Protocol::Bulk => Self::Bulk(BulkProducer::claim(mailbox, name)?),
-            Protocol::Ll | Protocol::Index => Self::Ll(Producer::claim(mailbox, name)?),
+            // A fan-in channel or a group is refused there, naming its ends (the C API has none yet).
+            Protocol::Ll | Protocol::Index | Protocol::FanIn | Protocol::Group => {
+                Self::Ll(Producer::claim(mailbox, name)?)
+            }
         })
     }
 
@@ -122,7 +125,10 @@ impl AnyConsumer {
     fn claim(mailbox: &Mailbox, name: &str) -> Result<Self, ShmError> {
         Ok(match mailbox.channel(name)?.protocol {
             Protocol::Bulk => Self::Bulk(BulkConsumer::claim(mailbox, name)?),
-            Protocol::Ll | Protocol::Index => Self::Ll(Consumer::claim(mailbox, name)?),
+            // A fan-in channel or a group is refused there, naming its ends (the C API has none yet).
+            Protocol::Ll | Protocol::Index | Protocol::FanIn | Protocol::Group => {
+                Self::Ll(Consumer::claim(mailbox, name)?)
+            }
         })
     }
 

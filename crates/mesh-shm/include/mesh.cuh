@@ -963,6 +963,445 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
     return got;
 }
 
+// ---- Many clients: a service ----------------------------------------------------------------
+// One program serving any number of host clients (issue 26, docs/design/many-clients.md) through two
+// bindings whatever the number of clients: a fan-in channel (protocol fanin: every client sends into
+// one ring, every message carries its sender's id) and a channel group (protocol group: one SPSC
+// reply ring per client slot, handed out by meshd). Host side: mesh-shm's fanin.rs, group.rs and
+// service.rs define the bytes; the calls below follow their rules word for word.
+//
+// The loop to write (tests/programs/service.cu is this program; meshd binds the fan-in first, the
+// group second; replies here: the request with payload word 1 incremented):
+//
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         __shared__ uint32_t req[1024];                    // one message, up to 4 KiB
+//         if (threadIdx.x >= 32) return;                    // one warp serves the service
+//         if (threadIdx.x == 0) mesh_begin(ctx);
+//         mesh_fanin in = mesh_fanin_open(ctx, 0);          // binding 0: the requests
+//         mesh_group out = mesh_group_open(ctx, 1);         // binding 1: the reply rings
+//         bool held = false;                                // a reply waiting for room
+//         uint32_t client = 0;
+//         while (!mesh_should_stop(ctx)) {
+//             uint32_t gone;
+//             while (mesh_group_departed(&out, &gone)) { if (held && gone == client) held = false; }
+//             if (!held) {
+//                 const int k = mesh_fanin_take(&in, req, &client);
+//                 if (k != MESH_TAKE_MSG) continue;         // NONE: nothing yet; SKIP: a send cut off
+//                 if (threadIdx.x == 0) req[1] += 1;        // f(client, request)
+//                 __syncwarp();
+//             }
+//             held = mesh_reply(&out, client, req) == MESH_REPLY_FULL;  // SENT, or GONE: dropped
+//         }
+//         mesh_fanin_close(&in);                            // exact positions for the next launch
+//         mesh_group_close(&out);
+//         if (threadIdx.x == 0) mesh_end(ctx);
+//     }
+//
+// All 32 lanes of one warp call every function of this section together, with the same state (like
+// the mesh_warp_* calls): each lane holds a copy of the mesh_fanin / mesh_group, and every lane's copy
+// changes the same way. Memory model, in brief (the design's "CUDA and PTX facts"):
+//   * One writer per word. The H200 has no host-native atomics, so the GPU writes exactly one word of
+//     the fan-in ring (its `tail`), and of the group only each reply ring's `head` and slots (it is
+//     their producer) and each entry's `acked_epoch`. It never reads the fan-in's reservation cursor
+//     (`head`) or its owner table, which host producers CAS.
+//   * Tags per word. PTX makes an aligned 8-byte access single-copy atomic but a 16-byte vector load
+//     is two independent 8-byte ones, and the GPU's loads of host memory arrive in any order. So every
+//     word the GPU consumes carries its own tag and is checked on its own, the fan-in's commit and
+//     kind words included; no word's state is ever inferred from another's.
+//   * Epoch and state of a group entry are one 8-byte word read with one load: two loads could pair a
+//     new client's `bound` with the old client's epoch and let a stale reply reach the new client.
+//   * The ack (`acked_epoch := epoch`) is a st.release.sys after the ring's exact `head` was stored:
+//     meshd hands the entry (and its ring, `tail := head`) to a new client only once it sees the ack,
+//     so the release must order every earlier reply and the `head` store before it. Two plain stores
+//     to the system are not ordered by PTX (only fence.sc.sys or st.release.sys order them).
+
+#ifndef MESH_PROTOCOL_FANIN
+#define MESH_PROTOCOL_FANIN 3u
+#endif
+#ifndef MESH_PROTOCOL_GROUP
+#define MESH_PROTOCOL_GROUP 4u
+#endif
+static_assert(MESH_PROTOCOL_FANIN == 3u && MESH_PROTOCOL_GROUP == 4u, "protocol codes disagree with mesh-shm's layout.rs");
+
+// Fan-in slots (fanin.rs): message `seq` takes MESH_FANIN_HEADER_WORDS + msg_size / 4 tagged words:
+// word 0 the commit (payload: the sender id, `slot | epoch << 16`), word 1 the kind, then the body.
+#define MESH_FANIN_HEADER_WORDS 2u
+#define MESH_FANIN_KIND_DATA 0u
+#define MESH_FANIN_KIND_SKIP 1u
+// What mesh_fanin_take found.
+#define MESH_TAKE_NONE 0   // nothing whole at the position yet (empty, or still arriving)
+#define MESH_TAKE_MSG 1    // a message, copied to the buffer, from *sender
+#define MESH_TAKE_SKIP 2   // a slot completed by meshd as a skip: *sender's send was cut off (death or
+                           // revocation); the buffer is untouched. Not a departure: see the group.
+
+// Group (group.rs): a GroupHeader line, `entries` GroupEntry pairs of lines, then the reply rings,
+// ring_stride bytes apart, each a ring header (MESH_RING_SLOTS bytes) and LL slots.
+#define MESH_GROUP_ENTRIES 0u       // u32, write-once
+#define MESH_GROUP_MSG_SIZE 4u      // u32, write-once
+#define MESH_GROUP_CAPACITY 8u      // u32, write-once
+#define MESH_GROUP_RING_STRIDE 16u  // u64, write-once
+#define MESH_GROUP_CHANGES 24u      // u64, bumped by meshd (Release) on every connect and departure
+#define MESH_GROUP_HEADER_SIZE 128u
+#define MESH_GROUP_ENTRY_SIZE 256u
+#define MESH_GROUP_ENTRY_BINDING 0u  // u64: epoch (low half) | state (high half), meshd's, ONE word
+#define MESH_GROUP_ENTRY_ACKED 128u  // u32: acked_epoch, the program's only word of the table
+#define MESH_GROUP_FREE 0u
+#define MESH_GROUP_BOUND 1u
+#define MESH_GROUP_DEPARTED 2u
+// What mesh_reply did.
+#define MESH_REPLY_SENT 0  // in the client's reply ring
+#define MESH_REPLY_FULL 1  // the client's ring is full (a slow client): nothing written; retry or drop
+#define MESH_REPLY_GONE 2  // the id is not the entry's bound client (departed, or forged): dropped
+
+// How often, in ns of %globaltimer, mesh_group_departed reads the group's `changes` word (as
+// mesh_should_stop reads the stop word: the load's value is looked at one period later, so the loop
+// never waits for it). A departure is acknowledged within about two periods plus one scan.
+#ifndef MESH_GROUP_PERIOD_NS
+#define MESH_GROUP_PERIOD_NS 100000u
+#endif
+// Entries mesh_group_open(ctx, b) can serve with its built-in state (one mesh_reply_state each, in
+// device memory); a larger group needs mesh_group_open(ctx, b, state, max) with the caller's array.
+#ifndef MESH_GROUP_MAX_ENTRIES
+#define MESH_GROUP_MAX_ENTRIES 1024u
+#endif
+
+// --- The fan-in channel: the program is its one consumer ---
+
+// The consumer end of a fan-in binding. `ch` is an LL consumer (its tail publication is mesh_chan's:
+// every half ring, on drain, on close) whose slots are 16 bytes longer than an LL channel's.
+typedef struct {
+    mesh_chan ch;       // ring, slots (the LL slots after the host-only owner table), msg_size, mask, ...
+    uint32_t stride;    // bytes per slot: 16 + 2 * msg_size
+    uint32_t corrupt;   // slots passed over whose kind no producer writes (report it if you like)
+} mesh_fanin;
+
+// Opens binding `b`, which must be a host channel of protocol fanin (mesh-shm points its `slots` at the
+// LL slots, past the owner table the GPU never reads). Otherwise ch.msg_size is 0 and every take finds
+// nothing. Resumes at the published tail (after a crash: at-least-once, as every consumer).
+static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, uint32_t b) {
+    mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0};
+    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
+        return f;
+    const mesh_binding& d = c.bindings[b];
+    if (d.protocol != MESH_PROTOCOL_FANIN || d.placement != MESH_PLACEMENT_HOST || d.msg_size == 0 ||
+        d.msg_size % 8u != 0 || d.capacity == 0 || (d.capacity & (d.capacity - 1u)) != 0)
+        return f;
+    f.ch.ring = mesh_at(c, d.ring_offset);
+    f.ch.slots = (char*)(uintptr_t)d.slots;
+    f.ch.msg_size = d.msg_size;
+    f.ch.mask = d.capacity - 1u;
+    f.stride = 16u + 2u * d.msg_size;
+    // The tail is ours (its one writer): what we read is what we, or the last launch, published.
+    f.ch.mine = f.ch.other = f.ch.published = mesh_ld_volatile_u64(f.ch.ring + MESH_RING_TAIL);
+    return f;
+}
+
+// Polls the slot at the fan-in's position once (one round trip: each lane loads its pairs of words,
+// with 16-byte loads, all issued before any is used) and takes it when it is whole:
+//   word 0 not tagged for this position: MESH_TAKE_NONE (empty; the tail is published, as on drain);
+//   word 1 tagged and SKIP: MESH_TAKE_SKIP, *sender = word 0's payload, whatever the body holds;
+//   word 1 tagged and DATA and every body word tagged: MESH_TAKE_MSG, body copied to `buf`;
+//   anything else: still arriving, MESH_TAKE_NONE (the next call polls again; `buf` may be written).
+// Every word is judged by its own tag (the loads are unordered; word 0 may arrive before the body).
+// `buf`: msg_size bytes, 4-byte aligned, shared or global memory. Same result on every lane.
+static __device__ int mesh_fanin_take(mesh_fanin* f, void* buf, uint32_t* sender) {
+    mesh_chan* ch = &f->ch;
+    if (ch->msg_size == 0) return MESH_TAKE_NONE;
+    const uint32_t lane = mesh_lane();
+    const uint32_t words = MESH_FANIN_HEADER_WORDS + ch->msg_size / 4u;  // even: msg_size is a multiple of 8
+    const uint32_t t = mesh_tag(ch->mine);
+    const volatile uint64_t* src = (const volatile uint64_t*)(ch->slots + (ch->mine & ch->mask) * (uint64_t)f->stride);
+    uint32_t* dst = (uint32_t*)buf;
+    // Lane 0's first pair is words 0 and 1 (commit and kind); every other pair is body.
+    uint64_t w0 = 0, w1 = 0;
+    bool whole = true;
+    for (uint32_t idx = 2u * lane; idx < words; idx += 64u) {
+        uint64_t a, b;
+        mesh_ld_volatile_v2(src + idx, &a, &b);
+        if (idx == 0) {
+            w0 = a;
+            w1 = b;
+            continue;
+        }
+        whole &= (uint32_t)(a >> 32) == t && (uint32_t)(b >> 32) == t;
+        dst[idx - 2u] = (uint32_t)a;
+        dst[idx - 1u] = (uint32_t)b;
+    }
+    w0 = __shfl_sync(0xffffffffu, w0, 0);
+    w1 = __shfl_sync(0xffffffffu, w1, 0);
+    if ((uint32_t)(w0 >> 32) != t) {
+        mesh_chan_drained(ch);
+        return MESH_TAKE_NONE;
+    }
+    if ((uint32_t)(w1 >> 32) != t) {
+        ch->partial++;
+        return MESH_TAKE_NONE;
+    }
+    const uint32_t kind = (uint32_t)w1;
+    int took = MESH_TAKE_SKIP;
+    if (kind == MESH_FANIN_KIND_DATA) {
+        if (!__all_sync(0xffffffffu, whole)) {
+            ch->partial++;
+            return MESH_TAKE_NONE;
+        }
+        took = MESH_TAKE_MSG;
+    } else if (kind != MESH_FANIN_KIND_SKIP) {
+        f->corrupt++;  // no producer or completer writes it: passed over like a skip, and counted
+    }
+    *sender = (uint32_t)w0;
+    __syncwarp();  // every lane's copy is in buf before any lane uses it
+    ch->mine += 1;
+    ch->other = ch->mine;
+    mesh_chan_progress(ch);  // the tail: a plain store from one lane, every half ring
+    return took;
+}
+
+// Publishes the fan-in's exact position (its tail); call it before mesh_end.
+static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
+    mesh_chan_flush(&f->ch);
+}
+
+// --- The channel group: the program is every reply ring's producer ---
+
+// The program's state for one entry's reply ring, in device memory (not registers: a group has up to
+// 65,536 entries). Lanes read it together and lane 0 writes it back, before a __syncwarp.
+typedef struct {
+    uint64_t head;       // the next reply to write
+    uint64_t tail;       // the client's tail as last read (credit)
+    uint64_t published;  // what the ring's head word holds
+    uint32_t epoch;      // the epoch this entry was last seen bound at (valid when `bound`)
+    uint32_t bound;      // 1: `epoch` was read bound and its departure is not yet acknowledged by us
+} mesh_reply_state;
+
+typedef struct {
+    char* header;              // the GroupHeader (0: not bound)
+    mesh_reply_state* state;   // `entries` states
+    uint64_t ring_stride;
+    uint64_t changes_due;      // the next time `changes` may be read (%globaltimer)
+    uint64_t changes_read;     // the value the last rate-limited load brought
+    uint64_t changes_seen;     // `changes` as of the last complete scan
+    uint32_t entries;
+    uint32_t msg_size;         // payload bytes of a reply (0: not bound; every call fails)
+    uint32_t mask;             // capacity - 1
+    uint32_t scan_at;          // the next entry to look at in a scan in progress
+    bool scanned;              // a scan has completed since the open (a new launch scans first)
+    bool scanning;             // a scan is in progress, started at `changes_seen`'s new value
+    uint64_t scan_changes;     // `changes` as read (Acquire) when the scan in progress started
+} mesh_group;
+
+static __device__ __forceinline__ char* mesh_group_entry(const mesh_group* g, uint32_t slot) {
+    return g->header + MESH_GROUP_HEADER_SIZE + (uint64_t)slot * MESH_GROUP_ENTRY_SIZE;
+}
+static __device__ __forceinline__ char* mesh_group_ring(const mesh_group* g, uint32_t slot) {
+    return g->header + MESH_GROUP_HEADER_SIZE + (uint64_t)g->entries * MESH_GROUP_ENTRY_SIZE + (uint64_t)slot * g->ring_stride;
+}
+static __device__ __forceinline__ volatile uint64_t* mesh_group_slot(const mesh_group* g, uint32_t slot, uint64_t seq) {
+    return (volatile uint64_t*)(mesh_group_ring(g, slot) + MESH_RING_SLOTS +
+                                (seq & g->mask) * (uint64_t)g->msg_size * MESH_RING_WIRE_FACTOR);
+}
+// A relaxed 8-byte load of host memory (the rate-limited read of a group's `changes`).
+static __device__ __forceinline__ uint64_t mesh_group_ld_relaxed_u64(const void* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+// Lane 0 stores a word of the mailbox for the warp: 32 stores of one word would each cross PCIe.
+static __device__ __forceinline__ bool mesh_lane0(void) {
+    return mesh_lane() == 0;
+}
+
+// Opens binding `b`, a host channel of protocol group (its `slots` is the GroupHeader's address),
+// keeping each entry's state in `state` (`max` entries; device memory the warp alone uses). The
+// header's geometry is read once, here (meshd writes it once, before the binding exists), and checked
+// against the binding: on any disagreement, or more entries than `max`, msg_size is 0 and every call
+// fails (mesh_reply: GONE). Each reply ring resumes as mesh_chan_open resumes a producer: after the
+// published head and every whole reply written after it.
+static __device__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh_reply_state* state, uint32_t max) {
+    mesh_group g = {0, state, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0};
+    if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
+        return g;
+    const mesh_binding& d = c.bindings[b];
+    if (d.protocol != MESH_PROTOCOL_GROUP || d.placement != MESH_PLACEMENT_HOST || state == 0) return g;
+    char* h = (char*)(uintptr_t)d.slots;
+    const uint32_t entries = *(volatile uint32_t*)(h + MESH_GROUP_ENTRIES);
+    const uint32_t msg_size = *(volatile uint32_t*)(h + MESH_GROUP_MSG_SIZE);
+    const uint32_t capacity = *(volatile uint32_t*)(h + MESH_GROUP_CAPACITY);
+    const uint64_t stride = *(volatile uint64_t*)(h + MESH_GROUP_RING_STRIDE);
+    const uint64_t slots = (uint64_t)msg_size * MESH_RING_WIRE_FACTOR * capacity;
+    if (entries == 0 || entries > max || entries > 65536u || msg_size != d.msg_size || capacity != d.capacity ||
+        msg_size == 0 || msg_size % 8u != 0 || capacity == 0 || (capacity & (capacity - 1u)) != 0 ||
+        stride != MESH_RING_SLOTS + (slots + MESH_LINE - 1u) / MESH_LINE * MESH_LINE)
+        return g;
+    g.header = h;
+    g.ring_stride = stride;
+    g.entries = entries;
+    g.msg_size = msg_size;
+    g.mask = capacity - 1u;
+    const uint32_t last = msg_size / 4u - 1u;
+    for (uint32_t s = mesh_lane(); s < entries; s += 32u) {  // each lane its own entries, in parallel
+        char* ring = mesh_group_ring(&g, s);
+        const uint64_t tail = mesh_ld_volatile_u64(ring + MESH_RING_TAIL);
+        uint64_t head = mesh_ld_volatile_u64(ring + MESH_RING_HEAD);
+        mesh_reply_state st = {head, tail, head, 0u, 0u};
+        if ((int64_t)(tail - head) > 0) head = tail;
+        while (head - tail <= g.mask && (uint32_t)(mesh_ld_volatile_u64(mesh_group_slot(&g, s, head)) >> 32) == mesh_tag(head) &&
+               (uint32_t)(mesh_ld_volatile_u64(mesh_group_slot(&g, s, head) + last) >> 32) == mesh_tag(head))
+            head++;
+        st.head = head;
+        state[s] = st;
+    }
+    __syncwarp();
+    return g;
+}
+
+// The built-in state: MESH_GROUP_MAX_ENTRIES entries, for one group per program.
+static __device__ mesh_reply_state mesh_group_state_default[MESH_GROUP_MAX_ENTRIES];
+static __device__ __forceinline__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b) {
+    return mesh_group_open(c, b, mesh_group_state_default, MESH_GROUP_MAX_ENTRIES);
+}
+
+// Stores entry `slot`'s exact head if it moved (lane 0, a plain store: the client needs it for
+// nothing, meshd for its reset at the next connect, which the ack orders).
+static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t slot, mesh_reply_state* st) {
+    if (st->head != st->published) {
+        if (mesh_lane0()) mesh_st_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_HEAD, st->head);
+        st->published = st->head;
+    }
+}
+
+// Replies `msg` (msg_size bytes, 4-byte aligned) to `client` (a sender id from mesh_fanin_take).
+// GONE unless the id's epoch is the entry's bound one: read, when this warp has not already seen that
+// epoch bound, with ONE 8-byte acquire load of the entry's epoch+state word (two loads could pair the
+// next client's `bound` with this client's epoch). Seen bound once, it stays good without a load until
+// this warp acknowledges that epoch's departure: meshd hands the ring to anyone else only after the
+// ack, and a reply written before it is discarded by meshd's reset (`tail := head`). The acquire orders
+// our later reads of the ring's tail and our stores into it after meshd's reset of the ring.
+// FULL when the client's ring has no room (its tail is read, one round trip, only when it looks full).
+static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg) {
+    const uint32_t slot = client & 0xffffu, e16 = client >> 16;
+    if (g->msg_size == 0 || slot >= g->entries) return MESH_REPLY_GONE;
+    mesh_reply_state st = g->state[slot];  // every lane the same copy
+    if (!(st.bound && (st.epoch & 0xffffu) == e16)) {
+        uint64_t w = 0;
+        if (mesh_lane0()) w = mesh_ld_acquire_u64(mesh_group_entry(g, slot) + MESH_GROUP_ENTRY_BINDING);
+        w = __shfl_sync(0xffffffffu, w, 0);
+        const uint32_t epoch = (uint32_t)w, state = (uint32_t)(w >> 32);
+        if (state != MESH_GROUP_BOUND || (epoch & 0xffffu) != e16) return MESH_REPLY_GONE;
+        st.epoch = epoch;
+        st.bound = 1u;
+    }
+    int r = MESH_REPLY_SENT;
+    if (st.head - st.tail > g->mask) {
+        uint64_t tail = 0;
+        if (mesh_lane0()) tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
+        st.tail = __shfl_sync(0xffffffffu, tail, 0);
+        mesh_group_flush(g, slot, &st);  // it looked full: a good moment to say how far we are
+        if (st.head - st.tail > g->mask) r = MESH_REPLY_FULL;
+    }
+    if (r == MESH_REPLY_SENT) {
+        const uint32_t words = g->msg_size / 4u;
+        volatile uint64_t* dst = mesh_group_slot(g, slot, st.head);
+        const uint64_t t = (uint64_t)mesh_tag(st.head) << 32;
+        const uint32_t* src = (const uint32_t*)msg;
+        for (uint32_t idx = 2u * mesh_lane(); idx < words; idx += 64u) mesh_st_volatile_v2(dst + idx, t | src[idx], t | src[idx + 1]);
+        st.head += 1;
+        const uint64_t half = (g->mask + 1u) / 2u;
+        if (st.head - st.published >= (half ? half : 1u)) mesh_group_flush(g, slot, &st);
+    }
+    __syncwarp();  // every lane read the old state
+    if (mesh_lane0()) g->state[slot] = st;
+    __syncwarp();  // and sees the new one next time
+    return r;
+}
+
+// Acknowledges entry `slot`'s departure at `epoch`: its exact head first, then acked_epoch with
+// st.release.sys. The __syncwarp orders every lane's reply stores before lane 0's release (release is
+// cumulative over what lane 0 has observed), so meshd, once it sees the ack, resets a ring that holds
+// every reply ever written to the departed client.
+static __device__ void mesh_group_ack(mesh_group* g, uint32_t slot, uint32_t epoch) {
+    mesh_reply_state st = g->state[slot];
+    mesh_group_flush(g, slot, &st);
+    st.bound = 0u;  // any later reply to this epoch reads the entry again (and finds it not bound)
+    __syncwarp();
+    if (mesh_lane0()) {
+        g->state[slot] = st;
+        mesh_st_release_u32(mesh_group_entry(g, slot) + MESH_GROUP_ENTRY_ACKED, epoch);
+    }
+    __syncwarp();
+}
+
+// Returns true with the id (`slot | epoch << 16`, as in the fan-in's sender words) of one departed
+// client, acknowledged as it is returned: drop its state, and reply to it no more (mesh_reply would say
+// GONE). Call it in a loop until false. Reads the group's `changes` word rate-limited (one relaxed
+// load every MESH_GROUP_PERIOD_NS, looked at a period later); when that moved, or on the first call
+// after the open (acknowledging what the last launch had not), it reads `changes` again with an
+// acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32
+// per round trip: a departed entry whose acked_epoch != epoch (not `<`: epochs wrap) is acknowledged.
+static __device__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
+    if (g->msg_size == 0) return false;
+    if (!g->scanning) {
+        if (g->scanned) {
+            const uint64_t now = mesh_globaltimer();
+            if (now < g->changes_due) return false;
+            const bool moved = g->changes_read != g->changes_seen;  // last period's load, arrived by now
+            g->changes_due = now + MESH_GROUP_PERIOD_NS;
+            if (!moved) {
+                uint64_t v = 0;
+                if (mesh_lane0()) v = mesh_group_ld_relaxed_u64(g->header + MESH_GROUP_CHANGES);
+                g->changes_read = __shfl_sync(0xffffffffu, v, 0);
+                return false;
+            }
+        }
+        uint64_t v = 0;
+        if (mesh_lane0()) v = mesh_ld_acquire_u64(g->header + MESH_GROUP_CHANGES);
+        g->scan_changes = __shfl_sync(0xffffffffu, v, 0);
+        g->scanning = true;
+        g->scan_at = 0;
+    }
+    const uint32_t lane = mesh_lane();
+    while (g->scan_at < g->entries) {
+        const uint32_t s = g->scan_at + lane;
+        uint64_t w = 0;
+        uint32_t acked = 0;
+        if (s < g->entries) {
+            char* e = mesh_group_entry(g, s);
+            w = mesh_ld_acquire_u64(e + MESH_GROUP_ENTRY_BINDING);  // epoch and state: one load
+            acked = *(volatile uint32_t*)(e + MESH_GROUP_ENTRY_ACKED);  // ours: what we (or a last launch) wrote
+        }
+        const bool due = s < g->entries && (uint32_t)(w >> 32) == MESH_GROUP_DEPARTED && acked != (uint32_t)w;
+        const uint32_t ballot = __ballot_sync(0xffffffffu, due);
+        if (ballot == 0) {
+            g->scan_at += 32u;
+            continue;
+        }
+        const uint32_t first = (uint32_t)__ffs((int)ballot) - 1u;
+        const uint32_t epoch = __shfl_sync(0xffffffffu, (uint32_t)w, first);
+        const uint32_t slot = g->scan_at + first;
+        mesh_group_ack(g, slot, epoch);
+        g->scan_at = slot + 1u;
+        *gone = slot | (epoch & 0xffffu) << 16;
+        return true;
+    }
+    g->scanning = false;
+    g->scanned = true;
+    g->changes_seen = g->changes_read = g->scan_changes;
+    return false;
+}
+
+// Publishes every reply ring's exact head; call it before mesh_end.
+static __device__ void mesh_group_close(mesh_group* g) {
+    if (g->msg_size == 0) return;
+    for (uint32_t s = mesh_lane(); s < g->entries; s += 32u) {  // each lane its own entries: one store each
+        mesh_reply_state st = g->state[s];
+        if (st.head != st.published) {
+            mesh_st_volatile_u64(mesh_group_ring(g, s) + MESH_RING_HEAD, st.head);
+            st.published = st.head;
+            g->state[s] = st;
+        }
+    }
+    __syncwarp();
+}
+
 // ---- Large messages: bulk channels, moved by a whole thread block ------------------------------
 // A channel created with `--protocol bulk` (the default above 64 KiB: `meshd channel create NAME
 // --msg-size 1048576 --capacity 8`) carries messages of 16 B to 16 MiB, multiples of 16, in NCCL's

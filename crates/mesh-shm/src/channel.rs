@@ -105,12 +105,15 @@ enum Memory {
 }
 
 impl Memory {
-    /// The ring of host channel `info`: protocol ll or index (a bulk channel is refused, naming the
-    /// ends that speak it).
+    /// The ring of host channel `info`: protocol ll or index (a channel of any other protocol is
+    /// refused, naming the ends that speak it).
     fn of(mailbox: &Mailbox, info: &ChannelInfo) -> Result<Self> {
         Ok(match info.protocol {
             Protocol::Index => Memory::Index(mailbox.index_memory(info)?),
-            _ => Memory::Ll(mailbox.ring_memory(info)?),
+            Protocol::Ll => Memory::Ll(mailbox.ring_memory(info)?),
+            protocol @ (Protocol::Bulk | Protocol::FanIn | Protocol::Group) => {
+                return Err(ShmError::Protocol { channel: info.name.clone(), protocol, wanted: Protocol::Ll });
+            }
         })
     }
 }

@@ -129,7 +129,8 @@ pub enum ShmError {
     /// A host end of one protocol was asked for on a channel of another.
     #[error(
         "channel {channel:?}: its slots are in the {protocol} format; this end speaks {wanted} \
-         (protocols ll and index: Producer/Consumer; protocol bulk: BulkProducer/BulkConsumer)"
+         (protocols ll and index: Producer/Consumer; protocol bulk: BulkProducer/BulkConsumer; protocol \
+         fanin: FanInSender/FanInReceiver; protocol group: GroupServer/GroupClient, and ServiceOwner for meshd)"
     )]
     Protocol {
         /// The channel's name.
@@ -173,6 +174,24 @@ pub enum ShmError {
         op: &'static str,
         /// The message whose slot is still lent, if one is.
         lent: Option<u64>,
+    },
+    /// A fan-in ring holds what no producer or consumer can have left (a buggy writer or a corrupted
+    /// file): reported, never followed.
+    #[error("channel {channel:?}: fan-in ring corrupt: {corrupt:?}")]
+    FanIn {
+        /// The fan-in channel's name.
+        channel: String,
+        /// What was read, and where.
+        corrupt: crate::fanin::FanInCorrupt,
+    },
+    /// A channel group (or the service over it) refused a call, or holds what no writer leaves.
+    #[error("channel {channel:?}: {error}")]
+    Group {
+        /// The group's (or, for a fan-in fault met by the service, the fan-in channel's) name.
+        channel: String,
+        /// The refusal or the fault, with its values.
+        #[source]
+        error: crate::group::GroupError,
     },
     /// A slot index past the table.
     #[error("program slot {index}: no such slot (the mailbox has {count})")]

@@ -2,8 +2,9 @@
 //!
 //! The design, defended, is `docs/design/many-clients.md`; this is its CPU core. Kept free of files
 //! and mappings so that Miri runs it over heap memory (`cargo +nightly miri test -p mesh-shm --lib
-//! fanin::`). Not yet in the mailbox: the layout (version 3) has no protocol value for it; its GPU
-//! consumer and meshd's wiring come with the layout bump.
+//! fanin::`). In the mailbox it is a channel of protocol fanin (layout version 4,
+//! `layout::PROTOCOL_FANIN`; `Mailbox::create_fanin`), whose host ends are `service`'s; its GPU
+//! consumer (mesh.cuh) and meshd's wiring come next.
 //!
 //! **Memory** (three regions, like the other rings: a [`RingHeader`], an owner table, the slots):
 //!

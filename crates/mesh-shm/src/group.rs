@@ -2,8 +2,9 @@
 //!
 //! The design, defended, is `docs/design/many-clients.md` ("The reply side: the channel group");
 //! this is its CPU core. Like `fanin`, it is kept free of files and mappings so that Miri runs it
-//! over heap memory (`cargo +nightly miri test -p mesh-shm --lib group::`). Not yet in the mailbox:
-//! its layout has no protocol value for a group yet (this issue's bump, after issue 24's).
+//! over heap memory (`cargo +nightly miri test -p mesh-shm --lib group::`). In the mailbox a group is
+//! a channel of protocol group (layout version 4, `layout::PROTOCOL_GROUP`; `Mailbox::create_group`),
+//! laid out in its channel's slots region, whose host ends are `service`'s.
 //!
 //! **Memory** (one region, 128-byte aligned, zeroed before [`GroupMemory::create`]):
 //!

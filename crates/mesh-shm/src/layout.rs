@@ -15,7 +15,8 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// `"MESHSHM1"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
 /// Bumped on any change to a structure in this file.
-/// Version 4 = bulk parts (issue 24) + fan-in/group protocols (issue 26, reserved).
+/// Version 4 = bulk parts (issue 24) + fan-in channels and channel groups (issue 26: [`PROTOCOL_FANIN`],
+/// [`PROTOCOL_GROUP`]).
 pub const LAYOUT_VERSION: u32 = 4;
 /// The header page; the tables start after it.
 pub const HEADER_SIZE: u64 = 4096;
@@ -163,14 +164,18 @@ pub struct ChannelDesc {
     /// to it when it makes a device ring anew after a start or a GPU fault; see `renew_device_ring`).
     pub lost: AtomicU64,
     /// The slots' format: [`PROTOCOL_LL`] (a tag in every word), [`PROTOCOL_BULK`] (payload, then
-    /// one flag per message) or [`PROTOCOL_INDEX`] (payload alone; host ends only). Carved out of what
+    /// one flag per message), [`PROTOCOL_INDEX`] (payload alone; host ends only), [`PROTOCOL_FANIN`]
+    /// (an owner table, then LL slots with the sender) or [`PROTOCOL_GROUP`] (a table of client slots
+    /// and their reply rings). A reader refuses any other value, naming the channel. Carved out of what
     /// was zeroed padding in layout version 3, so a descriptor written before the field existed reads
     /// as LL, which is what it is.
     pub protocol: u32,
     /// Parts every message of a bulk channel is split into (a power of two, 1 to [`MAX_BULK_PARTS`]),
     /// each with its own flag per slot and its own head and tail line (see `bulk`); 1 for every other
     /// protocol. Carved out of what was zeroed padding in layout version 3; a 0 reads as 1, which is
-    /// the format such a descriptor's ring has (bit for bit today's bulk format).
+    /// the format such a descriptor's ring has (bit for bit today's bulk format). For a channel of
+    /// [`PROTOCOL_GROUP`] this word is the group's entry count (its client slots, 1 to
+    /// [`crate::group::MAX_ENTRIES`]), the second number its size needs, as parts are for bulk.
     pub parts: u32,
     /// Pads the descriptor to one line.
     pub pad: [u8; 32],
@@ -189,6 +194,21 @@ pub const PROTOCOL_BULK: u32 = 1;
 /// opens refuse any protocol but their own, and meshd refuses the load). Up to [`MAX_MSG_SIZE`].
 pub const PROTOCOL_INDEX: u32 = 2;
 
+/// [`ChannelDesc::protocol`]: a fan-in ring (issue 26, see `fanin` and `docs/design/many-clients.md`):
+/// any number of host producers, one consumer, every message carrying its sender. Its slots region
+/// (host placement only) is the owner table, host only (`capacity` 8-byte ownership words), then, on
+/// the next page, the LL slots of `2 + msg_size / 4` tagged words each ([`fanin_slots_offset`],
+/// [`fanin_slot_bytes`]). The [`RingHeader`]'s `head` is the reservation cursor, its `tail` the
+/// consumer's position; its consumer claim is the consumer's, its producer claim unused. Up to
+/// [`MAX_MSG_SIZE`], multiples of 8.
+pub const PROTOCOL_FANIN: u32 = 3;
+
+/// [`ChannelDesc::protocol`]: a channel group (issue 26, see `group`): a `GroupHeader`, `entries`
+/// `GroupEntry` lines (client slots) and one LL reply ring per entry, laid out as
+/// `crate::group::GroupMemory` says, in the channel's slots region (host placement only; the entry
+/// count is the descriptor's `parts` word). Reply `msg_size` and `capacity` are the descriptor's.
+/// The [`RingHeader`] in front holds only claims: its producer claim is the replying server's.
+pub const PROTOCOL_GROUP: u32 = 4;
 /// [`ChannelDesc::placement`]: the slots are in the mailbox (host memory), mapped into every context.
 pub const PLACEMENT_HOST: u32 = 0;
 /// [`ChannelDesc::placement`]: the slots are in GPU memory owned by meshd; only GPU programs use the
@@ -250,7 +270,10 @@ pub struct MeshBinding {
     pub capacity: u32,
     /// [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
     pub placement: u32,
-    /// [`PROTOCOL_LL`] or [`PROTOCOL_BULK`] (was a zero reserved word before bulk channels: an
+    /// [`PROTOCOL_LL`], [`PROTOCOL_BULK`], [`PROTOCOL_FANIN`] (then `slots` is the address of its LL
+    /// slots, after the host-only owner table) or [`PROTOCOL_GROUP`] (then `slots` is the address of
+    /// its `GroupHeader`, and `msg_size` and `capacity` its reply rings'; the entry count is read from
+    /// the header) (was a zero reserved word before bulk channels: an
     /// older program reads every binding as LL, which every channel it could be given was). Never
     /// [`PROTOCOL_INDEX`]: such a channel is refused as a binding. A bulk channel of more than one
     /// part has its parts in bits [`BINDING_PARTS_SHIFT`].. ([`binding_protocol`]): a program built
@@ -317,7 +340,7 @@ pub const BINDING_PARTS_SHIFT: u32 = 16;
 /// protocol alone for one part (what every binding held before parts existed), the parts above it
 /// otherwise.
 pub const fn binding_protocol(protocol: u32, parts: u32) -> u32 {
-    if parts > 1 { protocol | (parts << BINDING_PARTS_SHIFT) } else { protocol }
+    if protocol == PROTOCOL_BULK && parts > 1 { protocol | (parts << BINDING_PARTS_SHIFT) } else { protocol }
 }
 
 /// `parts` as a ring counts them: a 0 (a descriptor that predates the field) is one part.
@@ -355,13 +378,36 @@ pub const fn index_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     msg_size as u64 * capacity as u64
 }
 
-/// Bytes of a ring's slots in the format `protocol` names (any value but [`PROTOCOL_BULK`] and
-/// [`PROTOCOL_INDEX`] is LL); `parts` counts for bulk alone.
-pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32, parts: u32) -> u64 {
+/// Where a fan-in ring's LL slots start, from the start of its slots region: after its owner table
+/// (`capacity` 8-byte words), on a page of their own.
+pub const fn fanin_slots_offset(capacity: u32) -> u64 {
+    crate::fanin::FanInMemory::owner_bytes(capacity as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+}
+
+/// Bytes of a fan-in ring's slots region: its owner table (page-rounded), then `capacity` slots of
+/// `16 + 2 × msg_size` bytes (the sender and kind words, then the LL body).
+pub const fn fanin_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
+    fanin_slots_offset(capacity) + crate::fanin::FanInMemory::slot_bytes(msg_size, capacity as u64)
+}
+
+/// Bytes of a channel group's region: its header line, `entries` entries of two lines, and
+/// `entries` reply rings of `capacity` replies of `msg_size` bytes (`crate::group::GroupMemory::bytes`).
+pub const fn group_bytes(entries: u32, msg_size: u32, capacity: u32) -> u64 {
+    crate::group::GroupMemory::bytes(entries, msg_size, capacity)
+}
+
+/// Bytes of a ring's slots in the format `protocol` names; `parts` is a bulk channel's parts or a
+/// group's entries (the descriptor's `parts` word) and counts for those two alone. `None` for a
+/// protocol this build does not know: its size is unknown, and a reader must refuse the channel
+/// rather than guess (reading it as LL would get its bounds wrong).
+pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32, parts: u32) -> Option<u64> {
     match protocol {
-        PROTOCOL_BULK => bulk_slot_bytes(msg_size, capacity, parts),
-        PROTOCOL_INDEX => index_slot_bytes(msg_size, capacity),
-        _ => slot_bytes(msg_size, capacity),
+        PROTOCOL_LL => Some(slot_bytes(msg_size, capacity)),
+        PROTOCOL_BULK => Some(bulk_slot_bytes(msg_size, capacity, parts)),
+        PROTOCOL_INDEX => Some(index_slot_bytes(msg_size, capacity)),
+        PROTOCOL_FANIN => Some(fanin_slot_bytes(msg_size, capacity)),
+        PROTOCOL_GROUP => Some(group_bytes(parts, msg_size, capacity)),
+        _ => None,
     }
 }
 
@@ -372,7 +418,8 @@ pub const fn host_slots_offset(ring_offset: u64) -> u64 {
 }
 
 /// Bytes a ring starting at `ring_offset` takes in the arena, up to the next line: its header, and
-/// for a host channel the gap to the page boundary and the slots.
+/// for a host channel the gap to the page boundary and the slots. `None` for a protocol this build
+/// does not know (see [`slot_bytes_for`]).
 pub const fn ring_bytes_at(
     ring_offset: u64,
     msg_size: u32,
@@ -380,13 +427,14 @@ pub const fn ring_bytes_at(
     placement: u32,
     protocol: u32,
     parts: u32,
-) -> u64 {
+) -> Option<u64> {
+    let Some(slots) = slot_bytes_for(msg_size, capacity, protocol, parts) else { return None };
     let end = if placement == PLACEMENT_DEVICE {
         ring_offset + size_of::<RingHeader>() as u64
     } else {
-        host_slots_offset(ring_offset) + slot_bytes_for(msg_size, capacity, protocol, parts)
+        host_slots_offset(ring_offset) + slots
     };
-    end.div_ceil(LINE) * LINE - ring_offset
+    Some(end.div_ceil(LINE) * LINE - ring_offset)
 }
 
 /// Encodes a name into a fixed NUL-padded field; `None` when it is empty, too long or holds a NUL.

@@ -7,6 +7,9 @@
 //!   and index: [`ring`] and [`index_ring`] are their formats, [`indices`] the index logic all share).
 //! * [`BulkProducer`] / [`BulkConsumer`]: claimed ends of channels of protocol bulk, for large
 //!   messages ([`bulk`] is their format, [`copy`] how they copy).
+//! * [`FanInSender`] / [`FanInReceiver`], [`GroupServer`] / [`GroupClient`], [`ServiceOwner`]: the
+//!   ends of a service's fan-in channel and channel group, many clients to one server (issue 26;
+//!   [`service`] is the mailbox's side, [`fanin`] and [`group`] the formats and cores).
 //! * [`device_header`]: `mesh.cuh`, the same layout for CUDA programs.
 //!
 //! # A host client
@@ -65,12 +68,16 @@ mod protocol;
 #[allow(clippy::cast_possible_truncation, reason = "test sizes, counts and byte patterns are small")]
 mod queue_model;
 pub mod ring;
+pub mod service;
 
 pub use bulk_channel::{BulkConsumer, BulkProducer, Peeked, Reserved};
 pub use channel::{Consumer, EndClaim, Producer};
 pub use copy::CopyConfig;
 pub use error::{End, Result, ShmError};
+pub use fanin::{Completion, Taken};
+pub use group::{ClientId, Replied};
 pub use layout::{MeshBinding, MeshCtx};
 pub use mailbox::{
     ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, Placement, Protocol, SlotRef, SlotStatusSnapshot,
 };
+pub use service::{FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner};

@@ -240,20 +240,8 @@ struct LiveDesc {
     protocol: Protocol,
     parts: u32,
     slots_offset: u64,
-}
-
-impl LiveDesc {
-    fn end(&self) -> u64 {
-        self.ring_offset
-            + ring_bytes_at(
-                self.ring_offset,
-                self.msg_size,
-                self.capacity,
-                self.placement.code(),
-                self.protocol.code(),
-                self.parts,
-            )
-    }
+    /// Where its ring ends (checked to lie in the arena).
+    end: u64,
 }
 
 /// A channel as the table describes it, with a snapshot of its indices and claims.
@@ -274,7 +262,8 @@ pub struct ChannelInfo {
     /// The format of its slots.
     pub protocol: Protocol,
     /// Parts each message is split into (bulk; see `bulk`): 1 for every other protocol, and for a
-    /// bulk channel in the format before parts existed.
+    /// bulk channel in the format before parts existed. For a group: its entries (client slots), the
+    /// descriptor's same word (see [`ChannelInfo::clients`]).
     pub parts: u32,
     /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
     pub slots_offset: u64,
@@ -288,6 +277,13 @@ pub struct ChannelInfo {
     pub producer_pid: Option<u32>,
     /// Pid holding the consumer end, if any.
     pub consumer_pid: Option<u32>,
+}
+
+impl ChannelInfo {
+    /// A group's entries (client slots); `None` for a channel of any other protocol.
+    pub fn clients(&self) -> Option<u32> {
+        (self.protocol == Protocol::Group).then_some(self.parts)
+    }
 }
 
 impl Mailbox {
@@ -426,7 +422,10 @@ impl Mailbox {
         let (msg_size, capacity, ring_offset, slots_offset) = (d.msg_size, d.capacity, d.ring_offset, d.slots_offset);
         let protocol = Protocol::from_code(d.protocol).ok_or_else(|| {
             format!(
-                "protocol {}: must be {PROTOCOL_LL} (ll), {PROTOCOL_BULK} (bulk) or {PROTOCOL_INDEX} (index)",
+                "{:?}: protocol {}: must be {PROTOCOL_LL} (ll), {PROTOCOL_BULK} (bulk), {PROTOCOL_INDEX} (index), \
+                 {PROTOCOL_FANIN} (fanin) or {PROTOCOL_GROUP} (group); this build does not know its format, so \
+                 neither its size nor its bounds (a newer meshd's channel?)",
+                decode_name(&d.name),
                 d.protocol
             )
         })?;
@@ -442,8 +441,8 @@ impl Mailbox {
         if ring_offset > g.arena_offset + g.arena_size {
             return Err(format!("ring at {ring_offset} lies past the arena's end {}", g.arena_offset + g.arena_size));
         }
-        let end = ring_offset
-            .checked_add(ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts))
+        let end = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts)
+            .and_then(|bytes| ring_offset.checked_add(bytes))
             .ok_or("ring end overflows")?;
         if ring_offset % LINE != 0 || ring_offset < g.arena_offset || end > g.arena_offset + g.arena_size {
             return Err(format!(
@@ -470,6 +469,7 @@ impl Mailbox {
             protocol,
             parts,
             slots_offset,
+            end,
         }))
     }
 
@@ -485,7 +485,7 @@ impl Mailbox {
         let mut rings = Vec::new();
         for i in 0..self.inner.geometry.channel_count {
             match self.live_desc(i) {
-                Ok(Some(d)) => rings.push((d.ring_offset, d.end(), i)),
+                Ok(Some(d)) => rings.push((d.ring_offset, d.end, i)),
                 Ok(None) => {}
                 Err(reason) => return Err(invalid("channel table", format!("channel {i}: {reason}"))),
             }
@@ -545,6 +545,9 @@ impl Mailbox {
     /// 16 × `parts`; any other protocol: 1), so that up to `parts` GPU blocks serve each end, block
     /// `p` moving part `p` of every message (mesh.cuh's `mesh_bulk_open_part`). One part is the
     /// format of [`Mailbox::create_channel_with`]. The host ends serve every part.
+    ///
+    /// [`Protocol::FanIn`] is taken here too (what [`Mailbox::create_fanin`] does); a
+    /// [`Protocol::Group`] needs its number of client slots: [`Mailbox::create_group`].
     pub fn create_channel_parts(
         &self,
         name: &str,
@@ -553,6 +556,56 @@ impl Mailbox {
         placement: Placement,
         protocol: Protocol,
         parts: u32,
+    ) -> Result<ChannelInfo> {
+        if protocol == Protocol::Group {
+            return Err(ShmError::ChannelConfig {
+                name: name.to_string(),
+                reason: "protocol group: a channel group is created with its number of client slots \
+                         (Mailbox::create_group)"
+                    .into(),
+            });
+        }
+        self.create_ring(name, msg_size, capacity, placement, protocol, parts, |_, _| Ok(()))
+    }
+
+    /// Creates a fan-in channel (protocol fanin, host placement): any number of host producers
+    /// ([`crate::FanInSender`], each sending as the id meshd handed it), one consumer (a GPU program,
+    /// or a host server's [`crate::FanInReceiver`]); `msg_size` a multiple of 8 from 8 to 64 KiB,
+    /// `capacity` a power of two. Its ring is an empty ring at position 0.
+    pub fn create_fanin(&self, name: &str, msg_size: u32, capacity: u32) -> Result<ChannelInfo> {
+        self.create_ring(name, msg_size, capacity, Placement::Host, Protocol::FanIn, 1, |_, _| Ok(()))
+    }
+
+    /// Creates a channel group (protocol group, host placement): `clients` entries (client slots, 1
+    /// to 65536), each with its own reply ring of `capacity` replies (a power of two) of `msg_size`
+    /// bytes (a multiple of 8 from 8 to 64 KiB). Every entry starts free at epoch 0, every ring empty.
+    /// meshd's side is [`crate::ServiceOwner`], the replying server's [`crate::GroupServer`], a
+    /// client's [`crate::GroupClient`].
+    pub fn create_group(&self, name: &str, clients: u32, msg_size: u32, capacity: u32) -> Result<ChannelInfo> {
+        self.create_ring(name, msg_size, capacity, Placement::Host, Protocol::Group, clients, |region, offset| {
+            let len = group_bytes(clients, msg_size, capacity);
+            // SAFETY: `create_ring` hands us the channel's zeroed slots region, `len` bytes at `offset`
+            // (page aligned), inside the arena and shared with no one until the descriptor is published.
+            unsafe { crate::group::GroupMemory::create(region, len, offset, clients, msg_size, capacity) }
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// Creates a channel of any protocol: checks, carves its ring out of the arena under the table
+    /// lock, zeroes its header (and, for fan-in and group, its whole slots region: their formats say
+    /// that zeroed memory is an empty ring and free entries), lets `init` lay out the slots region
+    /// (its address and file offset), then publishes the descriptor.
+    #[allow(clippy::too_many_arguments, reason = "the descriptor's fields, and the protocol's layout step")]
+    fn create_ring(
+        &self,
+        name: &str,
+        msg_size: u32,
+        capacity: u32,
+        placement: Placement,
+        protocol: Protocol,
+        parts: u32,
+        init: impl FnOnce(NonNull<u8>, u64) -> std::result::Result<(), String>,
     ) -> Result<ChannelInfo> {
         let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let encoded =
@@ -574,7 +627,8 @@ impl Mailbox {
             })?;
         let used = self.header().arena_used.load(Ordering::Acquire);
         let ring_offset = g.arena_offset + used;
-        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts);
+        let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts)
+            .ok_or_else(|| cfg(format!("protocol {protocol}: no size in this build's layout")))?;
         if need > g.arena_size - used {
             return Err(ShmError::Full {
                 name: name.into(),
@@ -592,6 +646,17 @@ impl Mailbox {
         // SAFETY: the range lies in the arena (checked above) and belongs to no ring yet; the table lock
         // keeps any other creator out. Zeroed so that a reused file starts with empty indices and claims.
         unsafe { std::ptr::write_bytes(self.base().add(in_map(ring_offset)), 0, size_of::<RingHeader>()) };
+        if placement == Placement::Host {
+            // SAFETY: the slots region lies in the range just carved out of the arena (`need` counts
+            // it), which no one else reaches before the descriptor is published below.
+            let region = unsafe { NonNull::new_unchecked(self.base().add(in_map(slots_offset))) };
+            if matches!(protocol, Protocol::FanIn | Protocol::Group) {
+                let len = slot_bytes_for(msg_size, capacity, protocol.code(), parts).unwrap_or(0);
+                // SAFETY: as above; `len` bytes from the slots offset end inside `need`.
+                unsafe { std::ptr::write_bytes(region.as_ptr(), 0, in_map(len)) };
+            }
+            init(region, slots_offset).map_err(cfg)?;
+        }
         let d = self.desc(index);
         let d_ptr = std::ptr::from_ref(d).cast_mut();
         // SAFETY: the descriptor is free (state 0), so no reader looks at these fields until the
@@ -625,9 +690,12 @@ impl Mailbox {
     }
 
     fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
-        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, parts, slots_offset }) = self
-            .live_desc(index)
-            .map_err(|reason| ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason })?
+        let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, parts, slots_offset, .. }) =
+            self.live_desc(index).map_err(|reason| ShmError::Invalid {
+                path: self.inner.path.clone(),
+                field: "channel table",
+                reason,
+            })?
         else {
             return Ok(None);
         };
@@ -635,7 +703,7 @@ impl Mailbox {
         let holder = |w: &AtomicU64| crate::claim::Holder::from_word(w.load(Ordering::Acquire)).map(|h| h.pid);
         let (mut head, mut tail) =
             (ring.producer.head.load(Ordering::Acquire), ring.consumer.tail.load(Ordering::Acquire));
-        if parts > 1 && placement == Placement::Host {
+        if protocol == Protocol::Bulk && parts > 1 && placement == Placement::Host {
             // The parts' own lines, which a GPU end publishes on every message (the header's only
             // when it closes): the lower bounds over them.
             (head, tail) = self.bulk_part_bounds(slots_offset, capacity, parts);
@@ -739,6 +807,51 @@ impl Mailbox {
         })
     }
 
+    /// The ring of a host channel of protocol fanin: the core's view of its header, owner table and
+    /// slots (see `fanin`), all in this mapping.
+    pub(crate) fn fanin_memory(&self, info: &ChannelInfo) -> Result<crate::fanin::FanInMemory> {
+        let (header, region) = self.host_ring(info, Protocol::FanIn)?;
+        // SAFETY: `info` came from a validated descriptor: its slots region (page aligned) holds
+        // `fanin_slot_bytes` in the arena, so the owner table (page aligned, 8-byte words) and the slots
+        // (page aligned, so 16-byte aligned) after it are in this mapping, which the caller keeps
+        // alive (ends hold the `Arc`). Capacity is a power of two up to 2^24 (< 2^31), msg_size a
+        // non-zero multiple of 8 (`check_channel_params`).
+        Ok(unsafe {
+            let slots = region.add(in_map(fanin_slots_offset(info.capacity)));
+            crate::fanin::FanInMemory::new(
+                header,
+                region.cast(),
+                slots.cast(),
+                info.msg_size as usize,
+                u64::from(info.capacity),
+            )
+        })
+    }
+
+    /// The group of a host channel of protocol group, opened by the core (which validates its header
+    /// and every entry's ring offset) and checked against the descriptor.
+    pub(crate) fn group_memory(&self, info: &ChannelInfo) -> Result<crate::group::GroupMemory> {
+        let (_, region) = self.host_ring(info, Protocol::Group)?;
+        let group_err = |error| ShmError::Group { channel: info.name.clone(), error };
+        let len = group_bytes(info.parts, info.msg_size, info.capacity);
+        // SAFETY: `info` came from a validated descriptor: its slots region (page aligned, so 128-byte
+        // aligned) holds `len` bytes in the arena of this mapping, which the caller keeps alive (ends
+        // hold the `Arc`); `create_group` laid it out before publishing the descriptor, and its
+        // write-once words are not written since. `open` checks what it reads against `len`.
+        let group = unsafe { crate::group::GroupMemory::open(region, len, info.slots_offset) }.map_err(group_err)?;
+        let (entries, msg_size, capacity) = (group.entries(), group.msg_size(), group.capacity());
+        if (entries, msg_size, capacity) != (info.parts, info.msg_size as usize, info.capacity) {
+            return Err(group_err(crate::group::GroupError::Invalid {
+                field: "header",
+                reason: format!(
+                    "{entries} entries of {capacity} replies of {msg_size} bytes, but the descriptor says {} of {} of {}",
+                    info.parts, info.capacity, info.msg_size
+                ),
+            }));
+        }
+        Ok(group)
+    }
+
     /// The live channel called `name`, for a GPU program to bind: refused, naming it and why, when
     /// its protocol is one no GPU program speaks ([`Protocol::Index`]). Backends resolve a load's
     /// bindings with it before they change anything.
@@ -823,6 +936,11 @@ impl Mailbox {
                 return Err(ShmError::HostOnly { channel: info.name, protocol: info.protocol });
             }
             let slots = match info.placement {
+                // A fan-in binding names its LL slots (the owner table before them is host only); a
+                // group's names its header, from which a program reads the rest.
+                Placement::Host if info.protocol == Protocol::FanIn => {
+                    base + info.slots_offset + fanin_slots_offset(info.capacity)
+                }
                 Placement::Host => base + info.slots_offset,
                 Placement::Device => {
                     device_slots(&info).ok_or_else(|| ShmError::NoDeviceRing { channel: info.name.clone() })?
@@ -866,7 +984,9 @@ const fn u32_of(n: usize) -> u32 {
 
 fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std::result::Result<(), String> {
     match protocol {
-        Protocol::Ll | Protocol::Index if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE => {
+        Protocol::Ll | Protocol::Index | Protocol::FanIn | Protocol::Group
+            if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE =>
+        {
             return Err(format!(
                 "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol {protocol} \
                  (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
@@ -890,6 +1010,14 @@ fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std
 /// protocol bulk, and the message size a multiple of 16 × parts (every part a whole number of the
 /// 16-byte vector copies).
 fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Result<(), String> {
+    if protocol == Protocol::Group {
+        // A group's word is its entry count.
+        let max = crate::group::MAX_ENTRIES;
+        if parts == 0 || parts > max {
+            return Err(format!("{parts} client slots: a group has 1 to {max} (a client id keeps 16 bits of slot)"));
+        }
+        return Ok(());
+    }
     if parts == 1 {
         return Ok(());
     }
@@ -915,6 +1043,12 @@ fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Re
 /// Checks that a channel of `protocol` can live where `placement` says: an index channel's two ends
 /// are host processes, so its slots are in host memory.
 fn check_placement(protocol: Protocol, placement: Placement) -> std::result::Result<(), String> {
+    if matches!(protocol, Protocol::FanIn | Protocol::Group) && placement != Placement::Host {
+        return Err(format!(
+            "placement {placement}: protocol {protocol} has host processes at one end (the clients), and its \
+             host-only words (owner table, entry holders) must be in the mailbox: host placement only"
+        ));
+    }
     if protocol == Protocol::Index && placement != Placement::Host {
         return Err(format!(
             "placement {placement}: protocol index is for two host processes, so its slots must be in host memory \

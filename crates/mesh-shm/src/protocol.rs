@@ -1,6 +1,6 @@
 //! A channel's protocol: the format of its slots, and the descriptor value that names it.
 
-use crate::layout::{MAX_MSG_SIZE, PROTOCOL_BULK, PROTOCOL_INDEX, PROTOCOL_LL};
+use crate::layout::{MAX_MSG_SIZE, PROTOCOL_BULK, PROTOCOL_FANIN, PROTOCOL_GROUP, PROTOCOL_INDEX, PROTOCOL_LL};
 
 /// The format of a channel's slots.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -16,15 +16,28 @@ pub enum Protocol {
     /// rtrb's format): both ends host processes; the fastest host↔host (8 messages of 8 B per cache
     /// line against LL's 4); GPU programs cannot bind it. Messages of 8 B to 64 KiB, multiples of 8.
     Index,
+    /// A fan-in ring (issue 26): any number of host producers, each sending as the id meshd gave
+    /// it, and one consumer (a GPU program or a host server); a dead or stopped producer's slot is
+    /// completed as a skip. Host placement only. Messages of 8 B to 64 KiB, multiples of 8. Ends:
+    /// [`crate::FanInSender`], [`crate::FanInReceiver`].
+    FanIn,
+    /// A channel group (issue 26): one SPSC LL reply ring per client slot, handed to a client by meshd
+    /// and taken back once the replying program acknowledged its departure. Host placement only.
+    /// Replies of 8 B to 64 KiB, multiples of 8. Ends: [`crate::GroupServer`], [`crate::GroupClient`];
+    /// meshd's side is [`crate::ServiceOwner`].
+    Group,
 }
 
 impl Protocol {
-    /// The descriptor's value ([`PROTOCOL_LL`], [`PROTOCOL_BULK`] or [`PROTOCOL_INDEX`]).
+    /// The descriptor's value ([`PROTOCOL_LL`], [`PROTOCOL_BULK`], [`PROTOCOL_INDEX`], [`PROTOCOL_FANIN`]
+    /// or [`PROTOCOL_GROUP`]).
     pub fn code(self) -> u32 {
         match self {
             Protocol::Ll => PROTOCOL_LL,
             Protocol::Bulk => PROTOCOL_BULK,
             Protocol::Index => PROTOCOL_INDEX,
+            Protocol::FanIn => PROTOCOL_FANIN,
+            Protocol::Group => PROTOCOL_GROUP,
         }
     }
 
@@ -34,6 +47,8 @@ impl Protocol {
             PROTOCOL_LL => Some(Protocol::Ll),
             PROTOCOL_BULK => Some(Protocol::Bulk),
             PROTOCOL_INDEX => Some(Protocol::Index),
+            PROTOCOL_FANIN => Some(Protocol::FanIn),
+            PROTOCOL_GROUP => Some(Protocol::Group),
             _ => None,
         }
     }
@@ -46,7 +61,9 @@ impl Protocol {
     }
 
     /// Whether a GPU program may bind a channel of this protocol (not [`Protocol::Index`], whose ends
-    /// are both host processes).
+    /// are both host processes). A fan-in channel (the program consumes) and a group (the program
+    /// replies) are: their bindings are laid out (see `layout::MeshBinding::protocol`), though
+    /// mesh.cuh has no calls for them yet and refuses them as it refuses any protocol it does not know.
     pub fn gpu_bindable(self) -> bool {
         self != Protocol::Index
     }
@@ -58,6 +75,8 @@ impl std::fmt::Display for Protocol {
             Protocol::Ll => "ll",
             Protocol::Bulk => "bulk",
             Protocol::Index => "index",
+            Protocol::FanIn => "fanin",
+            Protocol::Group => "group",
         })
     }
 }
@@ -69,6 +88,9 @@ impl std::str::FromStr for Protocol {
             "ll" => Ok(Protocol::Ll),
             "bulk" => Ok(Protocol::Bulk),
             "index" => Ok(Protocol::Index),
+            // Not "fanin" nor "group": those are not made as one channel of a protocol (`meshd channel
+            // create --protocol`) but as a service's two objects (`Mailbox::create_fanin` and
+            // `Mailbox::create_group`; meshd's `service create`, to come).
             other => Err(format!("protocol {other:?}: must be ll, bulk or index")),
         }
     }

@@ -128,9 +128,8 @@ proptest! {
             for info in mb.channels().unwrap_or_default() {
                 prop_assert!(info.ring_offset >= g.arena_offset);
                 prop_assert!(
-                    info.ring_offset
-                        + mesh_shm::layout::ring_bytes_at(info.ring_offset, info.msg_size, info.capacity, info.placement.code(), info.protocol.code(), info.parts)
-                        <= g.file_size
+                    mesh_shm::layout::ring_bytes_at(info.ring_offset, info.msg_size, info.capacity, info.placement.code(), info.protocol.code(), info.parts)
+                        .is_some_and(|bytes| info.ring_offset + bytes <= g.file_size)
                 );
                 if let Ok(mut p) = Producer::claim(&mb, &info.name) {
                     let _ = p.try_send(&[1; 8]);

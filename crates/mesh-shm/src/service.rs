@@ -1,0 +1,347 @@
+//! Host ends of a fan-in channel and a channel group in the mailbox (issue 26): a client's request sender, a host server's request receiver and reply sender, a client's reply receiver, and meshd's side of a service.
+//!
+//! Thin: each end is the layout-free core of `fanin` or `group` over the mailbox's mapping (which it
+//! keeps alive), with its channel's name on every error and the same claim rules as the other ends.
+//!
+//! * [`FanInSender`]: a client's request end. Many per channel, so it claims nothing: its sender id
+//!   (`slot | epoch << 16`, from [`ServiceOwner::connect`]) is what names it in the owner table.
+//! * [`FanInReceiver`]: the single consumer (a host server), claiming the ring's consumer end.
+//! * [`GroupServer`]: the program side of a group (replies, departures and their acknowledgements),
+//!   claiming the group's producer end.
+//! * [`GroupClient`]: one client's reply ring, claiming that ring's consumer end (the claim dies with
+//!   the client, even by kill -9).
+//! * [`ServiceOwner`]: meshd's side of a service (a fan-in channel and a group): connect, and the
+//!   departure of a dead or detached client after its fan-in slots are completed. One per mailbox:
+//!   meshd's `flock` guarantees it, so it claims nothing.
+//!
+//! ```
+//! use std::time::Duration;
+//! use mesh_shm::{FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner, Taken};
+//! # use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
+//! # let dir = tempfile::tempdir()?;
+//! # let mailbox = Mailbox::create(dir.path().join("mb"), &MailboxConfig::default(), CreateMode::Exclusive)?;
+//! mailbox.create_fanin("kv", 64, 256)?; // requests: 64 bytes, 256 in flight over all clients
+//! mailbox.create_group("kv.replies", 8, 64, 16)?; // 8 clients, 16 replies of 64 bytes each
+//!
+//! // meshd binds a client (over the control socket, to come) and hands it its id.
+//! let mut meshd = ServiceOwner::open(&mailbox, "kv", "kv.replies")?;
+//! let id = meshd.connect(mesh_shm::claim::Holder::current())?;
+//! let (mut tx, mut replies) = (FanInSender::open(&mailbox, "kv", id)?, GroupClient::claim(&mailbox, "kv.replies", id)?);
+//!
+//! // The server (a GPU program, usually).
+//! let (mut rx, mut server) = (FanInReceiver::claim(&mailbox, "kv")?, GroupServer::claim(&mailbox, "kv.replies")?);
+//!
+//! tx.send(b"get a", Duration::from_secs(1))?;
+//! let mut req = [0u8; 64];
+//! assert_eq!(rx.take(&mut req, Duration::from_secs(1))?, Taken::Message { sender: id.0 });
+//! server.reply(id, b"a = 1")?;
+//! let mut rsp = [0u8; 64];
+//! replies.recv(&mut rsp, Duration::from_secs(1))?;
+//! assert!(rsp.starts_with(b"a = 1"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use crate::channel::{EndClaim, poll_until};
+use crate::claim::{self, ClaimRefused, Holder};
+use crate::error::{End, Result, ShmError};
+use crate::fanin::{Completion, FanInConsumer, FanInCorrupt, FanInMemory, FanInProducer, Taken};
+use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
+use crate::group::{ServiceMemory, ServiceMeshd};
+use crate::mailbox::{ChannelInfo, Mailbox};
+
+fn fanin_err(info: &ChannelInfo, corrupt: FanInCorrupt) -> ShmError {
+    ShmError::FanIn { channel: info.name.clone(), corrupt }
+}
+
+fn group_err(info: &ChannelInfo, error: GroupError) -> ShmError {
+    ShmError::Group { channel: info.name.clone(), error }
+}
+
+fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
+    ShmError::MessageSize { channel: info.name.clone(), size: info.msg_size as usize, got }
+}
+
+fn timeout(info: &ChannelInfo, op: &'static str, waited: Duration) -> ShmError {
+    ShmError::Timeout { channel: info.name.clone(), op, waited_ms: waited.as_millis() }
+}
+
+/// A client's request end of a fan-in channel: sends as its id, one message at a time.
+#[derive(Debug)]
+pub struct FanInSender {
+    core: FanInProducer,
+    info: ChannelInfo,
+    _mailbox: Mailbox,
+}
+
+impl FanInSender {
+    /// The request end of fan-in channel `name` for the client meshd bound as `id` (its low 16 bits
+    /// name it in the owner table: no other live sender may use them). Claims nothing.
+    pub fn open(mailbox: &Mailbox, name: &str, id: ClientId) -> Result<Self> {
+        let info = mailbox.channel(name)?;
+        let ring = mailbox.fanin_memory(&info)?;
+        Ok(Self { core: FanInProducer::new(ring, id.0), info, _mailbox: mailbox.clone() })
+    }
+
+    /// The channel as it was when opened.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    /// The sender id every message carries.
+    pub fn id(&self) -> ClientId {
+        ClientId(self.core.sender())
+    }
+
+    /// Sends one message (at most the message size; shorter is zero-padded); `false` when the ring
+    /// has no room now. A `true` means it is committed exactly once (a reservation revoked under it
+    /// is sent again).
+    pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
+        if msg.len() > self.info.msg_size as usize {
+            return Err(size_error(&self.info, msg.len()));
+        }
+        self.core.try_send(msg).map_err(|c| fanin_err(&self.info, c))
+    }
+
+    /// Sends one message, waiting for room up to `timeout`.
+    pub fn send(&mut self, msg: &[u8], timeout_after: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout_after;
+        match poll_until(deadline, || Ok(self.try_send(msg)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => Err(timeout(&self.info, "send", timeout_after)),
+        }
+    }
+}
+
+/// The consumer end of a fan-in channel, for a host server: every message with its sender, and a
+/// skip where a sender's send was cut off.
+#[derive(Debug)]
+pub struct FanInReceiver {
+    core: FanInConsumer,
+    info: ChannelInfo,
+    _claim: EndClaim,
+}
+
+impl FanInReceiver {
+    /// Claims the consumer end of fan-in channel `name`; it resumes at the published position.
+    pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        let info = mailbox.channel(name)?;
+        let ring = mailbox.fanin_memory(&info)?;
+        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        Ok(Self { core: FanInConsumer::new(ring), info, _claim: claim })
+    }
+
+    /// The channel as it was when claimed.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    /// The sequence number of the next slot to take.
+    pub fn position(&self) -> u64 {
+        self.core.position()
+    }
+
+    /// Takes the next slot: a message (into `out`, exactly the message size) with its sender, a skip,
+    /// or `None` when nothing is committed yet.
+    pub fn try_take(&mut self, out: &mut [u8]) -> Result<Option<Taken>> {
+        if out.len() != self.info.msg_size as usize {
+            return Err(size_error(&self.info, out.len()));
+        }
+        self.core.try_take(out).map_err(|c| fanin_err(&self.info, c))
+    }
+
+    /// Takes the next slot, waiting up to `timeout`.
+    pub fn take(&mut self, out: &mut [u8], timeout_after: Duration) -> Result<Taken> {
+        let deadline = Instant::now() + timeout_after;
+        poll_until(deadline, || self.try_take(out))?.ok_or_else(|| timeout(&self.info, "take", timeout_after))
+    }
+}
+
+/// The replying side of a group (a host server's; a GPU program's is mesh.cuh's, to come): a reply
+/// to a client's id, and the departures it acknowledges.
+#[derive(Debug)]
+pub struct GroupServer {
+    core: GroupProgram,
+    info: ChannelInfo,
+    _claim: EndClaim,
+}
+
+impl GroupServer {
+    /// Claims the replying side of group `name` (the producer end of its header's claims); every
+    /// reply ring resumes where the last server left it, and the first [`GroupServer::departures`]
+    /// acknowledges what the last server had not.
+    pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
+        let info = mailbox.channel(name)?;
+        let group = mailbox.group_memory(&info)?;
+        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        Ok(Self { core: GroupProgram::new(group), info, _claim: claim })
+    }
+
+    /// The group as it was when claimed.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    /// Replies to client `to` (the sender a request carried): [`Replied::Gone`] when that client has
+    /// left (its entry is no longer bound at its epoch), [`Replied::Full`] when its ring is full. An
+    /// id beyond the table is an error naming the group.
+    pub fn reply(&mut self, to: ClientId, msg: &[u8]) -> Result<Replied> {
+        if msg.len() > self.info.msg_size as usize {
+            return Err(size_error(&self.info, msg.len()));
+        }
+        self.core.reply(to, msg).map_err(|e| group_err(&self.info, e))
+    }
+
+    /// The clients that left since the last call, each acknowledged as it is returned: the caller
+    /// drops their state and replies to them no more (their entries can then be reused).
+    pub fn departures(&mut self) -> Result<Vec<ClientId>> {
+        self.core.departures().map_err(|e| group_err(&self.info, e))
+    }
+
+    /// The core, for step-by-step use (`scan`, then `ack` after the last reply to that client).
+    pub fn program(&mut self) -> &mut GroupProgram {
+        &mut self.core
+    }
+}
+
+/// One client's reply ring in a group: the consumer end of its own ring, claimed for this process.
+#[derive(Debug)]
+pub struct GroupClient {
+    core: ReplyReceiver,
+    info: ChannelInfo,
+    mailbox: Mailbox,
+    ring_offset: u64,
+    holder: Holder,
+}
+
+impl GroupClient {
+    /// Claims the reply ring of client `id` in group `name` (the consumer end of that ring); refused
+    /// while a live process holds it. Its position is where meshd's connect put it.
+    pub fn claim(mailbox: &Mailbox, name: &str, id: ClientId) -> Result<Self> {
+        let info = mailbox.channel(name)?;
+        let group = mailbox.group_memory(&info)?;
+        let core = ReplyReceiver::new(&group, id).map_err(|e| group_err(&info, e))?;
+        let ring_offset = group
+            .reply_ring_offset(id.slot())
+            .ok_or_else(|| group_err(&info, GroupError::UnknownClient { id: id.0, entries: group.entries() }))?;
+        let holder = Holder::current();
+        match claim::claim(Self::word_at(mailbox, ring_offset), holder) {
+            Ok(_) => Ok(Self { core, info, mailbox: mailbox.clone(), ring_offset, holder }),
+            Err(ClaimRefused::HeldBy(h)) => {
+                Err(ShmError::Claimed { channel: format!("{name}[{}]", id.slot()), end: End::Consumer, pid: h.pid })
+            }
+        }
+    }
+
+    fn word_at(mailbox: &Mailbox, ring_offset: u64) -> &AtomicU64 {
+        // The offset is a reply ring's, inside the group `group_memory` validated.
+        &mailbox.ring_header(ring_offset).claims.consumer
+    }
+
+    /// The group as it was when claimed.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    /// The client's id.
+    pub fn id(&self) -> ClientId {
+        self.core.id()
+    }
+
+    /// Receives one reply into `out` (exactly the reply size); `false` when there is none yet.
+    pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
+        if out.len() != self.info.msg_size as usize {
+            return Err(size_error(&self.info, out.len()));
+        }
+        self.core.try_recv(out).map_err(|e| group_err(&self.info, e))
+    }
+
+    /// Receives one reply, waiting up to `timeout`.
+    pub fn recv(&mut self, out: &mut [u8], timeout_after: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout_after;
+        match poll_until(deadline, || Ok(self.try_recv(out)?.then_some(())))? {
+            Some(()) => Ok(()),
+            None => Err(timeout(&self.info, "recv", timeout_after)),
+        }
+    }
+}
+
+impl Drop for GroupClient {
+    fn drop(&mut self) {
+        claim::release(Self::word_at(&self.mailbox, self.ring_offset), self.holder);
+    }
+}
+
+/// meshd's side of a service: a fan-in channel of requests and a group of reply rings. It binds
+/// clients and takes them back, completing a client's fan-in slots before its entry can be reused.
+#[derive(Debug)]
+pub struct ServiceOwner {
+    core: ServiceMeshd,
+    group: GroupMemory,
+    fanin: FanInMemory,
+    fanin_info: ChannelInfo,
+    group_info: ChannelInfo,
+    _mailbox: Mailbox,
+}
+
+impl ServiceOwner {
+    /// meshd's handle on the service made of fan-in channel `fanin` and group `group` (after a
+    /// restart too: everything it needs is in the mailbox; run [`ServiceOwner::repair`] first then).
+    pub fn open(mailbox: &Mailbox, fanin: &str, group: &str) -> Result<Self> {
+        let fanin_info = mailbox.channel(fanin)?;
+        let group_info = mailbox.channel(group)?;
+        let ring = mailbox.fanin_memory(&fanin_info)?;
+        let group_mem = mailbox.group_memory(&group_info)?;
+        Ok(Self {
+            core: ServiceMeshd::new(ServiceMemory { fanin: ring, group: group_mem }),
+            group: group_mem,
+            fanin: ring,
+            fanin_info,
+            group_info,
+            _mailbox: mailbox.clone(),
+        })
+    }
+
+    fn err(&self, e: GroupError) -> ShmError {
+        match e {
+            GroupError::FanIn(c) => fanin_err(&self.fanin_info, c),
+            e => group_err(&self.group_info, e),
+        }
+    }
+
+    /// Binds a new client (`holder`: its process, from the control socket's peer credentials):
+    /// its id, or the reason no entry can be had (all bound, or waiting for the server's ack).
+    pub fn connect(&mut self, holder: Holder) -> Result<ClientId> {
+        self.core.connect(holder).map_err(|e| self.err(e))
+    }
+
+    /// A dead client (its pidfd readable): completes its fan-in slots (the server takes a skip for
+    /// a send it cut off), then departs its entry.
+    pub fn depart_dead(&mut self, id: ClientId) -> Result<Completion> {
+        self.core.depart_dead(id).map_err(|e| self.err(e))
+    }
+
+    /// A live client that detached: revokes its reservations, then departs its entry; refused while
+    /// it is between the begin and the commit of a send.
+    pub fn detach(&mut self, id: ClientId) -> Result<Completion> {
+        self.core.detach(id).map_err(|e| self.err(e))
+    }
+
+    /// Writes the skip headers a completer that died left out (a restarted meshd, first); returns
+    /// how many.
+    pub fn repair(&self) -> u32 {
+        crate::fanin::repair(&self.fanin)
+    }
+
+    /// The bound clients and their holders (what a restarted meshd checks for liveness).
+    pub fn bound(&self) -> Result<Vec<(ClientId, Option<Holder>)>> {
+        self.core.group().bound().map_err(|e| self.err(e))
+    }
+
+    /// Entry `slot` as it stands.
+    pub fn entry(&self, slot: u16) -> Result<EntrySnapshot> {
+        self.group.snapshot(slot).map_err(|e| self.err(e))
+    }
+}
