@@ -8,6 +8,11 @@
 //! * fill+check path: the source fills every word in place, the sink checks every word in place;
 //! * plain copy: `copy_blocks`, B blocks copying one channel's slot 0 into another's, each a
 //!   contiguous 1/B share with `mesh_block_copy` (the channel's copy loop without the ring): one copy;
+//!   the copy path's baseline;
+//! * plain fill‖check: `fill_blocks` (B blocks filling one buffer's shares with the pattern) and
+//!   `check_blocks` (B blocks checking another's) running side by side, the same 2B blocks and the same
+//!   per-word work as the fill+check path without the ring; its rate is the slower side's. The
+//!   fill+check path's baseline (session 5 put it beside the plain copy, the wrong work);
 //! * device channels in blink mode (ring and copy buffers in GPU memory), host channels in MPS mode.
 //!
 //! Each measurement: warm-up, then about a second of the programs' per-block counts (user word b,
@@ -113,6 +118,38 @@ impl Parts {
         gbs
     }
 
+    /// `fill_blocks` on `a`'s slot 0 and `check_blocks` on `b`'s, `blocks` blocks each, side by side:
+    /// GB/s of the slower side (a message moves only as fast as both its fill and its check).
+    fn fill_check_rate(&mut self, size: u32, blocks: u32, a: &str, b: &str) -> f64 {
+        let what = format!("fill_blocks + check_blocks {size} B, {blocks} blocks");
+        let fill = self.load("fill", "fill_blocks", blocks, &[a.to_string()]);
+        let check = self.load("check", "check_blocks", blocks, &[b.to_string()]);
+        self.warm(fill, blocks, 16, &what);
+        self.warm(check, blocks, 16, &what);
+        // Both sampled over the same window, interleaved, so each sees the other's load.
+        let (mut last_f, mut last_c) = (self.words(fill, blocks), self.words(check, blocks));
+        let t = Instant::now();
+        let (mut filled, mut checked) = (0u64, 0u64);
+        let delta = |now: &[u32], last: &[u32]| -> u64 {
+            now.iter().zip(last).map(|(n, l)| u64::from(n.wrapping_sub(*l) & COUNT_MASK)).sum()
+        };
+        while t.elapsed() < WINDOW {
+            std::thread::sleep(SAMPLE);
+            let (now_f, now_c) = (self.words(fill, blocks), self.words(check, blocks));
+            filled += delta(&now_f, &last_f);
+            checked += delta(&now_c, &last_c);
+            (last_f, last_c) = (now_f, now_c);
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let w = self.words(check, blocks);
+        self.b.backend.unload("check").unwrap();
+        self.b.backend.unload("fill").unwrap();
+        for (i, word) in w.iter().enumerate() {
+            assert_eq!(word >> BAD_SHIFT, 0, "{what}: check block {i}: user word {i} read {word:#010x} (bad shares)");
+        }
+        filled.min(checked) as f64 * f64::from(size / blocks) / secs / 1e9
+    }
+
     /// `copy_blocks` with `blocks` blocks from `from`'s slot 0 into `to`'s. GB/s copied.
     fn copy_rate(&mut self, size: u32, blocks: u32, from: &str, to: &str) -> f64 {
         let slot = self.load("copy", "copy_blocks", blocks, &[from.to_string(), to.to_string()]);
@@ -123,17 +160,22 @@ impl Parts {
     }
 }
 
-/// The rows of one size: every B, the plain copy first, then the channel's copy and fill+check paths.
+/// The rows of one size: every B, each path beside its own baseline measured just before it (the
+/// copy path beside the plain copy, the fill+check path beside the plain fill‖check).
 fn rows(p: &mut Parts, size: u32, capacity: u32) {
-    // copy_blocks reads and writes slot 0 of two channels of one part (any capacity: 2).
+    // The baselines read and write slot 0 of two channels of one part (any capacity: 2).
     let from = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
     let to = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
     for blocks in BLOCKS {
-        let plain = p.copy_rate(size, blocks, &from, &to);
         for fixed in [true, false] {
+            let (plain, baseline) = if fixed {
+                (p.copy_rate(size, blocks, &from, &to), "plain copy")
+            } else {
+                (p.fill_check_rate(size, blocks, &from, &to), "plain fill‖check")
+            };
             let gbs = p.channel_rate(size, capacity, blocks, fixed);
             let path = if fixed { "copy" } else { "fill+check" };
-            println!("| {size} | {blocks} | {path} | {gbs:.1} | {plain:.1} | {:.2} |", gbs / plain);
+            println!("| {size} | {blocks} | {path} | {gbs:.1} | {baseline} | {plain:.1} | {:.2} |", gbs / plain);
         }
     }
 }
@@ -144,15 +186,16 @@ pub fn parts_benches(mps: bool) {
     let placement = if mps { Placement::Host } else { Placement::Device };
     println!();
     println!(
-        "Bulk channels of P parts, {mode} mode, {placement} channels: B = P blocks of {BLOCK} threads each end on ONE channel, beside copy_blocks (B blocks, one copy of each byte, {placement} memory), GB/s of payload:"
+        "Bulk channels of P parts, {mode} mode, {placement} channels: B = P blocks of {BLOCK} threads each end on ONE channel, each path beside the same work without the ring, with the same blocks, in {placement} memory, GB/s of payload:"
     );
     println!();
     println!("(copy: the source copies its shares of one buffer into the ring and the sink copies them out,");
-    println!("unchecked: two copies per message; fill+check: the source fills every word in place and the");
-    println!("sink checks every word in place. ratio: channel / plain copy.)");
+    println!("unchecked: two copies per message, beside copy_blocks (one copy, B blocks); fill+check: the");
+    println!("source fills every word in place and the sink checks every word in place, beside fill_blocks");
+    println!("and check_blocks side by side (B blocks each, the slower side's rate). ratio: channel / baseline.)");
     println!();
-    println!("| size | blocks | path | channel GB/s | plain copy GB/s | ratio |");
-    println!("|-----:|-------:|------|-------------:|----------------:|------:|");
+    println!("| size | blocks | path | channel GB/s | baseline | baseline GB/s | ratio |");
+    println!("|-----:|-------:|------|-------------:|----------|--------------:|------:|");
     // 1 MiB: 12 channels of 8 MiB, 2 of 2 MiB and 12 knobs (host channels in MPS mode) in 256 MiB.
     let mut p = Parts { b: Bench::open_sized(mps, 256 << 20), next: 0, placement };
     rows(&mut p, SIZE, CAPACITY);
