@@ -52,6 +52,12 @@ impl Holder {
         })
     }
 
+    /// Process `pid` as a holder, with its start time read now (0 where `/proc` could not say): what
+    /// meshd records for a client it knows by its socket's peer credentials.
+    pub fn of_pid(pid: u32) -> Self {
+        Self { pid, start: start_time(pid).unwrap_or(0) }
+    }
+
     /// Whether the process this names still runs (the same process, not a reuse of its pid, and not
     /// a zombie: a process that has exited stores nothing more, whether or not it was reaped).
     pub fn alive(self) -> bool {

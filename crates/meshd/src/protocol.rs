@@ -94,6 +94,94 @@ pub enum Request {
     },
     /// The Prometheus exposition (`GET /metrics`'s text), from the snapshot.
     Metrics,
+    /// Create a service (issue 26): its fan-in channel `name` (requests from every client, with the
+    /// sender's id) and its group `name.replies` (one reply ring per client slot). A program serves
+    /// it by binding the two, in that order. Refused, naming the reason, before anything is made.
+    ServiceCreate {
+        /// The service's name, 1 to [`SERVICE_NAME_MAX`] bytes: its fan-in channel's name, and with
+        /// [`REPLIES_SUFFIX`] its group's.
+        name: String,
+        /// Client slots: how many clients may be attached at once (1 to 65536).
+        clients: u32,
+        /// Bytes per request (a multiple of 8, 8 to 65536).
+        msg_size: u32,
+        /// Requests the fan-in ring holds, over all clients (a power of two; absent: 256).
+        #[serde(default = "default_service_capacity")]
+        capacity: u32,
+        /// Bytes per reply (a multiple of 8, 8 to 65536; absent: `msg_size`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_size: Option<u32>,
+        /// Replies each client's reply ring holds (a power of two; absent: 16).
+        #[serde(default = "default_reply_capacity")]
+        reply_capacity: u32,
+    },
+    /// Attach to a service as a client: answered with the client's id and channel names
+    /// ([`Response::client`]). The connection then stays open as the client's lease: meshd departs
+    /// the client when it sends [`Request::Detach`], closes the connection or dies.
+    ServiceAttach {
+        /// The service's name.
+        service: String,
+    },
+    /// Leave the service this connection attached to (only on a `service_attach` connection).
+    Detach,
+}
+
+/// The longest service name: a channel name holds 48 bytes, and the group's adds [`REPLIES_SUFFIX`].
+pub const SERVICE_NAME_MAX: usize = mesh_shm::layout::NAME_LEN - REPLIES_SUFFIX.len();
+
+/// What a service's group adds to the service's name: service `kv` replies through group `kv.replies`.
+pub const REPLIES_SUFFIX: &str = ".replies";
+
+/// A `service_create` without `capacity`: 256 requests in flight over all clients.
+pub fn default_service_capacity() -> u32 {
+    256
+}
+
+/// A `service_create` without `reply_capacity`: 16 replies per client.
+pub fn default_reply_capacity() -> u32 {
+    16
+}
+
+/// What `service_attach` answers: the client's id and its two channels.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AttachedClient {
+    /// The client's id, `slot | epoch << 16`: every request it sends carries it, and the serving
+    /// program replies to it.
+    pub id: u32,
+    /// The fan-in channel the client sends its requests on (the service's name).
+    pub requests: String,
+    /// The group whose reply ring `slot` (the id's low 16 bits) is the client's.
+    pub replies: String,
+}
+
+/// A service's row in `info`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceRow {
+    /// The service (its fan-in channel; its group is this name and [`REPLIES_SUFFIX`]).
+    pub name: String,
+    /// Client slots in its group.
+    pub entries: u32,
+    /// Clients attached now.
+    pub bound: u32,
+    /// Slots left by departed clients whose departure the serving program has not acknowledged yet
+    /// (not reusable until it does).
+    #[serde(default)]
+    pub awaiting_ack: u32,
+    /// The attached clients.
+    #[serde(default)]
+    pub clients: Vec<ServiceClientRow>,
+    /// Why the service's state could not be read (a corrupt group word), where it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An attached client in `info`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceClientRow {
+    /// Its id (`slot | epoch << 16`).
+    pub id: u32,
+    /// Its process, as meshd learned it from the socket's peer credentials (0: not recorded).
+    pub pid: u32,
 }
 
 /// The slot `ps` shows for a program held back (recorded, not in the backend: it holds no slot).
@@ -226,6 +314,10 @@ pub struct Info {
     pub host_atomics: bool,
     /// Every channel of the mailbox, in table order.
     pub channels: Vec<ChannelRow>,
+    /// Every service (a fan-in channel `X` with a group `X.replies`) and its attached clients;
+    /// absent when there is none (and from an older meshd's answer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceRow>,
     /// The GPU's identity and, in MPS mode, the worker pool.
     #[serde(flatten)]
     pub extra: InfoExtra,
@@ -331,6 +423,9 @@ pub struct Response {
     /// The Prometheus exposition (metrics).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// The client a `service_attach` bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<AttachedClient>,
 }
 
 impl Response {

@@ -378,9 +378,25 @@ impl StateStore {
         let mut created = 0;
         for c in &self.state.channels {
             if mailbox.channel(&c.name).is_err() {
-                let placement = c.placement.parse().unwrap_or_default();
-                let protocol = c.protocol.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
-                mailbox.create_channel_parts(&c.name, c.msg_size, c.capacity, placement, protocol, c.parts.max(1))?;
+                // A service's two channels are not channels of a protocol `channel create` names
+                // (`Protocol`'s parse refuses them): each has its own constructor, and a group's
+                // `parts` word is its entries.
+                match c.protocol.as_str() {
+                    "fanin" => drop(mailbox.create_fanin(&c.name, c.msg_size, c.capacity)?),
+                    "group" => drop(mailbox.create_group(&c.name, c.parts, c.msg_size, c.capacity)?),
+                    other => {
+                        let placement = c.placement.parse().unwrap_or_default();
+                        let protocol = other.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
+                        mailbox.create_channel_parts(
+                            &c.name,
+                            c.msg_size,
+                            c.capacity,
+                            placement,
+                            protocol,
+                            c.parts.max(1),
+                        )?;
+                    }
+                }
                 created += 1;
             }
         }
@@ -640,6 +656,36 @@ mod tests {
         // Collected with the image.
         s.record_unload("a").unwrap();
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_service_s_fan_in_and_group_are_recorded_and_restored_as_they_were() {
+        use mesh_shm::{CreateMode, MailboxConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let config = MailboxConfig { size: 1 << 20, slots: 4, channels: 8 };
+        let first = Mailbox::create(dir.path().join("a"), &config, CreateMode::Exclusive).unwrap();
+        first.create_channel("plain", 16, 8).unwrap();
+        first.create_fanin("kv", 32, 64).unwrap();
+        first.create_group("kv.replies", 5, 24, 4).unwrap();
+        let mut s = StateStore::open(&dir.path().join("state")).unwrap();
+        s.record_channels(&first).unwrap();
+        let protocols: Vec<_> = s.recorded().channels.iter().map(|c| (c.protocol.as_str(), c.parts)).collect();
+        assert_eq!(protocols, [("ll", 1), ("fanin", 1), ("group", 5)], "a group's parts word is its entries");
+        // The mailbox lost (a reboot), the state kept: both come back with their formats and sizes.
+        let second = Mailbox::create(dir.path().join("b"), &config, CreateMode::Exclusive).unwrap();
+        let mut back = StateStore::open(&dir.path().join("state")).unwrap();
+        assert_eq!(back.restore_channels(&second).unwrap(), 3);
+        let kv = second.channel("kv").unwrap();
+        assert_eq!((kv.protocol, kv.msg_size, kv.capacity), (Protocol::FanIn, 32, 64));
+        let replies = second.channel("kv.replies").unwrap();
+        assert_eq!(
+            (replies.protocol, replies.clients(), replies.msg_size, replies.capacity),
+            (Protocol::Group, Some(5), 24, 4)
+        );
+        // And serve: meshd's side opens over them and binds a client.
+        let mut owner = mesh_shm::ServiceOwner::open(&second, "kv", "kv.replies").unwrap();
+        owner.connect(mesh_shm::claim::Holder::current()).unwrap();
+        assert_eq!(back.restore_channels(&second).unwrap(), 0, "nothing missing any more");
     }
 
     #[test]

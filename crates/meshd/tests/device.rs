@@ -93,6 +93,7 @@ fn info_carries_the_device_and_the_pool_and_reads_old_answers() {
         device: "H200".into(),
         host_atomics: false,
         channels: Vec::new(),
+        services: Vec::new(),
         extra: InfoExtra {
             device_uuid: Some(UUID.into()),
             device_selector: Some("0".into()),

@@ -729,6 +729,7 @@ fn everything() -> Exposition {
             head: 9,
             tail: 4,
         }],
+        services: Vec::new(),
         extra: InfoExtra {
             device_uuid: Some("GPU-5f3a".into()),
             device_selector: Some("GPU-5f3a".into()),

@@ -49,10 +49,14 @@ impl Server {
             }
         }
         self.shared.stopping.store(true, Ordering::Release);
+        // Service leases and the watcher leave the mailbox as it is (the next meshd adopts the
+        // clients still bound): they only close their connections and end.
+        self.shared.services.stop();
         // The backend thread may already have ended (after a shutdown request): then this send fails, harmlessly.
         let _ = self.jobs.send(Job::Shutdown { reply: None });
         let clean = self.backend.join().map_err(|_| anyhow!("the backend thread panicked"))?;
         let_answers_out(&self.shared, std::time::Duration::from_millis(500));
+        self.shared.services.wait_ended(std::time::Duration::from_millis(1000));
         Ok(clean)
     }
 
@@ -82,8 +86,7 @@ impl Server {
         }
         let (shared, jobs) = (self.shared.clone(), self.jobs.clone());
         let spawned = std::thread::Builder::new().name("meshd-conn".into()).spawn(move || {
-            let _guard = guard;
-            serve_connection(&shared, &jobs, &conn);
+            serve_connection(&shared, &jobs, &conn, guard);
         });
         if let Err(e) = spawned {
             tracing::warn!("no thread for a connection: {e}");
@@ -103,7 +106,7 @@ fn let_answers_out(shared: &Shared, within: std::time::Duration) {
 }
 
 /// Counts a connection until dropped.
-struct ConnectionSlot(Arc<Shared>);
+pub(super) struct ConnectionSlot(Arc<Shared>);
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
@@ -116,7 +119,9 @@ pub fn peer_allowed(uid: u32, own_uid: u32) -> bool {
     uid == own_uid || uid == 0
 }
 
-fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream) {
+/// Serves one connection; `slot` counts it against the connection limit until it is answered, or
+/// until it becomes a service lease (which has its own bound).
+fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream, slot: ConnectionSlot) {
     let limits = shared.limits;
     let _ = conn.set_write_timeout(Some(limits.write));
     let peer = match rustix::net::sockopt::socket_peercred(conn.as_fd()) {
@@ -138,7 +143,13 @@ fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream
         tracing::warn!("connection from pid {pid}: {e}");
         return;
     }
-    let response = match read_request_within(&mut BufReader::new(conn), Some(limits.idle)) {
+    let mut reader = BufReader::new(conn);
+    let response = match read_request_within(&mut reader, Some(limits.idle)) {
+        Ok((Request::ServiceAttach { service }, _)) => {
+            // Bytes the client sent after its request line (a detach written at once) are the lease's.
+            let early = reader.buffer().to_vec();
+            return super::services::serve_lease(shared, conn, pid, &service, slot, early);
+        }
         Ok((req, image)) => answer(shared, jobs, req, image),
         Err(RequestError::Closed) => {
             tracing::debug!(peer_pid = pid, "a client closed its connection without a request");
@@ -165,6 +176,12 @@ fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8
         Routed::Query(query) => return self::query(shared, jobs, query),
         Routed::Change(change) => Job::Change { change, image, reply },
         Routed::Spawn(spec) => Job::Spawn { spec, reply },
+        // `serve_connection` turns an attach's connection into its lease before it gets here.
+        Routed::Attach { service } => {
+            return Response::error(format!(
+                "service_attach of {service:?}: served only as a connection's first request"
+            ));
+        }
     };
     if shared.stopping.load(Ordering::Acquire) {
         return Response::error("meshd is shutting down");
@@ -207,6 +224,10 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
             response
         }
         Query::Info => info(shared),
+        Query::StrayDetach => Response::error(
+            "detach: this connection attached no client; a client detaches on the connection its \
+             service_attach was answered on (its lease), or by closing that connection",
+        ),
         Query::Metrics => {
             let text = crate::monitor::exposition(&shared.metrics, shared);
             Response { ok: true, metrics: Some(text), ..Response::default() }
@@ -294,6 +315,7 @@ fn info(shared: &Shared) -> Response {
             device: snap.device.clone(),
             host_atomics: snap.host_atomics,
             channels,
+            services: shared.services.rows(),
             extra: InfoExtra {
                 device_uuid: shared.device_id.get().map(|d| d.uuid.clone()),
                 device_selector: shared.device_id.get().and_then(|d| d.selector.clone()),

@@ -18,10 +18,13 @@
 //!   the backend thread and wait for its answer.
 //! * **The accept loop** blocks in `poll` on the listener and a wake socket (written by SIGINT,
 //!   SIGTERM and by the backend thread when it ends): no sleep between polls.
+//! * **Service leases** ([`services`]): a connection that attached a client to a service stays open,
+//!   outside the connection limit, until the client detaches, closes it or dies.
 
 mod listener;
 mod natives;
 mod recovery;
+mod services;
 mod worker;
 
 use std::io::Write;
@@ -65,6 +68,9 @@ pub struct Limits {
     /// The watchdog's tick: how often the backend thread calls [`Backend::watch`] (at most 50 ms, so
     /// that a fault is noticed within 100 ms with no request).
     pub watch: Duration,
+    /// Service leases held at once (each an attached client's open connection and its thread);
+    /// they do not count against `max_connections`. A group's entries bound them too.
+    pub max_leases: usize,
 }
 
 impl Default for Limits {
@@ -75,6 +81,7 @@ impl Default for Limits {
             max_connections: 128,
             refresh: Duration::from_millis(250),
             watch: mesh_backend::watch::TICK,
+            max_leases: 4096,
         }
     }
 }
@@ -114,8 +121,12 @@ enum Query {
     Ps,
     Info,
     Metrics,
-    Stop { name: String },
+    Stop {
+        name: String,
+    },
     Shutdown,
+    /// A `detach` on a connection that attached nothing.
+    StrayDetach,
 }
 
 /// What only the backend thread applies, one at a time (a native worker's spawn is its own job:
@@ -145,6 +156,7 @@ enum Change {
         protocol: String,
         parts: u32,
     },
+    ServiceCreate(services::ServiceSpec),
 }
 
 impl Change {
@@ -155,6 +167,7 @@ impl Change {
             Self::Upgrade { .. } => "upgrade",
             Self::Unload { .. } => "unload",
             Self::ChannelCreate { .. } => "channel_create",
+            Self::ServiceCreate(_) => "service_create",
         }
     }
 }
@@ -163,7 +176,7 @@ impl Change {
 pub fn change_op(req: &Request) -> Option<&'static str> {
     match Routed::from(req.clone()) {
         Routed::Change(change) => Some(change.op()),
-        Routed::Query(_) | Routed::Spawn(_) => None,
+        Routed::Query(_) | Routed::Spawn(_) | Routed::Attach { .. } => None,
     }
 }
 
@@ -173,6 +186,10 @@ enum Routed {
     Query(Query),
     Change(Change),
     Spawn(NativeSpec),
+    /// A client attaching to a service: its connection becomes the lease.
+    Attach {
+        service: String,
+    },
 }
 
 impl From<Request> for Routed {
@@ -194,6 +211,18 @@ impl From<Request> for Routed {
             Request::Spawn { name, bind, command, ready_timeout_ms } => {
                 Self::Spawn(NativeSpec { name, bind, command, ready_timeout: Duration::from_millis(ready_timeout_ms) })
             }
+            Request::ServiceCreate { name, clients, msg_size, capacity, reply_size, reply_capacity } => {
+                Self::Change(Change::ServiceCreate(services::ServiceSpec {
+                    name,
+                    clients,
+                    msg_size,
+                    capacity,
+                    reply_size: reply_size.unwrap_or(msg_size),
+                    reply_capacity,
+                }))
+            }
+            Request::ServiceAttach { service } => Self::Attach { service },
+            Request::Detach => Self::Query(Query::StrayDetach),
         }
     }
 }
@@ -268,6 +297,8 @@ struct Shared {
     /// handed over the moment the backend opens), and `ps`, `/readyz` and `/metrics` read it here,
     /// never waiting for the backend thread, which is inside that recovery's one long call.
     board: RecoveryBoard,
+    /// The services' owners, leases and the watcher of clients adopted at start.
+    services: Arc<services::Services>,
 }
 
 impl Shared {
@@ -346,6 +377,7 @@ impl Server {
             natives: crate::native::Natives::new(&mailbox),
             metrics: Arc::new(Metrics::new()),
             board: RecoveryBoard::new(),
+            services: Arc::new(services::Services::new(&mailbox)?),
         });
         let (jobs, rx) = mpsc::channel();
         let wake_jobs = Arc::new(jobs.clone());
@@ -357,7 +389,12 @@ impl Server {
             .spawn(move || worker::backend_thread(&for_thread, open, state, replacer, &rx, weak_jobs, &ready_tx))
             .context("starting the backend thread")?;
         match ready_rx.recv() {
-            Ok(Ok(relaunched)) => Ok(Self { shared, jobs, backend, wake_rx, _wake_jobs: wake_jobs, relaunched }),
+            Ok(Ok(relaunched)) => {
+                // The clients a previous meshd bound (a takeover): the dead departed, the live watched.
+                // Before the listener serves, so that no attach races it.
+                services::adopt(&shared.services);
+                Ok(Self { shared, jobs, backend, wake_rx, _wake_jobs: wake_jobs, relaunched })
+            }
             Ok(Err(e)) => {
                 let _ = backend.join();
                 Err(e)

@@ -443,6 +443,15 @@ impl BackendWorker<'_> {
                 self.record(move |s| s.record_channels(&mailbox));
                 Ok(Response::ok())
             }
+            Change::ServiceCreate(spec) => {
+                let made = super::services::create(&self.shared.mailbox, &spec);
+                // Recorded whatever the outcome: a group that failed after its fan-in channel was
+                // made leaves that channel, which the desired state must list like any other.
+                let mailbox = self.shared.mailbox.clone();
+                self.record(move |s| s.record_channels(&mailbox));
+                made?;
+                Ok(Response::ok())
+            }
         }
     }
 
@@ -463,6 +472,7 @@ fn describe(change: &Change) -> String {
         Change::Upgrade { name } => format!("upgrade {name:?}"),
         Change::Unload { name } => format!("unload {name:?}"),
         Change::ChannelCreate { name, .. } => format!("channel create {name:?}"),
+        Change::ServiceCreate(spec) => format!("service create {:?}", spec.name),
     }
 }
 
