@@ -73,6 +73,9 @@ pub enum Command {
     /// Channels of the mailbox.
     #[command(subcommand)]
     Channel(ChannelCommand),
+    /// Services: one program answering requests from many host processes, each its own client.
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Send messages on a channel (claims its producer end for the duration).
     Send {
         /// Channel name.
@@ -122,7 +125,7 @@ pub enum Command {
         /// Its name.
         name: String,
     },
-    /// The daemon's mode, device, mailbox and channels.
+    /// The daemon's mode, device, mailbox, channels and services (with their attached clients).
     Info,
     /// Prometheus metrics in the text format (what `--metrics-addr` serves at /metrics), e.g. for
     /// node_exporter's textfile collector.
@@ -166,6 +169,40 @@ pub enum ChannelCommand {
         /// every bulk channel before parts existed.
         #[arg(long, default_value_t = 1)]
         parts: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServiceCommand {
+    /// Create a service: one program answering requests from many host processes.
+    ///
+    /// A service is two channels: NAME, a fan-in channel into which every client sends its
+    /// requests (each carrying the client's id), and NAME.replies, a group holding one reply ring
+    /// per client. The program binds both, in that order (`meshd load … --bind NAME --bind
+    /// NAME.replies`; mesh.cuh's mesh_fanin_* and mesh_reply calls). Clients attach through the
+    /// control socket (Rust: meshd::ServiceClient; Python: meshd.Service; C: mesh_service_connect):
+    /// each gets a slot of its own until it detaches or its process ends, kill -9 included.
+    #[command(after_help = "Example: meshd service create kv --clients 8 --msg-size 64\n\
+                            then:    meshd load kv-server kv.ptx --bind kv --bind kv.replies")]
+    Create {
+        /// The service's name, at most 40 bytes (its reply group's channel is NAME.replies).
+        name: String,
+        /// How many clients may be attached at once (client slots, 1 to 65536). A slot a client
+        /// left is reused once the serving program has acknowledged the departure.
+        #[arg(long)]
+        clients: u32,
+        /// Bytes per request: a multiple of 8 from 8 to 65536 (a shorter request is zero-padded).
+        #[arg(long)]
+        msg_size: u32,
+        /// Requests in flight over all clients together: the fan-in ring's slots (a power of two).
+        #[arg(long, default_value_t = 256)]
+        capacity: u32,
+        /// Bytes per reply: a multiple of 8 from 8 to 65536 (default: --msg-size).
+        #[arg(long)]
+        reply_size: Option<u32>,
+        /// Replies each client's ring holds before the program's reply to it says full (a power of two).
+        #[arg(long, default_value_t = 16)]
+        reply_capacity: u32,
     },
 }
 

@@ -12,7 +12,7 @@ use mesh_shm::{BulkConsumer, BulkProducer, Consumer, Mailbox, Producer, Protocol
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::start;
 
-use crate::cli::{ChannelCommand, Command};
+use crate::cli::{ChannelCommand, Command, ServiceCommand};
 use crate::{Exit, refused};
 
 /// A client's socket: --socket or MESHD_SOCKET; else, with --device, the GPU's (a whole UUID names
@@ -46,6 +46,9 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Ps { json } => ps(socket, json),
         Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol, parts }) => {
             channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default(), parts)
+        }
+        Command::Service(ServiceCommand::Create { name, clients, msg_size, capacity, reply_size, reply_capacity }) => {
+            service_create(socket, name, clients, msg_size, capacity, reply_size, reply_capacity)
         }
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
@@ -270,6 +273,28 @@ fn channel_create(
     let split = if parts > 1 { format!(", {parts} parts of {} bytes", msg_size / parts) } else { String::new() };
     println!(
         "created channel {name} ({capacity} messages of {msg_size} bytes, in {placement} memory, protocol {shown}{split})"
+    );
+    Ok(())
+}
+
+fn service_create(
+    socket: &Path,
+    name: String,
+    clients: u32,
+    msg_size: u32,
+    capacity: u32,
+    reply_size: Option<u32>,
+    reply_capacity: u32,
+) -> Result<(), Exit> {
+    let req = Request::ServiceCreate { name: name.clone(), clients, msg_size, capacity, reply_size, reply_capacity };
+    call(socket, &req, &[])?;
+    let replies = format!("{name}{}", meshd::protocol::REPLIES_SUFFIX);
+    let reply_size = reply_size.unwrap_or(msg_size);
+    println!("created service {name} for up to {clients} clients at once:");
+    println!("  requests: fan-in channel {name} ({capacity} requests of {msg_size} bytes in flight over all clients)");
+    println!("  replies:  group {replies} (one ring of {reply_capacity} replies of {reply_size} bytes per client)");
+    println!(
+        "a program serves it by binding both, requests first: meshd load PROGRAM IMAGE --bind {name} --bind {replies}"
     );
     Ok(())
 }
