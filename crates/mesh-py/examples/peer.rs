@@ -15,6 +15,12 @@
 //! peer pair PATH CHANNEL COUNT                  try_send + try_recv pairs in one thread: ns per pair
 //! peer ping PATH OUT IN COUNT                   round trips through an echo (a peer's or a GPU program's): median, p99
 //! peer serve SOCKET MAILBOX                     meshd's control plane over a stand-in backend, until shutdown
+//! peer service-create PATH NAME CLIENTS MSG_SIZE CAPACITY REPLY_SIZE REPLY_CAPACITY
+//!                                               a service in an existing mailbox: fan-in NAME, group NAME.replies
+//! peer service-connect PATH NAME PID            meshd's connect, done directly (ServiceOwner): prints `id N`
+//! peer service-depart PATH NAME ID dead|detach  meshd's departure of client ID, done directly
+//! peer service-server PATH NAME                 a host server of service NAME until its stdin closes: each
+//!                                               reply is its request with the first u32 word plus one
 //! ```
 //!
 //! A message numbered `n` carries `n` as a little-endian u64 in its first 8 bytes, and every further
@@ -23,12 +29,17 @@
 //! a channel of any protocol: a bulk channel's ends are mesh-shm's `BulkProducer`/`BulkConsumer` with
 //! their default copy settings (the Rust host end the Python one is measured against).
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use mesh_shm::claim::Holder;
 use mesh_shm::{
-    BulkConsumer, BulkProducer, Consumer, CreateMode, Mailbox, MailboxConfig, Placement, Producer, Protocol,
+    BulkConsumer, BulkProducer, ClientId, Consumer, CreateMode, FanInReceiver, GroupServer, Mailbox, MailboxConfig,
+    Placement, Producer, Protocol, Replied, ServiceOwner, Taken,
 };
 
 /// How long a blocking call may wait before the peer gives up (a test's deadline, not a measurement).
@@ -46,6 +57,14 @@ fn main() -> Result<()> {
         ["pair", path, channel, count] => pair(Path::new(path), channel, count.parse()?),
         ["ping", path, out, input, count] => ping(Path::new(path), out, input, count.parse()?),
         ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox)),
+        ["service-create", path, name, clients, msg_size, capacity, reply_size, reply_capacity] => service_create(
+            Path::new(path),
+            name,
+            [clients.parse()?, msg_size.parse()?, capacity.parse()?, reply_size.parse()?, reply_capacity.parse()?],
+        ),
+        ["service-connect", path, name, pid] => service_connect(Path::new(path), name, pid.parse()?),
+        ["service-depart", path, name, id, how] => service_depart(Path::new(path), name, id.parse()?, how),
+        ["service-server", path, name] => service_server(Path::new(path), name),
         _ => bail!("usage: see the top of crates/mesh-py/examples/peer.rs (got {args:?})"),
     }
 }
@@ -328,5 +347,128 @@ fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
     // (meshd's own main has the same window). Give it a moment before the process ends.
     std::thread::sleep(Duration::from_millis(200));
     println!("stopped clean={clean}");
+    Ok(())
+}
+
+// ---- services (issue 26) ----
+
+fn service_create(
+    path: &Path,
+    name: &str,
+    [clients, msg_size, capacity, reply_size, reply_capacity]: [u32; 5],
+) -> Result<()> {
+    let mailbox = Mailbox::open(path)?;
+    mailbox.create_fanin(name, msg_size, capacity)?;
+    mailbox.create_group(&format!("{name}.replies"), clients, reply_size, reply_capacity)?;
+    println!("ready");
+    Ok(())
+}
+
+/// meshd's side of service `name` in the mailbox at `path` (one at a time: a test runs these in turn).
+fn service_owner(path: &Path, name: &str) -> Result<(Mailbox, ServiceOwner)> {
+    let mailbox = Mailbox::open(path)?;
+    let owner = ServiceOwner::open(&mailbox, name, &format!("{name}.replies"))?;
+    Ok((mailbox, owner))
+}
+
+fn service_connect(path: &Path, name: &str, pid: u32) -> Result<()> {
+    let (_mailbox, mut owner) = service_owner(path, name)?;
+    let id = owner.connect(Holder::of_pid(pid))?;
+    println!("id {}", id.0);
+    Ok(())
+}
+
+fn service_depart(path: &Path, name: &str, id: u32, how: &str) -> Result<()> {
+    let (_mailbox, mut owner) = service_owner(path, name)?;
+    let done = match how {
+        "dead" => owner.depart_dead(ClientId(id))?,
+        "detach" => owner.detach(ClientId(id))?,
+        other => bail!("service-depart: {other:?} is neither dead nor detach"),
+    };
+    println!("completed {done:?}");
+    Ok(())
+}
+
+/// A host server of service `name` until its stdin closes: every request is answered with itself,
+/// its first little-endian u32 word plus one, on the sender's ring, in order. A reply that finds
+/// its client's ring full waits in that client's queue (the other clients are served meanwhile);
+/// a client that has gone loses its queue. Prints what it took, skipped, answered and saw leave.
+fn service_server(path: &Path, name: &str) -> Result<()> {
+    let mailbox = Mailbox::open(path)?;
+    let mut rx = FanInReceiver::claim(&mailbox, name)?;
+    let mut srv = GroupServer::claim(&mailbox, &format!("{name}.replies"))?;
+    let mut req = vec![0u8; rx.info().msg_size as usize];
+    let reply_size = srv.info().msg_size as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            stop.store(true, Ordering::Release);
+        });
+    }
+    let mut queued: HashMap<u32, VecDeque<Vec<u8>>> = HashMap::new();
+    let (mut taken, mut skipped, mut replied, mut gone, mut departed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut idle = 0u32;
+    println!("ready");
+    while !stop.load(Ordering::Acquire) {
+        let mut busy = false;
+        match rx.try_take(&mut req)? {
+            Some(Taken::Message { sender }) => {
+                taken += 1;
+                busy = true;
+                let mut out = vec![0u8; reply_size];
+                let n = req.len().min(reply_size);
+                out[..n].copy_from_slice(&req[..n]);
+                if reply_size >= 4 {
+                    let word = u32::from_le_bytes(out[..4].try_into()?).wrapping_add(1);
+                    out[..4].copy_from_slice(&word.to_le_bytes());
+                }
+                queued.entry(sender).or_default().push_back(out);
+            }
+            Some(Taken::Skipped { .. }) => {
+                skipped += 1;
+                busy = true;
+            }
+            None => {}
+        }
+        for (&to, queue) in &mut queued {
+            while let Some(out) = queue.front() {
+                match srv.reply(ClientId(to), out)? {
+                    Replied::Sent => {
+                        replied += 1;
+                        queue.pop_front();
+                    }
+                    Replied::Full => break,
+                    Replied::Gone => {
+                        gone += queue.len() as u64;
+                        queue.clear();
+                    }
+                }
+            }
+        }
+        queued.retain(|_, q| !q.is_empty());
+        for left in srv.departures()? {
+            departed += 1;
+            if let Some(q) = queued.remove(&left.0) {
+                gone += q.len() as u64;
+            }
+        }
+        if busy {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            if idle > 1000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    println!("taken {taken}");
+    println!("skipped {skipped}");
+    println!("replied {replied}");
+    println!("gone {gone}");
+    println!("departed {departed}");
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! C-contiguous buffer in place (bytes, bytearray, memoryview, numpy arrays), `recv_into` writes into
 //! a writable one, `recv` fills a new `bytes` object directly. One `Producer` and one `Consumer` class
 //! serve every protocol: the end reads the channel's (ll and index: mesh-shm's `Producer`/`Consumer`;
-//! bulk: [`bulk`]'s ends, which also lend a slot in place as a `SlotView`).
+//! bulk: [`bulk`]'s ends, which also lend a slot in place as a `SlotView`). A service's client
+//! (issue 26) has two ends of its own, [`service`]'s `FanInSender` and `GroupClient`, which
+//! `meshd.Service` pairs with its lease on the control socket.
 //!
 //! Blocking calls release the GIL and come back for it every [`SIGNAL_CHECK`] to let Python run its
 //! signal handlers (Ctrl-C raises `KeyboardInterrupt` there); the `try_` calls keep the GIL, since
@@ -13,6 +15,7 @@
 //! mesh-shm error kind, carrying mesh-shm's own text.
 
 mod bulk;
+mod service;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,6 +92,15 @@ fn error_class(py: Python<'_>, e: &ShmError) -> (&'static str, Vec<(&'static str
         ),
         ShmError::DevicePlacement { channel } => ("DevicePlacementError", vec![("channel", s(channel))]),
         ShmError::NoDeviceRing { channel } => ("NoDeviceRingError", vec![("channel", s(channel))]),
+        ShmError::Protocol { channel, protocol, wanted } => (
+            "ProtocolMismatchError",
+            vec![("channel", s(channel)), ("protocol", s(&protocol.to_string())), ("wanted", s(&wanted.to_string()))],
+        ),
+        ShmError::HostOnly { channel, protocol } => {
+            ("ProtocolMismatchError", vec![("channel", s(channel)), ("protocol", s(&protocol.to_string()))])
+        }
+        ShmError::FanIn { channel, .. } => ("FanInCorruptError", vec![("channel", s(channel))]),
+        ShmError::Group { channel, .. } => ("ServiceGroupError", vec![("channel", s(channel))]),
         // A kind without a class of its own is raised, with its text, as the base class: `SlotLent`
         // (a bulk end's split calls out of order, which the views' bookkeeping keeps Python from
         // reaching), and any kind mesh-shm gains after this table was written.
@@ -1073,10 +1085,13 @@ impl PyConsumer {
     }
 }
 
-/// A timeout error for the asyncio helpers (`meshd._aio`), with the same text as a blocking call's.
+/// A timeout error for the asyncio helpers (`meshd._aio`), with the same text as a blocking call's
+/// (`op`: "send", else "recv").
 #[pyfunction]
-fn _timeout_error<'py>(py: Python<'py>, channel: &str, waited_ms: u64) -> Bound<'py, PyAny> {
-    let err = ShmError::Timeout { channel: channel.to_string(), op: "recv", waited_ms: u128::from(waited_ms) };
+#[pyo3(signature = (channel, waited_ms, op="recv"))]
+fn _timeout_error<'py>(py: Python<'py>, channel: &str, waited_ms: u64, op: &str) -> Bound<'py, PyAny> {
+    let op = if op == "send" { "send" } else { "recv" };
+    let err = ShmError::Timeout { channel: channel.to_string(), op, waited_ms: u128::from(waited_ms) };
     shm_err(py, err).into_value(py).into_bound(py).into_any()
 }
 
@@ -1089,6 +1104,8 @@ fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChannelInfo>()?;
     m.add_class::<PyCopyConfig>()?;
     m.add_class::<SlotView>()?;
+    m.add_class::<service::PyFanInSender>()?;
+    m.add_class::<service::PyGroupClient>()?;
     m.add_function(wrap_pyfunction!(_timeout_error, m)?)?;
     m.add("LAYOUT_VERSION", mesh_shm::layout::LAYOUT_VERSION)?;
     m.add("MAX_MSG_SIZE", mesh_shm::layout::MAX_MSG_SIZE)?;

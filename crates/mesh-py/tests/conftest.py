@@ -57,6 +57,18 @@ class Peer:
         self.children.append(child)
         return child
 
+    def start_with_stdin(self, *args: object) -> subprocess.Popen[str]:
+        """`start` with a pipe for stdin: a subcommand that runs until its stdin closes (`finish` closes it)."""
+        child = subprocess.Popen(
+            [str(self.exe), *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.children.append(child)
+        return child
+
     def finish(self, child: subprocess.Popen[str]) -> dict[str, str]:
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0, f"peer failed ({child.returncode}):\n{out}\n{err}"

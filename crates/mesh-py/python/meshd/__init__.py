@@ -6,8 +6,12 @@
   ``recv_into`` fills a writable one; blocking calls release the GIL and wake for Ctrl-C;
   ``await consumer.arecv()`` is the asyncio form. Bulk channels also lend a slot in place
   (``send_view``, ``recv_view``: a :class:`SlotView`), and copy as a :class:`CopyConfig` says.
-* :class:`Client`: the control socket (load, upgrade, unload, ps, info, channel create, spawn,
-  stop, shutdown, metrics), speaking the same protocol as the ``meshd`` command line.
+* :class:`Client`: the control socket (load, upgrade, unload, ps, info, channel create, service
+  create, spawn, stop, shutdown, metrics), speaking the same protocol as the ``meshd`` command line.
+* :class:`Service`: a client of a service (many clients, one server): ``Service.connect(name)``
+  attaches through the control socket (the connection stays open as the client's lease), then
+  ``request``/``send``/``recv`` go through the mailbox (a fan-in channel of requests, a reply ring of
+  its own); :class:`FanInSender` and :class:`GroupClient` are its two ends.
 * Errors: :class:`MeshError` and one subclass per kind (``meshd._errors``), with meshd's texts.
 """
 
@@ -19,6 +23,7 @@ from ._errors import (
     ClaimedError,
     CorruptError,
     DevicePlacementError,
+    FanInCorruptError,
     LayoutVersionError,
     MailboxConfigError,
     MailboxExistsError,
@@ -34,6 +39,8 @@ from ._errors import (
     NoDeviceRingError,
     NoSuchChannelError,
     NoSuchSlotError,
+    ProtocolMismatchError,
+    ServiceGroupError,
     TooManyBindingsError,
 )
 from ._meshd import (
@@ -43,11 +50,14 @@ from ._meshd import (
     ChannelInfo,
     Consumer,
     CopyConfig,
+    FanInSender,
+    GroupClient,
     Mailbox,
     Producer,
     SlotView,
 )
 from .control import Client
+from .service import Service
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -57,14 +67,18 @@ __all__ = [
     "Client",
     "Consumer",
     "CopyConfig",
+    "FanInSender",
+    "GroupClient",
     "Mailbox",
     "Producer",
+    "Service",
     "SlotView",
     "ChannelConfigError",
     "ChannelExistsError",
     "ClaimedError",
     "CorruptError",
     "DevicePlacementError",
+    "FanInCorruptError",
     "LayoutVersionError",
     "MailboxConfigError",
     "MailboxExistsError",
@@ -80,5 +94,7 @@ __all__ = [
     "NoDeviceRingError",
     "NoSuchChannelError",
     "NoSuchSlotError",
+    "ProtocolMismatchError",
+    "ServiceGroupError",
     "TooManyBindingsError",
 ]

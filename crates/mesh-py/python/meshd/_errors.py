@@ -28,6 +28,9 @@ __all__ = [
     "TooManyBindingsError",
     "DevicePlacementError",
     "NoDeviceRingError",
+    "ProtocolMismatchError",
+    "FanInCorruptError",
+    "ServiceGroupError",
     "MeshdRefused",
     "MeshdUnreachable",
     "MeshdProtocolError",
@@ -113,6 +116,21 @@ class DevicePlacementError(MeshError):
 
 class NoDeviceRingError(MeshError):
     """A device channel's ring has no address in the launching context (``channel``)."""
+
+
+class ProtocolMismatchError(MeshError, ValueError):
+    """An end of one protocol was asked for on a channel of another (``channel``, ``protocol``: the
+    channel's, ``wanted``: the end's), e.g. a ``FanInSender`` on an ll channel."""
+
+
+class FanInCorruptError(MeshError):
+    """A service's fan-in ring holds what no sender or receiver leaves (``channel``): a buggy writer
+    or a corrupted mailbox; reported, never followed."""
+
+
+class ServiceGroupError(MeshError):
+    """A service's channel group refused a call or holds an impossible word (``channel``): e.g. a
+    client id beyond its table, or an entry's word in a state no meshd writes."""
 
 
 class MeshdRefused(MeshError):

@@ -1,7 +1,8 @@
 """The control socket's client: the requests of the ``meshd`` command line, from Python.
 
 One request per connection, as the CLI does: a JSON line (plus the image's bytes for ``load`` and
-``upgrade``), then one JSON line back. The encoding is byte for byte the CLI's (serde_json's
+``upgrade``), then one JSON line back (but ``service_attach``, whose connection stays open as the
+client's lease: :class:`meshd.Service`). The encoding is byte for byte the CLI's (serde_json's
 compact form, fields in the protocol's order); golden files written by meshd's Rust tests keep
 the two in step (``tests/golden``). A refusal raises :class:`MeshdRefused` with meshd's reason; no
 meshd on the socket raises :class:`MeshdUnreachable`.
@@ -17,10 +18,13 @@ import math
 import os
 import socket as _socket
 from pathlib import Path
-from typing import Any, Sequence, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Sequence, TypedDict, Union
 
 from ._errors import MeshdProtocolError, MeshdRefused, MeshdUnreachable
 from ._meshd import Consumer, CopyConfig, Mailbox, Producer
+
+if TYPE_CHECKING:
+    from .service import Service
 
 __all__ = [
     "Client",
@@ -341,6 +345,37 @@ class Client:
         if parts is not None and parts != 1:
             req["parts"] = parts
         self.call(req)
+
+    def service_create(
+        self,
+        name: str,
+        clients: int,
+        msg_size: int,
+        capacity: int = 256,
+        reply_size: int | None = None,
+        reply_capacity: int = 16,
+    ) -> None:
+        """Creates service ``name``: a fan-in channel ``name`` of ``capacity`` requests of ``msg_size``
+        bytes (over all clients), and a channel group ``name.replies`` of ``clients`` reply rings of
+        ``reply_capacity`` replies of ``reply_size`` bytes (None: ``msg_size``). Clients attach with
+        :meth:`service` (or :meth:`Service.connect`); a program binds the two channels."""
+        req = {
+            "op": "service_create",
+            "name": name,
+            "clients": clients,
+            "msg_size": msg_size,
+            "capacity": capacity,
+            "reply_size": msg_size if reply_size is None else reply_size,
+            "reply_capacity": reply_capacity,
+        }
+        self.call(req)
+
+    def service(self, name: str) -> Service:
+        """Attaches to service ``name`` as a new client (see :class:`meshd.Service`): the
+        connection stays open as the client's lease until its ``close``."""
+        from .service import Service
+
+        return Service._attach(self, name)
 
     def metrics(self) -> str:
         """meshd's Prometheus exposition (what its ``/metrics`` endpoint serves), from its snapshot."""

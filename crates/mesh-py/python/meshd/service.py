@@ -1,0 +1,272 @@
+"""A client of a service (issue 26): requests into the service's fan-in channel, replies on a ring of its own.
+
+A *service* ``NAME`` is a fan-in channel ``NAME`` (requests from any number of host clients, each
+carrying its sender's id) and a channel group ``NAME.replies`` (one reply ring per client). meshd
+binds a client to an entry of the group over the control socket (``service_attach``) and answers its
+id; that connection stays open for the client's whole session: it is the client's *lease*. Closing
+it (``close``, or the process dying, kill -9 included) makes meshd take the entry back, completing
+whatever send the client left half done, so the server sees a skip and never a torn request.
+
+The messages themselves never touch the socket: they go through the mailbox, as for every channel.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as _socket
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import _aio
+from ._errors import MeshdProtocolError, MeshdUnreachable
+from ._meshd import FanInSender, GroupClient, Mailbox
+from .control import Client, decode_response, encode_request
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer, Self
+
+__all__ = ["Service"]
+
+#: How long ``close`` waits for meshd to acknowledge a detach before it just closes the socket
+#: (which takes the client's entry back too).
+DETACH_TIMEOUT = 5.0
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class Service:
+    """A client of service ``name``: ``send`` requests, ``recv`` replies, or ``request`` for both.
+
+    Made by :meth:`connect` (or :meth:`Client.service`). One client is one entry of the service's
+    table and one reply ring: replies come in the order the server sends them, and ``request``
+    pairs a send with the next reply (a reply that comes after its request timed out is the next
+    ``recv``'s). Use one ``Service`` per thread (or guard it): its calls are not meant to interleave.
+    Blocking calls release the GIL and wake for Ctrl-C; ``arequest``, ``asend``, ``arecv`` are the
+    asyncio forms (polled from the event loop, no thread).
+    """
+
+    def __init__(self, name: str, lease: _socket.socket, mailbox: Mailbox, client: dict[str, Any]) -> None:
+        """Internal: use :meth:`connect`. Takes over ``lease`` (the attached connection)."""
+        self._name = name
+        self._lease: _socket.socket | None = lease
+        self._mailbox = mailbox
+        try:
+            ident, requests, replies = client["id"], client["requests"], client["replies"]
+            if not (isinstance(ident, int) and 0 <= ident < 2**32 and isinstance(requests, str) and isinstance(replies, str)):
+                raise TypeError
+        except (KeyError, TypeError):
+            self._detach_quietly()
+            raise MeshdProtocolError(f"meshd answered service_attach with a malformed client: {client!r}") from None
+        self._id: int = ident
+        try:
+            self._tx = FanInSender(mailbox, requests, ident)
+            self._rx = GroupClient(mailbox, replies, ident)
+        except BaseException:
+            self._detach_quietly()
+            raise
+
+    # ---- making one ----
+
+    @classmethod
+    def connect(
+        cls, name: str, socket: str | os.PathLike[str] | None = None, *, timeout: float | None = None
+    ) -> Service:
+        """Attaches to service ``name`` of the meshd on ``socket`` (default ``$MESHD_SOCKET``, else
+        ``/tmp/meshd.sock``), maps its mailbox and opens both ends.
+
+        ``timeout``: seconds to wait for meshd's answers (None: as long as it takes). A service that
+        does not exist, or one whose entries are all bound, raises :class:`MeshdRefused` with meshd's
+        reason; no meshd there raises :class:`MeshdUnreachable`.
+        """
+        return Client(socket, timeout=timeout).service(name)
+
+    @classmethod
+    def _attach(cls, client: Client, name: str) -> Service:
+        mailbox = client.mailbox()
+        lease = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            try:
+                lease.settimeout(client.timeout if client.timeout is not None else 5.0)
+                lease.connect(str(client.socket))
+            except OSError as e:
+                raise MeshdUnreachable(
+                    f"cannot reach meshd at {client.socket} (is `meshd run` running?): {e.strerror or e}",
+                    socket=str(client.socket),
+                ) from None
+            lease.settimeout(client.timeout)
+            try:
+                lease.sendall(encode_request({"op": "service_attach", "service": name}))
+            except OSError:
+                pass  # meshd's answer, if any, says why
+            line = Client._read_line(lease)
+            if not line:
+                raise MeshdProtocolError("meshd closed the connection without answering service_attach")
+            resp = decode_response(line)
+            # The lease is held, not read, from now on: a blocking socket, no timeout.
+            lease.settimeout(None)
+        except BaseException:
+            lease.close()
+            raise
+        client_row = resp.get("client")
+        if not isinstance(client_row, dict):
+            lease.close()
+            raise MeshdProtocolError(f"meshd answered service_attach without the client: {resp!r}")
+        return cls(name, lease, mailbox, client_row)
+
+    # ---- what it is ----
+
+    @property
+    def name(self) -> str:
+        """The service's name."""
+        return self._name
+
+    @property
+    def id(self) -> int:
+        """This client's id (``slot | epoch << 16``): what every request carries."""
+        return self._id
+
+    @property
+    def requests(self) -> str:
+        """The fan-in channel requests go to."""
+        return self._tx.name
+
+    @property
+    def replies(self) -> str:
+        """The channel group whose ring this client reads."""
+        return self._rx.name
+
+    @property
+    def msg_size(self) -> int:
+        """Bytes per request (shorter ones are zero-padded)."""
+        return self._tx.msg_size
+
+    @property
+    def reply_size(self) -> int:
+        """Bytes per reply (``recv_into`` takes a buffer of exactly this size)."""
+        return self._rx.msg_size
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """The mailbox the service's channels live in."""
+        return self._mailbox
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._lease is None
+
+    def __repr__(self) -> str:
+        state = ", closed" if self.closed else ""
+        return (
+            f"Service({self._name!r}, id={self._id:#x}, msg_size={self._tx.msg_size}, "
+            f"reply_size={self._rx.msg_size}{state})"
+        )
+
+    # ---- requests and replies ----
+
+    def send(self, msg: Buffer, timeout: float | None = None) -> None:
+        """One request (any C-contiguous buffer of at most ``msg_size`` bytes), waiting for room
+        (GIL released); MeshTimeoutError after ``timeout`` seconds (None: waits for ever)."""
+        self._tx.send(msg, timeout)
+
+    def try_send(self, msg: Buffer) -> bool:
+        """One request if there is room now; False when the ring is full. Keeps the GIL."""
+        return self._tx.try_send(msg)
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
+        return self._rx.recv(timeout)
+
+    def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
+        """The next reply into ``buffer`` (writable, exactly ``reply_size`` bytes), waiting."""
+        self._rx.recv_into(buffer, timeout)
+
+    def try_recv(self) -> bytes | None:
+        """The next reply, or None when none is waiting. Keeps the GIL."""
+        return self._rx.try_recv()
+
+    def try_recv_into(self, buffer: Buffer) -> bool:
+        """The next reply into ``buffer``; False when none is waiting. Keeps the GIL."""
+        return self._rx.try_recv_into(buffer)
+
+    def request(self, msg: Buffer, timeout: float | None = None) -> bytes:
+        """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together."""
+        deadline = _aio._check_timeout(timeout)
+        self._tx.send(msg, timeout)
+        return self._rx.recv(_remaining(deadline))
+
+    def request_into(self, msg: Buffer, out: Buffer, timeout: float | None = None) -> None:
+        """:meth:`request` with the reply written into ``out`` (exactly ``reply_size`` bytes)."""
+        deadline = _aio._check_timeout(timeout)
+        self._tx.send(msg, timeout)
+        self._rx.recv_into(out, _remaining(deadline))
+
+    # ---- asyncio ----
+
+    async def asend(self, msg: Buffer, timeout: float | None = None) -> None:
+        """:meth:`send` for asyncio."""
+        await _aio.asend(self._tx, msg, timeout)
+
+    async def arecv(self, timeout: float | None = None) -> bytes:
+        """:meth:`recv` for asyncio."""
+        return await _aio.arecv(self._rx, timeout)
+
+    async def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
+        """:meth:`recv_into` for asyncio."""
+        await _aio.arecv_into(self._rx, buffer, timeout)
+
+    async def arequest(self, msg: Buffer, timeout: float | None = None) -> bytes:
+        """:meth:`request` for asyncio: ``timeout`` bounds the send and the reply together."""
+        deadline = _aio._check_timeout(timeout)
+        tx, rx = self._tx, self._rx
+        await _aio._poll_until(tx.name, lambda: tx.try_send(msg), deadline, timeout, "send")
+        reply: bytes = await _aio._poll_until(rx.name, rx.try_recv, deadline, timeout)
+        return reply
+
+    # ---- leaving ----
+
+    def close(self) -> None:
+        """Leaves the service: releases the reply ring, then detaches (meshd takes the entry back,
+        and the server is told of the departure). Further calls raise ValueError; a second close
+        does nothing. A meshd that is gone has nothing to give back: that is not an error; a
+        refusal raises :class:`MeshdRefused` (the socket is closed all the same, which meshd also
+        takes as leaving)."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        for end in (getattr(self, "_tx", None), getattr(self, "_rx", None)):
+            if end is not None:
+                end.close()
+        try:
+            lease.settimeout(DETACH_TIMEOUT)
+            try:
+                lease.sendall(encode_request({"op": "detach"}))
+                line = Client._read_line(lease)
+            except (OSError, MeshdProtocolError):
+                return  # meshd gone, or the connection broke: the entry is taken back either way
+            if line:
+                decode_response(line)
+        finally:
+            lease.close()
+
+    def _detach_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the error being raised is the one that matters
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None) -> bool:
+        self.close()
+        return False
+
+    def __del__(self) -> None:
+        # Collected while attached: closing the socket is enough for meshd to take the entry back.
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.close()
