@@ -35,6 +35,8 @@ __all__ = [
     "state_name",
     "NativeRow",
     "ChannelRow",
+    "ServiceRow",
+    "ServiceClientRow",
     "Info",
     "Ps",
     "encode_request",
@@ -118,14 +120,36 @@ class ChannelRow(TypedDict, total=False):
     lost: int
 
 
+class ServiceClientRow(TypedDict):
+    """A client attached to a service (``info``'s ``services``): its id and its process."""
+
+    id: int
+    pid: int
+
+
+class ServiceRow(TypedDict, total=False):
+    """A service in ``info``: its client slots (``entries``), the clients attached now (``bound``,
+    ``clients``), the slots waiting for the server to acknowledge a departure (``awaiting_ack``), and
+    ``error`` where its state could not be read."""
+
+    name: str
+    entries: int
+    bound: int
+    awaiting_ack: int
+    clients: list[ServiceClientRow]
+    error: str
+
+
 class Info(TypedDict, total=False):
-    """The daemon's description of itself (``info``); ``pool`` in MPS mode."""
+    """The daemon's description of itself (``info``); ``pool`` in MPS mode; ``services`` where the
+    meshd has them."""
 
     mode: str
     mailbox: str
     device: str
     host_atomics: bool
     channels: list[ChannelRow]
+    services: list[ServiceRow]
     device_uuid: str
     device_selector: str
     pool: dict[str, Any]
@@ -365,9 +389,11 @@ class Client:
             "clients": clients,
             "msg_size": msg_size,
             "capacity": capacity,
-            "reply_size": msg_size if reply_size is None else reply_size,
+            "reply_size": reply_size,
             "reply_capacity": reply_capacity,
         }
+        if reply_size is None:
+            del req["reply_size"]  # as the CLI: absent means msg_size
         self.call(req)
 
     def service(self, name: str) -> Service:
