@@ -574,8 +574,8 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(ShmError::Group { error: GroupError::AllBound { entries }, .. }) => bail!(
-                "service {service:?}: cannot attach: all {entries} client slots are bound to clients (the service was \
-                 created with {entries} clients); try again once one detaches"
+                "service {service:?}: cannot attach: all {entries} client slot(s) are bound to clients; try again once \
+                 one detaches (`service create --clients` sets how many there are)"
             ),
             Err(ShmError::Group { error: GroupError::AwaitingAck { entries, bound, awaiting_ack }, .. }) => bail!(
                 "service {service:?}: cannot attach: no client slot is free: {bound} of {entries} bound to clients, \

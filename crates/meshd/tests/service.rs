@@ -1,0 +1,729 @@
+//! Services (issue 26) over meshd's real control socket and mailbox, around the stand-in backend: a host program thread serving many clients (threads and processes), clients killed with -9 mid-stream, detach and reattach, refusals, the wire contract, and a restarted meshd that adopts a live client.
+//!
+//! The "program" is a host thread with the service's host ends (`FanInReceiver`, `GroupServer`),
+//! playing what a GPU program binding `svc` and `svc.replies` does: it takes each request, checks
+//! its sender's order, replies with the request's first word plus one, and acknowledges departures.
+//! Client processes are this test binary run again as [`service_client_child`]. Every wait is a
+//! deadline for something that takes milliseconds, never a measurement.
+#![allow(clippy::cast_possible_truncation, reason = "test counts and ids")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{ListBackend, ask, wait_until, within};
+use mesh_shm::{ClientId, CreateMode, FanInReceiver, GroupServer, Mailbox, MailboxConfig, Replied, Taken};
+use meshd::ServiceClient;
+use meshd::protocol::{Info, Request, Response, ServiceRow};
+use meshd::server::{Limits, Server, StopHandle};
+use meshd::start::bind_socket;
+use serde_json::{Value, json};
+
+/// Generous: a deadline for what takes milliseconds.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// How long meshd may take to depart a killed client (its pidfd says so at once).
+const DEPARTED_WITHIN: Duration = Duration::from_secs(10);
+/// Bytes per request and reply in these tests.
+const MSG: usize = 16;
+
+fn config() -> MailboxConfig {
+    MailboxConfig { size: 4 << 20, slots: 8, channels: 16 }
+}
+
+/// meshd's control plane on a mailbox, as `meshd run` wires it (without a GPU).
+struct Meshd {
+    socket: PathBuf,
+    stop: StopHandle,
+    server: Option<JoinHandle<bool>>,
+}
+
+impl Meshd {
+    /// Serves `mailbox` on `socket` (a stale socket there is replaced).
+    fn start(mailbox: Mailbox, socket: &Path) -> Self {
+        // MESHD_LOG=info shows meshd's log lines (attach, departures, the start pass) on stderr.
+        static LOG: std::sync::Once = std::sync::Once::new();
+        LOG.call_once(|| {
+            if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("MESHD_LOG") {
+                let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+            }
+        });
+        let server = Server::start(mailbox, Limits::default(), None, |mb| ListBackend::new(mb).opened()).unwrap();
+        let listener = bind_socket(socket).unwrap();
+        let stop = server.stop_handle();
+        let server = Some(std::thread::spawn(move || server.run(listener).unwrap()));
+        Self { socket: socket.to_path_buf(), stop, server }
+    }
+
+    /// Stops it and waits for its end.
+    fn stop(mut self) {
+        self.stop.stop();
+        let h = self.server.take().unwrap();
+        assert!(within(DEADLINE, move || h.join().unwrap()).is_some(), "the server did not stop");
+    }
+
+    fn info(&self) -> Info {
+        let r = ask(&self.socket, &Request::Info, &[]);
+        assert!(r.ok, "{r:?}");
+        r.info.unwrap()
+    }
+
+    fn service(&self, name: &str) -> ServiceRow {
+        self.info().services.into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no service {name} in info"))
+    }
+
+    fn create(&self, name: &str, clients: u32, capacity: u32, reply_capacity: u32) {
+        let r = ask(&self.socket, &create_req(name, clients, MSG as u32, capacity, reply_capacity), &[]);
+        assert!(r.ok, "{r:?}");
+    }
+}
+
+impl Drop for Meshd {
+    fn drop(&mut self) {
+        if self.server.is_some() {
+            self.stop.stop();
+        }
+    }
+}
+
+fn create_req(name: &str, clients: u32, msg_size: u32, capacity: u32, reply_capacity: u32) -> Request {
+    Request::ServiceCreate { name: name.into(), clients, msg_size, capacity, reply_size: None, reply_capacity }
+}
+
+/// A new mailbox at `dir/mb` and meshd serving it at `dir/sock`.
+fn start(dir: &Path) -> Meshd {
+    let mailbox = Mailbox::create(dir.join("mb"), &config(), CreateMode::Exclusive).unwrap();
+    Meshd::start(mailbox, &dir.join("sock"))
+}
+
+/// Request `k` of client `id`: `k`, the id, and a check word.
+fn request(k: u64, id: u32) -> [u8; MSG] {
+    let mut m = [0u8; MSG];
+    m[..8].copy_from_slice(&k.to_le_bytes());
+    m[8..12].copy_from_slice(&id.to_le_bytes());
+    m[12..].copy_from_slice(&(!id ^ k as u32).to_le_bytes());
+    m
+}
+
+/// The reply the program sends to request `k` of `id`: the request with its first word plus one.
+fn reply(k: u64, id: u32) -> [u8; MSG] {
+    let mut m = request(k, id);
+    m[..8].copy_from_slice(&(k + 1).to_le_bytes());
+    m
+}
+
+fn word(m: &[u8]) -> u64 {
+    u64::from_le_bytes(m[..8].try_into().unwrap())
+}
+
+/// What the program saw.
+#[derive(Debug, Default)]
+struct Served {
+    /// Requests taken per sender (each sender's checked to come in order from 0).
+    taken: HashMap<u32, u64>,
+    /// Senders of the skips taken (a send cut off by its sender's death).
+    skips: Vec<u32>,
+    /// Departures acknowledged, in order.
+    departed: Vec<u32>,
+}
+
+/// The host program serving service `name` (what a GPU program binding `name` and `name.replies` does).
+struct Program {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Served>,
+}
+
+impl Program {
+    fn start(mailbox: &Mailbox, name: &str) -> Self {
+        let mut rx = FanInReceiver::claim(mailbox, name).unwrap();
+        let mut srv = GroupServer::claim(mailbox, &format!("{name}.replies")).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut served = Served::default();
+            let mut buf = [0u8; MSG];
+            let mut since_scan = 0u32;
+            while !stopping.load(Ordering::Acquire) {
+                let taken = rx.try_take(&mut buf).unwrap();
+                since_scan += 1;
+                if taken.is_none() || since_scan >= 64 {
+                    since_scan = 0;
+                    served.departed.extend(srv.departures().unwrap().iter().map(|d| d.0));
+                }
+                match taken {
+                    Some(Taken::Message { sender }) => {
+                        let (k, id) = (word(&buf), u32::from_le_bytes(buf[8..12].try_into().unwrap()));
+                        assert_eq!(id, sender, "a request carries its sender's id");
+                        // Whole: its check word, or zeros where the client sent only the first 12 bytes.
+                        let full = request(k, id);
+                        assert!(
+                            buf == full || (buf[..12] == full[..12] && buf[12..] == [0; 4]),
+                            "request {k} of {id:#x}"
+                        );
+                        let next = served.taken.entry(sender).or_default();
+                        assert_eq!(k, *next, "client {sender:#x}: requests in order");
+                        *next += 1;
+                        loop {
+                            match srv.reply(ClientId(sender), &reply(k, id)).unwrap() {
+                                Replied::Sent | Replied::Gone => break,
+                                // A slow or dead client's ring: its departure turns this into Gone.
+                                Replied::Full => {
+                                    served.departed.extend(srv.departures().unwrap().iter().map(|d| d.0));
+                                    if stopping.load(Ordering::Acquire) {
+                                        break;
+                                    }
+                                    std::thread::sleep(Duration::from_micros(50));
+                                }
+                            }
+                        }
+                    }
+                    Some(Taken::Skipped { sender }) => served.skips.push(sender),
+                    None => std::thread::sleep(Duration::from_micros(50)),
+                }
+            }
+            served
+        });
+        Self { stop, handle }
+    }
+
+    fn stop(self) -> Served {
+        self.stop.store(true, Ordering::Release);
+        self.handle.join().expect("the program thread failed")
+    }
+}
+
+/// A client's stream: requests in a window of `window`, every reply checked to answer its request
+/// in order; runs until `done` says stop (checked between replies) and returns the replies received.
+fn stream(client: &mut ServiceClient, window: u64, mut done: impl FnMut(u64) -> bool) -> u64 {
+    let id = client.id();
+    let (mut sent, mut got) = (0u64, 0u64);
+    let mut buf = [0u8; MSG];
+    let start = Instant::now();
+    loop {
+        if sent - got < window && client.try_send(&request(sent, id)).unwrap() {
+            sent += 1;
+        }
+        if client.try_recv(&mut buf).unwrap() {
+            assert_eq!(buf, reply(got, id), "client {id:#x}: reply {got} answers request {got}");
+            got += 1;
+            if done(got) {
+                return got;
+            }
+        } else {
+            std::thread::yield_now();
+        }
+        assert!(start.elapsed() < DEADLINE * 4, "client {id:#x} stuck at {sent} sent, {got} replies");
+    }
+}
+
+// ---- client processes: this binary run again ----
+
+const ROLE: &str = "MESHD_SERVICE_TEST_CLIENT";
+
+/// A client process: attaches to the service its environment names, says `ATTACHED <id>`, streams
+/// (window 4) and says `STREAMING` after 100 replies and `REPLIES <n>` every 500, until killed.
+/// Without its environment (a plain test run) it does nothing.
+#[test]
+fn service_client_child() {
+    let Ok(socket) = std::env::var(ROLE) else { return };
+    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
+    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "\nATTACHED {}", client.id()).unwrap();
+    out.flush().unwrap();
+    stream(&mut client, 4, |got| {
+        if got == 100 {
+            writeln!(out, "\nSTREAMING").unwrap();
+        }
+        if got % 500 == 0 {
+            writeln!(out, "\nREPLIES {got}").unwrap();
+        }
+        out.flush().unwrap();
+        false
+    });
+}
+
+/// A client process and the lines it prints.
+struct ChildClient {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    id: u32,
+}
+
+impl ChildClient {
+    fn spawn(socket: &Path, service: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["service_client_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, socket)
+            .env(format!("{ROLE}_SERVICE"), service)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut c = Self { child, lines, id: 0 };
+        let attached = c.expect("ATTACHED ");
+        c.id = attached.trim().parse().unwrap();
+        c
+    }
+
+    /// Waits for a line starting with `prefix`; the rest of it.
+    fn expect(&mut self, prefix: &str) -> String {
+        let end = Instant::now() + DEADLINE;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.to_string();
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let status = self.child.try_wait();
+        panic!("client process never said {prefix:?} (status {status:?})");
+    }
+
+    /// Forgets the lines printed so far.
+    fn drain(&mut self) {
+        while self.lines.try_recv().is_ok() {}
+    }
+
+    fn slot(&self) -> u16 {
+        ClientId(self.id).slot()
+    }
+
+    fn kill9(mut self) -> u32 {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.id
+    }
+}
+
+impl Drop for ChildClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the program has acknowledged every departure from `service` (meshd waits for that
+/// too, but only 500 ms: a loaded machine may hold the program thread longer).
+fn acked(meshd: &Meshd, service: &str) {
+    assert!(wait_until(DEADLINE, || meshd.service(service).awaiting_ack == 0), "departures never acknowledged");
+}
+
+/// Waits until meshd no longer lists client `id` of `service` (departed).
+fn departed(meshd: &Meshd, service: &str, id: u32) {
+    assert!(
+        wait_until(DEPARTED_WITHIN, || meshd.service(service).clients.iter().all(|c| c.id != id)),
+        "meshd never departed client {id:#x}: {:?}",
+        meshd.service(service)
+    );
+}
+
+// ---- the tests ----
+
+#[test]
+fn eight_client_threads_each_get_their_own_replies_in_order() {
+    const CLIENTS: usize = 8;
+    const REQUESTS: u64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    meshd.create("svc", CLIENTS as u32, 256, 16);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let all_attached = Arc::new(Barrier::new(CLIENTS + 1));
+    let listed = Arc::new(Barrier::new(CLIENTS + 1));
+    let clients: Vec<JoinHandle<u32>> = (0..CLIENTS)
+        .map(|_| {
+            let (socket, all_attached, listed) = (meshd.socket.clone(), all_attached.clone(), listed.clone());
+            std::thread::spawn(move || {
+                let mut c = ServiceClient::connect(&socket, "svc").unwrap();
+                assert_eq!((c.msg_size(), c.reply_size(), c.service()), (MSG, MSG, "svc"));
+                all_attached.wait();
+                listed.wait();
+                let id = c.id();
+                let mut out = [0u8; MSG];
+                for k in 0..REQUESTS {
+                    c.request(&request(k, id), &mut out, DEADLINE).unwrap();
+                    assert_eq!(out, reply(k, id), "client {id:#x}: the reply to request {k}");
+                }
+                assert!(!c.try_recv(&mut out).unwrap(), "no reply nobody asked for");
+                c.detach().unwrap();
+                id
+            })
+        })
+        .collect();
+    all_attached.wait();
+    let row = meshd.service("svc");
+    assert_eq!((row.entries, row.bound, row.clients.len()), (CLIENTS as u32, CLIENTS as u32, CLIENTS));
+    assert!(row.clients.iter().all(|c| c.pid == std::process::id()), "each client's pid: {row:?}");
+    listed.wait();
+    let mut ids: Vec<u32> = clients.into_iter().map(|h| h.join().expect("a client thread failed")).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), CLIENTS, "every client had an id of its own");
+    assert_eq!(meshd.service("svc").bound, 0, "every client detached");
+    assert!(wait_until(DEADLINE, || meshd.service("svc").awaiting_ack == 0), "the program acknowledged them all");
+    let served = program.stop();
+    assert!(served.skips.is_empty(), "nobody died: {:?}", served.skips);
+    for id in &ids {
+        assert_eq!(served.taken.get(id), Some(&REQUESTS), "client {id:#x}'s requests");
+    }
+    let mut departed = served.departed.clone();
+    departed.sort_unstable();
+    assert_eq!(departed, ids, "each departure acknowledged once");
+    meshd.stop();
+}
+
+#[test]
+fn client_processes_killed_mid_stream_are_departed_and_the_others_get_every_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    // Two steady client threads, two victims; the replacement must reuse a victim's slot.
+    meshd.create("svc", 4, 64, 8);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady: Vec<JoinHandle<u64>> = (0..2)
+        .map(|_| {
+            let (socket, stop) = (meshd.socket.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = ServiceClient::connect(&socket, "svc").unwrap();
+                // Until told to stop, and at least 1000 replies: every one checked, in order.
+                let got = stream(&mut c, 4, |got| got >= 1000 && stop.load(Ordering::Acquire));
+                c.detach().unwrap();
+                got
+            })
+        })
+        .collect();
+    let mut victims = vec![ChildClient::spawn(&meshd.socket, "svc"), ChildClient::spawn(&meshd.socket, "svc")];
+    let pids: Vec<u32> = victims.iter().map(|v| v.child.id()).collect();
+    let listed = meshd.service("svc").clients;
+    for (v, pid) in victims.iter().zip(&pids) {
+        assert!(listed.iter().any(|c| c.id == v.id && c.pid == *pid), "victim {:#x} (pid {pid}) in {listed:?}", v.id);
+    }
+    let victim_slots: Vec<u16> = victims.iter().map(ChildClient::slot).collect();
+    let mut victim_ids = Vec::new();
+    for mut v in victims.drain(..) {
+        v.expect("STREAMING");
+        // Wherever it is: perhaps between the begin and the commit of a send.
+        let id = v.kill9();
+        departed(&meshd, "svc", id);
+        victim_ids.push(id);
+    }
+    // A new client takes a victim's slot once the program has acknowledged.
+    acked(&meshd, "svc");
+    let mut next = ChildClient::spawn(&meshd.socket, "svc");
+    assert!(victim_slots.contains(&next.slot()), "slot {} reused from {victim_slots:?}", next.slot());
+    next.expect("STREAMING");
+    let id = next.kill9();
+    departed(&meshd, "svc", id);
+    victim_ids.push(id);
+    stop.store(true, Ordering::Release);
+    let got: Vec<u64> = steady.into_iter().map(|h| h.join().expect("a steady client failed")).collect();
+    assert!(got.iter().all(|&g| g >= 1000), "{got:?}");
+    assert!(wait_until(DEADLINE, || meshd.service("svc").awaiting_ack == 0), "departures acknowledged");
+    let row = meshd.service("svc");
+    assert_eq!((row.bound, row.clients.len()), (0, 0), "{row:?}");
+    let served = program.stop();
+    assert!(served.skips.len() <= victim_ids.len(), "at most one skip per kill: {:?}", served.skips);
+    assert!(served.skips.iter().all(|s| victim_ids.contains(s)), "skips only for the killed: {:?}", served.skips);
+    for v in &victim_ids {
+        assert!(served.departed.contains(v), "victim {v:#x}'s departure acknowledged: {:?}", served.departed);
+    }
+    meshd.stop();
+}
+
+#[test]
+fn a_client_detaches_and_attaches_again_and_a_dropped_one_leaves_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    // One slot: every attach after the first reuses it.
+    meshd.create("svc", 1, 16, 4);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let mut out = [0u8; 32];
+    let mut first = ServiceClient::connect(&meshd.socket, "svc").unwrap();
+    let id1 = first.id();
+    // A short request is zero-padded (the program sees zeros past it); a longer buffer takes the
+    // reply in its start.
+    first.request(&request(0, id1)[..12], &mut out, DEADLINE).unwrap();
+    assert_eq!((out[..MSG].to_vec(), &out[MSG..]), (reply(0, id1).to_vec(), &[0u8; 16][..]));
+    assert!(first.recv(&mut [0u8; 8], DEADLINE).unwrap_err().to_string().contains("cannot hold a reply"));
+    assert!(first.try_send(&[0u8; MSG + 8]).is_err(), "a request longer than msg_size is refused");
+    first.detach().unwrap();
+    assert_eq!(meshd.service("svc").bound, 0);
+    acked(&meshd, "svc");
+    let mut second = ServiceClient::connect(&meshd.socket, "svc").unwrap();
+    let id2 = second.id();
+    assert_eq!(ClientId(id2).slot(), ClientId(id1).slot(), "the one slot, reused");
+    assert_eq!(ClientId(id2).epoch16(), ClientId(id1).epoch16() + 1, "at the next epoch");
+    for k in 0..10 {
+        second.request(&request(k, id2), &mut out, DEADLINE).unwrap();
+        assert_eq!(out[..MSG], reply(k, id2));
+    }
+    drop(second);
+    assert_eq!(meshd.service("svc").bound, 0, "dropping a client detaches it");
+    acked(&meshd, "svc");
+    let mut third = ServiceClient::connect(&meshd.socket, "svc").unwrap();
+    third.request(&request(0, third.id()), &mut out, DEADLINE).unwrap();
+    // A client that closes its lease without a detach (alive) is detached by meshd.
+    let lease = raw_attach(&meshd.socket, "svc");
+    assert!(lease.is_err(), "the one slot is bound");
+    drop(third);
+    acked(&meshd, "svc");
+    let (lease, id) = raw_attach(&meshd.socket, "svc").unwrap();
+    assert_eq!(meshd.service("svc").clients[0].id, id);
+    lease.shutdown(std::net::Shutdown::Both).unwrap();
+    departed(&meshd, "svc", id);
+    let served = program.stop();
+    assert_eq!(served.taken.len(), 3, "three clients sent: {:?}", served.taken);
+    assert!(served.skips.is_empty());
+    meshd.stop();
+}
+
+/// A `service_attach` written by hand; the lease and the client's id, or meshd's refusal.
+fn raw_attach(socket: &Path, service: &str) -> Result<(UnixStream, u32), String> {
+    let conn = UnixStream::connect(socket).unwrap();
+    conn.set_read_timeout(Some(DEADLINE)).unwrap();
+    (&conn).write_all(format!("{{\"op\":\"service_attach\",\"service\":\"{service}\"}}\n").as_bytes()).unwrap();
+    let answer = read_line(&conn);
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    if v["ok"] != json!(true) {
+        return Err(v["error"].as_str().unwrap_or_default().to_string());
+    }
+    Ok((conn, v["client"]["id"].as_u64().unwrap() as u32))
+}
+
+/// One line from `conn`, read a byte at a time (so that nothing after it is taken).
+fn read_line(mut conn: &UnixStream) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while conn.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+#[test]
+fn the_wire_contract_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    let raw = |line: &str| {
+        let conn = UnixStream::connect(&meshd.socket).unwrap();
+        conn.set_read_timeout(Some(DEADLINE)).unwrap();
+        (&conn).write_all(line.as_bytes()).unwrap();
+        serde_json::from_str::<Value>(&read_line(&conn)).unwrap()
+    };
+    // capacity, reply_size and reply_capacity left out: 256, msg_size, 16.
+    let made = raw("{\"op\":\"service_create\",\"name\":\"svc\",\"clients\":2,\"msg_size\":16}\n");
+    assert_eq!(made, json!({"ok": true, "backend_us": made["backend_us"]}));
+    let info = meshd.info();
+    let row = |name: &str| info.channels.iter().find(|c| c.name == name).unwrap().clone();
+    let (svc, replies) = (row("svc"), row("svc.replies"));
+    assert_eq!((svc.protocol.as_str(), svc.msg_size, svc.capacity), ("fanin", 16, 256));
+    assert_eq!((replies.protocol.as_str(), replies.msg_size, replies.capacity, replies.parts), ("group", 16, 16, 2));
+    let all = "{\"op\":\"service_create\",\"name\":\"kv\",\"clients\":3,\"msg_size\":64,\"capacity\":32,\
+               \"reply_size\":128,\"reply_capacity\":4}\n";
+    assert_eq!(raw(all)["ok"], json!(true));
+    let info = meshd.info();
+    let kv = info.channels.iter().find(|c| c.name == "kv.replies").unwrap();
+    assert_eq!((kv.msg_size, kv.capacity, kv.parts), (128, 4, 3));
+    // The attach's answer, exactly; the connection stays open as the lease.
+    let lease = UnixStream::connect(&meshd.socket).unwrap();
+    lease.set_read_timeout(Some(DEADLINE)).unwrap();
+    // A detach written with the attach would be taken too: here the lease is tested line by line.
+    (&lease).write_all(b"{\"op\":\"service_attach\",\"service\":\"svc\"}\n").unwrap();
+    let answer: Value = serde_json::from_str(&read_line(&lease)).unwrap();
+    let id = answer["client"]["id"].as_u64().unwrap();
+    assert_eq!(answer, json!({"ok": true, "client": {"id": id, "requests": "svc", "replies": "svc.replies"}}));
+    assert_eq!(ClientId(id as u32).epoch16(), 1, "slot | epoch << 16, the first epoch 1");
+    let services = serde_json::to_value(meshd.info()).unwrap()["services"].clone();
+    assert_eq!(
+        services,
+        json!([
+            {"name": "svc", "entries": 2, "bound": 1, "awaiting_ack": 0,
+             "clients": [{"id": id, "pid": std::process::id()}]},
+            {"name": "kv", "entries": 3, "bound": 0, "awaiting_ack": 0, "clients": []},
+        ])
+    );
+    // Anything but a detach on the lease is refused, and the lease kept.
+    (&lease).write_all(b"{\"op\":\"ps\"}\nnot json\n").unwrap();
+    let refused: Value = serde_json::from_str(&read_line(&lease)).unwrap();
+    assert_eq!(refused["ok"], json!(false));
+    assert!(refused["error"].as_str().unwrap().contains("only {\"op\":\"detach\"}"), "{refused}");
+    let malformed: Value = serde_json::from_str(&read_line(&lease)).unwrap();
+    assert!(malformed["error"].as_str().unwrap().contains("malformed request"), "{malformed}");
+    assert_eq!(meshd.service("svc").bound, 1);
+    // A detach on another connection is refused; on the lease it is answered, then the lease closed.
+    let stray = raw("{\"op\":\"detach\"}\n");
+    assert!(stray["error"].as_str().unwrap().contains("attached no client"), "{stray}");
+    (&lease).write_all(b"{\"op\":\"detach\"}\n").unwrap();
+    assert_eq!(read_line(&lease), "{\"ok\":true}");
+    assert_eq!((&lease).read(&mut [0u8; 1]).unwrap(), 0, "closed after the detach");
+    assert_eq!(meshd.service("svc").bound, 0);
+    // The Rust request type writes the same.
+    let ours = serde_json::to_value(create_req("a", 1, 8, 256, 16)).unwrap();
+    assert_eq!(
+        ours,
+        json!({"op": "service_create", "name": "a", "clients": 1, "msg_size": 8, "capacity": 256, "reply_capacity": 16})
+    );
+    assert_eq!(serde_json::to_string(&Request::Detach).unwrap(), "{\"op\":\"detach\"}");
+    assert_eq!(
+        serde_json::to_string(&Request::ServiceAttach { service: "svc".into() }).unwrap(),
+        "{\"op\":\"service_attach\",\"service\":\"svc\"}"
+    );
+    meshd.stop();
+}
+
+#[test]
+fn refusals_say_why_and_leave_the_mailbox_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    meshd.create("svc", 1, 16, 4);
+    assert!(ask(&meshd.socket, &plain_channel("plain"), &[]).ok);
+    let err = |r: Response| r.error.clone().unwrap_or_else(|| panic!("not refused: {r:?}"));
+    // Unknown service, and a plain channel that is none.
+    let e = ServiceClient::connect(&meshd.socket, "nope").unwrap_err().to_string();
+    assert!(e.contains("service \"nope\": no such service"), "{e}");
+    let e = ServiceClient::connect(&meshd.socket, "plain").unwrap_err().to_string();
+    assert!(e.contains("no such service") && e.contains("protocol ll"), "{e}");
+    // Every slot bound.
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let holder = ServiceClient::connect(&meshd.socket, "svc").unwrap();
+    let e = ServiceClient::connect(&meshd.socket, "svc").unwrap_err().to_string();
+    assert!(e.contains("cannot attach: all 1 client slot(s) are bound to clients"), "{e}");
+    drop(holder);
+    // Bad creations: each names the field and the rule; none leaves a channel behind.
+    let channels = meshd.info().channels.len();
+    let long = "x".repeat(41);
+    let cases: Vec<(Request, &str)> = vec![
+        (create_req("bad", 1, 12, 16, 16), "request size (msg_size) 12: must be a multiple of 8"),
+        (
+            create_req("bad", 1, 16, 100, 16),
+            "capacity (requests in flight over all clients) 100: must be a power of two",
+        ),
+        (
+            create_req("bad", 1, 16, 16, 3),
+            "reply_capacity (replies each client's ring holds) 3: must be a power of two",
+        ),
+        (create_req("bad", 0, 16, 16, 16), "0 clients: a service has 1 to 65536 client slots"),
+        (create_req("bad", 70_000, 16, 16, 16), "70000 clients"),
+        (create_req(&long, 1, 16, 16, 16), "a service name is 1 to 40 bytes"),
+        (create_req("", 1, 16, 16, 16), "a service name is 1 to 40 bytes"),
+        (
+            Request::ServiceCreate {
+                name: "bad".into(),
+                clients: 1,
+                msg_size: 16,
+                capacity: 16,
+                reply_size: Some(65_544),
+                reply_capacity: 16,
+            },
+            "reply size (reply_size) 65544",
+        ),
+        (create_req("svc", 1, 16, 16, 16), "service \"svc\": already exists"),
+        (create_req("plain", 1, 16, 16, 16), "channel \"plain\" already exists (protocol ll)"),
+        // 4096 clients of 64 KiB replies: far more than the 4 MiB mailbox.
+        (
+            Request::ServiceCreate {
+                name: "huge".into(),
+                clients: 4096,
+                msg_size: 64,
+                capacity: 16,
+                reply_size: Some(65_536),
+                reply_capacity: 16,
+            },
+            "service \"huge\": mailbox full: its channels need",
+        ),
+    ];
+    for (req, why) in cases {
+        let e = err(ask(&meshd.socket, &req, &[]));
+        assert!(e.contains(why), "{req:?}: {e}");
+    }
+    // A name whose group's name is taken.
+    assert!(ask(&meshd.socket, &plain_channel("g.replies"), &[]).ok);
+    let e = err(ask(&meshd.socket, &create_req("g", 1, 16, 16, 16), &[]));
+    assert!(e.contains("channel \"g.replies\" already exists"), "{e}");
+    assert_eq!(meshd.info().channels.len(), channels + 1, "no refusal made a channel (g.replies is the test's)");
+    // The descriptor table full: 16 descriptors, one left.
+    let info = meshd.info();
+    for i in info.channels.len()..15 {
+        assert!(ask(&meshd.socket, &plain_channel(&format!("fill{i}")), &[]).ok);
+    }
+    let e = err(ask(&meshd.socket, &create_req("last", 1, 16, 16, 16), &[]));
+    assert!(e.contains("mailbox full: it needs 2 channel descriptor(s) and 1 of the 16 are free"), "{e}");
+    assert_eq!(meshd.info().channels.len(), 15);
+    program.stop();
+    meshd.stop();
+}
+
+fn plain_channel(name: &str) -> Request {
+    Request::ChannelCreate {
+        name: name.into(),
+        msg_size: 8,
+        capacity: 2,
+        placement: String::new(),
+        protocol: String::new(),
+        parts: 1,
+    }
+}
+
+#[test]
+fn a_restarted_meshd_watches_a_live_client_and_departs_it_when_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, socket) = (dir.path().join("mb"), dir.path().join("sock"));
+    let first = start(dir.path());
+    first.create("svc", 1, 16, 4);
+    // The program outlives every meshd here, as a GPU program outlives a meshd restart.
+    let program = Program::start(&Mailbox::open(&path).unwrap(), "svc");
+    let mut client = ChildClient::spawn(&socket, "svc");
+    client.expect("STREAMING");
+    first.stop();
+    // Its lease died with that meshd; the client goes on through the mailbox.
+    client.drain();
+    client.expect("REPLIES ");
+    let second = Meshd::start(Mailbox::open(&path).unwrap(), &socket);
+    let row = second.service("svc");
+    assert_eq!(row.clients.len(), 1, "the live client is still bound: {row:?}");
+    assert_eq!((row.clients[0].id, row.clients[0].pid), (client.id, client.child.id()));
+    client.drain();
+    client.expect("REPLIES ");
+    let (slot, id) = (client.slot(), client.kill9());
+    departed(&second, "svc", id);
+    acked(&second, "svc");
+    // Its slot is free again, for a client of this meshd.
+    let mut next = ServiceClient::connect(&socket, "svc").unwrap();
+    assert_eq!(ClientId(next.id()).slot(), slot);
+    let mut out = [0u8; MSG];
+    next.request(&request(0, next.id()), &mut out, DEADLINE).unwrap();
+    assert_eq!(out, reply(0, next.id()));
+    next.detach().unwrap();
+    acked(&second, "svc");
+    // A client that dies while no meshd runs is departed by the next one's start.
+    let mut orphan = ChildClient::spawn(&socket, "svc");
+    orphan.expect("STREAMING");
+    second.stop();
+    let orphan_id = orphan.kill9();
+    let third = Meshd::start(Mailbox::open(&path).unwrap(), &socket);
+    departed(&third, "svc", orphan_id);
+    assert!(wait_until(DEADLINE, || third.service("svc").awaiting_ack == 0), "the program acknowledged");
+    let served = program.stop();
+    assert!(served.skips.iter().all(|s| [id, orphan_id].contains(s)), "{:?}", served.skips);
+    assert!(served.departed.contains(&id) && served.departed.contains(&orphan_id), "{:?}", served.departed);
+    third.stop();
+}
