@@ -15,10 +15,6 @@
 //! peer pair PATH CHANNEL COUNT                  try_send + try_recv pairs in one thread: ns per pair
 //! peer ping PATH OUT IN COUNT                   round trips through an echo (a peer's or a GPU program's): median, p99
 //! peer serve SOCKET MAILBOX                     meshd's control plane over a stand-in backend, until shutdown
-//! peer service-create PATH NAME CLIENTS MSG_SIZE CAPACITY REPLY_SIZE REPLY_CAPACITY
-//!                                               a service in an existing mailbox: fan-in NAME, group NAME.replies
-//! peer service-connect PATH NAME PID            meshd's connect, done directly (ServiceOwner): prints `id N`
-//! peer service-depart PATH NAME ID dead|detach  meshd's departure of client ID, done directly
 //! peer service-server PATH NAME                 a host server of service NAME until its stdin closes: each
 //!                                               reply is its request with the first u32 word plus one
 //! ```
@@ -36,10 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mesh_shm::claim::Holder;
 use mesh_shm::{
     BulkConsumer, BulkProducer, ClientId, Consumer, CreateMode, FanInReceiver, GroupServer, Mailbox, MailboxConfig,
-    Placement, Producer, Protocol, Replied, ServiceOwner, Taken,
+    Placement, Producer, Protocol, Replied, Taken,
 };
 
 /// How long a blocking call may wait before the peer gives up (a test's deadline, not a measurement).
@@ -57,13 +52,6 @@ fn main() -> Result<()> {
         ["pair", path, channel, count] => pair(Path::new(path), channel, count.parse()?),
         ["ping", path, out, input, count] => ping(Path::new(path), out, input, count.parse()?),
         ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox)),
-        ["service-create", path, name, clients, msg_size, capacity, reply_size, reply_capacity] => service_create(
-            Path::new(path),
-            name,
-            [clients.parse()?, msg_size.parse()?, capacity.parse()?, reply_size.parse()?, reply_capacity.parse()?],
-        ),
-        ["service-connect", path, name, pid] => service_connect(Path::new(path), name, pid.parse()?),
-        ["service-depart", path, name, id, how] => service_depart(Path::new(path), name, id.parse()?, how),
         ["service-server", path, name] => service_server(Path::new(path), name),
         _ => bail!("usage: see the top of crates/mesh-py/examples/peer.rs (got {args:?})"),
     }
@@ -351,43 +339,6 @@ fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
 }
 
 // ---- services (issue 26) ----
-
-fn service_create(
-    path: &Path,
-    name: &str,
-    [clients, msg_size, capacity, reply_size, reply_capacity]: [u32; 5],
-) -> Result<()> {
-    let mailbox = Mailbox::open(path)?;
-    mailbox.create_fanin(name, msg_size, capacity)?;
-    mailbox.create_group(&format!("{name}.replies"), clients, reply_size, reply_capacity)?;
-    println!("ready");
-    Ok(())
-}
-
-/// meshd's side of service `name` in the mailbox at `path` (one at a time: a test runs these in turn).
-fn service_owner(path: &Path, name: &str) -> Result<(Mailbox, ServiceOwner)> {
-    let mailbox = Mailbox::open(path)?;
-    let owner = ServiceOwner::open(&mailbox, name, &format!("{name}.replies"))?;
-    Ok((mailbox, owner))
-}
-
-fn service_connect(path: &Path, name: &str, pid: u32) -> Result<()> {
-    let (_mailbox, mut owner) = service_owner(path, name)?;
-    let id = owner.connect(Holder::of_pid(pid))?;
-    println!("id {}", id.0);
-    Ok(())
-}
-
-fn service_depart(path: &Path, name: &str, id: u32, how: &str) -> Result<()> {
-    let (_mailbox, mut owner) = service_owner(path, name)?;
-    let done = match how {
-        "dead" => owner.depart_dead(ClientId(id))?,
-        "detach" => owner.detach(ClientId(id))?,
-        other => bail!("service-depart: {other:?} is neither dead nor detach"),
-    };
-    println!("completed {done:?}");
-    Ok(())
-}
 
 /// A host server of service `name` until its stdin closes: every request is answered with itself,
 /// its first little-endian u32 word plus one, on the sender's ring, in order. A reply that finds
