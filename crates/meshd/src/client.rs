@@ -191,6 +191,9 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
         for line in loss_lines(&info.channels) {
             println!("{line}");
         }
+        for line in service_lines(&info.services) {
+            println!("{line}");
+        }
         if let Some(pool) = &info.extra.pool {
             print_pool(pool);
         }
@@ -212,6 +215,30 @@ fn loss_lines(channels: &[meshd::protocol::ChannelRow]) -> Vec<String> {
                  or after a GPU fault",
                 c.name, c.lost
             )
+        })
+        .collect()
+}
+
+/// `ps`'s line for each service: its clients (id and pid) and the slots waiting for the program.
+fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
+    services
+        .iter()
+        .map(|s| {
+            let mut line = format!("service {}: {} of {} client slot(s) bound", s.name, s.bound, s.entries);
+            if !s.clients.is_empty() {
+                let clients: Vec<String> = s.clients.iter().map(|c| format!("{:#x} pid {}", c.id, c.pid)).collect();
+                line.push_str(&format!(" ({})", clients.join(", ")));
+            }
+            if s.awaiting_ack > 0 {
+                line.push_str(&format!(
+                    "; {} left by departed clients, waiting for the serving program to acknowledge",
+                    s.awaiting_ack
+                ));
+            }
+            if let Some(e) = &s.error {
+                line.push_str(&format!("; unreadable: {e}"));
+            }
+            line
         })
         .collect()
 }
@@ -452,6 +479,29 @@ mod tests {
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines[0].starts_with("channel dev (device): 7 message(s) lost"), "{lines:?}");
         assert!(lines[1].starts_with("channel old (host): 1 message(s) lost"), "an older meshd's row: {lines:?}");
+    }
+
+    #[test]
+    fn ps_says_each_service_s_clients_and_the_slots_waiting_for_the_program() {
+        use meshd::protocol::{ServiceClientRow, ServiceRow};
+        let rows = [
+            ServiceRow {
+                name: "kv".into(),
+                entries: 8,
+                bound: 2,
+                awaiting_ack: 1,
+                clients: vec![ServiceClientRow { id: 0x1_0000, pid: 41 }, ServiceClientRow { id: 0x2_0003, pid: 42 }],
+                error: None,
+            },
+            ServiceRow { name: "idle".into(), entries: 4, ..ServiceRow::default() },
+        ];
+        let lines = service_lines(&rows);
+        assert_eq!(
+            lines[0],
+            "service kv: 2 of 8 client slot(s) bound (0x10000 pid 41, 0x20003 pid 42); 1 left by departed clients, \
+             waiting for the serving program to acknowledge"
+        );
+        assert_eq!(lines[1], "service idle: 0 of 4 client slot(s) bound");
     }
 
     #[test]

@@ -727,3 +727,45 @@ fn a_restarted_meshd_watches_a_live_client_and_departs_it_when_killed() {
     assert!(served.departed.contains(&id) && served.departed.contains(&orphan_id), "{:?}", served.departed);
     third.stop();
 }
+
+#[test]
+fn the_command_line_creates_a_service_and_shows_its_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    let cli = |args: &[&str]| {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", &meshd.socket).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) =
+        cli(&["service", "create", "kv", "--clients", "2", "--msg-size", "32", "--reply-size", "64"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("created service kv for up to 2 clients"), "{out}");
+    assert!(out.contains("fan-in channel kv (256 requests of 32 bytes"), "{out}");
+    assert!(out.contains("group kv.replies (one ring of 16 replies of 64 bytes per client)"), "{out}");
+    assert!(out.contains("--bind kv --bind kv.replies"), "{out}");
+    let client = ServiceClient::connect(&meshd.socket, "kv").unwrap();
+    assert_eq!((client.msg_size(), client.reply_size()), (32, 64));
+    let (code, out, err) = cli(&["ps"]);
+    assert_eq!(code, Some(0), "{err}");
+    let line = format!("service kv: 1 of 2 client slot(s) bound ({:#x} pid {})", client.id(), std::process::id());
+    assert!(out.contains(&line), "{out}");
+    let (_, out, _) = cli(&["info"]);
+    let info: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["services"][0]["clients"][0]["id"], json!(client.id()));
+    // Refused: exit 1 with meshd's reason; bad usage: exit 2.
+    let (code, _, err) = cli(&["service", "create", "kv", "--clients", "2", "--msg-size", "32"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("service \"kv\": already exists"), "{err}");
+    let (code, _, err) = cli(&["service", "create", "other", "--msg-size", "32"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--clients"), "{err}");
+    let (_, help, _) = cli(&["service", "create", "--help"]);
+    assert!(help.contains("NAME.replies") && help.contains("--reply-capacity"), "{help}");
+    client.detach().unwrap();
+    meshd.stop();
+}

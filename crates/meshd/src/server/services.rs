@@ -498,8 +498,12 @@ fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Vec<bool>
     });
     match rustix::event::poll(&mut polled, spec.as_ref()) {
         Ok(_) => polled.iter().map(|p| !p.revents().is_empty()).collect(),
-        // EINTR and the like: nothing is known ready; the caller looks again.
-        Err(_) => vec![false; fds.len()],
+        // EINTR and the like: nothing is known ready; the caller looks again (after a pause, so that
+        // an error that repeats never spins).
+        Err(_) => {
+            std::thread::sleep(Duration::from_millis(1));
+            vec![false; fds.len()]
+        }
     }
 }
 
