@@ -576,6 +576,15 @@ fn the_wire_contract_byte_for_byte() {
     assert_eq!(read_line(&lease), "{\"ok\":true}");
     assert_eq!((&lease).read(&mut [0u8; 1]).unwrap(), 0, "closed after the detach");
     assert_eq!(meshd.service("svc").bound, 0);
+    // A detach written together with the attach is the lease's first line.
+    let both = UnixStream::connect(&meshd.socket).unwrap();
+    both.set_read_timeout(Some(DEADLINE)).unwrap();
+    (&both).write_all(b"{\"op\":\"service_attach\",\"service\":\"svc\"}\n{\"op\":\"detach\"}\n").unwrap();
+    let answer: Value = serde_json::from_str(&read_line(&both)).unwrap();
+    assert_eq!(answer["client"]["replies"], json!("svc.replies"), "{answer}");
+    assert_eq!(read_line(&both), "{\"ok\":true}");
+    assert_eq!((&both).read(&mut [0u8; 1]).unwrap(), 0);
+    assert_eq!(meshd.service("svc").bound, 0);
     // The Rust request type writes the same.
     let ours = serde_json::to_value(create_req("a", 1, 8, 256, 16)).unwrap();
     assert_eq!(

@@ -446,7 +446,8 @@ impl Client {
                 self.depart_dead("its process is gone");
                 return;
             }
-            if !process_dying(self.holder.pid) {
+            let dying = process_dying(self.holder.pid);
+            if !dying {
                 let tried = self.owner.lock().detach(self.id);
                 match tried {
                     Ok(done) => {
@@ -476,8 +477,13 @@ impl Client {
                     }
                 }
             }
-            // Exiting, or mid-send: wait for its death (or a little, to try the detach again).
-            let pause = if warned { Duration::from_millis(100) } else { Duration::from_millis(2) };
+            // Exiting (its pidfd wakes this at its end, which can take seconds when it was killed
+            // inside a driver call), or mid-send: wait for its death, or a little to try the detach again.
+            let pause = match (dying && self.pidfd.is_some(), warned) {
+                (true, _) => Duration::from_secs(1),
+                (false, true) => Duration::from_millis(100),
+                (false, false) => Duration::from_millis(2),
+            };
             let mut fds = vec![services.stop_rx.as_fd()];
             fds.extend(self.pidfd.as_ref().map(AsFd::as_fd));
             let _ = wait_readable(&fds, Some(pause));
