@@ -18,7 +18,7 @@
 //!   the backend thread and wait for its answer.
 //! * **The accept loop** blocks in `poll` on the listener and a wake socket (written by SIGINT,
 //!   SIGTERM and by the backend thread when it ends): no sleep between polls.
-//! * **Service leases** ([`services`]): a connection that attached a client to a service stays open,
+//! * **Service leases** (`services.rs`): a connection that attached a client to a service stays open,
 //!   outside the connection limit, until the client detaches, closes it or dies.
 
 mod listener;
