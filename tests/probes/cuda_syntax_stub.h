@@ -16,6 +16,7 @@ inline void __syncthreads() {}
 inline void __syncwarp(unsigned = 0xffffffffu) {}
 inline void __threadfence() {}
 inline void __threadfence_block() {}
+inline void __threadfence_system() {}
 inline unsigned __activemask() { return ~0u; }
 inline bool __all_sync(unsigned, bool p) { return p; }
 inline bool __any_sync(unsigned, bool p) { return p; }

@@ -970,8 +970,9 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 // reply ring per client slot, handed out by meshd). Host side: mesh-shm's fanin.rs, group.rs and
 // service.rs define the bytes; the calls below follow their rules word for word.
 //
-// The loop to write (tests/programs/service.cu is this program; meshd binds the fan-in first, the
-// group second; replies here: the request with payload word 1 incremented):
+// The loop to write (tests/programs/service.cu is this program, plus a heartbeat and counters in user
+// words; meshd binds the fan-in first, the group second; replies here: the request with payload word 1
+// incremented, so the reply size must be the request size):
 //
 //     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 //         __shared__ uint32_t req[1024];                    // one message, up to 4 KiB
@@ -979,23 +980,40 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 //         if (threadIdx.x == 0) mesh_begin(ctx);
 //         mesh_fanin in = mesh_fanin_open(ctx, 0);          // binding 0: the requests
 //         mesh_group out = mesh_group_open(ctx, 1);         // binding 1: the reply rings
-//         bool held = false;                                // a reply waiting for room
+//         bool held = false;                                // a request taken, its reply waiting for room
 //         uint32_t client = 0;
 //         while (!mesh_should_stop(ctx)) {
 //             uint32_t gone;
-//             while (mesh_group_departed(&out, &gone)) { if (held && gone == client) held = false; }
+//             while (mesh_group_departed(&out, &gone)) {}   // acknowledged as returned; drop per-client state here
 //             if (!held) {
-//                 const int k = mesh_fanin_take(&in, req, &client);
-//                 if (k != MESH_TAKE_MSG) continue;         // NONE: nothing yet; SKIP: a send cut off
+//                 const int k = mesh_fanin_take_deferred(&in, req, &client);
+//                 if (k == MESH_TAKE_NONE) continue;        // nothing whole yet
+//                 if (k == MESH_TAKE_SKIP) {                // a send cut off (death, revocation): nothing to answer
+//                     mesh_fanin_commit(&in);
+//                     continue;
+//                 }
 //                 if (threadIdx.x == 0) req[1] += 1;        // f(client, request)
 //                 __syncwarp();
 //             }
-//             held = mesh_reply(&out, client, req) == MESH_REPLY_FULL;  // SENT, or GONE: dropped
+//             const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
+//             held = r == MESH_REPLY_FULL;                  // FULL: a slow client, tried again next time
+//             if (!held) mesh_fanin_commit(&in);            // answered (or dropped): the request is done
 //         }
 //         mesh_fanin_close(&in);                            // exact positions for the next launch
 //         mesh_group_close(&out);
 //         if (threadIdx.x == 0) mesh_end(ctx);
 //     }
+//
+// Why deferred: a request is committed (its fan-in slot given back, the published position moved past
+// it) only once it is answered or dropped. A stop that finds a reply held for room (its client's ring
+// full) then publishes the position of that request, and the next launch takes it again and answers
+// it: an orderly stop (an upgrade, a blink) loses no reply and repeats none. With mesh_fanin_take
+// (take and commit in one) such a request would be consumed with its reply never written. While a
+// reply is held the loop serves nobody else (one slow client stalls the rest until it reads or
+// leaves: its departure makes mesh_reply say GONE once acknowledged); a client that keeps at most its
+// reply ring's capacity of requests in flight is never FULL. A held client that departs is seen
+// through mesh_reply (GONE after mesh_group_departed acknowledged it), so the loop needs no check of
+// `gone` against `client`.
 //
 // All 32 lanes of one warp call every function of this section together, with the same state (like
 // the mesh_warp_* calls): each lane holds a copy of the mesh_fanin / mesh_group, and every lane's copy
@@ -1104,7 +1122,11 @@ static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, 
 //   anything else: still arriving, MESH_TAKE_NONE (the next call polls again; `buf` may be written).
 // Every word is judged by its own tag (the loads are unordered; word 0 may arrive before the body).
 // `buf`: msg_size bytes, 4-byte aligned, shared or global memory. Same result on every lane.
-static __device__ int mesh_fanin_take(mesh_fanin* f, void* buf, uint32_t* sender) {
+// Deferred: the slot taken (MSG or SKIP) stays the program's, and the published position does not pass
+// it, until mesh_fanin_commit; the next take reads the slot after it. A launch that stops before
+// the commit leaves the slot to the next launch, which takes it again (the loop at the top of this
+// section holds a request so while its reply waits for room).
+static __device__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender) {
     mesh_chan* ch = &f->ch;
     if (ch->msg_size == 0) return MESH_TAKE_NONE;
     const uint32_t lane = mesh_lane();
@@ -1151,12 +1173,30 @@ static __device__ int mesh_fanin_take(mesh_fanin* f, void* buf, uint32_t* sender
     *sender = (uint32_t)w0;
     __syncwarp();  // every lane's copy is in buf before any lane uses it
     ch->mine += 1;
-    ch->other = ch->mine;
-    mesh_chan_progress(ch);  // the tail: a plain store from one lane, every half ring
     return took;
 }
 
-// Publishes the fan-in's exact position (its tail); call it before mesh_end.
+// Gives back every slot taken with mesh_fanin_take_deferred so far: the producers may reuse them once
+// the position is published (a plain store from one lane: every half ring, on an empty poll, and on
+// mesh_fanin_close). Every lane together.
+static __device__ __forceinline__ void mesh_fanin_commit(mesh_fanin* f) {
+    mesh_chan* ch = &f->ch;
+    if (ch->msg_size == 0) return;
+    ch->other = ch->mine;
+    mesh_chan_progress(ch);
+}
+
+// mesh_fanin_take_deferred and mesh_fanin_commit in one: the slot is given back as it is taken. For a
+// program that can always answer at once (or drops what it cannot answer); one that may hold a request
+// (a reply waiting for room) takes it deferred, as the loop at the top of this section does.
+static __device__ __forceinline__ int mesh_fanin_take(mesh_fanin* f, void* buf, uint32_t* sender) {
+    const int took = mesh_fanin_take_deferred(f, buf, sender);
+    if (took != MESH_TAKE_NONE) mesh_fanin_commit(f);
+    return took;
+}
+
+// Publishes the fan-in's exact position (its tail: every slot committed, none taken deferred and not
+// committed); call it before mesh_end.
 static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
     mesh_chan_flush(&f->ch);
 }
@@ -1178,7 +1218,7 @@ typedef struct {
     mesh_reply_state* state;   // `entries` states
     uint64_t ring_stride;
     uint64_t changes_due;      // the next time `changes` may be read (%globaltimer)
-    uint64_t changes_read;     // the value the last rate-limited load brought
+    uint64_t changes_read;     // the value the last rate-limited load brought (lane 0's; looked at a period later)
     uint64_t changes_seen;     // `changes` as of the last complete scan
     uint32_t entries;
     uint32_t msg_size;         // payload bytes of a reply (0: not bound; every call fails)
@@ -1337,18 +1377,19 @@ static __device__ void mesh_group_ack(mesh_group* g, uint32_t slot, uint32_t epo
 // after the open (acknowledging what the last launch had not), it reads `changes` again with an
 // acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32
 // per round trip: a departed entry whose acked_epoch != epoch (not `<`: epochs wrap) is acknowledged.
-static __device__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
+static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
     if (g->msg_size == 0) return false;
     if (!g->scanning) {
         if (g->scanned) {
             const uint64_t now = mesh_globaltimer();
             if (now < g->changes_due) return false;
-            const bool moved = g->changes_read != g->changes_seen;  // last period's load, arrived by now
             g->changes_due = now + MESH_GROUP_PERIOD_NS;
+            // Last period's load, lane 0's alone, arrived by now: the shuffle is where the warp first
+            // uses its value, a period after it was issued (shuffling it as it is loaded would wait
+            // for the PCIe read there, every period).
+            const bool moved = __shfl_sync(0xffffffffu, g->changes_read != g->changes_seen, 0);
             if (!moved) {
-                uint64_t v = 0;
-                if (mesh_lane0()) v = mesh_group_ld_relaxed_u64(g->header + MESH_GROUP_CHANGES);
-                g->changes_read = __shfl_sync(0xffffffffu, v, 0);
+                if (mesh_lane0()) g->changes_read = mesh_group_ld_relaxed_u64(g->header + MESH_GROUP_CHANGES);
                 return false;
             }
         }

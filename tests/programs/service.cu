@@ -1,0 +1,76 @@
+// service: the echo service of mesh.cuh's "Many clients: a service" section, its loop exactly, plus a
+// heartbeat and counters: every request taken from the fan-in channel (binding 0) goes back to its
+// sender's reply ring in the channel group (binding 1) with payload word 1 incremented, every other word
+// as it came. Lines added to the header's loop are marked `// +`.
+//
+// meshd: `meshd service create NAME --clients N --msg-size B` (reply size = request size, at most
+// 4 KiB), then `meshd load svc service.ptx --bind NAME --bind NAME.replies` (a block of 32, the
+// default). Exits with code 1 when a binding is not a fan-in / group or the sizes do not fit.
+// User words, kept across upgrades and relaunches (each launch continues the last one's counts), written
+// with the heartbeat every 1024 iterations and exactly at the stop:
+//   0 replies sent, 1 skips taken (sends cut off by a death or a revocation), 2 replies dropped as GONE,
+//   3 FULL answers (each retried), 4 departures acknowledged, 5 fan-in slots of a kind no producer
+//   writes, 6 launches, 7 polls that found a request half-arrived.
+// No committed PTX: the GPU machine's `run` (tests/gpu-run.sh) and `cargo xtask ptx` compile it.
+#include "mesh.cuh"
+
+#define SERVICE_WORDS 8u
+
+static __device__ __forceinline__ void service_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* n) {
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++) *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = base[i] + n[i];
+}
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    __shared__ uint32_t req[1024];                    // one message, up to 4 KiB
+    if (threadIdx.x >= 32) return;                    // one warp serves the service
+    uint64_t beat = 0;                                                           // +
+    if (threadIdx.x == 0) beat = mesh_begin(ctx);
+    mesh_fanin in = mesh_fanin_open(ctx, 0);          // binding 0: the requests
+    mesh_group out = mesh_group_open(ctx, 1);         // binding 1: the reply rings
+    if (in.ch.msg_size == 0 || out.msg_size != in.ch.msg_size || in.ch.msg_size > sizeof(req)) {  // +
+        if (threadIdx.x == 0) mesh_exit(ctx, 1);                                 // +
+        return;                                                                  // +
+    }                                                                            // +
+    uint32_t base[SERVICE_WORDS], n[SERVICE_WORDS];                              // + counters: the last
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++) {                               // + launches' and ours
+        base[i] = mesh_user_load(ctx, i);                                        // +
+        n[i] = 0;                                                                // +
+    }                                                                            // +
+    n[6] = 1;                                                                    // + this launch
+    uint32_t iter = 0;                                                           // +
+    bool held = false;                                // a request taken, its reply waiting for room
+    uint32_t client = 0;
+    while (!mesh_should_stop(ctx)) {
+        if ((++iter & 1023u) == 0 && threadIdx.x == 0) {                         // + heartbeat, counters
+            mesh_heartbeat(ctx, ++beat);                                         // +
+            n[5] = in.corrupt;                                                   // +
+            n[7] = in.ch.partial;                                                // +
+            service_report(ctx, base, n);                                        // +
+        }                                                                        // +
+        uint32_t gone;
+        while (mesh_group_departed(&out, &gone)) n[4]++;   // acknowledged as returned; drop per-client state here
+        if (!held) {
+            const int k = mesh_fanin_take_deferred(&in, req, &client);
+            if (k == MESH_TAKE_NONE) continue;        // nothing whole yet
+            if (k == MESH_TAKE_SKIP) {                // a send cut off (death, revocation): nothing to answer
+                n[1]++;                                                          // +
+                mesh_fanin_commit(&in);
+                continue;
+            }
+            if (threadIdx.x == 0) req[1] += 1;        // f(client, request)
+            __syncwarp();
+        }
+        const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
+        held = r == MESH_REPLY_FULL;                  // FULL: a slow client, tried again next time
+        if (r == MESH_REPLY_SENT) n[0]++;                                        // +
+        else if (r == MESH_REPLY_GONE) n[2]++;                                   // +
+        else n[3]++;                                                             // +
+        if (!held) mesh_fanin_commit(&in);            // answered (or dropped): the request is done
+    }
+    mesh_fanin_close(&in);                            // exact positions for the next launch
+    mesh_group_close(&out);
+    n[5] = in.corrupt;                                                           // +
+    n[7] = in.ch.partial;                                                        // +
+    if (threadIdx.x == 0) service_report(ctx, base, n);                          // + the exact counts
+    if (threadIdx.x == 0) mesh_end(ctx);
+}
