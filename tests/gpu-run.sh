@@ -3,10 +3,12 @@
 # Compiles the test programs to PTX where nvcc exists, for every call, in parallel (and keeps them in
 # $OUT/ptx.tar to be committed),
 # runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
-# Usage: ./run [tests|bench|all|chan|lean|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
+# Usage: ./run [tests|bench|all|chan|lean|service|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
 # lean: issue 24 item 2 alone (PENDING, issue 24 call 4): the g2g probe, then `mesh-gpu-bench g2g-lean blink`
 #   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
+# service: issue 26's service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24)
+#   and `mesh-gpu-bench service blink|mps`.
 # chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
 # 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
 # In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise.
@@ -41,7 +43,7 @@ else
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
-if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ]; then
+if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ]; then
   IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
   img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
     local file=$1; shift; img_total=$((img_total + 1))
@@ -77,7 +79,7 @@ fi
 # --- end image kinds ---
 
 # --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
-if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ]; then
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ]; then
   if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
       native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
     ROWS+=("nvcc native-cuda|built bin/native-cuda")
@@ -122,6 +124,19 @@ if [ "$WHAT" = lean ]; then
     timeout -k 10 400 bin/mesh-gpu-bench g2g-lean ${LEAN_MODE:-blink}; echo "g2g-lean rc=$?"
   } 2>&1 | tee "$OUT/lean-bench.log"
   ROWS+=("g2g-lean bench|$(grep -c 'rc=0' "$OUT/lean-bench.log")/1 rc=0 (log: lean-bench.log)")
+fi
+
+if [ "$WHAT" = service ]; then
+  timeout -k 10 400 bin/test-service --test-threads=1 --nocapture >"$OUT/test-service.log" 2>&1
+  rc=$?
+  ROWS+=("test-service|rc=$rc $(grep -E '^test result:' "$OUT/test-service.log" | tail -1) (log: test-service.log)")
+  grep -E '^test .* (FAILED|ok)$|^service |^\||^longest wait' "$OUT/test-service.log"
+  grep -E 'panicked' -A5 "$OUT/test-service.log" | head -30
+  for mode in blink mps; do
+    timeout -k 10 300 bin/mesh-gpu-bench service $mode >"$OUT/bench-service-$mode.log" 2>&1
+    ROWS+=("mesh-gpu-bench service $mode|rc=$? (log: bench-service-$mode.log)")
+    cat "$OUT/bench-service-$mode.log"
+  done
 fi
 
 if [ "$WHAT" = chaos ]; then
@@ -196,6 +211,12 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
   # One bulk channel of P parts served by B = P blocks each end, beside copy_blocks (issue 24 item 3);
   # not yet run on a GPU when written.
   for a in "parts blink" "parts mps"; do
+    timeout -k 10 300 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    ROWS+=("mesh-gpu-bench $a|rc=$?")
+  done
+  # A service of many clients (issue 26): 1, 8, 64 client processes beside the SPSC round trip through
+  # echo_warp, one meshd per mode; not yet run on a GPU when written.
+  for a in "service blink" "service mps"; do
     timeout -k 10 300 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub mod chaos;
 pub mod harness;
+pub mod service;
 pub mod stress;
 
 use mesh_backend::ImageKind;

@@ -117,7 +117,16 @@ fn bench_here() -> Result<()> {
     }
     // The control plane through the CLI (needs meshd beside the benchmark binary).
     run(cargo().args(["build", "--release", "-p", "meshd"]))?;
-    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))
+    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))?;
+    // A service of many clients (issue 26): meshd and the client processes beside the benchmark binary,
+    // service.cu's PTX from `cargo xtask ptx`.
+    run(cargo().args(["build", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-service-client"]))?;
+    for mode in ["blink", "mps"] {
+        run(cargo()
+            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "service", mode])
+            .env(GPU_GATE, "1"))?;
+    }
+    Ok(())
 }
 
 /// Test executables built by `cargo test --no-run`, read off cargo's JSON messages.
@@ -159,8 +168,9 @@ fn bundle(dir: &Path) -> Result<()> {
     for entry in std::fs::read_dir(target.join("release"))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
-        let is_bin = ["meshd", "mesh-mps-worker", "mesh-gpu-bench", "mesh-cli-bench", "mesh-native-rust"]
-            .contains(&name.as_str());
+        let is_bin =
+            ["meshd", "mesh-mps-worker", "mesh-gpu-bench", "mesh-cli-bench", "mesh-native-rust", "mesh-service-client"]
+                .contains(&name.as_str());
         if is_bin && path.is_file() {
             std::fs::copy(&path, dir.join("bin").join(&name))?;
         }

@@ -7,6 +7,9 @@
 //!   GPU→GPU beside back-to-back cudaMemcpyAsync;
 //! * bulk channels of P parts (`parts` module, `mesh-gpu-bench parts blink|mps`): one channel served
 //!   by B = P blocks each end beside a plain copy kernel of the same B blocks;
+//! * a service of many clients (`service` module, `mesh-gpu-bench service [blink|mps]`): request → reply
+//!   latency and aggregate rate with 1, 8 and 64 client processes beside the SPSC round trip through
+//!   `echo_warp`, all through one meshd;
 //! * nvJitLink: cold (library start-up, paid once by `Jit::start`), warm, cached.
 
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ mod bulk;
 mod channels;
 mod parts;
 mod roundtrip;
+mod service;
 use channels::channel_benches;
 
 const ONE: LaunchShape = LaunchShape { grid: [1, 1, 1], block: [32, 1, 1], shared_mem: 0 };
@@ -45,10 +49,12 @@ fn main() {
         ["g2g-lean", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips_lean(*mode == "mps"),
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
         ["parts", mode @ ("blink" | "mps")] => return parts::parts_benches(*mode == "mps"),
+        ["service"] => return service::service_benches(false),
+        ["service", mode @ ("blink" | "mps")] => return service::service_benches(*mode == "mps"),
         [] => {}
         other => {
             eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps` or `parts blink|mps`"
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps`, `parts blink|mps` or `service [blink|mps]`"
             );
             std::process::exit(2);
         }

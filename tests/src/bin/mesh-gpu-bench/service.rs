@@ -1,0 +1,238 @@
+//! A service of many clients (issue 26, `mesh-gpu-bench service [blink|mps]`) beside the single-client
+//! SPSC round trip, in one meshd and one run.
+//!
+//! * baseline: `echo_warp` on two LL host channels of 64-byte messages (capacity 64), this process the
+//!   host end (spinning on `try_send` / `try_recv`): round-trip median and p99 of 20,000 after 1,000,
+//!   and a stream of windows of 16 (send 16, receive 16) for 2 s;
+//! * the service: `meshd service create svc --clients 64 --msg-size 64 --capacity 256 --reply-size 64
+//!   --reply-capacity 16`, `service.cu` loaded on it; `mesh-service-client` processes (meshd's client
+//!   API, polling as it polls: spin, then sleep up to 1 ms) with every reply checked:
+//!   * latency with 1, 8 and 64 clients, each one request in flight (`request`), timed from the send to
+//!     the reply in each client: median and p99 over every client's requests together;
+//!   * aggregate requests/s with 1, 8 and 64 clients streaming for 2 s, each in windows of
+//!     min(16, 256 / clients) (send the window, then receive it; the fan-in ring holds 256, a reply
+//!     ring 16): the sum of the replies over the longest client's time.
+//!
+//! The issue's goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
+//! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
+//! machine's count is printed. Not yet run on a GPU when written.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use mesh_gpu_tests::harness::Meshd;
+use mesh_gpu_tests::service::{ClientProcess, field};
+use mesh_gpu_tests::{programs_dir, stress};
+use mesh_shm::{Consumer, Producer};
+
+use crate::{percentiles, us};
+
+const SIZE: u32 = 64;
+const ROUNDS: usize = 20_000;
+const WARMUP: usize = 1_000;
+const CLIENTS: [usize; 3] = [1, 8, 64];
+const FANIN_CAPACITY: usize = 256;
+const REPLY_CAPACITY: usize = 16;
+const STREAM_SECS: f64 = 2.0;
+
+fn ptx(name: &str) -> String {
+    let p = programs_dir().join(format!("{name}.ptx"));
+    assert!(
+        p.is_file(),
+        "{}: no PTX (the bundle's ./run compiles every program; by hand `cargo xtask ptx`)",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+/// The SPSC baseline through `echo_warp`: (median µs, p99 µs, requests/s streaming in windows of 16).
+fn spsc(d: &Meshd) -> (f64, f64, f64) {
+    let size = SIZE.to_string();
+    for ch in ["to-echo", "from-echo"] {
+        d.ok(&["channel", "create", ch, "--msg-size", &size, "--capacity", "64"]);
+    }
+    d.ok(&["load", "echo", &ptx("echo_warp"), "--bind", "to-echo", "--bind", "from-echo"]);
+    let mb = d.mailbox();
+    let mut tx = Producer::claim(&mb, "to-echo").unwrap();
+    let mut rx = Consumer::claim(&mb, "from-echo").unwrap();
+    let (mut msg, mut back) = (vec![0u8; SIZE as usize], vec![0u8; SIZE as usize]);
+    let mut times = Vec::with_capacity(ROUNDS);
+    let mut seq = 0u64;
+    for i in 0..ROUNDS + WARMUP {
+        stress::fill(&mut msg, seq);
+        let t = Instant::now();
+        while !tx.try_send(&msg).unwrap() {}
+        while !rx.try_recv(&mut back).unwrap() {
+            std::hint::spin_loop();
+        }
+        let took = t.elapsed();
+        stress::check(&back, seq).unwrap_or_else(|e| panic!("echo_warp: {e}"));
+        seq += 1;
+        if i >= WARMUP {
+            times.push(took);
+        }
+    }
+    let (median, p99, _) = percentiles(times);
+    // Streaming: windows of 16.
+    let t = Instant::now();
+    let mut done = 0u64;
+    while t.elapsed().as_secs_f64() < STREAM_SECS {
+        for k in 0..16 {
+            stress::fill(&mut msg, seq + k);
+            while !tx.try_send(&msg).unwrap() {}
+        }
+        for k in 0..16 {
+            while !rx.try_recv(&mut back).unwrap() {
+                std::hint::spin_loop();
+            }
+            stress::check(&back, seq + k).unwrap_or_else(|e| panic!("echo_warp stream: {e}"));
+        }
+        seq += 16;
+        done += 16;
+    }
+    let rate = done as f64 / t.elapsed().as_secs_f64();
+    drop((tx, rx));
+    d.ok(&["unload", "echo"]);
+    (us(median), us(p99), rate)
+}
+
+/// Starts `n` clients with `args`, waits for them to attach, says `go`, waits for their `done` lines.
+fn clients(d: &Meshd, dir: &std::path::Path, tag: &str, n: usize, args: impl Fn(usize) -> Vec<String>) -> Vec<String> {
+    let mut procs: Vec<ClientProcess> =
+        (0..n).map(|i| ClientProcess::spawn(&d.socket, "svc", &args(i), dir.join(format!("{tag}-{i}.log")))).collect();
+    for (i, p) in procs.iter_mut().enumerate() {
+        p.wait_ready(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{tag} client {i}: {e}\nmeshd:\n{}", d.log_text()));
+    }
+    // Every client runs its count or its seconds, then exits: stdin stays open (a close means stop).
+    for p in &mut procs {
+        p.say("go");
+    }
+    procs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, p)| {
+            let (code, done) =
+                p.wait_done(Duration::from_secs(300)).unwrap_or_else(|e| panic!("{tag} client {i}: {e}"));
+            let done = done.unwrap_or_default();
+            assert_eq!(code, Some(0), "{tag} client {i} exited {code:?}: {done} {}", p.said());
+            done
+        })
+        .collect()
+}
+
+/// Latency with `n` clients, one request in flight each: (median µs, p99 µs, requests measured).
+fn latency(d: &Meshd, dir: &std::path::Path, n: usize) -> (f64, f64, usize) {
+    let count = (ROUNDS / n).max(2_000);
+    let files: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("lat-{n}-{i}.bin"))).collect();
+    clients(d, dir, &format!("lat{n}"), n, |i| {
+        vec![
+            "--mode".into(),
+            "latency".into(),
+            "--count".into(),
+            count.to_string(),
+            "--warmup".into(),
+            (WARMUP / 2).to_string(),
+            "--out".into(),
+            files[i].display().to_string(),
+        ]
+    });
+    let mut all = Vec::with_capacity(count * n);
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        all.extend(bytes.chunks_exact(8).map(|b| Duration::from_nanos(u64::from_le_bytes(b.try_into().unwrap()))));
+    }
+    let measured = all.len();
+    let (median, p99, _) = percentiles(all);
+    (us(median), us(p99), measured)
+}
+
+/// Aggregate requests/s of `n` clients streaming in windows of `window`.
+fn streaming(d: &Meshd, dir: &std::path::Path, n: usize, window: usize) -> f64 {
+    let done = clients(d, dir, &format!("stream{n}"), n, |_| {
+        vec![
+            "--mode".into(),
+            "stream".into(),
+            "--inflight".into(),
+            window.to_string(),
+            "--secs".into(),
+            STREAM_SECS.to_string(),
+        ]
+    });
+    let replies: u64 = done.iter().map(|l| field(l, "replies").unwrap_or(0)).sum();
+    let longest = done.iter().map(|l| field(l, "elapsed_us").unwrap_or(0)).max().unwrap_or(1).max(1);
+    replies as f64 / (longest as f64 / 1e6)
+}
+
+/// `mesh-gpu-bench service [blink|mps]`.
+pub fn service_benches(mps: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mps_dir = dir.path().join("mps");
+    let mut args = vec!["--channels", "64"];
+    if mps {
+        args.extend(["--isolation", "mps", "--pool", "2", "--mps-dir", mps_dir.to_str().unwrap()]);
+    }
+    let mode = if mps { "mps" } else { "blink" };
+    let d = Meshd::start(&args);
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+
+    let (spsc_median, spsc_p99, spsc_rate) = spsc(&d);
+
+    let size = SIZE.to_string();
+    d.ok(&[
+        "service",
+        "create",
+        "svc",
+        "--clients",
+        "64",
+        "--msg-size",
+        &size,
+        "--capacity",
+        &FANIN_CAPACITY.to_string(),
+        "--reply-size",
+        &size,
+        "--reply-capacity",
+        &REPLY_CAPACITY.to_string(),
+    ]);
+    d.ok(&["load", "svc", &ptx("service"), "--bind", "svc", "--bind", "svc.replies"]);
+    // Warm-up: one client's stream (attach path, JIT cache, the program's first scan).
+    let _ = streaming(&d, dir.path(), 1, 4);
+
+    let lat: Vec<(usize, (f64, f64, usize))> = CLIENTS.iter().map(|&n| (n, latency(&d, dir.path(), n))).collect();
+    let rates: Vec<(usize, usize, f64)> = CLIENTS
+        .iter()
+        .map(|&n| {
+            let window = (FANIN_CAPACITY / n).clamp(1, REPLY_CAPACITY);
+            (n, window, streaming(&d, dir.path(), n, window))
+        })
+        .collect();
+
+    println!();
+    println!("Service (issue 26), {mode} mode, {SIZE}-byte requests and replies, {cores} host cores: service.cu with");
+    println!("mesh-service-client processes (meshd's client API; each polls as it does: spin, then sleep up to 1 ms),");
+    println!(
+        "beside the single-client SPSC round trip through echo_warp (this process spinning), same meshd, same run."
+    );
+    println!("Latency: one request in flight per client, µs over every client's requests. Streaming: {STREAM_SECS} s,");
+    println!("windows of min({REPLY_CAPACITY}, {FANIN_CAPACITY} / clients) per client; aggregate replies/s.");
+    println!();
+    println!("| mode | path | clients | median µs | p99 µs | p99 / SPSC median | window | requests/s | × 1 client |");
+    println!("|------|------|--------:|----------:|-------:|------------------:|-------:|-----------:|-----------:|");
+    println!(
+        "| {mode} | SPSC echo_warp | 1 | {spsc_median:.2} | {spsc_p99:.2} | {:.2} | 16 | {spsc_rate:.0} | |",
+        spsc_p99 / spsc_median
+    );
+    let one = rates.first().map_or(1.0, |r| r.2);
+    for ((n, (median, p99, _)), (_, window, rate)) in lat.iter().zip(&rates) {
+        println!(
+            "| {mode} | service | {n} | {median:.2} | {p99:.2} | {:.2} | {window} | {rate:.0} | {:.2} |",
+            p99 / spsc_median,
+            rate / one
+        );
+    }
+    println!(
+        "(latency: {} requests measured per row; goals: 64-client p99 ≤ 3× the SPSC round trip, 64 streaming ≥ 8× one)",
+        lat.iter().map(|(n, l)| format!("{n}: {}", l.2)).collect::<Vec<_>>().join(", ")
+    );
+    d.ok(&["shutdown"]);
+}
