@@ -16,6 +16,10 @@
 // Channel bindings one `mesh_ctx` holds (`MESH_MAX_BINDINGS` of mesh.cuh).
 #define MESH_SHM_MAX_BINDINGS 8
 
+// How long `mesh_service_connect` waits for each of meshd's answers (meshd answers at once, but
+// an attach may wait up to half a second for the serving program to acknowledge a departure).
+#define MESH_SERVICE_ANSWER_TIMEOUT_MS 30000
+
 // A claimed consumer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshConsumer MeshConsumer;
 
@@ -24,6 +28,10 @@ typedef struct MeshMailbox MeshMailbox;
 
 // A claimed producer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshProducer MeshProducer;
+
+// A client of a meshd service (opaque): its lease on the control socket, its request end and its
+// reply ring. Used by one thread at a time.
+typedef struct MeshService MeshService;
 
 // The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
 typedef int32_t MeshStatus;
@@ -87,6 +95,20 @@ typedef struct MeshShmCtx {
   uint32_t reserved;
 } MeshShmCtx;
 
+// What a service client is: its id and the sizes of its two channels.
+typedef struct MeshServiceInfo {
+  // The client's id (`slot | epoch << 16`): what every request carries.
+  uint32_t id;
+  // Bytes per request (shorter ones are zero-padded).
+  uint32_t msg_size;
+  // Requests the fan-in ring holds, over all clients.
+  uint32_t capacity;
+  // Bytes per reply: a receive buffer is exactly this long.
+  uint32_t reply_size;
+  // Replies the client's own ring holds.
+  uint32_t reply_capacity;
+} MeshServiceInfo;
+
 // Done.
 #define MESH_OK 0
 
@@ -128,6 +150,17 @@ typedef struct MeshShmCtx {
 
 // A bug inside this library (a panic, caught): the call did nothing.
 #define MESH_ERR_PANIC -10
+
+// meshd refused the request (a service that does not exist, every client slot bound, …); the
+// reason, meshd's own text, is in `mesh_shm_last_error()`.
+#define MESH_ERR_REFUSED -11
+
+// No meshd answers on the control socket (not running, or another socket path).
+#define MESH_ERR_UNREACHABLE -12
+
+// meshd's answer could not be read (the connection closed early, a line that is not the protocol's
+// JSON, or no answer within [`MESH_SERVICE_ANSWER_TIMEOUT_MS`]).
+#define MESH_ERR_PROTOCOL -13
 
 #ifdef __cplusplus
 extern "C" {
@@ -273,6 +306,89 @@ const char *mesh_shm_strerror(MeshStatus code);
 
 // The text of the last error on this thread ("" when none): valid until the next call on this thread.
 const char *mesh_shm_last_error(void);
+
+// Attaches this process to service `service` of the meshd listening on `socket_path` (NULL: the
+// path in `MESHD_SOCKET`, else `/tmp/meshd.sock`), maps its mailbox and opens the client's two
+// ends, into `*out` (written only on success). The connection stays open as the client's lease
+// until [`mesh_service_close`].
+//
+// Returns [`MESH_ERR_REFUSED`] when meshd refuses (no such service, every client slot bound: its
+// reason in `mesh_shm_last_error()`), [`MESH_ERR_UNREACHABLE`] when no meshd answers there,
+// [`MESH_ERR_PROTOCOL`] when its answer cannot be read, or a mailbox error.
+//
+// # Safety
+// `socket_path` is NULL or NUL-terminated; `service` is NULL (refused) or NUL-terminated; `out`
+// is NULL (refused) or writable.
+MeshStatus mesh_service_connect(const char *socket_path,
+                                const char *service,
+                                struct MeshService **out);
+
+// The client's id and its channels' sizes into `*info`.
+//
+// # Safety
+// `s` is NULL or a live service client; `info` is NULL or writable.
+MeshStatus mesh_service_info(const struct MeshService *s, struct MeshServiceInfo *info);
+
+// The client's id (`slot | epoch << 16`) into `*id`.
+//
+// # Safety
+// `s` is NULL or a live service client; `id` is NULL or writable.
+MeshStatus mesh_service_id(const struct MeshService *s, uint32_t *id);
+
+// Sends one request of `len` bytes (at most the request size; shorter ones are zero-padded) if
+// there is room: [`MESH_FULL`] when the fan-in ring is full.
+//
+// # Safety
+// `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`
+// readable bytes.
+MeshStatus mesh_service_try_send(struct MeshService *s, const void *msg, size_t len);
+
+// Sends one request, waiting up to `timeout_ms` for room (`MESH_TIMEOUT` then).
+//
+// # Safety
+// As [`mesh_service_try_send`].
+MeshStatus mesh_service_send(struct MeshService *s,
+                             const void *msg,
+                             size_t len,
+                             uint32_t timeout_ms);
+
+// Receives the next reply into `out` (`len` must be the reply size): [`MESH_EMPTY`] when
+// none is there.
+//
+// # Safety
+// `s` is NULL or a live service client, used by one thread at a time; `out` is NULL or `len`
+// writable bytes.
+MeshStatus mesh_service_try_recv(struct MeshService *s, void *out, size_t len);
+
+// Receives the next reply, waiting up to `timeout_ms` (`MESH_TIMEOUT` then).
+//
+// # Safety
+// As [`mesh_service_try_recv`].
+MeshStatus mesh_service_recv(struct MeshService *s, void *out, size_t len, uint32_t timeout_ms);
+
+// Sends one request and receives the next reply into `out` (`out_len` must be the reply size),
+// both within `timeout_ms` (`MESH_TIMEOUT` then: if the send went, its reply is the next
+// receive's). Replies come in the order the server sends them; this pairs a request with the next.
+//
+// # Safety
+// `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`
+// readable bytes; `out` is NULL or `out_len` writable bytes.
+MeshStatus mesh_service_request(struct MeshService *s,
+                                const void *msg,
+                                size_t len,
+                                void *out,
+                                size_t out_len,
+                                uint32_t timeout_ms);
+
+// Leaves the service and frees the client: releases its reply ring, then detaches (meshd takes
+// the client back, and the server is told of its departure). NULL is ignored. The client is freed
+// whatever this returns: [`MESH_OK`], also when meshd has gone (nothing is left to give back), or
+// [`MESH_ERR_REFUSED`] when meshd refused the detach (the lease is closed all the same, which meshd
+// takes as leaving too).
+//
+// # Safety
+// `s` is NULL or a live service client, closed once.
+MeshStatus mesh_service_close(struct MeshService *s);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -7,6 +7,12 @@
 //! the region `mesh_shm_region` gives with `cudaHostRegister(…, cudaHostRegisterMapped)`, builds the
 //! kernel's `mesh_ctx` with `mesh_shm_ctx` from the device pointer, and says `mesh_shm_ready()`.
 //!
+//! A client of a meshd *service* (issue 26: many host clients, one server) uses the `mesh_service_*`
+//! calls ([`service`]): `mesh_service_connect(socket, "kv", &svc)` attaches over meshd's control
+//! socket (the connection stays open as the client's lease), then `mesh_service_request` (or
+//! `_send` / `_recv` and their `try_` forms) go through the mailbox, and `mesh_service_close`
+//! detaches.
+//!
 //! Conventions: every call returns a [`MeshStatus`]: [`MESH_OK`], a positive "not now"
 //! ([`MESH_FULL`], [`MESH_EMPTY`], [`MESH_TIMEOUT`]) or a negative error, whose text
 //! [`mesh_shm_last_error`] gives on the calling thread. Null pointers and bad arguments are errors,
@@ -19,7 +25,11 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
+use mesh_shm::group::GroupError;
 use mesh_shm::{BulkConsumer, BulkProducer, ChannelInfo, Consumer, Mailbox, Producer, Protocol, ShmError};
+
+pub mod service;
+pub use service::*;
 
 /// The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
 pub type MeshStatus = i32;
@@ -269,7 +279,12 @@ fn shm_fail(e: &ShmError) -> MeshStatus {
         ShmError::Claimed { .. } => MESH_ERR_CLAIMED,
         ShmError::MessageSize { .. } => MESH_ERR_MSG_SIZE,
         ShmError::Timeout { .. } => MESH_TIMEOUT,
-        ShmError::Corrupt { .. } => MESH_ERR_CORRUPT,
+        ShmError::Corrupt { .. } | ShmError::FanIn { .. } => MESH_ERR_CORRUPT,
+        ShmError::Group {
+            error:
+                GroupError::Invalid { .. } | GroupError::BadState { .. } | GroupError::Ring { .. } | GroupError::FanIn(_),
+            ..
+        } => MESH_ERR_CORRUPT,
         _ => MESH_ERR_ARG,
     };
     fail(code, e)
@@ -848,6 +863,9 @@ pub extern "C" fn mesh_shm_strerror(code: MeshStatus) -> *const c_char {
         MESH_ERR_CORRUPT => c"ring indices corrupt",
         MESH_ERR_ENV => c"a MESH_* environment variable is missing or malformed",
         MESH_ERR_PANIC => c"internal error in mesh-shm-c",
+        MESH_ERR_REFUSED => c"meshd refused the request",
+        MESH_ERR_UNREACHABLE => c"no meshd answers on the control socket",
+        MESH_ERR_PROTOCOL => c"meshd's answer could not be read",
         _ => c"unknown status",
     };
     s.as_ptr()
