@@ -410,3 +410,45 @@ def test_close_after_meshd_is_gone_is_quiet(daemon: Daemon, peer: Peer) -> None:
     peer.finish(daemon.child)
     svc.close()
     assert svc.closed
+
+
+def test_blocking_calls_release_the_gil_wake_for_ctrl_c_and_time_out_on_a_full_ring(daemon: Daemon) -> None:
+    # No server: requests stay in the fan-in ring, no reply comes.
+    daemon.client.service_create("slow", clients=2, msg_size=8, capacity=4)
+    with meshd.Service.connect("slow", daemon.socket, timeout=DEADLINE) as svc:
+        ticks = 0
+        stop = threading.Event()
+
+        def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=ticker)
+        t.start()
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                svc.request(b"12345678", timeout=DEADLINE)
+        finally:
+            timer.cancel()
+            signal.signal(signal.SIGINT, previous)
+            stop.set()
+            t.join()
+        assert ticks > 10, "another thread ran Python while the request waited"
+        for _ in range(3):
+            assert svc.try_send(b"x")
+        assert not svc.try_send(b"x"), "capacity 4: full without blocking"
+        with pytest.raises(meshd.MeshTimeoutError) as e:
+            svc.send(b"x", timeout=0.05)
+        assert (e.value.channel, e.value.op) == ("slow", "send")
+        with pytest.raises(meshd.MeshTimeoutError) as e:
+            asyncio.run(svc.asend(b"x", timeout=0.05))
+        assert (e.value.channel, e.value.op) == ("slow", "send")
+        with pytest.raises(meshd.MeshTimeoutError) as e:
+            asyncio.run(svc.arequest(b"x", timeout=0.05))
+        assert e.value.op == "send"
+        assert svc.try_recv() is None
