@@ -152,6 +152,13 @@ fn test_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// Runs `strip FLAG path`; best effort (without `strip` the file stays as it is).
+fn strip(flag: &str, path: &Path) {
+    if Command::new("strip").arg(flag).arg(path).status().is_ok_and(|s| s.success()) {
+        eprintln!("strip {flag} {}", path.display());
+    }
+}
+
 /// Everything a GPU machine without cargo needs: binaries, program sources and PTX, and a `run` script.
 fn bundle(dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
@@ -194,9 +201,7 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::copy(target.join("release/libmesh_shm_c.a"), &lib)?;
     // The static library carries std's debug info (24 MiB of it, 15 without): a bundle travels
     // with the working tree under a 64 MiB limit. Best effort: without `strip` it goes as it is.
-    if Command::new("strip").arg("--strip-debug").arg(&lib).status().is_ok_and(|s| s.success()) {
-        eprintln!("stripped the debug info of {}", lib.display());
-    }
+    strip("--strip-debug", &lib);
     std::fs::copy("crates/mesh-shm-c/include/mesh_shm.h", dir.join("native/mesh_shm.h"))?;
     for f in ["native_echo.cu", "native_kernel.cuh"] {
         std::fs::copy(Path::new("examples/native-cuda").join(f), dir.join("native").join(f))?;
@@ -210,6 +215,12 @@ fn bundle(dir: &Path) -> Result<()> {
         run(Command::new("crates/mesh-py/bundle.sh").arg(dir))?;
     } else {
         eprintln!("SKIPPED the Python package in the bundle: no maturin here (python3 -m pip install maturin)");
+    }
+    // The executables' symbols and std's debug info are a third of their size (28 of them): without
+    // them the bundle leaves room for the Python wheel. A panic still prints its message and location;
+    // only a RUST_BACKTRACE loses its function names.
+    for entry in std::fs::read_dir(dir.join("bin"))? {
+        strip("--strip-all", &entry?.path());
     }
     let size: u64 = walk(dir)?.iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     eprintln!("bundle {}: {:.1} MiB", dir.display(), size as f64 / (1 << 20) as f64);
