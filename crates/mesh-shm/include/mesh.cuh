@@ -1091,13 +1091,14 @@ typedef struct {
     mesh_chan ch;       // ring, slots (the LL slots after the host-only owner table), msg_size, mask, ...
     uint32_t stride;    // bytes per slot: 16 + 2 * msg_size
     uint32_t corrupt;   // slots passed over whose kind no producer writes (report it if you like)
+    uint32_t strange;   // mesh_fanin_peek: which of the requests it returned are of such a kind
 } mesh_fanin;
 
 // Opens binding `b`, which must be a host channel of protocol fanin (mesh-shm points its `slots` at the
 // LL slots, past the owner table the GPU never reads). Otherwise ch.msg_size is 0 and every take finds
 // nothing. Resumes at the published tail (after a crash: at-least-once, as every consumer).
 static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, uint32_t b) {
-    mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0};
+    mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0, 0};
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
         return f;
     const mesh_binding& d = c.bindings[b];
@@ -1199,6 +1200,155 @@ static __device__ __forceinline__ int mesh_fanin_take(mesh_fanin* f, void* buf, 
 // committed); call it before mesh_end.
 static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
     mesh_chan_flush(&f->ch);
+}
+
+// --- Many requests per round trip: mesh_fanin_peek, mesh_reply_many, mesh_fanin_consume ---
+//
+// The loop above takes one request per PCIe round trip (about 2 µs on the H200): about 450,000
+// requests a second whatever the number of clients. A service of many clients takes every request
+// that has arrived at once instead, answers them in parallel, one lane per request, and gives their
+// slots back together (tests/programs/service.cu is this loop; the header's loop above is its
+// one-at-a-time form):
+//
+//     __shared__ uint32_t reqs[MESH_FANIN_BATCH_MAX * 16];  // 32 requests of 64 bytes
+//     __shared__ uint32_t from[MESH_FANIN_BATCH_MAX];       // their senders
+//     while (!mesh_should_stop(ctx)) {
+//         uint32_t gone, skipped, dropped;
+//         while (mesh_group_departed(&out, &gone)) {}
+//         const uint32_t n = mesh_fanin_peek(&in, reqs, from, &skipped, MESH_FANIN_BATCH_MAX);
+//         if (n == 0) continue;                             // nothing whole at the position yet
+//         const uint32_t w = in.ch.msg_size / 4u, j = threadIdx.x;
+//         if (j < n && !((skipped >> j) & 1u)) reqs[j * w + 1] += 1;  // f(from[j], request j): lane j
+//         __syncwarp();
+//         const uint32_t done = mesh_reply_many(&out, from, reqs, n, skipped, &dropped);
+//         mesh_fanin_consume(&in, done);                    // requests [0, done) answered or dropped
+//     }
+//
+// mesh_fanin_peek copies the whole requests at the fan-in's position (up to `max`, in order) without
+// taking them; mesh_reply_many answers a prefix of them, [0, done): every one unless a client's reply
+// ring is full, in which case it stops at that client's first request that found no room, and sends
+// nothing after it; mesh_fanin_consume gives back the prefix. The rest are peeked again by the next
+// call, from the mailbox, as they came (so `f` is applied to a fresh copy). A stop publishes the
+// consumed position, so the next launch answers exactly the requests this one did not: an orderly
+// stop loses no reply and repeats none, as with the deferred take. As in the loop above, a client
+// whose ring stays full stalls the requests behind its own until it reads or leaves.
+
+// Requests mesh_fanin_peek takes per call at most: one per lane.
+#define MESH_FANIN_BATCH_MAX 32u
+// Slots an empty poll's next peek looks at (it doubles after each peek that found all it looked at, up
+// to `max`): one request alone is found in one round trip of this many slots' words, a burst in a few.
+#ifndef MESH_FANIN_POLL_MIN
+#define MESH_FANIN_POLL_MIN 4u
+#endif
+// 16-byte loads per lane per round trip of a peek (17: one round trip for 32 slots of 64-byte requests,
+// or one slot of a 4 KiB one).
+#define MESH_FANIN_PAIRS 17u
+
+static __device__ __forceinline__ uint32_t mesh_warp_or(uint32_t v) {
+    for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Copies the whole requests at the fan-in's position, up to `max` (at most MESH_FANIN_BATCH_MAX), in
+// order, into `buf` (request j at j * msg_size bytes; 4-byte aligned, shared or global memory), their
+// senders into `senders[j]`, and sets bit j of *skipped for a slot completed as a skip (a send cut
+// off: nothing to answer; its buffer is untouched, and slots of a kind no producer writes count as
+// skips and in `corrupt`; a skipped request's part of `buf` holds whatever its slot held). Returns how many (the same on every lane); 0 when the first is not whole
+// yet. Takes nothing: mesh_fanin_consume does. All the slots' words are loaded with 16-byte loads, all
+// issued before any is used, and each word is judged by its own tag, as mesh_fanin_take_deferred does.
+static __device__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* senders, uint32_t* skipped, uint32_t max) {
+    mesh_chan* ch = &f->ch;
+    *skipped = 0;
+    if (ch->msg_size == 0 || max == 0) return 0;
+    if (max > MESH_FANIN_BATCH_MAX) max = MESH_FANIN_BATCH_MAX;
+    const uint32_t lane = mesh_lane();
+    const uint32_t words = MESH_FANIN_HEADER_WORDS + ch->msg_size / 4u;  // even: msg_size is a multiple of 8
+    const uint32_t round = 64u * MESH_FANIN_PAIRS;                        // words per round trip
+    uint32_t n = words <= round ? round / words : 1u;
+    if (n > max) n = max;
+    if (ch->hint < MESH_FANIN_POLL_MIN) ch->hint = MESH_FANIN_POLL_MIN;
+    if (n > ch->hint) n = ch->hint;
+    const uint32_t to_end = ch->mask + 1u - (uint32_t)(ch->mine & ch->mask);  // slots are contiguous to the ring's end
+    if (n > to_end) n = to_end;
+    const uint32_t magic = (uint32_t)(((1ull << 32) + words - 1u) / words);  // idx / words as a multiply
+    const uint32_t total = n * words;
+    const volatile uint64_t* src = (const volatile uint64_t*)(ch->slots + (ch->mine & ch->mask) * (uint64_t)f->stride);
+    uint32_t* dst = (uint32_t*)buf;
+    const uint32_t body = ch->msg_size / 4u;
+    // Per slot j (bit j): its commit word tagged, its kind word tagged, its kind not DATA, a body word
+    // not tagged. Each lane sees some words; the warp ORs what it saw.
+    uint32_t committed = 0, kinded = 0, other = 0, strange = 0, torn = 0;
+    for (uint32_t base = 0; base < total; base += round) {
+        uint64_t a[MESH_FANIN_PAIRS], b[MESH_FANIN_PAIRS];
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+            const uint32_t idx = base + 2u * (lane + 32u * k);
+            if (idx < total) mesh_ld_volatile_v2(src + idx, &a[k], &b[k]);
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+            const uint32_t idx = base + 2u * (lane + 32u * k);
+            if (idx >= total) continue;
+            // Both words of the pair: one slot (words is even). The multiply is exact while idx * words < 2^32:
+            // always with several slots (a round is 1088 words); one slot of any size is slot 0.
+            const uint32_t j = n == 1u ? 0u : __umulhi(idx, magic);
+            const uint32_t p = idx - j * words;       // the pair's first word within its slot
+            const uint32_t t = mesh_tag(ch->mine + j);
+            const bool ta = (uint32_t)(a[k] >> 32) == t, tb = (uint32_t)(b[k] >> 32) == t;
+            if (p == 0) {  // commit (the sender id) and kind
+                if (ta) {
+                    committed |= 1u << j;
+                    senders[j] = (uint32_t)a[k];
+                }
+                if (tb) {
+                    kinded |= 1u << j;
+                    if ((uint32_t)b[k] != MESH_FANIN_KIND_DATA) other |= 1u << j;
+                    if ((uint32_t)b[k] != MESH_FANIN_KIND_DATA && (uint32_t)b[k] != MESH_FANIN_KIND_SKIP) strange |= 1u << j;
+                }
+            } else {
+                if (!(ta && tb)) torn |= 1u << j;
+                dst[j * body + p - 2u] = (uint32_t)a[k];
+                dst[j * body + p - 1u] = (uint32_t)b[k];
+            }
+        }
+    }
+    committed = mesh_warp_or(committed);
+    kinded = mesh_warp_or(kinded);
+    other = mesh_warp_or(other);
+    strange = mesh_warp_or(strange);
+    torn = mesh_warp_or(torn);
+    // Slot j is whole when committed and kinded, and either not DATA (a skip: its body is not looked
+    // at) or every body word tagged. The requests are the whole slots in front of the first that is not.
+    const uint32_t whole = committed & kinded & (other | ~torn);
+    const uint32_t got = whole == 0xffffffffu ? 32u : (uint32_t)__ffs((int)~whole) - 1u;
+    const uint32_t took = got < n ? got : n;
+    if (took == 0) {
+        if (!(committed & 1u)) mesh_chan_drained(ch);  // empty: publish, look at few slots next time
+        else ch->partial++;                              // the first is still arriving
+        __syncwarp();
+        return 0;
+    }
+    if (took == n && n < max) ch->hint = 2u * n;  // all it looked at: look at more next time
+    const uint32_t mask = took == 32u ? 0xffffffffu : (1u << took) - 1u;
+    const uint32_t odd = other & mask;
+    f->strange = strange & mask;  // counted in `corrupt` when consumed, not each time it is peeked
+    *skipped = odd;
+    __syncwarp();  // every lane's copy is in buf and senders before any lane uses them
+    return took;
+}
+
+// Gives back the first `n` requests of the last mesh_fanin_peek (answered or dropped): the producers
+// may reuse their slots once the position is published (every half ring, on an empty poll, and on
+// mesh_fanin_close). Every lane together.
+static __device__ __forceinline__ void mesh_fanin_consume(mesh_fanin* f, uint32_t n) {
+    mesh_chan* ch = &f->ch;
+    if (ch->msg_size == 0 || n == 0) return;
+    const uint32_t mask = n >= 32u ? 0xffffffffu : (1u << n) - 1u;
+    f->corrupt += (uint32_t)__popc(f->strange & mask);
+    f->strange = 0;
+    ch->mine += n;
+    ch->other = ch->mine;
+    mesh_chan_progress(ch);
 }
 
 // --- The channel group: the program is every reply ring's producer ---
@@ -1352,6 +1502,101 @@ static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg
     if (mesh_lane0()) g->state[slot] = st;
     __syncwarp();  // and sees the new one next time
     return r;
+}
+
+// Answers requests [0, n) of a peek: request j's reply is `msgs + j * msg_size` (4-byte aligned), to
+// `clients[j]`, unless bit j of `skip` is set (a skipped slot: nothing to answer). Returns `done`: how
+// many of them, from the first, are answered or dropped. A request to a client that is not bound (it
+// left: GONE) is dropped and its bit set in *dropped. When a client's ring has no room for all its
+// requests of the batch (its tail is read, one round trip, only when it looks full), `done` is the
+// index of its first request that found none, and nothing at or after that index is sent (so the
+// requests after it stay in the fan-in, to be peeked and answered later, in order): n unless a client is
+// slow. Lanes in parallel: each client's first lane in the batch checks its entry and credit for all its
+// requests (in order, as mesh_reply would one by one), then every lane writes its own reply.
+static __device__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* clients, const void* msgs, uint32_t n,
+                                           uint32_t skip, uint32_t* dropped) {
+    *dropped = 0;
+    if (n > 32u) n = 32u;
+    const uint32_t lane = mesh_lane();
+    const uint32_t below = (1u << lane) - 1u;
+    const bool mine = lane < n && !((skip >> lane) & 1u);
+    const uint32_t id = mine ? clients[lane] : 0u;
+    const uint32_t slot = id & 0xffffu;
+    const bool valid = mine && g->msg_size != 0 && slot < g->entries;
+    // The lanes asking for the same entry; the lowest of them speaks for them all.
+    const uint32_t asking = __ballot_sync(0xffffffffu, valid);
+    const uint32_t same = __match_any_sync(0xffffffffu, valid ? slot : 0xffffffffu) & asking;
+    const bool leader = valid && (same & below) == 0;
+    mesh_reply_state st = {0, 0, 0, 0u, 0u};
+    uint32_t sent = 0;           // leader: its lanes whose reply goes out (bit per lane)
+    uint32_t gone = 0;           // leader: its lanes dropped (not bound)
+    uint32_t full_at = 32u;      // leader: its first lane without room
+    if (leader) {
+        st = g->state[slot];
+        bool tail_read = false;
+        uint64_t head = st.head;
+        for (uint32_t m = same; m != 0; m &= m - 1u) {
+            const uint32_t l = (uint32_t)__ffs((int)m) - 1u;
+            const uint32_t e16 = clients[l] >> 16;
+            if (!(st.bound && (st.epoch & 0xffffu) == e16)) {
+                // One 8-byte acquire load of epoch and state (see mesh_reply).
+                const uint64_t w = mesh_ld_acquire_u64(mesh_group_entry(g, slot) + MESH_GROUP_ENTRY_BINDING);
+                const uint32_t epoch = (uint32_t)w, state = (uint32_t)(w >> 32);
+                if (state != MESH_GROUP_BOUND || (epoch & 0xffffu) != e16) {
+                    gone |= 1u << l;
+                    continue;
+                }
+                st.epoch = epoch;
+                st.bound = 1u;
+            }
+            if (head - st.tail > g->mask && !tail_read) {
+                st.tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
+                tail_read = true;
+            }
+            if (head - st.tail > g->mask) {
+                full_at = l;
+                break;
+            }
+            sent |= 1u << l;
+            head++;
+        }
+    }
+    const uint32_t block = mesh_warp_min(full_at);  // the first request of the batch that found no room
+    const uint32_t done = block < n ? block : n;
+    const uint32_t keep = done >= 32u ? 0xffffffffu : (1u << done) - 1u;
+    sent &= keep;
+    gone &= keep;
+    // Each lane learns from its leader where its reply goes: the entry's head plus the replies its
+    // leader sends before it.
+    const uint32_t lead = valid ? (uint32_t)__ffs((int)same) - 1u : lane;
+    const uint32_t sent_all = __shfl_sync(0xffffffffu, sent, lead);
+    const uint64_t head0 = __shfl_sync(0xffffffffu, st.head, lead);
+    __syncwarp();  // the leader's acquire load orders every lane's stores into the ring after meshd's reset
+    if ((sent_all >> lane) & 1u) {
+        const uint64_t seq = head0 + (uint32_t)__popc(sent_all & below);
+        const uint32_t words = g->msg_size / 4u;
+        volatile uint64_t* dst = mesh_group_slot(g, slot, seq);
+        const uint64_t t = (uint64_t)mesh_tag(seq) << 32;
+        const uint32_t* src = (const uint32_t*)msgs + (uint64_t)lane * words;
+        for (uint32_t i = 0; i < words; i += 2u) mesh_st_volatile_v2(dst + i, t | src[i], t | src[i + 1]);
+    }
+    if (leader) {
+        const uint64_t half = (g->mask + 1u) / 2u;
+        st.head += (uint32_t)__popc(sent);
+        // Publish the head every half ring, and when the ring looked full (as mesh_reply does). One
+        // store per entry, by its leader: different entries, different words.
+        if (st.head != st.published && (st.head - st.published >= (half ? half : 1u) || full_at < 32u)) {
+            mesh_st_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_HEAD, st.head);
+            st.published = st.head;
+        }
+        g->state[slot] = st;
+    }
+    uint32_t lost = mesh_warp_or(gone);
+    // A request whose id names no entry of the group (forged, or the group is unbound) is dropped too.
+    lost |= __ballot_sync(0xffffffffu, mine && !valid) & keep;
+    *dropped = lost;
+    __syncwarp();  // every lane sees the new states next time
+    return done;
 }
 
 // Acknowledges entry `slot`'s departure at `epoch`: its exact head first, then acked_epoch with
