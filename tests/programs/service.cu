@@ -16,7 +16,14 @@
 //   writes, 6 launches, 7 polls that found a request half-arrived.
 #include "mesh.cuh"
 
+#ifdef SERVICE_PROFILE
+// Where the loop's time goes (service_x_profile*.cu, for the bench): 8 peeks that found requests,
+// 9 requests they found, 10 their ns / 1024, 11 ns / 1024 in mesh_reply_many and mesh_fanin_consume,
+// 12 empty (or half-arrived) peeks, 13 their ns / 1024.
+#define SERVICE_WORDS 14u
+#else
 #define SERVICE_WORDS 8u
+#endif
 #define SERVICE_MAX_BYTES 1024u  // request size this program serves at most (32 of them in shared memory)
 
 static __device__ __forceinline__ void service_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* n) {
@@ -42,6 +49,9 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     }                                                                            // +
     n[6] = 1;                                                                    // + this launch
     uint32_t iter = 0;                                                           // +
+#ifdef SERVICE_PROFILE
+    uint64_t prof_empty = 0, prof_peek = 0, prof_reply = 0;
+#endif
 #ifdef SERVICE_ONE_AT_A_TIME
     uint32_t* req = reqs;
     bool held = false;                                // a request taken, its reply waiting for room
@@ -58,7 +68,18 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         while (mesh_group_departed(&out, &gone)) n[4]++;   // acknowledged as returned; drop per-client state here
 #ifndef SERVICE_ONE_AT_A_TIME
         uint32_t skipped, dropped;
+#ifdef SERVICE_PROFILE
+        const uint64_t t0 = mesh_globaltimer();
+#endif
         const uint32_t k = mesh_fanin_peek(&in, reqs, from, &skipped, MESH_FANIN_BATCH_MAX);
+#ifdef SERVICE_PROFILE
+        const uint64_t t1 = mesh_globaltimer();
+        if (k == 0) {
+            n[12]++;
+            prof_empty += t1 - t0;
+            n[13] = (uint32_t)(prof_empty >> 10);
+        }
+#endif
         if (k == 0) continue;                         // nothing whole at the position yet
         const uint32_t w = in.ch.msg_size / 4u, j = threadIdx.x;
         if (j < k && !((skipped >> j) & 1u)) reqs[j * w + 1] += 1;  // f(from[j], request j): lane j
@@ -70,6 +91,15 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         n[1] += (uint32_t)__popc(skipped & kept);                                // +
         n[2] += (uint32_t)__popc(dropped & kept);                                // +
         if (done < k) n[3]++;                                                    // +
+#ifdef SERVICE_PROFILE
+        const uint64_t t2 = mesh_globaltimer();
+        n[8]++;
+        n[9] += k;
+        prof_peek += t1 - t0;
+        prof_reply += t2 - t1;
+        n[10] = (uint32_t)(prof_peek >> 10);
+        n[11] = (uint32_t)(prof_reply >> 10);
+#endif
 #else
         if (!held) {
             const int k = mesh_fanin_take_deferred(&in, req, &client);

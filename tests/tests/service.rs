@@ -23,8 +23,10 @@
 //! is an MPS client. The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
-//! NOT YET RUN ON A GPU (written in a session without one; compiled; the client side is CPU-tested by
-//! `service_host.rs`, against meshd's control plane with a host thread for the program).
+//! Run on the H200 in session 7 (2026-12-04, docs/gpu-runs/2026-12-04-s7), green in both modes with the
+//! one-at-a-time loop (call 1) and the batched one (calls 2-3: 30-33M replies checked per mode, 0
+//! repeats). The client side is also CPU-tested by `service_host.rs`, against meshd's control plane
+//! with a host thread for the program.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1504,6 +1504,12 @@ static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg
     return r;
 }
 
+// Whether mesh_reply_many spreads each reply's 16-byte stores over the warp's lanes (1, the default) or
+// has each request's lane write its own reply (0). Measured on the H200: BENCHMARKS.md, "Services".
+#ifndef MESH_REPLY_SPREAD
+#define MESH_REPLY_SPREAD 1
+#endif
+
 // Answers requests [0, n) of a peek: request j's reply is `msgs + j * msg_size` (4-byte aligned), to
 // `clients[j]`, unless bit j of `skip` is set (a skipped slot: nothing to answer). Returns `done`: how
 // many of them, from the first, are answered or dropped. A request to a client that is not bound (it
@@ -1512,7 +1518,7 @@ static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg
 // index of its first request that found none, and nothing at or after that index is sent (so the
 // requests after it stay in the fan-in, to be peeked and answered later, in order): n unless a client is
 // slow. Lanes in parallel: each client's first lane in the batch checks its entry and credit for all its
-// requests (in order, as mesh_reply would one by one), then every lane writes its own reply.
+// requests (in order, as mesh_reply would one by one), then the lanes write the replies together.
 static __device__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* clients, const void* msgs, uint32_t n,
                                            uint32_t skip, uint32_t* dropped) {
     *dropped = 0;
@@ -1572,14 +1578,38 @@ static __device__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* client
     const uint32_t sent_all = __shfl_sync(0xffffffffu, sent, lead);
     const uint64_t head0 = __shfl_sync(0xffffffffu, st.head, lead);
     __syncwarp();  // the leader's acquire load orders every lane's stores into the ring after meshd's reset
-    if ((sent_all >> lane) & 1u) {
-        const uint64_t seq = head0 + (uint32_t)__popc(sent_all & below);
-        const uint32_t words = g->msg_size / 4u;
+    const uint32_t words = g->msg_size / 4u;
+    const bool go = (sent_all >> lane) & 1u;  // this lane's request gets its reply
+    const uint64_t seq = head0 + (uint32_t)__popc(sent_all & below);
+#if MESH_REPLY_SPREAD
+    // Pair q of the batch (16 bytes) is pair q % ppr of reply q / ppr: consecutive lanes write
+    // consecutive pairs of a reply, so each store instruction fills whole lines of host memory, and a
+    // lone reply is written by ppr lanes at once. q / ppr by a multiply, exact while q * ppr < 2^32:
+    // q < 32 * ppr and ppr <= 8192 (64 KiB replies).
+    const uint32_t ppr = words / 2u;
+    const uint32_t pmagic = (uint32_t)(((1ull << 32) + ppr - 1u) / ppr);
+    for (uint32_t q0 = 0; q0 < n * ppr; q0 += 32u) {
+        const uint32_t q = q0 + lane;
+        uint32_t r = ppr == 1u ? q : __umulhi(q, pmagic);
+        if (r > 31u) r = 31u;  // q past the end (looked at below): any lane's values will do
+        const uint64_t rseq = __shfl_sync(0xffffffffu, seq, r);
+        const uint32_t rslot = __shfl_sync(0xffffffffu, slot, r);
+        const bool rgo = __shfl_sync(0xffffffffu, (uint32_t)go, r) != 0u;
+        if (q < n * ppr && rgo) {
+            const uint32_t p = 2u * (q - r * ppr);  // the pair's first word in the reply
+            const uint32_t* src = (const uint32_t*)msgs + (uint64_t)r * words + p;
+            mesh_st_volatile_v2(mesh_group_slot(g, rslot, rseq) + p, (uint64_t)mesh_tag(rseq) << 32 | src[0],
+                                (uint64_t)mesh_tag(rseq) << 32 | src[1]);
+        }
+    }
+#else
+    if (go) {  // each request's lane writes its own reply
         volatile uint64_t* dst = mesh_group_slot(g, slot, seq);
         const uint64_t t = (uint64_t)mesh_tag(seq) << 32;
         const uint32_t* src = (const uint32_t*)msgs + (uint64_t)lane * words;
         for (uint32_t i = 0; i < words; i += 2u) mesh_st_volatile_v2(dst + i, t | src[i], t | src[i + 1]);
     }
+#endif
     if (leader) {
         const uint64_t half = (g->mask + 1u) / 2u;
         st.head += (uint32_t)__popc(sent);

@@ -197,18 +197,32 @@ pub fn service_benches(mps: bool) {
     ]);
     // Both loops of the header on the same service, one after the other: the batched one (service.cu)
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
+    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated) measures others the same way; a
+    // `service_x_profile*` variant's user words 8-13 say where its loop's time went, printed per row.
+    let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
     let mut loops = Vec::new();
-    for (program, path) in [("service", "service"), ("service_x_serial", "service, one at a time")] {
+    let mut profiles = Vec::new();
+    for program in programs.split_whitespace() {
+        let path = match program {
+            "service" => "service".to_string(),
+            "service_x_serial" => "service, one at a time".to_string(),
+            other => other.to_string(),
+        };
         d.ok(&["load", "svc", &ptx(program), "--bind", "svc", "--bind", "svc.replies"]);
         let _ = streaming(&d, dir.path(), 1, 4);
-        let lat: Vec<(usize, (f64, f64, usize))> = CLIENTS.iter().map(|&n| (n, latency(&d, dir.path(), n))).collect();
-        let rates: Vec<(usize, usize, f64)> = CLIENTS
-            .iter()
-            .map(|&n| {
-                let window = (FANIN_CAPACITY / n).clamp(1, REPLY_CAPACITY);
-                (n, window, streaming(&d, dir.path(), n, window))
-            })
-            .collect();
+        let mut lat = Vec::new();
+        for &n in &CLIENTS {
+            let before = user_words(&d);
+            lat.push((n, latency(&d, dir.path(), n)));
+            profiles.push(profile(&path, &format!("latency, {n} clients"), &before, &user_words(&d)));
+        }
+        let mut rates = Vec::new();
+        for &n in &CLIENTS {
+            let window = (FANIN_CAPACITY / n).clamp(1, REPLY_CAPACITY);
+            let before = user_words(&d);
+            rates.push((n, window, streaming(&d, dir.path(), n, window)));
+            profiles.push(profile(&path, &format!("streaming, {n} clients"), &before, &user_words(&d)));
+        }
         d.ok(&["unload", "svc"]);
         loops.push((path, lat, rates));
     }
@@ -238,6 +252,19 @@ pub fn service_benches(mps: bool) {
             );
         }
     }
+    let profiles: Vec<String> = profiles.into_iter().flatten().collect();
+    if !profiles.is_empty() {
+        println!();
+        println!("Where a profiled loop's time went (service.cu's user words 8-13, over each row):");
+        println!();
+        println!(
+            "| program | row | peeks with requests | requests / peek | peek µs | reply µs | empty peeks | empty peek µs |"
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|---:|");
+        for line in profiles {
+            println!("{line}");
+        }
+    }
     if let Some((_, lat, _)) = loops.first() {
         println!(
             "(latency: {} requests measured per row; goals: 64-client p99 ≤ 3× the SPSC round trip, 64 streaming ≥ 8× one)",
@@ -245,4 +272,32 @@ pub fn service_benches(mps: bool) {
         );
     }
     d.ok(&["shutdown"]);
+}
+
+/// The service program's user words (its counters), through `ps` and the mailbox.
+fn user_words(d: &Meshd) -> [u32; 32] {
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
+    let row = rows.into_iter().find(|r| r["name"] == "svc").expect("svc in ps");
+    let slot = u32::try_from(row["slot"].as_u64().expect("a slot")).unwrap();
+    d.mailbox().slot(slot).unwrap().user_words()
+}
+
+/// A table row of where a `service_x_profile*` loop's time went between two readings of its words
+/// (8 peeks with requests, 9 requests, 10 their ns / 1024, 11 reply ns / 1024, 12 empty peeks, 13
+/// their ns / 1024); `None` for a program that keeps no such words.
+fn profile(path: &str, row: &str, before: &[u32; 32], after: &[u32; 32]) -> Option<String> {
+    if !path.contains("profile") {
+        return None;
+    }
+    let d = |i: usize| f64::from(after[i].wrapping_sub(before[i]));
+    let per = |total_kns: f64, count: f64| if count > 0.0 { total_kns * 1.024 / count } else { 0.0 };
+    Some(format!(
+        "| {path} | {row} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |",
+        d(8),
+        if d(8) > 0.0 { d(9) / d(8) } else { 0.0 },
+        per(d(10), d(8)),
+        per(d(11), d(8)),
+        d(12),
+        per(d(13), d(12))
+    ))
 }
