@@ -1085,6 +1085,10 @@ static_assert(MESH_PROTOCOL_FANIN == 3u && MESH_PROTOCOL_GROUP == 4u, "protocol 
 
 // --- The fan-in channel: the program is its one consumer ---
 
+// 16-byte loads per lane per round trip of mesh_fanin_peek (17: one round trip for 32 slots of 64-byte
+// requests, or one slot of a 4 KiB one).
+#define MESH_FANIN_PAIRS 17u
+
 // The consumer end of a fan-in binding. `ch` is an LL consumer (its tail publication is mesh_chan's:
 // every half ring, on drain, on close) whose slots are 16 bytes longer than an LL channel's.
 typedef struct {
@@ -1092,6 +1096,11 @@ typedef struct {
     uint32_t stride;    // bytes per slot: 16 + 2 * msg_size
     uint32_t corrupt;   // slots passed over whose kind no producer writes (report it if you like)
     uint32_t strange;   // mesh_fanin_peek: which of the requests it returned are of such a kind
+    // mesh_fanin_peek's loads of the slots after the ones it returned, issued before it returns so that
+    // they cross PCIe while the program answers (registers: every call on a mesh_fanin is inlined).
+    uint32_t ahead_n;   // slots loaded ahead (0: none)
+    uint64_t ahead_at;  // the position of the first of them
+    uint64_t ahead_a[MESH_FANIN_PAIRS], ahead_b[MESH_FANIN_PAIRS];
 } mesh_fanin;
 
 // Opens binding `b`, which must be a host channel of protocol fanin (mesh-shm points its `slots` at the
@@ -1127,7 +1136,7 @@ static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, 
 // it, until mesh_fanin_commit; the next take reads the slot after it. A launch that stops before
 // the commit leaves the slot to the next launch, which takes it again (the loop at the top of this
 // section holds a request so while its reply waits for room).
-static __device__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender) {
+static __device__ __forceinline__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender) {
     mesh_chan* ch = &f->ch;
     if (ch->msg_size == 0) return MESH_TAKE_NONE;
     const uint32_t lane = mesh_lane();
@@ -1240,23 +1249,58 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 #ifndef MESH_FANIN_POLL_MIN
 #define MESH_FANIN_POLL_MIN 4u
 #endif
-// 16-byte loads per lane per round trip of a peek (17: one round trip for 32 slots of 64-byte requests,
-// or one slot of a 4 KiB one).
-#define MESH_FANIN_PAIRS 17u
+// Whether mesh_fanin_peek loads the slots after the ones it returns before it returns (1), so that the
+// next peek finds them arrived, or loads each batch when asked (0, the default). Only when the next
+// batch's words fit one round trip (requests up to about 4 KiB). Measured on the H200 (BENCHMARKS.md,
+// "A service"): a peek then takes 2.2 µs instead of 4.1, but the replies that follow wait for the
+// loads (2.8 -> 4.8 µs a batch), so streaming gains 0-16% and a lone request loses 0.4-1.5 µs.
+#ifndef MESH_FANIN_PREFETCH
+#define MESH_FANIN_PREFETCH 0
+#endif
 
 static __device__ __forceinline__ uint32_t mesh_warp_or(uint32_t v) {
     for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
+// Slots a peek at position `at` looks at: up to `max`, the adaptive hint, one round trip's words (or
+// one slot of a larger request, over several), and the ring's end (slots are contiguous until it).
+static __device__ __forceinline__ uint32_t mesh_fanin_span(const mesh_fanin* f, uint64_t at, uint32_t max) {
+    const uint32_t words = MESH_FANIN_HEADER_WORDS + f->ch.msg_size / 4u;
+    uint32_t n = words <= 64u * MESH_FANIN_PAIRS ? 64u * MESH_FANIN_PAIRS / words : 1u;
+    if (n > max) n = max;
+    if (n > f->ch.hint) n = f->ch.hint;
+    const uint32_t to_end = f->ch.mask + 1u - (uint32_t)(at & f->ch.mask);
+    return n < to_end ? n : to_end;
+}
+
+// Issues this lane's 16-byte loads of words [base, base + one round) of the `n` slots at position `at`
+// into a / b, and returns without waiting for any of them.
+static __device__ __forceinline__ void mesh_fanin_load(const mesh_fanin* f, uint64_t at, uint32_t n, uint32_t base,
+                                                       uint64_t* a, uint64_t* b) {
+    const uint32_t total = n * (MESH_FANIN_HEADER_WORDS + f->ch.msg_size / 4u);
+    const volatile uint64_t* src = (const volatile uint64_t*)(f->ch.slots + (at & f->ch.mask) * (uint64_t)f->stride);
+    const uint32_t lane = mesh_lane();
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+        const uint32_t idx = base + 2u * (lane + 32u * k);
+        if (idx < total) mesh_ld_volatile_v2(src + idx, &a[k], &b[k]);
+    }
+}
+
 // Copies the whole requests at the fan-in's position, up to `max` (at most MESH_FANIN_BATCH_MAX), in
 // order, into `buf` (request j at j * msg_size bytes; 4-byte aligned, shared or global memory), their
 // senders into `senders[j]`, and sets bit j of *skipped for a slot completed as a skip (a send cut
-// off: nothing to answer; its buffer is untouched, and slots of a kind no producer writes count as
-// skips and in `corrupt`; a skipped request's part of `buf` holds whatever its slot held). Returns how many (the same on every lane); 0 when the first is not whole
-// yet. Takes nothing: mesh_fanin_consume does. All the slots' words are loaded with 16-byte loads, all
-// issued before any is used, and each word is judged by its own tag, as mesh_fanin_take_deferred does.
-static __device__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* senders, uint32_t* skipped, uint32_t max) {
+// off: nothing to answer; slots of a kind no producer writes count as skips and in `corrupt`; a
+// skipped request's part of `buf` holds whatever its slot held). Returns how many (the same on every
+// lane); 0 when the first is not whole yet. Takes nothing: mesh_fanin_consume does. All the slots'
+// words are loaded with 16-byte loads, all issued before any is used, and each word is judged by its
+// own tag, as mesh_fanin_take_deferred does. With MESH_FANIN_PREFETCH 1, before it returns requests it
+// issues the loads of the slots after them, which the next call uses if it peeks there: values loaded
+// earlier are as good as any, since every word carries the tag of its position, and a slot that was
+// not whole then is simply not taken yet (the call after polls afresh).
+static __device__ __forceinline__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* senders, uint32_t* skipped,
+                                                           uint32_t max) {
     mesh_chan* ch = &f->ch;
     *skipped = 0;
     if (ch->msg_size == 0 || max == 0) return 0;
@@ -1264,26 +1308,27 @@ static __device__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* s
     const uint32_t lane = mesh_lane();
     const uint32_t words = MESH_FANIN_HEADER_WORDS + ch->msg_size / 4u;  // even: msg_size is a multiple of 8
     const uint32_t round = 64u * MESH_FANIN_PAIRS;                        // words per round trip
-    uint32_t n = words <= round ? round / words : 1u;
-    if (n > max) n = max;
     if (ch->hint < MESH_FANIN_POLL_MIN) ch->hint = MESH_FANIN_POLL_MIN;
-    if (n > ch->hint) n = ch->hint;
-    const uint32_t to_end = ch->mask + 1u - (uint32_t)(ch->mine & ch->mask);  // slots are contiguous to the ring's end
-    if (n > to_end) n = to_end;
+    const bool ahead = f->ahead_n != 0 && f->ahead_at == ch->mine && f->ahead_n <= max;
+    const uint32_t n = ahead ? f->ahead_n : mesh_fanin_span(f, ch->mine, max);
+    f->ahead_n = 0;
     const uint32_t magic = (uint32_t)(((1ull << 32) + words - 1u) / words);  // idx / words as a multiply
     const uint32_t total = n * words;
-    const volatile uint64_t* src = (const volatile uint64_t*)(ch->slots + (ch->mine & ch->mask) * (uint64_t)f->stride);
     uint32_t* dst = (uint32_t*)buf;
     const uint32_t body = ch->msg_size / 4u;
-    // Per slot j (bit j): its commit word tagged, its kind word tagged, its kind not DATA, a body word
-    // not tagged. Each lane sees some words; the warp ORs what it saw.
+    // Per slot j (bit j): its commit word tagged, its kind word tagged, its kind not DATA (and neither
+    // DATA nor SKIP), a body word not tagged. Each lane sees some words; the warp ORs what it saw.
     uint32_t committed = 0, kinded = 0, other = 0, strange = 0, torn = 0;
     for (uint32_t base = 0; base < total; base += round) {
         uint64_t a[MESH_FANIN_PAIRS], b[MESH_FANIN_PAIRS];
+        if (ahead && base == 0) {
 #pragma unroll
-        for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
-            const uint32_t idx = base + 2u * (lane + 32u * k);
-            if (idx < total) mesh_ld_volatile_v2(src + idx, &a[k], &b[k]);
+            for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+                a[k] = f->ahead_a[k];
+                b[k] = f->ahead_b[k];
+            }
+        } else {
+            mesh_fanin_load(f, ch->mine, n, base, a, b);
         }
 #pragma unroll
         for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
@@ -1330,9 +1375,19 @@ static __device__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* s
     }
     if (took == n && n < max) ch->hint = 2u * n;  // all it looked at: look at more next time
     const uint32_t mask = took == 32u ? 0xffffffffu : (1u << took) - 1u;
-    const uint32_t odd = other & mask;
     f->strange = strange & mask;  // counted in `corrupt` when consumed, not each time it is peeked
-    *skipped = odd;
+    *skipped = other & mask;
+    if (MESH_FANIN_PREFETCH) {
+        // The next batch, if every request returned is consumed: its loads cross PCIe while the
+        // program answers these. Only one round trip's worth (the next call loads the rest itself).
+        const uint64_t next = ch->mine + took;
+        const uint32_t m = mesh_fanin_span(f, next, max);
+        if (m * words <= round) {
+            mesh_fanin_load(f, next, m, 0, f->ahead_a, f->ahead_b);
+            f->ahead_at = next;
+            f->ahead_n = m;
+        }
+    }
     __syncwarp();  // every lane's copy is in buf and senders before any lane uses them
     return took;
 }
@@ -1467,7 +1522,7 @@ static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t 
 // ack, and a reply written before it is discarded by meshd's reset (`tail := head`). The acquire orders
 // our later reads of the ring's tail and our stores into it after meshd's reset of the ring.
 // FULL when the client's ring has no room (its tail is read, one round trip, only when it looks full).
-static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg) {
+static __device__ __forceinline__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg) {
     const uint32_t slot = client & 0xffffu, e16 = client >> 16;
     if (g->msg_size == 0 || slot >= g->entries) return MESH_REPLY_GONE;
     mesh_reply_state st = g->state[slot];  // every lane the same copy
@@ -1519,7 +1574,7 @@ static __device__ int mesh_reply(mesh_group* g, uint32_t client, const void* msg
 // requests after it stay in the fan-in, to be peeked and answered later, in order): n unless a client is
 // slow. Lanes in parallel: each client's first lane in the batch checks its entry and credit for all its
 // requests (in order, as mesh_reply would one by one), then the lanes write the replies together.
-static __device__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* clients, const void* msgs, uint32_t n,
+static __device__ __forceinline__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* clients, const void* msgs, uint32_t n,
                                            uint32_t skip, uint32_t* dropped) {
     *dropped = 0;
     if (n > 32u) n = 32u;
@@ -1633,7 +1688,7 @@ static __device__ uint32_t mesh_reply_many(mesh_group* g, const uint32_t* client
 // st.release.sys. The __syncwarp orders every lane's reply stores before lane 0's release (release is
 // cumulative over what lane 0 has observed), so meshd, once it sees the ack, resets a ring that holds
 // every reply ever written to the departed client.
-static __device__ void mesh_group_ack(mesh_group* g, uint32_t slot, uint32_t epoch) {
+static __device__ __forceinline__ void mesh_group_ack(mesh_group* g, uint32_t slot, uint32_t epoch) {
     mesh_reply_state st = g->state[slot];
     mesh_group_flush(g, slot, &st);
     st.bound = 0u;  // any later reply to this epoch reads the entry again (and finds it not bound)
