@@ -37,7 +37,9 @@
 //! Reserved slot is made Skipped (a CAS; the owner's `begin` then fails and its send retries) and
 //! the skip header written; a Writing slot whose word 0 is committed is made Done; a Writing slot
 //! not committed is made Skipped and given a skip header only when its owner is dead (its stores
-//! are over). [`repair`] writes the skip headers a completer that died left unwritten.
+//! are over). [`repair`] writes the skip headers a completer that died left unwritten. meshd's stall
+//! watcher finds a live producer to revoke with [`hold_at_tail`]: the reservation that has held the
+//! consumer's published position for its `T_stall`.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -639,6 +641,55 @@ pub fn revoke_live(ring: &FanInMemory, sender: u32) -> Completion {
     complete(ring, sender, false)
 }
 
+/// What holds a ring's consumer at its published position: a reservation of the slot there that is
+/// not final. meshd's stall watcher reads it every few ms (three words: `tail`, one ownership word,
+/// and word 0 when the slot is being written) and acts through [`revoke_live`] once the same hold has
+/// lasted its `T_stall`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// The consumer's published position.
+    pub tail: u64,
+    /// The message whose reservation holds the ring: `tail` itself (the consumer waits for it), or
+    /// `tail - capacity`, the slot's last lap (taken, but its producer never finished it, so no
+    /// producer can reserve `tail`: the ring is stopped there though the consumer has taken
+    /// everything).
+    pub seq: u64,
+    /// The slot's ownership word as read. Once `tail` stays put, a slot's word only moves forward
+    /// (Reserved, Writing, Done, then the next lap), never back to a word it held: the same word read
+    /// twice is the same reservation, unmoved in between.
+    pub word: u64,
+    /// The holder's owner field (the low 16 bits of its sender id: its client slot).
+    pub owner: u16,
+    /// Reserved (revocable) or Writing.
+    pub state: OwnState,
+    /// Whether message `seq`'s commit word carries its tag (Writing and committed: only its finish is
+    /// missing, which a completer may do for it).
+    pub committed: bool,
+}
+
+/// The reservation that holds the consumer at its published position, if one does (see [`Hold`]).
+/// Reads only: safe at any time, from any process. `None` when the slot at `tail` is final (an idle
+/// ring, or one whose consumer is simply behind), or holds a lap `tail` cannot explain (`tail` moved
+/// on between the two reads).
+pub fn hold_at_tail(ring: &FanInMemory) -> Option<Hold> {
+    let tail = ring.tail();
+    let word = ring.owner_word(ring.index(tail)).load(Ordering::Acquire);
+    let own = Ownership::from_word(word);
+    if own.state.is_final() {
+        return None;
+    }
+    let last_lap = tail.wrapping_sub(ring.capacity);
+    let seq = if own.ticket == ring.ticket(tail) {
+        tail
+    } else if own.ticket == ring.ticket(last_lap) {
+        last_lap
+    } else {
+        return None;
+    };
+    let committed = own.state == OwnState::Writing && ring.committed(seq);
+    Some(Hold { tail, seq, word, owner: own.owner, state: own.state, committed })
+}
+
 /// Writes the skip header of every Skipped slot that lacks it (a completer that died between its
 /// CAS and its header, e.g. meshd killed; run by the next one before anything else). Returns how
 /// many it wrote. Only one completer may run at a time.
@@ -859,6 +910,52 @@ mod tests {
         assert_eq!(heap.ring.ownership(0), Ownership { ticket: 2, state: OwnState::Done, owner: 6 });
         assert_eq!(take(&mut c, 8).unwrap().0, Taken::Message { sender: 6 });
         assert_eq!(take(&mut c, 8).unwrap(), (Taken::Message { sender: 6 }, msg(8, 6, 1)));
+    }
+
+    #[test]
+    fn the_hold_at_tail_names_the_reservation_the_consumer_waits_for_and_revoking_it_frees_the_ring() {
+        let heap = HeapFanIn::new(8, 2);
+        let ring = &heap.ring;
+        let mut c = FanInConsumer::new(heap.ring);
+        assert_eq!(hold_at_tail(ring), None, "an empty ring holds nothing");
+        let mut p = FanInProducer::new(heap.ring, 0x2_0005);
+        let m = msg(8, 5, 0);
+        // Reserved, not begun: the consumer waits at seq 0 for owner 5.
+        let mut op = send_to(&mut p, &m, Stage::Reserved);
+        let h = hold_at_tail(ring).unwrap();
+        assert_eq!((h.tail, h.seq, h.owner, h.state, h.committed), (0, 0, 5, OwnState::Reserved, false));
+        assert_eq!(h.word, ring.owner_word(0).load(Ordering::Relaxed));
+        assert_eq!(hold_at_tail(ring), Some(h), "unmoved: the same word");
+        // Writing, not committed: another hold (another word) at the same place.
+        assert_eq!(p.step(&mut op, &m).unwrap(), Step::Progress);
+        let h = hold_at_tail(ring).unwrap();
+        assert_eq!((h.seq, h.state, h.committed), (0, OwnState::Writing, false));
+        // Committed, not finished: the consumer takes it; the hold moves to the slot's next lap,
+        // which no producer can reserve until the last lap is finished.
+        while op.stage != Stage::Committed {
+            p.step(&mut op, &m).unwrap();
+        }
+        assert_eq!(hold_at_tail(ring).map(|h| (h.seq, h.committed)), Some((0, true)));
+        assert_eq!(take(&mut c, 8).unwrap(), (Taken::Message { sender: 0x2_0005 }, m.clone()));
+        assert_eq!(hold_at_tail(ring), None, "seq 1's slot is free: the ring is not held");
+        let mut q = FanInProducer::new(heap.ring, 6);
+        assert!(q.try_send(&msg(8, 6, 0)).unwrap());
+        assert_eq!(take(&mut c, 8).unwrap().0, Taken::Message { sender: 6 });
+        assert!(!q.try_send(&msg(8, 6, 1)).unwrap(), "seq 2 needs seq 0's slot, never finished");
+        let h = hold_at_tail(ring).unwrap();
+        assert_eq!((h.tail, h.seq, h.owner, h.state, h.committed), (2, 0, 5, OwnState::Writing, true));
+        // The watcher's rule: revoke_live finishes it, and the ring goes on.
+        assert_eq!(revoke_live(ring, 0x2_0005), Completion { finished: 1, ..Completion::default() });
+        assert_eq!(hold_at_tail(ring), None);
+        assert!(q.try_send(&msg(8, 6, 1)).unwrap());
+        // A reservation revoked at the tail: a skip, then nothing holds the ring.
+        assert_eq!(take(&mut c, 8).unwrap(), (Taken::Message { sender: 6 }, msg(8, 6, 1)));
+        let _ = send_to(&mut p, &m, Stage::Reserved);
+        let h = hold_at_tail(ring).unwrap();
+        assert_eq!((h.tail, h.seq, h.state), (3, 3, OwnState::Reserved));
+        assert_eq!(revoke_live(ring, 0x2_0005), Completion { skipped: 1, ..Completion::default() });
+        assert_eq!(hold_at_tail(ring), None);
+        assert_eq!(take(&mut c, 8).unwrap().0, Taken::Skipped { sender: 0x2_0005 });
     }
 
     #[test]

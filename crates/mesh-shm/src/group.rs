@@ -828,6 +828,15 @@ impl ServiceMeshd {
         Ok(done)
     }
 
+    /// A live client that holds the fan-in ring (meshd's stall watcher found it stalled): revokes
+    /// what can be revoked while it lives ([`revoke_live`]: a reservation not begun becomes a skip, a
+    /// committed slot is finished; one between begin and commit is counted in `stuck`). Its entry stays
+    /// bound: the client goes on, and sends a revoked request again.
+    pub fn revoke(&mut self, id: ClientId) -> Result<Completion, GroupError> {
+        self.check_bound(id)?;
+        Ok(revoke_live(&self.svc.fanin, id.0))
+    }
+
     fn check_bound(&self, id: ClientId) -> Result<(), GroupError> {
         let (_, epoch, state) = self.svc.group.binding_of(id.slot(), Ordering::Relaxed).map_err(|err| match err {
             GroupError::UnknownClient { entries, .. } => GroupError::UnknownClient { id: id.0, entries },

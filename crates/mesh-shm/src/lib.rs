@@ -80,4 +80,4 @@ pub use layout::{MeshBinding, MeshCtx};
 pub use mailbox::{
     ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, Placement, Protocol, SlotRef, SlotStatusSnapshot,
 };
-pub use service::{FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner};
+pub use service::{FanInProbe, FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner};

@@ -12,7 +12,8 @@
 //!   the client, even by kill -9).
 //! * [`ServiceOwner`]: meshd's side of a service (a fan-in channel and a group): connect, and the
 //!   departure of a dead or detached client after its fan-in slots are completed. One per mailbox:
-//!   meshd's `flock` guarantees it, so it claims nothing.
+//!   meshd's `flock` guarantees it, so it claims nothing. Its stall watcher revokes a live client
+//!   that holds the fan-in ring ([`ServiceOwner::revoke_stalled`]), found through a [`FanInProbe`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -47,7 +48,7 @@ use std::time::{Duration, Instant};
 use crate::channel::{EndClaim, poll_until};
 use crate::claim::{self, ClaimRefused, Holder};
 use crate::error::{End, Result, ShmError};
-use crate::fanin::{Completion, FanInConsumer, FanInCorrupt, FanInMemory, FanInProducer, Taken};
+use crate::fanin::{Completion, FanInConsumer, FanInCorrupt, FanInMemory, FanInProducer, Hold, SendOp, Step, Taken};
 use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
 use crate::group::{ServiceMemory, ServiceMeshd};
 use crate::mailbox::{ChannelInfo, Mailbox};
@@ -112,6 +113,18 @@ impl FanInSender {
             Some(()) => Ok(()),
             None => Err(timeout(&self.info, "send", timeout_after)),
         }
+    }
+
+    /// Advances the send `op` by one reservation, CAS or store ([`FanInProducer::step`]): what a test
+    /// uses to stop a client at a chosen point of a send (between its reservation and its first
+    /// store, or in the middle of its copy) and see what meshd does about it. Pass the same `msg`
+    /// until [`Step::Sent`]; a [`Step::Revoked`] means the reservation was revoked under it and the
+    /// next step sends the message anew.
+    pub fn step(&mut self, op: &mut SendOp, msg: &[u8]) -> Result<Step> {
+        if msg.len() > self.info.msg_size as usize {
+            return Err(size_error(&self.info, msg.len()));
+        }
+        self.core.step(op, msg).map_err(|c| fanin_err(&self.info, c))
     }
 }
 
@@ -335,6 +348,19 @@ impl ServiceOwner {
         crate::fanin::repair(&self.fanin)
     }
 
+    /// A live client that holds the fan-in ring (meshd's stall watcher): revokes what can be revoked
+    /// while it lives (`fanin::revoke_live`); its entry stays bound. `stuck` counts a slot between
+    /// its begin and its commit, which only the client's death can complete.
+    pub fn revoke_stalled(&mut self, id: ClientId) -> Result<Completion> {
+        self.core.revoke(id).map_err(|e| self.err(e))
+    }
+
+    /// A read-only view of the fan-in ring's stall words, for a watcher on another thread (it keeps
+    /// the mapping alive and takes no lock: reading them never waits behind this owner).
+    pub fn stall_probe(&self) -> FanInProbe {
+        FanInProbe { ring: self.fanin, _mailbox: self._mailbox.clone() }
+    }
+
     /// The bound clients and their holders (what a restarted meshd checks for liveness).
     pub fn bound(&self) -> Result<Vec<(ClientId, Option<Holder>)>> {
         self.core.group().bound().map_err(|e| self.err(e))
@@ -343,5 +369,20 @@ impl ServiceOwner {
     /// Entry `slot` as it stands.
     pub fn entry(&self, slot: u16) -> Result<EntrySnapshot> {
         self.group.snapshot(slot).map_err(|e| self.err(e))
+    }
+}
+
+/// What meshd's stall watcher reads of a fan-in ring: the reservation holding its consumer, if any
+/// (`fanin::hold_at_tail`). Reads only; writes and claims nothing.
+#[derive(Debug, Clone)]
+pub struct FanInProbe {
+    ring: FanInMemory,
+    _mailbox: Mailbox,
+}
+
+impl FanInProbe {
+    /// The reservation that holds the consumer at its published position now, if one does.
+    pub fn hold(&self) -> Option<Hold> {
+        crate::fanin::hold_at_tail(&self.ring)
     }
 }
