@@ -267,6 +267,19 @@ pub struct RunArgs {
     /// How long a blink waits for programs to stop, ms.
     #[arg(long, default_value_t = 2000)]
     pub stop_timeout_ms: u64,
+    /// Services: how long a client may hold its service's request ring, ms, before meshd acts. A
+    /// client stopped (SIGSTOP) or descheduled after reserving a request slot and before writing it
+    /// is revoked: the program takes a skip from it, and it sends the request again when it runs. One
+    /// stopped in the middle of writing a request cannot be revoked while it lives: meshd logs it and
+    /// shows it in `ps` and `info` (see --client-stall-kill-ms). 0 turns the watcher off.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    pub client_stall_ms: u64,
+    /// Services: kill (SIGKILL) a client that has held its service's request ring this long, ms,
+    /// stopped in the middle of writing a request (what --client-stall-ms cannot revoke); its death
+    /// turns the request into a skip and frees the ring. Off unless given; needs --client-stall-ms
+    /// above 0.
+    #[arg(long, value_name = "MS")]
+    pub client_stall_kill_ms: Option<u64>,
     #[command(flatten)]
     pub monitor: meshd::http::MonitorArgs,
 }

@@ -235,6 +235,18 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
                     s.awaiting_ack
                 ));
             }
+            if let Some(h) = &s.held_by {
+                line.push_str(&format!(
+                    "; fan-in {} held at seq {} by {:#x} pid {} ({}) for {} ms, in the middle of writing a request: \
+                     not revocable while it lives (`meshd run --client-stall-kill-ms` kills such a client)",
+                    s.name,
+                    h.seq,
+                    h.client,
+                    h.pid,
+                    if h.stopped { "stopped" } else { "not stopped: descheduled or slow" },
+                    h.since_ms
+                ));
+            }
             if let Some(e) = &s.error {
                 line.push_str(&format!("; unreadable: {e}"));
             }
@@ -483,7 +495,7 @@ mod tests {
 
     #[test]
     fn ps_says_each_service_s_clients_and_the_slots_waiting_for_the_program() {
-        use meshd::protocol::{ServiceClientRow, ServiceRow};
+        use meshd::protocol::{ServiceClientRow, ServiceHold, ServiceRow};
         let rows = [
             ServiceRow {
                 name: "kv".into(),
@@ -491,9 +503,18 @@ mod tests {
                 bound: 2,
                 awaiting_ack: 1,
                 clients: vec![ServiceClientRow { id: 0x1_0000, pid: 41 }, ServiceClientRow { id: 0x2_0003, pid: 42 }],
+                held_by: None,
                 error: None,
             },
             ServiceRow { name: "idle".into(), entries: 4, ..ServiceRow::default() },
+            ServiceRow {
+                name: "stuck".into(),
+                entries: 2,
+                bound: 1,
+                clients: vec![ServiceClientRow { id: 0x1_0001, pid: 43 }],
+                held_by: Some(ServiceHold { client: 0x1_0001, pid: 43, seq: 7, since_ms: 120, stopped: true }),
+                ..ServiceRow::default()
+            },
         ];
         let lines = service_lines(&rows);
         assert_eq!(
@@ -502,6 +523,12 @@ mod tests {
              waiting for the serving program to acknowledge"
         );
         assert_eq!(lines[1], "service idle: 0 of 4 client slot(s) bound");
+        assert_eq!(
+            lines[2],
+            "service stuck: 1 of 2 client slot(s) bound (0x10001 pid 43); fan-in stuck held at seq 7 by 0x10001 pid 43 \
+             (stopped) for 120 ms, in the middle of writing a request: not revocable while it lives (`meshd run \
+             --client-stall-kill-ms` kills such a client)"
+        );
     }
 
     #[test]

@@ -18,6 +18,12 @@ use crate::cli::RunArgs;
 /// then the backend on its own thread, then the socket; serves until shutdown or a signal.
 pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
+    if args.client_stall_ms == 0 && args.client_stall_kill_ms.is_some() {
+        anyhow::bail!(
+            "--client-stall-kill-ms needs the stall watcher, which --client-stall-ms 0 turns off: give \
+             --client-stall-ms above 0, or leave --client-stall-kill-ms out"
+        );
+    }
     let _cleanup = cleanup::RunOnDrop;
     let claimed = claim(args, socket, device, mode)?;
     let (server, listener) = prepare(&claimed, mode)?;
@@ -86,6 +92,15 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     Ok(Claimed { args, socket, shm, state_dir, mailbox, created, device_id, endpoint })
 }
 
+/// The control plane's limits: the defaults, with the stall watcher `meshd run`'s options ask for.
+fn limits(args: &RunArgs) -> Limits {
+    Limits {
+        client_stall: (args.client_stall_ms > 0).then(|| Duration::from_millis(args.client_stall_ms)),
+        client_stall_kill: args.client_stall_kill_ms.map(Duration::from_millis),
+        ..Limits::default()
+    }
+}
+
 /// Opens the state directory (recreating the recorded channels), starts the backend on its thread
 /// and binds the socket. On failure a mailbox made just now is removed again.
 fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
@@ -101,7 +116,7 @@ fn prepare(c: &Claimed, mode: IsolationMode) -> Result<(Server, UnixListener)> {
         // The backend learns the GPU's UUID when it opens; --device's lookup, where given, names it first.
         let found = Arc::new(OnceLock::new());
         let found_by_backend = found.clone();
-        let server = Server::start(mailbox.clone(), Limits::default(), Some(store), move |mb| {
+        let server = Server::start(mailbox.clone(), limits(args), Some(store), move |mb| {
             open_backend(mode, &backend_args, mb, &found_by_backend)
         })?;
         if let Some(id) = device_id.clone().or_else(|| found.get().cloned()) {

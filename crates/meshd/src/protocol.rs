@@ -170,9 +170,34 @@ pub struct ServiceRow {
     /// The attached clients.
     #[serde(default)]
     pub clients: Vec<ServiceClientRow>,
+    /// A client that holds the service's fan-in ring between the begin and the commit of a send
+    /// (stopped with SIGSTOP, or descheduled, in the middle of writing a request), for longer than
+    /// the stall watcher's `--client-stall-ms`: what it cannot revoke while the client lives. Absent
+    /// when nothing holds the ring that way (or the watcher is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<ServiceHold>,
     /// Why the service's state could not be read (a corrupt group word), where it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A client holding a service's fan-in ring in the middle of a send (`info`'s `held_by`): the
+/// program waits at that request, and the other clients once the ring is full, until the client
+/// goes on or dies (`meshd run --client-stall-kill-ms` kills it after that long).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceHold {
+    /// The client's id (`slot | epoch << 16`).
+    pub client: u32,
+    /// Its process (0: not recorded).
+    pub pid: u32,
+    /// The held request's sequence number in the fan-in ring.
+    pub seq: u64,
+    /// How long the ring has been held there, ms (since the watcher first saw it).
+    pub since_ms: u64,
+    /// Whether the process is stopped now (SIGSTOP, or a debugger's stop), as `/proc` says; `false`:
+    /// it runs, descheduled or slow.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// An attached client in `info`.

@@ -37,6 +37,7 @@ __all__ = [
     "ChannelRow",
     "ServiceRow",
     "ServiceClientRow",
+    "ServiceHold",
     "Info",
     "Ps",
     "encode_request",
@@ -127,16 +128,30 @@ class ServiceClientRow(TypedDict):
     pid: int
 
 
+class ServiceHold(TypedDict):
+    """A client holding a service's fan-in ring in the middle of writing a request, for longer than
+    meshd's ``--client-stall-ms`` (``info``'s ``held_by``): its id, its process, the request's
+    sequence number, for how long (ms), and whether the process is stopped."""
+
+    client: int
+    pid: int
+    seq: int
+    since_ms: int
+    stopped: bool
+
+
 class ServiceRow(TypedDict, total=False):
     """A service in ``info``: its client slots (``entries``), the clients attached now (``bound``,
-    ``clients``), the slots waiting for the server to acknowledge a departure (``awaiting_ack``), and
-    ``error`` where its state could not be read."""
+    ``clients``), the slots waiting for the server to acknowledge a departure (``awaiting_ack``), the
+    client holding its fan-in ring mid-send (``held_by``, only while one does), and ``error`` where its
+    state could not be read."""
 
     name: str
     entries: int
     bound: int
     awaiting_ack: int
     clients: list[ServiceClientRow]
+    held_by: ServiceHold
     error: str
 
 

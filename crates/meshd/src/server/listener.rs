@@ -27,6 +27,9 @@ impl Server {
     /// Returns whether every program stopped (false: some kernel ignored its stop request and still runs).
     pub fn run(self, listener: UnixListener) -> Result<bool> {
         listener.set_nonblocking(true)?;
+        // Here rather than at start: a server that never runs leaves no thread behind. It ends with
+        // the leases, at `services.stop()` below.
+        super::stalls::start(&self.shared.services);
         loop {
             let (conn_ready, wake_ready) = {
                 let mut fds = [PollFd::new(&listener, PollFlags::IN), PollFd::new(&self.wake_rx, PollFlags::IN)];

@@ -20,11 +20,14 @@
 //!   SIGTERM and by the backend thread when it ends): no sleep between polls.
 //! * **Service leases** (`services.rs`): a connection that attached a client to a service stays open,
 //!   outside the connection limit, until the client detaches, closes it or dies.
+//! * **The stall watcher** (`stalls.rs`, [`Limits::client_stall`]): one thread, started when the
+//!   server runs, that revokes (or reports) a service client holding its fan-in ring's consumer.
 
 mod listener;
 mod natives;
 mod recovery;
 mod services;
+mod stalls;
 mod worker;
 
 use std::io::Write;
@@ -71,6 +74,16 @@ pub struct Limits {
     /// Service leases held at once (each an attached client's open connection and its thread);
     /// they do not count against `max_connections`. A group's entries bound them too.
     pub max_leases: usize,
+    /// The services' stall watcher: how long one client's reservation may hold a fan-in ring's
+    /// consumer before it is revoked (not yet begun: the program takes a skip, the client sends the
+    /// request again) or, between the begin and the commit of a send, reported. `None`: no watcher.
+    /// `meshd run` sets it from `--client-stall-ms` (50 ms unless told); `Limits::default()` leaves
+    /// it off, so that an embedding (a test) opts in.
+    pub client_stall: Option<Duration>,
+    /// With the watcher: kill (SIGKILL) a client that has held a fan-in ring this long between the
+    /// begin and the commit of a send (what cannot be revoked while it lives); its death completes
+    /// the slot. `None` (the default): never.
+    pub client_stall_kill: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -82,6 +95,8 @@ impl Default for Limits {
             refresh: Duration::from_millis(250),
             watch: mesh_backend::watch::TICK,
             max_leases: 4096,
+            client_stall: None,
+            client_stall_kill: None,
         }
     }
 }
@@ -377,7 +392,7 @@ impl Server {
             natives: crate::native::Natives::new(&mailbox),
             metrics: Arc::new(Metrics::new()),
             board: RecoveryBoard::new(),
-            services: Arc::new(services::Services::new(&mailbox)?),
+            services: Arc::new(services::Services::new(&mailbox, stalls::StallConfig::of(&limits))?),
         });
         let (jobs, rx) = mpsc::channel();
         let wake_jobs = Arc::new(jobs.clone());

@@ -20,7 +20,10 @@
 //!   (skip headers a completer that died left out), departs the clients whose process is gone, and
 //!   watches the live ones' pidfds on one thread, departing each when it dies. Their leases died
 //!   with the old meshd, so they can no longer detach: their entries stay bound until they exit.
-//! * **Stop**: leases and the watcher end without touching the mailbox; the next meshd adopts the
+//! * **Stalls** (`stalls.rs`): a live client that holds its fan-in ring in the middle of a send
+//!   (stopped, or descheduled) is revoked by the stall watcher, or shown in `info` (`held_by`, kept
+//!   here in [`Services::held`]) where it cannot be.
+//! * **Stop**: leases and the watchers end without touching the mailbox; the next meshd adopts the
 //!   clients still bound.
 
 use std::collections::HashMap;
@@ -41,6 +44,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use super::Shared;
 use super::listener::ConnectionSlot;
+use super::stalls::{Held, StallConfig};
 use crate::protocol::{
     AttachedClient, MAX_LINE, REPLIES_SUFFIX, Request, Response, SERVICE_NAME_MAX, ServiceClientRow, ServiceRow,
     parse_request, write_response,
@@ -229,21 +233,30 @@ fn service_names(channels: &[ChannelInfo]) -> Vec<(String, u32)> {
         .collect()
 }
 
-/// meshd's services: one owner each, the leases and the watcher of adopted clients.
+/// meshd's services: one owner each, the leases, the watcher of adopted clients and the stall
+/// watcher's settings and findings.
 pub(super) struct Services {
     mailbox: Mailbox,
     owners: Mutex<HashMap<String, Arc<Mutex<ServiceOwner>>>>,
+    /// Owners opened so far (bumped after each joins `owners`): the stall watcher looks at `owners`
+    /// again when it moves, and at nothing else the rest of the time.
+    pub(super) opened: AtomicUsize,
     /// Leases held now.
     leases: AtomicUsize,
-    /// Threads that may still act on the mailbox for a service (leases and the watcher): the
+    /// Threads that may still act on the mailbox for a service (leases and the watchers): the
     /// server waits for them at its end, so that a meshd started next in this process never shares
     /// an entry's writes with them.
-    active: AtomicUsize,
+    pub(super) active: AtomicUsize,
     stopped: AtomicBool,
     /// Written once at stop and never read: readable from then on, so every lease's and the
-    /// watcher's `poll` wakes.
+    /// watchers' `poll` wakes.
     stop_tx: UnixStream,
-    stop_rx: UnixStream,
+    pub(super) stop_rx: UnixStream,
+    /// The stall watcher's settings (`None`: it does not run).
+    pub(super) stall: Option<StallConfig>,
+    /// Fan-in rings held by a client between the begin and the commit of a send (what the stall
+    /// watcher cannot revoke), by service: `info`'s `held_by`.
+    pub(super) held: Mutex<HashMap<String, Held>>,
 }
 
 impl std::fmt::Debug for Services {
@@ -253,17 +266,20 @@ impl std::fmt::Debug for Services {
 }
 
 impl Services {
-    pub(super) fn new(mailbox: &Mailbox) -> Result<Self> {
+    pub(super) fn new(mailbox: &Mailbox, stall: Option<StallConfig>) -> Result<Self> {
         let (stop_tx, stop_rx) = UnixStream::pair().context("the service leases' stop socket")?;
         stop_tx.set_nonblocking(true)?;
         Ok(Self {
             mailbox: mailbox.clone(),
             owners: Mutex::new(HashMap::new()),
+            opened: AtomicUsize::new(0),
             leases: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             stop_tx,
             stop_rx,
+            stall,
+            held: Mutex::new(HashMap::new()),
         })
     }
 
@@ -282,12 +298,12 @@ impl Services {
         }
     }
 
-    fn stopping(&self) -> bool {
+    pub(super) fn stopping(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }
 
     /// The owner of service `service`, opened on first use.
-    fn owner(&self, service: &str) -> Result<Arc<Mutex<ServiceOwner>>> {
+    pub(super) fn owner(&self, service: &str) -> Result<Arc<Mutex<ServiceOwner>>> {
         let mut owners = self.owners.lock();
         if let Some(o) = owners.get(service) {
             return Ok(o.clone());
@@ -311,15 +327,25 @@ impl Services {
         }
         let owner = Arc::new(Mutex::new(ServiceOwner::open(&self.mailbox, service, &replies)?));
         owners.insert(service.to_string(), owner.clone());
+        self.opened.fetch_add(1, Ordering::Release);
         Ok(owner)
     }
 
-    /// `info`'s rows: every service, its clients and the slots waiting for the program's ack.
+    /// Every service whose owner is open (each one a client attached to, or adopted at start, at
+    /// least once: a service no client ever used has nothing to watch).
+    pub(super) fn open_owners(&self) -> Vec<(String, Arc<Mutex<ServiceOwner>>)> {
+        self.owners.lock().iter().map(|(name, o)| (name.clone(), o.clone())).collect()
+    }
+
+    /// `info`'s rows: every service, its clients, the slots waiting for the program's ack, and what
+    /// holds its fan-in ring that the stall watcher cannot revoke.
     pub(super) fn rows(&self) -> Vec<ServiceRow> {
         let Ok(channels) = self.mailbox.channels() else { return Vec::new() };
+        let held = self.held.lock().clone();
         service_names(&channels)
             .into_iter()
             .map(|(name, entries)| {
+                let held_by = held.get(&name).map(Held::row);
                 let read = self.owner(&name).and_then(|o| {
                     let o = o.lock();
                     let clients = o.bound()?;
@@ -344,9 +370,12 @@ impl Services {
                             .into_iter()
                             .map(|(id, holder)| ServiceClientRow { id: id.0, pid: holder.map_or(0, |h| h.pid) })
                             .collect(),
+                        held_by,
                         error: None,
                     },
-                    Err(e) => ServiceRow { name, entries, error: Some(format!("{e:#}")), ..ServiceRow::default() },
+                    Err(e) => {
+                        ServiceRow { name, entries, held_by, error: Some(format!("{e:#}")), ..ServiceRow::default() }
+                    }
                 }
             })
             .collect()
@@ -374,7 +403,7 @@ impl Drop for LeaseSlot<'_> {
 
 /// A pidfd for `pid`, readable once the process has exited; `None` where the kernel has none (the
 /// waits then poll the process's liveness every 100 ms instead).
-fn open_pidfd(pid: u32) -> Option<OwnedFd> {
+pub(super) fn open_pidfd(pid: u32) -> Option<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
@@ -496,7 +525,7 @@ const NO_PIDFD_CHECK: Duration = Duration::from_millis(100);
 
 /// Waits until one of `fds` is readable (or hung up), or `timeout` passes; which were. A pidfd among
 /// them is readable once its process has exited.
-fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Vec<bool> {
+pub(super) fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Vec<bool> {
     let mut polled: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(fd, PollFlags::IN)).collect();
     let spec = timeout.map(|t| rustix::time::Timespec {
         tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),

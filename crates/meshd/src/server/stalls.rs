@@ -1,0 +1,410 @@
+//! The services' stall watcher: a client that holds its service's fan-in ring (stopped with SIGSTOP, or descheduled, in the middle of a send) is revoked after `T_stall`, or reported and, when asked, killed.
+//!
+//! The design is `docs/design/many-clients.md`, "A stopped (SIGSTOP) producer". One thread, started
+//! when the server runs ([`start`]), wakes every few ms (a quarter of `T_stall`, at most 10 ms) and
+//! reads, for each service a client has used (its owner open: attached to, or adopted at start), three
+//! words of its fan-in ring ([`mesh_shm::FanInProbe::hold`]: the
+//! consumer's published `tail`, the ownership word of the slot there, and that slot's commit word
+//! while it is being written). It takes no lock for that, so it never waits behind a lease, an
+//! attach or `info`, and they never wait behind it; it takes the service's owner lock only to act.
+//!
+//! A **hold** is a reservation of the slot at `tail` that is not final: the consumer waits for it
+//! (or, for the slot's last lap taken but never finished, no producer can reserve `tail`). Once the
+//! same hold (the same `tail` and the same ownership word: a slot's word never returns to a value it
+//! had while `tail` stays put) has lasted `T_stall`, the watcher looks the slot's owner up in the
+//! group (the bound client of that entry) and applies the design's rule through
+//! `mesh_shm::fanin::revoke_live`:
+//!
+//! * **Reserved** (stopped before its first store): made a skip. The program takes `Skipped` with the
+//!   client's id; when the client runs again its begin fails and it sends the request anew, so
+//!   nothing is lost or sent twice.
+//! * **Writing, committed** (stopped between its commit and its finish): finished for it. The
+//!   message was whole; its late finish fails harmlessly.
+//! * **Writing, not committed** (stopped inside the copy of one request): cannot be completed while
+//!   the client lives. Logged once (`fan-in NAME held at seq S by pid P (stopped)`), shown in `info`
+//!   and `ps` (`held_by`) until it ends, and, with a kill delay ([`StallConfig::kill`]), the client is
+//!   killed with SIGKILL once it has held the ring that long; its lease (or the watcher of adopted
+//!   clients) then sees it die and completes the slot as a skip (`depart_dead`).
+//!
+//! A client that is merely slow cannot be told from a stopped one: it is revoked too, which costs
+//! the program one skip and the client one resend, never a lost or repeated request.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mesh_shm::claim::{Holder, process_dying};
+use mesh_shm::fanin::{Hold, OwnState};
+use mesh_shm::group::EntryState;
+use mesh_shm::{ClientId, FanInProbe, ServiceOwner};
+use parking_lot::Mutex;
+
+use super::Limits;
+use super::services::{Services, open_pidfd, wait_readable};
+use crate::protocol::ServiceHold;
+
+/// The longest pause between two looks at a ring.
+const MAX_PERIOD: Duration = Duration::from_millis(10);
+
+/// The stall watcher's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StallConfig {
+    /// `T_stall`: how long one hold may last before the watcher acts.
+    pub(super) after: Duration,
+    /// Kill a client that holds the ring between the begin and the commit of a send this long (at
+    /// the earliest once `after` has passed too); `None`: never.
+    pub(super) kill: Option<Duration>,
+}
+
+impl StallConfig {
+    /// The settings `limits` asks for; `None` when the watcher is off.
+    pub(super) fn of(limits: &Limits) -> Option<Self> {
+        limits.client_stall.filter(|t| !t.is_zero()).map(|after| Self { after, kill: limits.client_stall_kill })
+    }
+
+    /// How long the watcher sleeps between looks: a quarter of `T_stall` (so that a hold is acted
+    /// on within `T_stall` and a quarter more), between 1 and 10 ms.
+    fn period(&self) -> Duration {
+        (self.after / 4).clamp(Duration::from_millis(1), MAX_PERIOD)
+    }
+}
+
+/// A ring held between the begin and the commit of a send, as `info` shows it.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    client: ClientId,
+    pid: u32,
+    seq: u64,
+    since: Instant,
+}
+
+impl Held {
+    /// `info`'s `held_by` (its duration and the process's state as they are now).
+    pub(super) fn row(&self) -> ServiceHold {
+        ServiceHold {
+            client: self.client.0,
+            pid: self.pid,
+            seq: self.seq,
+            since_ms: u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            stopped: ProcState::of(self.pid) == ProcState::Stopped,
+        }
+    }
+}
+
+/// What `/proc` says of a client's process, for the log and `info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProcState {
+    /// Stopped (state `T`: SIGSTOP and the like, or `t`: a debugger's stop).
+    Stopped,
+    /// Exiting, or gone.
+    Exiting,
+    /// Running or sleeping: descheduled, or slow.
+    Running,
+}
+
+impl ProcState {
+    fn of(pid: u32) -> Self {
+        if pid == 0 || process_dying(pid) {
+            return Self::Exiting;
+        }
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|stat| {
+            // The command name (field 2) may hold spaces and parentheses: the state follows the last ')'.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_ascii_whitespace().next().map(str::to_owned)
+        });
+        match state.as_deref() {
+            Some("T" | "t") => Self::Stopped,
+            None => Self::Exiting,
+            Some(_) => Self::Running,
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Exiting => "exiting",
+            Self::Running => "not stopped: running, descheduled or slow",
+        }
+    }
+}
+
+/// What the watcher did about the hold it watches.
+#[derive(Debug, Clone, Copy)]
+enum Acted {
+    /// Nothing yet: the hold has not lasted `T_stall`.
+    Waiting,
+    /// Revoked or finished (or found gone when looked at again): nothing more to do; the next look
+    /// sees another hold or none.
+    Done,
+    /// Between the begin and the commit of a send: reported, and killed once if asked.
+    Stuck { client: ClientId, holder: Option<Holder>, killed: bool },
+    /// The slot's owner is no bound client (logged once; nothing meshd may complete).
+    Orphan,
+}
+
+/// The hold being watched on one ring, since it was first seen.
+#[derive(Debug)]
+struct Seen {
+    hold: Hold,
+    since: Instant,
+    acted: Acted,
+}
+
+impl Seen {
+    /// The same hold as `h`: the same position, the same ownership word, the same commit state.
+    fn is(&self, h: &Hold) -> bool {
+        (self.hold.tail, self.hold.word, self.hold.committed) == (h.tail, h.word, h.committed)
+    }
+}
+
+/// One service as the watcher follows it.
+struct Watched {
+    name: String,
+    owner: Arc<Mutex<ServiceOwner>>,
+    probe: FanInProbe,
+    seen: Option<Seen>,
+}
+
+/// Starts the stall watcher on its own thread, when `services` has one configured; it ends at
+/// [`Services::stop`].
+pub(super) fn start(services: &Arc<Services>) {
+    let Some(cfg) = services.stall else { return };
+    services.active.fetch_add(1, Ordering::AcqRel);
+    let for_thread = services.clone();
+    let spawned = std::thread::Builder::new().name("meshd-svc-stall".into()).spawn(move || {
+        watch(&for_thread, cfg);
+        for_thread.active.fetch_sub(1, Ordering::AcqRel);
+    });
+    match spawned {
+        Ok(_) => tracing::info!(
+            stall_ms = cfg.after.as_millis(),
+            kill_ms = cfg.kill.map(|k| k.as_millis()),
+            "service stall watcher started: a client holding a fan-in ring for {} ms is revoked{}",
+            cfg.after.as_millis(),
+            match cfg.kill {
+                Some(k) => format!(", or killed after {} ms where it cannot be", k.as_millis()),
+                None => String::new(),
+            }
+        ),
+        Err(e) => {
+            services.active.fetch_sub(1, Ordering::AcqRel);
+            tracing::error!("no thread for the service stall watcher ({e}): stalled service clients are not revoked");
+        }
+    }
+}
+
+/// The watcher's loop: every period, each service's hold looked at and acted on; ends at stop.
+fn watch(services: &Services, cfg: StallConfig) {
+    let period = cfg.period();
+    let mut watched: Vec<Watched> = Vec::new();
+    let mut opened = usize::MAX;
+    loop {
+        // Services are never removed; one joins the watch as soon as a client first attaches to it.
+        let now_opened = services.opened.load(Ordering::Acquire);
+        if now_opened != opened {
+            opened = now_opened;
+            for (name, owner) in services.open_owners() {
+                if !watched.iter().any(|w| w.name == name) {
+                    let probe = owner.lock().stall_probe();
+                    watched.push(Watched { name, owner, probe, seen: None });
+                }
+            }
+        }
+        for w in &mut watched {
+            w.look(services, &cfg, Instant::now());
+        }
+        let ready = wait_readable(&[services.stop_rx.as_fd()], Some(period));
+        if ready[0] || services.stopping() {
+            return;
+        }
+    }
+}
+
+/// Milliseconds, for the log.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Watched {
+    /// One look at the ring: follows its hold, and acts once it has lasted long enough.
+    fn look(&mut self, services: &Services, cfg: &StallConfig, now: Instant) {
+        let hold = self.probe.hold();
+        match (&mut self.seen, hold) {
+            (Some(seen), Some(h)) if seen.is(&h) => {
+                let held = now.saturating_duration_since(seen.since);
+                match seen.acted {
+                    Acted::Waiting if held >= cfg.after => {
+                        seen.acted = act(&self.name, &self.owner, &self.probe, seen, held, services);
+                    }
+                    Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
+                        kill(&self.name, seen.hold.seq, client, holder, held, cfg);
+                        seen.acted = Acted::Stuck { client, holder, killed: true };
+                    }
+                    _ => {}
+                }
+            }
+            (seen, hold) => {
+                if let Some(old) = seen.take() {
+                    ended(&self.name, &old, now, services);
+                }
+                *seen = hold.map(|hold| Seen { hold, since: now, acted: Acted::Waiting });
+            }
+        }
+    }
+}
+
+/// A hold that ended (the client went on, was revoked, or died): a reported one is no longer shown.
+fn ended(name: &str, old: &Seen, now: Instant, services: &Services) {
+    if let Acted::Stuck { client, holder, .. } = old.acted {
+        services.held.lock().remove(name);
+        tracing::info!(
+            service = %name, client = client.0, pid = holder.map_or(0, |h| h.pid), seq = old.hold.seq,
+            held_ms = ms(now.saturating_duration_since(old.since)),
+            "fan-in {name} no longer held at seq {}: its client went on or died", old.hold.seq
+        );
+    }
+}
+
+/// Applies the design's rule to a hold that lasted `T_stall`: what it did.
+fn act(
+    name: &str,
+    owner: &Mutex<ServiceOwner>,
+    probe: &FanInProbe,
+    seen: &Seen,
+    held: Duration,
+    services: &Services,
+) -> Acted {
+    let h = seen.hold;
+    // Under the owner's lock no connect or departure changes the entries, and no other completer
+    // runs; the ring is looked at again there, so that a client that went on meanwhile is left alone.
+    let mut o = owner.lock();
+    if !probe.hold().is_some_and(|now| seen.is(&now)) {
+        return Acted::Done;
+    }
+    let entry = match o.entry(h.owner) {
+        Ok(e) if e.state == EntryState::Bound => e,
+        found => {
+            let why = match found {
+                Ok(e) => format!("entry {} is {:?} at epoch {}", h.owner, e.state, e.epoch),
+                Err(e) => format!("{e}"),
+            };
+            tracing::warn!(
+                service = %name, slot = h.owner, seq = h.seq, stalled_ms = ms(held),
+                "fan-in {name} held at seq {} by client slot {}, which no client holds ({why}): not completed", h.seq, h.owner
+            );
+            return Acted::Orphan;
+        }
+    };
+    let client = ClientId::new(h.owner, entry.epoch);
+    let pid = entry.holder.map_or(0, |h| h.pid);
+    let state = match (h.state, h.committed) {
+        (OwnState::Reserved, _) => "reserved",
+        (_, true) => "committed",
+        _ => "writing",
+    };
+    let done = match o.revoke_stalled(client) {
+        Ok(done) => done,
+        Err(e) => {
+            drop(o);
+            tracing::warn!(
+                service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held),
+                "fan-in {name} held at seq {} by client {:#x}: its revocation was refused: {e}", h.seq, client.0
+            );
+            return Acted::Orphan;
+        }
+    };
+    drop(o);
+    if done.skipped > 0 {
+        tracing::warn!(
+            service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), skipped = done.skipped,
+            "service client revoked: it held fan-in {name} at seq {} for {} ms, reserved and not begun ({}); the \
+             program takes a skip from it, and it sends that request again when it runs",
+            h.seq, ms(held), ProcState::of(pid).says()
+        );
+    }
+    if done.finished > 0 {
+        tracing::warn!(
+            service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), finished = done.finished,
+            "service client's send finished for it: it held fan-in {name} at seq {} for {} ms between the commit and \
+             the finish of a send ({}); the request was whole",
+            h.seq, ms(held), ProcState::of(pid).says()
+        );
+    }
+    if done.stuck > 0 {
+        tracing::warn!(
+            service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held),
+            "fan-in {name} held at seq {} by pid {pid} ({}): client {:#x} is between the begin and the commit of a \
+             send, which cannot be revoked while it lives; the program waits there until it goes on or dies{}",
+            h.seq,
+            ProcState::of(pid).says(),
+            client.0,
+            if services.stall.and_then(|c| c.kill).is_some() { " (it is killed after --client-stall-kill-ms)" } else { "" }
+        );
+        services.held.lock().insert(name.to_string(), Held { client, pid, seq: h.seq, since: seen.since });
+        return Acted::Stuck { client, holder: entry.holder, killed: false };
+    }
+    if done == mesh_shm::Completion::default() {
+        tracing::debug!(service = %name, client = client.0, seq = h.seq, "stalled client went on before its revocation");
+    }
+    Acted::Done
+}
+
+/// Kills (SIGKILL) a client stuck between the begin and the commit of a send, through a pidfd opened
+/// and then checked against its recorded start time, so that a reused pid is never signalled.
+fn kill(name: &str, seq: u64, client: ClientId, holder: Option<Holder>, held: Duration, cfg: &StallConfig) {
+    let kill_ms = cfg.kill.map_or(0, ms);
+    let Some(holder) = holder else {
+        tracing::warn!(
+            service = %name, client = client.0, seq,
+            "fan-in {name} held at seq {seq} by client {:#x} for {} ms: not killed, no process is recorded for it",
+            client.0, ms(held)
+        );
+        return;
+    };
+    let pid = holder.pid;
+    let pidfd = open_pidfd(pid);
+    // Checked after the pidfd is open: it then names the recorded process, not a later one of that pid.
+    let sent = match pidfd {
+        _ if !holder.alive() => Err("it is already gone".to_string()),
+        Some(fd) => rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL)
+            .map_err(|e| format!("pidfd_send_signal: {e}")),
+        None => Err("the kernel gave no pidfd for it".to_string()),
+    };
+    match sent {
+        Ok(()) => tracing::warn!(
+            service = %name, client = client.0, pid, seq, held_ms = ms(held), kill_ms,
+            "service client killed (SIGKILL): it held fan-in {name} at seq {seq} between the begin and the commit \
+             of a send for {} ms (--client-stall-kill-ms {kill_ms}); its death completes the slot as a skip",
+            ms(held)
+        ),
+        Err(why) => tracing::warn!(
+            service = %name, client = client.0, pid, seq, held_ms = ms(held),
+            "service client {:#x} (pid {pid}) holding fan-in {name} at seq {seq} not killed: {why}", client.0
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_period_is_a_quarter_of_t_stall_within_1_to_10_ms() {
+        let cfg = |ms| StallConfig { after: Duration::from_millis(ms), kill: None };
+        assert_eq!(cfg(50).period(), Duration::from_millis(10));
+        assert_eq!(cfg(20).period(), Duration::from_millis(5));
+        assert_eq!(cfg(1).period(), Duration::from_millis(1));
+        let limits = |stall| Limits { client_stall: stall, ..Limits::default() };
+        assert_eq!(StallConfig::of(&limits(Some(Duration::ZERO))), None, "0 is off");
+        assert_eq!(StallConfig::of(&limits(None)), None);
+        assert_eq!(StallConfig::of(&Limits::default()), None, "off unless asked");
+        assert_eq!(StallConfig::of(&limits(Some(Duration::from_millis(50)))).map(|c| c.after.as_millis()), Some(50));
+    }
+
+    #[test]
+    fn this_process_is_running_and_a_gone_one_is_exiting() {
+        assert_eq!(ProcState::of(std::process::id()), ProcState::Running);
+        assert_eq!(ProcState::of(0), ProcState::Exiting);
+    }
+}
