@@ -20,7 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{ListBackend, ask, wait_until, within};
-use mesh_shm::{ClientId, CreateMode, FanInReceiver, GroupServer, Mailbox, MailboxConfig, Replied, Taken};
+use mesh_shm::fanin::{SendOp, Stage, Step};
+use mesh_shm::{ClientId, CreateMode, FanInReceiver, FanInSender, GroupServer, Mailbox, MailboxConfig, Replied, Taken};
 use meshd::ServiceClient;
 use meshd::protocol::{Info, Request, Response, ServiceRow};
 use meshd::server::{Limits, Server, StopHandle};
@@ -46,8 +47,14 @@ struct Meshd {
 }
 
 impl Meshd {
-    /// Serves `mailbox` on `socket` (a stale socket there is replaced).
+    /// Serves `mailbox` on `socket` (a stale socket there is replaced), with the default limits (no
+    /// stall watcher).
     fn start(mailbox: Mailbox, socket: &Path) -> Self {
+        Self::start_with(mailbox, socket, Limits::default())
+    }
+
+    /// [`Meshd::start`] with `limits` (the stall watcher's among them).
+    fn start_with(mailbox: Mailbox, socket: &Path, limits: Limits) -> Self {
         // MESHD_LOG=info shows meshd's log lines (attach, departures, the start pass) on stderr.
         static LOG: std::sync::Once = std::sync::Once::new();
         LOG.call_once(|| {
@@ -55,7 +62,7 @@ impl Meshd {
                 let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
             }
         });
-        let server = Server::start(mailbox, Limits::default(), None, |mb| ListBackend::new(mb).opened()).unwrap();
+        let server = Server::start(mailbox, limits, None, |mb| ListBackend::new(mb).opened()).unwrap();
         let listener = bind_socket(socket).unwrap();
         let stop = server.stop_handle();
         let server = Some(std::thread::spawn(move || server.run(listener).unwrap()));
@@ -123,6 +130,15 @@ fn word(m: &[u8]) -> u64 {
     u64::from_le_bytes(m[..8].try_into().unwrap())
 }
 
+/// One slot the program took, as it happened (for a test watching one sender while the others stream).
+#[derive(Debug, Clone, Copy)]
+struct Took {
+    sender: u32,
+    /// The request's number, `None` for a skip.
+    k: Option<u64>,
+    at: Instant,
+}
+
 /// What the program saw.
 #[derive(Debug, Default)]
 struct Served {
@@ -138,6 +154,8 @@ struct Served {
 struct Program {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<Served>,
+    /// Every slot taken, as it is taken.
+    took: mpsc::Receiver<Took>,
 }
 
 impl Program {
@@ -146,6 +164,7 @@ impl Program {
         let mut srv = GroupServer::claim(mailbox, &format!("{name}.replies")).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let (took_tx, took) = mpsc::channel();
         let handle = std::thread::spawn(move || {
             let mut served = Served::default();
             let mut buf = [0u8; MSG];
@@ -170,6 +189,7 @@ impl Program {
                         let next = served.taken.entry(sender).or_default();
                         assert_eq!(k, *next, "client {sender:#x}: requests in order");
                         *next += 1;
+                        let _ = took_tx.send(Took { sender, k: Some(k), at: Instant::now() });
                         loop {
                             match srv.reply(ClientId(sender), &reply(k, id)).unwrap() {
                                 Replied::Sent | Replied::Gone => break,
@@ -184,13 +204,35 @@ impl Program {
                             }
                         }
                     }
-                    Some(Taken::Skipped { sender }) => served.skips.push(sender),
+                    Some(Taken::Skipped { sender }) => {
+                        served.skips.push(sender);
+                        let _ = took_tx.send(Took { sender, k: None, at: Instant::now() });
+                    }
                     None => std::thread::sleep(Duration::from_micros(50)),
                 }
             }
             served
         });
-        Self { stop, handle }
+        Self { stop, handle, took }
+    }
+
+    /// Waits for the first slot the program takes from `sender` (skipping the others'), noting the
+    /// others' in `others`.
+    fn first_from(&self, sender: u32, others: &mut Vec<Took>) -> Took {
+        let end = Instant::now() + DEADLINE;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.took.recv_timeout(left) {
+                Ok(t) if t.sender == sender => return t,
+                Ok(t) => others.push(t),
+                Err(_) => break,
+            }
+        }
+        panic!("the program took nothing from {sender:#x} within {DEADLINE:?}");
+    }
+
+    /// What the program has taken since the last look.
+    fn took_since(&self) -> Vec<Took> {
+        self.took.try_iter().collect()
     }
 
     fn stop(self) -> Served {
@@ -259,10 +301,17 @@ struct ChildClient {
 
 impl ChildClient {
     fn spawn(socket: &Path, service: &str) -> Self {
+        Self::spawn_as("service_client_child", socket, service, &[])
+    }
+
+    /// This binary run again as the child test `test`, with `ROLE` (the socket), `ROLE_SERVICE` and
+    /// `env` set.
+    fn spawn_as(test: &str, socket: &Path, service: &str, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["service_client_child", "--exact", "--nocapture", "--test-threads=1"])
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, socket)
             .env(format!("{ROLE}_SERVICE"), service)
+            .envs(env.iter().map(|&(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -776,5 +825,304 @@ fn the_command_line_creates_a_service_and_shows_its_clients() {
     let (_, help, _) = cli(&["service", "create", "--help"]);
     assert!(help.contains("NAME.replies") && help.contains("--reply-capacity"), "{help}");
     client.detach().unwrap();
+    meshd.stop();
+}
+
+// ---- the stall watcher: clients stopped in the middle of a send ----
+
+/// Where a stalling child stops its first send: `reserved` (a slot reserved, nothing stored) or
+/// `writing` (begun, half its body stored, not committed).
+const STALL_AT: &str = "MESHD_SERVICE_TEST_STALL_AT";
+/// The stalling child's mailbox.
+const STALL_MAILBOX: &str = "MESHD_SERVICE_TEST_STALL_MAILBOX";
+/// Requests a stalling child sends in all (the stopped one first).
+const STALL_REQUESTS: u64 = 50;
+
+/// A client process that stops itself (SIGSTOP) in the middle of its first send, at the point its
+/// environment names, saying `STOPPING <seq>` first. Continued (SIGCONT), it finishes that send,
+/// saying `RESUMED <revoked>` (whether its reservation was revoked meanwhile and the request sent
+/// anew), takes its reply, sends the rest of its requests checking every reply, says `DONE` and
+/// detaches. Without its environment (a plain test run) it does nothing.
+#[test]
+fn stalling_client_child() {
+    let Ok(at) = std::env::var(STALL_AT) else { return };
+    let socket = std::env::var(ROLE).unwrap();
+    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
+    let mailbox = Mailbox::open(std::env::var(STALL_MAILBOX).unwrap()).unwrap();
+    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
+    let id = client.id();
+    let mut out = std::io::stdout();
+    writeln!(out, "\nATTACHED {id}").unwrap();
+    out.flush().unwrap();
+    // The same id's request end, driven one step at a time (the client's own is idle meanwhile: one
+    // send at a time, as ever).
+    let mut tx = FanInSender::open(&mailbox, &service, ClientId(id)).unwrap();
+    let stop_at = match at.as_str() {
+        "reserved" => Stage::Reserved,
+        "writing" => Stage::HalfBody,
+        other => panic!("{STALL_AT}={other}: reserved or writing"),
+    };
+    let first = request(0, id);
+    let mut op = SendOp::default();
+    while op.stage != stop_at {
+        match tx.step(&mut op, &first).unwrap() {
+            Step::Progress => {}
+            Step::NoRoom => std::thread::sleep(Duration::from_millis(1)),
+            other => panic!("{other:?} before the stop"),
+        }
+    }
+    writeln!(out, "\nSTOPPING {}", op.seq).unwrap();
+    out.flush().unwrap();
+    // To this thread (raise is tgkill in a threaded process): it takes the stop on its way back from
+    // the call, before another instruction of the send. A SIGSTOP to the process could be taken by
+    // another thread (the test harness's), and this one would run on for the microseconds until the
+    // group stop reaches it: long enough to finish the send.
+    // SAFETY: raise has no memory preconditions; SIGSTOP stops the process until a SIGCONT.
+    assert_eq!(unsafe { libc::raise(libc::SIGSTOP) }, 0, "raise(SIGSTOP)");
+    // Continued.
+    let mut revoked = false;
+    loop {
+        match tx.step(&mut op, &first).unwrap() {
+            Step::Sent => break,
+            Step::Revoked => revoked = true,
+            Step::Progress => {}
+            Step::NoRoom => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    writeln!(out, "\nRESUMED {revoked}").unwrap();
+    out.flush().unwrap();
+    let mut buf = [0u8; MSG];
+    client.recv(&mut buf, DEADLINE).unwrap();
+    assert_eq!(buf, reply(0, id), "the reply to the request the stop cut");
+    for k in 1..STALL_REQUESTS {
+        client.request(&request(k, id), &mut buf, DEADLINE).unwrap();
+        assert_eq!(buf, reply(k, id), "client {id:#x}: the reply to request {k}");
+    }
+    writeln!(out, "\nDONE").unwrap();
+    out.flush().unwrap();
+    client.detach().unwrap();
+}
+
+/// The state letter of process `pid` in `/proc` (`T`: stopped), `None` once it is gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].split_ascii_whitespace().next()?.chars().next()
+}
+
+/// A stalling child of `service` stopped at `at` (`reserved` or `writing`): the child, once stopped,
+/// the sequence number of its stopped send, and when it said it stops. Waits until `/proc` says it
+/// is stopped.
+fn stalled_child(meshd: &Meshd, dir: &Path, service: &str, at: &str) -> (ChildClient, u64, Instant) {
+    let mb = dir.join("mb");
+    let env = [(STALL_AT, at), (STALL_MAILBOX, mb.to_str().unwrap())];
+    let mut child = ChildClient::spawn_as("stalling_client_child", &meshd.socket, service, &env);
+    let seq = child.expect("STOPPING ").trim().parse().unwrap();
+    let stopping = Instant::now();
+    let pid = child.child.id();
+    assert!(wait_until(DEADLINE, || proc_state(pid) == Some('T')), "the child never stopped: {:?}", proc_state(pid));
+    (child, seq, stopping)
+}
+
+/// Continues a stopped child (SIGCONT).
+fn cont(child: &ChildClient) {
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+}
+
+/// Client threads streaming into `service` until `stop` (and at least `min` replies each): each
+/// thread's reply count, shared as it goes, and its handle.
+fn steady_clients(
+    socket: &Path,
+    service: &str,
+    n: usize,
+    min: u64,
+    stop: &Arc<AtomicBool>,
+) -> Vec<(Arc<std::sync::atomic::AtomicU64>, JoinHandle<u64>)> {
+    (0..n)
+        .map(|_| {
+            let (socket, service, stop) = (socket.to_path_buf(), service.to_string(), stop.clone());
+            let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let counted = count.clone();
+            let h = std::thread::spawn(move || {
+                let mut c = ServiceClient::connect(&socket, &service).unwrap();
+                let got = stream(&mut c, 4, |got| {
+                    counted.store(got, Ordering::Release);
+                    got >= min && stop.load(Ordering::Acquire)
+                });
+                c.detach().unwrap();
+                got
+            });
+            (count, h)
+        })
+        .collect()
+}
+
+/// Limits with the stall watcher at `stall_ms` (and the kill delay, where given).
+fn stall_limits(stall_ms: u64, kill_ms: Option<u64>) -> Limits {
+    Limits {
+        client_stall: Some(Duration::from_millis(stall_ms)),
+        client_stall_kill: kill_ms.map(Duration::from_millis),
+        ..Limits::default()
+    }
+}
+
+#[test]
+fn a_client_stopped_after_reserving_is_revoked_and_sends_again_when_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Mailbox::create(dir.path().join("mb"), &config(), CreateMode::Exclusive).unwrap();
+    let meshd = Meshd::start_with(mailbox, &dir.path().join("sock"), stall_limits(50, None));
+    meshd.create("svc", 4, 16, 8);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady = steady_clients(&meshd.socket, "svc", 2, 200, &stop);
+    let (child, seq, stopped_at) = stalled_child(&meshd, dir.path(), "svc", "reserved");
+    // Revoked: the program's first slot from it is a skip, with its id, while it is still stopped.
+    let mut others = Vec::new();
+    let first = program.first_from(child.id, &mut others);
+    assert_eq!(first.k, None, "the stopped reservation comes to the program as a skip: {first:?}");
+    let took = first.at.saturating_duration_since(stopped_at);
+    eprintln!("the reservation at seq {seq} of client {:#x} was revoked {took:?} after it said it stops", child.id);
+    assert!(took < Duration::from_secs(5), "revoked within 5 s, not {took:?}");
+    assert_eq!(proc_state(child.child.id()), Some('T'), "revoked while it is still stopped");
+    // The others go on while it stays stopped.
+    let counts: Vec<u64> = steady.iter().map(|(c, _)| c.load(Ordering::Acquire)).collect();
+    assert!(
+        wait_until(DEADLINE, || steady.iter().zip(&counts).all(|((c, _), &at)| c.load(Ordering::Acquire) >= at + 100)),
+        "the other clients stalled behind the stopped one"
+    );
+    assert_eq!(proc_state(child.child.id()), Some('T'));
+    let row = meshd.service("svc");
+    assert_eq!(row.held_by, None, "a revoked reservation holds nothing: {row:?}");
+    assert!(row.clients.iter().any(|c| c.id == child.id), "still bound: revoked, not departed: {row:?}");
+    // Continued: its begin fails, it sends the request anew, and every request of its arrives once.
+    let mut child = child;
+    cont(&child);
+    assert_eq!(child.expect("RESUMED ").trim(), "true", "its reservation was revoked under it");
+    child.expect("DONE");
+    stop.store(true, Ordering::Release);
+    let got: Vec<u64> = steady.into_iter().map(|(_, h)| h.join().expect("a steady client failed")).collect();
+    assert!(got.iter().all(|&g| g >= 200), "{got:?}");
+    assert!(wait_until(DEADLINE, || child.child.try_wait().unwrap().is_some_and(|s| s.success())), "the child failed");
+    let served = program.stop();
+    // In order, once each (the program asserts the order as it takes them).
+    assert_eq!(served.taken.get(&child.id), Some(&STALL_REQUESTS), "{:?}", served.taken);
+    let from_child = served.skips.iter().filter(|&&s| s == child.id).count();
+    assert!(from_child >= 1, "{:?}", served.skips);
+    // A live client descheduled for 50 ms on a loaded machine is revoked too (and sends again): any
+    // other skip is a steady client's, whose every reply `stream` checked in order.
+    eprintln!("skips: {:?} (the stopped client {:#x}: {from_child})", served.skips, child.id);
+    meshd.stop();
+}
+
+#[test]
+fn a_client_stopped_while_writing_is_shown_holding_the_ring_and_goes_on_when_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Mailbox::create(dir.path().join("mb"), &config(), CreateMode::Exclusive).unwrap();
+    let meshd = Meshd::start_with(mailbox, &dir.path().join("sock"), stall_limits(50, None));
+    meshd.create("svc", 2, 16, 8);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let (mut child, seq, _) = stalled_child(&meshd, dir.path(), "svc", "writing");
+    let pid = child.child.id();
+    // Not revocable while it lives: shown held, in info and ps.
+    let mut row = meshd.service("svc");
+    assert!(
+        wait_until(DEADLINE, || {
+            row = meshd.service("svc");
+            row.held_by.is_some()
+        }),
+        "never shown held: {row:?}"
+    );
+    let held = row.held_by.clone().unwrap();
+    assert_eq!((held.client, held.pid, held.seq, held.stopped), (child.id, pid, seq, true), "{row:?}");
+    assert!(held.since_ms >= 50, "shown once held for T_stall: {held:?}");
+    let ps = Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", &meshd.socket).arg("ps").output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    let line = format!("fan-in svc held at seq {seq} by {:#x} pid {pid} (stopped)", child.id);
+    assert!(ps.contains(&line), "ps says {ps}");
+    let info = ask(&meshd.socket, &Request::Info, &[]);
+    let json = serde_json::to_value(info.info.unwrap()).unwrap();
+    assert_eq!(json["services"][0]["held_by"]["pid"], json!(pid));
+    assert_eq!(json["services"][0]["held_by"]["seq"], json!(seq));
+    // Still held a while later: nothing was completed under it.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(program.took_since().iter().all(|t| t.sender != child.id), "the program took nothing from it");
+    assert!(meshd.service("svc").held_by.is_some_and(|h| h.since_ms >= held.since_ms));
+    // Continued: it commits its request itself (no revocation, no skip), and the hold is gone.
+    cont(&child);
+    assert_eq!(child.expect("RESUMED ").trim(), "false", "nothing was revoked under it");
+    child.expect("DONE");
+    assert!(wait_until(DEADLINE, || meshd.service("svc").held_by.is_none()), "still shown held");
+    assert!(wait_until(DEADLINE, || child.child.try_wait().unwrap().is_some_and(|s| s.success())), "the child failed");
+    let served = program.stop();
+    assert_eq!(served.taken.get(&child.id), Some(&STALL_REQUESTS), "{:?}", served.taken);
+    assert!(served.skips.is_empty(), "no skip: {:?}", served.skips);
+    meshd.stop();
+}
+
+#[test]
+fn with_the_kill_delay_a_client_stopped_while_writing_is_killed_and_its_request_skipped() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Mailbox::create(dir.path().join("mb"), &config(), CreateMode::Exclusive).unwrap();
+    let meshd = Meshd::start_with(mailbox, &dir.path().join("sock"), stall_limits(50, Some(200)));
+    meshd.create("svc", 4, 16, 8);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady = steady_clients(&meshd.socket, "svc", 1, 200, &stop);
+    let (mut child, seq, stopped_at) = stalled_child(&meshd, dir.path(), "svc", "writing");
+    let id = child.id;
+    let mut status = None;
+    assert!(
+        wait_until(DEADLINE, || {
+            status = child.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "never killed"
+    );
+    let killed = stopped_at.elapsed();
+    assert_eq!(status.unwrap().signal(), Some(9), "killed with SIGKILL: {status:?}");
+    // Its death completes the slot: the program takes a skip from it, and it is departed.
+    let first = program.first_from(id, &mut Vec::new());
+    assert_eq!(first.k, None, "{first:?}");
+    eprintln!(
+        "the client {id:#x} stopped writing seq {seq} was killed {killed:?} and its slot skipped {:?} after it \
+         said it stops",
+        first.at.saturating_duration_since(stopped_at)
+    );
+    departed(&meshd, "svc", id);
+    assert!(wait_until(DEADLINE, || meshd.service("svc").held_by.is_none()), "still shown held");
+    // The others go on.
+    let at = steady[0].0.load(Ordering::Acquire);
+    assert!(wait_until(DEADLINE, || steady[0].0.load(Ordering::Acquire) >= at + 100), "the others stalled");
+    stop.store(true, Ordering::Release);
+    for (_, h) in steady {
+        assert!(h.join().expect("a steady client failed") >= 200);
+    }
+    let served = program.stop();
+    assert_eq!(served.taken.get(&id), None, "the killed client's request never came whole: {:?}", served.taken);
+    assert_eq!(served.skips.iter().filter(|&&s| s == id).count(), 1, "{:?}", served.skips);
+    meshd.stop();
+}
+
+#[test]
+fn with_the_watcher_off_a_stopped_client_is_never_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    // `start`: the default limits, no stall watcher.
+    let meshd = start(dir.path());
+    meshd.create("svc", 2, 16, 8);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let (mut child, _, _) = stalled_child(&meshd, dir.path(), "svc", "reserved");
+    // Well past any T_stall: the program still waits at its slot, and nothing is shown.
+    std::thread::sleep(Duration::from_secs(1));
+    let took = program.took_since();
+    assert!(took.iter().all(|t| t.sender != child.id), "nothing taken from it: {took:?}, child {:#x}", child.id);
+    assert_eq!(meshd.service("svc").held_by, None);
+    cont(&child);
+    assert_eq!(child.expect("RESUMED ").trim(), "false", "its reservation was never revoked");
+    child.expect("DONE");
+    assert!(wait_until(DEADLINE, || child.child.try_wait().unwrap().is_some_and(|s| s.success())), "the child failed");
+    let served = program.stop();
+    assert_eq!(served.taken.get(&child.id), Some(&STALL_REQUESTS), "{:?}", served.taken);
+    assert!(served.skips.is_empty(), "{:?}", served.skips);
     meshd.stop();
 }
