@@ -19,6 +19,12 @@
 //!   sm_90 and sm_100 (the suffix is not in the header);
 //! - a cubin may hold `SHT_NOBITS` sections (CUDA 13's sm_90 cubin has `.nv.shared.reserved.0`)
 //!   and `PT_LOAD` segments of no file bytes; neither occupies the file, so neither is bounds-checked.
+//!   Nor are NVIDIA's own section types of no file bytes, which a relocatable cubin (`nvcc -cubin
+//!   -dc`) uses in place of `SHT_NOBITS`: `SHT_CUDA_GLOBAL` (0x70000007, `.nv.global`, a
+//!   `__device__` array without initializer), `SHT_CUDA_LOCAL` (0x70000009), `SHT_CUDA_SHARED`
+//!   (0x7000000a) and `SHT_CUDA_SHARED_RESERVED` (0x70000015), the set nvlink itself exempts from
+//!   its data-range check (seen on the H200: a `-dc` cubin of a program with a 32 KiB `__device__`
+//!   array, 5,240 bytes long, holds a `.nv.global` of 32,768 bytes at offset 3,456);
 //!
 //! Fatbin facts relied on (NVIDIA's `fatbinary.h`, shipped with older CUDA toolkits, for the
 //! header and the kinds; the entry layout as read by cuobjdump look-alikes: n-eiling's
@@ -223,6 +229,17 @@ impl Elf {
     }
 }
 
+/// Whether a section of type `sh_type` describes memory only, with no bytes in the file: `SHT_NOBITS`
+/// and NVIDIA's types of no file bytes (the module's notes).
+fn section_is_memory_only(sh_type: u32) -> bool {
+    const SHT_NOBITS: u32 = 8;
+    const SHT_CUDA_GLOBAL: u32 = 0x7000_0007;
+    const SHT_CUDA_LOCAL: u32 = 0x7000_0009;
+    const SHT_CUDA_SHARED: u32 = 0x7000_000a;
+    const SHT_CUDA_SHARED_RESERVED: u32 = 0x7000_0015;
+    matches!(sh_type, SHT_NOBITS | SHT_CUDA_GLOBAL | SHT_CUDA_LOCAL | SHT_CUDA_SHARED | SHT_CUDA_SHARED_RESERVED)
+}
+
 /// Checks that an ELF's program and section headers, each table given as (offset, entry size,
 /// count), and every section and segment they describe, lie inside `b`.
 fn check_tables(
@@ -244,10 +261,9 @@ fn check_tables(
     for i in 0..shnum {
         #[allow(clippy::cast_possible_truncation, reason = "table_fits put the table inside b, a slice")]
         let at = (shoff + i * shentsize) as usize;
-        const SHT_NOBITS: u32 = 8;
         let sh_type = u32_at(b, at + 4).unwrap_or(0);
         let (offset, size) = (u64_at(b, at + 24).unwrap_or(0), u64_at(b, at + 32).unwrap_or(0));
-        if sh_type != SHT_NOBITS && sh_type != 0 && !table_fits(offset, 1, size, b.len()) {
+        if sh_type != 0 && !section_is_memory_only(sh_type) && !table_fits(offset, 1, size, b.len()) {
             return Err(truncated(&format!("section {i} ({size} bytes at {offset}) runs past the end")));
         }
     }
@@ -551,6 +567,33 @@ pub(crate) mod tests {
         b[54..56].copy_from_slice(&56u16.to_le_bytes());
         b[56..58].copy_from_slice(&u16::MAX.to_le_bytes()); // e_phnum
         refused(cubin(&b), &["program headers"]);
+    }
+
+    #[test]
+    fn sections_of_memory_only_are_not_looked_for_in_the_file() {
+        // A relocatable cubin's `.nv.global` (SHT_CUDA_GLOBAL) of 32 KiB in a file of 224 bytes, as
+        // `nvcc -cubin -dc` writes one for a `__device__` array: accepted, like SHT_NOBITS and
+        // NVIDIA's other types of no file bytes; the same size as PROGBITS or an unknown NVIDIA
+        // type is refused, naming the section.
+        for (sh_type, ok) in [
+            (8u32, true),
+            (0x7000_0007, true),
+            (0x7000_0009, true),
+            (0x7000_000a, true),
+            (0x7000_0015, true),
+            (1, false),
+            (0x7000_0000, false),
+            (0x7000_0008, false),
+        ] {
+            let mut b = elf(EM_CUDA, ET_REL, 8, 0x0600_5a04);
+            b[160 + 4..160 + 8].copy_from_slice(&sh_type.to_le_bytes());
+            b[160 + 32..160 + 40].copy_from_slice(&32768u64.to_le_bytes());
+            if ok {
+                assert_eq!(cubin(&b), Ok(LINK_CUBIN), "section type {sh_type:#x}");
+            } else {
+                refused(cubin(&b), &["section 1", "runs past the end"]);
+            }
+        }
     }
 
     #[test]
