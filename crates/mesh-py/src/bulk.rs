@@ -67,11 +67,18 @@ impl PyCopyConfig {
         Self { inner: mesh_shm::CopyConfig::default() }
     }
 
-    /// What a bulk end claimed without a `copy_config` uses for `msg_size`-byte messages (the Rust
-    /// host end's choice by size, `mesh_shm::CopyConfig::for_msg_size`, on this machine's CPUs).
+    /// What a bulk consumer claimed without a `copy_config` uses for `msg_size`-byte messages (the
+    /// Rust host end's choice by size, `mesh_shm::CopyConfig::for_msg_size`, on this machine's CPUs).
     #[staticmethod]
     fn for_msg_size(msg_size: usize) -> Self {
         Self { inner: mesh_shm::CopyConfig::for_msg_size(msg_size) }
+    }
+
+    /// What a bulk producer claimed without a `copy_config` uses (`mesh_shm::CopyConfig::for_producer`:
+    /// four streaming threads from 256 KiB to 4 MiB, otherwise as `for_msg_size`).
+    #[staticmethod]
+    fn for_producer(msg_size: usize) -> Self {
+        Self { inner: mesh_shm::CopyConfig::for_producer(msg_size) }
     }
 
     #[getter]

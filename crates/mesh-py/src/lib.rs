@@ -466,7 +466,7 @@ impl PyProducer {
 impl PyProducer {
     /// Claims the producer end of channel `name`, whatever its protocol. `copy_config` (bulk
     /// channels): how messages are copied into the ring; None: the Rust host end's choice by message
-    /// size (`CopyConfig.for_msg_size`).
+    /// size (`CopyConfig.for_producer`).
     #[new]
     #[pyo3(signature = (mailbox, name, copy_config=None))]
     fn new(

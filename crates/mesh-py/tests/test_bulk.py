@@ -54,9 +54,11 @@ def test_the_end_is_chosen_by_the_channels_protocol(bulk_path: Path) -> None:
     mb = meshd.Mailbox.open(bulk_path)
     with mb.producer("b1m") as tx, meshd.Consumer(mb, "b1m") as rx:
         assert (tx.protocol, rx.protocol, tx.msg_size, tx.capacity) == ("bulk", "bulk", MiB, 4)
-        # The Rust host end's choice by size (mesh-shm's CopyConfig::for_msg_size), not a copy of it.
-        assert tx.copy_config == meshd.CopyConfig.for_msg_size(MiB)
+        # The Rust host ends' choices by size (mesh-shm's CopyConfig::for_producer / for_msg_size), not
+        # copies of them: at 1 MiB a producer streams with up to four threads, a consumer copies out with two.
+        assert tx.copy_config == meshd.CopyConfig.for_producer(MiB)
         assert rx.copy_config == meshd.CopyConfig.for_msg_size(MiB)
+        assert tx.copy_config.non_temporal and not rx.copy_config.non_temporal
         assert meshd.CopyConfig() == meshd.CopyConfig.default()
         assert "protocol=bulk" in repr(tx)
     with mb.producer("small") as tx, mb.consumer("small") as rx:

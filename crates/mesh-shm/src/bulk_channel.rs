@@ -1,8 +1,9 @@
 //! Host ends of a bulk channel (protocol bulk): claimed producer and consumer that copy large messages with wide stores, on several threads where it pays.
 //!
-//! `claim` picks how to copy from the channel's message size ([`CopyConfig::for_msg_size`]: one
-//! thread and streaming stores for 64 KiB, two threads for 1 MiB, four threads and streaming stores
-//! from 4 MiB); `claim_with` takes an explicit [`CopyConfig`]. Either way the end maps every page of
+//! `claim` picks how to copy from the channel's message size (a producer [`CopyConfig::for_producer`],
+//! a consumer [`CopyConfig::for_msg_size`]: one thread and streaming stores for 64 KiB; four
+//! streaming threads for a producer of 1 MiB messages, two for a consumer; eight threads from 4 MiB);
+//! `claim_with` takes an explicit [`CopyConfig`]. Either way the end maps every page of
 //! its ring into this process when it is claimed, so that the first lap of a 16 MiB ring does not
 //! take a page fault every 4 KiB inside the copy.
 //!
@@ -192,10 +193,10 @@ impl Drop for Unwinding<'_> {
 
 impl BulkProducer {
     /// Claims the producer end of `name`, a host channel of protocol bulk, copying as
-    /// [`CopyConfig::for_msg_size`] says for its message size.
+    /// [`CopyConfig::for_producer`] says for its message size.
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
-        Self::claim_with(mailbox, name, CopyConfig::for_msg_size(info.msg_size as usize))
+        Self::claim_with(mailbox, name, CopyConfig::for_producer(info.msg_size as usize))
     }
 
     /// Claims the producer end of `name`, copying as `config` says (threads, non-temporal stores).

@@ -54,9 +54,32 @@ impl CopyConfig {
     ///   stores stop paying once eight cores keep misses in flight.
     ///
     /// Threads never exceed the CPUs this process may run on. A consumer's copy-out always uses
-    /// plain stores (its destination is the caller's buffer), with the same threads.
+    /// plain stores (its destination is the caller's buffer), with the same threads. This is a
+    /// consumer's default ([`crate::BulkConsumer::claim`]); a producer's is
+    /// [`CopyConfig::for_producer`], which differs from 256 KiB to 4 MiB.
     pub fn for_msg_size(msg_size: usize) -> Self {
         Self::for_msg_size_on(msg_size, available_cpus())
+    }
+
+    /// A producer's default ([`crate::BulkProducer::claim`]): [`CopyConfig::for_msg_size`], except
+    /// from [`SPLIT_FROM`] to [`LARGE_FROM`] (1 MiB messages): four threads, streaming stores. On the
+    /// H200 machine, four runs of `mesh-gpu-bench bulk blink` in sessions 5 and 7 gave host→GPU at
+    /// 1 MiB 30.0-33.2 GB/s with four streaming threads, the one setting above half of
+    /// `cuMemcpyAsync` (45.2-46.4) in every run, against 20.1-38.6 with two plain (the former
+    /// default), 25.1-31.4 two streaming, 14.6-36.5 four plain. A consumer's copy-out is best with two
+    /// (19.0-26.1 against 13.2-19.1 with four), so the ends differ.
+    pub fn for_producer(msg_size: usize) -> Self {
+        Self::for_producer_on(msg_size, available_cpus())
+    }
+
+    /// [`CopyConfig::for_producer`] on a machine of `cpus` CPUs.
+    pub fn for_producer_on(msg_size: usize, cpus: usize) -> Self {
+        if (SPLIT_FROM..LARGE_FROM).contains(&msg_size) {
+            // Four shares of a 1 MiB message; fewer for a shorter one (a share is at least 128 KiB).
+            Self { threads: 4.min(cpus.max(1)), min_part: 128 << 10, non_temporal: true }
+        } else {
+            Self::for_msg_size_on(msg_size, cpus)
+        }
     }
 
     /// [`CopyConfig::for_msg_size`] on a machine of `cpus` CPUs.
@@ -305,6 +328,29 @@ mod tests {
     }
 
     #[test]
+    fn a_producer_copies_1_mib_messages_with_four_streaming_threads_and_otherwise_as_a_consumer() {
+        let at = |size, cpus| {
+            let c = CopyConfig::for_producer_on(size, cpus);
+            (c.threads, c.non_temporal)
+        };
+        assert_eq!(at(64 << 10, 16), (1, true));
+        assert_eq!(at(SPLIT_FROM - 16, 16), (1, true));
+        assert_eq!(at(SPLIT_FROM, 16), (4, true));
+        assert_eq!(at(1 << 20, 16), (4, true));
+        assert_eq!(at(LARGE_FROM - 16, 16), (4, true));
+        assert_eq!(at(LARGE_FROM, 16), (8, false));
+        assert_eq!(at(1 << 20, 2), (2, true));
+        assert_eq!(at(1 << 20, 0), (1, true));
+        for size in [64 << 10, 16 << 20] {
+            assert_eq!(CopyConfig::for_producer_on(size, 16), CopyConfig::for_msg_size_on(size, 16));
+        }
+        // Four shares of a 1 MiB message, two of a 300 KiB one.
+        let c = CopyConfig::for_producer_on(1 << 20, 16);
+        assert_eq!(((1usize << 20) / c.min_part).clamp(1, c.threads), 4);
+        assert_eq!(((300usize << 10) / c.min_part).clamp(1, c.threads), 2);
+    }
+
+    #[test]
     fn a_1_mib_message_is_split_in_two_and_a_small_one_is_not() {
         // The shares the copy makes: len / min_part, clamped to the threads.
         let parts = |size: usize, len: usize| {
@@ -320,8 +366,11 @@ mod tests {
 
     #[test]
     fn every_default_by_size_copies_every_byte() {
-        for size in [64 << 10, 1 << 20, 5 << 20] {
-            let mut copier = Copier::new(CopyConfig::for_msg_size_on(size, 4)).unwrap();
+        for (size, config) in [64 << 10, 1 << 20, 5 << 20]
+            .into_iter()
+            .flat_map(|s| [(s, CopyConfig::for_msg_size_on(s, 4)), (s, CopyConfig::for_producer_on(s, 4))])
+        {
+            let mut copier = Copier::new(config).unwrap();
             let src = pattern(size, 7);
             let mut dst = vec![0u8; size];
             // SAFETY: both ranges lie in their vectors and are disjoint.

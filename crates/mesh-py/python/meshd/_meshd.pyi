@@ -17,8 +17,8 @@ MAX_BULK_MSG_SIZE: Final[int]
 
 class CopyConfig:
     """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out takes
-    ``CopyConfig.default()``'s value. An end claimed without one uses ``for_msg_size`` (the Rust host
-    end's choice by message size)."""
+    ``CopyConfig.default()``'s value. A consumer claimed without one uses ``for_msg_size``, a producer
+    ``for_producer`` (the Rust host ends' choices by message size)."""
 
     def __init__(
         self, threads: int | None = None, min_part: int | None = None, non_temporal: bool | None = None
@@ -28,7 +28,11 @@ class CopyConfig:
         """mesh-shm's ``CopyConfig::default()``."""
     @staticmethod
     def for_msg_size(msg_size: int) -> CopyConfig:
-        """What an end claimed without a ``copy_config`` uses (``CopyConfig::for_msg_size``)."""
+        """What a consumer claimed without a ``copy_config`` uses (``CopyConfig::for_msg_size``)."""
+    @staticmethod
+    def for_producer(msg_size: int) -> CopyConfig:
+        """What a producer claimed without a ``copy_config`` uses (``CopyConfig::for_producer``: four
+        streaming threads from 256 KiB to 4 MiB, otherwise as ``for_msg_size``)."""
     @property
     def threads(self) -> int:
         """Threads copying one message together, the caller's included."""

@@ -472,7 +472,7 @@ class Client:
         """Claims the producer end of ``channel`` in this meshd's mailbox, whatever its protocol.
 
         ``copy_config``: a bulk channel's copy settings (None: the Rust host end's choice by message
-        size, ``CopyConfig.for_msg_size``).
+        size, ``CopyConfig.for_producer``).
         """
         return self.mailbox().producer(channel, copy_config)
 

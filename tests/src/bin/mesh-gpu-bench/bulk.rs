@@ -264,11 +264,14 @@ pub fn bulk_benches(mps: bool) {
 /// The host ↔ GPU rows of one size: the default end (with its first lap over the fresh ring), then
 /// every `threads` count with plain and streaming stores.
 fn host_rows(b: &mut Bulk, size: u32, n: u64, threads: &[usize]) {
-    let default = CopyConfig::for_msg_size(size as usize);
+    // The producer's default (host→GPU) and the consumer's (GPU→host) differ from 256 KiB to 4 MiB.
+    let (tx, rx) = (CopyConfig::for_producer(size as usize), CopyConfig::for_msg_size(size as usize));
     let (first, to) = b.host_to_gpu(size, None, n);
     let from = b.gpu_to_host(size, None, n);
-    let stores = if default.non_temporal { "streaming" } else { "plain" };
-    println!("| {size} | default ({}) | {stores} | {to:.2} (first lap {first:.2}) | {from:.2} |", default.threads);
+    let stores = if tx.non_temporal { "streaming" } else { "plain" };
+    let both =
+        if tx.threads == rx.threads { tx.threads.to_string() } else { format!("{} / {}", tx.threads, rx.threads) };
+    println!("| {size} | default ({both}) | {stores} | {to:.2} (first lap {first:.2}) | {from:.2} |");
     for &threads in threads {
         for non_temporal in [false, true] {
             let config = CopyConfig { threads, non_temporal, min_part: 64 << 10 };
