@@ -197,7 +197,8 @@ pub fn service_benches(mps: bool) {
     ]);
     // Both loops of the header on the same service, one after the other: the batched one (service.cu)
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
-    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated) measures others the same way; a
+    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated: service_x_duo, the loop over two
+    // warps, for one) measures others the same way; a
     // `service_x_profile*` variant's user words 8-13 say where its loop's time went, printed per row.
     let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
     let mut loops = Vec::new();
@@ -208,7 +209,8 @@ pub fn service_benches(mps: bool) {
             "service_x_serial" => "service, one at a time".to_string(),
             other => other.to_string(),
         };
-        d.ok(&["load", "svc", &ptx(program), "--bind", "svc", "--bind", "svc.replies"]);
+        // A block of 64: service_x_duo runs two warps (the one-warp loops leave the second idle).
+        d.ok(&["load", "svc", &ptx(program), "--block", "64", "--bind", "svc", "--bind", "svc.replies"]);
         let _ = streaming(&d, dir.path(), 1, 4);
         let mut lat = Vec::new();
         for &n in &CLIENTS {
