@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import socket as _socket
+import threading
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,11 +19,14 @@ from meshd.control import (
     NativeRow,
     ProgramRow,
     RecoveryRow,
+    ServiceClientRow,
+    ServiceHold,
+    ServiceRow,
     decode_response,
     encode_request,
     state_name,
 )
-from conftest import GOLDEN
+from conftest import DEADLINE, GOLDEN, Peer
 
 IMAGE = b".version 8.0\n.target sm_90\n"
 
@@ -55,7 +62,14 @@ REQUESTS = {
     ),
     "stop": lambda c: c.stop("worker"),
     "metrics": lambda c: c.metrics(),
+    "service_create": lambda c: c.service_create("kv", clients=8, msg_size=64),
+    "service_create_replies": lambda c: c.service_create(
+        "kv", clients=4, msg_size=64, capacity=64, reply_size=256, reply_capacity=4
+    ),
 }
+#: The requests a :class:`meshd.Service` sends on its lease (its own connection, not ``Client.call``):
+#: checked against a stand-in meshd by ``test_the_lease_requests_are_byte_for_byte_the_clis``.
+LEASE_REQUESTS = ("service_attach", "detach")
 ANSWERS = {
     "load": "load",
     "load_shaped": "load",
@@ -65,17 +79,20 @@ ANSWERS = {
     "spawn": "spawn",
     "stop": "spawn",
     "metrics": "metrics",
+    "service_create": "service_create",
+    "service_create_replies": "service_create",
 }
 CASES = sorted(p.name.removesuffix(".request") for p in GOLDEN.glob("*.request"))
 
 
 def test_every_golden_request_has_a_client_call() -> None:
     assert len(CASES) >= 11, "the golden files are missing (crates/meshd/tests/golden_protocol.rs writes them)"
-    missing = set(CASES) - set(REQUESTS)
+    missing = set(CASES) - set(REQUESTS) - set(LEASE_REQUESTS)
     assert not missing, f"requests meshd has and the Python client cannot send: {sorted(missing)}"
+    assert set(LEASE_REQUESTS) <= set(CASES), "the lease's golden requests are missing"
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c for c in CASES if c not in LEASE_REQUESTS])
 def test_requests_are_byte_for_byte_the_clis(case: str) -> None:
     client = Recorder(ANSWERS.get(case, "ok"))
     REQUESTS[case](client)
@@ -103,6 +120,92 @@ def test_answers_parse_into_the_typed_rows() -> None:
     assert (row["name"], row["worker_pid"], client.last_backend_us) == ("echo", 4242, None)
     assert decode_response((GOLDEN / "load.response").read_bytes())["backend_us"] == 125000
     assert Recorder("spawn").spawn("worker", ["x"])["pid"] == 31337
+
+
+def test_service_answers_parse_into_the_typed_rows() -> None:
+    assert Recorder("service_create").service_create("kv", clients=8, msg_size=64) is None
+    assert decode_response((GOLDEN / "service_create.response").read_bytes())["backend_us"] == 1830
+    info = Recorder("info_services").info()
+    assert set(info) <= keys(Info), f"fields the client does not describe: {set(info) - keys(Info)}"
+    for channel in info["channels"]:
+        unknown = set(channel) - keys(ChannelRow)
+        assert not unknown, f"fields the client does not describe: {unknown}"
+    assert [(c["name"], c["protocol"], c.get("parts")) for c in info["channels"][:2]] == [
+        ("kv", "fanin", None),
+        ("kv.replies", "group", 8),
+    ]
+    kv, idle, torn = info["services"]
+    for row in (kv, idle, torn):
+        assert set(row) <= keys(ServiceRow), f"fields the client does not describe: {set(row) - keys(ServiceRow)}"
+    assert (kv["name"], kv["entries"], kv["bound"], kv["awaiting_ack"]) == ("kv", 8, 2, 1)
+    for client_row in kv["clients"]:
+        assert set(client_row) == keys(ServiceClientRow)
+    assert [(c["id"], c["pid"]) for c in kv["clients"]] == [(0x10000, 41), (0x20003, 42)]
+    held = kv["held_by"]
+    assert set(held) == keys(ServiceHold)
+    assert (held["client"], held["pid"], held["seq"], held["since_ms"], held["stopped"]) == (0x20003, 42, 7, 120, True)
+    assert idle["clients"] == [] and "held_by" not in idle and "error" not in idle, "only a held ring carries one"
+    assert torn["error"].startswith('channel "torn.replies": service group: entry 1')
+
+
+class LeaseRecorder:
+    """A stand-in meshd that records every line each connection sends and answers with the golden
+    answers: ``info`` names ``mailbox``, ``service_attach`` gets ``service_attach.response``, and
+    the lease's ``detach`` ``ok.response`` (what meshd answers a detach)."""
+
+    ANSWERS = {"service_attach": "service_attach", "detach": "ok"}
+
+    def __init__(self, mailbox: Path, socket: Path) -> None:
+        self.mailbox, self.socket = mailbox, socket
+        self.connections: list[list[bytes]] = []
+        self.listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.listener.bind(str(socket))
+        self.listener.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            lines: list[bytes] = []
+            self.connections.append(lines)
+            with conn, conn.makefile("rb") as reader:
+                for line in reader:  # until the client closes its end
+                    lines.append(line)
+                    op = json.loads(line).get("op")
+                    if op == "info":
+                        info = {"ok": True, "info": {"mailbox": str(self.mailbox), "channels": []}}
+                        answer = json.dumps(info).encode() + b"\n"
+                    else:
+                        answer = (GOLDEN / f"{self.ANSWERS.get(op, 'refused')}.response").read_bytes()
+                    conn.sendall(answer)
+
+
+def test_the_lease_requests_are_byte_for_byte_the_clis(tmp_path: Path, peer: Peer) -> None:
+    # The service's channels, made by meshd's control plane (the peer's `serve`) from the golden
+    # request's values: replies of 256 bytes to requests of 64, 4 client slots.
+    daemon = peer.start("serve", tmp_path / "sock", tmp_path / "mailbox")
+    assert daemon.stdout is not None and daemon.stdout.readline().strip() == "ready"
+    client = meshd.Client(tmp_path / "sock", timeout=DEADLINE)
+    REQUESTS["service_create_replies"](client)
+    assert isinstance(client.last_backend_us, int), "a service create is a change: its answer says the backend's time"
+    fake = LeaseRecorder(tmp_path / "mailbox", tmp_path / "fake.sock")
+    try:
+        svc = meshd.Service.connect("kv", fake.socket, timeout=DEADLINE)
+        # The golden answer, read by the client: its id, its channels, and the sizes they have in the mailbox.
+        assert (svc.id, svc.requests, svc.replies) == (0x10002, "kv", "kv.replies")
+        assert (svc.msg_size, svc.reply_size) == (64, 256)
+        svc.close()
+    finally:
+        fake.close()
+    info, lease = fake.connections
+    assert info == [(GOLDEN / "info.request").read_bytes()]
+    assert lease == [(GOLDEN / f"{case}.request").read_bytes() for case in LEASE_REQUESTS]
 
 
 def test_a_program_held_by_a_recovery_in_place_reads_as_recovering() -> None:

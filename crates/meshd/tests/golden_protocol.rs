@@ -103,6 +103,23 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
             b"",
         ),
         ("stop", json!({"op": "stop", "name": "worker"}), b""),
+        // A service (issue 26) as the client sends it: `capacity` and `reply_capacity` always (their
+        // defaults when not given), `reply_size` only when given (absent: the request size).
+        (
+            "service_create",
+            json!({"op": "service_create", "name": "kv", "clients": 8, "msg_size": 64, "capacity": 256,
+                   "reply_capacity": 16}),
+            b"",
+        ),
+        (
+            "service_create_replies",
+            json!({"op": "service_create", "name": "kv", "clients": 4, "msg_size": 64, "capacity": 64,
+                   "reply_size": 256, "reply_capacity": 4}),
+            b"",
+        ),
+        // The lease's two requests: the attach that opens it, and the detach that ends it.
+        ("service_attach", json!({"op": "service_attach", "service": "kv"}), b""),
+        ("detach", json!({"op": "detach"}), b""),
     ]
 }
 
@@ -149,6 +166,36 @@ fn response_cases() -> Vec<(&'static str, Value)> {
                  "client_limit_source": "CUDA 13.0 (48 clients from Volta on)", "grow": false, "stalls": 1,
                  "recent": [{"seq": 1, "program": "echo", "op": "load", "stalled": 2, "unix_ms": 1_764_748_800_000_u64}]},
     });
+    // Services and their clients, as a meshd in blink mode lists them: each service's fan-in channel
+    // and group among the channels (a group's `parts` are its client slots), then the services: one
+    // with a slot left by a departed client and a client holding its fan-in ring mid-send
+    // (`held_by`), one no client is attached to, one whose group could not be read.
+    let service_channels = |name: &str, entries: u32| {
+        [
+            json!({"name": name, "msg_size": 64, "capacity": 64, "placement": "host", "protocol": "fanin",
+                   "lost": 0, "head": 12, "tail": 11}),
+            json!({"name": format!("{name}.replies"), "msg_size": 64, "capacity": 16, "placement": "host",
+                   "protocol": "group", "parts": entries, "lost": 0, "head": 0, "tail": 0}),
+        ]
+    };
+    let channels: Vec<Value> = [("kv", 8), ("idle", 4), ("torn", 2)]
+        .into_iter()
+        .flat_map(|(name, entries)| service_channels(name, entries))
+        .collect();
+    let info_services = json!({
+        "mode": "blink", "mailbox": "/dev/shm/meshd.mailbox", "device": "NVIDIA H200", "host_atomics": true,
+        "channels": channels,
+        "services": [
+            {"name": "kv", "entries": 8, "bound": 2, "awaiting_ack": 1,
+             "clients": [{"id": 65536, "pid": 41}, {"id": 131_075, "pid": 42}],
+             "held_by": {"client": 131_075, "pid": 42, "seq": 7, "since_ms": 120, "stopped": true}},
+            {"name": "idle", "entries": 4, "bound": 0, "awaiting_ack": 0, "clients": []},
+            {"name": "torn", "entries": 2, "bound": 0, "awaiting_ack": 0, "clients": [],
+             "error": "channel \"torn.replies\": service group: entry 1: binding word 0x700000002 has state 7, \
+                       not 0 free, 1 bound or 2 departed"},
+        ],
+        "device_uuid": "GPU-00000000-1111-2222-3333-444444444444",
+    });
     vec![
         ("ok", json!({"ok": true})),
         ("refused", json!({"ok": false, "error": "program \"zzz\": no such program", "backend_us": 87})),
@@ -166,6 +213,12 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         ("info", json!({"ok": true, "info": info})),
         ("spawn", json!({"ok": true, "natives": [native("worker")]})),
         ("metrics", json!({"ok": true, "metrics": "# TYPE meshd_up gauge\nmeshd_up 1\n"})),
+        ("info_services", json!({"ok": true, "info": info_services})),
+        // A service created: a change, so the backend's time comes with it.
+        ("service_create", json!({"ok": true, "backend_us": 1830})),
+        // The client bound (slot 2 at epoch 1): its id and its two channels; the sizes are the
+        // channels', which the client reads in the mailbox.
+        ("service_attach", json!({"ok": true, "client": {"id": 65538, "requests": "kv", "replies": "kv.replies"}})),
     ]
 }
 
