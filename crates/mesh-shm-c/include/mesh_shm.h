@@ -145,7 +145,8 @@ typedef struct MeshServiceInfo {
 // A ring's indices are impossible (a buggy writer or a corrupted file).
 #define MESH_ERR_CORRUPT -8
 
-// A `MESH_*` environment variable that meshd sets for its native workers is missing or malformed.
+// A `MESH_*` environment variable that meshd sets for its native workers, or a service client's
+// `MESHD_DEVICE`, is missing or malformed.
 #define MESH_ERR_ENV -9
 
 // A bug inside this library (a panic, caught): the call did nothing.
@@ -308,7 +309,9 @@ const char *mesh_shm_strerror(MeshStatus code);
 const char *mesh_shm_last_error(void);
 
 // Attaches this process to service `service` of the meshd listening on `socket_path` (NULL: the
-// path in `MESHD_SOCKET`, else `/tmp/meshd.sock`), maps its mailbox and opens the client's two
+// path in `MESHD_SOCKET`; else, with `MESHD_DEVICE` set to a GPU's whole UUID, that GPU's meshd,
+// `/tmp/meshd-GPU-….sock`; else `/tmp/meshd.sock`; another `MESHD_DEVICE` is [`MESH_ERR_ENV`],
+// saying what to set), maps its mailbox and opens the client's two
 // ends, into `*out` (written only on success). The connection stays open as the client's lease
 // until [`mesh_service_close`].
 //

@@ -58,7 +58,8 @@ pub const MESH_ERR_INVALID: MeshStatus = -6;
 pub const MESH_ERR_IO: MeshStatus = -7;
 /// A ring's indices are impossible (a buggy writer or a corrupted file).
 pub const MESH_ERR_CORRUPT: MeshStatus = -8;
-/// A `MESH_*` environment variable that meshd sets for its native workers is missing or malformed.
+/// A `MESH_*` environment variable that meshd sets for its native workers, or a service client's
+/// `MESHD_DEVICE`, is missing or malformed.
 pub const MESH_ERR_ENV: MeshStatus = -9;
 /// A bug inside this library (a panic, caught): the call did nothing.
 pub const MESH_ERR_PANIC: MeshStatus = -10;

@@ -20,7 +20,8 @@ use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox};
 use serde_json::Value;
 
 use crate::{
-    MESH_EMPTY, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, c_str, fail, guard, msg_slice, out_slice, shm_fail,
+    MESH_EMPTY, MESH_ERR_ENV, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, c_str, fail, guard, msg_slice, out_slice,
+    shm_fail,
 };
 
 /// meshd refused the request (a service that does not exist, every client slot bound, …); the
@@ -41,8 +42,6 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest answer line read (as the other clients: a broken peer cannot make this one grow
 /// without end).
 const MAX_ANSWER: usize = 64 << 20;
-/// The socket meshd listens on when `MESHD_SOCKET` is not set (and no `--socket` was given).
-const DEFAULT_SOCKET: &str = "/tmp/meshd.sock";
 
 /// A client of a meshd service (opaque): its lease on the control socket, its request end and its
 /// reply ring. Used by one thread at a time.
@@ -193,7 +192,9 @@ fn connect(socket: &str, service: &str) -> Result<MeshService, Failed> {
 }
 
 /// Attaches this process to service `service` of the meshd listening on `socket_path` (NULL: the
-/// path in `MESHD_SOCKET`, else `/tmp/meshd.sock`), maps its mailbox and opens the client's two
+/// path in `MESHD_SOCKET`; else, with `MESHD_DEVICE` set to a GPU's whole UUID, that GPU's meshd,
+/// `/tmp/meshd-GPU-….sock`; else `/tmp/meshd.sock`; another `MESHD_DEVICE` is [`MESH_ERR_ENV`],
+/// saying what to set), maps its mailbox and opens the client's two
 /// ends, into `*out` (written only on success). The connection stays open as the client's lease
 /// until [`mesh_service_close`].
 ///
@@ -220,7 +221,10 @@ pub unsafe extern "C" fn mesh_service_connect(
             Err(code) => return code,
         };
         let socket = if socket_path.is_null() {
-            std::env::var("MESHD_SOCKET").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_SOCKET.into())
+            match mesh_shm::paths::client_socket_from_env() {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(why) => return fail(MESH_ERR_ENV, &format!("mesh_service_connect: {why}")),
+            }
         } else {
             // SAFETY: non-null, NUL-terminated by the caller's contract.
             match unsafe { c_str(socket_path, "mesh_service_connect: socket_path") } {

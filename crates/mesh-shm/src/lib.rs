@@ -63,6 +63,7 @@ pub mod index_ring;
 pub mod indices;
 pub mod layout;
 pub mod mailbox;
+pub mod paths;
 mod protocol;
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, reason = "test sizes, counts and byte patterns are small")]
