@@ -223,7 +223,7 @@ pub unsafe extern "C" fn mesh_service_connect(
         let socket = if socket_path.is_null() {
             match mesh_shm::paths::client_socket_from_env() {
                 Ok(p) => p.to_string_lossy().into_owned(),
-                Err(why) => return fail(MESH_ERR_ENV, &format!("mesh_service_connect: {why}")),
+                Err(why) => return fail(MESH_ERR_ENV, format!("mesh_service_connect: {why}")),
             }
         } else {
             // SAFETY: non-null, NUL-terminated by the caller's contract.
