@@ -1095,6 +1095,16 @@ fn _timeout_error<'py>(py: Python<'py>, channel: &str, waited_ms: u64, op: &str)
     shm_err(py, err).into_value(py).into_bound(py).into_any()
 }
 
+/// The control socket a client uses when given none (mesh-shm's `paths::client_socket_from_env`:
+/// `$MESHD_SOCKET`, else `$MESHD_DEVICE`'s meshd when it is a whole GPU UUID, else
+/// `/tmp/meshd.sock`); a `$MESHD_DEVICE` of another form raises ValueError saying what to set.
+#[pyfunction]
+fn _default_socket() -> PyResult<String> {
+    mesh_shm::paths::client_socket_from_env()
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
 /// The extension module.
 #[pymodule]
 fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1107,6 +1117,7 @@ fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<service::PyFanInSender>()?;
     m.add_class::<service::PyGroupClient>()?;
     m.add_function(wrap_pyfunction!(_timeout_error, m)?)?;
+    m.add_function(wrap_pyfunction!(_default_socket, m)?)?;
     m.add("LAYOUT_VERSION", mesh_shm::layout::LAYOUT_VERSION)?;
     m.add("MAX_MSG_SIZE", mesh_shm::layout::MAX_MSG_SIZE)?;
     m.add("MAX_BULK_MSG_SIZE", mesh_shm::layout::MAX_BULK_MSG_SIZE)?;

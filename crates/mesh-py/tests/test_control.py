@@ -101,6 +101,14 @@ def test_bad_arguments_are_refused_before_sending(daemon: tuple[meshd.Client, su
 
 def test_the_default_socket_follows_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MESHD_SOCKET", raising=False)
+    monkeypatch.delenv("MESHD_DEVICE", raising=False)
     assert str(meshd.Client().socket) == "/tmp/meshd.sock"
+    # A meshd started for one GPU (`meshd --device GPU-… run`) listens on /tmp/meshd-<its UUID>.sock.
+    monkeypatch.setenv("MESHD_DEVICE", "GPU-5F3A0011-2233-4455-6677-8899AABBCCDD")
+    assert str(meshd.Client().socket) == "/tmp/meshd-GPU-5f3a0011-2233-4455-6677-8899aabbccdd.sock"
+    # An ordinal needs the driver to become a UUID: the client says what to set instead.
+    monkeypatch.setenv("MESHD_DEVICE", "1")
+    with pytest.raises(ValueError, match=r"MESHD_DEVICE=1.*MESHD_SOCKET"):
+        meshd.Client()
     monkeypatch.setenv("MESHD_SOCKET", "/run/x.sock")
     assert str(meshd.Client().socket) == "/run/x.sock"

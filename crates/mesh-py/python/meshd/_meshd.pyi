@@ -254,3 +254,7 @@ class GroupClient:
     ) -> bool: ...
 
 def _timeout_error(channel: str, waited_ms: int, op: str = "recv") -> BaseException: ...
+def _default_socket() -> str:
+    """The control socket a client uses when given none: ``$MESHD_SOCKET``, else the meshd of
+    ``$MESHD_DEVICE``'s GPU (a whole UUID), else ``/tmp/meshd.sock``; ValueError for another
+    ``$MESHD_DEVICE``."""

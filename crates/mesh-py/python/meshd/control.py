@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, TypedDict, Union
 
 from ._errors import MeshdProtocolError, MeshdRefused, MeshdUnreachable
-from ._meshd import Consumer, CopyConfig, Mailbox, Producer
+from ._meshd import Consumer, CopyConfig, Mailbox, Producer, _default_socket
 
 if TYPE_CHECKING:
     from .service import Service
@@ -216,12 +216,14 @@ def _dim3(value: int | Sequence[int], what: str) -> list[int]:
 class Client:
     """A client of one meshd's control socket.
 
-    ``socket``: the socket's path; default ``$MESHD_SOCKET``, else ``/tmp/meshd.sock`` (as the CLI).
+    ``socket``: the socket's path; default ``$MESHD_SOCKET``, else the meshd of ``$MESHD_DEVICE``'s GPU
+    (``/tmp/meshd-GPU-….sock``; it must then be the GPU's whole UUID, as ``nvidia-smi -L`` shows it, or
+    ValueError says what to set), else ``/tmp/meshd.sock`` (as the CLI).
     ``timeout``: seconds to wait for an answer (None: as long as meshd takes; a load links first).
     """
 
     def __init__(self, socket: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
-        self.socket = Path(socket if socket is not None else os.environ.get("MESHD_SOCKET", DEFAULT_SOCKET))
+        self.socket = Path(socket if socket is not None else _default_socket())
         self.timeout = timeout
         #: Microseconds meshd's backend spent on the last change (load, upgrade, unload, channel create).
         self.last_backend_us: int | None = None

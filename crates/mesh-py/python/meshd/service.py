@@ -74,8 +74,9 @@ class Service:
     def connect(
         cls, name: str, socket: str | os.PathLike[str] | None = None, *, timeout: float | None = None
     ) -> Service:
-        """Attaches to service ``name`` of the meshd on ``socket`` (default ``$MESHD_SOCKET``, else
-        ``/tmp/meshd.sock``), maps its mailbox and opens both ends.
+        """Attaches to service ``name`` of the meshd on ``socket`` (default as :class:`Client`'s:
+        ``$MESHD_SOCKET``, else ``$MESHD_DEVICE``'s meshd, else ``/tmp/meshd.sock``), maps its mailbox
+        and opens both ends.
 
         ``timeout``: seconds to wait for meshd's answers (None: as long as it takes). A service that
         does not exist, or one whose entries are all bound, raises :class:`MeshdRefused` with meshd's
