@@ -179,9 +179,11 @@ pub enum ServiceCommand {
     /// A service is two channels: NAME, a fan-in channel into which every client sends its
     /// requests (each carrying the client's id), and NAME.replies, a group holding one reply ring
     /// per client. The program binds both, in that order (`meshd load … --bind NAME --bind
-    /// NAME.replies`; mesh.cuh's mesh_fanin_* and mesh_reply calls). Clients attach through the
-    /// control socket (Rust: meshd::ServiceClient; Python: meshd.Service; C: mesh_service_connect):
-    /// each gets a slot of its own until it detaches or its process ends, kill -9 included.
+    /// NAME.replies`; mesh.cuh's mesh_fanin_peek, mesh_reply_many and mesh_fanin_consume, as
+    /// tests/programs/service.cu, or the one-at-a-time mesh_fanin_take and mesh_reply). Clients
+    /// attach through the control socket (Rust: meshd::ServiceClient; Python: meshd.Service; C:
+    /// mesh_service_connect): each gets a slot of its own until it detaches or its process ends,
+    /// kill -9 included.
     #[command(after_help = "Example: meshd service create kv --clients 8 --msg-size 64\n\
                             then:    meshd load kv-server kv.ptx --bind kv --bind kv.replies")]
     Create {
