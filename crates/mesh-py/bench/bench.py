@@ -247,7 +247,10 @@ def bulk_host(peer: Path, repeats: int) -> None:
     mb = meshd.Mailbox.open(path)
     print(f"## Bulk channels, Python beside the Rust host end (BulkProducer/BulkConsumer), host -> host ({os.cpu_count()} CPUs)\n")
     for size in BULK:
-        print(f"Copy settings at {size} B, both ends' default: {meshd.CopyConfig.for_msg_size(size)!r}")
+        print(
+            f"Copy settings at {size} B by default: a producer's {meshd.CopyConfig.for_producer(size)!r}, "
+            f"a consumer's {meshd.CopyConfig.for_msg_size(size)!r}"
+        )
     print(f"Mailbox in {tmp}.")
     print(
         f"Each cell the median of {repeats} streams of numbered messages (the columns interleaved), GB/s from the "
