@@ -154,6 +154,15 @@ impl Meshd {
         Mailbox::open(info["mailbox"].as_str().unwrap()).unwrap()
     }
 
+    /// The user words of program `name` (its counters, in its mailbox slot), read through `mb`; the
+    /// program must be running.
+    pub fn user_words(&self, mb: &Mailbox, name: &str) -> [u32; 32] {
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap();
+        let row = rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} not in ps: {rows:?}"));
+        assert_eq!(row["state"], "running", "{name}: {row}");
+        mb.slot(u32::try_from(row["slot"].as_u64().unwrap()).unwrap()).unwrap().user_words()
+    }
+
     /// (name, heartbeat, state) of every program, from `ps --json`.
     pub fn heartbeats(&self) -> Vec<(String, u64, String)> {
         let rows: Vec<serde_json::Value> = serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap();

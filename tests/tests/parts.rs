@@ -97,10 +97,7 @@ impl Mesh {
     }
 
     fn user_words(&self, name: &str) -> [u32; 32] {
-        let rows: Vec<serde_json::Value> = serde_json::from_str(&self.d.ok(&["ps", "--json"])).unwrap();
-        let row = rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} not in ps: {rows:?}"));
-        assert_eq!(row["state"], "running", "{name}: {row}");
-        self.mb.slot(u32::try_from(row["slot"].as_u64().unwrap()).unwrap()).unwrap().user_words()
+        self.d.user_words(&self.mb, name)
     }
 
     /// Waits until every one of the `blocks` blocks of sink `name` has passed `n` messages, asserting

@@ -143,8 +143,7 @@ impl Run {
     }
 
     fn user_words(&self) -> [u32; 32] {
-        let slot = u32::try_from(self.ps_row()["slot"].as_u64().unwrap()).unwrap();
-        self.mb.slot(slot).unwrap().user_words()
+        self.d.user_words(&self.mb, "svc")
     }
 
     /// Waits until the program runs and its heartbeat moves; panics with its state otherwise.

@@ -278,10 +278,7 @@ pub fn service_benches(mps: bool) {
 
 /// The service program's user words (its counters), through `ps` and the mailbox.
 fn user_words(d: &Meshd) -> [u32; 32] {
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
-    let row = rows.into_iter().find(|r| r["name"] == "svc").expect("svc in ps");
-    let slot = u32::try_from(row["slot"].as_u64().expect("a slot")).unwrap();
-    d.mailbox().slot(slot).unwrap().user_words()
+    d.user_words(&d.mailbox(), "svc")
 }
 
 /// A table row of where a `service_x_profile*` loop's time went between two readings of its words
