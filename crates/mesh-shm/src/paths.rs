@@ -15,8 +15,9 @@ pub fn device_socket(uuid: &str) -> Option<PathBuf> {
     whole_uuid(uuid).map(|u| PathBuf::from(format!("/tmp/meshd-{u}.sock")))
 }
 
-/// `selector` as `nvidia-smi -L` writes a whole GPU UUID (lower-case hex, `GPU-` prefix), when it is one.
-fn whole_uuid(selector: &str) -> Option<String> {
+/// `selector` as `nvidia-smi -L` writes a whole GPU UUID (lower-case hex, `GPU-` prefix), when it is
+/// one (surrounding blanks and any case accepted): a client then needs no driver to name that GPU.
+pub fn whole_uuid(selector: &str) -> Option<String> {
     let s = selector.trim();
     let rest = s.get(..4).filter(|p| p.eq_ignore_ascii_case("GPU-")).map(|_| &s[4..])?;
     let groups: Vec<&str> = rest.split('-').collect();

@@ -269,10 +269,7 @@ pub fn default_paths(uuid: Option<&str>) -> DefaultPaths {
 
 /// `selector` as a whole GPU UUID in `nvidia-smi -L`'s form, when it is one (a client then needs no driver).
 pub fn whole_uuid(selector: &str) -> Option<String> {
-    mesh_cuda::device::normalize_uuid_prefix(selector.trim()).filter(|u| {
-        let parts: Vec<usize> = u["GPU-".len()..].split('-').map(str::len).collect();
-        parts == [8, 4, 4, 4, 12]
-    })
+    mesh_shm::paths::whole_uuid(selector)
 }
 
 /// Sets, for this process and every child, `CUDA_DEVICE_ORDER=PCI_BUS_ID` (ordinals then match
