@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket as _socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -27,6 +30,49 @@ def _find_peer() -> Path:
         f"the Rust peer is not built under {target}: run `cargo build --release -p mesh-py --example peer` "
         "(or set MESH_PY_PEER to its path)"
     )
+
+
+class StandInMeshd:
+    """A stand-in control socket, for what meshd itself never answers or to record what a client
+    sends: ``info`` is answered with ``mailbox`` (and no channels), every other request line with
+    :meth:`answer`; every connection's lines are kept in ``connections``, in order."""
+
+    def __init__(self, mailbox: Path, socket: Path) -> None:
+        self.mailbox, self.socket = mailbox, socket
+        self.connections: list[list[bytes]] = []
+        self.listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.listener.bind(str(socket))
+        self.listener.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def answer(self, op: str | None, n: int) -> bytes | None:
+        """The answer line to request ``op``, line ``n`` of its connection; None closes the
+        connection unanswered."""
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            lines: list[bytes] = []
+            self.connections.append(lines)
+            with conn, conn.makefile("rb") as reader:
+                for line in reader:  # until the client closes its end, or an answer is None
+                    lines.append(line)
+                    op = json.loads(line).get("op")
+                    if op == "info":
+                        info = {"ok": True, "info": {"mailbox": str(self.mailbox), "channels": []}}
+                        answer: bytes | None = json.dumps(info).encode() + b"\n"
+                    else:
+                        answer = self.answer(op, len(lines) - 1)
+                    if answer is None:
+                        break
+                    conn.sendall(answer)
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import socket as _socket
-import threading
 import typing
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from meshd.control import (
     encode_request,
     state_name,
 )
-from conftest import DEADLINE, GOLDEN, Peer
+from conftest import DEADLINE, GOLDEN, Peer, StandInMeshd
 
 IMAGE = b".version 8.0\n.target sm_90\n"
 
@@ -148,42 +145,15 @@ def test_service_answers_parse_into_the_typed_rows() -> None:
     assert torn["error"].startswith('channel "torn.replies": service group: entry 1')
 
 
-class LeaseRecorder:
+class LeaseRecorder(StandInMeshd):
     """A stand-in meshd that records every line each connection sends and answers with the golden
     answers: ``info`` names ``mailbox``, ``service_attach`` gets ``service_attach.response``, and
     the lease's ``detach`` ``ok.response`` (what meshd answers a detach)."""
 
     ANSWERS = {"service_attach": "service_attach", "detach": "ok"}
 
-    def __init__(self, mailbox: Path, socket: Path) -> None:
-        self.mailbox, self.socket = mailbox, socket
-        self.connections: list[list[bytes]] = []
-        self.listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self.listener.bind(str(socket))
-        self.listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            lines: list[bytes] = []
-            self.connections.append(lines)
-            with conn, conn.makefile("rb") as reader:
-                for line in reader:  # until the client closes its end
-                    lines.append(line)
-                    op = json.loads(line).get("op")
-                    if op == "info":
-                        info = {"ok": True, "info": {"mailbox": str(self.mailbox), "channels": []}}
-                        answer = json.dumps(info).encode() + b"\n"
-                    else:
-                        answer = (GOLDEN / f"{self.ANSWERS.get(op, 'refused')}.response").read_bytes()
-                    conn.sendall(answer)
+    def answer(self, op: str | None, n: int) -> bytes | None:
+        return (GOLDEN / f"{self.ANSWERS.get(op or '', 'refused')}.response").read_bytes()
 
 
 def test_the_lease_requests_are_byte_for_byte_the_clis(tmp_path: Path, peer: Peer) -> None:

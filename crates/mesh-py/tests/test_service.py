@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import signal
-import socket as _socket
 import struct
 import subprocess
 import sys
@@ -27,39 +26,22 @@ import numpy as np
 import pytest
 
 import meshd
-from conftest import DEADLINE, Peer
+from conftest import DEADLINE, Peer, StandInMeshd
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "service_client.py"
 
 
-class FakeMeshd:
+class FakeMeshd(StandInMeshd):
     """A control socket that answers ``info`` with a mailbox and ``service_attach`` with whatever a test says."""
 
     def __init__(self, mailbox: Path, socket: Path, attach_answer: dict[str, Any]) -> None:
-        self.mailbox, self.socket, self.attach_answer = mailbox, socket, attach_answer
-        self.listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self.listener.bind(str(socket))
-        self.listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.attach_answer = attach_answer
+        super().__init__(mailbox, socket)
 
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn, conn.makefile("rb") as lines:
-                op = json.loads(lines.readline() or b"{}").get("op")
-                if op == "info":
-                    resp: dict[str, Any] = {"ok": True, "info": {"mailbox": str(self.mailbox), "channels": []}}
-                else:
-                    resp = self.attach_answer
-                conn.sendall(json.dumps(resp).encode() + b"\n")
-                lines.readline()  # the lease, if the client took it: until it detaches or closes
+    def answer(self, op: str | None, n: int) -> bytes | None:
+        # The attach; the lease's next line (a detach, if the client took it) closes it unanswered.
+        return json.dumps(self.attach_answer).encode() + b"\n" if n == 0 else None
 
 
 class Daemon:
