@@ -25,6 +25,7 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 template <class T> inline unsigned __match_any_sync(unsigned, T) { return 1u; }
 template <class T> inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 template <class T> inline T atomicCAS(T* p, T c, T v) { T o = *p; if (o == c) *p = v; return o; }

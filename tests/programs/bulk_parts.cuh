@@ -31,11 +31,13 @@ static __device__ __forceinline__ void parts_fill(uint32_t* share, uint64_t seq,
     for (uint32_t k = mesh_block_rank(); k < words; k += mesh_block_threads()) share[k] = stress_value(seq, first + k);
 }
 
-// Whether this block's share of message seq is whole, on every thread of the block.
-static __device__ __forceinline__ bool parts_check(const uint32_t* share, uint64_t seq, uint32_t first, uint32_t words) {
+// Whether this block's share of message seq is whole, on every thread of the block. `l2`: load through
+// L2 only (ld.global.cg), as check_blocks does for data it wrote itself (see there).
+static __device__ __forceinline__ bool parts_check(const uint32_t* share, uint64_t seq, uint32_t first, uint32_t words,
+                                                   bool l2 = false) {
     uint64_t wrong = 0;
     for (uint32_t k = mesh_block_rank(); k < words; k += mesh_block_threads())
-        wrong |= share[k] != stress_value(seq, first + k);
+        wrong |= (l2 ? __ldcg(share + k) : share[k]) != stress_value(seq, first + k);
     __shared__ uint32_t parts_wrong;
     if (mesh_block_rank() == 0) parts_wrong = 0;
     __syncthreads();
@@ -44,4 +46,7 @@ static __device__ __forceinline__ bool parts_check(const uint32_t* share, uint64
     const bool ok = parts_wrong == 0;
     __syncthreads();
     return ok;
+}
+static __device__ __forceinline__ bool parts_check_l2(const uint32_t* share, uint64_t seq, uint32_t first, uint32_t words) {
+    return parts_check(share, seq, first, words, true);
 }

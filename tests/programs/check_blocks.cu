@@ -1,8 +1,13 @@
 // check_blocks: the other half of the in-place path's baseline (with fill_blocks; mesh-gpu-bench
-// parts): the grid's blocks fill their share of binding 0's payload memory (a bulk channel's slot 0)
-// once, then check every word of it against bulk_parts.cuh's pattern over and over until stopped (the
-// work of a parts sink on the in-place path, without the ring); block i counts its checked shares in
-// user word i (low 24 bits) and failed checks in its high 8 bits, as the sink does.
+// parts): the grid's blocks fill their share of every slot of binding 0's bulk channel once, then
+// check every word of slot after slot against bulk_parts.cuh's pattern until stopped (the work of a
+// parts sink on the in-place path, without the ring); block i counts its checked shares in user word
+// i (low 24 bits) and failed checks in its high 8 bits, as the sink does.
+//
+// The loads go through L2 (ld.global.cg): a sink reads what blocks on other SMs wrote, which its own
+// L1 cannot hold, and a baseline served from L1 (a block re-reading the share it wrote itself) ran
+// 2.5× faster per block than any transfer between SMs can (session 7's table: 495 GB/s from 8 blocks
+// against 25 from one).
 #include "bulk_parts.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -16,8 +21,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         return;
     }
     const uint32_t share = src.msg_size / blocks, words = share / 4u, first = b * words;
-    uint32_t* mine = (uint32_t*)(src.payload + (uint64_t)b * share);
-    parts_fill(mine, 0, first, words);
+    for (uint64_t s = 0; s <= src.mask; s++) parts_fill((uint32_t*)(mesh_bulk_slot(&src, s) + (uint64_t)b * share), 0, first, words);
     __syncthreads();
     uint64_t checks = 0;
     uint32_t bad = 0;
@@ -27,7 +31,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && mesh_block_rank() == 0) mesh_heartbeat(ctx, ++beat);
             parts_report(ctx, b, checks, bad);
         }
-        if (!parts_check(mine, 0, first, words)) bad++;
+        if (!parts_check_l2((const uint32_t*)(mesh_bulk_slot(&src, checks) + (uint64_t)b * share), 0, first, words)) bad++;
         checks++;
     }
     parts_report(ctx, b, checks, bad);

@@ -1,8 +1,9 @@
 // fill_blocks: half of the in-place path's baseline beside a parts channel (mesh-gpu-bench parts, with
-// check_blocks): the grid's blocks write message after message into binding 0's payload memory (a bulk
-// channel's slot 0, msg_size bytes) with bulk_parts.cuh's parts_fill, every block a contiguous
-// 1/gridDim.x share, over and over until stopped; block i counts its shares in user word i (low 24
-// bits). The work of a parts source on the in-place path (fill every word), without the ring.
+// check_blocks): the grid's blocks write message after message into binding 0's payload memory, slot
+// after slot of the bulk channel (the same memory a ring of that capacity moves messages through),
+// with bulk_parts.cuh's parts_fill, every block a contiguous 1/gridDim.x share of each slot, until
+// stopped; block i counts its shares in user word i (low 24 bits). The work of a parts source on the
+// in-place path (fill every word), without the ring.
 #include "bulk_parts.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -16,7 +17,6 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         return;
     }
     const uint32_t share = dst.msg_size / blocks, words = share / 4u, first = b * words;
-    uint32_t* to = (uint32_t*)(dst.payload + (uint64_t)b * share);
     uint64_t fills = 0;
     for (uint32_t i = 0;; i++) {
         if ((i & 15u) == 0) {
@@ -24,7 +24,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && mesh_block_rank() == 0) mesh_heartbeat(ctx, ++beat);
             parts_report(ctx, b, fills, 0);
         }
-        parts_fill(to, fills, first, words);
+        parts_fill((uint32_t*)(mesh_bulk_slot(&dst, fills) + (uint64_t)b * share), fills, first, words);
         __syncthreads();
         fills++;
     }

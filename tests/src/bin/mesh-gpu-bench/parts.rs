@@ -9,10 +9,12 @@
 //! * plain copy: `copy_blocks`, B blocks copying one channel's slot 0 into another's, each a
 //!   contiguous 1/B share with `mesh_block_copy` (the channel's copy loop without the ring): one copy;
 //!   the copy path's baseline;
-//! * plain fill‖check: `fill_blocks` (B blocks filling one buffer's shares with the pattern) and
-//!   `check_blocks` (B blocks checking another's) running side by side, the same 2B blocks and the same
-//!   per-word work as the fill+check path without the ring; its rate is the slower side's. The
-//!   fill+check path's baseline (session 5 put it beside the plain copy, the wrong work);
+//! * plain fill‖check: `fill_blocks` (B blocks filling one channel's slots, slot after slot, with the
+//!   pattern) and `check_blocks` (B blocks checking another's, loading through L2 as a sink must)
+//!   running side by side, the same 2B blocks, the same per-word work and together the same memory
+//!   as the fill+check path, without the ring; its rate is the slower side's. The fill+check path's
+//!   baseline (session 5 put it beside the plain copy, the wrong work; session 7's re-read one share
+//!   from L1, faster than any transfer between SMs);
 //! * device channels in blink mode (ring and copy buffers in GPU memory), host channels in MPS mode.
 //!
 //! Each measurement: warm-up, then about a second of the programs' per-block counts (user word b,
@@ -118,7 +120,7 @@ impl Parts {
         gbs
     }
 
-    /// `fill_blocks` on `a`'s slot 0 and `check_blocks` on `b`'s, `blocks` blocks each, side by side:
+    /// `fill_blocks` on `a`'s slots and `check_blocks` on `b`'s, `blocks` blocks each, side by side:
     /// GB/s of the slower side (a message moves only as fast as both its fill and its check).
     fn fill_check_rate(&mut self, size: u32, blocks: u32, a: &str, b: &str) -> f64 {
         let what = format!("fill_blocks + check_blocks {size} B, {blocks} blocks");
@@ -163,9 +165,11 @@ impl Parts {
 /// The rows of one size: every B, each path beside its own baseline measured just before it (the
 /// copy path beside the plain copy, the fill+check path beside the plain fill‖check).
 fn rows(p: &mut Parts, size: u32, capacity: u32) {
-    // The baselines read and write slot 0 of two channels of one part (any capacity: 2).
-    let from = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
-    let to = p.channel(size, 2, p.placement, Protocol::Bulk, 1);
+    // The baselines use two channels of one part, half the measured channel's capacity each: the copy
+    // reads and writes their slot 0; fill‖check cycles through every slot of one each, so that together
+    // they touch as much memory as the measured ring (at 16 MiB, 64 MiB: more than the H200's L2).
+    let from = p.channel(size, (capacity / 2).max(1), p.placement, Protocol::Bulk, 1);
+    let to = p.channel(size, (capacity / 2).max(1), p.placement, Protocol::Bulk, 1);
     for blocks in BLOCKS {
         for fixed in [true, false] {
             let (plain, baseline) = if fixed {
