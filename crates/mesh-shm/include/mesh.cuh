@@ -609,33 +609,50 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
     return got;
 }
 
+// 16-byte loads per lane on mesh_warp_try_recv's short path: messages up to 64 x this many wire words
+// (MESH_LEAN_PAIRS 4: 1 KiB) take it.
+#ifndef MESH_LEAN_PAIRS
+#define MESH_LEAN_PAIRS 4u
+#endif
+
 // Receives one message into `buf` (msg_size bytes). True on every lane when one arrived.
-// A message of up to 256 bytes (one 16-byte load per lane) takes the short path: one predicated load
-// per lane, one vote, and a half-arrived message is simply polled again on the next call. On the H200
-// (session 5, device channels, ping <-> echo) it halved the round trip: 8 / 64 / 256 B 1.08 / 1.11 /
-// 1.14 us against 2.21 / 2.25 / 2.31 us through the batch path, whose unrolled 16-pair setup, min-
-// reduction and partial wait cost as much as a load of GPU memory. Larger messages take the batch
-// path (at 1 KiB the two measured alike). Ordering as in the batch path: a word with the right tag is
+// A message of up to 1 KiB (MESH_LEAN_PAIRS 16-byte loads per lane, all issued before any is looked
+// at) takes the short path: predicated loads, one vote, and a half-arrived message is simply polled
+// again on the next call. On the H200 (session 5, device channels, ping <-> echo) it halved the round
+// trip: 8 / 64 / 256 B 1.08 / 1.11 / 1.14 us against 2.21 / 2.25 / 2.31 us through the batch path,
+// whose unrolled 16-pair setup, min-reduction and partial wait cost as much as a load of GPU memory.
+// Larger messages take the batch path. Ordering as in the batch path: a word with the right tag is
 // that message's word (8-byte single-copy atomicity), the vote covers every word, and the tail store
 // (mesh_chan_progress) comes after the vote that consumed the loaded values.
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
     const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
-    if (words > 64u) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
+    if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
     if (words == 0 || ch->producer) return false;
     const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
-    const bool mine = 2u * lane < words;  // lane 0 always
-    uint64_t a = 0, b = 0;
-    if (mine) mesh_ld_volatile_v2(mesh_chan_slot(ch, ch->mine) + 2u * lane, &a, &b);
-    const bool first = (uint32_t)(a >> 32) == t;
-    if (!__all_sync(0xffffffffu, !mine || (first && (uint32_t)(b >> 32) == t))) {
-        if (__shfl_sync(0xffffffffu, first, 0)) ch->partial++;  // word 0 is there: half-arrived
-        else mesh_chan_drained(ch);                             // nothing yet
+    const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
+    uint64_t a[MESH_LEAN_PAIRS], b[MESH_LEAN_PAIRS];
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_LEAN_PAIRS; k++) {
+        a[k] = b[k] = 0;
+        if (2u * (lane + 32u * k) < words) mesh_ld_volatile_v2(src + 2u * (lane + 32u * k), &a[k], &b[k]);
+    }
+    bool whole = true;
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_LEAN_PAIRS; k++)
+        if (2u * (lane + 32u * k) < words) whole &= (uint32_t)(a[k] >> 32) == t && (uint32_t)(b[k] >> 32) == t;
+    if (!__all_sync(0xffffffffu, whole)) {
+        if (__shfl_sync(0xffffffffu, (uint32_t)(a[0] >> 32) == t, 0)) ch->partial++;  // word 0 is there: half-arrived
+        else mesh_chan_drained(ch);                                                  // nothing yet
         return false;
     }
     uint32_t* dst = (uint32_t*)buf;
-    if (mine) {
-        dst[2u * lane] = (uint32_t)a;
-        dst[2u * lane + 1u] = (uint32_t)b;
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_LEAN_PAIRS; k++) {
+        const uint32_t idx = 2u * (lane + 32u * k);
+        if (idx < words) {
+            dst[idx] = (uint32_t)a[k];
+            dst[idx + 1u] = (uint32_t)b[k];
+        }
     }
     __syncwarp();
     ch->mine += 1;
@@ -1501,9 +1518,11 @@ static __device__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh
     return g;
 }
 
-// The built-in state: MESH_GROUP_MAX_ENTRIES entries, for one group per program.
-static __device__ mesh_reply_state mesh_group_state_default[MESH_GROUP_MAX_ENTRIES];
+// The built-in state: MESH_GROUP_MAX_ENTRIES entries, for one group per program. A function-scope
+// static, so that only a program that calls this overload carries the array (a file-scope one put
+// 32 KiB of device memory, and a `.nv.global` section, in every module that includes this header).
 static __device__ __forceinline__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b) {
+    static mesh_reply_state mesh_group_state_default[MESH_GROUP_MAX_ENTRIES];
     return mesh_group_open(c, b, mesh_group_state_default, MESH_GROUP_MAX_ENTRIES);
 }
 
@@ -1866,7 +1885,8 @@ typedef struct {
     uint32_t msg_size;         // payload bytes this block moves per message, a multiple of 16 (0: not open)
     uint32_t mask;             // capacity - 1
     uint64_t mine;             // producer: the next message to write; consumer: the next to read
-    uint64_t other;            // producer: the slowest of its parts' tails as last read
+    uint64_t other;            // producer: the slowest of its parts' tails as last read; consumer: the end of the
+                               // messages its last flag loads found whole (mesh_block_peek)
     uint32_t placement;        // MESH_PLACEMENT_HOST or MESH_PLACEMENT_DEVICE
     uint32_t parts;            // the channel's parts
     uint32_t first;            // this block's first part
@@ -2037,6 +2057,7 @@ static __device__ mesh_bulk mesh_bulk_open_part(const mesh_ctx& c, uint32_t b, b
     }
     const int64_t furthest = mesh_block_max_of(pos, ch.count);
     ch.mine = base + (uint64_t)furthest;
+    ch.other = ch.mine;  // a consumer knows of no whole message yet (a producer's is set below)
     if (producer) {
         // The slowest tail, for the room check; then the parts behind, completed as far as room allows.
         ch.other = base - (uint64_t)mesh_block_max_of(-tail_at, ch.count);
@@ -2143,18 +2164,44 @@ static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const 
     return true;
 }
 
+// Messages a consumer's peek looks at in one round trip (a flag of each of its parts each), so that a
+// consumer behind its producer learns of several whole messages at once and takes the next ones
+// without loading a flag: at 1 MiB over 32 blocks (32 KiB a block a message) the load was a third of
+// a message's time. At most 32 flags a block (one warp's lanes), so fewer for a block of many parts.
+#ifndef MESH_BULK_LOOKAHEAD
+#define MESH_BULK_LOOKAHEAD 4u
+#endif
+
 // This block's share of the next message, in place (msg_size bytes, 16-byte aligned), or NULL on every
 // thread when its parts are not all whole yet. Read it with ordinary loads (the acquires of the flags
 // and the block barrier order them after the producer's stores), then mesh_block_release; until then
-// it stays the program's and the producer cannot reuse its parts of the slot.
+// it stays the program's and the producer cannot reuse its parts of the slot. The first warp's lanes
+// load the flags of up to MESH_BULK_LOOKAHEAD messages (lane r: message mine + r / count, part r %
+// count) with acquire semantics; the messages found whole in a row are remembered (`other`), and the
+// peeks that follow return them with no load and no barrier: the acquires and the barrier after them
+// already order every thread's reads of those slots after the producer's stores.
 static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     if (ch->msg_size == 0 || ch->producer) return 0;
-    const uint32_t r = mesh_block_rank();
-    int64_t missing = 0;
-    if (r < ch->count) missing = mesh_bulk_ld_flag(ch, mesh_bulk_flag(ch, ch->mine, r)) != ch->mine + 1u;
-    const bool ok = ch->count == 1u ? mesh_block_bcast((uint64_t)(missing == 0)) != 0
-                                    : mesh_block_max_of(missing, ch->count) == 0;
-    return ok ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
+    if ((int64_t)(ch->other - ch->mine) > 0) return (const void*)mesh_bulk_slot(ch, ch->mine);
+    const uint32_t r = mesh_block_rank(), threads = mesh_block_threads();
+    uint32_t ahead = MESH_BULK_LOOKAHEAD < 32u / ch->count ? MESH_BULK_LOOKAHEAD : 32u / ch->count;
+    if (ahead > ch->mask + 1u) ahead = ch->mask + 1u;
+    if (ahead == 0u) ahead = 1u;
+    uint64_t whole = 0;
+    if (r < 32u) {
+        bool missing = false;
+        if (r < ch->count * ahead) {
+            const uint64_t m = ch->mine + r / ch->count;
+            missing = mesh_bulk_ld_flag(ch, mesh_bulk_flag(ch, m, r % ch->count)) != m + 1u;
+        }
+        const uint32_t lanes = threads >= 32u ? 0xffffffffu : (1u << threads) - 1u;
+        const uint32_t gaps = __ballot_sync(lanes, missing);
+        // Whole messages in a row: those before the first with a part missing.
+        whole = gaps == 0u ? ahead : ((uint32_t)__ffs((int)gaps) - 1u) / ch->count;
+    }
+    whole = mesh_block_bcast(whole);
+    ch->other = ch->mine + whole;
+    return whole ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
 }
 
 // Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
