@@ -2,8 +2,11 @@
 // batch (a peek, 2.3-4 µs on the H200) overlaps the replies to this one (1.5-3 µs) instead of taking
 // turns with them in one warp (BENCHMARKS.md, "A service": one warp tops out near 2 M requests/s). A
 // benchmark variant for `MESH_SERVICE_PROGRAMS="service service_x_duo" mesh-gpu-bench service`; load it
-// with `--block 64` (the bench does). NOT YET COMPILED BY NVCC (g++ syntax check only; written in
-// session 7 after its device time was spent): the next session's first service call runs it.
+// with `--block 64` (the bench does). Measured on the H200 in session 8 (calls 1 and 3, blink, beside
+// service.cu in the same run): it does not pay. 64 streaming clients 1.65 / 1.63 M requests/s against
+// service.cu's 1.70 / 1.60, 64-client p99 36.5 / 23.6 us against 30.9 / 24.1, and a lone client's
+// median 6.7 us against 5.0: with the peeks overlapped, what arrives per peek, not the warp's time,
+// bounds the rate (BENCHMARKS.md, session 8). Kept as the measured alternative.
 //
 // Warp 1, the reader, peeks batches with its own copy of the fan-in end (it never consumes and never
 // publishes the ring's tail) into two shared buffers in turn, each stamped with the restart generation

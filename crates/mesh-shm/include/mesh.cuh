@@ -22,12 +22,14 @@
 //         if (threadIdx.x == 0) mesh_end(ctx);
 //     }
 //
-// Its host round trip on the H200 (session 5, /dev/shm mailbox, median of 20,000): 3.04-3.06 us at
-// 8-256 B against 2.40 us for a raw mapped word, 3.99 us at 1 KiB. For the host round trip at the raw
-// word (2.50 / 2.50 / 2.63 / 3.54 us at 8 / 64 / 256 / 1024 B, same run) serve the input channel with
-// the poll stream instead: three warps, the same loop shape ("Lowest host round trip: the poll stream"
-// below; tests/programs/echo_poll.cu). GPU to GPU (device channels) this one-warp loop is already at
-// the raw two-kernel round trip: 1.1-1.3 us at 8-256 B.
+// Its host round trip on the H200 (session 8, /dev/shm mailbox, median of 20,000): 2.71 / 2.76 / 2.77
+// us at 8 / 64 / 256 B against 2.20 us for a raw mapped word (1.23-1.26x), 2.84 / 5.51 us at 1 / 4 KiB
+// against 2.76 / 5.25 for the raw one-warp LL exchange (1.03 / 1.05x). For the host round trip of a
+// small message at the raw word (session 7: 2.50-2.59 us at 8-256 B beside the word's 2.60), serve the
+// input channel with the poll stream instead: three warps, the same loop shape ("Lowest host round
+// trip: the poll stream" below; tests/programs/echo_poll.cu). GPU to GPU (device channels) this
+// one-warp loop is at the raw two-kernel round trip: 1.18 / 1.21 / 1.26 / 1.56 us at 8 / 64 / 256 B /
+// 1 KiB against 1.07 / 1.37 / 1.39 / 1.85 us for two bare kernels on device memory (same run).
 //
 // mesh_should_stop(ctx) is cheap to call on every iteration: it reads meshd's stop word at most once
 // every MESH_STOP_PERIOD_NS (100 µs) of %globaltimer and never branches on a read in flight (see
@@ -45,9 +47,9 @@
 //     Correct at any size; fast up to 8-byte messages (one 16-byte load). Larger messages cost one
 //     round trip per 8 bytes, because one thread's loads of host memory do not overlap.
 //   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together;
-//     each lane loads its own words, so a message up to 4 KiB arrives in one round trip (up to 256 B:
-//     one load per lane and one vote). Use these for anything above 8 bytes, and the _batch forms for
-//     streams of small messages.
+//     each lane loads its own words, so a message up to 4 KiB arrives in one round trip (up to 1 KiB:
+//     at most four loads per lane, all in flight together, and one vote). Use these for anything above
+//     8 bytes, and the _batch forms for streams of small messages.
 //   * the poll stream (mesh_poll_*): a block of 32 * (MESH_POLLERS + 1) threads receives one channel
 //     with MESH_POLLERS warps polling it in turn, so that a poll reaches the host soon after any
 //     moment a message lands; for request / reply with a host process, where every microsecond of the
@@ -1854,6 +1856,16 @@ static __device__ void mesh_group_close(mesh_group* g) {
 //         mesh_bulk_close(&out);
 //         if (blockIdx.x == 0 && mesh_block_rank() == 0) mesh_end(ctx);
 //     }
+//
+// How many blocks (H200, session 8, device channels, `mesh-gpu-bench parts`: one channel of B parts
+// beside the same work without the ring, same blocks, same run; BENCHMARKS.md): a block copies about
+// 47 GB/s, or fills or checks every word at about 24 GB/s, and the ring costs each block about 1 us a
+// message (a barrier and a release fence at each end), so give every block at least 128 KiB of each
+// message. At 1 MiB: up to 8 blocks keep 0.77-0.98 of the bare work (copy path or in place), 16
+// blocks 0.65-0.70, 32 blocks 0.46-0.56. At 16 MiB: 0.89-1.16 up to 16 blocks; 32 blocks copying
+// reach 1 TB/s, 0.65 of one bare copy, since the copy path moves every byte twice (into the ring and
+// out of it) through HBM. In place (mesh_block_reserve / mesh_block_publish, mesh_block_peek /
+// mesh_block_release) moves it once.
 //
 // Only block 0 calls mesh_begin / mesh_end (and mesh_heartbeat); every block checks the stop itself.
 // A block whose share is refused (B not a power of two, B > P, blockIdx.x >= B, or an LL binding)

@@ -66,8 +66,11 @@ impl CopyConfig {
     /// H200 machine, four runs of `mesh-gpu-bench bulk blink` in sessions 5 and 7 gave host→GPU at
     /// 1 MiB 30.0-33.2 GB/s with four streaming threads, the one setting above half of
     /// `cuMemcpyAsync` (45.2-46.4) in every run, against 20.1-38.6 with two plain (the former
-    /// default), 25.1-31.4 two streaming, 14.6-36.5 four plain. A consumer's copy-out is best with two
-    /// (19.0-26.1 against 13.2-19.1 with four), so the ends differ.
+    /// default), 25.1-31.4 two streaming, 14.6-36.5 four plain. Since the helpers spin between
+    /// messages (session 8, two runs) four streaming gave 33.5 / 32.5, two plain 41.3 / 30.3, four
+    /// plain 36.2 / 36.9: no setting wins both, and four streaming is the steadiest. A consumer's
+    /// copy-out is best with two (session 8: 40.9 / 30.3 against 25.8 / 26.1 with four), so the ends
+    /// differ.
     pub fn for_producer(msg_size: usize) -> Self {
         Self::for_producer_on(msg_size, available_cpus())
     }
