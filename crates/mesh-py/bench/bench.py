@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -238,6 +239,17 @@ def bulk_recv(rx: meshd.Consumer, count: int, in_place: bool) -> float:
     return time.perf_counter() - t
 
 
+def bulk_threads(mb: meshd.Mailbox, to: str, back: str, n: int, in_place: bool) -> float:
+    """A Python sender thread into `to` while this thread receives from `back`, one process (the GIL
+    shared): through bulk_echo, or `to` == `back` host -> host. Seconds from the first message to the last."""
+    with mb.producer(to) as tx, mb.consumer(back) as rx:
+        sender = threading.Thread(target=bulk_send, args=(tx, mb.channel(to).head, n, in_place))
+        sender.start()
+        secs = bulk_recv(rx, n, in_place)
+        sender.join()
+    return secs
+
+
 def bulk_host(peer: Path, repeats: int) -> None:
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     tmp = Path(tempfile.mkdtemp(prefix="meshd-bench-bulk-", dir=shm))
@@ -254,13 +266,14 @@ def bulk_host(peer: Path, repeats: int) -> None:
     print(f"Mailbox in {tmp}.")
     print(
         f"Each cell the median of {repeats} streams of numbered messages (the columns interleaved), GB/s from the "
-        "first message to the last; the other end the Rust peer; in brackets the share of Rust -> Rust.\n"
+        "first message to the last; the other end the Rust peer (the last column: a Python thread of the same "
+        "process, as the GPU rows' two ends share the GIL); in brackets the share of Rust -> Rust.\n"
     )
-    print("| message | messages | Rust -> Rust | Python `send` -> Rust | Rust -> Python `recv_into` | Python `send_view` (numpy fill) -> Rust | Rust -> Python `recv_view` (no copy) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| message | messages | Rust -> Rust | Python `send` -> Rust | Rust -> Python `recv_into` | Python `send_view` (numpy fill) -> Rust | Rust -> Python `recv_view` (no copy) | Python `send` thread -> Python `recv_into` |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for size, (_, n) in BULK.items():
         ch = f"bulk{size}"
-        cols: list[list[float]] = [[] for _ in range(5)]
+        cols: list[list[float]] = [[] for _ in range(6)]
         for _ in range(repeats):  # interleaved, so that a noisy moment hits every column alike
             c = start(peer, "consume", path, ch, n, "--first-word", "--from-tail")
             run(peer, "produce", path, ch, n, "--first-word", "--from-head")
@@ -275,6 +288,7 @@ def bulk_host(peer: Path, repeats: int) -> None:
                     secs = bulk_recv(rx, n, in_place)
                 finish(p)
                 cols[k + 1].append(gbps(size, n, secs))
+            cols[5].append(gbps(size, n, bulk_threads(mb, ch, ch, n, False)))
         med = [statistics.median(c) for c in cols]
         rr = med[0]
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
@@ -289,8 +303,6 @@ def bulk_gpu(peer: Path, client: meshd.Client, shm: Path, bulk_echo: Path, repea
     Each cell is the median of `repeats` streams, the columns interleaved (a noisy moment hits every
     column alike); a stream of 500 MiB-messages lasts ~20 ms, too short for one sample to stand alone.
     """
-    import threading
-
     print("### Bulk streams through bulk_echo (host -> GPU -> host), GB/s each way\n")
     print(f"Each cell the median of {repeats} streams, columns interleaved; in brackets the share of the Rust ends.\n")
     print("| message | messages | Rust ends | Python `send` / `recv_into` | Python `send_view` / `recv_view` |")
@@ -308,13 +320,7 @@ def bulk_gpu(peer: Path, client: meshd.Client, shm: Path, bulk_echo: Path, repea
             run(peer, "produce", shm, to, n, "--first-word", "--from-head")
             cols[0].append(gbps(size, n, float(finish(c)["seconds"])))
             for k, in_place in ((1, False), (2, True)):
-                with mb.producer(to) as tx, mb.consumer(back) as rx:
-                    first = mb.channel(to).head
-                    sender = threading.Thread(target=bulk_send, args=(tx, first, n, in_place))
-                    sender.start()
-                    secs = bulk_recv(rx, n, in_place)
-                    sender.join()
-                cols[k].append(gbps(size, n, secs))
+                cols[k].append(gbps(size, n, bulk_threads(mb, to, back, n, in_place)))
         client.unload(f"bulk-echo{size}")
         med = [statistics.median(c) for c in cols]
         rr = med[0]

@@ -7,6 +7,14 @@
 //! copies of more than [`GIL_FREE_COPY`] bytes are made with the GIL released, and a slot is lent
 //! across a `with` block.
 //!
+//! **One GIL release per blocking call.** A blocking `send`/`recv_into`/`send_batch`/`recv_batch`
+//! of such messages waits, copies and publishes (releases) in one stretch without the GIL
+//! (`try_send_here`, `try_recv_here`, the `_records` calls), not a wait, a reacquisition, then a
+//! second release for the copy: with two Python threads streaming (a sender and a receiver, as
+//! through a GPU echo), every reacquisition the other thread holds the GIL for is a futex sleep
+//! and wake-up, and it fell on the critical path, between a slot coming free (a message becoming
+//! whole) and its copy starting.
+//!
 //! **Views.** A [`SlotView`] lends one slot: the producer's reserved (not yet published) slot,
 //! writable, or the consumer's message (not yet released), read-only. It implements the buffer
 //! protocol itself and counts its exports; its `__enter__` hands out a `memoryview` of itself. Giving
@@ -142,14 +150,10 @@ impl BulkTx {
     /// Writes `msg` into the reserved slot, zero-padded, and publishes it; a write refused (a message
     /// too long) discards the slot.
     pub(crate) fn fill_and_publish(&mut self, py: Python<'_>, msg: &[u8]) -> Result<(), ShmError> {
-        let end = &mut self.end;
-        let written =
-            if msg.len() <= GIL_FREE_COPY { end.write_reserved(msg) } else { py.detach(|| end.write_reserved(msg)) };
-        if let Err(e) = written {
-            let _ = end.discard();
-            return Err(e);
+        if msg.len() <= GIL_FREE_COPY {
+            return self.fill_reserved_and_publish(msg);
         }
-        end.publish().map(drop)
+        py.detach(|| self.fill_reserved_and_publish(msg))
     }
 
     /// One message if there is room, with the copy's GIL rule. `Ok(false)`: full.
@@ -163,6 +167,56 @@ impl BulkTx {
         }
         self.fill_and_publish(py, msg)?;
         Ok(true)
+    }
+
+    /// One message if there is room: check, reserve, copy, publish, all here. For a caller that has
+    /// released the GIL (a blocking send's wait), so that the copy starts the moment a slot frees,
+    /// not after a GIL handoff.
+    pub(crate) fn try_send_here(&mut self, msg: &[u8]) -> Result<bool, ShmError> {
+        self.end.try_send(msg)
+    }
+
+    /// As many `size`-byte records of `all` as there is room for, one message each; how many. The
+    /// copies are made here (a caller copying more than [`GIL_FREE_COPY`] bytes releases the GIL
+    /// around the call).
+    pub(crate) fn try_send_records(&mut self, all: &[u8], size: usize) -> Result<usize, ShmError> {
+        check_records(self.info(), all.len(), size)?;
+        let mut n = 0;
+        for msg in all.chunks_exact(size) {
+            if !self.end.try_send(msg)? {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// `try_send_records` with the copy's GIL rule: records above [`GIL_FREE_COPY`] are copied in one
+    /// stretch without the GIL (one release for the batch, not one per record), taken only when
+    /// there is room for the first (a full ring costs no GIL round trip).
+    pub(crate) fn try_send_batch(&mut self, py: Python<'_>, all: &[u8], size: usize) -> Result<usize, ShmError> {
+        check_records(self.info(), all.len(), size)?;
+        if size <= GIL_FREE_COPY || all.is_empty() {
+            return self.try_send_records(all, size);
+        }
+        if self.reserve()?.is_none() {
+            return Ok(0);
+        }
+        py.detach(|| {
+            let (first, rest) = all.split_at(size);
+            self.fill_reserved_and_publish(first)?;
+            Ok(1 + self.try_send_records(rest, size)?)
+        })
+    }
+
+    /// Writes `msg` into the reserved slot and publishes it, wherever the caller stands with the GIL;
+    /// a write refused discards the slot.
+    fn fill_reserved_and_publish(&mut self, msg: &[u8]) -> Result<(), ShmError> {
+        if let Err(e) = self.end.write_reserved(msg) {
+            let _ = self.end.discard();
+            return Err(e);
+        }
+        self.end.publish().map(drop)
     }
 
     /// Publishes the slot lent to a view (written in place).
@@ -215,13 +269,10 @@ impl BulkRx {
     /// Copies the peeked message into `out` (exactly the message size) and releases its slot; a
     /// read refused (a buffer of another size) unpeeks the message instead.
     pub(crate) fn take_into(&mut self, py: Python<'_>, out: &mut [u8]) -> Result<(), ShmError> {
-        let end = &mut self.end;
-        let read = if out.len() <= GIL_FREE_COPY { end.read_peeked(out) } else { py.detach(|| end.read_peeked(out)) };
-        if let Err(e) = read {
-            let _ = end.unpeek();
-            return Err(e);
+        if out.len() <= GIL_FREE_COPY {
+            return self.take_peeked(out);
         }
-        end.release().map(drop)
+        py.detach(|| self.take_peeked(out))
     }
 
     /// One message into `out` (exactly the message size) if one is whole. `Ok(false)`: none.
@@ -235,6 +286,56 @@ impl BulkRx {
         }
         self.take_into(py, out)?;
         Ok(true)
+    }
+
+    /// One message into `out` if one is whole: check, peek, copy, release, all here. For a caller
+    /// that has released the GIL (a blocking receive's wait), so that the copy starts the moment
+    /// the message is whole, not after a GIL handoff.
+    pub(crate) fn try_recv_here(&mut self, out: &mut [u8]) -> Result<bool, ShmError> {
+        self.end.try_recv(out)
+    }
+
+    /// As many whole messages as wait and fit in `out` (a multiple of `size` bytes), one copy each;
+    /// how many. The copies are made here (a caller copying more than [`GIL_FREE_COPY`] bytes
+    /// releases the GIL around the call).
+    pub(crate) fn try_recv_records(&mut self, out: &mut [u8], size: usize) -> Result<usize, ShmError> {
+        check_records(self.info(), out.len(), size)?;
+        let mut n = 0;
+        for msg in out.chunks_exact_mut(size) {
+            if !self.end.try_recv(msg)? {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// `try_recv_records` with the copy's GIL rule: messages above [`GIL_FREE_COPY`] are copied in
+    /// one stretch without the GIL, taken only when the first is whole (an empty ring costs no GIL
+    /// round trip).
+    pub(crate) fn try_recv_batch(&mut self, py: Python<'_>, out: &mut [u8], size: usize) -> Result<usize, ShmError> {
+        check_records(self.info(), out.len(), size)?;
+        if size <= GIL_FREE_COPY || out.is_empty() {
+            return self.try_recv_records(out, size);
+        }
+        if self.peek()?.is_none() {
+            return Ok(0);
+        }
+        py.detach(|| {
+            let (first, rest) = out.split_at_mut(size);
+            self.take_peeked(first)?;
+            Ok(1 + self.try_recv_records(rest, size)?)
+        })
+    }
+
+    /// Copies the peeked message into `out` and releases it, wherever the caller stands with the
+    /// GIL; a read refused unpeeks it.
+    fn take_peeked(&mut self, out: &mut [u8]) -> Result<(), ShmError> {
+        if let Err(e) = self.end.read_peeked(out) {
+            let _ = self.end.unpeek();
+            return Err(e);
+        }
+        self.end.release().map(drop)
     }
 
     /// Releases the slot lent to a view.
@@ -327,7 +428,7 @@ impl SlotView {
         }
         let mine = self.view.lock().map_err(|_| PyValueError::new_err("view state poisoned"))?.take();
         if let Some(view) = mine {
-            if let Err(e) = view.bind(py).call_method0("release") {
+            if let Err(e) = view.bind(py).call_method0(pyo3::intern!(py, "release")) {
                 let text = format!(
                     "channel {:?}: message {}'s slot is still exported ({}); drop the arrays and views made \
                      from it, then give it back again",
@@ -534,4 +635,12 @@ impl SlotView {
         }
         Ok(())
     }
+}
+
+/// Refuses a batch (to send) or a buffer (to receive into) that is not whole `size`-byte messages.
+fn check_records(info: &ChannelInfo, len: usize, size: usize) -> Result<(), ShmError> {
+    if size == 0 || len % size != 0 {
+        return Err(ShmError::MessageSize { channel: info.name.clone(), size, got: len % size.max(1) });
+    }
+    Ok(())
 }

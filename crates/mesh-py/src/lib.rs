@@ -20,8 +20,8 @@ mod service;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bulk::{BulkRx, BulkTx, Lent, PyCopyConfig, SlotView};
-use mesh_shm::{ChannelInfo, Consumer, Mailbox, Peeked, Producer, Protocol, Reserved, ShmError};
+use bulk::{BulkRx, BulkTx, GIL_FREE_COPY, Lent, PyCopyConfig, SlotView};
+use mesh_shm::{ChannelInfo, Consumer, Mailbox, Peeked, PollPause, Producer, Protocol, Reserved, ShmError};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -30,10 +30,6 @@ use pyo3::types::{PyBytes, PyDict};
 
 /// The longest stretch a blocking call spends without the GIL: signals are checked this often.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
-/// How long a blocking call spins before it starts sleeping between polls (latency first, then CPU).
-const SPIN: Duration = Duration::from_micros(50);
-/// The longest sleep between two polls once spinning is over.
-const MAX_NAP: Duration = Duration::from_millis(1);
 
 // ---- errors ----
 
@@ -201,16 +197,17 @@ fn deadline(timeout: Option<f64>) -> PyResult<Option<(Instant, Duration)>> {
     }
 }
 
-/// Polls `attempt` until it yields or the deadline passes, the GIL released: spin first, then
-/// sleep with back-off; every [`SIGNAL_CHECK`] the GIL is taken back for Python's signal handlers.
-/// `Ok(None)`: the deadline passed.
+/// Polls `attempt` until it yields or the deadline passes, the GIL released: spin, then yield the
+/// CPU, then sleep with back-off (mesh-shm's [`PollPause`], as the Rust ends); every [`SIGNAL_CHECK`] the GIL is taken
+/// back for Python's signal handlers, and nowhere else: a successful attempt returns inside the
+/// same release (a caller whose attempt copies, a bulk end's, copies there too). `Ok(None)`: the
+/// deadline passed.
 fn wait_for<T: Send>(
     py: Python<'_>,
     deadline: Option<(Instant, Duration)>,
     mut attempt: impl FnMut() -> Result<Option<T>, ShmError> + Send,
 ) -> PyResult<Option<T>> {
-    let start = Instant::now();
-    let mut nap = Duration::from_micros(1);
+    let mut pause = PollPause::new();
     loop {
         let stretch_end = Instant::now() + SIGNAL_CHECK;
         let end = deadline.map_or(stretch_end, |(d, _)| d.min(stretch_end));
@@ -219,16 +216,10 @@ fn wait_for<T: Send>(
                 if let Some(v) = attempt()? {
                     return Ok(Some(v));
                 }
-                let now = Instant::now();
-                if now >= end {
+                if Instant::now() >= end {
                     return Ok(None);
                 }
-                if now - start < SPIN {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::sleep(nap.min(end - now));
-                    nap = (nap * 2).min(MAX_NAP);
-                }
+                pause.pause(end);
             }
         });
         match got {
@@ -548,7 +539,6 @@ impl PyProducer {
         let bytes = Bytes::get(msg, "send", false)?;
         let deadline = deadline(timeout)?;
         let msg = bytes.as_slice();
-        let name = self.name.clone();
         match self.end()? {
             TxEnd::Ring(end) => {
                 if end.try_send(msg).map_err(|e| shm_err(py, e))? {
@@ -556,17 +546,21 @@ impl PyProducer {
                 }
                 match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
                     Some(()) => Ok(()),
-                    None => Err(timed_out(py, &name, "send", deadline)),
+                    None => Err(timed_out(py, &self.name, "send", deadline)),
                 }
             }
             TxEnd::Bulk(b) => {
-                b.check_len(msg.len()).map_err(|e| shm_err(py, e))?;
-                if b.reserve().map_err(|e| shm_err(py, e))?.is_none()
-                    && wait_for(py, deadline, || b.reserve())?.is_none()
-                {
-                    return Err(timed_out(py, &name, "send", deadline));
+                // A message the GIL rule copies with the GIL held is first tried that way; anything
+                // else goes in one stretch without the GIL: the wait, the copy and the publication,
+                // so that the copy starts the moment a slot frees, with no GIL handoff in between
+                // (one release and one reacquisition per message).
+                if msg.len() <= GIL_FREE_COPY && b.try_send(py, msg).map_err(|e| shm_err(py, e))? {
+                    return Ok(());
                 }
-                b.fill_and_publish(py, msg).map_err(|e| shm_err(py, e))
+                match wait_for(py, deadline, || Ok(b.try_send_here(msg)?.then_some(())))? {
+                    Some(()) => Ok(()),
+                    None => Err(timed_out(py, &self.name, "send", deadline)),
+                }
             }
         }
     }
@@ -578,7 +572,7 @@ impl PyProducer {
         let size = self.msg_size as usize;
         match self.end()? {
             TxEnd::Ring(p) => p.try_send_batch(bytes.as_slice()),
-            TxEnd::Bulk(b) => bulk_send_batch(py, b, bytes.as_slice(), size),
+            TxEnd::Bulk(b) => b.try_send_batch(py, bytes.as_slice(), size),
         }
         .map_err(|e| shm_err(py, e))
     }
@@ -591,7 +585,6 @@ impl PyProducer {
         let deadline = deadline(timeout)?;
         let all = bytes.as_slice();
         let size = self.msg_size as usize;
-        let name = self.name.clone();
         let mut done = 0;
         let finished = match self.end()? {
             TxEnd::Ring(end) => {
@@ -605,27 +598,23 @@ impl PyProducer {
                 })?
             }
             TxEnd::Bulk(b) => {
-                if all.len() % size != 0 {
-                    return Err(shm_err(py, ShmError::MessageSize { channel: name, size, got: all.len() % size }));
-                }
-                let mut finished = Some(());
-                while done * size < all.len() {
-                    if b.reserve().map_err(|e| shm_err(py, e))?.is_none()
-                        && wait_for(py, deadline, || b.reserve())?.is_none()
-                    {
-                        finished = None;
-                        break;
+                if size <= GIL_FREE_COPY {
+                    done = b.try_send_batch(py, all, size).map_err(|e| shm_err(py, e))?;
+                    if done * size == all.len() {
+                        return Ok(());
                     }
-                    b.fill_and_publish(py, &all[done * size..(done + 1) * size]).map_err(|e| shm_err(py, e))?;
-                    done += 1;
                 }
-                finished
+                // Waits and copies in one stretch without the GIL (see `send`).
+                wait_for(py, deadline, || {
+                    done += b.try_send_records(&all[done * size..], size)?;
+                    Ok((done * size == all.len()).then_some(()))
+                })?
             }
         };
         match finished {
             Some(()) => Ok(()),
             None => {
-                let err = timed_out(py, &name, "send", deadline);
+                let err = timed_out(py, &self.name, "send", deadline);
                 err.value(py).setattr("sent", done)?;
                 Err(err)
             }
@@ -702,21 +691,6 @@ impl PyProducer {
             self.capacity
         )
     }
-}
-
-/// As many records of `all` as there is room for, one message each; how many.
-fn bulk_send_batch(py: Python<'_>, b: &mut BulkTx, all: &[u8], size: usize) -> Result<usize, ShmError> {
-    if all.len() % size != 0 {
-        return Err(ShmError::MessageSize { channel: b.info().name.clone(), size, got: all.len() % size });
-    }
-    let mut n = 0;
-    for msg in all.chunks_exact(size) {
-        if !b.try_send(py, msg)? {
-            break;
-        }
-        n += 1;
-    }
-    Ok(n)
 }
 
 /// A consumer's ring end, by the channel's protocol.
@@ -805,12 +779,13 @@ fn recv_one(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], deadline: Option<(I
             Ok(wait_for(py, deadline, || Ok(end.try_recv(out)?.then_some(())))?.is_some())
         }
         RxEnd::Bulk(b) => {
-            b.check_len(out.len()).map_err(|e| shm_err(py, e))?;
-            if b.peek().map_err(|e| shm_err(py, e))?.is_none() && wait_for(py, deadline, || b.peek())?.is_none() {
-                return Ok(false);
+            // As a bulk `send`: a message the GIL rule copies with the GIL held is first tried that
+            // way; otherwise the wait and the copy run in one stretch without the GIL, so that the
+            // copy starts the moment the message is whole.
+            if out.len() <= GIL_FREE_COPY && b.try_recv(py, out).map_err(|e| shm_err(py, e))? {
+                return Ok(true);
             }
-            b.take_into(py, out).map_err(|e| shm_err(py, e))?;
-            Ok(true)
+            Ok(wait_for(py, deadline, || Ok(b.try_recv_here(out)?.then_some(())))?.is_some())
         }
     }
 }
@@ -819,19 +794,7 @@ fn recv_one(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], deadline: Option<(I
 fn try_recv_batch_any(py: Python<'_>, end: &mut RxEnd, out: &mut [u8], size: usize) -> Result<usize, ShmError> {
     match end {
         RxEnd::Ring(c) => c.try_recv_batch(out),
-        RxEnd::Bulk(b) => {
-            if out.len() % size != 0 {
-                return Err(ShmError::MessageSize { channel: b.info().name.clone(), size, got: out.len() % size });
-            }
-            let mut n = 0;
-            for msg in out.chunks_exact_mut(size) {
-                if !b.try_recv(py, msg)? {
-                    break;
-                }
-                n += 1;
-            }
-            Ok(n)
-        }
+        RxEnd::Bulk(b) => b.try_recv_batch(py, out, size),
     }
 }
 
@@ -948,11 +911,10 @@ impl PyConsumer {
     fn recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
         let deadline = deadline(timeout)?;
-        let name = self.name.clone();
         if recv_one(py, self.end()?, bytes.as_mut_slice(), deadline)? {
             Ok(())
         } else {
-            Err(timed_out(py, &name, "recv", deadline))
+            Err(timed_out(py, &self.name, "recv", deadline))
         }
     }
 
@@ -972,28 +934,30 @@ impl PyConsumer {
         let deadline = deadline(timeout)?;
         let out = bytes.as_mut_slice();
         let size = self.msg_size as usize;
-        let name = self.name.clone();
         let end = self.end()?;
-        let n = try_recv_batch_any(py, end, out, size).map_err(|e| shm_err(py, e))?;
-        if n > 0 {
-            return Ok(n);
+        // The first attempt with the GIL held, but for bulk messages the GIL rule copies without it:
+        // those wait and copy in one stretch without the GIL (see a bulk `send`).
+        let gil_held_first = match end {
+            RxEnd::Ring(_) => true,
+            RxEnd::Bulk(_) => size <= GIL_FREE_COPY,
+        };
+        if gil_held_first {
+            let n = try_recv_batch_any(py, end, out, size).map_err(|e| shm_err(py, e))?;
+            if n > 0 {
+                return Ok(n);
+            }
         }
         let got = match end {
             RxEnd::Ring(c) => wait_for(py, deadline, || {
                 let n = c.try_recv_batch(out)?;
                 Ok((n > 0).then_some(n))
             })?,
-            RxEnd::Bulk(_) => {
-                // Wait for one without the GIL, then take what is there (the copies release it themselves).
-                if recv_one(py, end, &mut out[..size], deadline)? {
-                    let more = try_recv_batch_any(py, end, &mut out[size..], size).map_err(|e| shm_err(py, e))?;
-                    Some(1 + more)
-                } else {
-                    None
-                }
-            }
+            RxEnd::Bulk(b) => wait_for(py, deadline, || {
+                let n = b.try_recv_records(out, size)?;
+                Ok((n > 0).then_some(n))
+            })?,
         };
-        got.ok_or_else(|| timed_out(py, &name, "recv", deadline))
+        got.ok_or_else(|| timed_out(py, &self.name, "recv", deadline))
     }
 
     /// The next message in place (bulk channels), waiting until `timeout` seconds pass: a context

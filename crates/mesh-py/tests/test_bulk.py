@@ -340,3 +340,87 @@ def test_blocking_bulk_calls_wake_for_signals(bulk_path: Path) -> None:
             timer.join()
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def test_two_python_threads_stream_every_size_class_through_one_channel(bulk_path: Path) -> None:
+    """The GPU rows' shape host -> host: a sender thread and a receiver in one process, the GIL shared
+    (each blocking call waits and copies in one release of it), every call form, every word checked."""
+    mb = meshd.Mailbox.open(bulk_path)
+    for size, (channel, count) in CLASSES.items():
+        with mb.producer(channel) as tx, mb.consumer(channel) as rx:
+            failed: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    n = 0
+                    while n < count:
+                        if n % 3 == 2 and n + 1 < count:  # two records in one call
+                            tx.send_batch(np.stack([numbered(n, size), numbered(n + 1, size)]), timeout=DEADLINE)
+                            n += 2
+                        else:
+                            tx.send(numbered(n, size), timeout=DEADLINE)
+                            n += 1
+                except BaseException as e:  # reported by the receiving thread, after the join
+                    failed.append(e)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            out = np.empty((2, size // 8), dtype=np.uint64)
+            got = 0
+            while got < count:
+                if got % 2:
+                    k = rx.recv_batch(out[: min(2, count - got)], timeout=DEADLINE)
+                else:
+                    rx.recv_into(out[0], timeout=DEADLINE)
+                    k = 1
+                for i in range(k):
+                    check(out[i], got + i, size)
+                got += k
+            sender.join()
+            assert not failed, failed
+            assert rx.try_recv_view() is None
+
+
+def test_a_bulk_send_waiting_for_room_lets_python_run_and_wakes_for_signals(bulk_path: Path) -> None:
+    mb = meshd.Mailbox.open(bulk_path)
+    with mb.producer("b1m") as tx, mb.consumer("b1m") as rx:
+        records = np.stack([numbered(n, MiB) for n in range(6)])
+        with pytest.raises(meshd.MeshTimeoutError) as e:
+            tx.send_batch(records, timeout=0.05)  # capacity 4
+        assert e.value.sent == 4
+        ticks = 0
+        stop = threading.Event()
+
+        def count() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+
+        t = threading.Thread(target=count)
+        t.start()
+        try:
+            with pytest.raises(meshd.MeshTimeoutError):
+                tx.send(records[4], timeout=0.3)
+            seen = ticks
+        finally:
+            stop.set()
+            t.join()
+        assert seen > 0, "another thread ran Python while send waited for room"
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            for call in (lambda: tx.send(records[4]), lambda: tx.send_batch(records[4:])):
+                timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+                timer.start()
+                with pytest.raises(KeyboardInterrupt):
+                    call()
+                timer.join()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        # Nothing half-sent: the four messages that went, then the end still works.
+        out = np.empty((4, MiB // 8), dtype=np.uint64)
+        assert rx.recv_batch(out, timeout=DEADLINE) == 4
+        for n in range(4):
+            check(out[n], n, MiB)
+        tx.send(records[4], timeout=DEADLINE)
+        rx.recv_into(out[0], timeout=DEADLINE)
+        check(out[0], 4, MiB)

@@ -293,7 +293,12 @@ def test_client_processes_go_on_while_one_is_killed_mid_stream(kv: Kv, peer: Pee
         # meshd sees the lease end and the process gone: it completes its sends and departs it.
         wait_until(lambda: all(i != victim_id for i, _ in daemon.bound("kv")), "the killed client's departure")
         for s in survivors:
-            out, err = s.communicate(timeout=180)
+            assert s.stdout is not None and s.stderr is not None
+            # The rest through the file object the readline()s above read from: its buffer may already
+            # hold all of it (communicate() reads the pipe beneath, and would miss that).
+            out = s.stdout.read()
+            s.wait(timeout=180)
+            err = s.stderr.read()
             assert s.returncode == 0, f"{out}\n{err}"
             assert out.splitlines()[-1] == "ok 3000", out
     finally:

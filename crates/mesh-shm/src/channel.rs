@@ -78,35 +78,65 @@ fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
 const SPIN: Duration = Duration::from_micros(20);
 /// How long it yields between polls before it starts sleeping.
 const YIELD: Duration = Duration::from_millis(1);
+/// The first sleep (Linux's timer slack makes any shorter one about this long anyway), doubled up
+/// to [`MAX_NAP`].
+const FIRST_NAP: Duration = Duration::from_micros(50);
+/// The longest sleep between two polls.
+const MAX_NAP: Duration = Duration::from_millis(1);
 
-/// Polls `attempt` until it yields or `deadline` passes: spin first (latency), then yield the CPU
-/// between polls, then back off with sleeps (CPU).
+/// How every blocking call of the host ends waits between two polls: spin first (latency), then
+/// yield the CPU, then back off with sleeps (CPU). Public so that other bindings (the Python
+/// package) wait exactly as the Rust ends they are measured against.
 ///
 /// The middle phase is for hosts with more waiting processes than CPUs (64 service clients on 16
 /// CPUs in the service bench): a spinning waiter would hold its CPU for a whole time slice while a
 /// process whose reply has landed waits to run, and a sleep is no way out, since Linux's default
 /// timer slack turns the shortest one into ~55 µs. `sched_yield` hands the CPU to whoever is
 /// runnable and returns at once when nobody is, so on an idle host it costs a system call per poll.
-pub(crate) fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
-    let start = Instant::now();
-    let mut sleep = Duration::from_micros(50);
-    loop {
-        if let Some(v) = attempt()? {
-            return Ok(Some(v));
-        }
+#[derive(Debug, Clone)]
+pub struct PollPause {
+    start: Instant,
+    nap: Duration,
+}
+
+impl Default for PollPause {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PollPause {
+    /// A wait that starts now (its first pauses spin).
+    pub fn new() -> Self {
+        Self { start: Instant::now(), nap: FIRST_NAP }
+    }
+
+    /// Pauses before the next poll as the time waited so far says, never past `until`.
+    pub fn pause(&mut self, until: Instant) {
         let now = Instant::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        let waited = now - start;
+        let waited = now - self.start;
         if waited < SPIN {
             std::hint::spin_loop();
         } else if waited < YIELD {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(sleep.min(deadline - now));
-            sleep = (sleep * 2).min(Duration::from_millis(1));
+            std::thread::sleep(self.nap.min(until.saturating_duration_since(now)));
+            self.nap = (self.nap * 2).min(MAX_NAP);
         }
+    }
+}
+
+/// Polls `attempt` until it yields or `deadline` passes, pausing between tries as [`PollPause`] says.
+pub(crate) fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
+    let mut pause = PollPause::new();
+    loop {
+        if let Some(v) = attempt()? {
+            return Ok(Some(v));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        pause.pause(deadline);
     }
 }
 

@@ -72,7 +72,7 @@ pub mod ring;
 pub mod service;
 
 pub use bulk_channel::{BulkConsumer, BulkProducer, Peeked, Reserved};
-pub use channel::{Consumer, EndClaim, Producer};
+pub use channel::{Consumer, EndClaim, PollPause, Producer};
 pub use copy::CopyConfig;
 pub use error::{End, Result, ShmError};
 pub use fanin::{Completion, Taken};
