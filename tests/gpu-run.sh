@@ -7,8 +7,8 @@
 # lean: issue 24 item 2 alone (PENDING, issue 24 call 4): the g2g probe, then `mesh-gpu-bench g2g-lean blink`
 #   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
-# service: issue 26's service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24)
-#   and `mesh-gpu-bench service blink|mps`.
+# service: issue 26's service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24),
+#   `mesh-gpu-bench service blink|mps` (MESH_SERVICE_CLIENTS, MESH_SERVICE_PROGRAMS) and `fanin-host`.
 # chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
 # 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
 # In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise.
@@ -137,6 +137,10 @@ if [ "$WHAT" = service ]; then
     ROWS+=("mesh-gpu-bench service $mode|rc=$? (log: bench-service-$mode.log)")
     cat "$OUT/bench-service-$mode.log"
   done
+  # The fan-in ring's host side alone (no GPU): what the senders' protocol allows on this host's CPUs.
+  timeout -k 5 60 bin/mesh-gpu-bench fanin-host >"$OUT/bench-fanin-host.log" 2>&1
+  ROWS+=("mesh-gpu-bench fanin-host|rc=$? (log: bench-fanin-host.log)")
+  cat "$OUT/bench-fanin-host.log"
 fi
 
 if [ "$WHAT" = chaos ]; then

@@ -20,6 +20,7 @@ use mesh_gpu_tests::{Fixture, program};
 
 mod bulk;
 mod channels;
+mod fanin_host;
 mod parts;
 mod roundtrip;
 mod service;
@@ -50,6 +51,7 @@ fn main() {
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
         ["parts", mode @ ("blink" | "mps")] => return parts::parts_benches(*mode == "mps"),
         ["service"] => return service::service_benches(false),
+        ["fanin-host"] => return fanin_host::fanin_host(),
         ["service", mode @ ("blink" | "mps")] => return service::service_benches(*mode == "mps"),
         [] => {}
         other => {
