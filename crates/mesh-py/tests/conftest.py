@@ -8,7 +8,7 @@ import socket as _socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -30,6 +30,28 @@ def _find_peer() -> Path:
         f"the Rust peer is not built under {target}: run `cargo build --release -p mesh-py --example peer` "
         "(or set MESH_PY_PEER to its path)"
     )
+
+
+def python_ran_while(call: Callable[[], object]) -> int:
+    """How many times another thread ran a Python loop step while `call()` ran (it may raise: the
+    count is taken either way). More than 0 means `call` released the GIL while it waited."""
+    ticks = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        call()
+    finally:
+        seen = ticks
+        stop.set()
+        t.join()
+    return seen
 
 
 class StandInMeshd:

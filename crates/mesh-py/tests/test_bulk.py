@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import meshd
-from conftest import DEADLINE, Peer
+from conftest import DEADLINE, Peer, python_ran_while
 
 KiB, MiB = 1 << 10, 1 << 20
 #: size class -> (channel, messages per test: several laps of the ring)
@@ -388,24 +388,11 @@ def test_a_bulk_send_waiting_for_room_lets_python_run_and_wakes_for_signals(bulk
         with pytest.raises(meshd.MeshTimeoutError) as e:
             tx.send_batch(records, timeout=0.05)  # capacity 4
         assert e.value.sent == 4
-        ticks = 0
-        stop = threading.Event()
-
-        def count() -> None:
-            nonlocal ticks
-            while not stop.is_set():
-                ticks += 1
-
-        t = threading.Thread(target=count)
-        t.start()
-        try:
+        def wait_for_room() -> None:
             with pytest.raises(meshd.MeshTimeoutError):
                 tx.send(records[4], timeout=0.3)
-            seen = ticks
-        finally:
-            stop.set()
-            t.join()
-        assert seen > 0, "another thread ran Python while send waited for room"
+
+        assert python_ran_while(wait_for_room) > 0, "another thread ran Python while send waited for room"
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             for call in (lambda: tx.send(records[4]), lambda: tx.send_batch(records[4:])):

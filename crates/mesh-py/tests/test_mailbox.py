@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import meshd
-from conftest import DEADLINE, GOLDEN, Peer
+from conftest import DEADLINE, GOLDEN, Peer, python_ran_while
 
 
 def numbered(first: int, count: int, msg_size: int) -> np.ndarray:
@@ -223,24 +223,11 @@ def test_a_consumer_killed_mid_stream_is_replaced_and_the_sequence_goes_on(mailb
 def test_blocking_calls_release_the_gil(mailbox_path: Path) -> None:
     mb = meshd.Mailbox.open(mailbox_path)
     tx, rx = mb.producer("small"), mb.consumer("small")
-    ticks = 0
-    stop = threading.Event()
-
-    def count() -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
-
-    t = threading.Thread(target=count)
-    t.start()
-    try:
+    def wait_for_a_message() -> None:
         with pytest.raises(meshd.MeshTimeoutError):
             rx.recv(timeout=0.3)
-        seen = ticks
-    finally:
-        stop.set()
-        t.join()
-    assert seen > 0, "another thread ran Python while recv waited"
+
+    assert python_ran_while(wait_for_a_message) > 0, "another thread ran Python while recv waited"
     # The other way round: a thread blocked in recv gets a message sent from this one.
     result: list[bytes] = []
     t = threading.Thread(target=lambda: result.append(rx.recv(timeout=DEADLINE)))
