@@ -8,6 +8,11 @@
 //! from 8 clients on. On the H200 machine's 16 CPUs (session 8, calls 7-8) the host side alone tops
 //! out there too, and falls as senders are added: 2.2-2.5 M/s from one sender, 1.9-2.2 M/s from 8
 //! (3.6-4.2 µs a send): the shared reservation cursor and the owner table's lines, not the GPU.
+//!
+//! A second table stands in for fan-in shards (docs/design/many-clients.md, "the next step") before
+//! they exist: P separate fan-in channels of the same capacity each, sender i sending into channel
+//! i % P, the one consumer thread taking from them in turn. What it shows is how far P cursors
+//! instead of one lift the host side, which is what the shards' design rests on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -19,9 +24,12 @@ const MSG: u32 = 64;
 const CAPACITY: u32 = 256;
 const WARMUP: Duration = Duration::from_millis(200);
 const WINDOW: Duration = Duration::from_secs(1);
+const SHARD_WINDOW: Duration = Duration::from_millis(500);
 
-/// One row: aggregate requests/s taken by the consumer, and the senders' mean ns per successful send.
-fn row(mailbox: &Mailbox, name: &str, senders: u16) -> (f64, f64) {
+/// One measurement: `senders` threads over the fan-in channels `names` (sender i into channel
+/// i % len), one consumer taking from each in turn. Aggregate requests/s taken, and the senders'
+/// mean ns per successful send.
+fn row(mailbox: &Mailbox, names: &[String], senders: u16, window: Duration) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
     let send_ns = Arc::new(AtomicU64::new(0));
@@ -29,6 +37,7 @@ fn row(mailbox: &Mailbox, name: &str, senders: u16) -> (f64, f64) {
     let start = Arc::new(Barrier::new(usize::from(senders) + 1));
     let mut threads = Vec::new();
     for s in 0..senders {
+        let name = &names[usize::from(s) % names.len()];
         let mut tx = FanInSender::open(mailbox, name, ClientId::new(s + 1, 1)).expect("a sender");
         let (stop, measuring, send_ns, sends, start) =
             (stop.clone(), measuring.clone(), send_ns.clone(), sends.clone(), start.clone());
@@ -50,38 +59,43 @@ fn row(mailbox: &Mailbox, name: &str, senders: u16) -> (f64, f64) {
             sends.fetch_add(n, Ordering::Relaxed);
         }));
     }
-    let mut rx = FanInReceiver::claim(mailbox, name).expect("the consumer");
+    let mut rxs: Vec<FanInReceiver> =
+        names.iter().map(|name| FanInReceiver::claim(mailbox, name).expect("the consumer")).collect();
     let mut out = [0u8; MSG as usize];
     start.wait();
     let mut taken = 0u64;
     let began = Instant::now();
     let mut window_start = None;
+    let mut k = 0;
     loop {
-        if rx.try_take(&mut out).expect("a take").is_some() {
+        if rxs[k].try_take(&mut out).expect("a take").is_some() {
             taken += 1;
         }
+        k = (k + 1) % rxs.len();
         let now = Instant::now();
         match window_start {
             None if now - began >= WARMUP => {
                 window_start = Some((now, taken));
                 measuring.store(true, Ordering::Relaxed);
             }
-            Some((at, _)) if now - at >= WINDOW => break,
+            Some((at, _)) if now - at >= window => break,
             _ => {}
         }
     }
     let (at, before) = window_start.expect("the window began");
     let rate = (taken - before) as f64 / at.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    // Drain what the senders still put in, so that the next row's senders find room.
+    // Drain what the senders still put in, so that they finish (a sender never waits, but a full
+    // ring would leave it spinning).
     for t in threads {
         while !t.is_finished() {
-            let _ = rx.try_take(&mut out);
+            for rx in &mut rxs {
+                let _ = rx.try_take(&mut out);
+            }
         }
         t.join().expect("a sender thread");
     }
-    while rx.try_take(&mut out).expect("a take").is_some() {}
-    drop(rx);
+    drop(rxs);
     let n = sends.load(Ordering::Relaxed).max(1);
     (rate, send_ns.load(Ordering::Relaxed) as f64 / n as f64)
 }
@@ -90,9 +104,28 @@ fn row(mailbox: &Mailbox, name: &str, senders: u16) -> (f64, f64) {
 pub fn fanin_host() {
     let dir =
         tempfile::Builder::new().prefix("mesh-fanin-bench").tempdir_in("/dev/shm").expect("a directory in /dev/shm");
-    let config = MailboxConfig { size: 4 << 20, slots: 8, channels: 16 };
+    let config = MailboxConfig { size: 16 << 20, slots: 8, channels: 64 };
     let mailbox = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).expect("a mailbox");
     let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+    // Sender counts that leave a CPU for the consumer (one sender whatever the machine).
+    let counts: Vec<u16> = [1u16, 2, 4, 8, 16]
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, n)| i == 0 || usize::from(n) < cpus)
+        .map(|(_, n)| n)
+        .collect();
+    let mut made = 0;
+    let mut fresh = |n: usize| -> Vec<String> {
+        // Fresh channels per measurement: the senders' ids start over.
+        (0..n)
+            .map(|_| {
+                made += 1;
+                let name = format!("fanin-{made}");
+                mailbox.create_fanin(&name, MSG, CAPACITY).expect("a fan-in channel");
+                name
+            })
+            .collect()
+    };
     println!();
     println!("Fan-in ring, host only: N sender threads into one fan-in channel ({MSG} B, capacity {CAPACITY}),");
     println!("one consumer thread, /dev/shm mailbox, {cpus} CPUs; 1 s per row after 0.2 s of warm-up.");
@@ -100,15 +133,29 @@ pub fn fanin_host() {
     println!("| senders | requests/s taken | × 1 sender | mean ns per successful try_send |");
     println!("|---:|---:|---:|---:|");
     let mut one = None;
-    for (i, senders) in [1u16, 2, 4, 8, 16].into_iter().enumerate() {
-        if usize::from(senders) + 1 > cpus && i > 0 {
-            break;
-        }
-        // A fresh channel per row: the senders' ids start over.
-        let name = format!("fanin-{senders}");
-        mailbox.create_fanin(&name, MSG, CAPACITY).expect("a fan-in channel");
-        let (rate, ns) = row(&mailbox, &name, senders);
+    for &senders in &counts {
+        let (rate, ns) = row(&mailbox, &fresh(1), senders, WINDOW);
         let base = *one.get_or_insert(rate);
         println!("| {senders} | {rate:.0} | {:.2} | {ns:.0} |", rate / base);
+    }
+    println!();
+    println!("The same senders over P fan-in channels (sender i into channel i % P, one consumer taking from");
+    println!("each in turn): what P cursors instead of one give, as fan-in shards would. Requests/s taken,");
+    println!("0.5 s per cell after 0.2 s of warm-up.");
+    println!();
+    println!("| senders | P = 1 | P = 2 | P = 4 | P = 8 |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &senders in &counts {
+        let cells: Vec<String> = [1usize, 2, 4, 8]
+            .into_iter()
+            .map(|p| {
+                if p > usize::from(senders) {
+                    return "–".to_string();
+                }
+                let (rate, _) = row(&mailbox, &fresh(p), senders, SHARD_WINDOW);
+                format!("{rate:.0}")
+            })
+            .collect();
+        println!("| {senders} | {} |", cells.join(" | "));
     }
 }
