@@ -11,6 +11,8 @@
 //!   ends of a service's fan-in channel and channel group, many clients to one server (issue 26;
 //!   [`service`] is the mailbox's side, [`fanin`] and [`group`] the formats and cores).
 //! * [`device_header`]: `mesh.cuh`, the same layout for CUDA programs.
+//! * [`PollPause`]: how every blocking call of these ends waits between polls (spin, yield, sleep),
+//!   public so that other bindings (the Python package) wait the same way.
 //!
 //! # A host client
 //!
