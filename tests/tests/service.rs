@@ -366,6 +366,9 @@ fn run(mps: bool) {
     let mut rows = Vec::new();
     let mut repeats = 0;
     let (mut worst_gap, mut worst_at, mut worst_k) = (0u64, 0u128, usize::MAX);
+    // Every client's longest wait (µs), when it ended (Unix ms) and the client: the three longest are
+    // printed with the events before them.
+    let mut waits: Vec<(u64, u128, usize)> = Vec::new();
     let mut replies = 0u64;
     for k in 0..r.clients.len() {
         if r.clients[k].fate == Fate::Killed {
@@ -380,9 +383,11 @@ fn run(mps: bool) {
         assert_eq!(sent, got, "{mode}: client {k} sent {sent} and received {got} replies: {done}");
         assert!(got > 0, "{mode}: client {k} never received a reply: {done}");
         let gap = field(&done, "max_gap_us").unwrap();
+        let gap_at = u128::from(field(&done, "max_gap_at_ms").unwrap());
         if gap > worst_gap {
-            (worst_gap, worst_at, worst_k) = (gap, u128::from(field(&done, "max_gap_at_ms").unwrap()), k);
+            (worst_gap, worst_at, worst_k) = (gap, gap_at, k);
         }
+        waits.push((gap, gap_at, k));
         repeats += rep;
         replies += got;
         rows.push((k, r.clients[k].fate, r.clients[k].joined, done));
@@ -448,6 +453,24 @@ fn run(mps: bool) {
         taken.as_secs_f64() * 1e3,
         r.taken_back.len()
     );
+    // What a long wait coincided with (measured, not asserted): the next-longest waits, and what
+    // meshd's stall watcher did (a client descheduled inside a send holds every request behind it).
+    waits.sort_unstable_by(|a, b| b.cmp(a));
+    for &(gap, at, k) in waits.iter().skip(1).take(2) {
+        let before = r
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.0 <= at)
+            .map_or("-".to_string(), |e| format!("{} ms after `{}`", at - e.0, e.1));
+        println!("next longest wait: {:.1} ms (client {k}, {before})", gap as f64 / 1e3);
+    }
+    let log = r.d.log_text();
+    let stalls: Vec<&str> = log.lines().filter(|l| l.contains("service client") || l.contains("held at seq")).collect();
+    println!("meshd's stall watcher acted {} time(s){}", stalls.len(), if stalls.is_empty() { "" } else { ":" });
+    for line in stalls.iter().take(8) {
+        println!("  {line}");
+    }
     r.d.ok(&["shutdown"]);
 }
 
