@@ -420,13 +420,15 @@ fn run(mps: bool) {
         w[W_SENT]
     );
 
-    // The table.
-    let before = r
-        .events
-        .iter()
-        .rev()
-        .find(|e| e.0 <= worst_at)
-        .map_or("-".to_string(), |e| format!("{} ms after `{}`", worst_at - e.0, e.1));
+    // The table. The event before a moment (Unix ms), for the waits.
+    let event_before = |at: u128| {
+        r.events
+            .iter()
+            .rev()
+            .find(|e| e.0 <= at)
+            .map_or("-".to_string(), |e| format!("{} ms after `{}`", at - e.0, e.1))
+    };
+    let before = event_before(worst_at);
     let taken = r.taken_back.iter().max().copied().unwrap_or_default();
     let (joined, detached) =
         (r.clients.iter().filter(|c| c.joined).count(), r.clients.iter().filter(|c| c.fate == Fate::Detached).count());
@@ -457,13 +459,7 @@ fn run(mps: bool) {
     // meshd's stall watcher did (a client descheduled inside a send holds every request behind it).
     waits.sort_unstable_by(|a, b| b.cmp(a));
     for &(gap, at, k) in waits.iter().skip(1).take(2) {
-        let before = r
-            .events
-            .iter()
-            .rev()
-            .find(|e| e.0 <= at)
-            .map_or("-".to_string(), |e| format!("{} ms after `{}`", at - e.0, e.1));
-        println!("next longest wait: {:.1} ms (client {k}, {before})", gap as f64 / 1e3);
+        println!("next longest wait: {:.1} ms (client {k}, {})", gap as f64 / 1e3, event_before(at));
     }
     let log = r.d.log_text();
     let stalls: Vec<&str> = log.lines().filter(|l| l.contains("service client") || l.contains("held at seq")).collect();

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import meshd
-from conftest import DEADLINE, Peer, StandInMeshd
+from conftest import DEADLINE, Peer, StandInMeshd, python_ran_while
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "service_client.py"
@@ -403,29 +403,18 @@ def test_blocking_calls_release_the_gil_wake_for_ctrl_c_and_time_out_on_a_full_r
     # No server: requests stay in the fan-in ring, no reply comes.
     daemon.client.service_create("slow", clients=2, msg_size=8, capacity=4)
     with meshd.Service.connect("slow", daemon.socket, timeout=DEADLINE) as svc:
-        ticks = 0
-        stop = threading.Event()
+        def interrupted_request() -> None:
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    svc.request(b"12345678", timeout=DEADLINE)
+            finally:
+                timer.cancel()
+                signal.signal(signal.SIGINT, previous)
 
-        def ticker() -> None:
-            nonlocal ticks
-            while not stop.is_set():
-                ticks += 1
-                time.sleep(0.001)
-
-        t = threading.Thread(target=ticker)
-        t.start()
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                svc.request(b"12345678", timeout=DEADLINE)
-        finally:
-            timer.cancel()
-            signal.signal(signal.SIGINT, previous)
-            stop.set()
-            t.join()
-        assert ticks > 10, "another thread ran Python while the request waited"
+        assert python_ran_while(interrupted_request) > 10, "another thread ran Python while the request waited"
         for _ in range(3):
             assert svc.try_send(b"x")
         assert not svc.try_send(b"x"), "capacity 4: full without blocking"
