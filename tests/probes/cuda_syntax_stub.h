@@ -27,6 +27,8 @@ template <class T> inline unsigned __match_any_sync(unsigned, T) { return 1u; }
 template <class T> inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> inline T __ldcg(const T* p) { return *p; }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
+template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned, int = 32) { return v; }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 template <class T> inline T atomicCAS(T* p, T c, T v) { T o = *p; if (o == c) *p = v; return o; }
 template <class T> inline T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }

@@ -53,7 +53,8 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     uint64_t beat = 0;
     if (threadIdx.x == 0) beat = mesh_begin(ctx);
     mesh_fanin in = mesh_fanin_open(ctx, 0);  // each warp its own copy; only the replier's consumes
-    const bool unfit = in.ch.msg_size == 0 || in.ch.msg_size > DUO_MAX_BYTES || blockDim.x < 64;
+    // One ring only: the reader moves in.ch.mine itself, which a sharded fan-in does not use.
+    const bool unfit = in.ch.msg_size == 0 || in.shards != 1u || in.ch.msg_size > DUO_MAX_BYTES || blockDim.x < 64;
     __syncthreads();  // the flags are set before either warp looks at them (every thread of the block)
     if (threadIdx.x >= 64) return;
     if (unfit) {

@@ -1122,18 +1122,52 @@ typedef struct {
     uint32_t ahead_n;   // slots loaded ahead (0: none)
     uint64_t ahead_at;  // the position of the first of them
     uint64_t ahead_a[MESH_FANIN_PAIRS], ahead_b[MESH_FANIN_PAIRS];
+    // Shards (`meshd service create --shards P`, P > 1; see "Shards" below): lane s < P of the warp
+    // keeps shard s's words, every lane the rest. With one shard `ch` is the ring and these are unused.
+    uint32_t shards;       // P (1: one ring, `ch`)
+    uint32_t start;        // the shard the next peek serves first (it turns by one a peek)
+    uint32_t returned;     // the last peek's requests, as bits of the slots it looked at (slot order)
+    uint32_t run;          // lane s: the bits of those that are shard s's
+    char* s_ring;          // lane s: shard s's ring header (its tail word at MESH_RING_TAIL)
+    char* s_slots;         // lane s: shard s's LL slots
+    uint64_t s_mine;       // lane s: shard s's next slot to read
+    uint64_t s_done;       // lane s: shard s's slots given back (consumed, or taken and committed)
+    uint64_t s_published;  // lane s: what shard s's tail word holds
+    uint32_t s_hint;       // lane s: how many of shard s's slots the next peek looks at
 } mesh_fanin;
+
+// Shards. A fan-in channel created with `--shards P` (P a power of two up to MESH_FANIN_MAX_SHARDS) is
+// P whole fan-in rings, each with its own reservation cursor, tail and slots, and a client always
+// sends into shard (its slot % P): P times fewer senders contend for each cursor (on the H200
+// machine's 16 CPUs one ring takes 2-3 M sends/s from any number of clients; two rings about twice
+// that). The program sees one channel: every call below takes from every shard, and a peek looks at
+// all of them in its one round trip (each shard's slots, as many as its hint wants and the round
+// holds, a fair share each first, the shard served first turning by one each call). The batch lists
+// each shard's whole requests at its front, shard after shard; mesh_fanin_consume(n) gives back the
+// first n, which are a front of each shard's. Requests keep their order per client (one shard each),
+// and none between clients, as with one ring. Lane s keeps shard s's position, so a sharded fan-in
+// is opened and used by a whole warp (as every call here is anyway). Requests above about 4 KiB
+// (a slot larger than one round trip's loads) are taken one shard per call, turning. The format
+// (mesh-shm's layout.rs, `fanin_shard_offset`): shard 0 is the one-ring format (the binding's ring
+// header and `slots`); shard k >= 1's ring header starts MESH_BULK_ALIGN-aligned at span + (k - 1) x
+// (MESH_BULK_ALIGN + span) from the region that starts the owner table before `slots` (span: the
+// page-rounded bytes of owner table and slots of one ring), its owner table one page after it, its
+// slots after that as in shard 0. The binding's protocol word carries P above MESH_BULK_PARTS_SHIFT.
+#define MESH_FANIN_MAX_SHARDS 32u
 
 // Opens binding `b`, which must be a host channel of protocol fanin (mesh-shm points its `slots` at the
 // LL slots, past the owner table the GPU never reads). Otherwise ch.msg_size is 0 and every take finds
 // nothing. Resumes at the published tail (after a crash: at-least-once, as every consumer).
 static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, uint32_t b) {
     mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0, 0};
+    f.shards = 1u;
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
         return f;
     const mesh_binding& d = c.bindings[b];
-    if (d.protocol != MESH_PROTOCOL_FANIN || d.placement != MESH_PLACEMENT_HOST || d.msg_size == 0 ||
-        d.msg_size % 8u != 0 || d.capacity == 0 || (d.capacity & (d.capacity - 1u)) != 0)
+    const uint32_t shards = (d.protocol >> MESH_BULK_PARTS_SHIFT) == 0u ? 1u : d.protocol >> MESH_BULK_PARTS_SHIFT;
+    if ((d.protocol & ((1u << MESH_BULK_PARTS_SHIFT) - 1u)) != MESH_PROTOCOL_FANIN || shards > MESH_FANIN_MAX_SHARDS ||
+        (shards & (shards - 1u)) != 0u || d.placement != MESH_PLACEMENT_HOST || d.msg_size == 0 || d.msg_size % 8u != 0 ||
+        d.capacity == 0 || (d.capacity & (d.capacity - 1u)) != 0)
         return f;
     f.ch.ring = mesh_at(c, d.ring_offset);
     f.ch.slots = (char*)(uintptr_t)d.slots;
@@ -1142,6 +1176,22 @@ static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, 
     f.stride = 16u + 2u * d.msg_size;
     // The tail is ours (its one writer): what we read is what we, or the last launch, published.
     f.ch.mine = f.ch.other = f.ch.published = mesh_ld_volatile_u64(f.ch.ring + MESH_RING_TAIL);
+    if (shards > 1u) {
+        // Lane s finds shard s (see "Shards" above for the format) and reads its tail.
+        const uint32_t s = mesh_lane();
+        const uint64_t align = MESH_BULK_ALIGN;
+        const uint64_t owners = ((uint64_t)8u * d.capacity + align - 1u) / align * align;
+        const uint64_t span = (owners + (uint64_t)f.stride * d.capacity + align - 1u) / align * align;
+        f.shards = shards;
+        if (s == 0u) {
+            f.s_ring = f.ch.ring;
+            f.s_slots = f.ch.slots;
+        } else if (s < shards) {
+            f.s_ring = f.ch.slots - owners + span + (uint64_t)(s - 1u) * (align + span);
+            f.s_slots = f.s_ring + align + owners;
+        }
+        if (s < shards) f.s_mine = f.s_done = f.s_published = mesh_ld_volatile_u64(f.s_ring + MESH_RING_TAIL);
+    }
     return f;
 }
 
@@ -1156,8 +1206,24 @@ static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, 
 // Deferred: the slot taken (MSG or SKIP) stays the program's, and the published position does not pass
 // it, until mesh_fanin_commit; the next take reads the slot after it. A launch that stops before
 // the commit leaves the slot to the next launch, which takes it again (the loop at the top of this
-// section holds a request so while its reply waits for room).
-static __device__ __forceinline__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender) {
+// section holds a request so while its reply waits for room). A sharded fan-in takes the first whole
+// request it finds in one round trip over every shard, the shard it looks at first turning by one a
+// call (so no client of one shard starves the others).
+static __device__ __forceinline__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender);
+
+// Publishes each shard's given-back position (lane s, shard s's tail word) when it is `force`d and has
+// moved, or has moved half a ring: as mesh_chan_flush / mesh_chan_progress do for one ring.
+static __device__ __forceinline__ void mesh_fanin_shard_publish(mesh_fanin* f, bool force) {
+    const uint64_t half = (f->ch.mask + 1u) / 2u;
+    if (mesh_lane() < f->shards && f->s_done != f->s_published &&
+        (force || f->s_done - f->s_published >= (half ? half : 1u))) {
+        mesh_st_volatile_u64(f->s_ring + MESH_RING_TAIL, f->s_done);
+        f->s_published = f->s_done;
+    }
+}
+
+// One ring's take (mesh_fanin_take_deferred over `ch`).
+static __device__ __forceinline__ int mesh_fanin_take_ring(mesh_fanin* f, void* buf, uint32_t* sender) {
     mesh_chan* ch = &f->ch;
     if (ch->msg_size == 0) return MESH_TAKE_NONE;
     const uint32_t lane = mesh_lane();
@@ -1213,6 +1279,11 @@ static __device__ __forceinline__ int mesh_fanin_take_deferred(mesh_fanin* f, vo
 static __device__ __forceinline__ void mesh_fanin_commit(mesh_fanin* f) {
     mesh_chan* ch = &f->ch;
     if (ch->msg_size == 0) return;
+    if (f->shards > 1u) {
+        if (mesh_lane() < f->shards) f->s_done = f->s_mine;
+        mesh_fanin_shard_publish(f, false);
+        return;
+    }
     ch->other = ch->mine;
     mesh_chan_progress(ch);
 }
@@ -1229,7 +1300,8 @@ static __device__ __forceinline__ int mesh_fanin_take(mesh_fanin* f, void* buf, 
 // Publishes the fan-in's exact position (its tail: every slot committed, none taken deferred and not
 // committed); call it before mesh_end.
 static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
-    mesh_chan_flush(&f->ch);
+    if (f->ch.msg_size != 0 && f->shards > 1u) mesh_fanin_shard_publish(f, true);
+    else mesh_chan_flush(&f->ch);
 }
 
 // --- Many requests per round trip: mesh_fanin_peek, mesh_reply_many, mesh_fanin_consume ---
@@ -1319,9 +1391,14 @@ static __device__ __forceinline__ void mesh_fanin_load(const mesh_fanin* f, uint
 // own tag, as mesh_fanin_take_deferred does. With MESH_FANIN_PREFETCH 1, before it returns requests it
 // issues the loads of the slots after them, which the next call uses if it peeks there: values loaded
 // earlier are as good as any, since every word carries the tag of its position, and a slot that was
-// not whole then is simply not taken yet (the call after polls afresh).
+// not whole then is simply not taken yet (the call after polls afresh). A sharded fan-in's batch lists
+// each shard's whole requests at its front, shard after shard (see "Shards"); no prefetch there.
 static __device__ __forceinline__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* senders, uint32_t* skipped,
-                                                           uint32_t max) {
+                                                           uint32_t max);
+
+// One ring's peek (mesh_fanin_peek over `ch`).
+static __device__ __forceinline__ uint32_t mesh_fanin_peek_ring(mesh_fanin* f, void* buf, uint32_t* senders,
+                                                                uint32_t* skipped, uint32_t max) {
     mesh_chan* ch = &f->ch;
     *skipped = 0;
     if (ch->msg_size == 0 || max == 0) return 0;
@@ -1413,6 +1490,258 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* 
     return took;
 }
 
+// The lowest `n` set bits of `bits`.
+static __device__ __forceinline__ uint32_t mesh_fanin_lowest(uint32_t bits, uint32_t n) {
+    while ((uint32_t)__popc(bits) > n) bits &= ~(0x80000000u >> __clz(bits));
+    return bits;
+}
+
+// Inclusive prefix sum over the warp's lanes.
+static __device__ __forceinline__ uint32_t mesh_warp_scan(uint32_t v) {
+    const uint32_t lane = mesh_lane();
+#pragma unroll
+    for (uint32_t o = 1; o < 32u; o <<= 1) {
+        const uint32_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+// A one-ring view of shard s (its words from lane s), for the calls that take one slot over several
+// round trips, and its words written back afterwards.
+static __device__ __forceinline__ mesh_fanin mesh_fanin_shard_view(const mesh_fanin* f, uint32_t s) {
+    mesh_fanin g = *f;
+    g.shards = 1u;
+    g.ahead_n = 0;
+    g.strange = 0;
+    g.ch.ring = (char*)__shfl_sync(0xffffffffu, (unsigned long long)f->s_ring, s);
+    g.ch.slots = (char*)__shfl_sync(0xffffffffu, (unsigned long long)f->s_slots, s);
+    g.ch.mine = __shfl_sync(0xffffffffu, (unsigned long long)f->s_mine, s);
+    g.ch.other = __shfl_sync(0xffffffffu, (unsigned long long)f->s_done, s);
+    g.ch.published = __shfl_sync(0xffffffffu, (unsigned long long)f->s_published, s);
+    g.ch.hint = __shfl_sync(0xffffffffu, f->s_hint, s);
+    return g;
+}
+static __device__ __forceinline__ void mesh_fanin_shard_back(mesh_fanin* f, const mesh_fanin* g, uint32_t s) {
+    if (mesh_lane() == s) {
+        f->s_mine = g->ch.mine;
+        f->s_done = g->ch.other;
+        f->s_published = g->ch.published;
+        f->s_hint = g->ch.hint;
+    }
+    f->ch.partial = g->ch.partial;
+    f->corrupt = g->corrupt;
+}
+
+// mesh_fanin_peek over every shard, in one round trip (requests up to one round's words; larger ones
+// one shard a call). *first: the sender of the batch's first request (for the take). Sets `returned`
+// and each shard lane's `run`, which mesh_fanin_consume and the take use.
+static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f, void* buf, uint32_t* senders,
+                                                                  uint32_t* skipped, uint32_t max, uint32_t* first) {
+    mesh_chan* ch = &f->ch;
+    const uint32_t full = 0xffffffffu;
+    const uint32_t lane = mesh_lane(), shards = f->shards, last = shards - 1u;
+    const uint32_t words = MESH_FANIN_HEADER_WORDS + ch->msg_size / 4u;  // even: msg_size is a multiple of 8
+    const uint32_t round = 64u * MESH_FANIN_PAIRS;                        // words per round trip
+    const uint32_t start = f->start;
+    f->start = (start + 1u) & last;
+    f->returned = 0;
+    f->run = 0;
+    *first = 0;
+    if (words > round) {
+        // One slot takes several round trips: one shard this call (the one-ring peek over it).
+        mesh_fanin g = mesh_fanin_shard_view(f, start);
+        uint32_t from = 0;
+        const uint32_t took = mesh_fanin_peek_ring(&g, buf, senders ? senders : &from, skipped, 1u);
+        mesh_fanin_shard_back(f, &g, start);
+        if (took) {
+            f->returned = 1u;
+            if (lane == start) f->run = 1u;
+            f->strange = g.strange;
+            *first = senders ? senders[0] : __shfl_sync(full, from, 0);  // lane 0 loads slot 0's words 0 and 1
+        }
+        return took;
+    }
+    uint32_t budget = round / words;  // slots one round trip loads
+    if (budget > 32u) budget = 32u;   // one bit each in the masks below
+    // Lane r < shards stands for rank r: shard (start + r) mod shards. What each wants: its hint, up to
+    // its ring's end (slots are contiguous until it). A shard found empty wants one slot until a
+    // request arrives (not MESH_FANIN_POLL_MIN as one ring does: the empty shards' slots would be
+    // taken from the budget of the busy ones), and twice as many after each peek that found all it
+    // looked at whole.
+    uint32_t want = 0;
+    if (lane < shards) {
+        if (f->s_hint == 0u) f->s_hint = MESH_FANIN_POLL_MIN;
+        const uint32_t to_end = ch->mask + 1u - (uint32_t)(f->s_mine & ch->mask);
+        want = f->s_hint < to_end ? f->s_hint : to_end;
+        if (want > budget) want = budget;
+    }
+    const uint32_t shard_r = (start + lane) & last;  // rank `lane`'s shard (lane < shards)
+    uint32_t w = __shfl_sync(full, want, shard_r);
+    if (lane >= shards) w = 0;
+    // A fair share each first (budget / shards, at least one slot), by rank while the budget lasts;
+    // then what is left, by rank, to those that want more.
+    const uint32_t share = budget / shards ? budget / shards : 1u;
+    const uint32_t fair = w < share ? w : share;
+    const uint32_t fair_to = mesh_warp_scan(fair);
+    const uint32_t fair_all = __shfl_sync(full, fair_to, 31);
+    uint32_t n = fair_to - fair >= budget ? 0u : (fair < budget - (fair_to - fair) ? fair : budget - (fair_to - fair));
+    const uint32_t left = fair_all < budget ? budget - fair_all : 0u;
+    const uint32_t more = w - n;
+    const uint32_t more_to = mesh_warp_scan(more);
+    n += more_to - more >= left ? 0u : (more < left - (more_to - more) ? more : left - (more_to - more));
+    const uint32_t to = mesh_warp_scan(n), off = to - n;  // rank `lane`'s run: slots [off, to)
+    const uint32_t total = __shfl_sync(full, to, 31);
+    // Lane j < total stands for slot j: its rank (runs are a front of the ranks, each non-empty), its
+    // shard's slots and position, hence its address and tag.
+    const uint32_t starts = mesh_warp_or(n != 0u ? 1u << off : 0u);
+    const uint32_t upto = lane == 31u ? full : (2u << lane) - 1u;
+    const uint32_t rank = (uint32_t)__popc(starts & upto) - 1u;  // wraps for lanes >= total (unused)
+    const unsigned long long r_slots = __shfl_sync(full, (unsigned long long)f->s_slots, shard_r);
+    const unsigned long long r_mine = __shfl_sync(full, (unsigned long long)f->s_mine, shard_r);
+    const uint32_t rr = rank & 31u;
+    const char* j_slots = (const char*)__shfl_sync(full, r_slots, rr);
+    const uint64_t j_seq = __shfl_sync(full, r_mine, rr) + (lane - __shfl_sync(full, off, rr));
+    const unsigned long long j_addr = (unsigned long long)(j_slots + (j_seq & ch->mask) * (uint64_t)f->stride);
+    const uint32_t j_tag = mesh_tag(j_seq);
+    // Every lane's loads, all issued before any is used: word idx of the round is word idx - j x words
+    // of slot j.
+    const uint32_t magic = (uint32_t)(((1ull << 32) + words - 1u) / words);  // idx / words as a multiply
+    const uint32_t tw = total * words;
+    uint64_t a[MESH_FANIN_PAIRS], b[MESH_FANIN_PAIRS];
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+        const uint32_t idx = 2u * (lane + 32u * k);
+        const uint32_t j = __umulhi(idx, magic);  // exact: idx x words < 2^32 (both within one round)
+        const unsigned long long at = __shfl_sync(full, j_addr, j & 31u);
+        a[k] = b[k] = 0;
+        if (idx < tw) mesh_ld_volatile_v2((const volatile uint64_t*)at + (idx - j * words), &a[k], &b[k]);
+    }
+    // Per slot j (bit j), as mesh_fanin_peek_ring judges them: each word by its own tag.
+    uint32_t committed = 0, kinded = 0, other = 0, strange = 0, torn = 0;
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+        const uint32_t idx = 2u * (lane + 32u * k);
+        const uint32_t j = __umulhi(idx, magic);
+        const uint32_t t = __shfl_sync(full, j_tag, j & 31u);
+        if (idx >= tw) continue;
+        const bool ta = (uint32_t)(a[k] >> 32) == t, tb = (uint32_t)(b[k] >> 32) == t;
+        if (idx == j * words) {  // commit (the sender id) and kind
+            if (ta) committed |= 1u << j;
+            if (tb) {
+                kinded |= 1u << j;
+                if ((uint32_t)b[k] != MESH_FANIN_KIND_DATA) other |= 1u << j;
+                if ((uint32_t)b[k] != MESH_FANIN_KIND_DATA && (uint32_t)b[k] != MESH_FANIN_KIND_SKIP) strange |= 1u << j;
+            }
+        } else if (!(ta && tb)) {
+            torn |= 1u << j;
+        }
+    }
+    committed = mesh_warp_or(committed);
+    kinded = mesh_warp_or(kinded);
+    other = mesh_warp_or(other);
+    strange = mesh_warp_or(strange);
+    torn = mesh_warp_or(torn);
+    const uint32_t whole = committed & kinded & (other | ~torn);
+    // Each run's whole front (rank lanes), the batch (at most `max`, by rank), and each shard's news:
+    // empty (publish, look at few next time), all whole (look at more), a front still arriving.
+    uint32_t front = 0, hint = 0;
+    bool drained = false;
+    if (lane < shards && n != 0u) {
+        const uint32_t gaps = ~whole >> off;
+        uint32_t got = gaps == 0u ? 32u : (uint32_t)__ffs((int)gaps) - 1u;
+        if (got > n) got = n;
+        front = got == 32u ? full : ((1u << got) - 1u) << off;
+        drained = !((committed >> off) & 1u);
+        hint = got == n ? 2u * n : 0u;
+        if (hint > 32u) hint = 32u;
+    }
+    if (__any_sync(full, lane < shards && n != 0u && !front && !drained)) ch->partial++;
+    const uint32_t returned = mesh_fanin_lowest(mesh_warp_or(front), max);
+    const uint32_t rank_s = (lane - start) & last;  // shard `lane`'s rank
+    const uint32_t s_front = __shfl_sync(full, front, rank_s);
+    const bool s_drained = __shfl_sync(full, (uint32_t)drained, rank_s) != 0u;
+    const uint32_t s_hint = __shfl_sync(full, hint, rank_s);
+    if (lane < shards) {
+        f->run = s_front & returned;
+        if (s_drained) {
+            f->s_hint = 1u;
+            if (MESH_PUBLISH_ON_DRAIN) mesh_fanin_shard_publish(f, true);
+        } else if (s_hint > f->s_hint) {
+            f->s_hint = s_hint;
+        }
+    }
+    if (returned == 0u) {
+        __syncwarp();
+        return 0;
+    }
+    // The batch, in slot order without the gaps: slot j is request popc(returned below j).
+    uint32_t* dst = (uint32_t*)buf;
+    const uint32_t body = ch->msg_size / 4u;
+    uint32_t sender0 = 0;
+#pragma unroll
+    for (uint32_t k = 0; k < MESH_FANIN_PAIRS; k++) {
+        const uint32_t idx = 2u * (lane + 32u * k);
+        const uint32_t j = __umulhi(idx, magic);
+        if (idx >= tw || !((returned >> j) & 1u)) continue;
+        const uint32_t o = (uint32_t)__popc(returned & ((1u << j) - 1u));
+        const uint32_t p = idx - j * words;
+        if (p == 0) {
+            if (senders) senders[o] = (uint32_t)a[k];
+            if (o == 0) sender0 = (uint32_t)a[k];
+        } else {
+            dst[o * body + p - 2u] = (uint32_t)a[k];
+            dst[o * body + p - 1u] = (uint32_t)b[k];
+        }
+    }
+    *first = mesh_warp_or(sender0);  // one lane holds it, the others 0
+    const bool in_batch = (returned >> lane) & 1u;
+    const uint32_t o = (uint32_t)__popc(returned & ((1u << lane) - 1u));
+    *skipped = mesh_warp_or(in_batch && ((other >> lane) & 1u) ? 1u << o : 0u);
+    f->strange = mesh_warp_or(in_batch && ((strange >> lane) & 1u) ? 1u << o : 0u);
+    f->returned = returned;
+    __syncwarp();  // every lane's copy is in buf and senders before any lane uses them
+    return (uint32_t)__popc(returned);
+}
+
+static __device__ __forceinline__ uint32_t mesh_fanin_peek(mesh_fanin* f, void* buf, uint32_t* senders, uint32_t* skipped,
+                                                           uint32_t max) {
+    *skipped = 0;
+    if (f->ch.msg_size == 0 || max == 0) return 0;
+    if (max > MESH_FANIN_BATCH_MAX) max = MESH_FANIN_BATCH_MAX;
+    if (f->shards == 1u) return mesh_fanin_peek_ring(f, buf, senders, skipped, max);
+    uint32_t first;
+    return mesh_fanin_peek_shards(f, buf, senders, skipped, max, &first);
+}
+
+// The take over every shard: the batch's first request, taken (deferred) from its shard.
+static __device__ __forceinline__ int mesh_fanin_take_shards(mesh_fanin* f, void* buf, uint32_t* sender) {
+    const uint32_t words = MESH_FANIN_HEADER_WORDS + f->ch.msg_size / 4u;
+    if (words > 64u * MESH_FANIN_PAIRS) {
+        // One slot takes several round trips: the one-ring take over one shard, turning.
+        const uint32_t s = f->start;
+        f->start = (s + 1u) & (f->shards - 1u);
+        mesh_fanin g = mesh_fanin_shard_view(f, s);
+        const int took = mesh_fanin_take_ring(&g, buf, sender);
+        mesh_fanin_shard_back(f, &g, s);
+        return took;
+    }
+    uint32_t skipped = 0, from = 0;
+    if (mesh_fanin_peek_shards(f, buf, (uint32_t*)0, &skipped, 1u, &from) == 0) return MESH_TAKE_NONE;
+    if (mesh_lane() < f->shards) f->s_mine += (uint32_t)__popc(f->returned & f->run);
+    f->corrupt += f->strange & 1u;
+    f->strange = 0;
+    f->returned = 0;
+    f->run = 0;
+    *sender = from;
+    return (skipped & 1u) ? MESH_TAKE_SKIP : MESH_TAKE_MSG;
+}
+
+static __device__ __forceinline__ int mesh_fanin_take_deferred(mesh_fanin* f, void* buf, uint32_t* sender) {
+    if (f->ch.msg_size == 0) return MESH_TAKE_NONE;
+    return f->shards > 1u ? mesh_fanin_take_shards(f, buf, sender) : mesh_fanin_take_ring(f, buf, sender);
+}
+
 // Gives back the first `n` requests of the last mesh_fanin_peek (answered or dropped): the producers
 // may reuse their slots once the position is published (every half ring, on an empty poll, and on
 // mesh_fanin_close). Every lane together.
@@ -1422,6 +1751,19 @@ static __device__ __forceinline__ void mesh_fanin_consume(mesh_fanin* f, uint32_
     const uint32_t mask = n >= 32u ? 0xffffffffu : (1u << n) - 1u;
     f->corrupt += (uint32_t)__popc(f->strange & mask);
     f->strange = 0;
+    if (f->shards > 1u) {
+        // The first n requests of the batch are the lowest n bits of `returned`; each shard's are a
+        // front of its run, so its position moves by how many of them are its own.
+        const uint32_t first = mesh_fanin_lowest(f->returned, n);
+        if (mesh_lane() < f->shards) {
+            f->s_mine += (uint32_t)__popc(first & f->run);
+            f->s_done = f->s_mine;
+        }
+        f->returned = 0;
+        f->run = 0;
+        mesh_fanin_shard_publish(f, false);
+        return;
+    }
     ch->mine += n;
     ch->other = ch->mine;
     mesh_chan_progress(ch);
@@ -2181,8 +2523,9 @@ static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const 
 // without loading a flag: at 1 MiB over 32 blocks (32 KiB a block a message) the load was a third of
 // a message's time. At most 32 flags a block (one warp's lanes), so fewer for a block of many parts.
 #ifndef MESH_BULK_LOOKAHEAD
-#define MESH_BULK_LOOKAHEAD 4u
+#define MESH_BULK_LOOKAHEAD 8u
 #endif
+static_assert(MESH_BULK_LOOKAHEAD >= 1u, "MESH_BULK_LOOKAHEAD: a peek must look at one message at least");
 
 // This block's share of the next message, in place (msg_size bytes, 16-byte aligned), or NULL on every
 // thread when its parts are not all whole yet. Read it with ordinary loads (the acquires of the flags
@@ -2198,7 +2541,6 @@ static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     const uint32_t r = mesh_block_rank(), threads = mesh_block_threads();
     uint32_t ahead = MESH_BULK_LOOKAHEAD < 32u / ch->count ? MESH_BULK_LOOKAHEAD : 32u / ch->count;
     if (ahead > ch->mask + 1u) ahead = ch->mask + 1u;
-    if (ahead == 0u) ahead = 1u;
     uint64_t whole = 0;
     if (r < 32u) {
         bool missing = false;
@@ -2216,12 +2558,25 @@ static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     return whole ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
 }
 
+// A relaxed store at system scope: the consumer's tail (see mesh_block_release).
+static __device__ __forceinline__ void mesh_st_relaxed_sys_u64(void* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
-// thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail.
+// thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a
+// relaxed store, no fence. A release there would wait until every store the block made before it
+// had reached memory, and on the copy path (mesh_block_try_recv) those are the whole share copied
+// out: at 32 KiB a block a message that wait was as long as the copy. The tail orders only the
+// block's *loads* of the slot, and those are done: each copied value was stored (a store cannot
+// issue before the load it stores has returned), and in-place readers are past the barrier. NCCL's
+// Simple protocol posts a receiver's step the same way (`postPeer`: a barrier, then
+// `st_relaxed_sys_global`, with `fence_acq_rel_sys` only on the sender's side). The producer's
+// mesh_bulk_room acquires the tail, and its next stores into the slot come after that.
 static __device__ __forceinline__ void mesh_block_release(mesh_bulk* ch) {
     __syncthreads();
     ch->mine += 1u;
-    if (mesh_block_rank() < ch->count) mesh_st_release_u64(mesh_bulk_tail_line(ch, mesh_block_rank()), ch->mine);
+    if (mesh_block_rank() < ch->count) mesh_st_relaxed_sys_u64(mesh_bulk_tail_line(ch, mesh_block_rank()), ch->mine);
 }
 
 // Receives this block's share of one message into `out` (msg_size bytes, 16-byte aligned). False on
