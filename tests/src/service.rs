@@ -32,6 +32,20 @@ use std::time::{Duration, Instant};
 
 use crate::stress;
 
+/// The fan-in shards the GPU test and the benchmark create the service with: `MESH_SERVICE_SHARDS`
+/// (a power of two from 1 to 32, passed as `meshd service create --shards`; absent: 1, one ring as
+/// before shards). A value that is not a number stops the run naming it; meshd refuses one that
+/// breaks the rule, naming the rule.
+pub fn service_shards() -> u32 {
+    match std::env::var("MESH_SERVICE_SHARDS") {
+        Ok(s) if !s.trim().is_empty() => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("MESH_SERVICE_SHARDS={s}: not a whole number ({e}); a power of two, 1 to 32")),
+        _ => 1,
+    }
+}
+
 pub use meshd::ServiceClient;
 
 /// Smallest message a service client of these tools sends: four words of header.

@@ -20,7 +20,8 @@
 //! row), and a new client attaches in its place; after the last event every surviving client still makes
 //! progress; after everyone left, no entry is bound; the program ran throughout (state running, heartbeat
 //! rising, 3 launches at least), took no more skips than clients were killed; in MPS mode no client process
-//! is an MPS client. The longest wait of any client for a reply is printed with the event before it
+//! is an MPS client. `MESH_SERVICE_SHARDS=P` creates the service with `--shards P` (the program must
+//! then know fan-in shards, or it refuses the binding). The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
 //! Run on the H200 in session 7 (2026-12-04, docs/gpu-runs/2026-12-04-s7), green in both modes with the
@@ -105,6 +106,8 @@ impl Run {
         }
         let d = Meshd::start(&args);
         let mb = d.mailbox();
+        // MESH_SERVICE_SHARDS=P: the fan-in channel in P shards (a program built before shards refuses it).
+        let shards = mesh_gpu_tests::service::service_shards().to_string();
         let out = d.ok(&[
             "service",
             "create",
@@ -119,8 +122,10 @@ impl Run {
             MSG,
             "--reply-capacity",
             REPLY_CAPACITY,
+            "--shards",
+            &shards,
         ]);
-        eprintln!("service create: {}", out.trim());
+        eprintln!("service create (MESH_SERVICE_SHARDS {shards}): {}", out.trim());
         let mode = if mps { "mps" } else { "blink" };
         let mps_pipe = mps.then(|| mps_dir.join("pipe"));
         Self { d, mb, mode, dir, clients: Vec::new(), events: Vec::new(), taken_back: Vec::new(), mps_pipe }

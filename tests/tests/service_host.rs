@@ -137,6 +137,7 @@ fn setup(dir: &Path, socket: &Path) -> (Mailbox, Control) {
         capacity: 64,
         reply_size: None,
         reply_capacity: 16,
+        shards: 1,
     };
     let created = ask(socket, &create);
     assert!(created.ok, "{created:?}");

@@ -44,7 +44,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::layout::RingHeader;
+use crate::layout::{self, RingHeader};
 use crate::ring::tag;
 
 /// Words in front of every slot's body: the sender (word 0, the commit) and the kind (word 1).
@@ -720,6 +720,216 @@ pub fn repair(ring: &FanInMemory) -> u32 {
     written
 }
 
+impl core::ops::AddAssign for Completion {
+    fn add_assign(&mut self, o: Self) {
+        self.skipped += o.skipped;
+        self.finished += o.finished;
+        self.stuck += o.stuck;
+    }
+}
+
+// ---- Shards ----
+
+/// A fan-in channel's shards: P whole fan-in rings (P a power of two, 1 to
+/// [`layout::MAX_FANIN_SHARDS`]), each with its own cursor, tail, owner table and slots, sharing
+/// nothing, so that senders contend only with the senders of their shard (one cursor line that every
+/// sender writes caps one ring near 3 M sends/s; see `docs/design/many-clients.md`). Where each lies
+/// is `layout`'s to say ([`layout::fanin_shard_offset`]); one shard is exactly the one ring of a
+/// fan-in channel before shards existed.
+///
+/// A sender sends into shard [`FanInShards::shard_of`] its id (its client slot modulo P) and no
+/// other, so its messages stay in order in one ring; a consumer takes from every shard
+/// ([`ShardedConsumer`]); a completer and the stall watcher look at every shard.
+#[derive(Debug, Clone, Copy)]
+pub struct FanInShards {
+    first: FanInMemory,
+    region: NonNull<u8>,
+    msg_size: u32,
+    capacity: u32,
+    count: u32,
+}
+
+// SAFETY: as for `FanInMemory`: shared memory by design, every access atomic.
+unsafe impl Send for FanInShards {}
+// SAFETY: as above; `&FanInShards` only hands out `FanInMemory` views of the same memory.
+unsafe impl Sync for FanInShards {}
+
+impl FanInShards {
+    /// # Safety
+    /// `header` must point to shard 0's [`RingHeader`]; `region` to the channel's slots region,
+    /// [`layout::fanin_region_bytes`]`(msg_size, capacity, count)` writable bytes, 128-byte aligned
+    /// (every shard's header is then line aligned, its owner table and slots page aligned from it);
+    /// all valid for as long as the returned value and its copies are used, and accessed by others
+    /// only through this protocol. `count` must be a power of two from 1 to
+    /// [`layout::MAX_FANIN_SHARDS`]; `capacity` a power of two below 2^31; `msg_size` a non-zero
+    /// multiple of 8. Zeroed memory is every shard empty at position 0.
+    pub unsafe fn new(
+        header: NonNull<RingHeader>,
+        region: NonNull<u8>,
+        msg_size: u32,
+        capacity: u32,
+        count: u32,
+    ) -> Self {
+        debug_assert!(count.is_power_of_two() && count <= layout::MAX_FANIN_SHARDS);
+        // SAFETY: the caller's contract: shard 0's owner table starts the region, its slots
+        // `fanin_slots_offset` after it, inside the region's bytes.
+        let first = unsafe {
+            let slots = region.add(in_region(layout::fanin_slots_offset(capacity)));
+            FanInMemory::new(header, region.cast(), slots.cast(), msg_size as usize, u64::from(capacity))
+        };
+        Self { first, region, msg_size, capacity, count }
+    }
+
+    /// How many shards.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Payload bytes per message (every shard's).
+    pub fn msg_size(&self) -> usize {
+        self.first.msg_size()
+    }
+
+    /// Messages each shard holds.
+    pub fn capacity(&self) -> u64 {
+        self.first.capacity()
+    }
+
+    /// Shard `k` (below [`FanInShards::count`]; a caller's bug otherwise, never a file's: the count
+    /// is checked when the channel is opened).
+    pub fn shard(&self, k: u32) -> FanInMemory {
+        assert!(k < self.count, "shard {k} of a fan-in channel of {} shards", self.count);
+        if k == 0 {
+            return self.first;
+        }
+        let (m, c) = (self.msg_size, self.capacity);
+        // SAFETY: shard k's header, owner table and slots lie in the region `new`'s contract promised
+        // (`fanin_region_bytes` counts them), at the offsets `layout` defines; its header is
+        // page aligned from the region's start, its owner table and slots page aligned after it.
+        unsafe {
+            let at = |off: u64| self.region.add(in_region(off));
+            FanInMemory::new(
+                at(layout::fanin_shard_offset(k, m, c)).cast(),
+                at(layout::fanin_shard_owners_offset(k, m, c)).cast(),
+                at(layout::fanin_shard_slots_offset(k, m, c)).cast(),
+                m as usize,
+                u64::from(c),
+            )
+        }
+    }
+
+    /// Every shard, in order.
+    pub fn iter(&self) -> impl Iterator<Item = FanInMemory> + '_ {
+        (0..self.count).map(|k| self.shard(k))
+    }
+
+    /// The shard `sender` sends into: its client slot (the id's low 16 bits) modulo the count.
+    pub fn shard_of(&self, sender: u32) -> u32 {
+        layout::fanin_shard_of(sender, self.count)
+    }
+
+    /// The producer of `sender`, on its shard.
+    pub fn producer(&self, sender: u32) -> FanInProducer {
+        FanInProducer::new(self.shard(self.shard_of(sender)), sender)
+    }
+
+    /// [`complete_dead`] over every shard (a sender only ever reserves in its own, but a completer
+    /// that looks at all of them cannot miss one).
+    pub fn complete_dead(&self, sender: u32) -> Completion {
+        self.iter().fold(Completion::default(), |mut done, ring| {
+            done += complete_dead(&ring, sender);
+            done
+        })
+    }
+
+    /// [`revoke_live`] over every shard.
+    pub fn revoke_live(&self, sender: u32) -> Completion {
+        self.iter().fold(Completion::default(), |mut done, ring| {
+            done += revoke_live(&ring, sender);
+            done
+        })
+    }
+
+    /// [`repair`] over every shard: how many skip headers it wrote.
+    pub fn repair(&self) -> u32 {
+        self.iter().map(|ring| repair(&ring)).sum()
+    }
+
+    /// [`hold_at_tail`] of every shard that is held, with the shard's index.
+    pub fn holds(&self) -> Vec<(u32, Hold)> {
+        (0..self.count).filter_map(|k| hold_at_tail(&self.shard(k)).map(|h| (k, h))).collect()
+    }
+
+    /// The sum of every shard's reservation cursor: messages reserved over the channel's life,
+    /// modulo 2^64 (for one shard, its cursor).
+    pub fn next(&self) -> u64 {
+        self.iter().fold(0u64, |n, ring| n.wrapping_add(ring.next()))
+    }
+
+    /// The sum of every shard's published consumer position: messages (and skips) taken over the
+    /// channel's life, modulo 2^64 (for one shard, its `tail`).
+    pub fn tail(&self) -> u64 {
+        self.iter().fold(0u64, |n, ring| n.wrapping_add(ring.tail()))
+    }
+}
+
+/// An offset inside a region the caller's contract says is in memory, as a `usize`.
+#[allow(clippy::cast_possible_truncation, reason = "an offset inside memory that exists fits a usize")]
+const fn in_region(off: u64) -> usize {
+    off as usize
+}
+
+/// The consumer of every shard of a fan-in channel (a host server's): one [`FanInConsumer`] per
+/// shard, taken from round-robin, one message or skip at a time from the next shard that has one, so
+/// that no shard's senders wait behind another's. Order holds within a shard (so for every sender),
+/// not across shards.
+#[derive(Debug)]
+pub struct ShardedConsumer {
+    shards: Vec<FanInConsumer>,
+    next: usize,
+}
+
+impl ShardedConsumer {
+    /// Takes over every shard's consumer end at its published `tail` (see [`FanInConsumer::new`]);
+    /// the round-robin starts at shard 0.
+    pub fn new(shards: &FanInShards) -> Self {
+        Self { shards: shards.iter().map(FanInConsumer::new).collect(), next: 0 }
+    }
+
+    /// How many shards.
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Each shard's next sequence number to take.
+    pub fn positions(&self) -> Vec<u64> {
+        self.shards.iter().map(FanInConsumer::position).collect()
+    }
+
+    /// The sum of the shards' positions: slots taken over the channel's life, modulo 2^64. For one
+    /// shard, exactly the sequence number of its next slot ([`FanInConsumer::position`]).
+    pub fn position(&self) -> u64 {
+        self.shards.iter().fold(0u64, |n, c| n.wrapping_add(c.position()))
+    }
+
+    /// Takes the next slot of the first shard, from the one after the last taken from, that has one:
+    /// the shard's index and what it held (as [`FanInConsumer::try_take`]), or `None` when no shard
+    /// has a committed slot at its position. An impossible state comes with its shard's index.
+    pub fn try_take(&mut self, out: &mut [u8]) -> Result<Option<(u32, Taken)>, (u32, FanInCorrupt)> {
+        let n = self.shards.len();
+        for i in 0..n {
+            let k = (self.next + i) % n;
+            #[allow(clippy::cast_possible_truncation, reason = "at most MAX_FANIN_SHARDS shards")]
+            let shard = k as u32;
+            if let Some(t) = self.shards[k].try_take(out).map_err(|c| (shard, c))? {
+                self.next = (k + 1) % n;
+                return Ok(Some((shard, t)));
+            }
+        }
+        Ok(None)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, reason = "test counts, ids and sizes are small")]
 mod tests {
@@ -754,14 +964,7 @@ mod tests {
 
         /// Puts the ring at position `start` (cursor and tail), every slot's last lap done.
         fn start_at(&self, start: u64) {
-            let r = &self.ring;
-            r.cursor().store(start, Ordering::Relaxed);
-            r.header().consumer.tail.store(start, Ordering::Relaxed);
-            for k in 0..r.capacity {
-                let prev = start.wrapping_add(k).wrapping_sub(r.capacity);
-                let own = Ownership { ticket: r.ticket(prev), state: OwnState::Done, owner: 0 };
-                r.owner_word(r.index(prev)).store(own.word(), Ordering::Relaxed);
-            }
+            start_ring_at(&self.ring, start);
         }
     }
 
@@ -769,6 +972,60 @@ mod tests {
         fn drop(&mut self) {
             // SAFETY: allocated in `new` with this layout.
             unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    /// A fan-in channel of `count` shards over zeroed heap memory laid out as in a mailbox: shard 0's
+    /// header, then the slots region at the offsets `layout` defines (`fanin_shard_offset`).
+    struct HeapShards {
+        ptr: NonNull<u8>,
+        layout: Layout,
+        shards: FanInShards,
+    }
+
+    impl HeapShards {
+        const HEADER: usize = core::mem::size_of::<RingHeader>();
+
+        fn new(msg_size: u32, capacity: u32, count: u32) -> Self {
+            let region = layout::fanin_region_bytes(msg_size, capacity, count) as usize;
+            let layout = Layout::from_size_align(Self::HEADER + region, 128).unwrap();
+            // SAFETY: the layout has a non-zero size.
+            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+            let region = NonNull::new(ptr.as_ptr().wrapping_add(Self::HEADER)).unwrap();
+            // SAFETY: the allocation holds shard 0's header and, 128-aligned after it (384 bytes), the
+            // region of `count` shards, zeroed (every shard empty at 0), living as long as `self`.
+            let shards = unsafe { FanInShards::new(ptr.cast(), region, msg_size, capacity, count) };
+            Self { ptr, layout, shards }
+        }
+
+        /// The address of byte `off` of the slots region.
+        fn region_at(&self, off: u64) -> usize {
+            self.ptr.as_ptr() as usize + Self::HEADER + off as usize
+        }
+
+        /// Puts every shard at position `start`.
+        fn start_at(&self, start: u64) {
+            for ring in self.shards.iter() {
+                start_ring_at(&ring, start);
+            }
+        }
+    }
+
+    impl Drop for HeapShards {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    /// Puts `r` at position `start` (cursor and tail), every slot's last lap done.
+    fn start_ring_at(r: &FanInMemory, start: u64) {
+        r.cursor().store(start, Ordering::Relaxed);
+        r.header().consumer.tail.store(start, Ordering::Relaxed);
+        for k in 0..r.capacity {
+            let prev = start.wrapping_add(k).wrapping_sub(r.capacity);
+            let own = Ownership { ticket: r.ticket(prev), state: OwnState::Done, owner: 0 };
+            r.owner_word(r.index(prev)).store(own.word(), Ordering::Relaxed);
         }
     }
 
@@ -1071,22 +1328,31 @@ mod tests {
         Ok(())
     }
 
-    fn run_model(producers: usize, cap_log: u32, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    /// The model over a channel of `shards` shards: client `s` sends into shard `s % shards`, the
+    /// consumer takes round-robin, meshd completes and revokes over every shard.
+    fn run_model(producers: usize, cap_log: u32, start: u64, shards: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
         let size = 16;
-        let heap = HeapFanIn::new(size, 1 << cap_log);
+        let heap = HeapShards::new(size as u32, 1 << cap_log, shards);
         heap.start_at(start);
-        let ring = heap.ring;
+        let ring = heap.shards;
         let mut clients: Vec<Client> = (0..producers)
             .map(|s| Client {
-                core: FanInProducer::new(ring, Client::sender(s, 0)),
+                core: ring.producer(Client::sender(s, 0)),
                 op: SendOp::default(),
                 epoch: 0,
                 next_k: 0,
                 revoked: false,
             })
             .collect();
-        let mut c = FanInConsumer::new(ring);
+        let mut c = ShardedConsumer::new(&ring);
         let mut expect = Expect { committed: BTreeMap::new(), skips: BTreeMap::new() };
+        // A take, its shard checked against its sender's.
+        let take_one = |c: &mut ShardedConsumer, out: &mut [u8]| -> Result<Option<Taken>, TestCaseError> {
+            let Some((shard, t)) = c.try_take(out).unwrap() else { return Ok(None) };
+            let (Taken::Message { sender } | Taken::Skipped { sender }) = t;
+            prop_assert_eq!(shard, ring.shard_of(sender), "sender {:x} taken from another shard", sender);
+            Ok(Some(t))
+        };
         for s in 0..producers {
             expect.committed.insert(Client::sender(s, 0), VecDeque::new());
         }
@@ -1117,7 +1383,7 @@ mod tests {
                 Op::Die(s) => {
                     let cl = &mut clients[s];
                     let sender = cl.core.sender();
-                    let done = complete_dead(&ring, sender);
+                    let done = ring.complete_dead(sender);
                     let held = cl.op.stage != Stage::Idle && !cl.revoked;
                     let committed = cl.op.stage == Stage::Committed;
                     prop_assert_eq!(done.skipped, u32::from(held && !committed));
@@ -1127,7 +1393,7 @@ mod tests {
                     cl.epoch += 1;
                     let sender = Client::sender(s, cl.epoch);
                     *cl = Client {
-                        core: FanInProducer::new(ring, sender),
+                        core: ring.producer(sender),
                         op: SendOp::default(),
                         epoch: cl.epoch,
                         next_k: 0,
@@ -1138,7 +1404,7 @@ mod tests {
                 Op::Revoke(s) => {
                     let cl = &mut clients[s];
                     let sender = cl.core.sender();
-                    let done = revoke_live(&ring, sender);
+                    let done = ring.revoke_live(sender);
                     let reserved = cl.op.stage == Stage::Reserved && !cl.revoked;
                     prop_assert_eq!(done.skipped, u32::from(reserved));
                     let writing = !matches!(cl.op.stage, Stage::Idle | Stage::Reserved | Stage::Committed);
@@ -1147,11 +1413,11 @@ mod tests {
                     cl.revoked |= done.skipped == 1;
                 }
                 Op::Take => {
-                    if let Some(t) = c.try_take(&mut out).unwrap() {
+                    if let Some(t) = take_one(&mut c, &mut out)? {
                         check_take(t, &out, &mut expect, size)?;
                     }
                 }
-                Op::RestartConsumer => c = FanInConsumer::new(ring),
+                Op::RestartConsumer => c = ShardedConsumer::new(&ring),
             }
         }
         // Drain: every send in progress finished, then everything taken.
@@ -1160,7 +1426,7 @@ mod tests {
             for cl in clients.iter_mut().filter(|cl| cl.op.stage != Stage::Idle) {
                 moved |= step(cl, &mut expect)? != Step::NoRoom;
             }
-            while let Some(t) = c.try_take(&mut out).unwrap() {
+            while let Some(t) = take_one(&mut c, &mut out)? {
                 check_take(t, &out, &mut expect, size)?;
                 moved = true;
             }
@@ -1174,7 +1440,9 @@ mod tests {
         for (sender, n) in &expect.skips {
             prop_assert_eq!(*n, 0, "sender {:x}: skips not reported", sender);
         }
-        prop_assert_eq!(ring.next(), ring.tail(), "every reservation taken");
+        for (k, shard) in ring.iter().enumerate() {
+            prop_assert_eq!(shard.next(), shard.tail(), "shard {}: every reservation taken", k);
+        }
         Ok(())
     }
 
@@ -1182,16 +1450,18 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
         /// Any interleaving of the steps of several producers' sends, deaths at any step (completed
-        /// by meshd), revocations of stopped producers and consumer restarts: every committed
-        /// message is taken exactly once, in its sender's order, whole; every death before a commit
-        /// and every revocation is one skip attributed to its sender; nothing else is taken.
+        /// by meshd), revocations of stopped producers and consumer restarts, over 1, 2 or 4 shards:
+        /// every committed message is taken exactly once, from its sender's shard, in its sender's
+        /// order, whole; every death before a commit and every revocation is one skip attributed to
+        /// its sender; nothing else is taken.
         #[test]
         #[cfg_attr(miri, ignore = "proptest is slow under Miri; the unit and thread tests cover the protocol there")]
         fn many_producers_dying_and_revoked_match_the_model(
-            producers in 1usize..5,
+            producers in 1usize..7,
             cap_log in 0u32..4,
             start in prop_oneof![Just(0u64), Just(u64::MAX - 3), any::<u32>().prop_map(u64::from)],
-            ops in proptest::collection::vec(model_op(4), 1..200),
+            shards in prop_oneof![Just(1u32), Just(2), Just(4)],
+            ops in proptest::collection::vec(model_op(6), 1..200),
         ) {
             let ops = ops
                 .into_iter()
@@ -1203,8 +1473,233 @@ mod tests {
                     op => op,
                 })
                 .collect();
-            run_model(producers, cap_log, start, ops)?;
+            run_model(producers, cap_log, start, shards, ops)?;
         }
+    }
+
+    // ---- Shards ----
+
+    /// A take from a sharded consumer: its shard, what it was, the message.
+    fn take_sharded(c: &mut ShardedConsumer, size: usize) -> Option<(u32, Taken, Vec<u8>)> {
+        let mut out = vec![0u8; size];
+        c.try_take(&mut out).unwrap().map(|(k, t)| (k, t, out))
+    }
+
+    #[test]
+    fn shards_lie_where_the_layout_says_and_one_shard_is_todays_ring() {
+        let (m, cap) = (16u32, 4u32);
+        let heap = HeapShards::new(m, cap, 4);
+        let span = layout::fanin_shard_span(m, cap);
+        assert_eq!(span, 8192, "a page of owner table, 4 slots of 48 bytes, page-rounded");
+        for k in 0..4 {
+            let r = heap.shards.shard(k);
+            let base = if k == 0 { None } else { Some(span + u64::from(k - 1) * (4096 + span)) };
+            if let Some(base) = base {
+                assert_eq!(layout::fanin_shard_offset(k, m, cap), base);
+                assert_eq!(r.header.as_ptr() as usize, heap.region_at(base), "shard {k}'s header");
+            } else {
+                assert_eq!(r.header.as_ptr() as usize, heap.ptr.as_ptr() as usize, "shard 0's is the channel's");
+            }
+            let owners = base.map_or(0, |b| b + 4096);
+            assert_eq!(r.owners.as_ptr() as usize, heap.region_at(owners), "shard {k}'s owner table");
+            assert_eq!(r.slots.as_ptr() as usize, heap.region_at(owners + 4096), "shard {k}'s slots");
+            assert_eq!(layout::fanin_shard_slots_offset(k, m, cap), owners + 4096);
+        }
+        assert_eq!(layout::fanin_region_bytes(m, cap, 4), span + 3 * (4096 + span));
+        assert_eq!(layout::fanin_region_bytes(m, cap, 1), layout::fanin_slot_bytes(m, cap), "one shard: today's bytes");
+        // One shard: the owner table at the region's start, the slots a page on, as always.
+        let one = HeapShards::new(m, cap, 1);
+        let r = one.shards.shard(0);
+        assert_eq!(r.owners.as_ptr() as usize, one.region_at(0));
+        assert_eq!(r.slots.as_ptr() as usize, one.region_at(layout::fanin_slots_offset(cap)));
+    }
+
+    #[test]
+    fn senders_stay_in_their_shard_and_the_consumer_takes_round_robin() {
+        let heap = HeapShards::new(16, 4, 4);
+        let shards = heap.shards;
+        // Eight clients (slots 0..8, epoch 1): slot s sends into shard s % 4, two clients a shard.
+        let ids: Vec<u32> = (0..8).map(|s| s | 1 << 16).collect();
+        let mut ps: Vec<FanInProducer> = ids.iter().map(|&id| shards.producer(id)).collect();
+        for (s, p) in ps.iter_mut().enumerate().rev() {
+            assert!(p.try_send(&msg(16, s as u32, 0)).unwrap());
+        }
+        for k in 0..4 {
+            assert_eq!(shards.shard(k).next(), 2, "shard {k}: its two clients' sends, no other's");
+        }
+        assert_eq!((shards.next(), shards.tail()), (8, 0));
+        let mut c = ShardedConsumer::new(&shards);
+        let mut order = Vec::new();
+        while let Some((k, t, out)) = take_sharded(&mut c, 16) {
+            let Taken::Message { sender } = t else { panic!("a skip from nowhere") };
+            assert_eq!(k, shards.shard_of(sender));
+            assert_eq!(out, msg(16, sender & 0xffff, 0));
+            order.push((k, sender & 0xffff));
+        }
+        // One from each shard in turn (each shard's in its reservation order: slot 4+k before k).
+        assert_eq!(order, [(0, 4), (1, 5), (2, 6), (3, 7), (0, 0), (1, 1), (2, 2), (3, 3)]);
+        assert_eq!((c.position(), c.positions()), (8, vec![2, 2, 2, 2]));
+        // A full shard refuses its senders only.
+        for k in 1..5 {
+            assert!(ps[1].try_send(&msg(16, 1, k)).unwrap());
+        }
+        assert!(!ps[5].try_send(&[1]).unwrap(), "shard 1 is full");
+        assert!(ps[2].try_send(&[1]).unwrap(), "shard 2 is not");
+    }
+
+    #[test]
+    fn a_producer_dead_at_every_step_holds_its_shard_alone_and_is_completed() {
+        let stages = [Stage::Reserved, Stage::Writing, Stage::HalfBody, Stage::Body, Stage::Kind, Stage::Committed];
+        for &stage in &stages {
+            let heap = HeapShards::new(16, 2, 2);
+            let shards = heap.shards;
+            let mut c = ShardedConsumer::new(&shards);
+            let mut dying = shards.producer(1); // shard 1
+            let mut other = shards.producer(2); // shard 0
+            let _ = send_to(&mut dying, &msg(16, 1, 0), stage);
+            if stage == Stage::Committed {
+                // Committed, not finished: the message is whole, and taken.
+                assert_eq!(take_sharded(&mut c, 16).unwrap(), (1, Taken::Message { sender: 1 }, msg(16, 1, 0)));
+            }
+            // Shard 0 flows past the dead sender's held shard, laps over.
+            for k in 0..5 {
+                assert!(other.try_send(&msg(16, 2, k)).unwrap());
+                let (shard, t, out) = take_sharded(&mut c, 16).unwrap();
+                assert_eq!((shard, t, out), (0, Taken::Message { sender: 2 }, msg(16, 2, k)), "stage {stage:?}");
+            }
+            let holds = shards.holds();
+            if stage == Stage::Committed {
+                assert_eq!(holds, [], "its slot's next lap is not the tail's yet");
+                assert_eq!(shards.complete_dead(1), Completion { finished: 1, ..Completion::default() });
+            } else {
+                assert_eq!(holds.iter().map(|(k, h)| (*k, h.owner, h.seq)).collect::<Vec<_>>(), [(1, 1, 0)]);
+                assert!(take_sharded(&mut c, 16).is_none(), "stage {stage:?}: shard 1 waits, shard 0 is empty");
+                assert_eq!(shards.complete_dead(1), Completion { skipped: 1, ..Completion::default() });
+                let (k, t, _) = take_sharded(&mut c, 16).unwrap();
+                assert_eq!((k, t), (1, Taken::Skipped { sender: 1 }));
+            }
+            assert_eq!(shards.holds(), [], "stage {stage:?}: nothing holds any shard");
+            // A new client in the dead one's slot: the same shard, which goes on.
+            let mut again = shards.producer(1 | 1 << 16);
+            for k in 1..4 {
+                assert!(again.try_send(&msg(16, 1, k)).unwrap());
+                let (shard, t, out) = take_sharded(&mut c, 16).unwrap();
+                assert_eq!((shard, t, out), (1, Taken::Message { sender: 1 | 1 << 16 }, msg(16, 1, k)));
+            }
+            assert_eq!(shards.complete_dead(1), Completion::default(), "nothing left to complete");
+        }
+    }
+
+    #[test]
+    fn the_probe_revocation_and_repair_cover_every_shard() {
+        let heap = HeapShards::new(8, 4, 4);
+        let shards = heap.shards;
+        let mut c = ShardedConsumer::new(&shards);
+        // Shard 2: a client stopped after its reservation; shard 3: one stopped mid-copy.
+        let mut stopped = shards.producer(2);
+        let m = msg(8, 2, 0);
+        let mut op = send_to(&mut stopped, &m, Stage::Reserved);
+        let mut writing = shards.producer(3);
+        let w = msg(8, 3, 0);
+        let mut wop = send_to(&mut writing, &w, Stage::HalfBody);
+        let holds = shards.holds();
+        let seen: Vec<_> = holds.iter().map(|(k, h)| (*k, h.owner, h.state)).collect();
+        assert_eq!(seen, [(2, 2, OwnState::Reserved), (3, 3, OwnState::Writing)]);
+        // The watcher's rule, shard by shard: the reservation is revoked, the copy left alone.
+        assert_eq!(shards.revoke_live(2), Completion { skipped: 1, ..Completion::default() });
+        assert_eq!(shards.revoke_live(3), Completion { stuck: 1, ..Completion::default() });
+        let (k, t, _) = take_sharded(&mut c, 8).unwrap();
+        assert_eq!((k, t), (2, Taken::Skipped { sender: 2 }), "shard 2's skip");
+        assert_eq!(shards.holds().iter().map(|(k, _)| *k).collect::<Vec<_>>(), [3]);
+        assert_eq!(stopped.step(&mut op, &m).unwrap(), Step::Revoked);
+        assert!(stopped.try_send(&m).unwrap());
+        while writing.step(&mut wop, &w).unwrap() != Step::Sent {}
+        let mut got: Vec<_> = (0..2).map(|_| take_sharded(&mut c, 8).unwrap()).collect();
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got, [(2, Taken::Message { sender: 2 }, m), (3, Taken::Message { sender: 3 }, w)]);
+        // A completer that died between its CAS and its header, in shard 1: repair finds it.
+        let mut p = shards.producer(5);
+        let _ = send_to(&mut p, &msg(8, 5, 0), Stage::Reserved);
+        let r1 = shards.shard(1);
+        let own = r1.ownership(0);
+        r1.owner_word(0).store(Ownership { state: OwnState::Skipped, ..own }.word(), Ordering::Release);
+        assert!(take_sharded(&mut c, 8).is_none());
+        assert_eq!(shards.repair(), 1);
+        assert_eq!(shards.repair(), 0, "idempotent");
+        let (k, t, _) = take_sharded(&mut c, 8).unwrap();
+        assert_eq!((k, t), (1, Taken::Skipped { sender: 5 }));
+    }
+
+    #[test]
+    fn a_sharded_consumer_restarts_at_every_shards_published_tail() {
+        let heap = HeapShards::new(8, 4, 2);
+        heap.start_at(u64::MAX - 1);
+        let shards = heap.shards;
+        let mut ps: Vec<_> = (0..2).map(|s| shards.producer(s)).collect();
+        for k in 0..3 {
+            for (s, p) in ps.iter_mut().enumerate() {
+                assert!(p.try_send(&msg(8, s as u32, k)).unwrap());
+            }
+        }
+        let mut c = ShardedConsumer::new(&shards);
+        assert_eq!(take_sharded(&mut c, 8).unwrap(), (0, Taken::Message { sender: 0 }, msg(8, 0, 0)));
+        assert_eq!(take_sharded(&mut c, 8).unwrap(), (1, Taken::Message { sender: 1 }, msg(8, 1, 0)));
+        assert_eq!(take_sharded(&mut c, 8).unwrap(), (0, Taken::Message { sender: 0 }, msg(8, 0, 1)));
+        // A new consumer: each shard where the last one published it, across the 64-bit wrap.
+        let mut c = ShardedConsumer::new(&shards);
+        assert_eq!(c.positions(), [0, u64::MAX], "shard 0 took two, shard 1 one, from 2^64 - 2");
+        let mut next = [2u32, 1];
+        while let Some((k, t, out)) = take_sharded(&mut c, 8) {
+            assert_eq!((t, out), (Taken::Message { sender: k }, msg(8, k, next[k as usize])));
+            next[k as usize] += 1;
+        }
+        assert_eq!(next, [3, 3]);
+        // An impossible state names its shard.
+        shards.shard(1).cursor().store(100, Ordering::Relaxed);
+        assert!(matches!(ps[1].try_send(&[1]), Err(FanInCorrupt::Indices { next: 100, .. })));
+        let r1 = shards.shard(1);
+        let seq = r1.tail();
+        r1.words(seq)[0].store(u64::from(tag(seq)) << 32, Ordering::Relaxed);
+        r1.words(seq)[1].store(u64::from(tag(seq)) << 32 | 7, Ordering::Relaxed);
+        let mut out = [0u8; 8];
+        assert_eq!(c.try_take(&mut out), Err((1, FanInCorrupt::Kind { seq, kind: 7 })));
+    }
+
+    #[test]
+    fn threads_over_shards_are_taken_in_each_senders_order() {
+        let (senders, count, count_shards): (u32, u32, u32) = if cfg!(miri) { (4, 6, 2) } else { (8, 10_000, 4) };
+        let heap = HeapShards::new(16, 4, count_shards);
+        let shards = heap.shards;
+        std::thread::scope(|s| {
+            for id in 0..senders {
+                s.spawn(move || {
+                    let mut p = shards.producer(id);
+                    for k in 0..count {
+                        while !p.try_send(&msg(16, id, k)).unwrap() {
+                            std::thread::yield_now();
+                        }
+                    }
+                });
+            }
+            let mut c = ShardedConsumer::new(&shards);
+            let mut next = vec![0u32; senders as usize];
+            let mut out = [0u8; 16];
+            let mut left = senders * count;
+            while left > 0 {
+                match c.try_take(&mut out).unwrap() {
+                    Some((shard, Taken::Message { sender })) => {
+                        assert_eq!(shard, sender % count_shards);
+                        let k = u32::from_le_bytes(out[4..8].try_into().unwrap());
+                        assert_eq!(k, next[sender as usize], "sender {sender}: lost, repeated or reordered");
+                        assert_eq!(out[..], msg(16, sender, k)[..], "torn");
+                        next[sender as usize] += 1;
+                        left -= 1;
+                    }
+                    Some((_, Taken::Skipped { sender })) => panic!("no producer died, yet a skip from {sender}"),
+                    None => std::thread::yield_now(),
+                }
+            }
+        });
     }
 
     // ---- Threads (what Miri checks for races and weak-memory bugs) ----

@@ -38,9 +38,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::claim::Holder;
-use crate::fanin::{
-    Completion, FanInConsumer, FanInCorrupt, FanInMemory, FanInProducer, Taken, complete_dead, revoke_live,
-};
+use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, ShardedConsumer, Taken};
 use crate::indices::Corrupt;
 use crate::layout::{LINE, MAX_CAPACITY, MAX_MSG_SIZE, RingHeader};
 use crate::ring::{ConsumerCore, ProducerCore, RingMemory, WIRE_FACTOR};
@@ -783,8 +781,8 @@ impl ReplyReceiver {
 /// A service's two objects: the fan-in ring of requests and the group of reply rings.
 #[derive(Debug, Clone, Copy)]
 pub struct ServiceMemory {
-    /// The requests: any number of clients, one consumer (the program).
-    pub fanin: FanInMemory,
+    /// The requests: any number of clients, one consumer (the program), over one or more shards.
+    pub fanin: FanInShards,
     /// The replies: one ring per client slot.
     pub group: GroupMemory,
 }
@@ -811,7 +809,7 @@ impl ServiceMeshd {
     /// A dead client (its pidfd readable): completes its fan-in slots, then departs its entry.
     pub fn depart_dead(&mut self, id: ClientId) -> Result<Completion, GroupError> {
         self.check_bound(id)?;
-        let done = complete_dead(&self.svc.fanin, id.0);
+        let done = self.svc.fanin.complete_dead(id.0);
         self.group.depart(id)?;
         Ok(done)
     }
@@ -820,7 +818,7 @@ impl ServiceMeshd {
     /// hold, then departs its entry; refused while it is between the begin and the commit of a send.
     pub fn detach(&mut self, id: ClientId) -> Result<Completion, GroupError> {
         self.check_bound(id)?;
-        let done = revoke_live(&self.svc.fanin, id.0);
+        let done = self.svc.fanin.revoke_live(id.0);
         if done.stuck > 0 {
             return Err(GroupError::StillSending { id: id.0, stuck: done.stuck });
         }
@@ -834,7 +832,7 @@ impl ServiceMeshd {
     /// bound: the client goes on, and sends a revoked request again.
     pub fn revoke(&mut self, id: ClientId) -> Result<Completion, GroupError> {
         self.check_bound(id)?;
-        Ok(revoke_live(&self.svc.fanin, id.0))
+        Ok(self.svc.fanin.revoke_live(id.0))
     }
 
     fn check_bound(&self, id: ClientId) -> Result<(), GroupError> {
@@ -857,7 +855,7 @@ impl ServiceMeshd {
 /// A client of a service: its fan-in producer (sending as its id) and its own reply ring.
 #[derive(Debug)]
 pub struct ServiceClient {
-    fanin: FanInMemory,
+    fanin: FanInShards,
     tx: FanInProducer,
     rx: ReplyReceiver,
 }
@@ -879,7 +877,7 @@ fn wait(timeout: Duration, mut f: impl FnMut() -> Result<bool, GroupError>) -> R
 impl ServiceClient {
     /// The client meshd bound as `id`.
     pub fn new(svc: &ServiceMemory, id: ClientId) -> Result<Self, GroupError> {
-        Ok(Self { fanin: svc.fanin, tx: FanInProducer::new(svc.fanin, id.0), rx: ReplyReceiver::new(&svc.group, id)? })
+        Ok(Self { fanin: svc.fanin, tx: svc.fanin.producer(id.0), rx: ReplyReceiver::new(&svc.group, id)? })
     }
 
     /// Its id.
@@ -915,8 +913,8 @@ impl ServiceClient {
 /// A host server of a service (the program's role): the fan-in consumer and the group's program side.
 #[derive(Debug)]
 pub struct ServiceServer {
-    fanin: FanInMemory,
-    rx: FanInConsumer,
+    fanin: FanInShards,
+    rx: ShardedConsumer,
     group: GroupProgram,
 }
 
@@ -924,7 +922,7 @@ impl ServiceServer {
     /// Takes over the server's side (at the fan-in ring's published `tail`, each reply ring where the
     /// last server left it).
     pub fn new(svc: &ServiceMemory) -> Self {
-        Self { fanin: svc.fanin, rx: FanInConsumer::new(svc.fanin), group: GroupProgram::new(svc.group) }
+        Self { fanin: svc.fanin, rx: ShardedConsumer::new(&svc.fanin), group: GroupProgram::new(svc.group) }
     }
 
     /// Takes the next request (into `out`, exactly the request size) with its sender, or a skip (a
@@ -934,7 +932,7 @@ impl ServiceServer {
         if out.len() != msg_size {
             return Err(GroupError::BadBuffer { len: out.len(), msg_size });
         }
-        Ok(self.rx.try_take(out)?)
+        Ok(self.rx.try_take(out).map_err(|(_, c)| c)?.map(|(_, t)| t))
     }
 
     /// Replies to `sender` (the id a taken request carried). See [`GroupProgram::reply`].
@@ -998,16 +996,14 @@ mod tests {
         (heap, group)
     }
 
-    fn heap_fanin(msg_size: usize, capacity: u64) -> (Heap, FanInMemory) {
+    fn heap_fanin(msg_size: usize, capacity: u64, shards: u32) -> (Heap, FanInShards) {
         let header = size_of::<RingHeader>();
-        let owners = (FanInMemory::owner_bytes(capacity) as usize).next_multiple_of(16);
-        let heap = Heap::zeroed(header + owners + FanInMemory::slot_bytes(msg_size as u32, capacity) as usize);
+        let (m, c) = (msg_size as u32, capacity as u32);
+        let heap = Heap::zeroed(header + crate::layout::fanin_region_bytes(m, c, shards) as usize);
         let at = |off: usize| NonNull::new(heap.ptr.as_ptr().wrapping_add(off)).unwrap();
-        // SAFETY: the allocation holds the header, the table and the slots (16-aligned), zeroed (an
-        // empty ring), and outlives every use of the ring in the test that made it.
-        let ring = unsafe {
-            FanInMemory::new(heap.ptr.cast(), at(header).cast(), at(header + owners).cast(), msg_size, capacity)
-        };
+        // SAFETY: the allocation holds shard 0's header, then the shards' region (128-aligned after
+        // the 384-byte header), zeroed (empty rings), and outlives every use in the test that made it.
+        let ring = unsafe { FanInShards::new(heap.ptr.cast(), at(header), m, c, shards) };
         (heap, ring)
     }
 
@@ -1019,8 +1015,13 @@ mod tests {
     }
 
     fn heap_service(entries: u32, msg_size: u32, requests: u64, replies: u32) -> HeapService {
+        heap_service_shards(entries, msg_size, requests, replies, 1)
+    }
+
+    /// A service whose fan-in channel has `shards` shards of `requests` slots each.
+    fn heap_service_shards(entries: u32, msg_size: u32, requests: u64, replies: u32, shards: u32) -> HeapService {
         let (_group, group) = heap_group(entries, msg_size, replies);
-        let (_fanin, fanin) = heap_fanin(msg_size as usize, requests);
+        let (_fanin, fanin) = heap_fanin(msg_size as usize, requests, shards);
         HeapService { _group, _fanin, svc: ServiceMemory { fanin, group } }
     }
 
@@ -1259,7 +1260,7 @@ mod tests {
         let mut ca = ServiceClient::new(&svc, a).unwrap();
         ca.send(&request(a, 0), Duration::from_secs(1)).unwrap();
         // b dies after storing its body, before the commit.
-        let mut pb = FanInProducer::new(svc.fanin, b.0);
+        let mut pb = svc.fanin.producer(b.0);
         let (m, mut op) = (request(b, 0), SendOp::default());
         while op.stage != Stage::Body {
             assert_eq!(pb.step(&mut op, &m).unwrap(), Step::Progress);
@@ -1294,7 +1295,7 @@ mod tests {
         let svc = heap.svc;
         let mut meshd = ServiceMeshd::new(svc);
         let a = meshd.connect(holder(1)).unwrap();
-        let mut p = FanInProducer::new(svc.fanin, a.0);
+        let mut p = svc.fanin.producer(a.0);
         let (m, mut op) = ([1u8; 8], SendOp::default());
         while op.stage != Stage::Writing {
             p.step(&mut op, &m).unwrap();
@@ -1304,6 +1305,46 @@ mod tests {
         while p.step(&mut op, &m).unwrap() != Step::Sent {}
         assert_eq!(meshd.detach(a), Ok(Completion::default()));
         assert_eq!(svc.group.snapshot(0).unwrap().state, EntryState::Departed);
+    }
+
+    #[test]
+    fn a_service_of_two_shards_flows_past_a_client_dead_mid_send_in_the_other() {
+        let heap = heap_service_shards(4, 16, 2, 4, 2);
+        let svc = heap.svc;
+        let mut meshd = ServiceMeshd::new(svc);
+        let mut srv = ServiceServer::new(&svc);
+        let a = meshd.connect(holder(1)).unwrap(); // slot 0: shard 0
+        let b = meshd.connect(holder(2)).unwrap(); // slot 1: shard 1
+        assert_eq!((svc.fanin.shard_of(a.0), svc.fanin.shard_of(b.0)), (0, 1));
+        let mut ca = ServiceClient::new(&svc, a).unwrap();
+        // b dies with its reservation taken, in shard 1.
+        let mut pb = svc.fanin.producer(b.0);
+        let (m, mut op) = (request(b, 0), SendOp::default());
+        while op.stage != Stage::Reserved {
+            assert_eq!(pb.step(&mut op, &m).unwrap(), Step::Progress);
+        }
+        // a's requests go on, laps past shard 0's capacity, each answered.
+        let mut req = [0u8; 16];
+        let mut out = [0u8; 16];
+        for k in 0..5 {
+            ca.send(&request(a, k), Duration::from_secs(1)).unwrap();
+            assert_eq!(srv.try_take(&mut req), Ok(Some(Taken::Message { sender: a.0 })));
+            assert_eq!(req, request(a, k));
+            assert_eq!(srv.reply(a.0, &reply(a, k)), Ok(Replied::Sent));
+            ca.recv(&mut out, Duration::from_secs(1)).unwrap();
+            assert_eq!(out, reply(a, k));
+        }
+        assert_eq!(srv.try_take(&mut req), Ok(None), "shard 1 waits for b");
+        assert_eq!(meshd.depart_dead(b), Ok(Completion { skipped: 1, ..Completion::default() }));
+        assert_eq!(srv.try_take(&mut req), Ok(Some(Taken::Skipped { sender: b.0 })));
+        assert_eq!(srv.departures(), Ok(vec![b]));
+        // Its slot's next client sends into the same shard.
+        let c = meshd.connect(holder(3)).unwrap();
+        assert_eq!((c.slot(), svc.fanin.shard_of(c.0)), (1, 1));
+        let mut cc = ServiceClient::new(&svc, c).unwrap();
+        cc.send(&request(c, 0), Duration::from_secs(1)).unwrap();
+        assert_eq!(srv.try_take(&mut req), Ok(Some(Taken::Message { sender: c.0 })));
+        assert_eq!(meshd.revoke(c), Ok(Completion::default()));
     }
 
     // ---- The model test: meshd, the program (step by step) and the clients, against a model ----
@@ -1727,7 +1768,7 @@ mod tests {
             // Dies: two requests sent whole, the third cut off after its body.
             let dying_thread = s.spawn(move || {
                 let _guard = abort.guard();
-                let mut p = FanInProducer::new(svc.fanin, dying.0);
+                let mut p = svc.fanin.producer(dying.0);
                 for k in 0..2 {
                     while !p.try_send(&request(dying, k)).unwrap() {
                         abort.pause();

@@ -175,7 +175,10 @@ pub struct ChannelDesc {
     /// protocol. Carved out of what was zeroed padding in layout version 3; a 0 reads as 1, which is
     /// the format such a descriptor's ring has (bit for bit today's bulk format). For a channel of
     /// [`PROTOCOL_GROUP`] this word is the group's entry count (its client slots, 1 to
-    /// [`crate::group::MAX_ENTRIES`]), the second number its size needs, as parts are for bulk.
+    /// [`crate::group::MAX_ENTRIES`]), the second number its size needs, as parts are for bulk. For a
+    /// channel of [`PROTOCOL_FANIN`] it is the shard count (a power of two, 1 to [`MAX_FANIN_SHARDS`]:
+    /// that many whole fan-in rings, see [`fanin_shard_offset`]); a build before shards refuses a
+    /// fan-in descriptor whose word is above 1, and so the whole file.
     pub parts: u32,
     /// Pads the descriptor to one line.
     pub pad: [u8; 32],
@@ -200,7 +203,9 @@ pub const PROTOCOL_INDEX: u32 = 2;
 /// the next page, the LL slots of `2 + msg_size / 4` tagged words each ([`fanin_slots_offset`],
 /// [`fanin_slot_bytes`]). The [`RingHeader`]'s `head` is the reservation cursor, its `tail` the
 /// consumer's position; its consumer claim is the consumer's, its producer claim unused. Up to
-/// [`MAX_MSG_SIZE`], multiples of 8.
+/// [`MAX_MSG_SIZE`], multiples of 8. A channel of more than one shard ([`ChannelDesc::parts`]) has
+/// that many such rings, shard 0 as above and the others after it in the region
+/// ([`fanin_shard_offset`], [`fanin_region_bytes`]).
 pub const PROTOCOL_FANIN: u32 = 3;
 
 /// [`ChannelDesc::protocol`]: a channel group (issue 26, see `group`): a `GroupHeader`, `entries`
@@ -271,7 +276,9 @@ pub struct MeshBinding {
     /// [`PLACEMENT_HOST`] or [`PLACEMENT_DEVICE`].
     pub placement: u32,
     /// [`PROTOCOL_LL`], [`PROTOCOL_BULK`], [`PROTOCOL_FANIN`] (then `slots` is the address of its LL
-    /// slots, after the host-only owner table) or [`PROTOCOL_GROUP`] (then `slots` is the address of
+    /// slots, after the host-only owner table; shard 0's, for a channel of shards, whose count is then
+    /// above [`BINDING_PARTS_SHIFT`] as bulk parts are: shard k's are at `slots - fanin_slots_offset +
+    /// fanin_shard_slots_offset(k)`, its header at `slots - fanin_slots_offset + fanin_shard_offset(k)`) or [`PROTOCOL_GROUP`] (then `slots` is the address of
     /// its `GroupHeader`, and `msg_size` and `capacity` its reply rings'; the entry count is read from
     /// the header) (was a zero reserved word before bulk channels: an
     /// older program reads every binding as LL, which every channel it could be given was). Never
@@ -336,11 +343,17 @@ pub const BULK_FLAG_SIZE: u64 = 8;
 /// [`MeshBinding::protocol`]: where a bulk binding keeps its channel's parts when there are more than one.
 pub const BINDING_PARTS_SHIFT: u32 = 16;
 
-/// The [`MeshBinding::protocol`] word of a channel of `protocol` split into `parts` parts: the
-/// protocol alone for one part (what every binding held before parts existed), the parts above it
-/// otherwise.
+/// The [`MeshBinding::protocol`] word of a channel of `protocol` split into `parts` parts (a bulk
+/// channel's parts, a fan-in channel's shards): the protocol alone for one (what every binding held
+/// before parts and shards existed), the count above it otherwise, so that a program built before
+/// them sees a protocol it does not know and refuses the binding. A group's `parts` word is its
+/// entry count and never goes here.
 pub const fn binding_protocol(protocol: u32, parts: u32) -> u32 {
-    if protocol == PROTOCOL_BULK && parts > 1 { protocol | (parts << BINDING_PARTS_SHIFT) } else { protocol }
+    if (protocol == PROTOCOL_BULK || protocol == PROTOCOL_FANIN) && parts > 1 {
+        protocol | (parts << BINDING_PARTS_SHIFT)
+    } else {
+        protocol
+    }
 }
 
 /// `parts` as a ring counts them: a 0 (a descriptor that predates the field) is one part.
@@ -390,14 +403,85 @@ pub const fn fanin_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     fanin_slots_offset(capacity) + crate::fanin::FanInMemory::slot_bytes(msg_size, capacity as u64)
 }
 
+/// Most shards a fan-in channel may have ([`ChannelDesc::parts`] of a channel of [`PROTOCOL_FANIN`]):
+/// one per lane of a warp, the most the GPU's one-round-trip peek is designed to cover.
+pub const MAX_FANIN_SHARDS: u32 = 32;
+
+// A fan-in channel of P shards (P a power of two, 1 to `MAX_FANIN_SHARDS`, in the descriptor's
+// `parts` word) is P whole fan-in rings sharing nothing, each of `capacity` slots of `msg_size`:
+//
+// * shard 0: the channel's own `RingHeader` (at `ring_offset`), its owner table at the start of the
+//   slots region, its slots `fanin_slots_offset(capacity)` after it: exactly a channel of one shard,
+//   which is the format of every fan-in channel before shards existed (layout 4, unchanged);
+// * shard k >= 1, at `base_k = span + (k - 1) * (SLOTS_ALIGN + span)` from the region's start, with
+//   `span = fanin_shard_span(msg_size, capacity)`: its own `RingHeader` (same struct, same offsets:
+//   the cursor is `producer.head`, the consumer's position `consumer.tail`) at `base_k`, on a page of
+//   its own; its owner table at `base_k + SLOTS_ALIGN`; its slots `fanin_slots_offset(capacity)`
+//   after that.
+//
+// Zeroed memory is every shard empty at position 0. A client (sender id `slot | epoch << 16`) sends
+// into shard `slot % P` alone (`fanin_shard_of`), so its requests stay in order in one ring.
+
+/// The bytes one fan-in shard's owner table and slots take in the region, page-rounded: the step
+/// between two shards, less the page of the next one's [`RingHeader`].
+pub const fn fanin_shard_span(msg_size: u32, capacity: u32) -> u64 {
+    fanin_slot_bytes(msg_size, capacity).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+}
+
+/// Where shard `k` (1 to P - 1) of a fan-in channel has its [`RingHeader`], from the start of the
+/// channel's slots region: `span + (k - 1) × (SLOTS_ALIGN + span)`. Shard 0 has none in the region
+/// (its header is the channel's own, at `ring_offset`): for `k = 0` this returns 0, which is the
+/// start of shard 0's owner table, not a header.
+pub const fn fanin_shard_offset(k: u32, msg_size: u32, capacity: u32) -> u64 {
+    if k == 0 {
+        return 0;
+    }
+    let span = fanin_shard_span(msg_size, capacity);
+    span + (k as u64 - 1) * (SLOTS_ALIGN + span)
+}
+
+/// Where shard `k` of a fan-in channel has its owner table, from the start of the slots region: 0
+/// for shard 0, the page after its header ([`fanin_shard_offset`]) for the others.
+pub const fn fanin_shard_owners_offset(k: u32, msg_size: u32, capacity: u32) -> u64 {
+    if k == 0 { 0 } else { fanin_shard_offset(k, msg_size, capacity) + SLOTS_ALIGN }
+}
+
+/// Where shard `k` of a fan-in channel has its LL slots, from the start of the slots region: its
+/// owner table's start plus [`fanin_slots_offset`]. Shard 0's is what a fan-in binding's `slots` names.
+pub const fn fanin_shard_slots_offset(k: u32, msg_size: u32, capacity: u32) -> u64 {
+    fanin_shard_owners_offset(k, msg_size, capacity) + fanin_slots_offset(capacity)
+}
+
+/// Bytes of the slots region of a fan-in channel of `shards` shards:
+/// `span + (P - 1) × (SLOTS_ALIGN + span)`; for one shard exactly [`fanin_slot_bytes`] (not
+/// page-rounded), so that a channel of one shard takes the arena bytes it took before shards existed
+/// and a layout-4 mailbox validates as it did. A 0 (a descriptor that predates the field) is one
+/// shard.
+pub const fn fanin_region_bytes(msg_size: u32, capacity: u32, shards: u32) -> u64 {
+    if shards <= 1 {
+        fanin_slot_bytes(msg_size, capacity)
+    } else {
+        let span = fanin_shard_span(msg_size, capacity);
+        span + (shards as u64 - 1) * (SLOTS_ALIGN + span)
+    }
+}
+
+/// The shard a sender id sends into, of a fan-in channel of `shards` shards: its client slot (the
+/// id's low 16 bits) modulo the shard count, always the same one, so that its messages stay in order.
+pub const fn fanin_shard_of(sender: u32, shards: u32) -> u32 {
+    let shards = if shards == 0 { 1 } else { shards };
+    (sender & 0xffff) % shards
+}
+
 /// Bytes of a channel group's region: its header line, `entries` entries of two lines, and
 /// `entries` reply rings of `capacity` replies of `msg_size` bytes (`crate::group::GroupMemory::bytes`).
 pub const fn group_bytes(entries: u32, msg_size: u32, capacity: u32) -> u64 {
     crate::group::GroupMemory::bytes(entries, msg_size, capacity)
 }
 
-/// Bytes of a ring's slots in the format `protocol` names; `parts` is a bulk channel's parts or a
-/// group's entries (the descriptor's `parts` word) and counts for those two alone. `None` for a
+/// Bytes of a ring's slots in the format `protocol` names; `parts` is a bulk channel's parts, a
+/// fan-in channel's shards or a group's entries (the descriptor's `parts` word) and counts for those
+/// three alone. `None` for a
 /// protocol this build does not know: its size is unknown, and a reader must refuse the channel
 /// rather than guess (reading it as LL would get its bounds wrong).
 pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32, parts: u32) -> Option<u64> {
@@ -405,7 +489,7 @@ pub const fn slot_bytes_for(msg_size: u32, capacity: u32, protocol: u32, parts: 
         PROTOCOL_LL => Some(slot_bytes(msg_size, capacity)),
         PROTOCOL_BULK => Some(bulk_slot_bytes(msg_size, capacity, parts)),
         PROTOCOL_INDEX => Some(index_slot_bytes(msg_size, capacity)),
-        PROTOCOL_FANIN => Some(fanin_slot_bytes(msg_size, capacity)),
+        PROTOCOL_FANIN => Some(fanin_region_bytes(msg_size, capacity, parts)),
         PROTOCOL_GROUP => Some(group_bytes(parts, msg_size, capacity)),
         _ => None,
     }

@@ -263,15 +263,18 @@ pub struct ChannelInfo {
     pub protocol: Protocol,
     /// Parts each message is split into (bulk; see `bulk`): 1 for every other protocol, and for a
     /// bulk channel in the format before parts existed. For a group: its entries (client slots), the
-    /// descriptor's same word (see [`ChannelInfo::clients`]).
+    /// descriptor's same word (see [`ChannelInfo::clients`]). For a fan-in channel: its shards (see
+    /// [`ChannelInfo::shards`]).
     pub parts: u32,
     /// Offset of its message slots from the file's start (host placement; 0 for a device channel).
     pub slots_offset: u64,
     /// Messages lost with a device ring's slots over every renewal (always 0 for a host channel).
     pub lost: u64,
-    /// Messages ever sent (for a bulk channel of more than one part, a lower bound over the parts).
+    /// Messages ever sent (for a bulk channel of more than one part, a lower bound over the parts;
+    /// for a fan-in channel of shards, the sum of their cursors, modulo 2^64).
     pub head: u64,
-    /// Messages ever received (for a bulk channel of more than one part, a lower bound over the parts).
+    /// Messages ever received (for a bulk channel of more than one part, a lower bound over the parts;
+    /// for a fan-in channel of shards, the sum of their tails, modulo 2^64).
     pub tail: u64,
     /// Pid holding the producer end, if any.
     pub producer_pid: Option<u32>,
@@ -283,6 +286,12 @@ impl ChannelInfo {
     /// A group's entries (client slots); `None` for a channel of any other protocol.
     pub fn clients(&self) -> Option<u32> {
         (self.protocol == Protocol::Group).then_some(self.parts)
+    }
+
+    /// A fan-in channel's shards (1: one ring, the format before shards existed); `None` for a
+    /// channel of any other protocol.
+    pub fn shards(&self) -> Option<u32> {
+        (self.protocol == Protocol::FanIn).then_some(self.parts)
     }
 }
 
@@ -572,8 +581,14 @@ impl Mailbox {
     /// ([`crate::FanInSender`], each sending as the id meshd handed it), one consumer (a GPU program,
     /// or a host server's [`crate::FanInReceiver`]); `msg_size` a multiple of 8 from 8 to 64 KiB,
     /// `capacity` a power of two. Its ring is an empty ring at position 0.
-    pub fn create_fanin(&self, name: &str, msg_size: u32, capacity: u32) -> Result<ChannelInfo> {
-        self.create_ring(name, msg_size, capacity, Placement::Host, Protocol::FanIn, 1, |_, _| Ok(()))
+    ///
+    /// `shards` (a power of two from 1 to [`MAX_FANIN_SHARDS`], in the descriptor's `parts` word)
+    /// makes it that many whole rings of `capacity` slots each (`layout::fanin_shard_offset`), so
+    /// that that many times as many senders go in parallel: each has its own cursor, and a client
+    /// sends into shard `slot % shards`. One shard is the format of every fan-in channel before
+    /// shards existed; a program or host end built before them refuses a channel of more.
+    pub fn create_fanin(&self, name: &str, msg_size: u32, capacity: u32, shards: u32) -> Result<ChannelInfo> {
+        self.create_ring(name, msg_size, capacity, Placement::Host, Protocol::FanIn, shards, |_, _| Ok(()))
     }
 
     /// Creates a channel group (protocol group, host placement): `clients` entries (client slots, 1
@@ -708,6 +723,11 @@ impl Mailbox {
             // when it closes): the lower bounds over them.
             (head, tail) = self.bulk_part_bounds(slots_offset, capacity, parts);
         }
+        if protocol == Protocol::FanIn && parts > 1 {
+            // Every shard's cursor and tail, summed: what the channel took in and gave out.
+            let shards = self.fanin_memory_at(ring_offset, slots_offset, msg_size, capacity, parts);
+            (head, tail) = (shards.next(), shards.tail());
+        }
         Ok(Some(ChannelInfo {
             index,
             name,
@@ -753,6 +773,24 @@ impl Mailbox {
                 .reduce(|m, x| if (m.wrapping_sub(x) as i64) > 0 { x } else { m })
         };
         (lowest(0).unwrap_or(0), lowest(1).unwrap_or(0))
+    }
+
+    /// The shards of a fan-in channel whose descriptor `live_desc` validated (host placement).
+    fn fanin_memory_at(
+        &self,
+        ring_offset: u64,
+        slots_offset: u64,
+        msg_size: u32,
+        capacity: u32,
+        shards: u32,
+    ) -> crate::fanin::FanInShards {
+        let header = NonNull::from(self.ring_header(ring_offset));
+        // SAFETY: as in `fanin_memory`: the validated descriptor's region holds every shard in the
+        // arena of this mapping, which outlives the value (used at once, then dropped).
+        unsafe {
+            let region = NonNull::new_unchecked(self.base().add(in_map(slots_offset)));
+            crate::fanin::FanInShards::new(header, region, msg_size, capacity, shards)
+        }
     }
 
     pub(crate) fn ring_header(&self, ring_offset: u64) -> &RingHeader {
@@ -807,25 +845,16 @@ impl Mailbox {
         })
     }
 
-    /// The ring of a host channel of protocol fanin: the core's view of its header, owner table and
-    /// slots (see `fanin`), all in this mapping.
-    pub(crate) fn fanin_memory(&self, info: &ChannelInfo) -> Result<crate::fanin::FanInMemory> {
+    /// The rings of a host channel of protocol fanin: the core's view of every shard's header, owner
+    /// table and slots (see `fanin`, `layout::fanin_shard_offset`), all in this mapping.
+    pub(crate) fn fanin_memory(&self, info: &ChannelInfo) -> Result<crate::fanin::FanInShards> {
         let (header, region) = self.host_ring(info, Protocol::FanIn)?;
         // SAFETY: `info` came from a validated descriptor: its slots region (page aligned) holds
-        // `fanin_slot_bytes` in the arena, so the owner table (page aligned, 8-byte words) and the slots
-        // (page aligned, so 16-byte aligned) after it are in this mapping, which the caller keeps
-        // alive (ends hold the `Arc`). Capacity is a power of two up to 2^24 (< 2^31), msg_size a
-        // non-zero multiple of 8 (`check_channel_params`).
-        Ok(unsafe {
-            let slots = region.add(in_map(fanin_slots_offset(info.capacity)));
-            crate::fanin::FanInMemory::new(
-                header,
-                region.cast(),
-                slots.cast(),
-                info.msg_size as usize,
-                u64::from(info.capacity),
-            )
-        })
+        // `fanin_region_bytes` for its shard count (a power of two up to MAX_FANIN_SHARDS,
+        // `check_parts`) in the arena of this mapping, which the caller keeps alive (ends hold the
+        // `Arc`). Capacity is a power of two up to 2^24 (< 2^31), msg_size a non-zero multiple of 8
+        // (`check_channel_params`).
+        Ok(unsafe { crate::fanin::FanInShards::new(header, region, info.msg_size, info.capacity, info.parts) })
     }
 
     /// The group of a host channel of protocol group, opened by the core (which validates its header
@@ -1006,9 +1035,10 @@ fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std
     Ok(())
 }
 
-/// Checks a channel's parts: a power of two from 1 to [`MAX_BULK_PARTS`], more than one only for
-/// protocol bulk, and the message size a multiple of 16 × parts (every part a whole number of the
-/// 16-byte vector copies).
+/// Checks a channel's parts word: for protocol bulk its parts, a power of two from 1 to
+/// [`MAX_BULK_PARTS`], the message size a multiple of 16 × parts (every part a whole number of the
+/// 16-byte vector copies); for protocol fanin its shards, a power of two from 1 to
+/// [`MAX_FANIN_SHARDS`]; for a group its entries; 1 for ll and index.
 fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Result<(), String> {
     if protocol == Protocol::Group {
         // A group's word is its entry count.
@@ -1021,10 +1051,19 @@ fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Re
     if parts == 1 {
         return Ok(());
     }
+    if protocol == Protocol::FanIn {
+        // A fan-in channel's word is its shard count: whole rings, so any message size goes.
+        if !parts.is_power_of_two() || parts > MAX_FANIN_SHARDS {
+            return Err(format!(
+                "{parts} shards: a fan-in channel has a power of two from 1 to {MAX_FANIN_SHARDS} shards"
+            ));
+        }
+        return Ok(());
+    }
     if protocol != Protocol::Bulk {
         return Err(format!(
-            "parts {parts}: only a channel of protocol bulk splits its messages into parts (this one is protocol \
-             {protocol}); leave parts at 1"
+            "parts {parts}: only a channel of protocol bulk splits its messages into parts (and only a fan-in \
+             channel has shards; this one is protocol {protocol}); leave parts at 1"
         ));
     }
     if !parts.is_power_of_two() || parts > MAX_BULK_PARTS {

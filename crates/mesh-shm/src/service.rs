@@ -21,7 +21,7 @@
 //! # use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 //! # let dir = tempfile::tempdir()?;
 //! # let mailbox = Mailbox::create(dir.path().join("mb"), &MailboxConfig::default(), CreateMode::Exclusive)?;
-//! mailbox.create_fanin("kv", 64, 256)?; // requests: 64 bytes, 256 in flight over all clients
+//! mailbox.create_fanin("kv", 64, 256, 1)?; // requests: 64 bytes, 256 in flight over all clients, one shard
 //! mailbox.create_group("kv.replies", 8, 64, 16)?; // 8 clients, 16 replies of 64 bytes each
 //!
 //! // meshd binds a client (over the control socket, to come) and hands it its id.
@@ -48,13 +48,22 @@ use std::time::{Duration, Instant};
 use crate::channel::{EndClaim, poll_until};
 use crate::claim::{self, ClaimRefused, Holder};
 use crate::error::{End, Result, ShmError};
-use crate::fanin::{Completion, FanInConsumer, FanInCorrupt, FanInMemory, FanInProducer, Hold, SendOp, Step, Taken};
+use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, Hold, SendOp, ShardedConsumer, Step, Taken};
 use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
 use crate::group::{ServiceMemory, ServiceMeshd};
 use crate::mailbox::{ChannelInfo, Mailbox};
 
 fn fanin_err(info: &ChannelInfo, corrupt: FanInCorrupt) -> ShmError {
     ShmError::FanIn { channel: info.name.clone(), corrupt }
+}
+
+/// An impossible state found in shard `shard` of a fan-in channel: the shard is named when there are several.
+fn shard_err(info: &ChannelInfo, shard: u32, corrupt: FanInCorrupt) -> ShmError {
+    if info.parts > 1 {
+        ShmError::FanIn { channel: format!("{} (shard {shard} of {})", info.name, info.parts), corrupt }
+    } else {
+        fanin_err(info, corrupt)
+    }
 }
 
 fn group_err(info: &ChannelInfo, error: GroupError) -> ShmError {
@@ -69,10 +78,12 @@ fn timeout(info: &ChannelInfo, op: &'static str, waited: Duration) -> ShmError {
     ShmError::Timeout { channel: info.name.clone(), op, waited_ms: waited.as_millis() }
 }
 
-/// A client's request end of a fan-in channel: sends as its id, one message at a time.
+/// A client's request end of a fan-in channel: sends as its id, one message at a time, always into
+/// the same shard (its client slot modulo the channel's shards), so its messages stay in order.
 #[derive(Debug)]
 pub struct FanInSender {
     core: FanInProducer,
+    shard: u32,
     info: ChannelInfo,
     _mailbox: Mailbox,
 }
@@ -82,8 +93,14 @@ impl FanInSender {
     /// name it in the owner table: no other live sender may use them). Claims nothing.
     pub fn open(mailbox: &Mailbox, name: &str, id: ClientId) -> Result<Self> {
         let info = mailbox.channel(name)?;
-        let ring = mailbox.fanin_memory(&info)?;
-        Ok(Self { core: FanInProducer::new(ring, id.0), info, _mailbox: mailbox.clone() })
+        let shards = mailbox.fanin_memory(&info)?;
+        let shard = shards.shard_of(id.0);
+        Ok(Self { core: shards.producer(id.0), shard, info, _mailbox: mailbox.clone() })
+    }
+
+    /// The shard it sends into: its client slot modulo the channel's shards (0 for one shard).
+    pub fn shard(&self) -> u32 {
+        self.shard
     }
 
     /// The channel as it was when opened.
@@ -103,7 +120,7 @@ impl FanInSender {
         if msg.len() > self.info.msg_size as usize {
             return Err(size_error(&self.info, msg.len()));
         }
-        self.core.try_send(msg).map_err(|c| fanin_err(&self.info, c))
+        self.core.try_send(msg).map_err(|c| shard_err(&self.info, self.shard, c))
     }
 
     /// Sends one message, waiting for room up to `timeout`.
@@ -124,26 +141,29 @@ impl FanInSender {
         if msg.len() > self.info.msg_size as usize {
             return Err(size_error(&self.info, msg.len()));
         }
-        self.core.step(op, msg).map_err(|c| fanin_err(&self.info, c))
+        self.core.step(op, msg).map_err(|c| shard_err(&self.info, self.shard, c))
     }
 }
 
 /// The consumer end of a fan-in channel, for a host server: every message with its sender, and a
-/// skip where a sender's send was cut off.
+/// skip where a sender's send was cut off. A channel of shards is taken from round-robin, one slot at
+/// a time from the next shard that has one: every sender's messages in its order, and no order
+/// across senders of different shards.
 #[derive(Debug)]
 pub struct FanInReceiver {
-    core: FanInConsumer,
+    core: ShardedConsumer,
     info: ChannelInfo,
     _claim: EndClaim,
 }
 
 impl FanInReceiver {
-    /// Claims the consumer end of fan-in channel `name`; it resumes at the published position.
+    /// Claims the consumer end of fan-in channel `name` (the claim word of its shard 0's header, for
+    /// every shard); each shard resumes at its published position.
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
-        let ring = mailbox.fanin_memory(&info)?;
+        let shards = mailbox.fanin_memory(&info)?;
         let claim = EndClaim::take(mailbox, name, End::Consumer)?;
-        Ok(Self { core: FanInConsumer::new(ring), info, _claim: claim })
+        Ok(Self { core: ShardedConsumer::new(&shards), info, _claim: claim })
     }
 
     /// The channel as it was when claimed.
@@ -151,18 +171,35 @@ impl FanInReceiver {
         &self.info
     }
 
-    /// The sequence number of the next slot to take.
+    /// Slots taken over the channel's life: for one shard the sequence number of the next slot to
+    /// take; for several, the sum of their positions (modulo 2^64), [`FanInReceiver::positions`]
+    /// saying each.
     pub fn position(&self) -> u64 {
         self.core.position()
     }
 
+    /// Each shard's next sequence number to take, shard 0 first.
+    pub fn positions(&self) -> Vec<u64> {
+        self.core.positions()
+    }
+
+    /// The channel's shards.
+    pub fn shards(&self) -> u32 {
+        self.core.count()
+    }
+
     /// Takes the next slot: a message (into `out`, exactly the message size) with its sender, a skip,
-    /// or `None` when nothing is committed yet.
+    /// or `None` when nothing is committed yet (in any shard).
     pub fn try_take(&mut self, out: &mut [u8]) -> Result<Option<Taken>> {
+        Ok(self.try_take_shard(out)?.map(|(_, t)| t))
+    }
+
+    /// [`FanInReceiver::try_take`], saying which shard the slot was taken from.
+    pub fn try_take_shard(&mut self, out: &mut [u8]) -> Result<Option<(u32, Taken)>> {
         if out.len() != self.info.msg_size as usize {
             return Err(size_error(&self.info, out.len()));
         }
-        self.core.try_take(out).map_err(|c| fanin_err(&self.info, c))
+        self.core.try_take(out).map_err(|(k, c)| shard_err(&self.info, k, c))
     }
 
     /// Takes the next slot, waiting up to `timeout`.
@@ -293,7 +330,7 @@ impl Drop for GroupClient {
 pub struct ServiceOwner {
     core: ServiceMeshd,
     group: GroupMemory,
-    fanin: FanInMemory,
+    fanin: FanInShards,
     fanin_info: ChannelInfo,
     group_info: ChannelInfo,
     _mailbox: Mailbox,
@@ -342,10 +379,15 @@ impl ServiceOwner {
         self.core.detach(id).map_err(|e| self.err(e))
     }
 
-    /// Writes the skip headers a completer that died left out (a restarted meshd, first); returns
-    /// how many.
+    /// Writes the skip headers a completer that died left out, in every shard (a restarted meshd,
+    /// first); returns how many.
     pub fn repair(&self) -> u32 {
-        crate::fanin::repair(&self.fanin)
+        self.fanin.repair()
+    }
+
+    /// The fan-in channel's shards.
+    pub fn shards(&self) -> u32 {
+        self.fanin.count()
     }
 
     /// A live client that holds the fan-in ring (meshd's stall watcher): revokes what can be revoked
@@ -372,17 +414,28 @@ impl ServiceOwner {
     }
 }
 
-/// What meshd's stall watcher reads of a fan-in ring: the reservation holding its consumer, if any
-/// (`fanin::hold_at_tail`). Reads only; writes and claims nothing.
+/// What meshd's stall watcher reads of a fan-in channel: in each shard, the reservation holding its
+/// consumer, if any (`fanin::hold_at_tail`). Reads only; writes and claims nothing.
 #[derive(Debug, Clone)]
 pub struct FanInProbe {
-    ring: FanInMemory,
+    ring: FanInShards,
     _mailbox: Mailbox,
 }
 
 impl FanInProbe {
-    /// The reservation that holds the consumer at its published position now, if one does.
-    pub fn hold(&self) -> Option<Hold> {
-        crate::fanin::hold_at_tail(&self.ring)
+    /// The channel's shards.
+    pub fn shards(&self) -> u32 {
+        self.ring.count()
+    }
+
+    /// The reservation that holds shard `shard`'s consumer at its published position now, if one
+    /// does; `None` too for a shard the channel does not have.
+    pub fn hold(&self, shard: u32) -> Option<Hold> {
+        (shard < self.ring.count()).then(|| crate::fanin::hold_at_tail(&self.ring.shard(shard))).flatten()
+    }
+
+    /// Every shard's hold, with the shard's index (shards that nothing holds left out).
+    pub fn holds(&self) -> Vec<(u32, Hold)> {
+        self.ring.holds()
     }
 }

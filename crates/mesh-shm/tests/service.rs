@@ -11,7 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mesh_shm::claim::Holder;
-use mesh_shm::layout::{PROTOCOL_FANIN, PROTOCOL_GROUP, fanin_slot_bytes, group_bytes, host_slots_offset};
+use mesh_shm::layout::{
+    BINDING_PARTS_SHIFT, PROTOCOL_FANIN, PROTOCOL_GROUP, binding_protocol, fanin_region_bytes, fanin_shard_offset,
+    fanin_shard_span, fanin_slot_bytes, group_bytes, host_slots_offset,
+};
 use mesh_shm::{
     BulkProducer, ClientId, Consumer, CreateMode, FanInReceiver, FanInSender, GroupClient, GroupServer, Mailbox,
     MailboxConfig, Placement, Producer, Protocol, Replied, ServiceOwner, ShmError, Taken,
@@ -113,7 +116,7 @@ fn run_server(rx: &mut FanInReceiver, srv: &mut GroupServer, byes: usize) -> (Ha
 fn fanin_and_group_channels_are_listed_checked_and_refuse_the_wrong_ends() {
     let dir = tempfile::tempdir().unwrap();
     let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
-    let fanin = mb.create_fanin("kv", 24, 64).unwrap();
+    let fanin = mb.create_fanin("kv", 24, 64, 1).unwrap();
     let group = mb.create_group("kv.replies", 5, 16, 8).unwrap();
     let after = mb.create_channel("after", 8, 4).unwrap();
     assert_eq!((fanin.protocol, fanin.clients(), fanin.parts), (Protocol::FanIn, None, 1));
@@ -178,8 +181,8 @@ fn fanin_and_group_channels_are_listed_checked_and_refuse_the_wrong_ends() {
 
     // Bad parameters, each refused naming the channel and the rule.
     for (e, says) in [
-        (mb.create_fanin("f", 12, 4).unwrap_err(), "message size 12: must be a multiple of 8"),
-        (mb.create_fanin("f", 8, 6).unwrap_err(), "capacity 6"),
+        (mb.create_fanin("f", 12, 4, 1).unwrap_err(), "message size 12: must be a multiple of 8"),
+        (mb.create_fanin("f", 8, 6, 1).unwrap_err(), "capacity 6"),
         (mb.create_group("g", 0, 8, 4).unwrap_err(), "0 client slots: a group has 1 to 65536"),
         (mb.create_group("g", 65537, 8, 4).unwrap_err(), "65537 client slots"),
         (mb.create_group("g", 4, 128 << 10, 4).unwrap_err(), "message size 131072"),
@@ -193,7 +196,7 @@ fn fanin_and_group_channels_are_listed_checked_and_refuse_the_wrong_ends() {
             mb.create_channel_with("g", 8, 4, Placement::Host, Protocol::Group).unwrap_err(),
             "created with its number of client slots",
         ),
-        (mb.create_fanin("kv", 8, 4).unwrap_err(), "already exists"),
+        (mb.create_fanin("kv", 8, 4, 1).unwrap_err(), "already exists"),
     ] {
         let text = e.to_string();
         assert!(
@@ -247,7 +250,7 @@ fn four_client_threads_and_a_server_thread_through_a_mailbox() {
     const N: u64 = 20_000;
     let dir = tempfile::tempdir().unwrap();
     let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
-    mb.create_fanin("svc", 16, 64).unwrap();
+    mb.create_fanin("svc", 16, 64, 1).unwrap();
     mb.create_group("svc.r", 4, 16, 8).unwrap();
     let mut meshd = ServiceOwner::open(&mb, "svc", "svc.r").unwrap();
     let ids: Vec<ClientId> = (0..4).map(|_| meshd.connect(Holder::current()).unwrap()).collect();
@@ -294,6 +297,159 @@ fn four_client_threads_and_a_server_thread_through_a_mailbox() {
     let again = meshd.connect(Holder::current()).unwrap();
     assert_eq!((again.slot(), again.epoch16()), (0, 2), "entry 0, its second client");
     assert_eq!(srv.reply(ids[0], &[1; 16]).unwrap(), Replied::Gone, "the old client's replies go nowhere");
+}
+
+/// The descriptor's bytes of channel `index` as the file holds them.
+fn desc_bytes(path: &std::path::Path, mb: &Mailbox, index: u32) -> [u8; 128] {
+    let file = std::fs::File::open(path).unwrap();
+    let mut d = [0u8; 128];
+    file.read_exact_at(&mut d, mb.geometry().channels_offset + u64::from(index) * 128).unwrap();
+    d
+}
+
+#[test]
+fn a_fanin_channel_of_one_shard_is_layout_4_byte_for_byte_and_shards_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mb");
+    let mb = Mailbox::create(&path, &small(), CreateMode::Exclusive).unwrap();
+    let one = mb.create_fanin("one", 24, 64, 1).unwrap();
+    let next = mb.create_channel("next", 8, 4).unwrap();
+    // The descriptor: live, 24, 64, host, the ring, the name, the slots, protocol 3, parts 1: what a
+    // build before shards wrote (its `parts` word was always 1 for a fan-in channel).
+    let d = desc_bytes(&path, &mb, one.index);
+    let u32_at = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(d[o..o + 8].try_into().unwrap());
+    assert_eq!((u32_at(0), u32_at(4), u32_at(8), u32_at(12)), (1, 24, 64, 0));
+    assert_eq!((u64_at(16), &d[24..27]), (one.ring_offset, &b"one"[..]));
+    assert_eq!((u64_at(72), u64_at(80), u32_at(88), u32_at(92)), (one.slots_offset, 0, PROTOCOL_FANIN, 1));
+    assert!(d[96..].iter().all(|&b| b == 0), "the padding stays zero");
+    // Its offsets: slots on the page after the header, the next ring right after its
+    // `fanin_slot_bytes` (not page-rounded), as layout 4 placed them.
+    assert_eq!(one.ring_offset, mb.geometry().arena_offset);
+    assert_eq!(one.slots_offset, host_slots_offset(one.ring_offset));
+    assert_eq!(fanin_region_bytes(24, 64, 1), fanin_slot_bytes(24, 64));
+    assert_eq!(next.ring_offset, (one.slots_offset + 4096 + 64 * 64).div_ceil(128) * 128);
+    // Its binding: the LL slots past the owner table, the protocol word bare.
+    mb.slot(0).unwrap().bind("p", &[one.index]).unwrap();
+    let b = mb.mesh_ctx(0, 0x7000_0000).unwrap().bindings[0];
+    assert_eq!((b.protocol, b.slots), (PROTOCOL_FANIN, 0x7000_0000 + one.slots_offset + 4096));
+    assert_eq!(one.shards(), Some(1));
+
+    // The shard count: a power of two from 1 to 32 for protocol fanin; refused, naming the value and
+    // the rule, otherwise; still refused above 1 for ll and index.
+    for bad in [0, 3, 12, 64] {
+        let e = mb.create_fanin("f", 8, 4, bad).unwrap_err().to_string();
+        assert!(e.contains(&format!("{bad} shards: a fan-in channel has a power of two from 1 to 32")), "{e}");
+        assert!(e.contains("\"f\""), "{e}");
+    }
+    for protocol in [Protocol::Ll, Protocol::Index] {
+        let e = mb.create_channel_parts("x", 16, 4, Placement::Host, protocol, 2).unwrap_err().to_string();
+        assert!(e.contains("parts 2: only a channel of protocol bulk"), "{e}");
+    }
+    let four = mb.create_fanin("four", 24, 64, 4).unwrap();
+    let thirty_two = mb.create_fanin("thirty-two", 8, 2, 32).unwrap();
+    assert_eq!((four.parts, four.shards(), thirty_two.shards()), (4, Some(4), Some(32)));
+    assert_eq!(mb.channel("next").unwrap().shards(), None);
+
+    // Four shards: the region holds shard 0 then three more, each a header page and a span.
+    let span = fanin_shard_span(24, 64);
+    assert_eq!(span, 8192);
+    let after = mb.create_channel("after", 8, 4).unwrap();
+    let end = four.slots_offset + span + 3 * (4096 + span);
+    assert_eq!(fanin_region_bytes(24, 64, 4), end - four.slots_offset);
+    assert_eq!(after.ring_offset, (thirty_two.slots_offset + fanin_region_bytes(8, 2, 32)).div_ceil(128) * 128);
+    assert!(thirty_two.ring_offset >= end);
+    // The binding: shard 0's LL slots, the shard count above the protocol.
+    mb.slot(1).unwrap().bind("p", &[four.index, thirty_two.index]).unwrap();
+    let ctx = mb.mesh_ctx(1, 0x7000_0000).unwrap();
+    let (b, b32) = (ctx.bindings[0], ctx.bindings[1]);
+    assert_eq!((b.protocol, b.slots), (PROTOCOL_FANIN | 4 << 16, 0x7000_0000 + four.slots_offset + 4096));
+    assert_eq!((b.msg_size, b.capacity), (24, 64), "per shard");
+    assert_eq!(b32.protocol, PROTOCOL_FANIN | 32 << BINDING_PARTS_SHIFT);
+    assert_eq!(binding_protocol(PROTOCOL_GROUP, 5), PROTOCOL_GROUP, "a group's word is its entries, never shards");
+
+    // Every shard's cursor and tail where the layout says, in the file: senders of slots 0..8 send
+    // 1 + slot requests each into shard slot % 4.
+    for slot in 0..8u16 {
+        let id = ClientId::new(slot, 1);
+        let mut tx = FanInSender::open(&mb, "four", id).unwrap();
+        assert_eq!(tx.shard(), u32::from(slot % 4));
+        for k in 0..=u64::from(slot) {
+            assert!(tx.try_send(&request(k, id)[..16]).unwrap());
+        }
+    }
+    let mut rx = FanInReceiver::claim(&mb, "four").unwrap();
+    let mut buf = [0u8; 24];
+    for _ in 0..3 {
+        assert!(rx.try_take(&mut buf).unwrap().is_some());
+    }
+    let file = std::fs::File::open(&path).unwrap();
+    let word = |off: u64| {
+        let mut w = [0u8; 8];
+        file.read_exact_at(&mut w, off).unwrap();
+        u64::from_le_bytes(w)
+    };
+    for k in 0..4u32 {
+        let header = if k == 0 { four.ring_offset } else { four.slots_offset + fanin_shard_offset(k, 24, 64) };
+        let sent = u64::from(k + 1) + u64::from(k + 5);
+        let taken = u64::from(k < 3);
+        assert_eq!((word(header), word(header + 128)), (sent, taken), "shard {k}'s cursor and tail");
+    }
+    assert_eq!(rx.positions(), [1, 1, 1, 0], "round-robin from shard 0");
+    let info = mb.channel("four").unwrap();
+    assert_eq!((info.head, info.tail), (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8, 3), "the sums over the shards");
+    // Reopened: every descriptor validates, shards included.
+    assert_eq!(Mailbox::open(&path).unwrap().channel("four").unwrap().parts, 4);
+    // A shard count a build cannot have written is refused at open, naming the channel and the rule.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&3u32.to_le_bytes(), mb.geometry().channels_offset + u64::from(four.index) * 128 + 92).unwrap();
+    let e = Mailbox::open(&path).unwrap_err().to_string();
+    assert!(e.contains("3 shards: a fan-in channel has a power of two from 1 to 32"), "{e}");
+}
+
+#[test]
+fn eight_client_threads_over_four_shards_and_a_server_thread() {
+    const N: u64 = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    mb.create_fanin("svc", 16, 16, 4).unwrap();
+    mb.create_group("svc.r", 8, 16, 8).unwrap();
+    let mut meshd = ServiceOwner::open(&mb, "svc", "svc.r").unwrap();
+    assert_eq!(meshd.shards(), 4);
+    let ids: Vec<ClientId> = (0..8).map(|_| meshd.connect(Holder::current()).unwrap()).collect();
+    let server = {
+        let mb = Mailbox::open(mb.path()).unwrap();
+        std::thread::spawn(move || {
+            let (mut rx, mut srv) =
+                (FanInReceiver::claim(&mb, "svc").unwrap(), GroupServer::claim(&mb, "svc.r").unwrap());
+            assert_eq!(rx.shards(), 4);
+            run_server(&mut rx, &mut srv, 8)
+        })
+    };
+    let clients: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let mb = mb.clone();
+            std::thread::spawn(move || {
+                let mut tx = FanInSender::open(&mb, "svc", id).unwrap();
+                let mut rx = GroupClient::claim(&mb, "svc.r", id).unwrap();
+                run_client(&mut tx, &mut rx, N, 4, |_| {});
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (counts, skips) = server.join().unwrap();
+    assert!(skips.is_empty(), "no client died: {skips:?}");
+    for id in &ids {
+        assert_eq!(counts[&id.0], N, "every request of {id:?} taken once, in order");
+    }
+    assert_eq!(meshd.repair(), 0);
+    assert!(meshd.stall_probe().holds().is_empty());
+    for &id in &ids {
+        assert_eq!(meshd.detach(id).unwrap(), Default::default());
+    }
 }
 
 // ---- Between processes: the test binary re-runs itself as the child (see tests/processes.rs). ----
@@ -373,7 +529,7 @@ fn a_service_runs_between_processes_and_a_client_killed_mid_stream_is_replaced()
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mb");
     let mb = Mailbox::create(&path, &small(), CreateMode::Exclusive).unwrap();
-    mb.create_fanin("svc", 16, 64).unwrap();
+    mb.create_fanin("svc", 16, 64, 1).unwrap();
     mb.create_group("svc.r", 3, 16, 8).unwrap();
     let mut meshd = ServiceOwner::open(&mb, "svc", "svc.r").unwrap();
     // Byes: the two steady clients and the one that replaces the victim (the victim never says bye).

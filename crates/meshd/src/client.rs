@@ -47,9 +47,15 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol, parts }) => {
             channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default(), parts)
         }
-        Command::Service(ServiceCommand::Create { name, clients, msg_size, capacity, reply_size, reply_capacity }) => {
-            service_create(socket, name, clients, msg_size, capacity, reply_size, reply_capacity)
-        }
+        Command::Service(ServiceCommand::Create {
+            name,
+            clients,
+            msg_size,
+            capacity,
+            reply_size,
+            reply_capacity,
+            shards,
+        }) => service_create(socket, name, clients, msg_size, capacity, reply_size, reply_capacity, shards),
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
         Command::Spawn { name, bind, ready_timeout, command } => spawn(socket, name, bind, ready_timeout, command),
@@ -224,7 +230,8 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
     services
         .iter()
         .map(|s| {
-            let mut line = format!("service {}: {} of {} client slot(s) bound", s.name, s.bound, s.entries);
+            let shards = if s.shards > 1 { format!(" ({} fan-in shards)", s.shards) } else { String::new() };
+            let mut line = format!("service {}{shards}: {} of {} client slot(s) bound", s.name, s.bound, s.entries);
             if !s.clients.is_empty() {
                 let clients: Vec<String> = s.clients.iter().map(|c| format!("{:#x} pid {}", c.id, c.pid)).collect();
                 line.push_str(&format!(" ({})", clients.join(", ")));
@@ -237,9 +244,10 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
             }
             if let Some(h) = &s.held_by {
                 line.push_str(&format!(
-                    "; fan-in {} held at seq {} by {:#x} pid {} ({}) for {} ms, in the middle of writing a request: \
+                    "; fan-in {}{} held at seq {} by {:#x} pid {} ({}) for {} ms, in the middle of writing a request: \
                      not revocable while it lives (`meshd run --client-stall-kill-ms` kills such a client)",
                     s.name,
+                    if s.shards > 1 { format!(" shard {}", h.shard) } else { String::new() },
                     h.seq,
                     h.client,
                     h.pid,
@@ -316,6 +324,7 @@ fn channel_create(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments, reason = "the command's options, one each")]
 fn service_create(
     socket: &Path,
     name: String,
@@ -324,13 +333,24 @@ fn service_create(
     capacity: u32,
     reply_size: Option<u32>,
     reply_capacity: u32,
+    shards: u32,
 ) -> Result<(), Exit> {
-    let req = Request::ServiceCreate { name: name.clone(), clients, msg_size, capacity, reply_size, reply_capacity };
+    let req =
+        Request::ServiceCreate { name: name.clone(), clients, msg_size, capacity, reply_size, reply_capacity, shards };
     call(socket, &req, &[])?;
     let replies = format!("{name}{}", meshd::protocol::REPLIES_SUFFIX);
     let reply_size = reply_size.unwrap_or(msg_size);
     println!("created service {name} for up to {clients} clients at once:");
-    println!("  requests: fan-in channel {name} ({capacity} requests of {msg_size} bytes in flight over all clients)");
+    if shards > 1 {
+        println!(
+            "  requests: fan-in channel {name} of {shards} shards ({capacity} requests of {msg_size} bytes in flight \
+             in each; client slot s sends into shard s mod {shards})"
+        );
+    } else {
+        println!(
+            "  requests: fan-in channel {name} ({capacity} requests of {msg_size} bytes in flight over all clients)"
+        );
+    }
     println!("  replies:  group {replies} (one ring of {reply_capacity} replies of {reply_size} bytes per client)");
     println!(
         "a program serves it by binding both, requests first: meshd load PROGRAM IMAGE --bind {name} --bind {replies}"
@@ -503,6 +523,7 @@ mod tests {
                 bound: 2,
                 awaiting_ack: 1,
                 clients: vec![ServiceClientRow { id: 0x1_0000, pid: 41 }, ServiceClientRow { id: 0x2_0003, pid: 42 }],
+                shards: 1,
                 held_by: None,
                 error: None,
             },
@@ -512,7 +533,23 @@ mod tests {
                 entries: 2,
                 bound: 1,
                 clients: vec![ServiceClientRow { id: 0x1_0001, pid: 43 }],
-                held_by: Some(ServiceHold { client: 0x1_0001, pid: 43, seq: 7, since_ms: 120, stopped: true }),
+                held_by: Some(ServiceHold {
+                    client: 0x1_0001,
+                    pid: 43,
+                    seq: 7,
+                    since_ms: 120,
+                    stopped: true,
+                    shard: 0,
+                }),
+                ..ServiceRow::default()
+            },
+            ServiceRow {
+                name: "wide".into(),
+                entries: 8,
+                bound: 1,
+                shards: 4,
+                clients: vec![ServiceClientRow { id: 0x1_0002, pid: 44 }],
+                held_by: Some(ServiceHold { client: 0x1_0002, pid: 44, seq: 3, since_ms: 60, stopped: true, shard: 2 }),
                 ..ServiceRow::default()
             },
         ];
@@ -528,6 +565,14 @@ mod tests {
             "service stuck: 1 of 2 client slot(s) bound (0x10001 pid 43); fan-in stuck held at seq 7 by 0x10001 pid 43 \
              (stopped) for 120 ms, in the middle of writing a request: not revocable while it lives (`meshd run \
              --client-stall-kill-ms` kills such a client)"
+        );
+        assert!(
+            lines[3].starts_with(
+                "service wide (4 fan-in shards): 1 of 8 client slot(s) bound (0x10002 pid 44); fan-in wide shard 2 held \
+                 at seq 3 by 0x10002"
+            ),
+            "{}",
+            lines[3]
         );
     }
 

@@ -114,6 +114,12 @@ pub enum Request {
         /// Replies each client's reply ring holds (a power of two; absent: 16).
         #[serde(default = "default_reply_capacity")]
         reply_capacity: u32,
+        /// Shards of the fan-in channel (a power of two, 1 to 32; absent: 1, the one ring every
+        /// service had before shards, so older clients' requests read unchanged): that many rings of
+        /// `capacity` requests each, every one with its own cursor, a client sending into shard
+        /// `slot % shards`.
+        #[serde(default = "one_part", skip_serializing_if = "is_one")]
+        shards: u32,
     },
     /// Attach to a service as a client: answered with the client's id and channel names
     /// ([`Response::client`]). The connection then stays open as the client's lease: meshd departs
@@ -163,6 +169,9 @@ pub struct ServiceRow {
     pub entries: u32,
     /// Clients attached now.
     pub bound: u32,
+    /// Shards of its fan-in channel (absent when 1, as from a meshd before shards).
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub shards: u32,
     /// Slots left by departed clients whose departure the serving program has not acknowledged yet
     /// (not reusable until it does).
     #[serde(default)]
@@ -190,8 +199,11 @@ pub struct ServiceHold {
     pub client: u32,
     /// Its process (0: not recorded).
     pub pid: u32,
-    /// The held request's sequence number in the fan-in ring.
+    /// The held request's sequence number in the fan-in ring (in its shard's).
     pub seq: u64,
+    /// The fan-in shard held (absent when 0, as from a meshd before shards).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shard: u32,
     /// How long the ring has been held there, ms (since the watcher first saw it).
     pub since_ms: u64,
     /// Whether the process is stopped now (SIGSTOP, or a debugger's stop), as `/proc` says; `false`:
@@ -297,6 +309,19 @@ pub fn is_one_part(parts: &u32) -> bool {
     *parts <= 1
 }
 
+/// Whether a count is exactly 1 (left out of the JSON, which then reads as before the field; a 0 is
+/// sent, for meshd to refuse).
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+pub fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Whether a count is 0 (left out of the JSON, which then reads as before the field).
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+pub fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// A channel's row in `info`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChannelRow {
@@ -314,7 +339,8 @@ pub struct ChannelRow {
     /// Absent from an older meshd's answer (and from the Python client's golden files): ll.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub protocol: String,
-    /// Parts each message is split into (bulk; absent from the answer when 1, as from an older meshd).
+    /// Parts each message is split into (bulk), or a fan-in channel's shards; absent from the answer
+    /// when 1, as from an older meshd.
     #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
     pub parts: u32,
     /// Messages lost with a device ring's slots (meshd started again, or a GPU fault), over its life.

@@ -382,7 +382,9 @@ impl StateStore {
                 // (`Protocol`'s parse refuses them): each has its own constructor, and a group's
                 // `parts` word is its entries.
                 match c.protocol.as_str() {
-                    "fanin" => drop(mailbox.create_fanin(&c.name, c.msg_size, c.capacity)?),
+                    // A fan-in channel's `parts` word is its shards (0, from a state file before
+                    // shards: one).
+                    "fanin" => drop(mailbox.create_fanin(&c.name, c.msg_size, c.capacity, c.parts.max(1))?),
                     "group" => drop(mailbox.create_group(&c.name, c.parts, c.msg_size, c.capacity)?),
                     other => {
                         let placement = c.placement.parse().unwrap_or_default();
@@ -665,7 +667,7 @@ mod tests {
         let config = MailboxConfig { size: 1 << 20, slots: 4, channels: 8 };
         let first = Mailbox::create(dir.path().join("a"), &config, CreateMode::Exclusive).unwrap();
         first.create_channel("plain", 16, 8).unwrap();
-        first.create_fanin("kv", 32, 64).unwrap();
+        first.create_fanin("kv", 32, 64, 1).unwrap();
         first.create_group("kv.replies", 5, 24, 4).unwrap();
         let mut s = StateStore::open(&dir.path().join("state")).unwrap();
         s.record_channels(&first).unwrap();

@@ -87,7 +87,16 @@ impl Meshd {
     }
 
     fn create(&self, name: &str, clients: u32, capacity: u32, reply_capacity: u32) {
-        let r = ask(&self.socket, &create_req(name, clients, MSG as u32, capacity, reply_capacity), &[]);
+        self.create_sharded(name, clients, capacity, reply_capacity, 1);
+    }
+
+    /// [`Meshd::create`] with its fan-in channel in `shards` shards.
+    fn create_sharded(&self, name: &str, clients: u32, capacity: u32, reply_capacity: u32, shards: u32) {
+        let mut req = create_req(name, clients, MSG as u32, capacity, reply_capacity);
+        if let Request::ServiceCreate { shards: s, .. } = &mut req {
+            *s = shards;
+        }
+        let r = ask(&self.socket, &req, &[]);
         assert!(r.ok, "{r:?}");
     }
 }
@@ -101,7 +110,15 @@ impl Drop for Meshd {
 }
 
 fn create_req(name: &str, clients: u32, msg_size: u32, capacity: u32, reply_capacity: u32) -> Request {
-    Request::ServiceCreate { name: name.into(), clients, msg_size, capacity, reply_size: None, reply_capacity }
+    Request::ServiceCreate {
+        name: name.into(),
+        clients,
+        msg_size,
+        capacity,
+        reply_size: None,
+        reply_capacity,
+        shards: 1,
+    }
 }
 
 /// A new mailbox at `dir/mb` and meshd serving it at `dir/sock`.
@@ -390,11 +407,21 @@ fn departed(meshd: &Meshd, service: &str, id: u32) {
 
 #[test]
 fn eight_client_threads_each_get_their_own_replies_in_order() {
+    eight_client_threads(1);
+}
+
+#[test]
+fn eight_client_threads_over_four_shards_each_get_their_own_replies_in_order() {
+    eight_client_threads(4);
+}
+
+/// Eight client threads of a service of `shards` fan-in shards, each its requests answered in order.
+fn eight_client_threads(shards: u32) {
     const CLIENTS: usize = 8;
     const REQUESTS: u64 = 300;
     let dir = tempfile::tempdir().unwrap();
     let meshd = start(dir.path());
-    meshd.create("svc", CLIENTS as u32, 256, 16);
+    meshd.create_sharded("svc", CLIENTS as u32, 256, 16, shards);
     let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
     let all_attached = Arc::new(Barrier::new(CLIENTS + 1));
     let listed = Arc::new(Barrier::new(CLIENTS + 1));
@@ -421,6 +448,7 @@ fn eight_client_threads_each_get_their_own_replies_in_order() {
     all_attached.wait();
     let row = meshd.service("svc");
     assert_eq!((row.entries, row.bound, row.clients.len()), (CLIENTS as u32, CLIENTS as u32, CLIENTS));
+    assert_eq!(row.shards, shards);
     assert!(row.clients.iter().all(|c| c.pid == std::process::id()), "each client's pid: {row:?}");
     listed.wait();
     let mut ids: Vec<u32> = clients.into_iter().map(|h| h.join().expect("a client thread failed")).collect();
@@ -691,6 +719,7 @@ fn refusals_say_why_and_leave_the_mailbox_as_it_was() {
                 capacity: 16,
                 reply_size: Some(65_544),
                 reply_capacity: 16,
+                shards: 1,
             },
             "reply size (reply_size) 65544",
         ),
@@ -705,6 +734,7 @@ fn refusals_say_why_and_leave_the_mailbox_as_it_was() {
                 capacity: 16,
                 reply_size: Some(65_536),
                 reply_capacity: 16,
+                shards: 1,
             },
             "service \"huge\": mailbox full: its channels need",
         ),
@@ -824,6 +854,42 @@ fn the_command_line_creates_a_service_and_shows_its_clients() {
     assert!(err.contains("--clients"), "{err}");
     let (_, help, _) = cli(&["service", "create", "--help"]);
     assert!(help.contains("NAME.replies") && help.contains("--reply-capacity"), "{help}");
+    assert!(help.contains("--shards") && help.contains("own cursor") && help.contains("refuses the binding"), "{help}");
+    // Shards: made, shown in info (the channel's parts, the service's shards) and ps.
+    let (code, out, err) = cli(&["service", "create", "wide", "--clients", "8", "--msg-size", "32", "--shards", "4"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("fan-in channel wide of 4 shards (256 requests of 32 bytes in flight in each"), "{out}");
+    let info = meshd.info();
+    let wide = info.channels.iter().find(|c| c.name == "wide").unwrap();
+    assert_eq!((wide.protocol.as_str(), wide.capacity, wide.parts), ("fanin", 256, 4));
+    assert_eq!(meshd.service("wide").shards, 4);
+    assert_eq!(meshd.service("kv").shards, 1);
+    let (_, out, _) = cli(&["ps"]);
+    assert!(out.contains("service wide (4 fan-in shards): 0 of 8 client slot(s) bound"), "{out}");
+    let (_, out, _) = cli(&["info"]);
+    let json: Value = serde_json::from_str(&out).unwrap();
+    let svc = json["services"].as_array().unwrap().iter().find(|s| s["name"] == "wide").unwrap().clone();
+    assert_eq!(svc["shards"], json!(4));
+    let kv = json["services"].as_array().unwrap().iter().find(|s| s["name"] == "kv").unwrap().clone();
+    assert_eq!(kv.get("shards"), None, "one shard: the field left out, as before shards");
+    // A bad shard count: refused naming the value and the rule, nothing made.
+    for bad in ["3", "64", "0"] {
+        let (code, out, err) =
+            cli(&["service", "create", "bad", "--clients", "2", "--msg-size", "32", "--shards", bad]);
+        assert_eq!(code, Some(1), "--shards {bad}: {err} {out}");
+        let says = format!("service \"bad\": {bad} shards: the fan-in channel has a power of two from 1 to 32 shards");
+        assert!(err.contains(&says), "{err}");
+    }
+    assert!(meshd.info().channels.iter().all(|c| c.name != "bad"));
+    // The wire: `shards` absent reads as 1 (above); present, as given; the Rust type leaves a 1 out.
+    let mut req = create_req("w2", 2, 16, 16, 4);
+    assert!(!serde_json::to_string(&req).unwrap().contains("shards"));
+    if let Request::ServiceCreate { shards, .. } = &mut req {
+        *shards = 2;
+    }
+    assert!(serde_json::to_string(&req).unwrap().contains("\"shards\":2"));
+    assert!(ask(&meshd.socket, &req, &[]).ok);
+    assert_eq!(meshd.service("w2").shards, 2);
     client.detach().unwrap();
     meshd.stop();
 }
@@ -968,10 +1034,23 @@ fn stall_limits(stall_ms: u64, kill_ms: Option<u64>) -> Limits {
 
 #[test]
 fn a_client_stopped_after_reserving_is_revoked_and_sends_again_when_continued() {
+    stopped_after_reserving(1);
+}
+
+#[test]
+fn in_a_service_of_four_shards_a_client_stopped_after_reserving_is_revoked_in_its_shard() {
+    // The two steady clients (slots 0 and 1) send into shards 0 and 1, the stopped one (slot 2) into
+    // shard 2: the watcher finds it there, and the other shards flow meanwhile.
+    stopped_after_reserving(4);
+}
+
+/// A client stopped after reserving its slot, in a service of `shards` fan-in shards: revoked by the
+/// stall watcher while stopped, the other clients going on; continued, it sends that request again.
+fn stopped_after_reserving(shards: u32) {
     let dir = tempfile::tempdir().unwrap();
     let mailbox = Mailbox::create(dir.path().join("mb"), &config(), CreateMode::Exclusive).unwrap();
     let meshd = Meshd::start_with(mailbox, &dir.path().join("sock"), stall_limits(50, None));
-    meshd.create("svc", 4, 16, 8);
+    meshd.create_sharded("svc", 4, 16, 8, shards);
     let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
     let stop = Arc::new(AtomicBool::new(false));
     let steady = steady_clients(&meshd.socket, "svc", 2, 200, &stop);

@@ -226,7 +226,7 @@ impl From<Request> for Routed {
             Request::Spawn { name, bind, command, ready_timeout_ms } => {
                 Self::Spawn(NativeSpec { name, bind, command, ready_timeout: Duration::from_millis(ready_timeout_ms) })
             }
-            Request::ServiceCreate { name, clients, msg_size, capacity, reply_size, reply_capacity } => {
+            Request::ServiceCreate { name, clients, msg_size, capacity, reply_size, reply_capacity, shards } => {
                 Self::Change(Change::ServiceCreate(services::ServiceSpec {
                     name,
                     clients,
@@ -234,6 +234,7 @@ impl From<Request> for Routed {
                     capacity,
                     reply_size: reply_size.unwrap_or(msg_size),
                     reply_capacity,
+                    shards,
                 }))
             }
             Request::ServiceAttach { service } => Self::Attach { service },

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use mesh_shm::claim::{Holder, process_dying};
 use mesh_shm::group::{EntryState, GroupError, MAX_ENTRIES};
-use mesh_shm::layout::{MAX_CAPACITY, MAX_MSG_SIZE, PLACEMENT_HOST, ring_bytes_at};
+use mesh_shm::layout::{MAX_CAPACITY, MAX_FANIN_SHARDS, MAX_MSG_SIZE, PLACEMENT_HOST, ring_bytes_at};
 use mesh_shm::{ChannelInfo, ClientId, Completion, Mailbox, Protocol, ServiceOwner, ShmError};
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags};
@@ -68,6 +68,8 @@ pub(super) struct ServiceSpec {
     pub(super) capacity: u32,
     pub(super) reply_size: u32,
     pub(super) reply_capacity: u32,
+    /// The fan-in channel's shards (its `parts` word).
+    pub(super) shards: u32,
 }
 
 /// The group's name for service `name`.
@@ -101,6 +103,12 @@ fn check_spec(spec: &ServiceSpec) -> Result<()> {
         if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
             bail!("service {name:?}: {what} {capacity}: must be a power of two up to {MAX_CAPACITY}");
         }
+    }
+    if !spec.shards.is_power_of_two() || spec.shards > MAX_FANIN_SHARDS {
+        bail!(
+            "service {name:?}: {} shards: the fan-in channel has a power of two from 1 to {MAX_FANIN_SHARDS} shards",
+            spec.shards
+        );
     }
     Ok(())
 }
@@ -167,7 +175,7 @@ fn check_room(mailbox: &Mailbox, service: &str, rings: &[Ring]) -> Result<()> {
 /// the same request size and capacity then makes only the group, completing the service.
 pub(super) fn create(mailbox: &Mailbox, spec: &ServiceSpec) -> Result<()> {
     check_spec(spec)?;
-    let ServiceSpec { name, clients, msg_size, capacity, reply_size, reply_capacity } = spec.clone();
+    let ServiceSpec { name, clients, msg_size, capacity, reply_size, reply_capacity, shards } = spec.clone();
     let replies = replies_name(&name);
     let group: Ring = (reply_size, reply_capacity, Protocol::Group, clients);
     match (channel(mailbox, &name)?, channel(mailbox, &replies)?) {
@@ -184,15 +192,17 @@ pub(super) fn create(mailbox: &Mailbox, spec: &ServiceSpec) -> Result<()> {
         ),
         (Some(c), None) => {
             // A fan-in channel without its group: what a creation whose group failed leaves.
-            if (c.msg_size, c.capacity) != (msg_size, capacity) {
+            if (c.msg_size, c.capacity, c.parts) != (msg_size, capacity, shards) {
                 bail!(
-                    "service {name:?}: fan-in channel {name:?} exists ({} requests of {} bytes) without its group \
-                     {replies:?} (a `service create` whose group could not be made left it); create the service \
-                     again with --msg-size {} --capacity {} to complete it",
+                    "service {name:?}: fan-in channel {name:?} exists ({} requests of {} bytes, {} shard(s)) without \
+                     its group {replies:?} (a `service create` whose group could not be made left it); create the \
+                     service again with --msg-size {} --capacity {} --shards {} to complete it",
                     c.capacity,
                     c.msg_size,
+                    c.parts,
                     c.msg_size,
-                    c.capacity
+                    c.capacity,
+                    c.parts
                 );
             }
             check_room(mailbox, &name, &[group])?;
@@ -205,18 +215,18 @@ pub(super) fn create(mailbox: &Mailbox, spec: &ServiceSpec) -> Result<()> {
         }
         (None, None) => {}
     }
-    check_room(mailbox, &name, &[(msg_size, capacity, Protocol::FanIn, 1), group])?;
-    mailbox.create_fanin(&name, msg_size, capacity)?;
+    check_room(mailbox, &name, &[(msg_size, capacity, Protocol::FanIn, shards), group])?;
+    mailbox.create_fanin(&name, msg_size, capacity, shards)?;
     if let Err(e) = mailbox.create_group(&replies, clients, reply_size, reply_capacity) {
         bail!(
             "service {name:?}: its fan-in channel {name:?} was made, but its group {replies:?} could not be: {e}; the \
              fan-in channel stays (channels cannot be deleted), and a `service create` of {name:?} with the same \
-             --msg-size and --capacity completes the service once there is room"
+             --msg-size, --capacity and --shards completes the service once there is room"
         );
     }
     tracing::info!(
-        service = %name, clients, msg_size, capacity, reply_size, reply_capacity,
-        "service created: fan-in channel {name}, group {replies}"
+        service = %name, clients, msg_size, capacity, reply_size, reply_capacity, shards,
+        "service created: fan-in channel {name} ({shards} shard(s)), group {replies}"
     );
     Ok(())
 }
@@ -255,8 +265,8 @@ pub(super) struct Services {
     /// The stall watcher's settings (`None`: it does not run).
     pub(super) stall: Option<StallConfig>,
     /// Fan-in rings held by a client between the begin and the commit of a send (what the stall
-    /// watcher cannot revoke), by service: `info`'s `held_by`.
-    pub(super) held: Mutex<HashMap<String, Held>>,
+    /// watcher cannot revoke), by service and shard: `info`'s `held_by` (the lowest shard's).
+    pub(super) held: Mutex<HashMap<(String, u32), Held>>,
 }
 
 impl std::fmt::Debug for Services {
@@ -345,10 +355,15 @@ impl Services {
         service_names(&channels)
             .into_iter()
             .map(|(name, entries)| {
-                let held_by = held.get(&name).map(Held::row);
+                let held_by = held
+                    .iter()
+                    .filter(|((service, _), _)| *service == name)
+                    .min_by_key(|((_, shard), _)| *shard)
+                    .map(|(_, h)| h.row());
                 let read = self.owner(&name).and_then(|o| {
                     let o = o.lock();
                     let clients = o.bound()?;
+                    let shards = o.shards();
                     let mut awaiting_ack = 0;
                     for slot in 0..entries {
                         #[allow(clippy::cast_possible_truncation, reason = "slot < entries <= 2^16")]
@@ -357,12 +372,13 @@ impl Services {
                             awaiting_ack += 1;
                         }
                     }
-                    Ok((clients, awaiting_ack))
+                    Ok((clients, awaiting_ack, shards))
                 });
                 match read {
-                    Ok((clients, awaiting_ack)) => ServiceRow {
+                    Ok((clients, awaiting_ack, shards)) => ServiceRow {
                         name,
                         entries,
+                        shards,
                         #[allow(clippy::cast_possible_truncation, reason = "at most the group's entries, <= 2^16")]
                         bound: clients.len() as u32,
                         awaiting_ack,
@@ -373,9 +389,14 @@ impl Services {
                         held_by,
                         error: None,
                     },
-                    Err(e) => {
-                        ServiceRow { name, entries, held_by, error: Some(format!("{e:#}")), ..ServiceRow::default() }
-                    }
+                    Err(e) => ServiceRow {
+                        name,
+                        entries,
+                        shards: 1,
+                        held_by,
+                        error: Some(format!("{e:#}")),
+                        ..ServiceRow::default()
+                    },
                 }
             })
             .collect()

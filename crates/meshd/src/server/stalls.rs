@@ -2,8 +2,9 @@
 //!
 //! The design is `docs/design/many-clients.md`, "A stopped (SIGSTOP) producer". One thread, started
 //! when the server runs ([`start`]), wakes every few ms (a quarter of `T_stall`, at most 10 ms) and
-//! reads, for each service a client has used (its owner open: attached to, or adopted at start), three
-//! words of its fan-in ring ([`mesh_shm::FanInProbe::hold`]: the
+//! reads, for each service a client has used (its owner open: attached to, or adopted at start), and
+//! for each shard of its fan-in channel (one ring each, watched apart), three words of the ring
+//! ([`mesh_shm::FanInProbe::hold`]: the
 //! consumer's published `tail`, the ownership word of the slot there, and that slot's commit word
 //! while it is being written). It takes no lock for that, so it never waits behind a lease, an
 //! attach or `info`, and they never wait behind it; it takes the service's owner lock only to act.
@@ -75,6 +76,7 @@ impl StallConfig {
 pub(super) struct Held {
     client: ClientId,
     pid: u32,
+    shard: u32,
     seq: u64,
     since: Instant,
 }
@@ -86,6 +88,7 @@ impl Held {
             client: self.client.0,
             pid: self.pid,
             seq: self.seq,
+            shard: self.shard,
             since_ms: u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX),
             stopped: ProcState::of(self.pid) == ProcState::Stopped,
         }
@@ -158,12 +161,27 @@ impl Seen {
     }
 }
 
-/// One service as the watcher follows it.
+/// One service as the watcher follows it: each shard's hold apart.
 struct Watched {
     name: String,
     owner: Arc<Mutex<ServiceOwner>>,
     probe: FanInProbe,
-    seen: Option<Seen>,
+    seen: Vec<Option<Seen>>,
+}
+
+/// One shard of a service's fan-in channel, for the log: the service's name, and the shard's index
+/// when there are several.
+#[derive(Debug, Clone, Copy)]
+struct Ring<'a> {
+    name: &'a str,
+    shard: u32,
+    shards: u32,
+}
+
+impl std::fmt::Display for Ring<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.shards > 1 { write!(f, "{} shard {}", self.name, self.shard) } else { f.write_str(self.name) }
+    }
 }
 
 /// Starts the stall watcher on its own thread, when `services` has one configured; it ends at
@@ -207,7 +225,8 @@ fn watch(services: &Services, cfg: StallConfig) {
             for (name, owner) in services.open_owners() {
                 if !watched.iter().any(|w| w.name == name) {
                     let probe = owner.lock().stall_probe();
-                    watched.push(Watched { name, owner, probe, seen: None });
+                    let seen = (0..probe.shards()).map(|_| None).collect();
+                    watched.push(Watched { name, owner, probe, seen });
                 }
             }
         }
@@ -227,59 +246,64 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Watched {
-    /// One look at the ring: follows its hold, and acts once it has lasted long enough.
+    /// One look at every shard: follows its hold, and acts once it has lasted long enough.
     fn look(&mut self, services: &Services, cfg: &StallConfig, now: Instant) {
-        let hold = self.probe.hold();
-        match (&mut self.seen, hold) {
-            (Some(seen), Some(h)) if seen.is(&h) => {
-                let held = now.saturating_duration_since(seen.since);
-                match seen.acted {
-                    Acted::Waiting if held >= cfg.after => {
-                        seen.acted = act(&self.name, &self.owner, &self.probe, seen, held, services);
+        let shards = self.probe.shards();
+        for (shard, seen) in (0..shards).zip(self.seen.iter_mut()) {
+            let ring = Ring { name: &self.name, shard, shards };
+            let hold = self.probe.hold(shard);
+            match (seen, hold) {
+                (Some(seen), Some(h)) if seen.is(&h) => {
+                    let held = now.saturating_duration_since(seen.since);
+                    match seen.acted {
+                        Acted::Waiting if held >= cfg.after => {
+                            seen.acted = act(ring, &self.owner, &self.probe, seen, held, services);
+                        }
+                        Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
+                            kill(ring, seen.hold.seq, client, holder, held, cfg);
+                            seen.acted = Acted::Stuck { client, holder, killed: true };
+                        }
+                        _ => {}
                     }
-                    Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
-                        kill(&self.name, seen.hold.seq, client, holder, held, cfg);
-                        seen.acted = Acted::Stuck { client, holder, killed: true };
+                }
+                (seen, hold) => {
+                    if let Some(old) = seen.take() {
+                        ended(ring, &old, now, services);
                     }
-                    _ => {}
+                    *seen = hold.map(|hold| Seen { hold, since: now, acted: Acted::Waiting });
                 }
-            }
-            (seen, hold) => {
-                if let Some(old) = seen.take() {
-                    ended(&self.name, &old, now, services);
-                }
-                *seen = hold.map(|hold| Seen { hold, since: now, acted: Acted::Waiting });
             }
         }
     }
 }
 
 /// A hold that ended (the client went on, was revoked, or died): a reported one is no longer shown.
-fn ended(name: &str, old: &Seen, now: Instant, services: &Services) {
+fn ended(ring: Ring<'_>, old: &Seen, now: Instant, services: &Services) {
     if let Acted::Stuck { client, holder, .. } = old.acted {
-        services.held.lock().remove(name);
+        services.held.lock().remove(&(ring.name.to_string(), ring.shard));
         tracing::info!(
-            service = %name, client = client.0, pid = holder.map_or(0, |h| h.pid), seq = old.hold.seq,
-            held_ms = ms(now.saturating_duration_since(old.since)),
-            "fan-in {name} no longer held at seq {}: its client went on or died", old.hold.seq
+            service = %ring.name, shard = ring.shard, client = client.0, pid = holder.map_or(0, |h| h.pid),
+            seq = old.hold.seq, held_ms = ms(now.saturating_duration_since(old.since)),
+            "fan-in {ring} no longer held at seq {}: its client went on or died", old.hold.seq
         );
     }
 }
 
 /// Applies the design's rule to a hold that lasted `T_stall`: what it did.
 fn act(
-    name: &str,
+    ring: Ring<'_>,
     owner: &Mutex<ServiceOwner>,
     probe: &FanInProbe,
     seen: &Seen,
     held: Duration,
     services: &Services,
 ) -> Acted {
+    let (name, shard) = (ring.name, ring.shard);
     let h = seen.hold;
     // Under the owner's lock no connect or departure changes the entries, and no other completer
     // runs; the ring is looked at again there, so that a client that went on meanwhile is left alone.
     let mut o = owner.lock();
-    if !probe.hold().is_some_and(|now| seen.is(&now)) {
+    if !probe.hold(shard).is_some_and(|now| seen.is(&now)) {
         return Acted::Done;
     }
     let entry = match o.entry(h.owner) {
@@ -291,7 +315,7 @@ fn act(
             };
             tracing::warn!(
                 service = %name, slot = h.owner, seq = h.seq, stalled_ms = ms(held),
-                "fan-in {name} held at seq {} by client slot {}, which no client holds ({why}): not completed", h.seq, h.owner
+                "fan-in {ring} held at seq {} by client slot {}, which no client holds ({why}): not completed", h.seq, h.owner
             );
             return Acted::Orphan;
         }
@@ -309,7 +333,7 @@ fn act(
             drop(o);
             tracing::warn!(
                 service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held),
-                "fan-in {name} held at seq {} by client {:#x}: its revocation was refused: {e}", h.seq, client.0
+                "fan-in {ring} held at seq {} by client {:#x}: its revocation was refused: {e}", h.seq, client.0
             );
             return Acted::Orphan;
         }
@@ -318,7 +342,7 @@ fn act(
     if done.skipped > 0 {
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), skipped = done.skipped,
-            "service client revoked: it held fan-in {name} at seq {} for {} ms, reserved and not begun ({}); the \
+            "service client revoked: it held fan-in {ring} at seq {} for {} ms, reserved and not begun ({}); the \
              program takes a skip from it, and it sends that request again when it runs",
             h.seq, ms(held), ProcState::of(pid).says()
         );
@@ -326,7 +350,7 @@ fn act(
     if done.finished > 0 {
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), finished = done.finished,
-            "service client's send finished for it: it held fan-in {name} at seq {} for {} ms between the commit and \
+            "service client's send finished for it: it held fan-in {ring} at seq {} for {} ms between the commit and \
              the finish of a send ({}); the request was whole",
             h.seq, ms(held), ProcState::of(pid).says()
         );
@@ -334,14 +358,17 @@ fn act(
     if done.stuck > 0 {
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held),
-            "fan-in {name} held at seq {} by pid {pid} ({}): client {:#x} is between the begin and the commit of a \
+            "fan-in {ring} held at seq {} by pid {pid} ({}): client {:#x} is between the begin and the commit of a \
              send, which cannot be revoked while it lives; the program waits there until it goes on or dies{}",
             h.seq,
             ProcState::of(pid).says(),
             client.0,
             if services.stall.and_then(|c| c.kill).is_some() { " (it is killed after --client-stall-kill-ms)" } else { "" }
         );
-        services.held.lock().insert(name.to_string(), Held { client, pid, seq: h.seq, since: seen.since });
+        services
+            .held
+            .lock()
+            .insert((name.to_string(), shard), Held { client, pid, shard, seq: h.seq, since: seen.since });
         return Acted::Stuck { client, holder: entry.holder, killed: false };
     }
     if done == mesh_shm::Completion::default() {
@@ -352,12 +379,13 @@ fn act(
 
 /// Kills (SIGKILL) a client stuck between the begin and the commit of a send, through a pidfd opened
 /// and then checked against its recorded start time, so that a reused pid is never signalled.
-fn kill(name: &str, seq: u64, client: ClientId, holder: Option<Holder>, held: Duration, cfg: &StallConfig) {
+fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held: Duration, cfg: &StallConfig) {
+    let name = ring.name;
     let kill_ms = cfg.kill.map_or(0, ms);
     let Some(holder) = holder else {
         tracing::warn!(
             service = %name, client = client.0, seq,
-            "fan-in {name} held at seq {seq} by client {:#x} for {} ms: not killed, no process is recorded for it",
+            "fan-in {ring} held at seq {seq} by client {:#x} for {} ms: not killed, no process is recorded for it",
             client.0, ms(held)
         );
         return;
@@ -374,13 +402,13 @@ fn kill(name: &str, seq: u64, client: ClientId, holder: Option<Holder>, held: Du
     match sent {
         Ok(()) => tracing::warn!(
             service = %name, client = client.0, pid, seq, held_ms = ms(held), kill_ms,
-            "service client killed (SIGKILL): it held fan-in {name} at seq {seq} between the begin and the commit \
+            "service client killed (SIGKILL): it held fan-in {ring} at seq {seq} between the begin and the commit \
              of a send for {} ms (--client-stall-kill-ms {kill_ms}); its death completes the slot as a skip",
             ms(held)
         ),
         Err(why) => tracing::warn!(
             service = %name, client = client.0, pid, seq, held_ms = ms(held),
-            "service client {:#x} (pid {pid}) holding fan-in {name} at seq {seq} not killed: {why}", client.0
+            "service client {:#x} (pid {pid}) holding fan-in {ring} at seq {seq} not killed: {why}", client.0
         ),
     }
 }

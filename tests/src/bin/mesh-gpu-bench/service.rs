@@ -14,6 +14,9 @@
 //!     min(16, 256 / clients) (send the window, then receive it; the fan-in ring holds 256, a reply
 //!     ring 16): the sum of the replies over the longest client's time.
 //!
+//! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
+//! capacity; the windows stay as for one); the heading and every service row say so.
+//!
 //! The issue's goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
 //! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
 //! machine's count is printed.
@@ -22,7 +25,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mesh_gpu_tests::harness::Meshd;
-use mesh_gpu_tests::service::{ClientProcess, field};
+use mesh_gpu_tests::service::{ClientProcess, field, service_shards};
 use mesh_gpu_tests::{programs_dir, stress};
 use mesh_shm::{Consumer, Producer};
 
@@ -188,6 +191,10 @@ pub fn service_benches(mps: bool) {
     let (spsc_median, spsc_p99, spsc_rate) = spsc(&d);
 
     let size = SIZE.to_string();
+    // MESH_SERVICE_SHARDS=P: the fan-in channel in P shards of FANIN_CAPACITY each (the windows stay
+    // as for one, so that the rows compare).
+    let shards = service_shards();
+    let shards_arg = shards.to_string();
     d.ok(&[
         "service",
         "create",
@@ -202,6 +209,8 @@ pub fn service_benches(mps: bool) {
         &size,
         "--reply-capacity",
         &REPLY_CAPACITY.to_string(),
+        "--shards",
+        &shards_arg,
     ]);
     // Both loops of the header on the same service, one after the other: the batched one (service.cu)
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
@@ -217,6 +226,7 @@ pub fn service_benches(mps: bool) {
             "service_x_serial" => "service, one at a time".to_string(),
             other => other.to_string(),
         };
+        let path = if shards > 1 { format!("{path}, {shards} shards") } else { path };
         // A block of 64: service_x_duo runs two warps (the one-warp loops leave the second idle).
         d.ok(&["load", "svc", &ptx(program), "--block", "64", "--bind", "svc", "--bind", "svc.replies"]);
         let _ = streaming(&d, dir.path(), 1, 4);
@@ -238,7 +248,10 @@ pub fn service_benches(mps: bool) {
     }
 
     println!();
-    println!("Service (issue 26), {mode} mode, {SIZE}-byte requests and replies, {cores} host cores: service.cu with");
+    println!(
+        "Service (issue 26), {mode} mode, {SIZE}-byte requests and replies, {cores} host cores, {shards} fan-in \
+         shard(s) (MESH_SERVICE_SHARDS): service.cu with"
+    );
     println!("mesh-service-client processes (meshd's client API; each waits as it does: spin, yield, then sleep),");
     println!(
         "beside the single-client SPSC round trip through echo_warp (this process spinning), same meshd, same run."
