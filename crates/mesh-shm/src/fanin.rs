@@ -40,6 +40,12 @@
 //! are over). [`repair`] writes the skip headers a completer that died left unwritten. meshd's stall
 //! watcher finds a live producer to revoke with [`hold_at_tail`]: the reservation that has held the
 //! consumer's published position for its `T_stall`.
+//!
+//! **Shards** ([`FanInShards`]): a fan-in channel of P shards is P of these rings, sharing nothing
+//! (where each lies: `layout::fanin_shard_offset`). A producer sends into shard `slot % P` alone
+//! ([`FanInShards::producer`]), so every rule above holds per shard and a sender's order is kept; a
+//! host consumer takes from the shards round-robin ([`ShardedConsumer`]); completion, repair and the
+//! stall probe run over every shard.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};

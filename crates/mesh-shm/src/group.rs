@@ -827,9 +827,10 @@ impl ServiceMeshd {
     }
 
     /// A live client that holds the fan-in ring (meshd's stall watcher found it stalled): revokes
-    /// what can be revoked while it lives ([`revoke_live`]: a reservation not begun becomes a skip, a
-    /// committed slot is finished; one between begin and commit is counted in `stuck`). Its entry stays
-    /// bound: the client goes on, and sends a revoked request again.
+    /// what can be revoked while it lives ([`crate::fanin::revoke_live`], over every shard: a
+    /// reservation not begun becomes a skip, a committed slot is finished; one between begin and
+    /// commit is counted in `stuck`). Its entry stays bound: the client goes on, and sends a revoked
+    /// request again.
     pub fn revoke(&mut self, id: ClientId) -> Result<Completion, GroupError> {
         self.check_bound(id)?;
         Ok(self.svc.fanin.revoke_live(id.0))

@@ -11,7 +11,8 @@
 //! * [`GroupClient`]: one client's reply ring, claiming that ring's consumer end (the claim dies with
 //!   the client, even by kill -9).
 //! * [`ServiceOwner`]: meshd's side of a service (a fan-in channel and a group): connect, and the
-//!   departure of a dead or detached client after its fan-in slots are completed. One per mailbox:
+//!   departure of a dead or detached client after its fan-in slots are completed (in every shard of
+//!   a channel of shards: see `fanin::FanInShards`). One per mailbox:
 //!   meshd's `flock` guarantees it, so it claims nothing. Its stall watcher revokes a live client
 //!   that holds the fan-in ring ([`ServiceOwner::revoke_stalled`]), found through a [`FanInProbe`].
 //!
@@ -367,8 +368,8 @@ impl ServiceOwner {
         self.core.connect(holder).map_err(|e| self.err(e))
     }
 
-    /// A dead client (its pidfd readable): completes its fan-in slots (the server takes a skip for
-    /// a send it cut off), then departs its entry.
+    /// A dead client (its pidfd readable): completes its fan-in slots, looking at every shard (the
+    /// server takes a skip for a send it cut off), then departs its entry.
     pub fn depart_dead(&mut self, id: ClientId) -> Result<Completion> {
         self.core.depart_dead(id).map_err(|e| self.err(e))
     }

@@ -103,13 +103,24 @@ pub fn fanin_host() {
     let config = MailboxConfig { size: 16 << 20, slots: 8, channels: 64 };
     let mailbox = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).expect("a mailbox");
     let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-    // Sender counts that leave a CPU for the consumer (one sender whatever the machine).
-    let counts: Vec<u16> = [1u16, 2, 4, 8, 16]
-        .into_iter()
-        .enumerate()
-        .filter(|&(i, n)| i == 0 || usize::from(n) < cpus)
-        .map(|(_, n)| n)
+    // Sender counts that leave a CPU for the consumer (one sender whatever the machine);
+    // MESH_FANIN_SENDERS (space-separated, each 1 to 64) overrides them, oversubscribed or not.
+    let given: Vec<u16> = std::env::var("MESH_FANIN_SENDERS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .filter(|n| (1..=64).contains(n))
         .collect();
+    let counts: Vec<u16> = if given.is_empty() {
+        [1u16, 2, 4, 8, 16]
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, n)| i == 0 || usize::from(n) < cpus)
+            .map(|(_, n)| n)
+            .collect()
+    } else {
+        given
+    };
     let mut made = 0;
     let mut fresh = |shards: u32| -> String {
         // A fresh channel per measurement: the senders' ids start over.
