@@ -2199,15 +2199,16 @@ static __device__ void mesh_group_close(mesh_group* g) {
 //         if (blockIdx.x == 0 && mesh_block_rank() == 0) mesh_end(ctx);
 //     }
 //
-// How many blocks (H200, session 8, device channels, `mesh-gpu-bench parts`: one channel of B parts
+// How many blocks (H200, session 9, device channels, `mesh-gpu-bench parts`: one channel of B parts
 // beside the same work without the ring, same blocks, same run; BENCHMARKS.md): a block copies about
-// 47 GB/s, or fills or checks every word at about 24 GB/s, and the ring costs each block about 1 us a
-// message (a barrier and a release fence at each end), so give every block at least 128 KiB of each
-// message. At 1 MiB: up to 8 blocks keep 0.77-0.98 of the bare work (copy path or in place), 16
-// blocks 0.65-0.70, 32 blocks 0.46-0.56. At 16 MiB: 0.89-1.16 up to 16 blocks; 32 blocks copying
-// reach 1 TB/s, 0.65 of one bare copy, since the copy path moves every byte twice (into the ring and
-// out of it) through HBM. In place (mesh_block_reserve / mesh_block_publish, mesh_block_peek /
-// mesh_block_release) moves it once.
+// 47 GB/s, or fills or checks every word at about 24 GB/s, and the ring costs each block a barrier and
+// a release fence a message at the producer (the fence waits for the block's stores), a barrier at
+// the consumer, so give every block at least 64-128 KiB of each message. At 1 MiB: up to 8 blocks
+// keep 0.81-0.99 of the bare work (copy path or in place), 16 blocks 0.72-0.79, 32 blocks 0.60
+// copying and 0.73 in place. At 16 MiB: 0.89-1.15 up to 16 blocks; 32 blocks copying reach 1 TB/s,
+// 0.66 of one bare copy: the copy path moves every byte twice (into the ring and out of it), four
+// HBM transfers a byte against the bare copy's two, which is HBM's rate. In place
+// (mesh_block_reserve / mesh_block_publish, mesh_block_peek / mesh_block_release) moves it once.
 //
 // Only block 0 calls mesh_begin / mesh_end (and mesh_heartbeat); every block checks the stop itself.
 // A block whose share is refused (B not a power of two, B > P, blockIdx.x >= B, or an LL binding)
