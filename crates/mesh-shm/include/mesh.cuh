@@ -1407,7 +1407,10 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_ring(mesh_fanin* f, v
     const uint32_t words = MESH_FANIN_HEADER_WORDS + ch->msg_size / 4u;  // even: msg_size is a multiple of 8
     const uint32_t round = 64u * MESH_FANIN_PAIRS;                        // words per round trip
     if (ch->hint < MESH_FANIN_POLL_MIN) ch->hint = MESH_FANIN_POLL_MIN;
-    const bool ahead = f->ahead_n != 0 && f->ahead_at == ch->mine && f->ahead_n <= max;
+    // MESH_FANIN_PREFETCH first: with it 0 the compiler then knows the ahead_* words are never read,
+    // and keeps none of them in registers (34 of 8 bytes; they pushed the service loop past 255
+    // registers into local memory once the sharded peek sat beside this one).
+    const bool ahead = MESH_FANIN_PREFETCH && f->ahead_n != 0 && f->ahead_at == ch->mine && f->ahead_n <= max;
     const uint32_t n = ahead ? f->ahead_n : mesh_fanin_span(f, ch->mine, max);
     f->ahead_n = 0;
     const uint32_t magic = (uint32_t)(((1ull << 32) + words - 1u) / words);  // idx / words as a multiply
