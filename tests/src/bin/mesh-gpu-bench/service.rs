@@ -16,6 +16,8 @@
 //!
 //! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
 //! capacity; the windows stay as for one); the heading and every service row say so.
+//! `MESH_SERVICE_BLOCK` (default 64) is the block every program is loaded with: `service_x_warps`
+//! serves the shards with every warp of it (`MESH_SERVICE_BLOCK=256` with 8 shards: a warp a shard).
 //!
 //! The goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
 //! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
@@ -218,6 +220,7 @@ pub fn service_benches(mps: bool) {
     // warps, for one) measures others the same way; a
     // `service_x_profile*` variant's user words 8-13 say where its loop's time went, printed per row.
     let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
+    let block = std::env::var("MESH_SERVICE_BLOCK").unwrap_or_else(|_| "64".into());
     let mut loops = Vec::new();
     let mut profiles = Vec::new();
     for program in programs.split_whitespace() {
@@ -227,8 +230,9 @@ pub fn service_benches(mps: bool) {
             other => other.to_string(),
         };
         let path = if shards > 1 { format!("{path}, {shards} shards") } else { path };
-        // A block of 64: service_x_duo runs two warps (the one-warp loops leave the second idle).
-        d.ok(&["load", "svc", &ptx(program), "--block", "64", "--bind", "svc", "--bind", "svc.replies"]);
+        // A block of 64: service_x_duo runs two warps (the one-warp loops leave the second idle);
+        // MESH_SERVICE_BLOCK sets another (service_x_warps serves the shards with every warp of it).
+        d.ok(&["load", "svc", &ptx(program), "--block", &block, "--bind", "svc", "--bind", "svc.replies"]);
         let _ = streaming(&d, dir.path(), 1, 4);
         let mut lat = Vec::new();
         for &n in &client_counts() {

@@ -1,0 +1,157 @@
+// service_x_warps: service.cu's batched loop served by every warp of the block at once, for a fan-in
+// channel of shards (`meshd service create --shards P`): warp w of W takes shards w, w + W, ... and
+// answers their clients. A client's shard is its slot % P and W divides P, so its requests and its
+// reply ring belong to warp slot % W alone: every reply ring keeps one writer, and each warp
+// acknowledges the departures of its own clients only (a departure acknowledged by another warp could
+// hand the ring to a new client while its warp still answers the old one). One warp alternates a peek
+// (a PCIe round trip) with its replies and tops out near 3.3 M requests/s with 8 shards (BENCHMARKS.md,
+// session 9); W warps overlap W of each.
+//
+// Experimental, for `MESH_SERVICE_SHARDS=8 MESH_SERVICE_BLOCK=256 MESH_SERVICE_PROGRAMS="service
+// service_x_warps" mesh-gpu-bench service` (PENDING.md row 3). NOT YET RUN ON A GPU: g++ syntax check
+// only. Exits with code 1 when the bindings are not a fan-in and a group, the request size is above
+// WARPS_MAX_BYTES, or the warps are not a power of two dividing the shards. User words as service.cu's
+// 0-7 (summed over the warps), written at the stop only.
+#include "mesh.cuh"
+
+#define WARPS_MAX 8u
+#define WARPS_MAX_BYTES 128u  // request size served at most: 32 requests a warp in shared memory
+#define SERVICE_WORDS 8u
+
+// Keeps shards w, w + W, ... of `in`, which mesh_fanin_open gave lane s shard s: lane i takes shard
+// w + i x W's words, and the end serves P / W shards (one: the one-ring calls over shard w).
+static __device__ void warps_keep_shards(mesh_fanin* in, uint32_t w, uint32_t warps) {
+    const uint32_t full = 0xffffffffu;
+    const uint32_t src = (w + mesh_lane() * warps) & 31u;
+    in->s_ring = (char*)__shfl_sync(full, (unsigned long long)in->s_ring, src);
+    in->s_slots = (char*)__shfl_sync(full, (unsigned long long)in->s_slots, src);
+    in->s_mine = __shfl_sync(full, (unsigned long long)in->s_mine, src);
+    in->s_done = __shfl_sync(full, (unsigned long long)in->s_done, src);
+    in->s_published = __shfl_sync(full, (unsigned long long)in->s_published, src);
+    in->s_hint = __shfl_sync(full, in->s_hint, src);
+    in->shards /= warps;
+    in->start = 0;
+    if (in->shards == 1u) {
+        in->ch.ring = (char*)__shfl_sync(full, (unsigned long long)in->s_ring, 0);
+        in->ch.slots = (char*)__shfl_sync(full, (unsigned long long)in->s_slots, 0);
+        in->ch.mine = in->ch.other = __shfl_sync(full, (unsigned long long)in->s_done, 0);
+        in->ch.published = __shfl_sync(full, (unsigned long long)in->s_published, 0);
+    }
+}
+
+// mesh_group_departed over the entries of warp w of W (slot % W == w): the header's scan with that
+// filter (kept here while the many-warp loop is an experiment).
+static __device__ bool warps_departed(mesh_group* g, uint32_t* gone, uint32_t w, uint32_t warps) {
+    if (g->msg_size == 0) return false;
+    if (!g->scanning) {
+        if (g->scanned) {
+            const uint64_t now = mesh_globaltimer();
+            if (now < g->changes_due) return false;
+            g->changes_due = now + MESH_GROUP_PERIOD_NS;
+            const bool moved = __shfl_sync(0xffffffffu, g->changes_read != g->changes_seen, 0);
+            if (!moved) {
+                if (mesh_lane0()) g->changes_read = mesh_group_ld_relaxed_u64(g->header + MESH_GROUP_CHANGES);
+                return false;
+            }
+        }
+        uint64_t v = 0;
+        if (mesh_lane0()) v = mesh_ld_acquire_u64(g->header + MESH_GROUP_CHANGES);
+        g->scan_changes = __shfl_sync(0xffffffffu, v, 0);
+        g->scanning = true;
+        g->scan_at = 0;
+    }
+    const uint32_t lane = mesh_lane();
+    while (g->scan_at < g->entries) {
+        const uint32_t s = g->scan_at + lane;
+        uint64_t word = 0;
+        uint32_t acked = 0;
+        const bool mine = s < g->entries && s % warps == w;
+        if (mine) {
+            char* e = mesh_group_entry(g, s);
+            word = mesh_ld_acquire_u64(e + MESH_GROUP_ENTRY_BINDING);
+            acked = *(volatile uint32_t*)(e + MESH_GROUP_ENTRY_ACKED);
+        }
+        const bool due = mine && (uint32_t)(word >> 32) == MESH_GROUP_DEPARTED && acked != (uint32_t)word;
+        const uint32_t ballot = __ballot_sync(0xffffffffu, due);
+        if (ballot == 0) {
+            g->scan_at += 32u;
+            continue;
+        }
+        const uint32_t first = (uint32_t)__ffs((int)ballot) - 1u;
+        const uint32_t epoch = __shfl_sync(0xffffffffu, (uint32_t)word, first);
+        const uint32_t slot = g->scan_at + first;
+        mesh_group_ack(g, slot, epoch);
+        g->scan_at = slot + 1u;
+        *gone = slot | (epoch & 0xffffu) << 16;
+        return true;
+    }
+    g->scanning = false;
+    g->scanned = true;
+    g->changes_seen = g->changes_read = g->scan_changes;
+    return false;
+}
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    __shared__ uint32_t reqs[WARPS_MAX][MESH_FANIN_BATCH_MAX * WARPS_MAX_BYTES / 4u];
+    __shared__ uint32_t from[WARPS_MAX][MESH_FANIN_BATCH_MAX];
+    __shared__ mesh_group shared_group;
+    __shared__ uint32_t totals[SERVICE_WORDS];
+    __shared__ uint32_t unfit;
+    const uint32_t warps = blockDim.x / 32u, w = threadIdx.x / 32u, lane = mesh_lane();
+    if (threadIdx.x >= warps * 32u) return;  // a partial warp serves nothing
+    uint64_t beat = 0;
+    if (threadIdx.x == 0) beat = mesh_begin(ctx);
+    mesh_fanin in = mesh_fanin_open(ctx, 0);  // every warp: lane s shard s (then its own, below)
+    if (w == 0) {
+        mesh_group g = mesh_group_open(ctx, 1);  // the entries' states: one array, each entry one warp's
+        if (lane == 0) {
+            shared_group = g;
+            unfit = g.msg_size != in.ch.msg_size || in.ch.msg_size == 0 || in.ch.msg_size > WARPS_MAX_BYTES ||
+                    warps > WARPS_MAX || (warps & (warps - 1u)) != 0u || in.shards % warps != 0u;
+            for (uint32_t i = 0; i < SERVICE_WORDS; i++) totals[i] = 0;
+        }
+    }
+    __syncthreads();
+    if (unfit) {
+        if (threadIdx.x == 0) mesh_exit(ctx, 1);
+        return;
+    }
+    mesh_group out = shared_group;
+    if (warps > 1u) warps_keep_shards(&in, w, warps);
+    uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t iter = 0;
+    while (!mesh_should_stop(ctx)) {
+        if ((++iter & 1023u) == 0 && threadIdx.x == 0) mesh_heartbeat(ctx, ++beat);  // counts: at the stop
+        uint32_t gone;
+        while (warps_departed(&out, &gone, w, warps)) n[4]++;
+        uint32_t skipped, dropped;
+        const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, MESH_FANIN_BATCH_MAX);
+        if (k == 0) continue;
+        const uint32_t words = in.ch.msg_size / 4u;
+        if (lane < k && !((skipped >> lane) & 1u)) reqs[w][lane * words + 1] += 1;  // f(from[j], request j)
+        __syncwarp();
+        const uint32_t done = mesh_reply_many(&out, from[w], reqs[w], k, skipped, &dropped);
+        mesh_fanin_consume(&in, done);
+        const uint32_t kept = done >= 32u ? 0xffffffffu : (1u << done) - 1u;
+        n[0] += done - (uint32_t)__popc((skipped | dropped) & kept);
+        n[1] += (uint32_t)__popc(skipped & kept);
+        n[2] += (uint32_t)__popc(dropped & kept);
+        if (done < k) n[3]++;
+    }
+    mesh_fanin_close(&in);  // this warp's shards' exact positions
+    n[5] = in.corrupt;
+    n[7] = in.ch.partial;
+    if (lane == 0)
+        for (uint32_t i = 0; i < SERVICE_WORDS; i++) atomicAdd(&totals[i], n[i]);
+    __syncthreads();  // every warp stopped answering: warp 0 publishes every reply ring's head
+    if (w == 0) {
+        out = shared_group;
+        mesh_group_close(&out);
+    }
+    if (threadIdx.x == 0) {
+        totals[6] = 1;  // this launch (the counts below add to the last launches')
+        for (uint32_t i = 0; i < SERVICE_WORDS; i++)
+            *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = mesh_user_load(ctx, i) + totals[i];
+        mesh_end(ctx);
+    }
+}
