@@ -2310,9 +2310,11 @@ static __device__ __forceinline__ uint4 mesh_ld_volatile_v4(const void* p) {
 // Copies n 16-byte units from src to dst (global or shared memory) with every thread of the block, 4
 // loads in flight per thread before its stores. The loads are volatile: they go past the SM's L1,
 // which may still hold a ring slot's previous lap.
-static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* src, uint32_t n) {
-    const uint32_t s = mesh_block_threads();
-    uint32_t i = mesh_block_rank();
+// The same with the threads of rank `first` and above only (the others return at once).
+static __device__ __forceinline__ void mesh_block_copy_from(uint4* dst, const uint4* src, uint32_t n, uint32_t first) {
+    if (mesh_block_rank() < first) return;
+    const uint32_t s = mesh_block_threads() - first;
+    uint32_t i = mesh_block_rank() - first;
     for (; i + 3u * s < n; i += 4u * s) {
         const uint4 a = mesh_ld_volatile_v4(src + i), b = mesh_ld_volatile_v4(src + i + s);
         const uint4 c = mesh_ld_volatile_v4(src + i + 2u * s), d = mesh_ld_volatile_v4(src + i + 3u * s);
@@ -2322,6 +2324,9 @@ static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* 
         dst[i + 3u * s] = d;
     }
     for (; i < n; i += s) dst[i] = mesh_ld_volatile_v4(src + i);
+}
+static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* src, uint32_t n) {
+    mesh_block_copy_from(dst, src, n, 0u);
 }
 
 // The flag of part first + r of message seq's slot (r < count).
@@ -2511,13 +2516,25 @@ static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
     ch->mine += 1u;
 }
 
+// Whether mesh_block_try_send leaves the block's first warp out of the copy (1; blocks of 64 threads
+// or more), or copies with every thread (0, the default until measured). The publish's release fence
+// runs on the first warp's threads and waits until the block's stores have reached memory; the other
+// warps go on meanwhile, into the next message, and with the first warp copying too the next
+// message's barrier waits for its share behind that fence. Without a share, its fence overlaps their
+// copy. An experiment (PENDING.md): `bulk_parts_*_x_pubwarp.cu`, `MESH_PARTS_VARIANT=_x_pubwarp
+// mesh-gpu-bench parts`.
+#ifndef MESH_BULK_PUBLISHER_WARP
+#define MESH_BULK_PUBLISHER_WARP 0
+#endif
+
 // Sends this block's share of one message from `msg` (msg_size bytes, 16-byte aligned: for a block
 // serving a share of the parts, the share alone). False on every thread when the ring is full. 16
 // bytes per thread per load and store, 4 in flight; one fence per part.
 static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const void* msg) {
     void* slot = mesh_block_reserve(ch);
     if (slot == 0) return false;
-    mesh_block_copy((uint4*)slot, (const uint4*)msg, ch->msg_size / 16u);
+    const uint32_t skip = MESH_BULK_PUBLISHER_WARP && mesh_block_threads() >= 64u ? 32u : 0u;
+    mesh_block_copy_from((uint4*)slot, (const uint4*)msg, ch->msg_size / 16u, skip);
     mesh_block_publish(ch);
     return true;
 }

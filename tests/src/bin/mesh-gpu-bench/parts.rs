@@ -107,8 +107,11 @@ impl Parts {
             sink_binds.push(self.fixed_knob());
             source_binds.push(self.fixed_knob());
         }
-        let slot = self.load("sink", "bulk_parts_sink", blocks, &sink_binds);
-        self.load("source", "bulk_parts_source", blocks, &source_binds);
+        // MESH_PARTS_VARIANT=_x_NAME: bulk_parts_sink_x_NAME / bulk_parts_source_x_NAME instead (the
+        // same programs built with another of mesh.cuh's knobs).
+        let variant = std::env::var("MESH_PARTS_VARIANT").unwrap_or_default();
+        let slot = self.load("sink", &format!("bulk_parts_sink{variant}"), blocks, &sink_binds);
+        self.load("source", &format!("bulk_parts_source{variant}"), blocks, &source_binds);
         self.warm(slot, blocks, 4 * capacity, &what);
         let gbs = self.rate(slot, blocks, size / blocks);
         let w = self.words(slot, blocks);
