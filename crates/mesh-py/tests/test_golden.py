@@ -63,6 +63,7 @@ REQUESTS = {
     "service_create_replies": lambda c: c.service_create(
         "kv", clients=4, msg_size=64, capacity=64, reply_size=256, reply_capacity=4
     ),
+    "service_create_shards": lambda c: c.service_create("kv", clients=8, msg_size=64, shards=4),
 }
 #: The requests a :class:`meshd.Service` sends on its lease (its own connection, not ``Client.call``):
 #: checked against a stand-in meshd by ``test_the_lease_requests_are_byte_for_byte_the_clis``.
@@ -78,6 +79,7 @@ ANSWERS = {
     "metrics": "metrics",
     "service_create": "service_create",
     "service_create_replies": "service_create",
+    "service_create_shards": "service_create",
 }
 CASES = sorted(p.name.removesuffix(".request") for p in GOLDEN.glob("*.request"))
 
@@ -139,10 +141,31 @@ def test_service_answers_parse_into_the_typed_rows() -> None:
         assert set(client_row) == keys(ServiceClientRow)
     assert [(c["id"], c["pid"]) for c in kv["clients"]] == [(0x10000, 41), (0x20003, 42)]
     held = kv["held_by"]
-    assert set(held) == keys(ServiceHold)
+    assert ServiceHold.__required_keys__ <= set(held) <= keys(ServiceHold)
     assert (held["client"], held["pid"], held["seq"], held["since_ms"], held["stopped"]) == (0x20003, 42, 7, 120, True)
+    # An answer without shards (one ring, or a meshd before them): no `shards`, no `holds`, `shard` 0.
+    assert "shards" not in kv and "holds" not in kv and held.get("shard", 0) == 0
     assert idle["clients"] == [] and "held_by" not in idle and "error" not in idle, "only a held ring carries one"
     assert torn["error"].startswith('channel "torn.replies": service group: entry 1')
+
+
+def test_a_sharded_service_reads_its_shards_and_every_shard_s_hold() -> None:
+    # meshd's encoding of a service of 4 fan-in shards, two of them held at once (shard 0 and shard 3).
+    info = Recorder("info_services_shards").info()
+    fanin, group = info["channels"]
+    assert (fanin["name"], fanin["protocol"], fanin["parts"]) == ("wide", "fanin", 4), "a fan-in channel's shards"
+    assert (group["protocol"], group["parts"]) == ("group", 8)
+    [wide] = info["services"]
+    assert set(wide) <= keys(ServiceRow), f"fields the client does not describe: {set(wide) - keys(ServiceRow)}"
+    assert (wide["name"], wide["shards"], wide["bound"]) == ("wide", 4, 3)
+    for hold in [wide["held_by"], *wide["holds"]]:
+        assert ServiceHold.__required_keys__ <= set(hold) <= keys(ServiceHold)
+    # Every hold by shard; shard 0 leaves its `shard` out; `held_by` is the first.
+    assert [(h.get("shard", 0), h["client"], h["seq"], h["stopped"]) for h in wide["holds"]] == [
+        (0, 0x10000, 9, True),
+        (3, 0x10003, 2, False),
+    ]
+    assert wide["held_by"] == wide["holds"][0]
 
 
 class LeaseRecorder(StandInMeshd):

@@ -262,6 +262,67 @@ def test_clients_in_threads_each_get_their_own_replies_in_order(kv: Kv, peer: Pe
     assert (stats["taken"], stats["replied"], stats["skipped"], stats["departed"]) == (6 * rounds, 6 * rounds, 0, 6)
 
 
+def test_a_service_of_two_shards_serves_clients_in_both_and_info_says_so(daemon: Daemon, peer: Peer) -> None:
+    client = daemon.client
+    client.service_create("wide", clients=4, msg_size=64, capacity=16, shards=2)
+    row = daemon.service_row("wide")
+    assert (row["shards"], row["entries"], row["bound"]) == (2, 4, 0)
+    [fanin] = [c for c in client.info()["channels"] if c["name"] == "wide"]
+    assert (fanin["protocol"], fanin["parts"], fanin["capacity"]) == ("fanin", 2, 16), "the fan-in channel's shards"
+    # A service of one shard says nothing of shards (the field left out, as before them).
+    client.service_create("one", clients=2, msg_size=64, capacity=16)
+    assert "shards" not in daemon.service_row("one")
+    # A shard count that is not a power of two up to 32: refused with the value and the rule, nothing made.
+    for bad in (3, 64, 0):
+        with pytest.raises(meshd.MeshdRefused, match=f"{bad} shards: the fan-in channel has a power of two"):
+            client.service_create(f"bad{bad}", clients=2, msg_size=64, shards=bad)
+    assert not [s for s in client.info().get("services", []) if s["name"].startswith("bad")]
+    # The peer's host server takes round-robin over the shards; four clients (slots 0-3: shards 0, 1,
+    # 0, 1) stream at once, more requests each than a shard holds, every reply checked in order.
+    server = peer.start_with_stdin("service-server", daemon.mailbox, "wide")
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    rounds, window = 200, 6
+    errors: list[str] = []
+    ids: list[int] = []
+    # Every client attached before any streams: info is looked at between the two waits.
+    attached = threading.Barrier(5, timeout=DEADLINE)
+
+    def stream(n: int) -> None:
+        try:
+            with meshd.Service.connect("wide", daemon.socket, timeout=DEADLINE) as svc:
+                ids.append(svc.id)
+                attached.wait()
+                attached.wait()
+                sent = got = 0
+                while got < rounds:
+                    while sent - got < window and sent < rounds:
+                        svc.send(req(sent, svc.id), timeout=DEADLINE)
+                        sent += 1
+                    reply = svc.recv(timeout=DEADLINE)
+                    if reply != rsp(got, svc.id):
+                        errors.append(f"client {n} reply {got}: {reply[:8].hex()}")
+                        return
+                    got += 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            attached.abort()
+            errors.append(f"client {n}: {e!r}")
+
+    threads = [threading.Thread(target=stream, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    attached.wait()
+    row = daemon.service_row("wide")
+    assert (row["shards"], row["bound"]) == (2, 4) and "holds" not in row, row
+    attached.wait()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [], errors
+    assert sorted(i & 0xFFFF for i in ids) == [0, 1, 2, 3], "slots 0-3: two clients in each shard"
+    stats = stop_server(peer, server, daemon, "wide")
+    assert (stats["taken"], stats["replied"], stats["skipped"], stats["departed"]) == (4 * rounds, 4 * rounds, 0, 4)
+    assert daemon.service_row("wide")["shards"] == 2
+
+
 def client_process(socket: Path, count: int, window: int = 4) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(

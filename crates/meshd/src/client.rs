@@ -242,10 +242,11 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
                     s.awaiting_ack
                 ));
             }
-            if let Some(h) = &s.held_by {
+            // Every shard's hold (`holds`); a meshd before it sends `held_by` alone.
+            let holds = if s.holds.is_empty() { s.held_by.as_slice() } else { s.holds.as_slice() };
+            for h in holds {
                 line.push_str(&format!(
-                    "; fan-in {}{} held at seq {} by {:#x} pid {} ({}) for {} ms, in the middle of writing a request: \
-                     not revocable while it lives (`meshd run --client-stall-kill-ms` kills such a client)",
+                    "; fan-in {}{} held at seq {} by {:#x} pid {} ({}) for {} ms, in the middle of writing a request",
                     s.name,
                     if s.shards > 1 { format!(" shard {}", h.shard) } else { String::new() },
                     h.seq,
@@ -254,6 +255,13 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
                     if h.stopped { "stopped" } else { "not stopped: descheduled or slow" },
                     h.since_ms
                 ));
+            }
+            if !holds.is_empty() {
+                line.push_str(if holds.len() == 1 {
+                    ": not revocable while it lives (`meshd run --client-stall-kill-ms` kills such a client)"
+                } else {
+                    ": not revocable while their clients live (`meshd run --client-stall-kill-ms` kills such clients)"
+                });
             }
             if let Some(e) = &s.error {
                 line.push_str(&format!("; unreadable: {e}"));
@@ -525,6 +533,7 @@ mod tests {
                 clients: vec![ServiceClientRow { id: 0x1_0000, pid: 41 }, ServiceClientRow { id: 0x2_0003, pid: 42 }],
                 shards: 1,
                 held_by: None,
+                holds: Vec::new(),
                 error: None,
             },
             ServiceRow { name: "idle".into(), entries: 4, ..ServiceRow::default() },
@@ -552,6 +561,20 @@ mod tests {
                 held_by: Some(ServiceHold { client: 0x1_0002, pid: 44, seq: 3, since_ms: 60, stopped: true, shard: 2 }),
                 ..ServiceRow::default()
             },
+            // Two shards held at once: every one said, by shard (`holds`; `held_by` is the first).
+            ServiceRow {
+                name: "both".into(),
+                entries: 4,
+                bound: 2,
+                shards: 2,
+                clients: vec![ServiceClientRow { id: 0x1_0000, pid: 45 }, ServiceClientRow { id: 0x1_0001, pid: 46 }],
+                held_by: Some(ServiceHold { client: 0x1_0000, pid: 45, seq: 9, since_ms: 80, stopped: true, shard: 0 }),
+                holds: vec![
+                    ServiceHold { client: 0x1_0000, pid: 45, seq: 9, since_ms: 80, stopped: true, shard: 0 },
+                    ServiceHold { client: 0x1_0001, pid: 46, seq: 4, since_ms: 70, stopped: false, shard: 1 },
+                ],
+                ..ServiceRow::default()
+            },
         ];
         let lines = service_lines(&rows);
         assert_eq!(
@@ -573,6 +596,14 @@ mod tests {
             ),
             "{}",
             lines[3]
+        );
+        assert_eq!(
+            lines[4],
+            "service both (2 fan-in shards): 2 of 4 client slot(s) bound (0x10000 pid 45, 0x10001 pid 46); fan-in both \
+             shard 0 held at seq 9 by 0x10000 pid 45 (stopped) for 80 ms, in the middle of writing a request; fan-in \
+             both shard 1 held at seq 4 by 0x10001 pid 46 (not stopped: descheduled or slow) for 70 ms, in the middle \
+             of writing a request: not revocable while their clients live (`meshd run --client-stall-kill-ms` kills \
+             such clients)"
         );
     }
 

@@ -182,9 +182,15 @@ pub struct ServiceRow {
     /// A client that holds the service's fan-in ring between the begin and the commit of a send
     /// (stopped with SIGSTOP, or descheduled, in the middle of writing a request), for longer than
     /// the stall watcher's `--client-stall-ms`: what it cannot revoke while the client lives. Absent
-    /// when nothing holds the ring that way (or the watcher is off).
+    /// when nothing holds the ring that way (or the watcher is off). With several shards held at
+    /// once, the lowest shard's: every one is in [`ServiceRow::holds`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<ServiceHold>,
+    /// Every shard's hold as [`ServiceRow::held_by`] describes it, by shard (each shard is a ring of
+    /// its own, held apart), so `holds[0]` is `held_by`. Absent when nothing is held, and from a
+    /// meshd before it (which showed `held_by` only): read `held_by` then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<ServiceHold>,
     /// Why the service's state could not be read (a corrupt group word), where it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -117,6 +117,13 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
                    "reply_size": 256, "reply_capacity": 4}),
             b"",
         ),
+        // A service of fan-in shards: `shards` is sent only above 1 (absent: the one ring of before).
+        (
+            "service_create_shards",
+            json!({"op": "service_create", "name": "kv", "clients": 8, "msg_size": 64, "capacity": 256,
+                   "reply_capacity": 16, "shards": 4}),
+            b"",
+        ),
         // The lease's two requests: the attach that opens it, and the detach that ends it.
         ("service_attach", json!({"op": "service_attach", "service": "kv"}), b""),
         ("detach", json!({"op": "detach"}), b""),
@@ -196,6 +203,31 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         ],
         "device_uuid": "GPU-00000000-1111-2222-3333-444444444444",
     });
+    // A service of 4 fan-in shards (the fan-in channel's `parts`, the row's `shards`), two of them
+    // held at once: every hold by shard in `holds` (a hold of shard 0 leaves `shard` out), `held_by`
+    // the first of them, as a client that reads only that saw one ring held before shards.
+    let hold = |client: u32, pid: u32, seq: u64, shard: u32, stopped: bool| {
+        let mut h = json!({"client": client, "pid": pid, "seq": seq, "since_ms": 80, "stopped": stopped});
+        if shard > 0 {
+            h["shard"] = json!(shard);
+        }
+        h
+    };
+    let info_services_shards = json!({
+        "mode": "blink", "mailbox": "/dev/shm/meshd.mailbox", "device": "NVIDIA H200", "host_atomics": true,
+        "channels": [
+            {"name": "wide", "msg_size": 64, "capacity": 64, "placement": "host", "protocol": "fanin", "parts": 4,
+             "lost": 0, "head": 0, "tail": 0},
+            {"name": "wide.replies", "msg_size": 64, "capacity": 16, "placement": "host", "protocol": "group",
+             "parts": 8, "lost": 0, "head": 0, "tail": 0},
+        ],
+        "services": [
+            {"name": "wide", "entries": 8, "bound": 3, "shards": 4, "awaiting_ack": 0,
+             "clients": [{"id": 65536, "pid": 40}, {"id": 65538, "pid": 42}, {"id": 65539, "pid": 43}],
+             "held_by": hold(65536, 40, 9, 0, true),
+             "holds": [hold(65536, 40, 9, 0, true), hold(65539, 43, 2, 3, false)]},
+        ],
+    });
     vec![
         ("ok", json!({"ok": true})),
         ("refused", json!({"ok": false, "error": "program \"zzz\": no such program", "backend_us": 87})),
@@ -214,6 +246,7 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         ("spawn", json!({"ok": true, "natives": [native("worker")]})),
         ("metrics", json!({"ok": true, "metrics": "# TYPE meshd_up gauge\nmeshd_up 1\n"})),
         ("info_services", json!({"ok": true, "info": info_services})),
+        ("info_services_shards", json!({"ok": true, "info": info_services_shards})),
         // A service created: a change, so the backend's time comes with it.
         ("service_create", json!({"ok": true, "backend_us": 1830})),
         // The client bound (slot 2 at epoch 1): its id and its two channels; the sizes are the

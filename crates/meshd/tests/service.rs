@@ -1139,6 +1139,66 @@ fn a_client_stopped_while_writing_is_shown_holding_the_ring_and_goes_on_when_con
 }
 
 #[test]
+fn two_shards_held_at_once_are_each_shown_and_go_on_when_continued() {
+    // Each shard is a ring of its own, held apart: clients in slots 0 and 1 send into shards 0 and 1,
+    // both stopped in the middle of writing. `info` lists both holds by shard (`holds`), `held_by`
+    // stays the first for the clients that read only that, and `ps` says both.
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Mailbox::create(dir.path().join("mb"), &config(), CreateMode::Exclusive).unwrap();
+    let meshd = Meshd::start_with(mailbox, &dir.path().join("sock"), stall_limits(50, None));
+    meshd.create_sharded("svc", 4, 16, 8, 2);
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let (first, seq0, _) = stalled_child(&meshd, dir.path(), "svc", "writing");
+    let (second, seq1, _) = stalled_child(&meshd, dir.path(), "svc", "writing");
+    let mut children = [first, second];
+    assert_eq!(children.iter().map(ChildClient::slot).collect::<Vec<_>>(), [0, 1], "one client a shard");
+    let mut row = meshd.service("svc");
+    assert!(
+        wait_until(DEADLINE, || {
+            row = meshd.service("svc");
+            row.holds.len() == 2
+        }),
+        "never shown held in both shards: {row:?}"
+    );
+    let seen: Vec<_> = row.holds.iter().map(|h| (h.shard, h.client, h.pid, h.seq, h.stopped)).collect();
+    let want: Vec<_> = children
+        .iter()
+        .zip([seq0, seq1])
+        .enumerate()
+        .map(|(shard, (c, seq))| (shard as u32, c.id, c.child.id(), seq, true))
+        .collect();
+    assert_eq!(seen, want, "{row:?}");
+    assert_eq!(row.held_by.as_ref(), row.holds.first(), "held_by is the first shard's hold");
+    let info = ask(&meshd.socket, &Request::Info, &[]);
+    let json = serde_json::to_value(info.info.unwrap()).unwrap();
+    assert_eq!(json["services"][0]["holds"][1]["shard"], json!(1));
+    assert_eq!(json["services"][0]["holds"][0].get("shard"), None, "shard 0: the field left out, as before shards");
+    let ps = Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", &meshd.socket).arg("ps").output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    for (shard, (c, seq)) in children.iter().zip([seq0, seq1]).enumerate() {
+        let line = format!("fan-in svc shard {shard} held at seq {seq} by {:#x} pid {} (stopped)", c.id, c.child.id());
+        assert!(ps.contains(&line), "ps says {ps}");
+    }
+    // Continued: each commits its request itself, and the holds are gone.
+    for c in &mut children {
+        cont(c);
+        assert_eq!(c.expect("RESUMED ").trim(), "false", "nothing was revoked under it");
+        c.expect("DONE");
+    }
+    assert!(wait_until(DEADLINE, || meshd.service("svc").holds.is_empty()), "still shown held");
+    assert_eq!(meshd.service("svc").held_by, None);
+    for c in &mut children {
+        assert!(wait_until(DEADLINE, || c.child.try_wait().unwrap().is_some_and(|s| s.success())), "a child failed");
+    }
+    let served = program.stop();
+    for c in &children {
+        assert_eq!(served.taken.get(&c.id), Some(&STALL_REQUESTS), "{:?}", served.taken);
+    }
+    assert!(served.skips.is_empty(), "no skip: {:?}", served.skips);
+    meshd.stop();
+}
+
+#[test]
 fn with_the_kill_delay_a_client_stopped_while_writing_is_killed_and_its_request_skipped() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();

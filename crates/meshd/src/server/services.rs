@@ -46,8 +46,8 @@ use super::Shared;
 use super::listener::ConnectionSlot;
 use super::stalls::{Held, StallConfig};
 use crate::protocol::{
-    AttachedClient, MAX_LINE, REPLIES_SUFFIX, Request, Response, SERVICE_NAME_MAX, ServiceClientRow, ServiceRow,
-    parse_request, write_response,
+    AttachedClient, MAX_LINE, REPLIES_SUFFIX, Request, Response, SERVICE_NAME_MAX, ServiceClientRow, ServiceHold,
+    ServiceRow, parse_request, write_response,
 };
 
 /// How long an attach waits for the serving program to acknowledge a departure before it is refused
@@ -265,7 +265,7 @@ pub(super) struct Services {
     /// The stall watcher's settings (`None`: it does not run).
     pub(super) stall: Option<StallConfig>,
     /// Fan-in rings held by a client between the begin and the commit of a send (what the stall
-    /// watcher cannot revoke), by service and shard: `info`'s `held_by` (the lowest shard's).
+    /// watcher cannot revoke), by service and shard: `info`'s `holds` (and `held_by`, the lowest shard's).
     pub(super) held: Mutex<HashMap<(String, u32), Held>>,
 }
 
@@ -355,11 +355,16 @@ impl Services {
         service_names(&channels)
             .into_iter()
             .map(|(name, entries)| {
-                let held_by = held
+                // Every shard's hold, by shard; `held_by` stays the first, for clients that read
+                // only that (one ring, as before shards).
+                let mut holds: Vec<(u32, ServiceHold)> = held
                     .iter()
                     .filter(|((service, _), _)| *service == name)
-                    .min_by_key(|((_, shard), _)| *shard)
-                    .map(|(_, h)| h.row());
+                    .map(|((_, shard), h)| (*shard, h.row()))
+                    .collect();
+                holds.sort_unstable_by_key(|(shard, _)| *shard);
+                let holds: Vec<ServiceHold> = holds.into_iter().map(|(_, h)| h).collect();
+                let held_by = holds.first().cloned();
                 let read = self.owner(&name).and_then(|o| {
                     let o = o.lock();
                     let clients = o.bound()?;
@@ -387,6 +392,7 @@ impl Services {
                             .map(|(id, holder)| ServiceClientRow { id: id.0, pid: holder.map_or(0, |h| h.pid) })
                             .collect(),
                         held_by,
+                        holds,
                         error: None,
                     },
                     Err(e) => ServiceRow {
@@ -394,6 +400,7 @@ impl Services {
                         entries,
                         shards: 1,
                         held_by,
+                        holds,
                         error: Some(format!("{e:#}")),
                         ..ServiceRow::default()
                     },

@@ -23,7 +23,7 @@
 //!   message was whole; its late finish fails harmlessly.
 //! * **Writing, not committed** (stopped inside the copy of one request): cannot be completed while
 //!   the client lives. Logged once (`fan-in NAME held at seq S by pid P (stopped)`), shown in `info`
-//!   and `ps` (`held_by`) until it ends, and, with a kill delay ([`StallConfig::kill`]), the client is
+//!   and `ps` (`holds`, every shard held; `held_by`, the first) until it ends, and, with a kill delay ([`StallConfig::kill`]), the client is
 //!   killed with SIGKILL once it has held the ring that long; its lease (or the watcher of adopted
 //!   clients) then sees it die and completes the slot as a skip (`depart_dead`).
 //!
