@@ -39,58 +39,6 @@ static __device__ void warps_keep_shards(mesh_fanin* in, uint32_t w, uint32_t wa
     }
 }
 
-// mesh_group_departed over the entries of warp w of W (slot % W == w): the header's scan with that
-// filter (kept here while the many-warp loop is an experiment).
-static __device__ bool warps_departed(mesh_group* g, uint32_t* gone, uint32_t w, uint32_t warps) {
-    if (g->msg_size == 0) return false;
-    if (!g->scanning) {
-        if (g->scanned) {
-            const uint64_t now = mesh_globaltimer();
-            if (now < g->changes_due) return false;
-            g->changes_due = now + MESH_GROUP_PERIOD_NS;
-            const bool moved = __shfl_sync(0xffffffffu, g->changes_read != g->changes_seen, 0);
-            if (!moved) {
-                if (mesh_lane0()) g->changes_read = mesh_group_ld_relaxed_u64(g->header + MESH_GROUP_CHANGES);
-                return false;
-            }
-        }
-        uint64_t v = 0;
-        if (mesh_lane0()) v = mesh_ld_acquire_u64(g->header + MESH_GROUP_CHANGES);
-        g->scan_changes = __shfl_sync(0xffffffffu, v, 0);
-        g->scanning = true;
-        g->scan_at = 0;
-    }
-    const uint32_t lane = mesh_lane();
-    while (g->scan_at < g->entries) {
-        const uint32_t s = g->scan_at + lane;
-        uint64_t word = 0;
-        uint32_t acked = 0;
-        const bool mine = s < g->entries && s % warps == w;
-        if (mine) {
-            char* e = mesh_group_entry(g, s);
-            word = mesh_ld_acquire_u64(e + MESH_GROUP_ENTRY_BINDING);
-            acked = *(volatile uint32_t*)(e + MESH_GROUP_ENTRY_ACKED);
-        }
-        const bool due = mine && (uint32_t)(word >> 32) == MESH_GROUP_DEPARTED && acked != (uint32_t)word;
-        const uint32_t ballot = __ballot_sync(0xffffffffu, due);
-        if (ballot == 0) {
-            g->scan_at += 32u;
-            continue;
-        }
-        const uint32_t first = (uint32_t)__ffs((int)ballot) - 1u;
-        const uint32_t epoch = __shfl_sync(0xffffffffu, (uint32_t)word, first);
-        const uint32_t slot = g->scan_at + first;
-        mesh_group_ack(g, slot, epoch);
-        g->scan_at = slot + 1u;
-        *gone = slot | (epoch & 0xffffu) << 16;
-        return true;
-    }
-    g->scanning = false;
-    g->scanned = true;
-    g->changes_seen = g->changes_read = g->scan_changes;
-    return false;
-}
-
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     __shared__ uint32_t reqs[WARPS_MAX][MESH_FANIN_BATCH_MAX * WARPS_MAX_BYTES / 4u];
     __shared__ uint32_t from[WARPS_MAX][MESH_FANIN_BATCH_MAX];
@@ -123,7 +71,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     while (!mesh_should_stop(ctx)) {
         if ((++iter & 1023u) == 0 && threadIdx.x == 0) mesh_heartbeat(ctx, ++beat);  // counts: at the stop
         uint32_t gone;
-        while (warps_departed(&out, &gone, w, warps)) n[4]++;
+        while (mesh_group_departed_part(&out, &gone, w, warps)) n[4]++;  // its own clients only
         uint32_t skipped, dropped;
         const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, MESH_FANIN_BATCH_MAX);
         if (k == 0) continue;

@@ -229,6 +229,21 @@ def test_malformed_and_refused_attach_answers_leave_nothing_open(daemon: Daemon,
 # ---- many clients ----
 
 
+def stream_checked(svc: meshd.Service, n: int, rounds: int, window: int, errors: list[str]) -> None:
+    """Sends `rounds` requests with up to `window` in flight and checks every reply, in order (client
+    `n` in what it appends to `errors` at its first wrong reply)."""
+    sent = got = 0
+    while got < rounds:
+        while sent - got < window and sent < rounds:
+            svc.send(req(sent, svc.id), timeout=DEADLINE)
+            sent += 1
+        reply = svc.recv(timeout=DEADLINE)
+        if reply != rsp(got, svc.id):
+            errors.append(f"client {n} reply {got}: {reply[:8].hex()}")
+            return
+        got += 1
+
+
 def test_clients_in_threads_each_get_their_own_replies_in_order(kv: Kv, peer: Peer) -> None:
     daemon, server = kv
     rounds, window = 300, 6
@@ -239,16 +254,7 @@ def test_clients_in_threads_each_get_their_own_replies_in_order(kv: Kv, peer: Pe
         try:
             with meshd.Service.connect("kv", daemon.socket, timeout=DEADLINE) as svc:
                 ids.append(svc.id)
-                sent = got = 0
-                while got < rounds:
-                    while sent - got < window and sent < rounds:
-                        svc.send(req(sent, svc.id), timeout=DEADLINE)
-                        sent += 1
-                    reply = svc.recv(timeout=DEADLINE)
-                    if reply != rsp(got, svc.id):
-                        errors.append(f"client {n} reply {got}: {reply[:8].hex()}")
-                        return
-                    got += 1
+                stream_checked(svc, n, rounds, window, errors)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(f"client {n}: {e!r}")
 
@@ -293,16 +299,7 @@ def test_a_service_of_two_shards_serves_clients_in_both_and_info_says_so(daemon:
                 ids.append(svc.id)
                 attached.wait()
                 attached.wait()
-                sent = got = 0
-                while got < rounds:
-                    while sent - got < window and sent < rounds:
-                        svc.send(req(sent, svc.id), timeout=DEADLINE)
-                        sent += 1
-                    reply = svc.recv(timeout=DEADLINE)
-                    if reply != rsp(got, svc.id):
-                        errors.append(f"client {n} reply {got}: {reply[:8].hex()}")
-                        return
-                    got += 1
+                stream_checked(svc, n, rounds, window, errors)
         except Exception as e:  # noqa: BLE001 - reported below
             attached.abort()
             errors.append(f"client {n}: {e!r}")

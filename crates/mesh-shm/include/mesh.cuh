@@ -2075,7 +2075,13 @@ static __device__ __forceinline__ void mesh_group_ack(mesh_group* g, uint32_t sl
 // after the open (acknowledging what the last launch had not), it reads `changes` again with an
 // acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32
 // per round trip: a departed entry whose acked_epoch != epoch (not `<`: epochs wrap) is acknowledged.
-static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
+// mesh_group_departed_part is the same over the entries e with e % parts == part alone: for a program
+// whose warps each answer their own clients (warp w of W taking the fan-in shards w, w + W, ... of a
+// channel of P shards, W dividing P, so that client e is warp e % W's): a departure must be
+// acknowledged by the warp that answers that client, or its ring could go to a new client while the
+// warp still answers the old one (tests/programs/service_x_warps.cu; parts a power of two).
+static __device__ __forceinline__ bool mesh_group_departed_part(mesh_group* g, uint32_t* gone, uint32_t part,
+                                                                uint32_t parts) {
     if (g->msg_size == 0) return false;
     if (!g->scanning) {
         if (g->scanned) {
@@ -2102,12 +2108,13 @@ static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32
         const uint32_t s = g->scan_at + lane;
         uint64_t w = 0;
         uint32_t acked = 0;
-        if (s < g->entries) {
+        const bool mine = s < g->entries && (s & (parts - 1u)) == part;
+        if (mine) {
             char* e = mesh_group_entry(g, s);
             w = mesh_ld_acquire_u64(e + MESH_GROUP_ENTRY_BINDING);  // epoch and state: one load
             acked = *(volatile uint32_t*)(e + MESH_GROUP_ENTRY_ACKED);  // ours: what we (or a last launch) wrote
         }
-        const bool due = s < g->entries && (uint32_t)(w >> 32) == MESH_GROUP_DEPARTED && acked != (uint32_t)w;
+        const bool due = mine && (uint32_t)(w >> 32) == MESH_GROUP_DEPARTED && acked != (uint32_t)w;
         const uint32_t ballot = __ballot_sync(0xffffffffu, due);
         if (ballot == 0) {
             g->scan_at += 32u;
@@ -2125,6 +2132,9 @@ static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32
     g->scanned = true;
     g->changes_seen = g->changes_read = g->scan_changes;
     return false;
+}
+static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
+    return mesh_group_departed_part(g, gone, 0u, 1u);
 }
 
 // Publishes every reply ring's exact head; call it before mesh_end.
