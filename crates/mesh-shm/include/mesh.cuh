@@ -187,6 +187,11 @@ static_assert(offsetof(mesh_ctx, stop_due) == 280, "offsetof(mesh_ctx, stop_due)
 static_assert(offsetof(mesh_ctx, stop_seen) == 288, "offsetof(mesh_ctx, stop_seen) disagrees with mesh-shm");
 // END GENERATED LAYOUT
 
+// The PTX primitives below (loads and stores with their scopes, %laneid, %globaltimer, %smid) are
+// skipped when MESH_HOST_EMULATION is defined: mesh-shm's CPU tests then run these calls as one warp
+// of 32 threads, with the primitives as atomics (crates/mesh-shm/tests/emu/warp_emu.h). Programs never
+// define it.
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 static __device__ __forceinline__ uint64_t mesh_ld_acquire_u64(const void* p) {
     uint64_t v;
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -208,6 +213,7 @@ static __device__ __forceinline__ void mesh_st_release_u64(void* p, uint64_t v) 
 static __device__ __forceinline__ void mesh_st_release_u32(void* p, uint32_t v) {
     asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+#endif  // MESH_HOST_EMULATION
 static __device__ __forceinline__ char* mesh_at(const mesh_ctx& c, uint64_t offset) {
     return (char*)(uintptr_t)(c.base + offset);
 }
@@ -215,6 +221,7 @@ static __device__ __forceinline__ char* mesh_slot_at(const mesh_ctx& c, uint64_t
     return mesh_at(c, c.slot_offset + field);
 }
 
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 // Nanoseconds of the GPU's global timer.
 static __device__ __forceinline__ uint64_t mesh_globaltimer(void) {
     uint64_t t;
@@ -227,6 +234,7 @@ static __device__ __forceinline__ uint32_t mesh_smid(void) {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
     return id;
 }
+#endif  // MESH_HOST_EMULATION
 
 // How often, in ns of %globaltimer, mesh_should_stop(ctx) reads meshd's stop word. Define it before
 // including mesh.cuh to change it: a stop is seen within about two periods. Why so rarely: on the
@@ -304,6 +312,7 @@ static __device__ __forceinline__ uint32_t mesh_user_load(const mesh_ctx& c, uin
 // publishes its index with a plain store (no fence) every half ring, when a receiver finds the ring
 // empty, and exactly on mesh_chan_flush / mesh_chan_close.
 
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 static __device__ __forceinline__ uint64_t mesh_ld_volatile_u64(const volatile void* p) {
     uint64_t v;
     asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -324,6 +333,7 @@ static __device__ __forceinline__ uint32_t mesh_lane(void) {
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
     return l;
 }
+#endif  // MESH_HOST_EMULATION
 
 // The tag of message `seq`: its low 31 bits with the top bit set (never 0, the value of a ring never
 // written, and never the tag of the message a ring earlier in the same slot).
@@ -821,6 +831,7 @@ struct mesh_poll_box {
     uint32_t buf[32u * 2u * MESH_POLL_MAX_PAIRS];  // the message handed over (payload words)
 };
 
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 static __device__ __forceinline__ uint64_t mesh_poll_ld_relaxed(const unsigned long long* p) {
     uint64_t v;
     asm volatile("ld.relaxed.cta.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -834,6 +845,7 @@ static __device__ __forceinline__ uint64_t mesh_poll_ld_acquire(const unsigned l
 static __device__ __forceinline__ void mesh_poll_st_release(unsigned long long* p, uint64_t v) {
     asm volatile("st.release.cta.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+#endif  // MESH_HOST_EMULATION
 
 // Lane 0's value on every lane.
 static __device__ __forceinline__ uint64_t mesh_poll_bcast(uint64_t v) {
@@ -1810,12 +1822,14 @@ static __device__ __forceinline__ volatile uint64_t* mesh_group_slot(const mesh_
     return (volatile uint64_t*)(mesh_group_ring(g, slot) + MESH_RING_SLOTS +
                                 (seq & g->mask) * (uint64_t)g->msg_size * MESH_RING_WIRE_FACTOR);
 }
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 // A relaxed 8-byte load of host memory (the rate-limited read of a group's `changes`).
 static __device__ __forceinline__ uint64_t mesh_group_ld_relaxed_u64(const void* p) {
     uint64_t v;
     asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+#endif  // MESH_HOST_EMULATION
 // Lane 0 stores a word of the mailbox for the warp: 32 stores of one word would each cross PCIe.
 static __device__ __forceinline__ bool mesh_lane0(void) {
     return mesh_lane() == 0;
@@ -2300,6 +2314,7 @@ static __device__ __forceinline__ bool mesh_block_should_stop(mesh_ctx& c) {
     return mesh_block_bcast(mesh_block_rank() == 0 ? (uint64_t)mesh_should_stop(c) : 0u) != 0;
 }
 
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 static __device__ __forceinline__ uint64_t mesh_ld_acquire_gpu_u64(const void* p) {
     uint64_t v;
     asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -2316,6 +2331,7 @@ static __device__ __forceinline__ uint4 mesh_ld_volatile_v4(const void* p) {
                  : "memory");
     return v;
 }
+#endif  // MESH_HOST_EMULATION
 
 // Copies n 16-byte units from src to dst (global or shared memory) with every thread of the block, 4
 // loads in flight per thread before its stores. The loads are volatile: they go past the SM's L1,
@@ -2589,10 +2605,12 @@ static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     return whole ? (const void*)mesh_bulk_slot(ch, ch->mine) : (const void*)0;
 }
 
+#ifndef MESH_HOST_EMULATION  // (a CPU test build supplies these: crates/mesh-shm/tests/emu)
 // A relaxed store at system scope: the consumer's tail (see mesh_block_release).
 static __device__ __forceinline__ void mesh_st_relaxed_sys_u64(void* p, uint64_t v) {
     asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+#endif  // MESH_HOST_EMULATION
 
 // Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
 // thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a

@@ -1,0 +1,250 @@
+// fanin_shards.cpp: mesh.cuh's fan-in consumer calls (mesh_fanin_open / peek / consume / take_deferred /
+// commit / close), one ring and sharded, run as one warp on the CPU (warp_emu.h) against a fan-in
+// region laid out as mesh-shm's layout.rs lays it out, with requests written as fanin.rs's producers
+// write them (tagged words, the commit word last; some torn and finished later, some skips). A model
+// of each shard checks every batch: each shard's requests are the front of its whole ones, in order,
+// contiguous in the batch; senders, payloads and skip bits as written; at most `max`; every request
+// taken exactly once by the end; each shard's published tail never ahead of what was given back, and
+// equal to it after the close; a reopen resumes there. Built and run by tests/warp_emulation.rs:
+// `g++ -std=c++20 -O1 -pthread -I ../../include fanin_shards.cpp && ./a.out` (exit 0: all passed).
+#include "warp_emu.h"
+#include "mesh.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kRingOffset = 4096;  // shard 0's header (any non-zero offset in the "mailbox")
+constexpr uint64_t kRegion = 8192;      // the slots region: page aligned
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+struct Geometry {
+    uint32_t shards, capacity, msg_size;
+    uint64_t stride() const { return 16 + 2 * (uint64_t)msg_size; }
+    uint64_t owners() const { return round_up(8 * (uint64_t)capacity, kAlign); }                  // fanin_slots_offset
+    uint64_t span() const { return round_up(owners() + stride() * capacity, kAlign); }            // fanin_shard_span
+    uint64_t shard_header(uint32_t k) const { return k == 0 ? kRingOffset : kRegion + span() + (k - 1) * (kAlign + span()); }
+    uint64_t shard_slots(uint32_t k) const {
+        return k == 0 ? kRegion + owners() : shard_header(k) + kAlign + owners();
+    }
+    uint64_t bytes() const { return kRegion + span() + (uint64_t)(shards - 1) * (kAlign + span()) + kAlign; }
+};
+
+struct Request {
+    uint64_t seq;
+    uint32_t sender, kind, seed;
+    bool whole;
+};
+
+// Shared by the lanes (lane 0 writes between barriers; every lane reads after one).
+Geometry g;
+std::vector<uint64_t> memory;  // 8-byte words: the "mailbox"
+char* base;
+std::deque<Request> queue[32];   // per shard: requests produced and not yet given back, in order
+uint64_t produced[32];           // per shard: the next sequence number
+uint32_t shared_max, shared_consume, shared_mode;
+uint32_t rng_state = 12345;
+int failures;
+uint64_t taken_total, skips_total;
+
+uint32_t rnd() {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+void fail(const char* what, long a = 0, long b = 0) {
+    if (failures++ < 20) std::fprintf(stderr, "FAIL (P=%u, msg %u): %s [%ld, %ld]\n", g.shards, g.msg_size, what, a, b);
+}
+
+uint32_t payload(uint32_t seed, uint32_t i) { return seed * 2654435761u + i * 40503u; }
+
+uint64_t* slot_words(uint32_t k, uint64_t seq) {
+    return (uint64_t*)(base + g.shard_slots(k) + (seq & (g.capacity - 1)) * g.stride());
+}
+
+// Writes request `r` into shard k as a producer does: the body, the kind word, then the commit word.
+// `torn`: one body word keeps its old tag (still arriving); `finish` writes the whole again.
+void write_request(uint32_t k, const Request& r, bool torn) {
+    uint64_t* w = slot_words(k, r.seq);
+    const uint64_t tag = (uint64_t)mesh_tag(r.seq) << 32;
+    const uint32_t body = g.msg_size / 4;
+    for (uint32_t i = 0; i < body; i++)
+        if (!(torn && i == body / 2)) emu_st(&w[2 + i], tag | payload(r.seed, i));
+    emu_st(&w[1], tag | r.kind);
+    emu_st(&w[0], tag | r.sender);
+}
+
+// Lane 0: produce a few requests (random clients, skips, torn ones) and finish some torn ones.
+void produce_some(bool any) {
+    const uint32_t count = any ? rnd() % 7 : 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint32_t client = rnd() % 64;
+        const uint32_t k = client % g.shards;
+        if (produced[k] - (queue[k].empty() ? produced[k] : queue[k].front().seq) >= g.capacity) continue;  // full
+        Request r{produced[k]++, client | (1u + rnd() % 3) << 16, rnd() % 10 == 0 ? (uint32_t)MESH_FANIN_KIND_SKIP : 0u,
+                  rnd(), rnd() % 8 != 0};
+        if (r.kind == MESH_FANIN_KIND_SKIP) r.whole = true;  // a skip is taken whatever its body holds
+        write_request(k, r, !r.whole);
+        queue[k].push_back(r);
+    }
+    for (uint32_t k = 0; k < g.shards; k++)
+        for (auto& r : queue[k])
+            if (!r.whole && (rnd() % 3 == 0 || !any)) {
+                r.whole = true;
+                write_request(k, r, false);
+            }
+}
+
+// Lane 0: checks a batch against the model; returns each shard's count in it (-1 entries: bad).
+void check_batch(uint32_t n, const uint32_t* buf, const uint32_t* senders, uint32_t skipped, uint32_t max,
+                 uint32_t counts[32]) {
+    for (uint32_t k = 0; k < 32; k++) counts[k] = 0;
+    if (n > max) fail("more requests than max", n, max);
+    int last_shard = -1;
+    bool seen[32] = {};
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t k = (senders[j] & 0xffffu) % g.shards;
+        if ((int)k != last_shard) {
+            if (seen[k]) fail("a shard's requests not contiguous in the batch", k, j);
+            seen[k] = true;
+            last_shard = (int)k;
+        }
+        const uint32_t at = counts[k]++;
+        if (at >= queue[k].size()) {
+            fail("a request the shard does not hold", k, at);
+            continue;
+        }
+        const Request& r = queue[k][at];
+        if (!r.whole) fail("a torn request returned", k, (long)r.seq);
+        if (r.sender != senders[j]) fail("sender", (long)r.sender, (long)senders[j]);
+        const bool skip = (skipped >> j) & 1u;
+        if (skip != (r.kind == MESH_FANIN_KIND_SKIP)) fail("skip bit", j, skip);
+        if (!skip)
+            for (uint32_t i = 0; i < g.msg_size / 4; i++)
+                if (buf[j * (g.msg_size / 4) + i] != payload(r.seed, i)) {
+                    fail("payload word", (long)r.seq, i);
+                    break;
+                }
+    }
+}
+
+// Lane 0: the first n of the batch given back.
+void consume_model(uint32_t n, const uint32_t* senders) {
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t k = (senders[j] & 0xffffu) % g.shards;
+        if (!queue[k].empty()) {
+            skips_total += queue[k].front().kind == MESH_FANIN_KIND_SKIP;
+            queue[k].pop_front();
+        }
+        taken_total++;
+    }
+}
+
+uint64_t tail_of(uint32_t k) { return emu_ld(base + g.shard_header(k) + MESH_RING_TAIL); }
+uint64_t given_back(uint32_t k) { return queue[k].empty() ? produced[k] : queue[k].front().seq; }
+
+void check_tails(bool exact) {
+    for (uint32_t k = 0; k < g.shards; k++) {
+        const uint64_t t = tail_of(k), want = given_back(k);
+        if (exact ? t != want : t > want) fail(exact ? "tail after close" : "tail ahead of what was given back", (long)t, (long)want);
+    }
+}
+
+void run(uint32_t shards, uint32_t capacity, uint32_t msg_size, uint32_t rounds) {
+    g = Geometry{shards, capacity, msg_size};
+    memory.assign(g.bytes() / 8, 0);
+    base = (char*)memory.data();
+    for (auto& q : queue) q.clear();
+    for (auto& p : produced) p = 0;
+    static uint32_t buf[MESH_FANIN_BATCH_MAX * 8192 / 4];
+    static uint32_t senders[MESH_FANIN_BATCH_MAX];
+    mesh_ctx ctx;
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.base = (uint64_t)(uintptr_t)base;
+    ctx.binding_count = 1;
+    ctx.bindings[0].ring_offset = kRingOffset;
+    ctx.bindings[0].slots = (uint64_t)(uintptr_t)(base + g.shard_slots(0));
+    ctx.bindings[0].msg_size = msg_size;
+    ctx.bindings[0].capacity = capacity;
+    ctx.bindings[0].placement = MESH_PLACEMENT_HOST;
+    ctx.bindings[0].protocol = MESH_PROTOCOL_FANIN | (shards > 1 ? shards << MESH_BULK_PARTS_SHIFT : 0u);
+    emu_run_warp([&](uint32_t lane) {
+        for (uint32_t launch = 0; launch < 2; launch++) {  // the second: a reopen resumes at the tails
+            mesh_fanin f = mesh_fanin_open(ctx, 0);
+            if (lane == 0 && (f.ch.msg_size != msg_size || f.shards != shards)) fail("open", f.ch.msg_size, f.shards);
+            for (uint32_t round = 0; round < rounds + 64; round++) {
+                const bool draining = round >= rounds;  // the last rounds: nothing new, every torn one finished
+                if (lane == 0) {
+                    produce_some(!draining);
+                    const uint32_t r = rnd();
+                    shared_max = draining ? 32u : (r % 3 == 0 ? 1u : r % 3 == 1 ? 5u : 32u);
+                    shared_mode = !draining && r % 5 == 0;  // 1: the take (deferred, then committed)
+                }
+                __syncwarp();
+                const uint32_t max = shared_max;
+                if (shared_mode) {
+                    uint32_t sender = 0;
+                    const int took = mesh_fanin_take_deferred(&f, buf, &sender);
+                    if (lane == 0 && took != MESH_TAKE_NONE) {
+                        uint32_t counts[32];
+                        const uint32_t skipped = took == MESH_TAKE_SKIP ? 1u : 0u;
+                        check_batch(1, buf, &sender, skipped, 1, counts);
+                        consume_model(1, &sender);
+                    }
+                    __syncwarp();
+                    mesh_fanin_commit(&f);
+                } else {
+                    uint32_t skipped = 0;
+                    const uint32_t n = mesh_fanin_peek(&f, buf, senders, &skipped, max);
+                    if (lane == 0) {
+                        uint32_t counts[32];
+                        check_batch(n, buf, senders, skipped, max, counts);
+                        shared_consume = draining || rnd() % 4 != 0 ? n : rnd() % (n + 1);
+                    }
+                    __syncwarp();
+                    const uint32_t d = shared_consume;
+                    if (lane == 0) consume_model(d, senders);
+                    __syncwarp();
+                    mesh_fanin_consume(&f, d);
+                }
+                __syncwarp();
+                if (lane == 0) check_tails(false);
+                __syncwarp();
+            }
+            mesh_fanin_close(&f);
+            __syncwarp();
+            if (lane == 0) {
+                check_tails(true);
+                for (uint32_t k = 0; k < shards; k++)
+                    if (!queue[k].empty()) fail("requests never taken", k, (long)queue[k].size());
+            }
+            __syncwarp();
+        }
+    });
+    std::printf("P=%u capacity %u msg %u: %llu taken (%llu skips), %d failures so far\n", shards, capacity, msg_size,
+                (unsigned long long)taken_total, (unsigned long long)skips_total, failures);
+    taken_total = skips_total = 0;
+}
+
+}  // namespace
+
+int main() {
+    run(1, 16, 64, 120);
+    run(2, 16, 64, 120);
+    run(8, 8, 64, 150);
+    run(32, 4, 16, 120);
+    run(8, 16, 8, 100);
+    run(4, 4, 8192, 40);  // a slot larger than one round trip's loads: one shard a call
+    if (failures) {
+        std::fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    std::printf("all passed\n");
+    return 0;
+}

@@ -1,0 +1,168 @@
+// warp_emu.h: one warp of mesh.cuh's device calls run on the CPU, for tests of their logic without a
+// GPU. 32 std::threads are the lanes; every warp intrinsic (__shfl_*_sync, __ballot_sync, __syncwarp,
+// ...) is an exchange through shared slots between two barriers, so warp-uniform code runs as the
+// lanes of a warp would. mesh.cuh's PTX primitives (loads and stores with their scopes, %laneid,
+// %globaltimer) are defined here, before mesh.cuh is included with MESH_HOST_EMULATION, as sequentially
+// consistent atomics: this checks what the calls compute, not the GPU's memory model or speed.
+// One warp, one block: __syncthreads is the warp's barrier and __shared__ is a static.
+#pragma once
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#define MESH_HOST_EMULATION 1
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+struct dim3 {
+    unsigned x, y, z;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+
+inline thread_local dim3 threadIdx = {0, 0, 0};
+inline dim3 blockIdx = {0, 0, 0}, blockDim = {32, 1, 1}, gridDim = {1, 1, 1};
+inline thread_local uint32_t emu_lane = 0;
+inline std::barrier<>* emu_barrier = nullptr;
+inline uint64_t emu_slots[32];
+
+inline void emu_sync() { emu_barrier->arrive_and_wait(); }
+// Lane `lane`'s word `mine` exchanged: every lane gets every lane's.
+inline uint64_t emu_exchange(uint64_t mine, uint32_t from) {
+    emu_slots[emu_lane] = mine;
+    emu_sync();
+    const uint64_t v = emu_slots[from & 31u];
+    emu_sync();
+    return v;
+}
+template <class T>
+inline uint64_t emu_bits(T v) {
+    static_assert(sizeof(T) <= 8, "a shuffled value fits 8 bytes");
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <class T>
+inline T emu_from(uint64_t b) {
+    T v;
+    std::memcpy(&v, &b, sizeof(T));
+    return v;
+}
+
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_sync(); }
+inline void __syncthreads() { emu_sync(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned __activemask() { return ~0u; }
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src, int = 32) {
+    return emu_from<T>(emu_exchange(emu_bits(v), (uint32_t)src));
+}
+template <class T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
+    const T u = emu_from<T>(emu_exchange(emu_bits(v), emu_lane >= delta ? emu_lane - delta : emu_lane));
+    return u;
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int m, int = 32) {
+    return emu_from<T>(emu_exchange(emu_bits(v), emu_lane ^ (uint32_t)m));
+}
+inline unsigned __ballot_sync(unsigned, bool p) {
+    emu_slots[emu_lane] = p;
+    emu_sync();
+    unsigned bits = 0;
+    for (uint32_t i = 0; i < 32; i++) bits |= (emu_slots[i] ? 1u : 0u) << i;
+    emu_sync();
+    return bits;
+}
+inline bool __any_sync(unsigned m, bool p) { return __ballot_sync(m, p) != 0; }
+inline bool __all_sync(unsigned m, bool p) { return __ballot_sync(m, p) == 0xffffffffu; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
+template <class T>
+inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <class T>
+inline T atomicCAS(T* p, T expected, T desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return expected;
+}
+template <class T>
+inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+// The lanes whose `v` equals this lane's.
+template <class T>
+inline unsigned __match_any_sync(unsigned, T v) {
+    emu_slots[emu_lane] = emu_bits(v);
+    emu_sync();
+    unsigned bits = 0;
+    for (uint32_t i = 0; i < 32; i++) bits |= (emu_slots[i] == emu_slots[emu_lane] ? 1u : 0u) << i;
+    emu_sync();
+    return bits;
+}
+
+// mesh.cuh's PTX primitives, as atomics.
+inline uint64_t emu_ld(const volatile void* p) { return __atomic_load_n((const uint64_t*)p, __ATOMIC_SEQ_CST); }
+inline void emu_st(volatile void* p, uint64_t v) { __atomic_store_n((uint64_t*)p, v, __ATOMIC_SEQ_CST); }
+inline uint32_t emu_ld32(const void* p) { return __atomic_load_n((const uint32_t*)p, __ATOMIC_SEQ_CST); }
+inline void emu_st32(void* p, uint32_t v) { __atomic_store_n((uint32_t*)p, v, __ATOMIC_SEQ_CST); }
+static inline uint64_t mesh_ld_acquire_u64(const void* p) { return emu_ld(p); }
+static inline uint32_t mesh_ld_acquire_u32(const void* p) { return emu_ld32(p); }
+static inline uint32_t mesh_ld_relaxed_u32(const void* p) { return emu_ld32(p); }
+static inline void mesh_st_release_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_st_release_u32(void* p, uint32_t v) { emu_st32(p, v); }
+static inline uint64_t mesh_globaltimer(void) {
+    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+static inline uint32_t mesh_smid(void) { return 0; }
+static inline uint64_t mesh_ld_volatile_u64(const volatile void* p) { return emu_ld(p); }
+static inline void mesh_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {
+    *a = emu_ld(p);
+    *b = emu_ld((const volatile char*)p + 8);
+}
+static inline void mesh_st_volatile_u64(volatile void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_st_volatile_v2(volatile void* p, uint64_t a, uint64_t b) {
+    emu_st(p, a);
+    emu_st((volatile char*)p + 8, b);
+}
+static inline uint32_t mesh_lane(void) { return emu_lane; }
+static inline uint64_t mesh_poll_ld_relaxed(const unsigned long long* p) { return emu_ld(p); }
+static inline uint64_t mesh_poll_ld_acquire(const unsigned long long* p) { return emu_ld(p); }
+static inline void mesh_poll_st_release(unsigned long long* p, uint64_t v) { emu_st(p, v); }
+static inline uint64_t mesh_group_ld_relaxed_u64(const void* p) { return emu_ld(p); }
+static inline uint64_t mesh_ld_acquire_gpu_u64(const void* p) { return emu_ld(p); }
+static inline void mesh_st_release_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline uint4 mesh_ld_volatile_v4(const void* p) {
+    uint4 v;
+    std::memcpy(&v, (const void*)p, sizeof v);
+    return v;
+}
+static inline void mesh_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); }
+
+// Runs `lane_body(lane)` on 32 threads, the lanes of one warp.
+inline void emu_run_warp(const std::function<void(uint32_t)>& lane_body) {
+    std::barrier<> bar(32);
+    emu_barrier = &bar;
+    std::vector<std::thread> lanes;
+    for (uint32_t l = 0; l < 32; l++)
+        lanes.emplace_back([&, l] {
+            emu_lane = l;
+            threadIdx = {l, 0, 0};
+            lane_body(l);
+        });
+    for (auto& t : lanes) t.join();
+    emu_barrier = nullptr;
+}
