@@ -1,9 +1,9 @@
-//! mesh.cuh's fan-in consumer calls run as one warp on the CPU (`tests/emu`: 32 threads, every warp intrinsic an exchange between barriers), checked against a model of each shard.
+//! mesh.cuh's fan-in and service calls, and the service programs themselves, run as emulated warps on the CPU (`tests/emu`: a thread a lane, every warp intrinsic an exchange between barriers), checked against models.
 //!
-//! The device code is the shipped header, compiled by the host's C++ compiler with
-//! `MESH_HOST_EMULATION` (which swaps its few PTX primitives for atomics): what the calls compute is
-//! tested on every CI run, not the GPU's memory model or speed (the GPU tests do that). Without a C++20
-//! compiler (`$CXX`, `c++` or `g++`) the test says SKIPPED and passes.
+//! The device code is the shipped header (and tests/programs' service loops), compiled by the host's
+//! C++ compiler with `MESH_HOST_EMULATION` (which swaps its few PTX primitives for atomics): what the
+//! calls compute is tested on every CI run, not the GPU's memory model or speed (the GPU tests do
+//! that). Without a C++20 compiler (`$CXX`, `c++` or `g++`) the tests say SKIPPED and pass.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,12 +13,15 @@ fn compiler() -> Option<String> {
     candidates.into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
 }
 
-fn build(cxx: &str, source: &Path, out: &Path) -> Result<(), String> {
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+fn build(cxx: &str, source: &Path, out: &Path, defines: &[String]) -> Result<(), String> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let output = Command::new(cxx)
         .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
         .arg("-I")
-        .arg(&include)
+        .arg(manifest.join("include"))
+        .arg("-I")
+        .arg(manifest.join("../../tests/programs"))
+        .args(defines)
         .arg(source)
         .arg("-o")
         .arg(out)
@@ -27,24 +30,61 @@ fn build(cxx: &str, source: &Path, out: &Path) -> Result<(), String> {
     if output.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&output.stderr).into_owned()) }
 }
 
-#[test]
-fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharded() {
+/// Builds `tests/emu/SOURCE` into the target's scratch folder as `name`; None (after saying SKIPPED)
+/// without a C++20 compiler.
+fn built(source: &str, name: &str, defines: &[String]) -> Option<PathBuf> {
     let Some(cxx) = compiler() else {
         println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's warp emulation");
-        return;
+        return None;
     };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emu");
-    let exe: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fanin_shards_emu");
-    if let Err(e) = build(&cxx, &dir.join("fanin_shards.cpp"), &exe) {
-        if e.contains("c++20") || e.contains("barrier") {
+    let exe: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if let Err(e) = build(&cxx, &dir.join(source), &exe, defines) {
+        if e.contains("c++20") || e.contains("<barrier>") {
             println!("SKIPPED: {cxx} cannot build C++20 (std::barrier): {}", e.lines().next().unwrap_or(""));
-            return;
+            return None;
         }
-        panic!("building tests/emu/fanin_shards.cpp with {cxx} failed:\n{e}");
+        panic!("building tests/emu/{source} with {cxx} failed:\n{e}");
     }
-    let run = Command::new(&exe).output().expect("run the emulation");
+    Some(exe)
+}
+
+fn passes(exe: &Path, args: &[&str]) {
+    let run = Command::new(exe).args(args).output().expect("run the emulation");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     println!("{stdout}");
-    assert!(run.status.success() && stdout.contains("all passed"), "the warp emulation failed:\n{stdout}\n{stderr}");
+    assert!(
+        run.status.success() && stdout.contains("all passed"),
+        "the warp emulation failed ({} {args:?}):\n{stdout}\n{stderr}",
+        exe.display()
+    );
+}
+
+#[test]
+fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharded() {
+    if let Some(exe) = built("fanin_shards.cpp", "fanin_shards_emu", &[]) {
+        passes(&exe, &[]);
+    }
+}
+
+/// The service programs of tests/programs, whole, as blocks of emulated warps against a driver that
+/// plays the clients (numbered requests, every reply checked, a quarter departing with requests in
+/// flight) and meshd (departures, the stop): `service.cu` (the batched loop), `service_x_serial.cu`
+/// (one at a time: the take and the commit) over one ring and over shards, and `service_x_warps.cu`
+/// with several warps over shards (each warp its own shards, replies and departures).
+#[test]
+fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
+    let cases: [(&str, &[[&str; 2]]); 3] = [
+        ("service.cu", &[["1", "1"], ["8", "1"], ["32", "1"]]),
+        ("service_x_serial.cu", &[["1", "1"], ["8", "1"]]),
+        ("service_x_warps.cu", &[["2", "2"], ["8", "2"], ["8", "8"]]),
+    ];
+    for (program, runs) in cases {
+        let name = format!("service_emu_{}", program.trim_end_matches(".cu"));
+        let Some(exe) = built("service_emu.cpp", &name, &[format!("-DPROGRAM=\"{program}\"")]) else { return };
+        for [shards, warps] in runs {
+            passes(&exe, &[shards, warps]);
+        }
+    }
 }

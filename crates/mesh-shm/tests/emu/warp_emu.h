@@ -4,7 +4,8 @@
 // lanes of a warp would. mesh.cuh's PTX primitives (loads and stores with their scopes, %laneid,
 // %globaltimer) are defined here, before mesh.cuh is included with MESH_HOST_EMULATION, as sequentially
 // consistent atomics: this checks what the calls compute, not the GPU's memory model or speed.
-// One warp, one block: __syncthreads is the warp's barrier and __shared__ is a static.
+// One block of up to EMU_MAX_WARPS warps (emu_run_block): each warp its own barrier and exchange
+// slots, __syncthreads the block's barrier; __shared__ is a static (one block per process at a time).
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -30,12 +32,16 @@ struct uint4 {
 
 inline thread_local dim3 threadIdx = {0, 0, 0};
 inline dim3 blockIdx = {0, 0, 0}, blockDim = {32, 1, 1}, gridDim = {1, 1, 1};
+constexpr uint32_t EMU_MAX_WARPS = 8;
 inline thread_local uint32_t emu_lane = 0;
-inline std::barrier<>* emu_barrier = nullptr;
-inline uint64_t emu_slots[32];
+inline thread_local uint32_t emu_warp = 0;
+inline std::barrier<>* emu_barriers[EMU_MAX_WARPS];
+inline std::barrier<>* emu_block_barrier = nullptr;
+inline uint64_t emu_warp_slots[EMU_MAX_WARPS][32];
+#define emu_slots emu_warp_slots[emu_warp]
 
-inline void emu_sync() { emu_barrier->arrive_and_wait(); }
-// Lane `lane`'s word `mine` exchanged: every lane gets every lane's.
+inline void emu_sync() { emu_barriers[emu_warp]->arrive_and_wait(); }
+// Lane `lane`'s word `mine` exchanged within its warp: every lane gets every lane's.
 inline uint64_t emu_exchange(uint64_t mine, uint32_t from) {
     emu_slots[emu_lane] = mine;
     emu_sync();
@@ -58,7 +64,7 @@ inline T emu_from(uint64_t b) {
 }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_sync(); }
-inline void __syncthreads() { emu_sync(); }
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -152,17 +158,30 @@ static inline uint4 mesh_ld_volatile_v4(const void* p) {
 }
 static inline void mesh_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); }
 
-// Runs `lane_body(lane)` on 32 threads, the lanes of one warp.
-inline void emu_run_warp(const std::function<void(uint32_t)>& lane_body) {
-    std::barrier<> bar(32);
-    emu_barrier = &bar;
-    std::vector<std::thread> lanes;
-    for (uint32_t l = 0; l < 32; l++)
-        lanes.emplace_back([&, l] {
-            emu_lane = l;
-            threadIdx = {l, 0, 0};
-            lane_body(l);
+// Runs `body(thread)` on `warps` x 32 threads, one block (blockDim.x = warps x 32). A thread that
+// returns early leaves its warp's and the block's barriers (as an exited thread does on a GPU).
+inline void emu_run_block(uint32_t warps, const std::function<void(uint32_t)>& body) {
+    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    for (uint32_t w = 0; w < warps; w++) {
+        bars.emplace_back(std::make_unique<std::barrier<>>(32));
+        emu_barriers[w] = bars.back().get();
+    }
+    std::barrier<> block((ptrdiff_t)warps * 32);
+    emu_block_barrier = &block;
+    blockDim = {warps * 32u, 1, 1};
+    std::vector<std::thread> threads;
+    for (uint32_t t = 0; t < warps * 32u; t++)
+        threads.emplace_back([&, t] {
+            emu_lane = t % 32u;
+            emu_warp = t / 32u;
+            threadIdx = {t, 0, 0};
+            body(t);
+            emu_barriers[emu_warp]->arrive_and_drop();
+            emu_block_barrier->arrive_and_drop();
         });
-    for (auto& t : lanes) t.join();
-    emu_barrier = nullptr;
+    for (auto& th : threads) th.join();
+    emu_block_barrier = nullptr;
+    blockDim = {32, 1, 1};
 }
+// One warp (the lanes of emu_run_block(1, ...)).
+inline void emu_run_warp(const std::function<void(uint32_t)>& lane_body) { emu_run_block(1, lane_body); }

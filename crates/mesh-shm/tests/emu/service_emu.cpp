@@ -1,0 +1,188 @@
+// service_emu.cpp: a service program of tests/programs (PROGRAM: service.cu, or service_x_warps.cu over
+// several warps) run on the CPU as one block of emulated warps (warp_emu.h), against a fan-in channel of
+// SHARDS shards and a channel group laid out as mesh-shm lays them out. A driver thread plays the
+// clients and meshd: it sends each client's numbered requests into its shard (room from the shard's
+// published tail), reads every reply from the client's ring and checks it (the request's number, word 1
+// plus one, the rest as sent, in order), makes a quarter of the clients depart half way (entry
+// DEPARTED, `changes` bumped) and checks that each departure is acknowledged and that no reply reaches
+// a departed client's ring after its acknowledgement, then stops the program and checks its counts
+// (user words: sent, skips, gone, departures). Built and run by tests/warp_emulation.rs, e.g.
+// `g++ -std=c++20 -O1 -pthread -I ../../include -I ../../../../tests/programs -DPROGRAM='"service.cu"'
+// service_emu.cpp -o service_emu && ./service_emu 8 1` (8 shards, one warp).
+#include "warp_emu.h"
+#define MESH_GROUP_PERIOD_NS 0u  // look at `changes` on every call (the emulation's time runs slow)
+#include PROGRAM
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace {
+
+uint32_t SHARDS = 1, WARPS = 1;  // from the command line: `service_emu SHARDS WARPS`
+
+constexpr uint64_t kPage = 4096;
+constexpr uint32_t kMsg = 64, kWords = kMsg / 4;
+constexpr uint32_t kCapacity = 8;        // fan-in slots per shard
+constexpr uint32_t kReplyCapacity = 4;   // replies per client ring
+constexpr uint32_t kClients = 16, kRequests = 40, kWindow = 3;
+constexpr uint64_t kSlot = 512;          // the program's slot
+constexpr uint64_t kFaninHeader = 4096;  // shard 0's ring header
+constexpr uint64_t kRegion = 8192;       // the fan-in's slots region
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+constexpr uint64_t stride_of_fanin() { return 16 + 2 * (uint64_t)kMsg; }
+uint64_t owners() { return round_up(8 * (uint64_t)kCapacity, kPage); }
+uint64_t span() { return round_up(owners() + stride_of_fanin() * kCapacity, kPage); }
+uint64_t shard_header(uint32_t k) { return k == 0 ? kFaninHeader : kRegion + span() + (k - 1) * (kPage + span()); }
+uint64_t shard_slots(uint32_t k) { return k == 0 ? kRegion + owners() : shard_header(k) + kPage + owners(); }
+uint64_t group_at() { return round_up(shard_header(SHARDS) + kPage, kPage); }  // past the last shard
+uint64_t ring_stride() { return MESH_RING_SLOTS + round_up((uint64_t)kMsg * 2 * kReplyCapacity, MESH_LINE); }
+uint64_t entry_at(uint32_t c) { return group_at() + MESH_GROUP_HEADER_SIZE + (uint64_t)c * MESH_GROUP_ENTRY_SIZE; }
+uint64_t ring_at(uint32_t c) {
+    return group_at() + MESH_GROUP_HEADER_SIZE + (uint64_t)kClients * MESH_GROUP_ENTRY_SIZE + c * ring_stride();
+}
+uint64_t bytes() { return ring_at(kClients) + kPage; }
+
+std::vector<uint64_t> memory;
+char* base;
+int failures;
+uint64_t replies_read_total;  // the driver's, read by main after it joined
+
+void fail(const char* what, long a = 0, long b = 0) {
+    if (failures++ < 20) std::fprintf(stderr, "FAIL (%s, %u shards, %u warps): %s [%ld, %ld]\n", PROGRAM, SHARDS, WARPS, what, a, b);
+}
+uint64_t ld(uint64_t off) { return emu_ld(base + off); }
+void st(uint64_t off, uint64_t v) { emu_st(base + off, v); }
+uint32_t body_word(uint32_t c, uint32_t n, uint32_t i) { return c * 7919u + n * 104729u + i * 31u; }
+uint32_t id_of(uint32_t c) { return c | 1u << 16; }  // slot c, epoch 1
+
+// The driver: clients and meshd.
+void drive() {
+    uint32_t sent[kClients] = {}, got[kClients] = {};
+    uint64_t reply_tail[kClients] = {}, produced[32] = {};
+    bool departed[kClients] = {}, acked[kClients] = {};
+    uint64_t acked_tail[kClients] = {};
+    uint64_t replies_read = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (;;) {
+        bool done = true;
+        for (uint32_t c = 0; c < kClients; c++) {
+            const bool leaves = c % 4 == 3;
+            // Send while the window and the shard have room.
+            const uint32_t k = c % SHARDS;
+            while (!departed[c] && sent[c] < kRequests && sent[c] - got[c] < kWindow &&
+                   produced[k] - ld(shard_header(k) + MESH_RING_TAIL) < kCapacity) {
+                const uint64_t seq = produced[k]++;
+                uint64_t* w = (uint64_t*)(base + shard_slots(k) + (seq & (kCapacity - 1)) * stride_of_fanin());
+                const uint64_t tag = (uint64_t)mesh_tag(seq) << 32;
+                emu_st(&w[2], tag | sent[c]);                      // request word 0: its number
+                emu_st(&w[3], tag | (sent[c] * 3u + 1u));          // word 1: the service adds one
+                for (uint32_t i = 2; i < kWords; i++) emu_st(&w[2 + i], tag | body_word(c, sent[c], i));
+                emu_st(&w[1], tag | MESH_FANIN_KIND_DATA);
+                emu_st(&w[0], tag | id_of(c));                    // the commit
+                sent[c]++;
+            }
+            // A quarter of the clients leave half way, with requests in flight (answered before the
+            // program acknowledges the departure, or dropped as GONE after it).
+            if (leaves && !departed[c] && got[c] >= kRequests / 2 && sent[c] > got[c]) {
+                departed[c] = true;  // meshd: the entry departs; the program must acknowledge it
+                st(entry_at(c) + MESH_GROUP_ENTRY_BINDING, (uint64_t)MESH_GROUP_DEPARTED << 32 | 1u);
+                st(group_at() + MESH_GROUP_CHANGES, ld(group_at() + MESH_GROUP_CHANGES) + 1);
+            }
+            // Read every whole reply.
+            for (;;) {
+                const uint64_t t = reply_tail[c];
+                const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS + (t & (kReplyCapacity - 1)) * kMsg * 2);
+                bool whole = true;
+                for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_tag(t);
+                if (!whole) break;
+                if (acked[c]) fail("a reply in a departed client's ring after its acknowledgement", c, (long)t);
+                const uint32_t n = (uint32_t)emu_ld(&r[0]);
+                if (n != got[c]) fail("reply out of order", c, n);
+                if ((uint32_t)emu_ld(&r[1]) != n * 3u + 2u) fail("reply word 1", c, n);
+                for (uint32_t i = 2; i < kWords; i++)
+                    if ((uint32_t)emu_ld(&r[i]) != body_word(c, n, i)) fail("reply body", c, i);
+                got[c]++;
+                replies_read++;
+                reply_tail[c] = t + 1;
+                st(ring_at(c) + MESH_RING_TAIL, t + 1);
+            }
+            if (departed[c] && !acked[c] && (uint32_t)ld(entry_at(c) + MESH_GROUP_ENTRY_ACKED) == 1u) {
+                acked[c] = true;  // from now on nothing may reach its ring (checked above, on every pass)
+                acked_tail[c] = reply_tail[c];
+            }
+            if (departed[c] ? !acked[c] : got[c] < kRequests) done = false;
+        }
+        if (done) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+            for (uint32_t c = 0; c < kClients; c++)
+                if (departed[c] ? !acked[c] : got[c] < kRequests) fail("client stuck (sent, got)", sent[c], got[c]);
+            break;
+        }
+        std::this_thread::yield();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (uint32_t c = 0; c < kClients; c++)  // a last look: still nothing after an acknowledgement
+        if (acked[c]) {
+            const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS +
+                                                  (acked_tail[c] & (kReplyCapacity - 1)) * kMsg * 2);
+            if ((uint32_t)(emu_ld(&r[0]) >> 32) == mesh_tag(acked_tail[c])) fail("late reply to a departed client", c);
+        }
+    st(kSlot + MESH_SLOT_STOP, 1);  // meshd: stop
+    uint64_t expected_sent = replies_read;
+    uint32_t departures = 0;
+    for (uint32_t c = 0; c < kClients; c++) departures += departed[c];
+    // Set by the program at its stop (user words 0-4); the block has not ended yet: the caller checks.
+    std::printf("driver: %llu replies read, %u departures\n", (unsigned long long)expected_sent, departures);
+    replies_read_total = expected_sent;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 3) {
+        SHARDS = (uint32_t)std::atoi(argv[1]);
+        WARPS = (uint32_t)std::atoi(argv[2]);
+    }
+    if (SHARDS == 0 || SHARDS > 32 || (SHARDS & (SHARDS - 1)) != 0 || WARPS == 0 || WARPS > EMU_MAX_WARPS) {
+        std::fprintf(stderr, "usage: %s SHARDS WARPS (shards a power of two to 32, warps 1 to %u)\n", argv[0], EMU_MAX_WARPS);
+        return 2;
+    }
+    memory.assign(bytes() / 8, 0);
+    base = (char*)memory.data();
+    // The group's header and entries, as meshd writes them: every client bound at epoch 1.
+    emu_st32(base + group_at() + MESH_GROUP_ENTRIES, kClients);
+    emu_st32(base + group_at() + MESH_GROUP_MSG_SIZE, kMsg);
+    emu_st32(base + group_at() + MESH_GROUP_CAPACITY, kReplyCapacity);
+    st(group_at() + MESH_GROUP_RING_STRIDE, ring_stride());
+    for (uint32_t c = 0; c < kClients; c++) st(entry_at(c) + MESH_GROUP_ENTRY_BINDING, (uint64_t)MESH_GROUP_BOUND << 32 | 1u);
+    mesh_ctx ctx;
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.base = (uint64_t)(uintptr_t)base;
+    ctx.slot_offset = kSlot;
+    ctx.binding_count = 2;
+    ctx.bindings[0] = {kFaninHeader, (uint64_t)(uintptr_t)(base + shard_slots(0)), kMsg, kCapacity, MESH_PLACEMENT_HOST,
+                       MESH_PROTOCOL_FANIN | (SHARDS > 1 ? SHARDS << MESH_BULK_PARTS_SHIFT : 0u)};
+    ctx.bindings[1] = {1024, (uint64_t)(uintptr_t)(base + group_at()), kMsg, kReplyCapacity, MESH_PLACEMENT_HOST,
+                       MESH_PROTOCOL_GROUP};
+    std::thread driver(drive);
+    emu_run_block(WARPS, [&](uint32_t) { mesh_main(ctx); });
+    driver.join();
+    uint32_t words[8];
+    for (uint32_t i = 0; i < 8; i++) words[i] = emu_ld32(base + kSlot + MESH_SLOT_USER + 4 * i);
+    const int32_t exit_code = (int32_t)emu_ld32(base + kSlot + MESH_SLOT_EXIT_CODE);
+    std::printf("%s, %u shards, %u warps: program sent %u, skips %u, gone %u, full %u, departures %u, launches %u, exit %d\n",
+                PROGRAM, SHARDS, WARPS, words[0], words[1], words[2], words[3], words[4], words[6], exit_code);
+    if (exit_code != 0) fail("the program exited with a code", exit_code);
+    if (words[4] != kClients / 4) fail("departures acknowledged", words[4], kClients / 4);
+    if (words[1] != 0) fail("skips (no send was cut off)", words[1]);
+    if (words[0] != replies_read_total) fail("replies the program sent, and the clients read", words[0], (long)replies_read_total);
+    if (words[6] != 1) fail("launches", words[6]);
+    if (failures) {
+        std::fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    std::printf("all passed\n");
+    return 0;
+}
