@@ -11,7 +11,10 @@
 // service_x_warps" mesh-gpu-bench service` (PENDING.md row 3). NOT YET RUN ON A GPU: g++ syntax check
 // only. Exits with code 1 when the bindings are not a fan-in and a group, the request size is above
 // WARPS_MAX_BYTES, or the warps are not a power of two dividing the shards. User words as service.cu's
-// 0-7 (summed over the warps), written at the stop only.
+// 0-7 (summed over the warps; each launch continues the last one's counts): each warp adds what it
+// counted to the block's totals every 1024 of its iterations, thread 0 writes them with the heartbeat,
+// and exactly at the stop, so the service GPU test can run it (`MESH_SERVICE_PROGRAM=service_x_warps
+// MESH_SERVICE_TEST_BLOCK=256`).
 #include "mesh.cuh"
 
 #define WARPS_MAX 8u
@@ -39,11 +42,26 @@ static __device__ void warps_keep_shards(mesh_fanin* in, uint32_t w, uint32_t wa
     }
 }
 
+// Adds what this warp counted since its last call to the block's totals (lane 0 of the warp).
+static __device__ void warps_add(uint32_t* totals, const uint32_t* n, uint32_t* added) {
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++) {
+        if (n[i] != added[i]) atomicAdd(&totals[i], n[i] - added[i]);
+        added[i] = n[i];
+    }
+}
+
+// User words 0-7: the last launches' counts plus this one's totals (thread 0).
+static __device__ void warps_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* totals) {
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++)
+        *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = base[i] + ((const volatile uint32_t*)totals)[i];
+}
+
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     __shared__ uint32_t reqs[WARPS_MAX][MESH_FANIN_BATCH_MAX * WARPS_MAX_BYTES / 4u];
     __shared__ uint32_t from[WARPS_MAX][MESH_FANIN_BATCH_MAX];
     __shared__ mesh_group shared_group;
-    __shared__ uint32_t totals[SERVICE_WORDS];
+    __shared__ uint32_t totals[SERVICE_WORDS];  // what the warps have added of their counts
+    __shared__ uint32_t base[SERVICE_WORDS];    // the last launches' counts
     __shared__ uint32_t unfit;
     const uint32_t warps = blockDim.x / 32u, w = threadIdx.x / 32u, lane = mesh_lane();
     if (threadIdx.x >= warps * 32u) return;  // a partial warp serves nothing
@@ -56,7 +74,11 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             shared_group = g;
             unfit = g.msg_size != in.ch.msg_size || in.ch.msg_size == 0 || in.ch.msg_size > WARPS_MAX_BYTES ||
                     warps > WARPS_MAX || (warps & (warps - 1u)) != 0u || in.shards % warps != 0u;
-            for (uint32_t i = 0; i < SERVICE_WORDS; i++) totals[i] = 0;
+            for (uint32_t i = 0; i < SERVICE_WORDS; i++) {
+                base[i] = mesh_user_load(ctx, i);
+                totals[i] = 0;
+            }
+            totals[6] = 1;  // this launch
         }
     }
     __syncthreads();
@@ -66,10 +88,18 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     }
     mesh_group out = shared_group;
     if (warps > 1u) warps_keep_shards(&in, w, warps);
-    uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0}, added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};
     uint32_t iter = 0;
     while (!mesh_should_stop(ctx)) {
-        if ((++iter & 1023u) == 0 && threadIdx.x == 0) mesh_heartbeat(ctx, ++beat);  // counts: at the stop
+        if ((++iter & 1023u) == 0) {  // this warp's counts into the totals; thread 0: heartbeat and words
+            n[5] = in.corrupt;
+            n[7] = in.ch.partial;
+            if (lane == 0) warps_add(totals, n, added);
+            if (threadIdx.x == 0) {
+                mesh_heartbeat(ctx, ++beat);
+                warps_report(ctx, base, totals);
+            }
+        }
         uint32_t gone;
         while (mesh_group_departed_part(&out, &gone, w, warps)) n[4]++;  // its own clients only
         uint32_t skipped, dropped;
@@ -89,17 +119,14 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     mesh_fanin_close(&in);  // this warp's shards' exact positions
     n[5] = in.corrupt;
     n[7] = in.ch.partial;
-    if (lane == 0)
-        for (uint32_t i = 0; i < SERVICE_WORDS; i++) atomicAdd(&totals[i], n[i]);
+    if (lane == 0) warps_add(totals, n, added);
     __syncthreads();  // every warp stopped answering: warp 0 publishes every reply ring's head
     if (w == 0) {
         out = shared_group;
         mesh_group_close(&out);
     }
     if (threadIdx.x == 0) {
-        totals[6] = 1;  // this launch (the counts below add to the last launches')
-        for (uint32_t i = 0; i < SERVICE_WORDS; i++)
-            *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = mesh_user_load(ctx, i) + totals[i];
+        warps_report(ctx, base, totals);  // the exact counts
         mesh_end(ctx);
     }
 }

@@ -21,7 +21,9 @@
 //! progress; after everyone left, no entry is bound; the program ran throughout (state running, heartbeat
 //! rising, 3 launches at least), took no more skips than clients were killed; in MPS mode no client process
 //! is an MPS client. `MESH_SERVICE_SHARDS=P` creates the service with `--shards P` (the program must
-//! then know fan-in shards, or it refuses the binding). The longest wait of any client for a reply is printed with the event before it
+//! then know fan-in shards, or it refuses the binding); `MESH_SERVICE_PROGRAM=NAME` runs another program
+//! of tests/programs (a variant of the loop), `MESH_SERVICE_TEST_BLOCK=T` loads it with a block of T
+//! threads (service_x_warps serves the shards with every warp of its block). The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
 //! Run on the H200 in session 7 (2026-12-04, docs/gpu-runs/2026-12-04-s7), green in both modes with the
@@ -131,15 +133,24 @@ impl Run {
         Self { d, mb, mode, dir, clients: Vec::new(), events: Vec::new(), taken_back: Vec::new(), mps_pipe }
     }
 
+    /// The program's PTX: `service` unless `MESH_SERVICE_PROGRAM` names another of tests/programs
+    /// (`service_x_capped`, `service_x_warps`, ...: a variant before it becomes the header's loop).
     fn image() -> String {
-        let ptx = programs_dir().join("service.ptx");
+        let program = std::env::var("MESH_SERVICE_PROGRAM").unwrap_or_else(|_| "service".into());
+        let ptx = programs_dir().join(format!("{program}.ptx"));
         assert!(
             ptx.is_file(),
-            "{}: no PTX (service.cu has none committed: the bundle's ./run compiles every program with nvcc; \
-             by hand, `cargo xtask ptx` where nvcc exists)",
+            "{}: no PTX (the service programs have none committed: the bundle's ./run compiles every program \
+             with nvcc; by hand, `cargo xtask ptx` where nvcc exists)",
             ptx.display()
         );
         ptx.display().to_string()
+    }
+
+    /// `meshd load`'s block: `MESH_SERVICE_TEST_BLOCK` threads (256 for service_x_warps' 8 warps), or the
+    /// default block (32) without it.
+    fn block() -> Vec<String> {
+        std::env::var("MESH_SERVICE_TEST_BLOCK").map_or_else(|_| Vec::new(), |b| vec!["--block".into(), b])
     }
 
     fn ps_row(&self) -> serde_json::Value {
@@ -272,7 +283,12 @@ fn run(mps: bool) {
     let mut rng = Rng(seed);
     let mut r = Run::start(mps);
     let mps_before = r.mps_pipe.as_deref().map(|p: &Path| mps_membership(p).1);
-    r.d.ok(&["load", "svc", &Run::image(), "--bind", SERVICE, "--bind", REPLIES]);
+    let image = Run::image();
+    let mut load = vec!["load", "svc", image.as_str(), "--bind", SERVICE, "--bind", REPLIES];
+    let block = Run::block();
+    load.extend(block.iter().map(String::as_str));
+    eprintln!("{}", load.join(" "));
+    r.d.ok(&load);
     r.wait_running("after load");
 
     for _ in 0..CLIENTS {

@@ -1362,6 +1362,17 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 #ifndef MESH_FANIN_PREFETCH
 #define MESH_FANIN_PREFETCH 0
 #endif
+// With shards: whether a peek looks at no more of a shard's slots than the caller takes (1: the take,
+// which asks for one request, loads one slot a shard, and the round's slots are shared out with one
+// warp scan) or at as many as the shard's hint wants, an equal share of the round each first, the rest
+// to the busier (0, the default). Session 9 measured the default on the H200: with 8 shards a lone
+// client's round trip 5.1 -> 6.9 µs and the one-at-a-time loop 3x slower than with one ring, for about
+// 4.6 KB of PCIe reads a round trip and three scans before the loads. 1 is tests/programs/
+// service_x_capped.cu; it passes the warp emulation (mesh-shm's tests/warp_emulation.rs) and is owed
+// its GPU run (docs/gpu-runs/PENDING.md).
+#ifndef MESH_FANIN_PEEK_CAPPED
+#define MESH_FANIN_PEEK_CAPPED 0
+#endif
 
 static __device__ __forceinline__ uint32_t mesh_warp_or(uint32_t v) {
     for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
@@ -1589,14 +1600,27 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f,
         if (f->s_hint == 0u) f->s_hint = MESH_FANIN_POLL_MIN;
         const uint32_t to_end = ch->mask + 1u - (uint32_t)(f->s_mine & ch->mask);
         want = f->s_hint < to_end ? f->s_hint : to_end;
+#if MESH_FANIN_PEEK_CAPPED
+        if (want > max) want = max;  // no shard can give more (the take looks at one slot a shard)
+#else
         if (want > budget) want = budget;
+#endif
     }
     const uint32_t shard_r = (start + lane) & last;  // rank `lane`'s shard (lane < shards)
     uint32_t w = __shfl_sync(full, want, shard_r);
     if (lane >= shards) w = 0;
+    const uint32_t share = budget / shards ? budget / shards : 1u;
+#if MESH_FANIN_PEEK_CAPPED
+    // Each shard at most an equal share of the round (budget / shards slots, at least one; then the
+    // first `budget` of them by rank, when shards outnumber the budget's slots). One scan: every shuffle
+    // here is on the way to the loads.
+    uint32_t n = w < share ? w : share;
+    const uint32_t to_all = mesh_warp_scan(n);
+    if (to_all - n >= budget) n = 0u;                                     // only when share is 1 (shards > budget)
+    const uint32_t to = to_all < budget ? to_all : budget, off = to - n;  // rank `lane`'s run: slots [off, to)
+#else
     // A fair share each first (budget / shards, at least one slot), by rank while the budget lasts;
     // then what is left, by rank, to those that want more.
-    const uint32_t share = budget / shards ? budget / shards : 1u;
     const uint32_t fair = w < share ? w : share;
     const uint32_t fair_to = mesh_warp_scan(fair);
     const uint32_t fair_all = __shfl_sync(full, fair_to, 31);
@@ -1606,6 +1630,7 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f,
     const uint32_t more_to = mesh_warp_scan(more);
     n += more_to - more >= left ? 0u : (more < left - (more_to - more) ? more : left - (more_to - more));
     const uint32_t to = mesh_warp_scan(n), off = to - n;  // rank `lane`'s run: slots [off, to)
+#endif
     const uint32_t total = __shfl_sync(full, to, 31);
     // Lane j < total stands for slot j: its rank (runs are a front of the ranks, each non-empty), its
     // shard's slots and position, hence its address and tag.

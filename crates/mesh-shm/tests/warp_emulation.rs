@@ -5,8 +5,10 @@
 //! calls compute is tested on every CI run, not the GPU's memory model or speed (the GPU tests do
 //! that). Without a C++20 compiler (`$CXX`, `c++` or `g++`) the tests say SKIPPED and pass.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn compiler() -> Option<String> {
     let candidates = std::env::var("CXX").into_iter().chain(["c++".to_string(), "g++".to_string()]);
@@ -49,13 +51,46 @@ fn built(source: &str, name: &str, defines: &[String]) -> Option<PathBuf> {
     Some(exe)
 }
 
+/// How long one emulation run may take before it counts as hung (a run takes seconds; lanes that
+/// disagree meet at different barriers and wait forever, which must fail the test, not stall CI).
+const HUNG_AFTER: Duration = Duration::from_secs(300);
+
 fn passes(exe: &Path, args: &[&str]) {
-    let run = Command::new(exe).args(args).output().expect("run the emulation");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let mut child =
+        Command::new(exe).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run the emulation");
+    // Drain the pipes on their own threads: a child blocked on a full pipe would look hung.
+    let mut out_pipe = child.stdout.take().expect("piped stdout");
+    let mut err_pipe = child.stderr.take().expect("piped stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out_pipe.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the emulation") {
+            break Some(status);
+        }
+        if started.elapsed() > HUNG_AFTER {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
     println!("{stdout}");
+    let Some(status) = status else {
+        panic!("the warp emulation hung ({} {args:?}): killed after {HUNG_AFTER:?}\n{stdout}\n{stderr}", exe.display());
+    };
     assert!(
-        run.status.success() && stdout.contains("all passed"),
+        status.success() && stdout.contains("all passed"),
         "the warp emulation failed ({} {args:?}):\n{stdout}\n{stderr}",
         exe.display()
     );
@@ -68,16 +103,27 @@ fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharde
     }
 }
 
+/// The same with MESH_FANIN_PEEK_CAPPED 1 (each shard's slots capped at what the caller takes, one scan).
+#[test]
+fn the_capped_sharded_peek_takes_every_request_once_in_order() {
+    if let Some(exe) = built("fanin_shards.cpp", "fanin_shards_emu_capped", &["-DMESH_FANIN_PEEK_CAPPED=1".into()]) {
+        passes(&exe, &[]);
+    }
+}
+
 /// The service programs of tests/programs, whole, as blocks of emulated warps against a driver that
 /// plays the clients (numbered requests, every reply checked, a quarter departing with requests in
 /// flight) and meshd (departures, the stop): `service.cu` (the batched loop), `service_x_serial.cu`
-/// (one at a time: the take and the commit) over one ring and over shards, and `service_x_warps.cu`
-/// with several warps over shards (each warp its own shards, replies and departures).
+/// (one at a time: the take and the commit) over one ring and over shards, both with the capped sharded
+/// peek (`service_x_capped.cu`, `service_x_serial_capped.cu`), and `service_x_warps.cu` with several
+/// warps over shards (each warp its own shards, replies and departures).
 #[test]
 fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
-    let cases: [(&str, &[[&str; 2]]); 3] = [
+    let cases: [(&str, &[[&str; 2]]); 5] = [
         ("service.cu", &[["1", "1"], ["8", "1"], ["32", "1"]]),
         ("service_x_serial.cu", &[["1", "1"], ["8", "1"]]),
+        ("service_x_capped.cu", &[["8", "1"], ["32", "1"]]),
+        ("service_x_serial_capped.cu", &[["8", "1"]]),
         ("service_x_warps.cu", &[["2", "2"], ["8", "2"], ["8", "8"]]),
     ];
     for (program, runs) in cases {

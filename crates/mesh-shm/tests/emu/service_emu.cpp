@@ -167,6 +167,7 @@ int main(int argc, char** argv) {
     ctx.bindings[1] = {1024, (uint64_t)(uintptr_t)(base + group_at()), kMsg, kReplyCapacity, MESH_PLACEMENT_HOST,
                        MESH_PROTOCOL_GROUP};
     std::thread driver(drive);
+    emu_watch_stop(base + kSlot + MESH_SLOT_STOP);  // each warp's lanes see the stop at the same barrier
     emu_run_block(WARPS, [&](uint32_t) { mesh_main(ctx); });
     driver.join();
     uint32_t words[8];

@@ -35,7 +35,35 @@ inline dim3 blockIdx = {0, 0, 0}, blockDim = {32, 1, 1}, gridDim = {1, 1, 1};
 constexpr uint32_t EMU_MAX_WARPS = 8;
 inline thread_local uint32_t emu_lane = 0;
 inline thread_local uint32_t emu_warp = 0;
-inline std::barrier<>* emu_barriers[EMU_MAX_WARPS];
+// Each warp's %globaltimer: read from the steady clock once per warp barrier, by the barrier's
+// completion (while every lane waits), so every lane of a warp reads the same time between two
+// barriers, as a converged warp's one S2R instruction gives every lane one value. Lanes reading the
+// clock each for itself (as this file did first) saw different times on a loaded machine and took
+// different sides of `now < due` in mesh_should_stop: the lanes of one warp left the loop apart and
+// met at different barriers (the CI's 2-core machine hung in service_x_warps with 8 warps).
+inline std::atomic<uint64_t> emu_warp_clock[EMU_MAX_WARPS];
+// The stop word (mesh_should_stop's), when a test names it (emu_watch_stop): every lane of a warp loads
+// it in one instruction on a GPU (one coalesced load, one value); lanes that loaded it each for itself
+// saw meshd's store at different moments, left the loop apart and hung. So each warp reads it once per
+// barrier, as it reads the clock, and the lanes' loads of that address return the warp's copy.
+inline const void* emu_stop_word = nullptr;
+inline std::atomic<uint32_t> emu_warp_stop[EMU_MAX_WARPS];
+inline void emu_watch_stop(const void* stop_word) { emu_stop_word = stop_word; }
+inline uint64_t emu_steady_ns() {
+    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+struct EmuTick {
+    uint32_t warp;
+    void operator()() noexcept {
+        emu_warp_clock[warp].store(emu_steady_ns(), std::memory_order_relaxed);
+        if (emu_stop_word != nullptr)
+            emu_warp_stop[warp].store(__atomic_load_n((const uint32_t*)emu_stop_word, __ATOMIC_SEQ_CST),
+                                      std::memory_order_relaxed);
+    }
+};
+inline std::barrier<EmuTick>* emu_barriers[EMU_MAX_WARPS];
 inline std::barrier<>* emu_block_barrier = nullptr;
 inline uint64_t emu_warp_slots[EMU_MAX_WARPS][32];
 #define emu_slots emu_warp_slots[emu_warp]
@@ -125,14 +153,12 @@ inline uint32_t emu_ld32(const void* p) { return __atomic_load_n((const uint32_t
 inline void emu_st32(void* p, uint32_t v) { __atomic_store_n((uint32_t*)p, v, __ATOMIC_SEQ_CST); }
 static inline uint64_t mesh_ld_acquire_u64(const void* p) { return emu_ld(p); }
 static inline uint32_t mesh_ld_acquire_u32(const void* p) { return emu_ld32(p); }
-static inline uint32_t mesh_ld_relaxed_u32(const void* p) { return emu_ld32(p); }
+static inline uint32_t mesh_ld_relaxed_u32(const void* p) {
+    return p == emu_stop_word ? emu_warp_stop[emu_warp].load(std::memory_order_relaxed) : emu_ld32(p);
+}
 static inline void mesh_st_release_u64(void* p, uint64_t v) { emu_st(p, v); }
 static inline void mesh_st_release_u32(void* p, uint32_t v) { emu_st32(p, v); }
-static inline uint64_t mesh_globaltimer(void) {
-    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+static inline uint64_t mesh_globaltimer(void) { return emu_warp_clock[emu_warp].load(std::memory_order_relaxed); }
 static inline uint32_t mesh_smid(void) { return 0; }
 static inline uint64_t mesh_ld_volatile_u64(const volatile void* p) { return emu_ld(p); }
 static inline void mesh_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {
@@ -161,9 +187,10 @@ static inline void mesh_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); 
 // Runs `body(thread)` on `warps` x 32 threads, one block (blockDim.x = warps x 32). A thread that
 // returns early leaves its warp's and the block's barriers (as an exited thread does on a GPU).
 inline void emu_run_block(uint32_t warps, const std::function<void(uint32_t)>& body) {
-    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    std::vector<std::unique_ptr<std::barrier<EmuTick>>> bars;
     for (uint32_t w = 0; w < warps; w++) {
-        bars.emplace_back(std::make_unique<std::barrier<>>(32));
+        EmuTick{w}();  // the clock and the stop word as the block starts
+        bars.emplace_back(std::make_unique<std::barrier<EmuTick>>(32, EmuTick{w}));
         emu_barriers[w] = bars.back().get();
     }
     std::barrier<> block((ptrdiff_t)warps * 32);
