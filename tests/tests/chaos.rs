@@ -306,22 +306,22 @@ impl Chaos {
             }
         }
         for sink in ["sink", "gsink", "dsink"] {
-            if let Some(w) = self.user_words(rows, sink) {
-                if w[user::ERRORS] != 0 {
-                    return Some(format!(
-                        "{sink} found {} bad messages, the first at position {}",
-                        w[user::ERRORS],
-                        w[user::FIRST_BAD]
-                    ));
-                }
+            if let Some(w) = self.user_words(rows, sink)
+                && w[user::ERRORS] != 0
+            {
+                return Some(format!(
+                    "{sink} found {} bad messages, the first at position {}",
+                    w[user::ERRORS],
+                    w[user::FIRST_BAD]
+                ));
             }
         }
         // ping drops the replies a crash repeats (and counts them); a wrong reply is one whose
         // content is wrong or that answers a request never sent, whenever it comes.
-        if let Some(w) = self.user_words(rows, "ping") {
-            if w[PING_BAD] != 0 {
-                return Some(format!("ping saw {} wrong replies ({} repeats dropped)", w[PING_BAD], w[PING_REPEATS]));
-            }
+        if let Some(w) = self.user_words(rows, "ping")
+            && w[PING_BAD] != 0
+        {
+            return Some(format!("ping saw {} wrong replies ({} repeats dropped)", w[PING_BAD], w[PING_REPEATS]));
         }
         if let Some(why) = self.scraper.as_ref().and_then(|s| s.stats.failed()) {
             return Some(format!("the monitoring endpoint: {why}"));
@@ -373,10 +373,10 @@ impl Chaos {
                 panic!("{what}: {why}\nps: {rows:#?}\nlog:\n{}", self.d.log_tail(80));
             }
             for r in rows.iter().filter(|r| r["native"] == true) {
-                if let Some(pid) = r["pid"].as_u64().and_then(|p| u32::try_from(p).ok()) {
-                    if !self.native_pids.contains(&pid) {
-                        self.native_pids.push(pid);
-                    }
+                if let Some(pid) = r["pid"].as_u64().and_then(|p| u32::try_from(p).ok())
+                    && !self.native_pids.contains(&pid)
+                {
+                    self.native_pids.push(pid);
                 }
             }
             let now = self.progress();

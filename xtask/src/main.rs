@@ -1,4 +1,4 @@
-//! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`, `ptx`.
+//! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`, `ptx`, `demo`.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -101,10 +101,11 @@ fn in_place<R: Recovery>(
     let index = culprit.as_ref().map(|(i, _)| *i);
     let cause = index.map_or(Cause::NoneNamed, |i| Cause::Other(r.core(i).name.clone()));
     for i in (0..r.count()).filter(|&i| Some(i) != index) {
-        if let Some(note) = &mut r.core(i).health.last_fault {
-            if note.error == error && note.cause == Cause::Unknown {
-                note.cause = cause.clone();
-            }
+        if let Some(note) = &mut r.core(i).health.last_fault
+            && note.error == error
+            && note.cause == Cause::Unknown
+        {
+            note.cause = cause.clone();
         }
     }
     Ok((culprit, relaunched))

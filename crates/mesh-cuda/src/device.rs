@@ -20,7 +20,7 @@ pub struct SmPartitioning {
 impl SmPartitioning {
     /// Checks a request for `n` SMs; the refusal carries the device's numbers.
     pub fn check(&self, n: u32) -> Result<(), CudaError> {
-        let fits = n >= self.min_partition && n % self.alignment.max(1) == 0 && n <= self.sm_count;
+        let fits = n >= self.min_partition && n.is_multiple_of(self.alignment.max(1)) && n <= self.sm_count;
         if fits {
             return Ok(());
         }

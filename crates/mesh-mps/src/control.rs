@@ -341,12 +341,12 @@ impl MpsControl {
     /// Quits the daemon (and with it its server), waits for it, removes the directory if meshd made it.
     pub fn quit(&self) {
         let mut guard = self.child.lock();
-        if let Some(child) = guard.take() {
-            if process::alive(&child) {
-                let _ = self.command("quit");
-                if !process::wait_or_kill(&child, Duration::from_secs(10)) {
-                    tracing::warn!("the MPS control daemon ignored quit and was killed");
-                }
+        if let Some(child) = guard.take()
+            && process::alive(&child)
+        {
+            let _ = self.command("quit");
+            if !process::wait_or_kill(&child, Duration::from_secs(10)) {
+                tracing::warn!("the MPS control daemon ignored quit and was killed");
             }
         }
         if self.owned_root {

@@ -427,18 +427,18 @@ impl SlotView {
             return Ok(());
         }
         let mine = self.view.lock().map_err(|_| PyValueError::new_err("view state poisoned"))?.take();
-        if let Some(view) = mine {
-            if let Err(e) = view.bind(py).call_method0(pyo3::intern!(py, "release")) {
-                let text = format!(
-                    "channel {:?}: message {}'s slot is still exported ({}); drop the arrays and views made \
+        if let Some(view) = mine
+            && let Err(e) = view.bind(py).call_method0(pyo3::intern!(py, "release"))
+        {
+            let text = format!(
+                "channel {:?}: message {}'s slot is still exported ({}); drop the arrays and views made \
                      from it, then give it back again",
-                    self.channel,
-                    self.seq,
-                    e.value(py)
-                );
-                *self.view.lock().map_err(|_| PyValueError::new_err("view state poisoned"))? = Some(view);
-                return Err(PyBufferError::new_err(text));
-            }
+                self.channel,
+                self.seq,
+                e.value(py)
+            );
+            *self.view.lock().map_err(|_| PyValueError::new_err("view state poisoned"))? = Some(view);
+            return Err(PyBufferError::new_err(text));
         }
         let live = self.lent.exports();
         if live > 0 {
@@ -639,7 +639,7 @@ impl SlotView {
 
 /// Refuses a batch (to send) or a buffer (to receive into) that is not whole `size`-byte messages.
 fn check_records(info: &ChannelInfo, len: usize, size: usize) -> Result<(), ShmError> {
-    if size == 0 || len % size != 0 {
+    if size == 0 || !len.is_multiple_of(size) {
         return Err(ShmError::MessageSize { channel: info.name.clone(), size, got: len % size.max(1) });
     }
     Ok(())

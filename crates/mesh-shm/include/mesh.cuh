@@ -11,16 +11,28 @@
 //     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 //         __shared__ uint32_t buf[1024];                    // one message, up to 4 KiB
 //         if (threadIdx.x >= 32) return;                    // one warp serves the channels
-//         if (threadIdx.x == 0) mesh_begin(ctx);
+//         uint64_t beat = 0;
+//         if (threadIdx.x == 0) beat = mesh_begin(ctx);
 //         mesh_chan in = mesh_chan_open(ctx, 0, false);
 //         mesh_chan out = mesh_chan_open(ctx, 1, true);
-//         while (!mesh_should_stop(ctx)) {
+//         if (in.msg_size == 0 || in.msg_size != out.msg_size || in.msg_size > sizeof(buf)) {
+//             if (threadIdx.x == 0) mesh_exit(ctx, 1);      // a binding missing or of another size
+//             return;
+//         }
+//         for (uint32_t i = 0; !mesh_should_stop(ctx); i++) {
+//             if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);  // meshd's readiness
 //             if (mesh_chan_room(&out) > 0 && mesh_warp_try_recv(&in, buf)) mesh_warp_try_send(&out, buf);
 //         }
 //         mesh_chan_close(&in);                             // exact positions for the next launch
 //         mesh_chan_close(&out);
 //         if (threadIdx.x == 0) mesh_end(ctx);
 //     }
+//
+// The heartbeat: meshd counts a running program whose heartbeat has not moved for
+// `--health-max-heartbeat-age` (default 5 s) as not ready (`/readyz` answers 503, `meshd_ready` 0),
+// so every loop beats (a plain store every few thousand iterations costs nothing measurable), or the
+// program is loaded with `meshd load ... --no-readiness`. A program that waits without looping (a
+// kernel blocked in a long computation) beats from its own progress.
 //
 // Its host round trip on the H200 (session 8, /dev/shm mailbox, median of 20,000): 2.71 / 2.76 / 2.77
 // us at 8 / 64 / 256 B against 2.20 us for a raw mapped word (1.23-1.26x), 2.84 / 5.51 us at 1 / 4 KiB
@@ -53,7 +65,7 @@
 //   * the poll stream (mesh_poll_*): a block of 32 * (MESH_POLLERS + 1) threads receives one channel
 //     with MESH_POLLERS warps polling it in turn, so that a poll reaches the host soon after any
 //     moment a message lands; for request / reply with a host process, where every microsecond of the
-//     round trip counts (1.04x the raw word against 1.27x for one warp on the H200).
+//     round trip counts (1.04x the raw word against 1.23-1.26x for one warp on the H200).
 //   * a whole block, bulk channels: "Large messages" below; one channel served by several blocks with
 //     `--parts` (mesh_bulk_open_part).
 // Before a program returns after mesh_should_stop, it calls mesh_chan_close on every channel it opened
@@ -122,6 +134,9 @@
 // message slots in this context, MESH_RING_SLOTS the size of the ring's header (indices and claims,
 // always in the mailbox).
 #pragma once
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+#error "mesh.cuh needs compute capability 7.0 or later (__match_any_sync, ld.acquire.sys): build with -arch=compute_80, say"
+#endif
 #include <stdint.h>
 #include <stddef.h>
 
@@ -275,7 +290,9 @@ static __device__ __forceinline__ uint64_t mesh_begin(const mesh_ctx& c) {
     return beat;
 }
 
-// Publishes the heartbeat (one thread; the value the program counts, rising).
+// Publishes the heartbeat (one thread; the value the program counts, rising: start from what mesh_begin
+// returned). meshd's readiness wants it to move at least every `--health-max-heartbeat-age` seconds
+// (default 5) while the program runs; see the loop at the top of this file.
 static __device__ __forceinline__ void mesh_heartbeat(const mesh_ctx& c, uint64_t beat) {
     *(volatile uint64_t*)mesh_slot_at(c, MESH_SLOT_HEARTBEAT) = beat;
 }
@@ -719,7 +736,8 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 // server, never loads host memory: it arms the pollers, takes what the first of them caught, sends it
 // and checks the stop. Measured on an H200 (tests/probes/run-kit.sh pollers, host round trip through
 // mesh-shm's client, one run): MESH_POLLERS 2, 300 ns: 2.45 / 2.54 / 2.56 / 3.57 us at 8 / 64 / 256 /
-// 1024 B, against the one-warp echo above (echo_header) 2.26 / 3.60 / 3.73 / 3.98 us and the raw
+// 1024 B, against the one-warp echo above (echo_header, session 5, before its short-path receive:
+// session 8 measured it at 2.71 / 2.76 / 2.77 / 2.84 us) 2.26 / 3.60 / 3.73 / 3.98 us and the raw
 // mapped word 2.51 us in the same run; 1 poller: 2.49 / 2.55 / 2.56 / 4.49; 4 pollers at 300 ns:
 // 3.07 / 2.69 / 2.66 / 3.66; 8 worse. Hence the defaults 2 and 300 ns (override with -D). Worth it
 // for host channels of messages above 8 bytes; it costs MESH_POLLERS + 1 warps of one block.
@@ -1010,12 +1028,18 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 //     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 //         __shared__ uint32_t req[1024];                    // one message, up to 4 KiB
 //         if (threadIdx.x >= 32) return;                    // one warp serves the service
-//         if (threadIdx.x == 0) mesh_begin(ctx);
+//         uint64_t beat = 0;
+//         if (threadIdx.x == 0) beat = mesh_begin(ctx);
 //         mesh_fanin in = mesh_fanin_open(ctx, 0);          // binding 0: the requests
 //         mesh_group out = mesh_group_open(ctx, 1);         // binding 1: the reply rings
+//         if (in.ch.msg_size == 0 || out.msg_size != in.ch.msg_size || in.ch.msg_size > sizeof(req)) {
+//             if (threadIdx.x == 0) mesh_exit(ctx, 1);      // not a fan-in and a group of one size (or
+//             return;                                       // more clients than mesh_group_open serves)
+//         }
 //         bool held = false;                                // a request taken, its reply waiting for room
 //         uint32_t client = 0;
-//         while (!mesh_should_stop(ctx)) {
+//         for (uint32_t i = 0; !mesh_should_stop(ctx); i++) {
+//             if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);  // meshd's readiness
 //             uint32_t gone;
 //             while (mesh_group_departed(&out, &gone)) {}   // acknowledged as returned; drop per-client state here
 //             if (!held) {
@@ -1322,11 +1346,13 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // requests a second whatever the number of clients. A service of many clients takes every request
 // that has arrived at once instead, answers them in parallel, one lane per request, and gives their
 // slots back together (tests/programs/service.cu is this loop; the header's loop above is its
-// one-at-a-time form):
+// one-at-a-time form; the begin, the opens with their check, the heartbeat and the closes as there):
 //
 //     __shared__ uint32_t reqs[MESH_FANIN_BATCH_MAX * 16];  // 32 requests of 64 bytes
 //     __shared__ uint32_t from[MESH_FANIN_BATCH_MAX];       // their senders
-//     while (!mesh_should_stop(ctx)) {
+//     ...                                                   // (check in.ch.msg_size <= 64 here)
+//     for (uint32_t i = 0; !mesh_should_stop(ctx); i++) {
+//         if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);
 //         uint32_t gone, skipped, dropped;
 //         while (mesh_group_departed(&out, &gone)) {}
 //         const uint32_t n = mesh_fanin_peek(&in, reqs, from, &skipped, MESH_FANIN_BATCH_MAX);
@@ -1967,7 +1993,7 @@ static __device__ __forceinline__ int mesh_reply(mesh_group* g, uint32_t client,
 }
 
 // Whether mesh_reply_many spreads each reply's 16-byte stores over the warp's lanes (1, the default) or
-// has each request's lane write its own reply (0). Measured on the H200: BENCHMARKS.md, "Services".
+// has each request's lane write its own reply (0). Measured on the H200: BENCHMARKS.md, "A service".
 #ifndef MESH_REPLY_SPREAD
 #define MESH_REPLY_SPREAD 1
 #endif
@@ -2257,7 +2283,7 @@ static __device__ void mesh_group_close(mesh_group* g) {
 // a release fence a message at the producer (the fence waits for the block's stores), a barrier at
 // the consumer, so give every block at least 64-128 KiB of each message. At 1 MiB: up to 8 blocks
 // keep 0.81-0.99 of the bare work (copy path or in place), 16 blocks 0.72-0.79, 32 blocks 0.60
-// copying and 0.73 in place. At 16 MiB: 0.89-1.15 up to 16 blocks; 32 blocks copying reach 1 TB/s,
+// copying and 0.73 in place. At 16 MiB: 0.89-1.08 up to 16 blocks (1.15 in place at 32); 32 blocks copying reach 1 TB/s,
 // 0.66 of one bare copy: the copy path moves every byte twice (into the ring and out of it), four
 // HBM transfers a byte against the bare copy's two, which is HBM's rate. In place
 // (mesh_block_reserve / mesh_block_publish, mesh_block_peek / mesh_block_release) moves it once.

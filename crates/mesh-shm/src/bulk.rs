@@ -85,7 +85,7 @@ impl BulkMemory {
         parts: u32,
     ) -> Self {
         debug_assert!(capacity.is_power_of_two() && capacity < 1 << 32 && parts.is_power_of_two());
-        debug_assert!(msg_size > 0 && msg_size % (16 * parts as usize) == 0);
+        debug_assert!(msg_size > 0 && msg_size.is_multiple_of(16 * parts as usize));
         #[allow(clippy::cast_possible_truncation, reason = "capacity < 2^32 (the contract)")]
         let (offset, lines) =
             (bulk_payload_offset(capacity as u32, parts) as usize, bulk_lines_offset(capacity as u32, parts) as usize);

@@ -234,7 +234,7 @@ impl Producer {
     #[inline]
     pub fn try_send_batch(&mut self, msgs: &[u8]) -> Result<usize> {
         let size = self.info.msg_size as usize;
-        if msgs.len() % size != 0 {
+        if !msgs.len().is_multiple_of(size) {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: msgs.len() % size });
         }
         let count = (msgs.len() / size) as u64;
@@ -339,7 +339,7 @@ impl Consumer {
     #[inline]
     pub fn try_recv_batch(&mut self, out: &mut [u8]) -> Result<usize> {
         let size = self.info.msg_size as usize;
-        if out.len() % size != 0 {
+        if !out.len().is_multiple_of(size) {
             return Err(ShmError::MessageSize { channel: self.info.name.clone(), size, got: out.len() % size });
         }
         let got = match &mut self.core {

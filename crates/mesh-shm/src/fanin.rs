@@ -193,7 +193,7 @@ impl FanInMemory {
         capacity: u64,
     ) -> Self {
         debug_assert!(capacity.is_power_of_two() && capacity < 1 << 31);
-        debug_assert!(msg_size > 0 && msg_size % 8 == 0);
+        debug_assert!(msg_size > 0 && msg_size.is_multiple_of(8));
         let cap_log = capacity.trailing_zeros();
         let ticket_mask = TICKET_MASK >> cap_log.saturating_sub(TICKET_SHIFT);
         Self { header, owners, slots, msg_size, capacity, cap_log, ticket_mask }

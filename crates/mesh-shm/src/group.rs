@@ -328,7 +328,7 @@ fn check_geometry(entries: u32, msg_size: u32, capacity: u32) -> Result<(), Grou
     if entries == 0 || entries > MAX_ENTRIES {
         return invalid("entries", format!("{entries}: must be 1 to {MAX_ENTRIES} (the id keeps 16 bits of slot)"));
     }
-    if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE {
+    if msg_size == 0 || !msg_size.is_multiple_of(8) || msg_size > MAX_MSG_SIZE {
         return invalid("msg_size", format!("{msg_size}: must be a non-zero multiple of 8, at most {MAX_MSG_SIZE}"));
     }
     if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
@@ -400,7 +400,7 @@ impl GroupMemory {
     /// long as the returned value and its copies are used, whose write-once fields nobody writes
     /// any more, and accessed by others only through this protocol.
     pub unsafe fn open(base: NonNull<u8>, len: u64, offset: u64) -> Result<Self, GroupError> {
-        if base.as_ptr().addr() % ALIGN != 0 || len < LINE {
+        if !base.as_ptr().addr().is_multiple_of(ALIGN) || len < LINE {
             return Err(GroupError::Invalid {
                 field: "region",
                 reason: format!("{len} bytes at {:p}: must hold a 128-byte aligned header", base.as_ptr()),
@@ -440,7 +440,7 @@ impl GroupMemory {
 
     fn check_region(base: NonNull<u8>, len: u64, entries: u32, msg_size: u32, capacity: u32) -> Result<(), GroupError> {
         let need = Self::bytes(entries, msg_size, capacity);
-        if base.as_ptr().addr() % ALIGN != 0 || len < need {
+        if !base.as_ptr().addr().is_multiple_of(ALIGN) || len < need {
             return Err(GroupError::Invalid {
                 field: "region",
                 reason: format!(

@@ -51,7 +51,7 @@ impl IndexMemory {
     /// msg_size` writable bytes, 8-byte aligned, both valid for as long as the returned value and its
     /// copies are used. `capacity` must be a non-zero power of two; `msg_size` a non-zero multiple of 8.
     pub unsafe fn new(header: NonNull<RingHeader>, slots: NonNull<u8>, msg_size: usize, capacity: u64) -> Self {
-        debug_assert!(msg_size > 0 && msg_size % 8 == 0 && slots.as_ptr().addr() % 8 == 0);
+        debug_assert!(msg_size > 0 && msg_size.is_multiple_of(8) && slots.as_ptr().addr().is_multiple_of(8));
         // SAFETY: the header's part of this function's contract.
         let indices = unsafe { RingIndices::new(header, capacity) };
         Self { indices, slots, msg_size }
@@ -510,7 +510,7 @@ mod tests {
                 let mut batch = [[0u8; 16]; 3];
                 while i < count {
                     // Singles and batches of up to 3, so both publish paths race the consumer.
-                    let sent = if i % 5 == 0 {
+                    let sent = if i.is_multiple_of(5) {
                         let mut msg = [0u8; 16];
                         msg[..8].copy_from_slice(&i.to_le_bytes());
                         msg[8..].copy_from_slice(&(!i).to_le_bytes());
@@ -534,7 +534,7 @@ mod tests {
             let mut expect = 0u64;
             let mut out = [0u8; 16 * 2];
             while expect < count {
-                let got = if expect % 3 == 0 {
+                let got = if expect.is_multiple_of(3) {
                     u64::from(c.try_pop(&mut out[..16]).unwrap())
                 } else {
                     c.pop_into(&mut out).unwrap()

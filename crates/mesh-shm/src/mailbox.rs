@@ -625,6 +625,11 @@ impl Mailbox {
         let cfg = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let encoded =
             encode_name(name).ok_or_else(|| cfg(format!("name must be 1 to {NAME_LEN} bytes without NUL")))?;
+        // A name is printed in tables and log lines and listed in `--bind a,b`: no control characters,
+        // no spaces, no commas (a channel cannot be deleted, so a bad name would stay).
+        if let Some(c) = name.chars().find(|&c| c.is_control() || c.is_whitespace() || c == ',') {
+            return Err(cfg(format!("name may not hold control characters, spaces or commas (it holds {c:?})")));
+        }
         check_channel_params(msg_size, capacity, protocol).map_err(cfg)?;
         check_parts(msg_size, protocol, parts).map_err(cfg)?;
         check_placement(protocol, placement).map_err(cfg)?;
@@ -1014,14 +1019,14 @@ const fn u32_of(n: usize) -> u32 {
 fn check_channel_params(msg_size: u32, capacity: u32, protocol: Protocol) -> std::result::Result<(), String> {
     match protocol {
         Protocol::Ll | Protocol::Index | Protocol::FanIn | Protocol::Group
-            if msg_size == 0 || msg_size % 8 != 0 || msg_size > MAX_MSG_SIZE =>
+            if msg_size == 0 || !msg_size.is_multiple_of(8) || msg_size > MAX_MSG_SIZE =>
         {
             return Err(format!(
                 "message size {msg_size}: must be a multiple of 8 from 8 to {MAX_MSG_SIZE} for protocol {protocol} \
                  (protocol bulk carries up to {MAX_BULK_MSG_SIZE})"
             ));
         }
-        Protocol::Bulk if msg_size == 0 || msg_size % BULK_MSG_ALIGN != 0 || msg_size > MAX_BULK_MSG_SIZE => {
+        Protocol::Bulk if msg_size == 0 || !msg_size.is_multiple_of(BULK_MSG_ALIGN) || msg_size > MAX_BULK_MSG_SIZE => {
             return Err(format!(
                 "message size {msg_size}: must be a multiple of {BULK_MSG_ALIGN} from {BULK_MSG_ALIGN} to \
                  {MAX_BULK_MSG_SIZE} (16 MiB) for protocol bulk"
@@ -1069,7 +1074,7 @@ fn check_parts(msg_size: u32, protocol: Protocol, parts: u32) -> std::result::Re
     if !parts.is_power_of_two() || parts > MAX_BULK_PARTS {
         return Err(format!("parts {parts}: must be a power of two from 1 to {MAX_BULK_PARTS}"));
     }
-    if msg_size % (BULK_MSG_ALIGN * parts) != 0 {
+    if !msg_size.is_multiple_of(BULK_MSG_ALIGN * parts) {
         return Err(format!(
             "message size {msg_size}: with {parts} parts it must be a multiple of {} ({BULK_MSG_ALIGN} × parts), so \
              that every part is a whole number of 16-byte units",

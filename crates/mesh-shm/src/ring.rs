@@ -77,7 +77,7 @@ fn store_pair(pair: &[AtomicU64], t: u64, v: u64) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let p = pair[..2].as_ptr();
-        debug_assert!(p.addr() % 16 == 0);
+        debug_assert!(p.addr().is_multiple_of(16));
         // SAFETY: `p` points to two words of a slot (the bounds check above), 16-byte aligned (slots
         // are 16-aligned, a multiple of 16 bytes long, and pairs start at even words). The asm writes
         // those 16 bytes and nothing else, which the Rust memory model sees as two relaxed atomic
@@ -114,7 +114,7 @@ fn load_pair(pair: &[AtomicU64]) -> (u64, u64) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let p = pair[..2].as_ptr();
-        debug_assert!(p.addr() % 16 == 0);
+        debug_assert!(p.addr().is_multiple_of(16));
         let (lo, hi): (u64, u64);
         // SAFETY: `p` points to two words of a slot (the bounds check above), 16-byte aligned (as in
         // `store_pair`). The asm reads those 16 bytes and nothing else: to the Rust memory model,
@@ -164,7 +164,7 @@ fn store_words(dst: &[AtomicU64], tag32: u32, src: &[u8]) {
     {
         let quads = src.len() / 16;
         if quads > 0 {
-            debug_assert!(dst.as_ptr().addr() % 16 == 0);
+            debug_assert!(dst.as_ptr().addr().is_multiple_of(16));
             // SAFETY: `dst` holds 4 words per 16 source bytes (the assert above), 16-byte aligned
             // (slots are 16-aligned and `dst` starts at an even word); `src` holds `16 * quads`
             // readable bytes. The asm reads those bytes and writes those words and nothing else:
@@ -195,7 +195,7 @@ fn store_words(dst: &[AtomicU64], tag32: u32, src: &[u8]) {
                 );
             }
         }
-        if src.len() % 16 != 0 {
+        if !src.len().is_multiple_of(16) {
             let k = src.len() - PAIR;
             store_pair(&dst[k / WORD_PAYLOAD..], t, u64::from_le_bytes(src[k..].try_into().expect("8 bytes")));
         }
@@ -224,7 +224,7 @@ fn load_words(src: &[AtomicU64], tag32: u32, out: &mut [u8]) -> bool {
         if quads == 0 {
             (0, 0)
         } else {
-            debug_assert!(src.as_ptr().addr() % 16 == 0);
+            debug_assert!(src.as_ptr().addr().is_multiple_of(16));
             let mask: u32;
             // SAFETY: `src` holds 4 words per 16 bytes of `out` (the assert above), 16-byte aligned
             // (slots are 16-aligned, and `src` starts a slot); `out` is ours to write. The asm reads
@@ -294,7 +294,7 @@ impl RingMemory {
     /// returned value and its copies are used. `capacity` must be a power of two and non-zero;
     /// `msg_size` a non-zero multiple of 8.
     pub unsafe fn new(header: NonNull<RingHeader>, slots: NonNull<AtomicU64>, msg_size: usize, capacity: u64) -> Self {
-        debug_assert!(capacity.is_power_of_two() && msg_size > 0 && msg_size % 8 == 0);
+        debug_assert!(capacity.is_power_of_two() && msg_size > 0 && msg_size.is_multiple_of(8));
         // SAFETY: the header's part of this function's contract.
         let indices = unsafe { RingIndices::new(header, capacity) };
         Self { indices, slots, msg_size }

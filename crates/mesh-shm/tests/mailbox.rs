@@ -57,6 +57,12 @@ fn channels_are_validated_named_and_found_by_other_mappings() {
     }
     assert!(mb.create_channel("", 8, 4).unwrap_err().to_string().contains("name"));
     assert!(mb.create_channel(&"n".repeat(49), 8, 4).is_err());
+    // Names are printed in tables and listed in `--bind a,b`: no control characters, spaces or commas.
+    for bad in ["a,b", "c\u{1}h", "two words", "nl\nname", "tab\t"] {
+        let err = mb.create_channel(bad, 8, 4).unwrap_err().to_string();
+        assert!(err.contains("control characters, spaces or commas"), "{bad:?}: {err}");
+    }
+    assert!(mb.create_channel("ok-name_1.replies/x", 8, 4).is_ok(), "punctuation other than a comma is a name");
     let a = mb.create_channel("alpha", 64, 1024).unwrap();
     assert!(matches!(mb.create_channel("alpha", 8, 4), Err(ShmError::ChannelExists(n)) if n == "alpha"));
     let other = Mailbox::open(&path).unwrap();

@@ -41,7 +41,7 @@ fn child_role() -> bool {
                     m[8..].copy_from_slice(&(!v).to_le_bytes());
                 }
                 // Mix single sends with batches so both paths cross the process boundary.
-                if next % 1024 == 0 {
+                if next.is_multiple_of(1024) {
                     p.send(&batch[..16], Duration::from_secs(30)).unwrap();
                     next += 1;
                 } else {
@@ -129,7 +129,7 @@ fn an_index_stream_crosses_processes_in_order_across_a_producer_killed_midway() 
             child = spawn_child(test, "producer", &path, count);
         }
         // Singles and batches, so both receive paths see the other process's stores.
-        let n = if expect % 7 == 0 {
+        let n = if expect.is_multiple_of(7) {
             c.recv(&mut one, Duration::from_secs(30)).unwrap();
             buf[..16].copy_from_slice(&one);
             1

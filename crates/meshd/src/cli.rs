@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand};
     about = "Hosts GPU programs as resident kernels that talk through a shared-memory mailbox"
 )]
 pub struct Cli {
-    /// The control socket (default /tmp/meshd.sock; with --device, /tmp/meshd-<GPU UUID>.sock).
+    /// The control socket (default /tmp/meshd.sock; with --device, /tmp/meshd-<GPU UUID>.sock). A
+    /// --device flag outranks MESHD_SOCKET from the environment (not a --socket flag).
     #[arg(long, global = true, env = "MESHD_SOCKET")]
     pub socket: Option<PathBuf>,
     /// The GPU: an ordinal as `nvidia-smi -L` numbers them, or its UUID (GPU-…). meshd and all it
@@ -159,7 +160,7 @@ pub enum ChannelCommand {
         /// BulkProducer/BulkConsumer) or index (the payload alone, the producer's index saying what is
         /// whole, as rtrb: both ends host processes; the fastest host-to-host; GPU programs cannot bind
         /// it, and a load that binds it is refused; host placement only). Default: ll up to 64 KiB,
-        /// bulk above. The bulk device calls are not yet verified on a GPU.
+        /// bulk above.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["ll", "bulk", "index"]))]
         protocol: Option<String>,
         /// Protocol bulk: split every message into this many equal parts (a power of two, 1 to 32;
@@ -180,7 +181,8 @@ pub enum ServiceCommand {
     /// requests (each carrying the client's id), and NAME.replies, a group holding one reply ring
     /// per client. The program binds both, in that order (`meshd load … --bind NAME --bind
     /// NAME.replies`; mesh.cuh's mesh_fanin_peek, mesh_reply_many and mesh_fanin_consume, as
-    /// tests/programs/service.cu, or the one-at-a-time mesh_fanin_take and mesh_reply). Clients
+    /// tests/programs/service.cu, or the one-at-a-time mesh_fanin_take_deferred, mesh_reply and
+    /// mesh_fanin_commit, which lose no reply at a stop). Clients
     /// attach through the control socket (Rust: meshd::ServiceClient; Python: meshd.Service; C:
     /// mesh_service_connect): each gets a slot of its own until it detaches or its process ends,
     /// kill -9 included.
@@ -275,8 +277,9 @@ pub struct RunArgs {
     /// Leave the mailbox file and the state directory at exit.
     #[arg(long)]
     pub keep_shm: bool,
-    /// How long a blink waits for programs to stop, ms.
-    #[arg(long, default_value_t = 2000)]
+    /// How long a blink waits for programs to stop, ms (at least 10: a program sees a stop within
+    /// about two MESH_STOP_PERIOD_NS, 100 µs each, and a PCIe read).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..))]
     pub stop_timeout_ms: u64,
     /// Services: how long a client may hold its service's request ring, ms, before meshd acts. A
     /// client stopped (SIGSTOP) or descheduled after reserving a request slot and before writing it

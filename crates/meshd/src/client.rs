@@ -363,20 +363,50 @@ fn service_create(
     println!(
         "a program serves it by binding both, requests first: meshd load PROGRAM IMAGE --bind {name} --bind {replies}"
     );
+    if clients > MESH_GROUP_MAX_ENTRIES {
+        println!(
+            "note: mesh.cuh's mesh_group_open(ctx, b) keeps state for at most {MESH_GROUP_MAX_ENTRIES} clients (and \
+             refuses a larger group: every reply then GONE); a program for {clients} needs \
+             mesh_group_open(ctx, b, state, {clients}) with its own array of mesh_reply_state"
+        );
+    }
+    Ok(())
+}
+
+/// mesh.cuh's MESH_GROUP_MAX_ENTRIES: the clients its two-argument mesh_group_open serves.
+const MESH_GROUP_MAX_ENTRIES: u32 = 1024;
+
+/// `meshd send` / `recv` speak ll, index and bulk; a service's channels need a service client.
+fn plain_channel(channel: &str, protocol: Protocol) -> Result<(), Exit> {
+    if matches!(protocol, Protocol::FanIn | Protocol::Group) {
+        return Err(refused(anyhow!(
+            "channel {channel:?} is one of a service's channels (protocol {}): `meshd send` and `meshd recv` \
+             work on ll, index and bulk channels; talk to a service through a service client \
+             (meshd::ServiceClient, the Python meshd.Service, C's mesh_service_connect)",
+            protocol
+        )));
+    }
     Ok(())
 }
 
 fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
     let mailbox = open_mailbox(socket)?;
-    let bulk = mailbox.channel(channel).map_err(refused)?.protocol == Protocol::Bulk;
+    let protocol = mailbox.channel(channel).map_err(refused)?.protocol;
+    plain_channel(channel, protocol)?;
+    let bulk = protocol == Protocol::Bulk;
+    // Every message's hex first (bad usage, exit 2), before an end is claimed or anything sent.
+    let messages: Vec<Vec<u8>> = if hex {
+        messages.iter().map(|m| decode_hex(m)).collect::<Result<_>>().map_err(|e| Exit(2, e))?
+    } else {
+        messages.iter().map(|m| m.as_bytes().to_vec()).collect()
+    };
     let timeout = Duration::from_millis(timeout_ms);
     let mut ends = if bulk {
         (None, Some(BulkProducer::claim(&mailbox, channel).map_err(refused)?))
     } else {
         (Some(Producer::claim(&mailbox, channel).map_err(refused)?), None)
     };
-    for m in messages {
-        let bytes = if hex { decode_hex(m).map_err(refused)? } else { m.as_bytes().to_vec() };
+    for bytes in messages {
         match &mut ends {
             (Some(tx), _) => tx.send(&bytes, timeout),
             (_, Some(tx)) => tx.send(&bytes, timeout),
@@ -390,6 +420,7 @@ fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms
 fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) -> Result<(), Exit> {
     let mailbox = open_mailbox(socket)?;
     let info = mailbox.channel(channel).map_err(refused)?;
+    plain_channel(channel, info.protocol)?;
     let timeout = Duration::from_millis(timeout_ms);
     let mut ends = if info.protocol == Protocol::Bulk {
         (None, Some(BulkConsumer::claim(&mailbox, channel).map_err(refused)?))
@@ -430,11 +461,27 @@ fn shm_exit(e: ShmError) -> Exit {
 }
 
 fn decode_hex(s: &str) -> Result<Vec<u8>> {
-    hex::decode(s).map_err(|e| anyhow!("{s:?} is not an even number of hex digits ({e})"))
+    hex::decode(s).map_err(|e| anyhow!("{s:?} is not hex ({e})"))
 }
 
+/// Reads an image, at most meshd's limit and one byte more: a larger file (or `/dev/zero`) is refused
+/// by its path without being read whole into memory.
 fn read_image(path: &Path) -> Result<Vec<u8>, Exit> {
-    std::fs::read(path).with_context(|| format!("image {}", path.display())).map_err(refused)
+    use std::io::Read;
+    let limit = meshd::protocol::MAX_IMAGE;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("image {}", path.display()))
+        .map_err(refused)?;
+    if bytes.len() > limit {
+        return Err(refused(anyhow!(
+            "image {}: larger than {} MiB, meshd's limit for an image",
+            path.display(),
+            limit >> 20
+        )));
+    }
+    Ok(bytes)
 }
 
 /// One request to the daemon; a refusal becomes exit 1, an unreachable daemon exit 3.

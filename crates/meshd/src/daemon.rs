@@ -18,6 +18,18 @@ use crate::cli::RunArgs;
 /// then the backend on its own thread, then the socket; serves until shutdown or a signal.
 pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
+    if mode == IsolationMode::Blink {
+        let mps_only = mps_options_given(&args);
+        if !mps_only.is_empty() {
+            anyhow::bail!(
+                "{} appl{} to MPS mode only, and this meshd would run in blink mode: add --isolation mps, or \
+                 leave {} out",
+                mps_only.join(", "),
+                if mps_only.len() == 1 { "ies" } else { "y" },
+                if mps_only.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
     if args.client_stall_ms == 0 && args.client_stall_kill_ms.is_some() {
         anyhow::bail!(
             "--client-stall-kill-ms needs the stall watcher, which --client-stall-ms 0 turns off: give \
@@ -28,6 +40,30 @@ pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
     let claimed = claim(args, socket, device, mode)?;
     let (server, listener) = prepare(&claimed, mode)?;
     serve(claimed, mode, server, listener)
+}
+
+/// The MPS options given a value other than their default (blink mode refuses them rather than run
+/// without what they ask for: there is no fallback between the modes, either way).
+fn mps_options_given(args: &RunArgs) -> Vec<&'static str> {
+    let defaults = <crate::cli::Cli as clap::Parser>::parse_from(["meshd", "run"]);
+    let crate::cli::Command::Run(d) = defaults.command else { unreachable!("`meshd run` parses as Run") };
+    let mut given = Vec::new();
+    if args.mps_dir.is_some() {
+        given.push("--mps-dir");
+    }
+    if args.pool != d.pool {
+        given.push("--pool");
+    }
+    if args.pool_grow {
+        given.push("--pool-grow");
+    }
+    if args.standby.is_some() {
+        given.push("--standby");
+    }
+    if args.mps_kernel_check_us != d.mps_kernel_check_us {
+        given.push("--mps-kernel-check-us");
+    }
+    given
 }
 
 /// What `meshd run` holds once the mailbox is claimed.
@@ -207,20 +243,19 @@ fn report_origin(origin: &Origin, mailbox: &Mailbox, asked: &MailboxConfig) {
                 );
             }
             let g = mailbox.geometry();
-            if let Ok(want) = mesh_shm::Geometry::plan(asked) {
-                if (want.file_size, want.slot_count, want.channel_count) != (g.file_size, g.slot_count, g.channel_count)
-                {
-                    tracing::warn!(
-                        "keeping the existing mailbox's geometry ({} bytes, {} slots, {} channels), not the one asked \
+            if let Ok(want) = mesh_shm::Geometry::plan(asked)
+                && (want.file_size, want.slot_count, want.channel_count) != (g.file_size, g.slot_count, g.channel_count)
+            {
+                tracing::warn!(
+                    "keeping the existing mailbox's geometry ({} bytes, {} slots, {} channels), not the one asked \
                          for ({} bytes, {} slots, {} channels); start with --fresh to make a new one",
-                        g.file_size,
-                        g.slot_count,
-                        g.channel_count,
-                        want.file_size,
-                        want.slot_count,
-                        want.channel_count
-                    );
-                }
+                    g.file_size,
+                    g.slot_count,
+                    g.channel_count,
+                    want.file_size,
+                    want.slot_count,
+                    want.channel_count
+                );
             }
         }
     }

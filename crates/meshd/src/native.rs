@@ -218,10 +218,10 @@ impl std::fmt::Debug for Natives {
 fn signal_group(child: &SharedChild, sig: Signal) {
     // The group is the worker's own (process_group(0) at spawn) and its leader is not reaped, so
     // the id is not reused.
-    if child.try_wait().is_ok_and(|s| s.is_none()) {
-        if let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
-            let _ = rustix::process::kill_process_group(group, sig);
-        }
+    if child.try_wait().is_ok_and(|s| s.is_none())
+        && let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(group, sig);
     }
     if sig == Signal::KILL {
         let _ = child.kill();
@@ -399,10 +399,10 @@ impl Natives {
         let refused = match outcome {
             Ok(()) => {
                 let mut table = self.table.lock();
-                if let Some(e) = table.get_mut(name).filter(|e| Arc::ptr_eq(&e.child, child)) {
-                    if e.life == Life::Starting {
-                        e.life = Life::Running;
-                    }
+                if let Some(e) = table.get_mut(name).filter(|e| Arc::ptr_eq(&e.child, child))
+                    && e.life == Life::Starting
+                {
+                    e.life = Life::Running;
                 }
                 drop(table);
                 tracing::info!(native = %name, pid, "native worker ready");
@@ -438,10 +438,10 @@ impl Natives {
                 return;
             }
         }
-        if let Some(m) = self.membership.lock().clone() {
-            if child.try_wait().is_ok_and(|s| s.is_none()) {
-                m.terminate(child.id());
-            }
+        if let Some(m) = self.membership.lock().clone()
+            && child.try_wait().is_ok_and(|s| s.is_none())
+        {
+            m.terminate(child.id());
         }
         signal_group(child, Signal::KILL);
         let _ = child.wait();

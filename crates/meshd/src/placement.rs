@@ -15,13 +15,14 @@ pub fn parse(text: &str, mode: IsolationMode) -> Result<Placement> {
 fn parse_with(text: &str, mode: IsolationMode, mps_refusal: Option<&str>) -> Result<Placement> {
     let placement =
         if text.is_empty() { Placement::Host } else { text.parse::<Placement>().map_err(anyhow::Error::msg)? };
-    if placement == Placement::Device && mode == IsolationMode::Mps {
-        if let Some(why) = mps_refusal {
-            bail!(
-                "placement device: this MPS meshd cannot serve device channels: {why}; use --placement host, or run \
+    if placement == Placement::Device
+        && mode == IsolationMode::Mps
+        && let Some(why) = mps_refusal
+    {
+        bail!(
+            "placement device: this MPS meshd cannot serve device channels: {why}; use --placement host, or run \
                  meshd with --isolation blink"
-            );
-        }
+        );
     }
     Ok(placement)
 }

@@ -123,10 +123,10 @@ pub struct Replay {
 fn replay_windows(mailbox: &Mailbox) -> Vec<Replay> {
     let mut bound = std::collections::BTreeSet::new();
     for i in 0..mailbox.geometry().slot_count {
-        if let Ok(slot) = mailbox.slot(i) {
-            if slot.in_use() {
-                bound.extend(slot.bindings());
-            }
+        if let Ok(slot) = mailbox.slot(i)
+            && slot.in_use()
+        {
+            bound.extend(slot.bindings());
         }
     }
     let Ok(channels) = mailbox.channels() else { return Vec::new() };
@@ -304,10 +304,10 @@ pub fn lookup_uuid(selector: &str) -> Result<String> {
     let device = mesh_cuda::Device::get(0)
         .and_then(|d| d.uuid())
         .with_context(|| format!("--device {selector}: the GPU could not be found (`nvidia-smi -L` lists them)"))?;
-    if let Some(prefix) = mesh_cuda::device::normalize_uuid_prefix(selector.trim()) {
-        if !device.starts_with(&prefix) {
-            bail!("--device {selector}: the driver shows {device} instead");
-        }
+    if let Some(prefix) = mesh_cuda::device::normalize_uuid_prefix(selector.trim())
+        && !device.starts_with(&prefix)
+    {
+        bail!("--device {selector}: the driver shows {device} instead");
     }
     Ok(device)
 }

@@ -115,3 +115,51 @@ fn the_mps_kernel_check_period_says_its_trade_and_refuses_what_is_out_of_range()
     let out = meshd(&["run", "--isolation", "mps", "--mps-kernel-check-us", "5000", "--shm", shm.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_device_flag_outranks_meshd_socket_from_the_environment_and_a_socket_flag_outranks_both() {
+    // A whole UUID names the GPU without a driver, so the socket it means is known here.
+    let uuid = "GPU-12345678-1234-1234-1234-123456789abc";
+    let said = |args: &[&str]| String::from_utf8_lossy(&meshd(args).stderr).into_owned();
+    let err = said(&["--device", uuid, "ps"]);
+    assert!(err.contains(&format!("meshd-{uuid}.sock")), "--device beats MESHD_SOCKET: {err}");
+    let err = said(&["ps", "--device", uuid]);
+    assert!(err.contains(&format!("meshd-{uuid}.sock")), "after the subcommand too: {err}");
+    let err = said(&["--socket", "/nonexistent/flag.sock", "--device", uuid, "ps"]);
+    assert!(err.contains("/nonexistent/flag.sock"), "--socket beats --device: {err}");
+    let err = said(&["ps"]);
+    assert!(err.contains("no.sock"), "MESHD_SOCKET without a flag: {err}");
+}
+
+#[test]
+fn an_image_above_the_limit_is_refused_by_its_path_without_being_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.ptx");
+    // Sparse: 257 MiB on paper, nothing on disk.
+    std::fs::File::create(&big).unwrap().set_len((256 << 20) + (1 << 20)).unwrap();
+    for target in [big.to_str().unwrap(), "/dev/zero"] {
+        let out = meshd(&["load", "x", target]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{target}: {err}");
+        assert!(err.contains(target) && err.contains("larger than 256 MiB"), "{target}: {err}");
+    }
+}
+
+#[test]
+fn a_stop_timeout_below_what_a_program_can_meet_is_bad_usage() {
+    let out = meshd(&["run", "--stop-timeout-ms", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--stop-timeout-ms"), "{err}");
+}
+
+#[test]
+fn mps_options_in_blink_mode_are_refused_by_name_not_ignored() {
+    let out = meshd(&["run", "--pool", "4", "--standby", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--pool, --standby apply to MPS mode only") && err.contains("--isolation mps"), "{err}");
+    let out = meshd(&["run", "--pool-grow"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pool-grow applies to MPS mode only"), "{err}");
+}

@@ -38,12 +38,13 @@ impl BackendWorker<'_> {
                 self.hold(p, mark.why.clone(), mark.culprit);
                 continue;
             }
-            if let Some((s, set)) = &question {
-                if s.suspects.contains(&p.name) && !set.contains(&p.name) {
-                    tracing::info!(program = %p.name, "{SEARCH_HELD}");
-                    self.hold(p, SEARCH_HELD.into(), false);
-                    continue;
-                }
+            if let Some((s, set)) = &question
+                && s.suspects.contains(&p.name)
+                && !set.contains(&p.name)
+            {
+                tracing::info!(program = %p.name, "{SEARCH_HELD}");
+                self.hold(p, SEARCH_HELD.into(), false);
+                continue;
             }
             match self.load_recorded(p) {
                 Ok(status) => {

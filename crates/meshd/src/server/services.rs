@@ -88,6 +88,9 @@ fn check_spec(spec: &ServiceSpec) -> Result<()> {
             mesh_shm::layout::NAME_LEN
         );
     }
+    if let Some(c) = name.chars().find(|&c| c.is_control() || c.is_whitespace() || c == ',') {
+        bail!("service {name:?}: a service name may not hold control characters, spaces or commas (it holds {c:?})");
+    }
     if spec.clients == 0 || spec.clients > MAX_ENTRIES {
         bail!("service {name:?}: {} clients: a service has 1 to {MAX_ENTRIES} client slots", spec.clients);
     }

@@ -457,10 +457,10 @@ impl BackendWorker<'_> {
 
     /// Writes a change to the state directory; a failure is logged, the change stands (the GPU has it).
     pub(super) fn record(&mut self, f: impl FnOnce(&mut StateStore) -> Result<()>) {
-        if let Some(state) = &mut self.state {
-            if let Err(e) = f(state) {
-                tracing::error!("recording the desired state in {}: {e:#}", state.dir().display());
-            }
+        if let Some(state) = &mut self.state
+            && let Err(e) = f(state)
+        {
+            tracing::error!("recording the desired state in {}: {e:#}", state.dir().display());
         }
     }
 }

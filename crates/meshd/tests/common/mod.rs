@@ -62,13 +62,13 @@ impl Backend for ListBackend {
     }
     fn load(&mut self, spec: ProgramSpec) -> mesh_backend::Result<ProgramStatus> {
         spec.validate()?;
-        if spec.name.starts_with("slow") {
-            if let Some(gate) = &self.gate {
-                if let Some(log) = &self.log {
-                    let _ = log.send(format!("waiting:{}", spec.name));
-                }
-                let _ = gate.recv();
+        if spec.name.starts_with("slow")
+            && let Some(gate) = &self.gate
+        {
+            if let Some(log) = &self.log {
+                let _ = log.send(format!("waiting:{}", spec.name));
             }
+            let _ = gate.recv();
         }
         if spec.name == "degraded" {
             return Err(BackendError::Degraded("a test said so".into()));
