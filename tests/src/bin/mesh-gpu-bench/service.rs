@@ -46,6 +46,16 @@ fn client_counts() -> Vec<usize> {
     if counts.is_empty() { vec![1, 8, 64] } else { counts }
 }
 const FANIN_CAPACITY: usize = 256;
+/// Each client's reply ring: `MESH_SERVICE_REPLY_CAPACITY` (a power of two, 1-1024), else 16. The program
+/// reads a client's tail once per this many of its replies (a PCIe round trip inside the batch's reply),
+/// so a larger ring makes that read rarer; the streaming windows stay min(16, 256 / clients).
+fn reply_capacity() -> usize {
+    std::env::var("MESH_SERVICE_REPLY_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|c| c.is_power_of_two() && *c <= 1024)
+        .unwrap_or(16)
+}
 const REPLY_CAPACITY: usize = 16;
 const STREAM_SECS: f64 = 2.0;
 
@@ -210,7 +220,7 @@ pub fn service_benches(mps: bool) {
         "--reply-size",
         &size,
         "--reply-capacity",
-        &REPLY_CAPACITY.to_string(),
+        &reply_capacity().to_string(),
         "--shards",
         &shards_arg,
     ]);
@@ -261,7 +271,11 @@ pub fn service_benches(mps: bool) {
         "beside the single-client SPSC round trip through echo_warp (this process spinning), same meshd, same run."
     );
     println!("Latency: one request in flight per client, µs over every client's requests. Streaming: {STREAM_SECS} s,");
-    println!("windows of min({REPLY_CAPACITY}, {FANIN_CAPACITY} / clients) per client; aggregate replies/s.");
+    println!(
+        "windows of min({REPLY_CAPACITY}, {FANIN_CAPACITY} / clients) per client; aggregate replies/s. Reply rings of \
+         {} (MESH_SERVICE_REPLY_CAPACITY).",
+        reply_capacity()
+    );
     println!();
     println!("| mode | path | clients | median µs | p99 µs | p99 / SPSC median | window | requests/s | × 1 client |");
     println!("|------|------|--------:|----------:|-------:|------------------:|-------:|-----------:|-----------:|");
