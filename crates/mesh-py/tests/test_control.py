@@ -97,6 +97,8 @@ def test_bad_arguments_are_refused_before_sending(daemon: tuple[meshd.Client, su
         client.spawn("w", ["true"], ready_timeout=0)
     with pytest.raises(meshd.MeshdRefused, match="image"):
         client.load("x", "/nonexistent/image.ptx")
+    with pytest.raises(meshd.MeshdRefused, match="larger than 256 MiB"):
+        client.load("x", "/dev/zero")
 
 
 def test_the_default_socket_follows_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -212,14 +212,25 @@ def decode_response(line: bytes) -> dict[str, Any]:
     return resp
 
 
+# meshd's limit for an image (crates/meshd/src/protocol.rs, MAX_IMAGE).
+MAX_IMAGE = 256 << 20
+
+
 def _image_bytes(image: Image) -> bytes:
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return bytes(image)
+        data = bytes(image)
+        if len(data) > MAX_IMAGE:
+            raise MeshdRefused(f"image of {len(data)} bytes: larger than {MAX_IMAGE >> 20} MiB, meshd's limit")
+        return data
     path = Path(image)
     try:
-        return path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_IMAGE + 1)  # a larger file (or /dev/zero) is refused without being read whole
     except OSError as e:
         raise MeshdRefused(f"image {path}: {e.strerror or e}") from None
+    if len(data) > MAX_IMAGE:
+        raise MeshdRefused(f"image {path}: larger than {MAX_IMAGE >> 20} MiB, meshd's limit for an image")
+    return data
 
 
 def _dim3(value: int | Sequence[int], what: str) -> list[int]:
