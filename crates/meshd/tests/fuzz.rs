@@ -8,8 +8,22 @@ use proptest::prelude::*;
 /// Lines that look like requests: a known or unknown op with fields of any JSON type.
 fn requestish() -> impl Strategy<Value = Vec<u8>> {
     let op = prop_oneof![
-        prop::sample::select(vec!["load", "upgrade", "unload", "ps", "channel_create", "info", "shutdown"])
-            .prop_map(String::from),
+        prop::sample::select(vec![
+            "load",
+            "upgrade",
+            "unload",
+            "ps",
+            "channel_create",
+            "info",
+            "shutdown",
+            "spawn",
+            "stop",
+            "metrics",
+            "service_create",
+            "service_attach",
+            "detach",
+        ])
+        .prop_map(String::from),
         "[a-z_]{0,12}",
     ];
     let value = prop_oneof![
@@ -31,6 +45,17 @@ fn requestish() -> impl Strategy<Value = Vec<u8>> {
         "sms",
         "msg_size",
         "capacity",
+        "placement",
+        "protocol",
+        "parts",
+        "command",
+        "ready_timeout_ms",
+        "clients",
+        "reply_size",
+        "reply_capacity",
+        "shards",
+        "service",
+        "no_readiness",
     ]);
     (op, proptest::collection::vec((key, value), 0..8)).prop_map(|(op, fields)| {
         let mut s = format!("{{\"op\":\"{op}\"");
