@@ -2229,7 +2229,13 @@ static __device__ void mesh_group_close(mesh_group* g) {
 // Every thread of the block calls every mesh_bulk_* / mesh_block_* function together, with the same
 // arguments (each thread holds its own copy of the mesh_bulk, and every copy changes the same way);
 // they synchronise the block (__syncthreads) and may not be called from divergent code. Any block
-// shape works; mesh_block_rank() is a thread's rank in it (0: the one that talks to meshd). An end
+// shape of at least as many threads as the channel has parts works (32 threads always do; a smaller
+// block is refused at the open); mesh_block_rank() is a thread's rank in it (0: the one that talks to
+// meshd). Not every call passes a barrier (a peek that already knows the next message whole, a
+// reserve that already knows the room, return at once), so a buffer the block's threads share is
+// the caller's to order: __syncthreads between the threads' writes of a shared `msg` and the
+// mesh_block_try_send that sends it, and between their last reads of a shared `out` and the next
+// mesh_block_try_recv into it. An end
 // of a channel belongs to one block, or, for a channel of several parts, to blocks that each open
 // their own share of the parts with mesh_bulk_open_part (below); two blocks opening the same part of
 // the same end break the ring. Buffers are 16-byte aligned, global or shared memory, msg_size bytes
@@ -2437,10 +2443,13 @@ static __device__ __forceinline__ uint32_t mesh_bulk_part_offset(const mesh_bulk
 // block calls it. A producer resumes each of its parts after the last message written into it
 // (published or not), as mesh_bulk_open always did; where its parts disagree (the end was served by
 // more blocks before) it continues at the furthest and completes the parts behind with what their
-// slots hold, as far as their consumers have room now (a message the last launch left half-written
-// is delivered torn). A consumer resumes at the furthest of its parts' tails and moves the others
-// there (the messages between, partly taken by the last launch, are skipped). An unbound `b`, an LL
-// channel or a refused share gives msg_size 0.
+// slots hold (a message the last launch left half-written is delivered torn). A part behind whose
+// consumer has no room for all of it (its ring full) is completed as that consumer frees slots: the
+// open waits for it there, since nothing after the open writes those flags and the block could not
+// send past that consumer anyway; a stop while it waits leaves the part's head where the completion
+// got and returns msg_size 0 (every call fails; the next launch completes the rest). A consumer resumes
+// at the furthest of its parts' tails and moves the others there (the messages between, partly taken
+// by the last launch, are skipped). An unbound `b`, an LL channel or a refused share gives msg_size 0.
 static __device__ mesh_bulk mesh_bulk_open_part(const mesh_ctx& c, uint32_t b, bool producer, uint32_t block,
                                                 uint32_t blocks) {
     mesh_bulk ch = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, producer};
@@ -2452,6 +2461,9 @@ static __device__ mesh_bulk mesh_bulk_open_part(const mesh_ctx& c, uint32_t b, b
         (parts & (parts - 1u)) != 0u || blocks == 0u || (blocks & (blocks - 1u)) != 0u || blocks > parts ||
         block >= blocks || c.bindings[b].msg_size % (16u * parts) != 0u)
         return ch;
+    // A thread a part, for the calls' per-part work and the close's look at every part: a block of
+    // fewer threads than the channel's parts is refused (32 threads always do).
+    if (mesh_block_threads() < parts) return ch;
     const uint32_t capacity = c.bindings[b].capacity;
     const uint32_t part_bytes = c.bindings[b].msg_size / parts;
     ch.ring = mesh_at(c, c.bindings[b].ring_offset);
@@ -2499,17 +2511,32 @@ static __device__ mesh_bulk mesh_bulk_open_part(const mesh_ctx& c, uint32_t b, b
     ch.mine = base + (uint64_t)furthest;
     ch.other = ch.mine;  // a consumer knows of no whole message yet (a producer's is set below)
     if (producer) {
-        // The slowest tail, for the room check; then the parts behind, completed as far as room allows.
-        ch.other = base - (uint64_t)mesh_block_max_of(-tail_at, ch.count);
+        // The parts behind, completed: as far as room allows, then (rarely: the end was served by more
+        // blocks and one part's consumer is a full ring behind) as its consumer frees slots, rereading
+        // that tail. The flags between could otherwise never be written: the block's publishes flag
+        // its own position, its close stores each part's head there, and a relaunch resumes past them.
+        int64_t stopped = 0;
         if (r < ch.count) {
             uint64_t at = base + (uint64_t)pos;
-            while (at != ch.mine && at - tail <= ch.mask) {
+            while (at != ch.mine) {
+                if (at - tail > ch.mask) {  // no room: wait for this part's consumer, or a stop
+                    if (mesh_ld_acquire_u32(mesh_slot_at(c, MESH_SLOT_STOP)) != 0u) {
+                        stopped = 1;
+                        break;
+                    }
+                    tail = mesh_ld_acquire_u64(mesh_bulk_tail_line(&ch, r));
+                    continue;
+                }
                 if (ch.placement == MESH_PLACEMENT_HOST) mesh_st_release_u64(mesh_bulk_flag(&ch, at, r), at + 1u);
                 else mesh_st_release_gpu_u64(mesh_bulk_flag(&ch, at, r), at + 1u);
                 at++;
             }
             if (at != base + (uint64_t)pos) mesh_st_volatile_u64(mesh_bulk_head_line(&ch, r), at);
+            tail_at = (int64_t)(tail - base);
         }
+        // The slowest tail, for the room check (after the waits: they may have moved).
+        ch.other = base - (uint64_t)mesh_block_max_of(-tail_at, ch.count);
+        if (mesh_block_max_of(stopped, ch.count) != 0) ch.msg_size = 0;  // every call fails; close too
     } else if (r < ch.count && tail != ch.mine) {
         mesh_st_release_u64(mesh_bulk_tail_line(&ch, r), ch.mine);
     }
@@ -2637,7 +2664,8 @@ static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
     if (ch->msg_size == 0 || ch->producer) return 0;
     if ((int64_t)(ch->other - ch->mine) > 0) return (const void*)mesh_bulk_slot(ch, ch->mine);
     const uint32_t r = mesh_block_rank(), threads = mesh_block_threads();
-    uint32_t ahead = MESH_BULK_LOOKAHEAD < 32u / ch->count ? MESH_BULK_LOOKAHEAD : 32u / ch->count;
+    const uint32_t lanes_n = threads < 32u ? threads : 32u;  // the voters: a thread a flag
+    uint32_t ahead = MESH_BULK_LOOKAHEAD < lanes_n / ch->count ? MESH_BULK_LOOKAHEAD : lanes_n / ch->count;
     if (ahead > ch->mask + 1u) ahead = ch->mask + 1u;
     uint64_t whole = 0;
     if (r < 32u) {

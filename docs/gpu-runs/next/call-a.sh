@@ -23,7 +23,7 @@ step() {  # step NAME LIMIT CMD...: runs CMD under timeout, its output to $L/NAM
     pkill -x meshd; sleep 1
 }
 ls programs/*.cu | xargs -P 16 -I{} bash -c 'cu={}; n=$(basename ${cu%.cu}); timeout 120 '"$NVCC"' -ptx -arch=compute_80 -I programs -o ${cu%.cu}.ptx $cu > '"$L"'/nvcc/$n.log 2>&1 || echo "nvcc FAILED $n" >> '"$S"
-for p in service service_x_capped service_x_warps bulk_parts_source bulk_parts_source_x_pubwarp; do
+for p in service service_x_capped service_x_warps bulk_parts_source bulk_parts_source_x_pubwarp bulk_parts_sink bulk_echo; do
     echo "$p: $(timeout 60 $NVCC -cubin -arch=sm_90 -Xptxas -v -I programs -o /tmp/$p.cubin programs/$p.cu 2>&1 | grep -o 'Used.*')" >> $S
 done
 echo "nvcc $(( $(date +%s) - T0 ))s" >> $S

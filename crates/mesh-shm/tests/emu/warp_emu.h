@@ -64,7 +64,15 @@ struct EmuTick {
     }
 };
 inline std::barrier<EmuTick>* emu_barriers[EMU_MAX_WARPS];
-inline std::barrier<>* emu_block_barrier = nullptr;
+// The block barrier ticks every warp's clock and stop word too (a block call waits through
+// __syncthreads alone: its warps' clocks must move there).
+struct EmuBlockTick {
+    uint32_t warps;
+    void operator()() noexcept {
+        for (uint32_t w = 0; w < warps; w++) EmuTick{w}();
+    }
+};
+inline std::barrier<EmuBlockTick>* emu_block_barrier = nullptr;
 inline uint64_t emu_warp_slots[EMU_MAX_WARPS][32];
 #define emu_slots emu_warp_slots[emu_warp]
 
@@ -193,7 +201,7 @@ inline void emu_run_block(uint32_t warps, const std::function<void(uint32_t)>& b
         bars.emplace_back(std::make_unique<std::barrier<EmuTick>>(32, EmuTick{w}));
         emu_barriers[w] = bars.back().get();
     }
-    std::barrier<> block((ptrdiff_t)warps * 32);
+    std::barrier<EmuBlockTick> block((ptrdiff_t)warps * 32, EmuBlockTick{warps});
     emu_block_barrier = &block;
     blockDim = {warps * 32u, 1, 1};
     std::vector<std::thread> threads;
