@@ -10,7 +10,8 @@ export MESHD_SOCKET=$WORK/meshd.sock
 trap '"$MESHD" shutdown >/dev/null 2>&1 || true; sleep 0.5; rm -rf "$WORK"' EXIT
 
 "$MESHD" run --shm /dev/shm/meshd-demo.$$ 2>"$WORK/meshd.log" &
-for _ in $(seq 1 100); do "$MESHD" ps >/dev/null 2>&1 && break; sleep 0.1; done
+MESHD_PID=$!
+for _ in $(seq 1 100); do "$MESHD" ps >/dev/null 2>&1 && break; kill -0 "$MESHD_PID" 2>/dev/null || break; sleep 0.1; done
 if ! "$MESHD" ps >/dev/null 2>&1; then
   echo "meshd did not start:" >&2; cat "$WORK/meshd.log" >&2; exit 1
 fi

@@ -134,3 +134,69 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
         }
     }
 }
+
+/// Every whole program in mesh.cuh's comments (`//     extern "C" __global__ void mesh_main` to its
+/// closing brace) and in the README's CUDA blocks compiles against the header as it is: what a user
+/// copies cannot name a call, field or macro that is gone. Compiled by the host's C++ compiler with the
+/// emulation's definitions of CUDA's built-ins (syntax and types only; `work` and `use`, the
+/// placeholders of the request / reply example, are declared for it).
+#[test]
+fn the_example_programs_in_the_header_and_the_readme_compile() {
+    let Some(cxx) = compiler() else {
+        println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's examples");
+        return;
+    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(manifest.join("include/mesh.cuh")).unwrap();
+    let readme = std::fs::read_to_string(manifest.join("../../README.md")).unwrap();
+    let mut examples = Vec::new();
+    let mut current: Option<Vec<&str>> = None;
+    for line in header.lines() {
+        match (&mut current, line.strip_prefix("//     ")) {
+            (None, Some(code)) if code.starts_with("extern \"C\" __global__ void mesh_main") => {
+                current = Some(vec![code]);
+            }
+            (Some(lines), Some(code)) => {
+                lines.push(code);
+                if code == "}" {
+                    examples.push(("mesh.cuh", current.take().unwrap().join("\n")));
+                }
+            }
+            (Some(_), None) => current = None,
+            (None, _) => {}
+        }
+    }
+    let from_header = examples.len();
+    for block in readme.split("```cuda\n").skip(1) {
+        let code = block.split("```").next().unwrap_or("");
+        if code.contains("__global__ void mesh_main") {
+            examples.push(("README.md", code.replace("#include \"mesh.cuh\"", "")));
+        }
+    }
+    assert!(from_header >= 5, "found {from_header} example programs in mesh.cuh's comments");
+    assert!(examples.len() > from_header, "found no example program in the README");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("header-examples");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prelude = "#include \"mesh.cuh\"\nstatic uint32_t work(uint32_t, uint32_t) { return 0; }\n\
+                   static void use(const uint32_t*) {}\n";
+    for (i, (source, code)) in examples.iter().enumerate() {
+        let file = dir.join(format!("example{i}.cpp"));
+        std::fs::write(&file, format!("{prelude}{code}\n")).unwrap();
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-fsyntax-only", "-Wno-unknown-pragmas", "-Wno-unused-function"])
+            .arg("-include")
+            .arg(manifest.join("tests/emu/warp_emu.h"))
+            .arg("-I")
+            .arg(manifest.join("include"))
+            .arg(&file)
+            .output()
+            .expect("run the compiler");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && (err.contains("c++20") || err.contains("<barrier>")) {
+            println!("SKIPPED: {cxx} cannot build C++20: {}", err.lines().next().unwrap_or(""));
+            return;
+        }
+        assert!(out.status.success(), "example {i} of {source} does not compile:\n{code}\n{err}");
+    }
+    println!("{} example programs compiled ({from_header} from mesh.cuh, the rest from the README)", examples.len());
+}
