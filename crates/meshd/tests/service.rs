@@ -852,6 +852,15 @@ fn the_command_line_creates_a_service_and_shows_its_clients() {
     let (code, _, err) = cli(&["service", "create", "other", "--msg-size", "32"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--clients"), "{err}");
+    let (code, _, err) = cli(&["service", "create", "two words", "--clients", "2", "--msg-size", "32"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("control characters, spaces or commas"), "{err}");
+    // A service's channels are not for `meshd send` / `recv`: the refusal names the client to use.
+    for args in [&["send", "kv", "hi"][..], &["recv", "kv.replies"]] {
+        let (code, _, err) = cli(args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("one of a service's channels") && err.contains("ServiceClient"), "{args:?}: {err}");
+    }
     let (_, help, _) = cli(&["service", "create", "--help"]);
     assert!(help.contains("NAME.replies") && help.contains("--reply-capacity"), "{help}");
     assert!(help.contains("--shards") && help.contains("own cursor") && help.contains("refuses the binding"), "{help}");
