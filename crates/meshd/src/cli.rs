@@ -27,6 +27,8 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start the daemon.
+    #[command(after_help = "Logs go to stderr at level info; MESHD_LOG sets the filter (e.g. MESHD_LOG=debug, or \
+                            MESHD_LOG=meshd=debug,mesh_mps=trace).")]
     Run(RunArgs),
     /// Load a program: IMAGE is PTX, cubin, fatbin or LTO-IR whose mesh_main runs resident.
     Load {
