@@ -417,13 +417,22 @@ static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, ui
         ch.published = head;
         if ((int64_t)(tail - head) > 0) head = tail;
         // Skip messages written after the published head (a producer that stopped without closing, or
-        // died): whole ones only, judged by their first and last words; one cut off mid-write is written
-        // again.
-        const uint32_t last = ch.msg_size / 4u - 1u;
-        while (head - tail <= ch.mask &&
-               (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head)) >> 32) == mesh_tag(head) &&
-               (uint32_t)(mesh_ld_volatile_u64(mesh_chan_slot(&ch, head) + last) >> 32) == mesh_tag(head))
+        // died): whole ones only, every word tagged, as mesh-shm's ProducerCore::resume judges them; one
+        // cut off mid-write is written again. Every word, not the first and last: a warp's lanes store
+        // their words at once, so a launch killed mid-send can leave both ends of a message and miss a
+        // word between, and skipping that message would leave its consumer waiting for the word for
+        // good. The first word alone decides the usual case (after an orderly close, the next slot is
+        // empty), and a crash costs a read of each message written since the last publication.
+        const uint32_t words = ch.msg_size / 4u;
+        while (head - tail <= ch.mask) {
+            const volatile uint64_t* w = mesh_chan_slot(&ch, head);
+            const uint32_t t = mesh_tag(head);
+            if ((uint32_t)(mesh_ld_volatile_u64(w) >> 32) != t) break;
+            bool whole = true;
+            for (uint32_t i = 1; i < words; i++) whole &= (uint32_t)(mesh_ld_volatile_u64(w + i) >> 32) == t;
+            if (!whole) break;
             head++;
+        }
         ch.mine = head;
         ch.other = tail;
     } else {
