@@ -58,7 +58,11 @@
 //   * one thread: mesh_try_send / mesh_try_recv (and _deferred + mesh_chan_commit, mesh_chan_room).
 //     Correct at any size; fast up to 8-byte messages (one 16-byte load). Larger messages cost one
 //     round trip per 8 bytes, because one thread's loads of host memory do not overlap.
-//   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together;
+//   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together,
+//     converged (as the loops in this file keep the warp: no lane-dependent branch around the calls,
+//     mesh_chan_room and mesh_should_stop included), because every lane loads the channel's shared
+//     index words itself and the calls rely on the lanes seeing one value, which a converged warp's
+//     single load instruction gives them;
 //     each lane loads its own words, so a message up to 4 KiB arrives in one round trip (up to 1 KiB:
 //     at most four loads per lane, all in flight together, and one vote). Use these for anything above
 //     8 bytes, and the _batch forms for streams of small messages.
