@@ -103,3 +103,20 @@ fn a_producer_resuming_with_a_full_part_behind_completes_it_as_room_comes() {
         );
     }
 }
+
+/// The same resume with a stop while the open waits for that part's consumer: the open returns an end
+/// whose calls fail (msg_size 0), writes no flag the consumer has no room for and publishes no head past
+/// the gap; the next launch, with the consumers draining, delivers every message.
+#[test]
+fn a_stop_while_the_open_waits_for_a_part_behind_leaves_nothing_past_the_gap() {
+    if let Some(exe) = built("bulk_blocks_emu", &[]) {
+        let run = Command::new(&exe).arg("probe-stop-while-resuming").output().expect("run the emulation");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        println!("{stdout}");
+        assert!(
+            run.status.success() && stdout.contains("probe: stopped cleanly, then delivered"),
+            "a stop during the open's wait:\n{stdout}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+}

@@ -607,6 +607,72 @@ int probe_resume_full() {
     return ok ? 0 : 1;
 }
 
+// The same resume, with a stop while the open waits: part 1's consumer does not move during the first
+// launch, and meshd stops it. The open must return (an end whose every call fails: msg_size 0) without
+// writing a flag part 1's consumer has no room for and without publishing part 1's head past the gap;
+// a second launch, with the consumers draining, then delivers every message.
+int probe_stop_while_resuming() {
+    const uint32_t kMsg = 2 * 64, kCap = 2;
+    g_current = "probe: a stop while the open waits for a part behind";
+    Ring ring{nullptr, 2, kCap, kMsg};
+    const uint64_t bytes = round_up(ring.bytes(), kPage);
+    ring.base = (char*)std::aligned_alloc(kPage, bytes);
+    std::memset(ring.base, 0, bytes);
+    const uint32_t pw = ring.part_words();
+    auto write_part = [&](uint64_t seq, uint32_t p) {
+        for (uint32_t k = p * pw; k < (p + 1) * pw; k++) st_word(&ring.words(seq)[k], value(seq, k));
+        st(ring.flag(seq, p), seq + 1);
+    };
+    for (uint64_t seq = 2; seq < 4; seq++) write_part(seq, 0);
+    for (uint64_t seq = 0; seq < 2; seq++) write_part(seq, 1);
+    st(ring.head_line(0), 4);
+    st(ring.tail_line(0), 2);
+    st(ring.head_line(1), 2);
+    st(ring.tail_line(1), 0);
+    g_copy = false;
+    mesh_ctx ctx;
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.base = (uint64_t)(uintptr_t)ring.base;
+    ctx.slot_offset = kSlot;
+    ctx.binding_count = 1;
+    ctx.bindings[0] = {kHeader, (uint64_t)(uintptr_t)ring.slots(), kMsg, kCap, MESH_PLACEMENT_HOST,
+                       MESH_PROTOCOL_BULK | (2u << MESH_BULK_PARTS_SHIFT)};
+    bool ok = true;
+    // Launch 1: nobody consumes; the stop comes while the open waits.
+    st(ring.base + kSlot + MESH_SLOT_STOP, 0);
+    g_refused = false;
+    {
+        std::thread block([&] { emu_run_block(1, [&](uint32_t) { produce(ctx); }); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        st(ring.base + kSlot + MESH_SLOT_STOP, 1);
+        block.join();
+    }
+    const uint64_t head1 = ld(ring.head_line(1)), flag2 = ld(ring.flag(2, 1));
+    std::printf("probe, stopped launch: refused %d, part 1's head %llu (2 expected), its flag at 2: %llu (not 3)\n",
+                (int)g_refused, (unsigned long long)head1, (unsigned long long)flag2);
+    ok &= g_refused && head1 == 2 && flag2 != 3 && ld(ring.head_line(0)) == 4;
+    // Launch 2: the consumers drain; everything arrives.
+    uint64_t tail[2] = {2, 0};
+    st(ring.base + kSlot + MESH_SLOT_STOP, 0);
+    g_opened = false;
+    g_refused = false;
+    std::thread block([&] { emu_run_block(1, [&](uint32_t) { produce(ctx); }); });
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while ((tail[0] < 6 || tail[1] < 6) && std::chrono::steady_clock::now() < give_up) {
+        for (uint32_t p = 0; p < 2; p++)
+            while (tail[p] < 6 && ld(ring.flag(tail[p], p)) == tail[p] + 1) st(ring.tail_line(p), ++tail[p]);
+        std::this_thread::yield();
+    }
+    st(ring.base + kSlot + MESH_SLOT_STOP, 1);
+    block.join();
+    std::printf("probe, second launch: part 0's consumer reached %llu, part 1's %llu (6 each expected)\n",
+                (unsigned long long)tail[0], (unsigned long long)tail[1]);
+    ok &= tail[0] == 6 && tail[1] == 6;
+    std::free(ring.base);
+    std::printf(ok ? "probe: stopped cleanly, then delivered\n" : "probe: a stop while resuming went wrong\n");
+    return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -627,8 +693,13 @@ int main(int argc, char** argv) {
         g_finished = true;
         return rc;
     }
+    if (mode == "probe-stop-while-resuming") {
+        const int rc = probe_stop_while_resuming();
+        g_finished = true;
+        return rc;
+    }
     if (mode != "all" && mode != "producer" && mode != "consumer") {
-        std::fprintf(stderr, "usage: %s [all | producer | consumer | probe-resume-full]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s [all | producer | consumer | probe-resume-full | probe-stop-while-resuming]\n", argv[0]);
         return 2;
     }
     check_layout();
