@@ -762,8 +762,9 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 //         __shared__ mesh_poll_box box;                     // the pollers' hand-off, one message up to 4 KiB
 //         if (blockIdx.x != 0 || threadIdx.x >= 32u * (MESH_POLLERS + 1u)) return;
 //         mesh_chan in = {}, out = {};
+//         uint64_t beat = 0;
 //         if (threadIdx.x < 32) {                           // warp 0 serves the channels
-//             if (threadIdx.x == 0) mesh_begin(ctx);
+//             if (threadIdx.x == 0) beat = mesh_begin(ctx);
 //             in = mesh_chan_open(ctx, 0, false);
 //             out = mesh_chan_open(ctx, 1, true);
 //         }
@@ -775,7 +776,8 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 //             mesh_poll_serve(&box);
 //             return;
 //         }
-//         while (!mesh_should_stop(ctx)) {
+//         for (uint32_t i = 0; !mesh_should_stop(ctx); i++) {
+//             if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);  // meshd's readiness
 //             if (mesh_chan_room(&out) > 0 && mesh_poll_try_recv(&box, &in, box.buf)) mesh_warp_try_send(&out, box.buf);
 //         }
 //         if (mesh_poll_stop(&box, &in, box.buf)) mesh_warp_try_send(&out, box.buf);  // a claimed message

@@ -1,4 +1,4 @@
-//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
+//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu, echo_poll.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
 //!
 //! The device code is the shipped header and the shipped programs, compiled by the host's C++
 //! compiler with `MESH_HOST_EMULATION` (warp_emu.h swaps its PTX primitives for atomics): channels of
@@ -110,6 +110,17 @@ fn the_batch_echo_returns_every_message_once_in_order_across_a_relaunch() {
 #[test]
 fn the_one_thread_echo_returns_every_message_once_in_order_across_a_relaunch() {
     if let Some(exe) = built("echo.cu", &["-DEMU_ONE_THREAD=1"]) {
+        passes(&exe);
+    }
+}
+
+/// The poll stream: mesh_poll_start, mesh_poll_serve (MESH_POLLERS warps polling in turn, the claim,
+/// the hand-off through the shared box), mesh_poll_try_recv and mesh_poll_stop (a claimed message
+/// handed over at the stop, an armed one left in the ring), in a block of MESH_POLLERS + 1 warps
+/// across a stop and a relaunch; and exit code 2 in a block of one warp.
+#[test]
+fn the_poll_stream_echo_returns_every_message_once_in_order_across_a_relaunch() {
+    if let Some(exe) = built("echo_poll.cu", &["-DEMU_POLL=1"]) {
         passes(&exe);
     }
 }

@@ -1,16 +1,18 @@
-// ll_channels.cpp: an echo program of tests/programs (PROGRAM: echo_header.cu, echo_warp.cu, or echo.cu
-// with EMU_ONE_THREAD) run whole on the CPU (warp_emu.h) against two LL channels laid out as mesh-shm
-// lays them out (a ring header with head / tail lines, the slots in their own page-aligned region, each
-// message msg_size * MESH_RING_WIRE_FACTOR bytes of (tag << 32 | payload) words). A driver thread plays
-// the host: it sends numbered messages following ring.rs's producer (room from the published tail, the
-// first pair written last, head published), or torn (one word held back ~300 us, so the receiver
-// catches a message half-arrived), reads every echo following ring.rs's consumer (every word's tag and
-// value, in order, tail published), asks the program to stop half way with messages in flight, and
-// again at the end. Between the two launches on the same memory, and after the second, main checks
-// the slot (STOPPED, exit code 0, heartbeat rising) and the published positions (exact: what was
-// consumed was echoed, nothing written past the published head). Built and run by
-// tests/ll_emulation.rs, e.g. `g++ -std=c++20 -O1 -pthread -I ../../include -I ../../../../tests/programs
-// -DPROGRAM='"echo_header.cu"' ll_channels.cpp -o ll && ./ll`.
+// ll_channels.cpp: an echo program of tests/programs (PROGRAM: echo_header.cu, echo_warp.cu, echo.cu
+// with EMU_ONE_THREAD, or echo_poll.cu with EMU_POLL: the poll stream, a block of MESH_POLLERS + 1
+// warps, half the messages, and a block too small for it ending with exit code 2) run whole on the CPU
+// (warp_emu.h) against two LL channels laid out as mesh-shm lays them out (a ring header with head /
+// tail lines, the slots in their own page-aligned region, each message msg_size * MESH_RING_WIRE_FACTOR
+// bytes of (tag << 32 | payload) words). A driver thread plays the host: it sends numbered messages
+// following ring.rs's producer (room from the published tail, the first pair written last, head
+// published), or torn (one word held back ~300 us, so the receiver catches a message half-arrived),
+// reads every echo following ring.rs's consumer (every word's tag and value, in order, tail published),
+// asks the program to stop half way with messages in flight, and again at the end. Between the two
+// launches on the same memory, and after the second, main checks the slot (STOPPED, exit code 0,
+// heartbeat rising) and the published positions (exact: what was consumed was echoed, nothing written
+// past the published head). Built and run by tests/ll_emulation.rs, e.g. `g++ -std=c++20 -O1 -pthread
+// -I ../../include -I ../../../../tests/programs -DPROGRAM='"echo_header.cu"' ll_channels.cpp -o ll &&
+// ./ll`.
 #include "warp_emu.h"
 
 #include <cstdio>
@@ -26,6 +28,20 @@
 uint64_t ll_warp_ld_u64(const volatile void* p);
 #define mesh_ld_volatile_u64 ll_warp_ld_u64
 
+// echo_poll.cu (EMU_POLL, a block of MESH_POLLERS + 1 warps): the server, warp 0, spins between two
+// hand-offs on mesh_should_stop, mesh_chan_room and mesh_poll_try_recv's load of `ready` without a
+// warp intrinsic, so warp_emu.h's clock and stop word (sampled at barriers) would stay frozen there and
+// the stop never be seen; a ticker moving them instead would hand the lanes different values mid-loop,
+// and lanes loading `ready` each for itself disagree on the hand-off (some take the message, some
+// poll again) and meet at different barriers. On a GPU the converged warp reads %globaltimer and
+// `ready` once per instruction for all its lanes: here warp 0's reads of both are lane 0's, shuffled.
+#ifdef EMU_POLL
+uint64_t ll_poll_ld_acquire(const unsigned long long* p);
+uint64_t ll_globaltimer();
+#define mesh_poll_ld_acquire ll_poll_ld_acquire
+#define mesh_globaltimer ll_globaltimer
+#endif
+
 #include PROGRAM
 
 namespace {
@@ -34,6 +50,13 @@ namespace {
 constexpr bool kOneThread = true;
 #else
 constexpr bool kOneThread = false;
+#endif
+#ifdef EMU_POLL
+constexpr uint32_t kWarps = MESH_POLLERS + 1u;  // echo_poll.cu: the server and its pollers
+constexpr uint32_t kLess = 2;                   // its 96 threads on a 2-core machine: half the messages
+#else
+constexpr uint32_t kWarps = 1;
+constexpr uint32_t kLess = 1;
 #endif
 
 constexpr uint32_t kLockstepWindow = 4096;  // loads a lane may run ahead of the slowest
@@ -83,6 +106,21 @@ uint64_t ll_warp_ld_u64(const volatile void* p) {
         std::this_thread::yield();  // a lane this far behind needs no barrier to catch up
     }
 }
+
+#ifdef EMU_POLL
+// Warp 0 calls these on all its lanes at once (mesh_should_stop and mesh_poll_try_recv in its loop,
+// mesh_poll_stop): lane 0's read shuffled to every lane, a warp barrier as the GPU's one instruction
+// for the converged warp; the barrier also moves the warp's clock and stop word (warp_emu.h). The
+// pollers (their loops shuffle on every iteration) keep warp_emu.h's.
+uint64_t ll_poll_ld_acquire(const unsigned long long* p) {
+    if (emu_warp != 0) return emu_ld(p);
+    return __shfl_sync(0xffffffffu, emu_lane == 0 ? emu_ld(p) : 0u, 0);
+}
+uint64_t ll_globaltimer() {
+    if (emu_warp != 0) return emu_warp_clock[emu_warp].load(std::memory_order_relaxed);
+    return __shfl_sync(0xffffffffu, emu_lane == 0 ? emu_steady_ns() : 0u, 0);
+}
+#endif
 
 namespace {
 
@@ -137,7 +175,15 @@ struct Run {
             const uint32_t late = (uint32_t)(seq / 3) % n;  // word 0, the last, and ones between
             for (uint32_t i = 0; i < n; i++)
                 if (i != late) emu_st(in_word(seq, i), t | value(seq, i, cfg.msg));
-            std::this_thread::sleep_for(std::chrono::microseconds(300));  // > MESH_PARTIAL_WAIT_NS
+            // echo_poll.cu's 96 threads hand a message over in a millisecond or two here: held until
+            // its server consumed the ones before (the tail it publishes as it arms this one, or 20 ms),
+            // and 2 ms more, so that its pollers poll this one while it is torn.
+            if (kWarps > 1) {
+                const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+                while (ld(kInRing + MESH_RING_TAIL) < seq && std::chrono::steady_clock::now() < until)
+                    std::this_thread::yield();
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(kWarps > 1 ? 2000 : 300));  // > MESH_PARTIAL_WAIT_NS
             emu_st(in_word(seq, late), t | value(seq, late, cfg.msg));
             torn_sent++;
         } else {
@@ -246,8 +292,9 @@ mesh_ctx make_ctx(const Run& r) {
 }
 
 // One program run for one launch: a block of one warp (echo.cu's lanes 1-31 leave at once, so its
-// lane 0 meets no barrier: a ticker moves its clock and stop word as the warp's barriers would).
-void launch_block(mesh_ctx ctx) {
+// lane 0 meets no barrier: a ticker moves its clock and stop word as the warp's barriers would), or of
+// MESH_POLLERS + 1 warps for echo_poll.cu.
+void launch_block(mesh_ctx ctx, uint32_t warps = kWarps) {
     std::atomic<bool> done{false};
     std::thread ticker;
     if (kOneThread)
@@ -257,7 +304,7 @@ void launch_block(mesh_ctx ctx) {
                 std::this_thread::sleep_for(std::chrono::microseconds(20));
             }
         });
-    emu_run_block(1, [&](uint32_t) { mesh_main(ctx); });
+    emu_run_block(warps, [&](uint32_t) { mesh_main(ctx); });
     done = true;
     if (ticker.joinable()) ticker.join();
 }
@@ -329,6 +376,29 @@ void check_producer_resume() {
     std::printf("%s: %s: resumed at %llu\n", PROGRAM, scenario, (unsigned long long)mine.load());
 }
 
+#ifdef EMU_POLL
+// echo_poll.cu in a block of one warp, smaller than its pollers need: mesh_poll_start is false on
+// every thread, the program exits with code 2 and touches neither ring.
+void check_small_block() {
+    scenario = "a block of one warp";
+    Run r;
+    r.cfg = {64, 4, 0, false};
+    r.in_slots = kInSlots;
+    r.out_slots = kInSlots + kPage;
+    memory.assign((r.out_slots + 2 * kPage) / 8, 0);
+    base = (char*)memory.data();
+    emu_watch_stop(base + kSlot + MESH_SLOT_STOP);
+    const void* const watched[4] = {base + kInRing + MESH_RING_HEAD, base + kInRing + MESH_RING_TAIL,
+                                    base + kOutRing + MESH_RING_HEAD, base + kOutRing + MESH_RING_TAIL};
+    lockstep_watch(watched);
+    launch_block(make_ctx(r), 1);
+    const uint32_t state = emu_ld32(base + kSlot + MESH_SLOT_STATE);
+    const int32_t code = (int32_t)emu_ld32(base + kSlot + MESH_SLOT_EXIT_CODE);
+    if (state != MESH_STATE_EXITED || code != 2) fail("a block of one warp: state, exit code (want EXITED, 2)", state, code);
+    std::printf("%s: %s: state %u, exit code %d\n", PROGRAM, scenario, state, code);
+}
+#endif
+
 }  // namespace
 
 int main() {
@@ -341,15 +411,18 @@ int main() {
     uint64_t in_flight = 0;
     for (uint32_t msg : {8u, 64u, 256u, 1024u, 4096u}) {
         if (msg > max_msg) continue;
-        const uint32_t count = msg >= 1024 ? 300 : 600;  // capacity 4: 75 to 150 laps of the ring
+        const uint32_t count = (msg >= 1024 ? 300 : 600) / kLess;  // capacity 4: 75 to 150 laps of the ring
         in_flight += run({msg, 4, count, false});
         in_flight += run({msg, 16, count, false});
-        in_flight += run({msg, 4, 60, true});
-        in_flight += run({msg, 16, 120, true});  // whole messages in front of a torn one: one poll takes them
+        in_flight += run({msg, 4, 60 / kLess, true});
+        in_flight += run({msg, 16, 120 / kLess, true});  // whole messages in front of a torn one: one poll takes them
         if (failures) break;
     }
     if (in_flight == 0) fail("no launch stopped with messages in flight: the relaunch was not put to the test");
     check_producer_resume();
+#ifdef EMU_POLL
+    check_small_block();
+#endif
     if (failures) {
         std::fprintf(stderr, "%d failures\n", failures);
         return 1;
