@@ -8,55 +8,23 @@
 //! `g++`) the tests say SKIPPED and pass.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::time::Duration;
 
-fn compiler() -> Option<String> {
-    let candidates = std::env::var("CXX").into_iter().chain(["c++".to_string(), "g++".to_string()]);
-    candidates.into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-}
+#[path = "emu/driver.rs"]
+mod driver;
 
-/// Builds `tests/emu/bulk_blocks.cpp` with `defines` into the target's scratch folder as `name`; None
-/// (after saying SKIPPED) without a C++20 compiler.
+/// Longer than the program's own watchdog (60 s): a child that outlives this is hung past it.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// Builds `tests/emu/bulk_blocks.cpp` with `defines` as `name`; None (after saying SKIPPED) without a
+/// C++20 compiler.
 fn built(name: &str, defines: &[&str]) -> Option<PathBuf> {
-    let Some(cxx) = compiler() else {
-        println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's warp emulation");
-        return None;
-    };
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let output = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .args(defines)
-        .arg(manifest.join("tests/emu/bulk_blocks.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{cxx}: {e}"));
-    if !output.status.success() {
-        let e = String::from_utf8_lossy(&output.stderr);
-        if e.contains("c++20") || e.contains("<barrier>") {
-            println!("SKIPPED: {cxx} cannot build C++20 (std::barrier): {}", e.lines().next().unwrap_or(""));
-            return None;
-        }
-        panic!("building tests/emu/bulk_blocks.cpp with {cxx} failed:\n{e}");
-    }
-    Some(exe)
+    driver::built("bulk_blocks.cpp", name, &defines.iter().map(|d| d.to_string()).collect::<Vec<_>>())
 }
 
-/// Runs the program on `side` (all, producer or consumer); it ends itself within 60 s (a watchdog
-/// turns a deadlock into a failure).
-fn passes(exe: &Path, side: &str) {
-    let run = Command::new(exe).arg(side).output().expect("run the emulation");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    println!("{stdout}");
-    assert!(
-        run.status.success() && stdout.contains("all passed"),
-        "the bulk emulation failed ({} {side}):\n{stdout}\n{stderr}",
-        exe.display()
-    );
+/// Runs the program on `side` (all, producer or consumer, or a probe) until it says `expect`.
+fn passes(exe: &Path, side: &str, expect: &str) {
+    driver::passes(exe, &[side], HANG_GUARD, expect);
 }
 
 /// Both ends, both paths (copy and in place), every shape: each byte of every message checked, counts,
@@ -64,7 +32,7 @@ fn passes(exe: &Path, side: &str) {
 #[test]
 fn one_block_moves_its_share_of_every_message_once_in_order() {
     if let Some(exe) = built("bulk_blocks_emu", &[]) {
-        passes(&exe, "all");
+        passes(&exe, "all", "all passed");
     }
 }
 
@@ -73,7 +41,7 @@ fn one_block_moves_its_share_of_every_message_once_in_order() {
 #[test]
 fn the_send_without_the_publisher_warp_in_the_copy_moves_every_byte() {
     if let Some(exe) = built("bulk_blocks_emu_pubwarp", &["-DMESH_BULK_PUBLISHER_WARP=1"]) {
-        passes(&exe, "producer");
+        passes(&exe, "producer", "all passed");
     }
 }
 
@@ -82,7 +50,7 @@ fn the_send_without_the_publisher_warp_in_the_copy_moves_every_byte() {
 #[test]
 fn a_peek_looking_one_message_ahead_takes_every_message_once() {
     if let Some(exe) = built("bulk_blocks_emu_lookahead1", &["-DMESH_BULK_LOOKAHEAD=1u"]) {
-        passes(&exe, "consumer");
+        passes(&exe, "consumer", "all passed");
     }
 }
 
@@ -93,14 +61,7 @@ fn a_peek_looking_one_message_ahead_takes_every_message_once() {
 #[test]
 fn a_producer_resuming_with_a_full_part_behind_completes_it_as_room_comes() {
     if let Some(exe) = built("bulk_blocks_emu", &[]) {
-        let run = Command::new(&exe).arg("probe-resume-full").output().expect("run the emulation");
-        let stdout = String::from_utf8_lossy(&run.stdout);
-        println!("{stdout}");
-        assert!(
-            run.status.success() && stdout.contains("probe: delivered"),
-            "a part behind stayed stuck:\n{stdout}\n{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        passes(&exe, "probe-resume-full", "probe: delivered");
     }
 }
 
@@ -110,13 +71,6 @@ fn a_producer_resuming_with_a_full_part_behind_completes_it_as_room_comes() {
 #[test]
 fn a_stop_while_the_open_waits_for_a_part_behind_leaves_nothing_past_the_gap() {
     if let Some(exe) = built("bulk_blocks_emu", &[]) {
-        let run = Command::new(&exe).arg("probe-stop-while-resuming").output().expect("run the emulation");
-        let stdout = String::from_utf8_lossy(&run.stdout);
-        println!("{stdout}");
-        assert!(
-            run.status.success() && stdout.contains("probe: stopped cleanly, then delivered"),
-            "a stop during the open's wait:\n{stdout}\n{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        passes(&exe, "probe-stop-while-resuming", "probe: stopped cleanly, then delivered");
     }
 }

@@ -11,80 +11,25 @@
 //! SKIPPED and pass.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "emu/driver.rs"]
+mod driver;
 
 /// Longer than the program's own watchdog (120 s): a child that outlives this is hung past it.
 const HANG_GUARD: Duration = Duration::from_secs(240);
 
-fn compiler() -> Option<String> {
-    let candidates = std::env::var("CXX").into_iter().chain(["c++".to_string(), "g++".to_string()]);
-    candidates.into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-}
-
-/// Builds `tests/emu/ll_channels.cpp` around `program` (a file of tests/programs) with `defines` into
-/// the target's scratch folder; None (after saying SKIPPED) without a C++20 compiler.
+/// Builds `tests/emu/ll_channels.cpp` around `program` (a file of tests/programs) with `defines`; None
+/// (after saying SKIPPED) without a C++20 compiler.
 fn built(program: &str, defines: &[&str]) -> Option<PathBuf> {
-    let Some(cxx) = compiler() else {
-        println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's warp emulation");
-        return None;
-    };
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ll_channels_{}", program.trim_end_matches(".cu")));
-    let output = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .arg("-I")
-        .arg(manifest.join("../../tests/programs"))
-        .arg(format!("-DPROGRAM=\"{program}\""))
-        .args(defines)
-        .arg(manifest.join("tests/emu/ll_channels.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{cxx}: {e}"));
-    if !output.status.success() {
-        let e = String::from_utf8_lossy(&output.stderr);
-        if e.contains("c++20") || e.contains("<barrier>") {
-            println!("SKIPPED: {cxx} cannot build C++20 (std::barrier): {}", e.lines().next().unwrap_or(""));
-            return None;
-        }
-        panic!("building tests/emu/ll_channels.cpp for {program} with {cxx} failed:\n{e}");
-    }
-    Some(exe)
+    let mut args = vec![format!("-DPROGRAM=\"{program}\"")];
+    args.extend(defines.iter().map(|d| d.to_string()));
+    driver::built("ll_channels.cpp", &format!("ll_channels_{}", program.trim_end_matches(".cu")), &args)
 }
 
-/// Runs the emulation; it must say "all passed". A child still running after HANG_GUARD (its own
-/// watchdog failed too) is killed and the test fails, rather than stalling the suite.
+/// Runs the emulation; it must say "all passed".
 fn passes(exe: &Path) {
-    let mut child = Command::new(exe).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run the emulation");
-    let started = Instant::now();
-    // Pipes drained on their own threads: a child blocked on a full pipe would look hung.
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || std::io::read_to_string(&mut out).unwrap_or_default());
-    let err = std::thread::spawn(move || std::io::read_to_string(&mut err).unwrap_or_default());
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the emulation") {
-            break status;
-        }
-        if started.elapsed() > HANG_GUARD {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{} hung: killed after {HANG_GUARD:?}\n{}", exe.display(), err.join().unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
-    println!("{stdout}");
-    println!("{} in {:.1} s", exe.display(), started.elapsed().as_secs_f64());
-    assert!(
-        status.success() && stdout.contains("all passed"),
-        "the LL emulation failed ({}, {status}):\n{stdout}\n{stderr}",
-        exe.display()
-    );
+    driver::passes(exe, &[], HANG_GUARD, "all passed");
 }
 
 /// The header's own loop: mesh_chan_room, mesh_warp_try_recv (its short path up to 1 KiB, the batch

@@ -5,95 +5,19 @@
 //! calls compute is tested on every CI run, not the GPU's memory model or speed (the GPU tests do
 //! that). Without a C++20 compiler (`$CXX`, `c++` or `g++`) the tests say SKIPPED and pass.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-fn compiler() -> Option<String> {
-    let candidates = std::env::var("CXX").into_iter().chain(["c++".to_string(), "g++".to_string()]);
-    candidates.into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-}
+#[path = "emu/driver.rs"]
+mod driver;
+use driver::{built, compiler};
 
-fn build(cxx: &str, source: &Path, out: &Path, defines: &[String]) -> Result<(), String> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new(cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .arg("-I")
-        .arg(manifest.join("../../tests/programs"))
-        .args(defines)
-        .arg(source)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .map_err(|e| format!("{cxx}: {e}"))?;
-    if output.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&output.stderr).into_owned()) }
-}
-
-/// Builds `tests/emu/SOURCE` into the target's scratch folder as `name`; None (after saying SKIPPED)
-/// without a C++20 compiler.
-fn built(source: &str, name: &str, defines: &[String]) -> Option<PathBuf> {
-    let Some(cxx) = compiler() else {
-        println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's warp emulation");
-        return None;
-    };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emu");
-    let exe: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if let Err(e) = build(&cxx, &dir.join(source), &exe, defines) {
-        if e.contains("c++20") || e.contains("<barrier>") {
-            println!("SKIPPED: {cxx} cannot build C++20 (std::barrier): {}", e.lines().next().unwrap_or(""));
-            return None;
-        }
-        panic!("building tests/emu/{source} with {cxx} failed:\n{e}");
-    }
-    Some(exe)
-}
-
-/// How long one emulation run may take before it counts as hung (a run takes seconds; lanes that
-/// disagree meet at different barriers and wait forever, which must fail the test, not stall CI).
+/// How long one emulation run may take before it counts as hung (a run takes seconds).
 const HUNG_AFTER: Duration = Duration::from_secs(300);
 
 fn passes(exe: &Path, args: &[&str]) {
-    let mut child =
-        Command::new(exe).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run the emulation");
-    // Drain the pipes on their own threads: a child blocked on a full pipe would look hung.
-    let mut out_pipe = child.stdout.take().expect("piped stdout");
-    let mut err_pipe = child.stderr.take().expect("piped stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out_pipe.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the emulation") {
-            break Some(status);
-        }
-        if started.elapsed() > HUNG_AFTER {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
-    println!("{stdout}");
-    let Some(status) = status else {
-        panic!("the warp emulation hung ({} {args:?}): killed after {HUNG_AFTER:?}\n{stdout}\n{stderr}", exe.display());
-    };
-    assert!(
-        status.success() && stdout.contains("all passed"),
-        "the warp emulation failed ({} {args:?}):\n{stdout}\n{stderr}",
-        exe.display()
-    );
+    driver::passes(exe, args, HUNG_AFTER, "all passed");
 }
 
 #[test]

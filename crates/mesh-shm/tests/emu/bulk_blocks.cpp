@@ -539,20 +539,11 @@ void check_layout() {
     if (o.payload_off() != 4096) fail("layout: one part");
 }
 
-// A REGRESSION TEST (`probe-resume-full`, run by tests/bulk_emulation.rs): a producer block serving
-// several parts resumes where a launch of more blocks left them disagreeing, and a part behind has no
-// room at the open (its ring full: its consumer is a block of its own, behind). mesh_bulk_open_part
-// used to complete that part only as far as room allowed then, and nothing completed the rest later
-// (bulk.rs's producer keeps `behind` and catches up as room comes): the publishes store the block's
-// position in every part's flag, so that part's consumer waited for the flag of a message no one
-// writes and the producer for room only that consumer frees; mesh_bulk_close then published the
-// part's head past the unwritten flags, so a relaunch (or a host producer) resumed past them too: the
-// part stayed stuck (part 1's consumer at 2 across a relaunch). The open now waits for that consumer
-// and completes the part as it frees slots. Here P = 2, capacity 2, one producer block: part 0 written
-// to 4, its consumer at 2; part 1 written to 2, its consumer at 0. Both parts' consumers must reach 6.
-int probe_resume_full() {
+// The probes' channel (P = 2, capacity 2, messages of 2 x 64 bytes, one producer block serving both
+// parts), as a launch of two producer blocks left it: part 0 written to 4, its consumer at 2; part 1
+// written to 2, its consumer at 0. Allocated here (the caller frees ring.base); *ctx binds it.
+Ring probe_ring(mesh_ctx* ctx) {
     const uint32_t kMsg = 2 * 64, kCap = 2;
-    g_current = "probe: resume with a part behind and full";
     Ring ring{nullptr, 2, kCap, kMsg};
     const uint64_t bytes = round_up(ring.bytes(), kPage);
     ring.base = (char*)std::aligned_alloc(kPage, bytes);
@@ -569,13 +560,40 @@ int probe_resume_full() {
     st(ring.head_line(1), 2);
     st(ring.tail_line(1), 0);
     g_copy = false;
+    std::memset(ctx, 0, sizeof *ctx);
+    ctx->base = (uint64_t)(uintptr_t)ring.base;
+    ctx->slot_offset = kSlot;
+    ctx->binding_count = 1;
+    ctx->bindings[0] = {kHeader, (uint64_t)(uintptr_t)ring.slots(), kMsg, kCap, MESH_PLACEMENT_HOST,
+                        MESH_PROTOCOL_BULK | (2u << MESH_BULK_PARTS_SHIFT)};
+    return ring;
+}
+
+// Two consumer blocks, one a part, each taking its part's whole messages up to 6 (for up to 2 s).
+void drain_probe(const Ring& ring, uint64_t tail[2]) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while ((tail[0] < 6 || tail[1] < 6) && std::chrono::steady_clock::now() < give_up) {
+        for (uint32_t p = 0; p < 2; p++)
+            while (tail[p] < 6 && ld(ring.flag(tail[p], p)) == tail[p] + 1) st(ring.tail_line(p), ++tail[p]);
+        std::this_thread::yield();
+    }
+}
+
+// A REGRESSION TEST (`probe-resume-full`, run by tests/bulk_emulation.rs): a producer block serving
+// several parts resumes where a launch of more blocks left them disagreeing, and a part behind has no
+// room at the open (its ring full: its consumer is a block of its own, behind). mesh_bulk_open_part
+// used to complete that part only as far as room allowed then, and nothing completed the rest later
+// (bulk.rs's producer keeps `behind` and catches up as room comes): the publishes store the block's
+// position in every part's flag, so that part's consumer waited for the flag of a message no one
+// writes and the producer for room only that consumer frees; mesh_bulk_close then published the
+// part's head past the unwritten flags, so a relaunch (or a host producer) resumed past them too: the
+// part stayed stuck (part 1's consumer at 2 across a relaunch). The open now waits for that consumer
+// and completes the part as it frees slots. Here P = 2, capacity 2, one producer block: part 0 written
+// to 4, its consumer at 2; part 1 written to 2, its consumer at 0. Both parts' consumers must reach 6.
+int probe_resume_full() {
+    g_current = "probe: resume with a part behind and full";
     mesh_ctx ctx;
-    std::memset(&ctx, 0, sizeof ctx);
-    ctx.base = (uint64_t)(uintptr_t)ring.base;
-    ctx.slot_offset = kSlot;
-    ctx.binding_count = 1;
-    ctx.bindings[0] = {kHeader, (uint64_t)(uintptr_t)ring.slots(), kMsg, kCap, MESH_PLACEMENT_HOST,
-                       MESH_PROTOCOL_BULK | (2u << MESH_BULK_PARTS_SHIFT)};
+    Ring ring = probe_ring(&ctx);
     // Two consumer blocks, one a part, each reading its part's whole messages up to 6; then the same
     // after a relaunch of the producer (which resumes from what the first launch's close published).
     uint64_t tail[2] = {2, 0};
@@ -587,12 +605,7 @@ int probe_resume_full() {
         // 100 ms (it waits for part 1's consumer, which it needs to free a slot).
         const auto opened_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
         while (!g_opened && std::chrono::steady_clock::now() < opened_by) std::this_thread::yield();
-        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-        while ((tail[0] < 6 || tail[1] < 6) && std::chrono::steady_clock::now() < give_up) {
-            for (uint32_t p = 0; p < 2; p++)
-                while (tail[p] < 6 && ld(ring.flag(tail[p], p)) == tail[p] + 1) st(ring.tail_line(p), ++tail[p]);
-            std::this_thread::yield();
-        }
+        drain_probe(ring, tail);
         st(ring.base + kSlot + MESH_SLOT_STOP, 1);
         block.join();
         std::printf("probe, launch %d: part 0's consumer reached %llu, part 1's %llu (6 each expected); heads %llu "
@@ -612,31 +625,9 @@ int probe_resume_full() {
 // writing a flag part 1's consumer has no room for and without publishing part 1's head past the gap;
 // a second launch, with the consumers draining, then delivers every message.
 int probe_stop_while_resuming() {
-    const uint32_t kMsg = 2 * 64, kCap = 2;
     g_current = "probe: a stop while the open waits for a part behind";
-    Ring ring{nullptr, 2, kCap, kMsg};
-    const uint64_t bytes = round_up(ring.bytes(), kPage);
-    ring.base = (char*)std::aligned_alloc(kPage, bytes);
-    std::memset(ring.base, 0, bytes);
-    const uint32_t pw = ring.part_words();
-    auto write_part = [&](uint64_t seq, uint32_t p) {
-        for (uint32_t k = p * pw; k < (p + 1) * pw; k++) st_word(&ring.words(seq)[k], value(seq, k));
-        st(ring.flag(seq, p), seq + 1);
-    };
-    for (uint64_t seq = 2; seq < 4; seq++) write_part(seq, 0);
-    for (uint64_t seq = 0; seq < 2; seq++) write_part(seq, 1);
-    st(ring.head_line(0), 4);
-    st(ring.tail_line(0), 2);
-    st(ring.head_line(1), 2);
-    st(ring.tail_line(1), 0);
-    g_copy = false;
     mesh_ctx ctx;
-    std::memset(&ctx, 0, sizeof ctx);
-    ctx.base = (uint64_t)(uintptr_t)ring.base;
-    ctx.slot_offset = kSlot;
-    ctx.binding_count = 1;
-    ctx.bindings[0] = {kHeader, (uint64_t)(uintptr_t)ring.slots(), kMsg, kCap, MESH_PLACEMENT_HOST,
-                       MESH_PROTOCOL_BULK | (2u << MESH_BULK_PARTS_SHIFT)};
+    Ring ring = probe_ring(&ctx);
     bool ok = true;
     // Launch 1: nobody consumes; the stop comes while the open waits.
     st(ring.base + kSlot + MESH_SLOT_STOP, 0);
@@ -657,12 +648,7 @@ int probe_stop_while_resuming() {
     g_opened = false;
     g_refused = false;
     std::thread block([&] { emu_run_block(1, [&](uint32_t) { produce(ctx); }); });
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while ((tail[0] < 6 || tail[1] < 6) && std::chrono::steady_clock::now() < give_up) {
-        for (uint32_t p = 0; p < 2; p++)
-            while (tail[p] < 6 && ld(ring.flag(tail[p], p)) == tail[p] + 1) st(ring.tail_line(p), ++tail[p]);
-        std::this_thread::yield();
-    }
+    drain_probe(ring, tail);
     st(ring.base + kSlot + MESH_SLOT_STOP, 1);
     block.join();
     std::printf("probe, second launch: part 0's consumer reached %llu, part 1's %llu (6 each expected)\n",
