@@ -549,6 +549,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_group_entries_note_quotes_the_headers_limit() {
+        // The note's twin of mesh.cuh's macro: the header is C, so the value is checked, not shared.
+        let header = include_str!("../../mesh-shm/include/mesh.cuh");
+        let define = format!("#define MESH_GROUP_MAX_ENTRIES {MESH_GROUP_MAX_ENTRIES}u");
+        assert!(header.contains(&define), "mesh.cuh no longer says `{define}`");
+    }
+
+    #[test]
     fn ps_says_each_channel_that_lost_messages_and_nothing_for_the_others() {
         let row = |name: &str, placement: &str, lost: u64| meshd::protocol::ChannelRow {
             name: name.into(),

@@ -60,7 +60,7 @@ fn global_source(matches: &clap::ArgMatches, id: &str) -> Option<clap::parser::V
     let mut m = matches;
     let mut source = m.value_source(id);
     while let Some((_, sub)) = m.subcommand() {
-        if let Some(s) = sub.try_get_raw(id).ok().flatten().and(sub.value_source(id)) {
+        if let Some(s) = sub.value_source(id) {
             source = Some(s);
         }
         m = sub;
