@@ -1962,6 +1962,17 @@ static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t 
     }
 }
 
+// An experiment (issue 26, docs/design/many-clients.md, "the reply ring's credit"), off by default: 1
+// promises that every client keeps at most its reply ring's capacity of requests unanswered and that the
+// program answers each request at most once, so a reply always finds its slot read; mesh_reply and
+// mesh_reply_many then never read a reply ring's tail (one PCIe round trip each time a client's cached
+// credit runs out, inside the batch) and never say FULL. The client libraries do not enforce such a
+// window today: define it only where every client does (the bench's clients do). A client that breaks
+// the window overwrites only its own unread replies.
+#ifndef MESH_REPLY_TRUST_WINDOW
+#define MESH_REPLY_TRUST_WINDOW 0
+#endif
+
 // Replies `msg` (msg_size bytes, 4-byte aligned) to `client` (a sender id from mesh_fanin_take).
 // GONE unless the id's epoch is the entry's bound one: read, when this warp has not already seen that
 // epoch bound, with ONE 8-byte acquire load of the entry's epoch+state word (two loads could pair the
@@ -1984,7 +1995,7 @@ static __device__ __forceinline__ int mesh_reply(mesh_group* g, uint32_t client,
         st.bound = 1u;
     }
     int r = MESH_REPLY_SENT;
-    if (st.head - st.tail > g->mask) {
+    if (!MESH_REPLY_TRUST_WINDOW && st.head - st.tail > g->mask) {
         uint64_t tail = 0;
         if (mesh_lane0()) tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
         st.tail = __shfl_sync(0xffffffffu, tail, 0);
@@ -2058,11 +2069,11 @@ static __device__ __forceinline__ uint32_t mesh_reply_many(mesh_group* g, const 
                 st.epoch = epoch;
                 st.bound = 1u;
             }
-            if (head - st.tail > g->mask && !tail_read) {
+            if (!MESH_REPLY_TRUST_WINDOW && head - st.tail > g->mask && !tail_read) {
                 st.tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
                 tail_read = true;
             }
-            if (head - st.tail > g->mask) {
+            if (!MESH_REPLY_TRUST_WINDOW && head - st.tail > g->mask) {
                 full_at = l;
                 break;
             }

@@ -39,20 +39,29 @@ fn the_capped_sharded_peek_takes_every_request_once_in_order() {
 /// plays the clients (numbered requests, every reply checked, a quarter departing with requests in
 /// flight) and meshd (departures, the stop): `service.cu` (the batched loop), `service_x_serial.cu`
 /// (one at a time: the take and the commit) over one ring and over shards, both with the capped sharded
-/// peek (`service_x_capped.cu`, `service_x_serial_capped.cu`), and `service_x_warps.cu` with several
-/// warps over shards (each warp its own shards, replies and departures).
+/// peek (`service_x_capped.cu`, `service_x_serial_capped.cu`), `service_x_warps.cu` with several
+/// warps over shards (each warp its own shards, replies and departures), and both loops trusting the
+/// clients' window (`service_x_window.cu`, `service_x_warps_window.cu`: no reply ring's tail read; the
+/// driver's clients keep 4 requests in flight against rings of 4).
 #[test]
 fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
-    let cases: [(&str, &[[&str; 2]]); 5] = [
+    let cases: [(&str, &[[&str; 2]]); 7] = [
         ("service.cu", &[["1", "1"], ["8", "1"], ["32", "1"]]),
         ("service_x_serial.cu", &[["1", "1"], ["8", "1"]]),
         ("service_x_capped.cu", &[["8", "1"], ["32", "1"]]),
         ("service_x_serial_capped.cu", &[["8", "1"]]),
         ("service_x_warps.cu", &[["2", "2"], ["8", "2"], ["8", "8"]]),
+        ("service_x_window.cu", &[["1", "1"], ["8", "1"]]),
+        ("service_x_warps_window.cu", &[["8", "8"]]),
     ];
     for (program, runs) in cases {
         let name = format!("service_emu_{}", program.trim_end_matches(".cu"));
-        let Some(exe) = built("service_emu.cpp", &name, &[format!("-DPROGRAM=\"{program}\"")]) else { return };
+        let mut defines = vec![format!("-DPROGRAM=\"{program}\"")];
+        if program.contains("window") {
+            // The window at the ring's capacity: each reply lands in the slot its client read last.
+            defines.push("-DEMU_WINDOW=4".into());
+        }
+        let Some(exe) = built("service_emu.cpp", &name, &defines) else { return };
         for [shards, warps] in runs {
             passes(&exe, &[shards, warps]);
         }

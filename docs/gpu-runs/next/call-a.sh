@@ -3,7 +3,8 @@
 # compiled; the service test with 8 shards on the capped peek (service_x_capped) and on the warps' loop
 # (service_x_warps, 8 warps); the service bench with 8 shards over five loops side by side (the header's
 # two, their capped forms, the warps' loop), the warps' loop with 2 warps, reply rings of 64, 2 and 4
-# shards; the bulk parts bench with and without the publisher warp. From the repository root, after
+# shards, the loops without the reply credit's reads; the bulk parts bench with and without the
+# publisher warp. From the repository root, after
 # `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`): `bash docs/gpu-runs/next/call-a.sh`.
 set -u
 R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
@@ -37,9 +38,14 @@ MESH_SERVICE_SHARDS=8 MESH_SERVICE_BLOCK=256 MESH_SERVICE_CLIENTS="1 8 16 64" \
     step bench-service-8-blink 130 bin/mesh-gpu-bench service blink
 MESH_SERVICE_SHARDS=8 MESH_SERVICE_BLOCK=64 MESH_SERVICE_CLIENTS="1 8 16 64" MESH_SERVICE_PROGRAMS="service_x_warps" \
     step bench-service-8-warps2-blink 45 bin/mesh-gpu-bench service blink
-# Reply rings of 64: the program reads a client's tail 4x more rarely (many-clients.md, "the reply ring's credit").
-MESH_SERVICE_SHARDS=8 MESH_SERVICE_REPLY_CAPACITY=64 MESH_SERVICE_CLIENTS="1 64" MESH_SERVICE_PROGRAMS="service service_x_capped" \
-    step bench-service-8-reply64-blink 45 bin/mesh-gpu-bench service blink
+# The reply credit (many-clients.md, "the reply ring's credit"): the loops that never read a reply ring's
+# tail (MESH_REPLY_TRUST_WINDOW 1; the bench's clients keep their window), beside the rows above; then
+# reply rings of 64, where the program reads a client's tail 4x more rarely.
+MESH_SERVICE_SHARDS=8 MESH_SERVICE_BLOCK=256 MESH_SERVICE_CLIENTS="1 8 64" \
+    MESH_SERVICE_PROGRAMS="service_x_window service_x_warps_window" \
+    step bench-service-8-window-blink 60 bin/mesh-gpu-bench service blink
+MESH_SERVICE_SHARDS=8 MESH_SERVICE_BLOCK=256 MESH_SERVICE_REPLY_CAPACITY=64 MESH_SERVICE_CLIENTS="1 64" \
+    MESH_SERVICE_PROGRAMS="service service_x_warps" step bench-service-8-reply64-blink 45 bin/mesh-gpu-bench service blink
 for P in 2 4; do  # a warp a shard: service_x_warps refuses more warps than shards
     MESH_SERVICE_SHARDS=$P MESH_SERVICE_BLOCK=$(( 32 * P )) MESH_SERVICE_CLIENTS="1 8 16 64" \
         MESH_SERVICE_PROGRAMS="service service_x_capped service_x_warps" \

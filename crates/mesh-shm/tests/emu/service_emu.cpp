@@ -25,7 +25,11 @@ constexpr uint64_t kPage = 4096;
 constexpr uint32_t kMsg = 64, kWords = kMsg / 4;
 constexpr uint32_t kCapacity = 8;        // fan-in slots per shard
 constexpr uint32_t kReplyCapacity = 4;   // replies per client ring
-constexpr uint32_t kClients = 16, kRequests = 40, kWindow = 3;
+#ifndef EMU_WINDOW
+#define EMU_WINDOW 3  // requests a client keeps unanswered (the window programs run at the full 4)
+#endif
+constexpr uint32_t kClients = 16, kRequests = 40, kWindow = EMU_WINDOW;
+static_assert(kWindow >= 1 && kWindow <= kReplyCapacity, "a client's window fits its reply ring");
 constexpr uint64_t kSlot = 512;          // the program's slot
 constexpr uint64_t kFaninHeader = 4096;  // shard 0's ring header
 constexpr uint64_t kRegion = 8192;       // the fan-in's slots region
