@@ -401,6 +401,53 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
     assert_eq!(m.value("meshd_change_duration_seconds_count", &[("op", "unload"), ("result", "ok")]), 1.0);
 }
 
+/// A service's series follow its clients: slots, attached clients and shards from `info`, and a
+/// client's departure that no program has acknowledged (the stand-in runs none) as a slot awaiting
+/// its ack; nothing holds the ring.
+#[test]
+fn a_service_shows_its_clients_and_unacknowledged_departures() {
+    let d = Running::start(HealthConfig::default(), HttpLimits::default());
+    let create = Request::ServiceCreate {
+        name: "kv".into(),
+        clients: 4,
+        msg_size: 64,
+        capacity: 16,
+        reply_size: None,
+        reply_capacity: 4,
+        shards: 2,
+    };
+    let r = ask(&d.socket, &create, &[]);
+    assert!(r.ok, "{r:?}");
+    let svc = [("service", "kv")];
+    let m = scrape(&d);
+    for name in [
+        "meshd_service_client_slots",
+        "meshd_service_clients",
+        "meshd_service_awaiting_ack_slots",
+        "meshd_service_shards",
+        "meshd_service_held_shards",
+        "meshd_service_held_seconds",
+        "meshd_service_state_unreadable",
+    ] {
+        assert_eq!(m.types.get(name).map(String::as_str), Some("gauge"), "{name}");
+    }
+    assert_eq!(m.value("meshd_service_client_slots", &svc), 4.0);
+    assert_eq!(m.value("meshd_service_shards", &svc), 2.0);
+    assert_eq!(m.value("meshd_service_clients", &svc), 0.0);
+    let a = meshd::ServiceClient::connect(&d.socket, "kv").unwrap();
+    let _b = meshd::ServiceClient::connect(&d.socket, "kv").unwrap();
+    assert_eq!(scrape(&d).value("meshd_service_clients", &svc), 2.0, "two attached");
+    a.detach().unwrap();
+    let gone = |m: &Exposition| {
+        m.value("meshd_service_clients", &svc) == 1.0 && m.value("meshd_service_awaiting_ack_slots", &svc) == 1.0
+    };
+    assert!(wait_until(DEADLINE, || gone(&scrape(&d))), "the detached client's slot awaits the program's ack");
+    let m = scrape(&d);
+    assert_eq!(m.value("meshd_service_held_shards", &svc), 0.0);
+    assert_eq!(m.value("meshd_service_held_seconds", &svc), 0.0);
+    assert_eq!(m.value("meshd_service_state_unreadable", &svc), 0.0);
+}
+
 #[test]
 fn readyz_follows_heartbeats_and_leaves_out_the_opted_out() {
     let d = Running::start(fast_readiness(), HttpLimits::default());

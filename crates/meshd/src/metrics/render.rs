@@ -1,8 +1,9 @@
 //! The exposition's text: the families a scrape renders from the snapshot (programs, channels,
-//! the MPS pool, native workers) beside what [`Metrics`] recorded.
+//! services, the MPS pool, native workers) beside what [`Metrics`] recorded.
 
 use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use mesh_backend::BoardView;
 use prometheus_client::encoding::prometheus_text;
@@ -14,7 +15,7 @@ use prometheus_client::registry::Registry;
 use super::{Labels, Metrics, secs};
 use crate::native::NativeRow;
 use crate::observe::{Scrape, state_name};
-use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow};
+use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceRow};
 
 /// The `gpu` and `UUID` labels DCGM exporter puts on every series: the ordinal `--device` gave
 /// (none given: 0, the only GPU meshd sees in PCI order), and the GPU's UUID. An empty value is
@@ -61,6 +62,7 @@ pub fn render(metrics: &Metrics, scrape: &Scrape, ready: bool) -> String {
     render_programs(metrics, scrape, &mut reg);
     if let Some(i) = info {
         render_channels(&i.channels, &mut reg);
+        render_services(&i.services, &mut reg);
         render_pool(i, &mut reg);
     }
     render_natives(&scrape.natives, &mut reg);
@@ -238,6 +240,53 @@ fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
         "channel_lost_messages",
         "Messages a device channel lost with its GPU memory (a fault or a meshd crash), from its indices",
         lost,
+    );
+}
+
+/// Each service's clients and what holds it: the figures an operator alerts on (slots running out,
+/// departures the program does not acknowledge, a client stopped in the middle of a send). Its fan-in
+/// channel's traffic is already a channel's series (`channel` = the service's name).
+fn render_services(services: &[ServiceRow], reg: &mut Registry) {
+    let (slots, clients, awaiting, shards, held, held_for, unreadable) = (
+        family::<Gauge>(),
+        family::<Gauge>(),
+        family::<Gauge>(),
+        family::<Gauge>(),
+        family::<Gauge>(),
+        family::<Gauge<f64, AtomicU64>>(),
+        family::<Gauge>(),
+    );
+    for s in services {
+        let l = vec![("service", s.name.clone())];
+        slots.get_or_create(&l).set(i64::from(s.entries));
+        clients.get_or_create(&l).set(i64::from(s.bound));
+        awaiting.get_or_create(&l).set(i64::from(s.awaiting_ack));
+        shards.get_or_create(&l).set(i64::from(s.shards));
+        // `holds` lists every held shard; a meshd before it said `held_by` alone.
+        let holds: Vec<_> = if s.holds.is_empty() { s.held_by.iter().collect() } else { s.holds.iter().collect() };
+        held.get_or_create(&l).set(i64::try_from(holds.len()).unwrap_or(i64::MAX));
+        let longest_ms = holds.iter().map(|h| h.since_ms).max().unwrap_or(0);
+        held_for.get_or_create(&l).set(Duration::from_millis(longest_ms).as_secs_f64());
+        unreadable.get_or_create(&l).set(i64::from(s.error.is_some()));
+    }
+    reg.register("service_client_slots", "Clients the service can have attached at once (--clients)", slots);
+    reg.register("service_clients", "Clients attached now", clients);
+    reg.register(
+        "service_awaiting_ack_slots",
+        "Slots of departed clients the serving program has not acknowledged yet (not reusable until it does)",
+        awaiting,
+    );
+    reg.register("service_shards", "Shards of the service's fan-in channel", shards);
+    reg.register(
+        "service_held_shards",
+        "Fan-in shards held by a client stopped or descheduled in the middle of a send, past --client-stall-ms",
+        held,
+    );
+    reg.register("service_held_seconds", "How long the longest of those holds has lasted (0: none)", held_for);
+    reg.register(
+        "service_state_unreadable",
+        "1 when the service's shared state could not be read (a corrupt group word: info says which)",
+        unreadable,
     );
 }
 
