@@ -727,7 +727,7 @@ fn a_bad_or_taken_metrics_address_refuses_the_start_before_the_gpu() {
 fn everything() -> Exposition {
     use meshd::metrics::{Metrics, render};
     use meshd::observe::Scrape;
-    use meshd::protocol::{ChannelRow, Info, InfoExtra, PoolRow, ProgramRow};
+    use meshd::protocol::{ChannelRow, Info, InfoExtra, PoolRow, ProgramRow, ServiceHold, ServiceRow};
     let m = Metrics::new();
     m.change_done(Some("load"), true, Duration::from_millis(3));
     m.change_done(Some("load"), false, Duration::from_millis(1));
@@ -776,7 +776,26 @@ fn everything() -> Exposition {
             head: 9,
             tail: 4,
         }],
-        services: Vec::new(),
+        services: vec![
+            ServiceRow {
+                name: "kv".into(),
+                entries: 64,
+                bound: 3,
+                shards: 4,
+                awaiting_ack: 2,
+                holds: [(1, 1500), (3, 250)]
+                    .map(|(shard, since_ms)| ServiceHold { client: 7, pid: 70, seq: 5, shard, since_ms, stopped: true })
+                    .to_vec(),
+                ..ServiceRow::default()
+            },
+            ServiceRow {
+                name: "torn".into(),
+                entries: 8,
+                shards: 1,
+                error: Some("group word corrupt".into()),
+                ..ServiceRow::default()
+            },
+        ],
         extra: InfoExtra {
             device_uuid: Some("GPU-5f3a".into()),
             device_selector: Some("GPU-5f3a".into()),
@@ -823,6 +842,14 @@ fn every_family_renders_with_dcgm_labels_and_the_dashboard_asks_only_for_those()
     let rec = [("mode", "mps"), ("method", "in_place"), ("outcome", "failed")];
     assert_eq!(m.value("meshd_recoveries_total", &rec), 1.0);
     assert_eq!(m.value("meshd_ready", &[]), 0.0);
+    let kv = [("service", "kv")];
+    assert_eq!(m.value("meshd_service_client_slots", &kv), 64.0);
+    assert_eq!(m.value("meshd_service_clients", &kv), 3.0);
+    assert_eq!(m.value("meshd_service_awaiting_ack_slots", &kv), 2.0);
+    assert_eq!(m.value("meshd_service_held_shards", &kv), 2.0, "every held shard counts");
+    assert_eq!(m.value("meshd_service_held_seconds", &kv), 1.5, "the longest hold");
+    assert_eq!(m.value("meshd_service_state_unreadable", &kv), 0.0);
+    assert_eq!(m.value("meshd_service_state_unreadable", &[("service", "torn")]), 1.0);
 
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/meshd-dashboard.json");
     let dashboard = std::fs::read_to_string(path).unwrap();
