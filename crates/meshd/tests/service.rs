@@ -526,6 +526,64 @@ fn client_processes_killed_mid_stream_are_departed_and_the_others_get_every_repl
     meshd.stop();
 }
 
+/// The window: a client keeps at most its reply ring's capacity of requests unanswered. Past it
+/// `try_send` says false and `send` fails at once naming the reason, with nothing sent (the program
+/// takes exactly the requests the window let out); each reply received opens it by one; it can be
+/// narrowed, or lifted for a program that does not answer every request, and a window wider than
+/// the ring is refused.
+#[test]
+fn a_client_keeps_at_most_its_reply_rings_capacity_unanswered() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    meshd.create("svc", 2, 64, 4);
+    let mut c = ServiceClient::connect(&meshd.socket, "svc").unwrap();
+    let id = c.id();
+    assert_eq!((c.window(), c.unanswered()), (Some(4), 0));
+    for k in 0..4 {
+        assert!(c.try_send(&request(k, id)).unwrap(), "request {k} within the window");
+    }
+    assert_eq!(c.unanswered(), 4);
+    assert!(!c.try_send(&request(4, id)).unwrap(), "the window is full");
+    let err = format!("{:#}", c.send(&request(4, id), DEADLINE).unwrap_err());
+    assert!(err.contains("4 requests unanswered") && err.contains("receive replies"), "{err}");
+    assert!(c.set_window(Some(5)).is_err(), "wider than the reply ring");
+    assert!(c.set_window(Some(0)).is_err(), "no request at all");
+
+    // The program answers; each reply received lets one more request out.
+    let program = Program::start(&Mailbox::open(dir.path().join("mb")).unwrap(), "svc");
+    let mut out = [0u8; MSG];
+    c.recv(&mut out, DEADLINE).unwrap();
+    assert_eq!(out, reply(0, id));
+    assert_eq!(c.unanswered(), 3);
+    c.send(&request(4, id), DEADLINE).unwrap();
+    for k in 1..5 {
+        c.recv(&mut out, DEADLINE).unwrap();
+        assert_eq!(out, reply(k, id), "reply {k}");
+    }
+    assert_eq!(c.unanswered(), 0);
+
+    // Narrowed to 1: one request at a time; lifted: six out before any reply is read (the program
+    // waits at the fifth reply for room in the ring, and goes on as this client reads).
+    c.set_window(Some(1)).unwrap();
+    c.send(&request(5, id), DEADLINE).unwrap();
+    assert!(!c.try_send(&request(6, id)).unwrap(), "a window of one");
+    c.recv(&mut out, DEADLINE).unwrap();
+    assert_eq!(out, reply(5, id));
+    c.set_window(None).unwrap();
+    for k in 6..12 {
+        c.send(&request(k, id), DEADLINE).unwrap();
+    }
+    assert_eq!(c.unanswered(), 6);
+    for k in 6..12 {
+        c.recv(&mut out, DEADLINE).unwrap();
+        assert_eq!(out, reply(k, id), "reply {k}");
+    }
+    c.detach().unwrap();
+    let served = program.stop();
+    assert_eq!(served.taken.get(&id), Some(&12), "exactly the requests the window let out, each once");
+    meshd.stop();
+}
+
 #[test]
 fn a_client_detaches_and_attaches_again_and_a_dropped_one_leaves_too() {
     let dir = tempfile::tempdir().unwrap();
