@@ -219,6 +219,27 @@ pub enum ServiceCommand {
         #[arg(long, default_value_t = 1)]
         shards: u32,
     },
+    /// Send requests to a service as one of its clients, printing each reply (a way to try a
+    /// service from the shell).
+    ///
+    /// Attaches to the service (a client slot, as meshd::ServiceClient does), sends each MESSAGE in
+    /// turn and prints its reply on a line of its own (text with trailing zero bytes cut, or hex),
+    /// then detaches. A request is zero-padded to the service's request size.
+    #[command(after_help = "Example: meshd service request kv hello world
+                                     meshd service request kv --hex 0000000029000000")]
+    Request {
+        /// The service's name.
+        name: String,
+        /// Requests, as text (or hex with --hex), at most the service's request size each.
+        #[arg(required = true)]
+        messages: Vec<String>,
+        /// The requests are hex, and the replies are printed as hex.
+        #[arg(long)]
+        hex: bool,
+        /// Give up on a request's reply after this long, ms (exit code 4).
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -56,6 +56,9 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
             reply_capacity,
             shards,
         }) => service_create(socket, name, clients, msg_size, capacity, reply_size, reply_capacity, shards),
+        Command::Service(ServiceCommand::Request { name, messages, hex, timeout_ms }) => {
+            service_request(socket, &name, &messages, hex, timeout_ms)
+        }
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
         Command::Spawn { name, bind, ready_timeout, command } => spawn(socket, name, bind, ready_timeout, command),
@@ -376,13 +379,65 @@ fn service_create(
 /// mesh.cuh's MESH_GROUP_MAX_ENTRIES: the clients its two-argument mesh_group_open serves.
 const MESH_GROUP_MAX_ENTRIES: u32 = 1024;
 
+/// `meshd service request`: attaches as a client, sends each message and prints its reply, detaches.
+fn service_request(socket: &Path, service: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
+    // Every message's hex first (bad usage, exit 2), before the client attaches.
+    let messages: Vec<Vec<u8>> = if hex {
+        messages.iter().map(|m| decode_hex(m)).collect::<Result<_>>().map_err(|e| Exit(2, e))?
+    } else {
+        messages.iter().map(|m| m.as_bytes().to_vec()).collect()
+    };
+    // A meshd that is not there is exit 3, as for every other command; a refusal of the attach, 1.
+    drop(
+        UnixStream::connect(socket)
+            .with_context(|| format!("cannot reach meshd at {} (is `meshd run` running?)", socket.display()))
+            .map_err(|e| Exit(3, e))?,
+    );
+    let mut client = meshd::ServiceClient::connect(socket, service).map_err(refused)?;
+    for (i, bytes) in messages.iter().enumerate() {
+        if bytes.len() > client.msg_size() {
+            return Err(refused(anyhow!(
+                "service {service:?}: request {} is {} bytes, more than the service's request size ({} bytes)",
+                i + 1,
+                bytes.len(),
+                client.msg_size()
+            )));
+        }
+    }
+    let timeout = Duration::from_millis(timeout_ms);
+    let mut reply = vec![0u8; client.reply_size()];
+    let stdout = std::io::stdout();
+    for bytes in &messages {
+        client.request(bytes, &mut reply, timeout).map_err(|e| {
+            if matches!(e.downcast_ref::<ShmError>(), Some(ShmError::Timeout { .. })) {
+                Exit(4, e.context(format!("service {service:?}: no reply (is a program serving it?)")))
+            } else {
+                refused(e)
+            }
+        })?;
+        writeln!(stdout.lock(), "{}", printable(&reply, hex)).map_err(refused)?;
+    }
+    client.detach().map_err(refused)
+}
+
+/// A message as `meshd recv` and `meshd service request` print it: hex, or text without its
+/// trailing zero bytes.
+fn printable(buf: &[u8], hex: bool) -> String {
+    if hex {
+        hex::encode(buf)
+    } else {
+        let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+}
+
 /// `meshd send` / `recv` speak ll, index and bulk; a service's channels need a service client.
 fn plain_channel(channel: &str, protocol: Protocol) -> Result<(), Exit> {
     if matches!(protocol, Protocol::FanIn | Protocol::Group) {
         return Err(refused(anyhow!(
             "channel {channel:?} is one of a service's channels (protocol {}): `meshd send` and `meshd recv` \
              work on ll, index and bulk channels; talk to a service through a service client \
-             (meshd::ServiceClient, the Python meshd.Service, C's mesh_service_connect)",
+             (`meshd service request`, meshd::ServiceClient, the Python meshd.Service, C's mesh_service_connect)",
             protocol
         )));
     }
@@ -436,13 +491,7 @@ fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) 
             (None, None) => unreachable!("one end was claimed above"),
         }
         .map_err(shm_exit)?;
-        let line = if hex {
-            hex::encode(&buf)
-        } else {
-            let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            String::from_utf8_lossy(&buf[..end]).into_owned()
-        };
-        writeln!(stdout.lock(), "{line}").map_err(refused)?;
+        writeln!(stdout.lock(), "{}", printable(&buf, hex)).map_err(refused)?;
     }
     Ok(())
 }

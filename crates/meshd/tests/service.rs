@@ -961,6 +961,74 @@ fn the_command_line_creates_a_service_and_shows_its_clients() {
     meshd.stop();
 }
 
+/// `meshd service request`: a client from the shell, each request's reply on a line (text or hex);
+/// a request longer than the service's size refused before anything is sent, no reply in time exit
+/// 4, no such service 1, no meshd 3.
+#[test]
+fn the_command_line_sends_requests_to_a_service_and_prints_the_replies() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = start(dir.path());
+    meshd.create("echo", 2, 16, 4);
+    let cli = |socket: &Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", socket).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The program: each request's bytes upper-cased, to its sender; departures acknowledged.
+    let mailbox = Mailbox::open(dir.path().join("mb")).unwrap();
+    let mut rx = FanInReceiver::claim(&mailbox, "echo").unwrap();
+    let mut srv = GroupServer::claim(&mailbox, "echo.replies").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let program = std::thread::spawn(move || {
+        let mut buf = [0u8; MSG];
+        let mut answered = 0u32;
+        while !stopping.load(Ordering::Acquire) {
+            srv.departures().unwrap();
+            match rx.try_take(&mut buf).unwrap() {
+                Some(Taken::Message { sender }) => {
+                    buf.make_ascii_uppercase();
+                    assert_eq!(srv.reply(ClientId(sender), &buf).unwrap(), Replied::Sent);
+                    answered += 1;
+                }
+                Some(Taken::Skipped { .. }) => {}
+                None => std::thread::sleep(Duration::from_micros(100)),
+            }
+        }
+        answered
+    });
+    let socket = meshd.socket.clone();
+    let (code, out, err) = cli(&socket, &["service", "request", "echo", "hello", "world"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "HELLO\nWORLD\n");
+    let (code, out, err) = cli(&socket, &["service", "request", "echo", "--hex", "6869"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("4849{}\n", "0".repeat(2 * MSG - 4)), "the whole reply, in hex");
+    // Refused before anything is sent: too long, bad hex (usage, 2), no such service.
+    let (code, _, err) = cli(&socket, &["service", "request", "echo", "short", "seventeen bytes!!"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("request 2 is 17 bytes, more than the service's request size (16 bytes)"), "{err}");
+    let (code, _, err) = cli(&socket, &["service", "request", "echo", "--hex", "zz"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = cli(&socket, &["service", "request", "nope", "x"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("nope"), "{err}");
+    let (code, _, err) = cli(&dir.path().join("no-such.sock"), &["service", "request", "echo", "x"]);
+    assert_eq!(code, Some(3), "{err}");
+    stop.store(true, Ordering::Release);
+    assert_eq!(program.join().unwrap(), 3, "exactly the three requests that were sent");
+    // Nobody serving: exit 4, saying so.
+    let (code, _, err) = cli(&socket, &["service", "request", "echo", "x", "--timeout-ms", "200"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("no reply (is a program serving it?)"), "{err}");
+    // Every client detached (the one left unanswered too).
+    assert!(wait_until(DEADLINE, || meshd.service("echo").bound == 0), "{:?}", meshd.service("echo"));
+    meshd.stop();
+}
+
 // ---- the stall watcher: clients stopped in the middle of a send ----
 
 /// Where a stalling child stops its first send: `reserved` (a slot reserved, nothing stored) or
