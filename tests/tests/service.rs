@@ -502,3 +502,23 @@ fn service_64_clients_killed_joining_detaching_and_upgrades_mps() {
     require_gpu!("service_64_clients_killed_joining_detaching_and_upgrades_mps");
     run(true);
 }
+
+/// The README's lines for a service, on the GPU: `meshd service create kv`, `service.ptx` loaded bound to
+/// both channels, and `meshd service request kv --hex 0000000029000000` printing the reply service.cu
+/// writes (word 1 plus one, the rest as sent: 64 bytes in hex); then a text request the same way.
+#[test]
+fn the_readme_service_lines_answer_from_the_shell() {
+    require_gpu!("the_readme_service_lines_answer_from_the_shell");
+    let d = Meshd::start(&[]);
+    d.ok(&["service", "create", "kv", "--clients", "8", "--msg-size", "64"]);
+    let ptx = programs_dir().join("service.ptx");
+    d.ok(&["load", "kv-server", &ptx.display().to_string(), "--bind", "kv", "--bind", "kv.replies"]);
+    let out = d.ok(&["service", "request", "kv", "--hex", "0000000029000000"]);
+    assert_eq!(out, format!("000000002a000000{}\n", "0".repeat(112)), "service.cu's reply to 0x29 in word 1");
+    // Text: word 1 is bytes 4-7, so "abcdefgh" comes back as "abcdffgh" ('e' + 1).
+    assert_eq!(d.ok(&["service", "request", "kv", "abcdefgh"]), "abcdffgh\n");
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    let kv = info["services"].as_array().unwrap().iter().find(|s| s["name"] == "kv").unwrap().clone();
+    assert_eq!(kv["bound"], serde_json::json!(0), "each request command detached: {kv}");
+    d.ok(&["shutdown"]);
+}

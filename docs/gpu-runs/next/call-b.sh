@@ -19,4 +19,7 @@ OUT=$L/run-tests timeout -k 10 $(( 570 - $(date +%s) + T0 )) ./run tests > $L/ru
 echo "run tests rc=$? $(( $(date +%s) - T ))s" >> $L/summary.txt
 pkill -x meshd
 cat $L/summary.txt; grep -E "^\||median" $L/rt-blink.txt | head -20; tail -40 $L/run-tests.txt
+# The PTX nvcc made here from the final sources, for the next session to commit beside them (the
+# committed service.ptx, echo_header.ptx, ... predate session 10's header; the README loads them).
+mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
 tar -czf $R/logs.tgz -C /tmp logs
