@@ -154,3 +154,71 @@ fn every_truncation_of_every_real_image_is_refused() {
         }
     }
 }
+
+/// Writes `value`'s low `width` bytes at `at` (wrapped into the image), little-endian, as a corrupt
+/// header field would hold them.
+fn overwrite(bytes: &mut [u8], at: usize, width: usize, value: u64) {
+    let n = bytes.len();
+    for (i, b) in value.to_le_bytes().iter().take(width).enumerate() {
+        bytes[(at + i) % n] = *b;
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..Default::default() })]
+
+    /// A real image with header fields overwritten (random spots, field widths of 1 to 8 bytes,
+    /// extreme values: 0, all ones, just past the image's size, 2^31 and 2^63) is detected, planned
+    /// and searched for code without a panic or a read past its end; what it was planned as is
+    /// whatever the corrupt headers say, so only the absence of a panic is asserted, and a refusal
+    /// must say why.
+    #[test]
+    fn corrupt_real_images_never_panic(
+        form in proptest::sample::select(FORMS),
+        edits in proptest::collection::vec(
+            (proptest::prelude::any::<usize>(), proptest::sample::select(&[1usize, 2, 4, 8][..]),
+             proptest::prop_oneof![
+                 proptest::prelude::Just(0u64),
+                 proptest::prelude::Just(u64::MAX),
+                 proptest::prelude::Just(1u64 << 31),
+                 proptest::prelude::Just(1u64 << 63),
+                 0u64..4096,
+                 proptest::prelude::any::<u64>(),
+             ]),
+            1..6,
+        ),
+        early in proptest::prelude::any::<bool>(),
+        arch in proptest::sample::select(&["sm_90", "sm_80", "sm_100", "sm_7", ""][..]),
+    ) {
+        let mut bytes = fixture(form);
+        let len = bytes.len();
+        for (at, width, value) in edits {
+            // Half the runs aim at the headers (the first 256 bytes: ELF and fatbin headers, the
+            // first entries), half anywhere.
+            let at = if early { at % 256.min(len) } else { at % len };
+            let value = if value < 4096 { (len as u64 + value).saturating_sub(2048) } else { value };
+            overwrite(&mut bytes, at, width, value);
+        }
+        let _ = has_code(&bytes);
+        if let Some(kind) = ImageKind::detect(&bytes) {
+            if let Err(e) = plan(arch, kind, &bytes) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+
+    /// Any bytes behind a real image's first 16 (its magic and the start of its header) are planned
+    /// or refused without a panic.
+    #[test]
+    fn any_bytes_behind_a_real_magic_never_panic(
+        form in proptest::sample::select(FORMS),
+        tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+    ) {
+        let mut bytes = fixture(form)[..16].to_vec();
+        bytes.extend_from_slice(&tail);
+        let _ = has_code(&bytes);
+        if let Some(kind) = ImageKind::detect(&bytes) {
+            let _ = plan("sm_90", kind, &bytes);
+        }
+    }
+}
