@@ -200,10 +200,10 @@ proptest::proptest! {
             overwrite(&mut bytes, at, width, value);
         }
         let _ = has_code(&bytes);
-        if let Some(kind) = ImageKind::detect(&bytes) {
-            if let Err(e) = plan(arch, kind, &bytes) {
-                proptest::prop_assert!(!e.to_string().is_empty());
-            }
+        if let Some(kind) = ImageKind::detect(&bytes)
+            && let Err(e) = plan(arch, kind, &bytes)
+        {
+            proptest::prop_assert!(!e.to_string().is_empty());
         }
     }
 
