@@ -639,6 +639,7 @@ mod tests {
                 held_by: None,
                 holds: Vec::new(),
                 error: None,
+                events: meshd::protocol::ServiceEvents::default(),
             },
             ServiceRow { name: "idle".into(), entries: 4, ..ServiceRow::default() },
             ServiceRow {

@@ -194,6 +194,41 @@ pub struct ServiceRow {
     /// Why the service's state could not be read (a corrupt group word), where it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What happened to its clients since this meshd started (absent while nothing has, and from a
+    /// meshd before it).
+    #[serde(default, skip_serializing_if = "ServiceEvents::is_none")]
+    pub events: ServiceEvents,
+}
+
+/// A service's client events since this meshd started: counters, each from 0 at meshd's start.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceEvents {
+    /// Clients attached.
+    #[serde(default)]
+    pub attached: u64,
+    /// Clients that left alive: a detach, or a live process closing its lease.
+    #[serde(default)]
+    pub detached: u64,
+    /// Clients departed because their process was gone (killed, crashed, or exited without a detach).
+    #[serde(default)]
+    pub died: u64,
+    /// Requests cut off by a client's death, completed as skips for the program (no reply is owed).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Reservations the stall watcher revoked from a live client stopped before writing (it sends
+    /// that request again when it runs).
+    #[serde(default)]
+    pub stall_revoked: u64,
+    /// Clients the stall watcher killed (`--client-stall-kill-ms`); each is then counted in `died`.
+    #[serde(default)]
+    pub stall_killed: u64,
+}
+
+impl ServiceEvents {
+    /// Nothing happened yet (the field is then left out of `info`).
+    pub fn is_none(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// A client holding a service's fan-in ring in the middle of a send (`info`'s `held_by`): the

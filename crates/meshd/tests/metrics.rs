@@ -443,6 +443,10 @@ fn a_service_shows_its_clients_and_unacknowledged_departures() {
     };
     assert!(wait_until(DEADLINE, || gone(&scrape(&d))), "the detached client's slot awaits the program's ack");
     let m = scrape(&d);
+    assert_eq!(m.value("meshd_service_clients_attached_total", &svc), 2.0);
+    assert_eq!(m.value("meshd_service_clients_detached_total", &svc), 1.0);
+    assert_eq!(m.value("meshd_service_clients_died_total", &svc), 0.0);
+    assert_eq!(m.types.get("meshd_service_stall_kills_total").map(String::as_str), Some("counter"));
     assert_eq!(m.value("meshd_service_held_shards", &svc), 0.0);
     assert_eq!(m.value("meshd_service_held_seconds", &svc), 0.0);
     assert_eq!(m.value("meshd_service_state_unreadable", &svc), 0.0);
@@ -783,6 +787,14 @@ fn everything() -> Exposition {
                 bound: 3,
                 shards: 4,
                 awaiting_ack: 2,
+                events: meshd::protocol::ServiceEvents {
+                    attached: 9,
+                    detached: 3,
+                    died: 3,
+                    skipped: 1,
+                    stall_revoked: 4,
+                    stall_killed: 1,
+                },
                 holds: [(1, 1500), (3, 250)]
                     .map(|(shard, since_ms)| ServiceHold { client: 7, pid: 70, seq: 5, shard, since_ms, stopped: true })
                     .to_vec(),
@@ -850,6 +862,12 @@ fn every_family_renders_with_dcgm_labels_and_the_dashboard_asks_only_for_those()
     assert_eq!(m.value("meshd_service_held_seconds", &kv), 1.5, "the longest hold");
     assert_eq!(m.value("meshd_service_state_unreadable", &kv), 0.0);
     assert_eq!(m.value("meshd_service_state_unreadable", &[("service", "torn")]), 1.0);
+    assert_eq!(m.value("meshd_service_clients_attached_total", &kv), 9.0);
+    assert_eq!(m.value("meshd_service_clients_died_total", &kv), 3.0);
+    assert_eq!(m.value("meshd_service_skipped_requests_total", &kv), 1.0);
+    assert_eq!(m.value("meshd_service_stall_revocations_total", &kv), 4.0);
+    assert_eq!(m.value("meshd_service_stall_kills_total", &kv), 1.0);
+    assert_eq!(m.value("meshd_service_clients_died_total", &[("service", "torn")]), 0.0);
 
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/meshd-dashboard.json");
     let dashboard = std::fs::read_to_string(path).unwrap();

@@ -518,6 +518,11 @@ fn client_processes_killed_mid_stream_are_departed_and_the_others_get_every_repl
     let row = meshd.service("svc");
     assert_eq!((row.bound, row.clients.len()), (0, 0), "{row:?}");
     let served = program.stop();
+    // info's events: five attached (two steady, three victims), three died, two detached, and as
+    // many skips as the program took.
+    let e = row.events;
+    assert_eq!((e.attached, e.died, e.detached, e.stall_killed), (5, 3, 2, 0), "{row:?}");
+    assert_eq!(e.skipped, served.skips.len() as u64, "{row:?}");
     assert!(served.skips.len() <= victim_ids.len(), "at most one skip per kill: {:?}", served.skips);
     assert!(served.skips.iter().all(|s| victim_ids.contains(s)), "skips only for the killed: {:?}", served.skips);
     for v in &victim_ids {
@@ -692,7 +697,8 @@ fn the_wire_contract_byte_for_byte() {
         services,
         json!([
             {"name": "svc", "entries": 2, "bound": 1, "awaiting_ack": 0,
-             "clients": [{"id": id, "pid": std::process::id()}]},
+             "clients": [{"id": id, "pid": std::process::id()}],
+             "events": {"attached": 1, "detached": 0, "died": 0, "skipped": 0, "stall_revoked": 0, "stall_killed": 0}},
             {"name": "kv", "entries": 3, "bound": 0, "awaiting_ack": 0, "clients": []},
         ])
     );
@@ -1225,6 +1231,9 @@ fn stopped_after_reserving(shards: u32) {
     // A live client descheduled for 50 ms on a loaded machine is revoked too (and sends again): any
     // other skip is a steady client's, whose every reply `stream` checked in order.
     eprintln!("skips: {:?} (the stopped client {:#x}: {from_child})", served.skips, child.id);
+    let e = meshd.service("svc").events;
+    assert!(e.stall_revoked >= from_child as u64, "every revocation counted: {e:?}");
+    assert_eq!(e.died, 0, "nobody died: {e:?}");
     meshd.stop();
 }
 
@@ -1375,6 +1384,9 @@ fn with_the_kill_delay_a_client_stopped_while_writing_is_killed_and_its_request_
     let served = program.stop();
     assert_eq!(served.taken.get(&id), None, "the killed client's request never came whole: {:?}", served.taken);
     assert_eq!(served.skips.iter().filter(|&&s| s == id).count(), 1, "{:?}", served.skips);
+    let e = meshd.service("svc").events;
+    assert_eq!(e.stall_killed, 1, "{e:?}");
+    assert!(e.died >= 1 && e.skipped >= 1, "the killed client died with a request cut off: {e:?}");
     meshd.stop();
 }
 

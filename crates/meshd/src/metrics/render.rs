@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use super::{Labels, Metrics, secs};
 use crate::native::NativeRow;
 use crate::observe::{Scrape, state_name};
-use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceRow};
+use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceEvents, ServiceRow};
 
 /// The `gpu` and `UUID` labels DCGM exporter puts on every series: the ordinal `--device` gave
 /// (none given: 0, the only GPU meshd sees in PCI order), and the GPU's UUID. An empty value is
@@ -243,6 +243,9 @@ fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
     );
 }
 
+/// A counter of `info`'s service events: its name, its help, and its field.
+type ServiceCounter = (&'static str, &'static str, fn(&ServiceEvents) -> u64);
+
 /// Each service's clients and what holds it: the figures an operator alerts on (slots running out,
 /// departures the program does not acknowledge, a client stopped in the middle of a send). Its fan-in
 /// channel's traffic is already a channel's series (`channel` = the service's name).
@@ -283,6 +286,31 @@ fn render_services(services: &[ServiceRow], reg: &mut Registry) {
         held,
     );
     reg.register("service_held_seconds", "How long the longest of those holds has lasted (0: none)", held_for);
+    let counters: [ServiceCounter; 6] = [
+        ("service_clients_attached", "Clients attached since meshd started", |e| e.attached),
+        ("service_clients_detached", "Clients that left alive (a detach, or a live process closing its lease)", |e| {
+            e.detached
+        }),
+        ("service_clients_died", "Clients departed because their process was gone (killed, crashed, no detach)", |e| {
+            e.died
+        }),
+        ("service_skipped_requests", "Requests cut off by a client's death, completed as skips for the program", |e| {
+            e.skipped
+        }),
+        (
+            "service_stall_revocations",
+            "Reservations the stall watcher revoked from a live client stopped before writing (sent again later)",
+            |e| e.stall_revoked,
+        ),
+        ("service_stall_kills", "Clients the stall watcher killed (--client-stall-kill-ms)", |e| e.stall_killed),
+    ];
+    for (name, help, of) in counters {
+        let family = family::<Counter>();
+        for s in services {
+            family.get_or_create(&vec![("service", s.name.clone())]).inc_by(of(&s.events));
+        }
+        reg.register(name, help, family);
+    }
     reg.register(
         "service_state_unreadable",
         "1 when the service's shared state could not be read (a corrupt group word: info says which)",

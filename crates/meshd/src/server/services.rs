@@ -31,7 +31,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -46,8 +46,8 @@ use super::Shared;
 use super::listener::ConnectionSlot;
 use super::stalls::{Held, StallConfig};
 use crate::protocol::{
-    AttachedClient, MAX_LINE, REPLIES_SUFFIX, Request, Response, SERVICE_NAME_MAX, ServiceClientRow, ServiceHold,
-    ServiceRow, parse_request, write_response,
+    AttachedClient, MAX_LINE, REPLIES_SUFFIX, Request, Response, SERVICE_NAME_MAX, ServiceClientRow, ServiceEvents,
+    ServiceHold, ServiceRow, parse_request, write_response,
 };
 
 /// How long an attach waits for the serving program to acknowledge a departure before it is refused
@@ -246,6 +246,32 @@ fn service_names(channels: &[ChannelInfo]) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// One service's client events since meshd started (`info`'s `events`, the metrics' counters),
+/// bumped by whichever thread saw the event.
+#[derive(Debug, Default)]
+pub(super) struct EventCounters {
+    attached: AtomicU64,
+    detached: AtomicU64,
+    died: AtomicU64,
+    skipped: AtomicU64,
+    pub(super) stall_revoked: AtomicU64,
+    pub(super) stall_killed: AtomicU64,
+}
+
+impl EventCounters {
+    fn snapshot(&self) -> ServiceEvents {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServiceEvents {
+            attached: get(&self.attached),
+            detached: get(&self.detached),
+            died: get(&self.died),
+            skipped: get(&self.skipped),
+            stall_revoked: get(&self.stall_revoked),
+            stall_killed: get(&self.stall_killed),
+        }
+    }
+}
+
 /// meshd's services: one owner each, the leases, the watcher of adopted clients and the stall
 /// watcher's settings and findings.
 pub(super) struct Services {
@@ -270,6 +296,8 @@ pub(super) struct Services {
     /// Fan-in rings held by a client between the begin and the commit of a send (what the stall
     /// watcher cannot revoke), by service and shard: `info`'s `holds` (and `held_by`, the lowest shard's).
     pub(super) held: Mutex<HashMap<(String, u32), Held>>,
+    /// Each service's client events, by service.
+    events: Mutex<HashMap<String, Arc<EventCounters>>>,
 }
 
 impl std::fmt::Debug for Services {
@@ -293,6 +321,7 @@ impl Services {
             stop_rx,
             stall,
             held: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
         })
     }
 
@@ -313,6 +342,11 @@ impl Services {
 
     pub(super) fn stopping(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Service `service`'s event counters (made on first use).
+    pub(super) fn events(&self, service: &str) -> Arc<EventCounters> {
+        self.events.lock().entry(service.to_string()).or_default().clone()
     }
 
     /// The owner of service `service`, opened on first use.
@@ -368,6 +402,7 @@ impl Services {
                 holds.sort_unstable_by_key(|(shard, _)| *shard);
                 let holds: Vec<ServiceHold> = holds.into_iter().map(|(_, h)| h).collect();
                 let held_by = holds.first().cloned();
+                let events = self.events.lock().get(&name).map(|e| e.snapshot()).unwrap_or_default();
                 let read = self.owner(&name).and_then(|o| {
                     let o = o.lock();
                     let clients = o.bound()?;
@@ -397,6 +432,7 @@ impl Services {
                         held_by,
                         holds,
                         error: None,
+                        events,
                     },
                     Err(e) => ServiceRow {
                         name,
@@ -405,6 +441,7 @@ impl Services {
                         held_by,
                         holds,
                         error: Some(format!("{e:#}")),
+                        events,
                         ..ServiceRow::default()
                     },
                 }
@@ -446,6 +483,7 @@ struct Client {
     id: ClientId,
     holder: Holder,
     pidfd: Option<OwnedFd>,
+    events: Arc<EventCounters>,
 }
 
 impl Client {
@@ -454,10 +492,14 @@ impl Client {
         let Self { service, id, holder, .. } = self;
         let done = self.owner.lock().depart_dead(*id);
         match done {
-            Ok(Completion { skipped, finished, .. }) => tracing::info!(
-                service = %service, client = id.0, slot = id.slot(), pid = holder.pid, skipped, finished,
-                "service client departed: {how}"
-            ),
+            Ok(Completion { skipped, finished, .. }) => {
+                self.events.died.fetch_add(1, Ordering::Relaxed);
+                self.events.skipped.fetch_add(u64::from(skipped), Ordering::Relaxed);
+                tracing::info!(
+                    service = %service, client = id.0, slot = id.slot(), pid = holder.pid, skipped, finished,
+                    "service client departed: {how}"
+                );
+            }
             Err(e) => tracing::warn!(
                 service = %service, client = id.0, pid = holder.pid,
                 "service client {how}, but its departure was refused: {e}"
@@ -511,6 +553,7 @@ impl Client {
                 let tried = self.owner.lock().detach(self.id);
                 match tried {
                     Ok(done) => {
+                        self.events.detached.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(
                             service = %self.service, client = self.id.0, slot = self.id.slot(), pid = self.holder.pid,
                             revoked = done.skipped,
@@ -655,7 +698,9 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
             Err(e) => return Err(anyhow!(e).context(format!("service {service:?}: cannot attach"))),
         }
     };
-    Ok(Client { service: service.to_string(), owner, id, holder, pidfd })
+    let events = services.events(service);
+    events.attached.fetch_add(1, Ordering::Relaxed);
+    Ok(Client { service: service.to_string(), owner, id, holder, pidfd, events })
 }
 
 /// What a lease waits for.
@@ -677,6 +722,7 @@ fn hold_lease(services: &Services, conn: &UnixStream, client: &Client, early: Ve
             let answer = match parse_request(&line) {
                 Ok(Request::Detach) => match client.detach_live() {
                     Ok(done) => {
+                        client.events.detached.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(
                             service = %client.service, client = client.id.0, slot = client.id.slot(),
                             pid = client.holder.pid, revoked = done.skipped, "service client detached"
@@ -777,12 +823,20 @@ pub(super) fn adopt(services: &Arc<Services>) {
                     id,
                     holder: Holder { pid: 0, start: 0 },
                     pidfd: None,
+                    events: services.events(&name),
                 };
                 c.depart_dead("bound with no process recorded (found at start)");
                 continue;
             };
             let pidfd = if holder.alive() { open_pidfd(holder.pid) } else { None };
-            let client = Client { service: name.clone(), owner: owner.clone(), id, holder, pidfd };
+            let client = Client {
+                service: name.clone(),
+                owner: owner.clone(),
+                id,
+                holder,
+                pidfd,
+                events: services.events(&name),
+            };
             // Checked again after the pidfd is open, so that the pidfd names the recorded process.
             if client.holder.alive() {
                 live += 1;

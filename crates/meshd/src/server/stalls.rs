@@ -260,7 +260,9 @@ impl Watched {
                             seen.acted = act(ring, &self.owner, &self.probe, seen, held, services);
                         }
                         Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
-                            kill(ring, seen.hold.seq, client, holder, held, cfg);
+                            if kill(ring, seen.hold.seq, client, holder, held, cfg) {
+                                services.events(ring.name).stall_killed.fetch_add(1, Ordering::Relaxed);
+                            }
                             seen.acted = Acted::Stuck { client, holder, killed: true };
                         }
                         _ => {}
@@ -340,6 +342,7 @@ fn act(
     };
     drop(o);
     if done.skipped > 0 {
+        services.events(name).stall_revoked.fetch_add(u64::from(done.skipped), Ordering::Relaxed);
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), skipped = done.skipped,
             "service client revoked: it held fan-in {ring} at seq {} for {} ms, reserved and not begun ({}); the \
@@ -378,8 +381,9 @@ fn act(
 }
 
 /// Kills (SIGKILL) a client stuck between the begin and the commit of a send, through a pidfd opened
-/// and then checked against its recorded start time, so that a reused pid is never signalled.
-fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held: Duration, cfg: &StallConfig) {
+/// and then checked against its recorded start time, so that a reused pid is never signalled; whether it
+/// was signalled.
+fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held: Duration, cfg: &StallConfig) -> bool {
     let name = ring.name;
     let kill_ms = cfg.kill.map_or(0, ms);
     let Some(holder) = holder else {
@@ -388,7 +392,7 @@ fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held
             "fan-in {ring} held at seq {seq} by client {:#x} for {} ms: not killed, no process is recorded for it",
             client.0, ms(held)
         );
-        return;
+        return false;
     };
     let pid = holder.pid;
     let pidfd = open_pidfd(pid);
@@ -400,16 +404,22 @@ fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held
         None => Err("the kernel gave no pidfd for it".to_string()),
     };
     match sent {
-        Ok(()) => tracing::warn!(
-            service = %name, client = client.0, pid, seq, held_ms = ms(held), kill_ms,
-            "service client killed (SIGKILL): it held fan-in {ring} at seq {seq} between the begin and the commit \
-             of a send for {} ms (--client-stall-kill-ms {kill_ms}); its death completes the slot as a skip",
-            ms(held)
-        ),
-        Err(why) => tracing::warn!(
-            service = %name, client = client.0, pid, seq, held_ms = ms(held),
-            "service client {:#x} (pid {pid}) holding fan-in {ring} at seq {seq} not killed: {why}", client.0
-        ),
+        Ok(()) => {
+            tracing::warn!(
+                service = %name, client = client.0, pid, seq, held_ms = ms(held), kill_ms,
+                "service client killed (SIGKILL): it held fan-in {ring} at seq {seq} between the begin and the \
+                 commit of a send for {} ms (--client-stall-kill-ms {kill_ms}); its death completes the slot as a skip",
+                ms(held)
+            );
+            true
+        }
+        Err(why) => {
+            tracing::warn!(
+                service = %name, client = client.0, pid, seq, held_ms = ms(held),
+                "service client {:#x} (pid {pid}) holding fan-in {ring} at seq {seq} not killed: {why}", client.0
+            );
+            false
+        }
     }
 }
 
