@@ -39,6 +39,10 @@ use crate::{PyConsumer, PyProducer};
 /// than the copy).
 pub(crate) const GIL_FREE_COPY: usize = 4096;
 
+/// The most threads a `CopyConfig` may ask to copy one message (a DRAM-bound copy gains nothing
+/// from more; the H200 host's best was 8).
+pub(crate) const MAX_COPY_THREADS: usize = 64;
+
 /// The copy settings of a bulk end: `mesh_shm::CopyConfig`, each field not given taking the value of
 /// `CopyConfig::default()` (an end claimed without one uses `CopyConfig::for_msg_size` instead).
 #[pyclass(name = "CopyConfig", module = "meshd", frozen, eq)]
@@ -54,10 +58,17 @@ impl PyCopyConfig {
     /// (the producer's copy). Each left out (None) is Rust's `CopyConfig::default()`.
     #[new]
     #[pyo3(signature = (threads=None, min_part=None, non_temporal=None))]
-    fn new(threads: Option<usize>, min_part: Option<usize>, non_temporal: Option<bool>) -> Self {
+    fn new(threads: Option<usize>, min_part: Option<usize>, non_temporal: Option<bool>) -> PyResult<Self> {
         // Starting from Rust's defaults, so that fields mesh-shm adds later keep theirs.
         let mut inner = mesh_shm::CopyConfig::default();
         if let Some(t) = threads {
+            // Checked here, not at the claim: an end starts `threads - 1` helper threads, and a
+            // count the system cannot start failed there as an OSError about a copy thread.
+            if !(1..=MAX_COPY_THREADS).contains(&t) {
+                return Err(PyValueError::new_err(format!(
+                    "CopyConfig threads {t}: expected 1 to {MAX_COPY_THREADS} (the threads copying one message, the caller's included)"
+                )));
+            }
             inner.threads = t;
         }
         if let Some(m) = min_part {
@@ -66,7 +77,7 @@ impl PyCopyConfig {
         if let Some(nt) = non_temporal {
             inner.non_temporal = nt;
         }
-        Self { inner }
+        Ok(Self { inner })
     }
 
     /// `mesh_shm::CopyConfig::default()`.

@@ -18,10 +18,11 @@ mod bulk;
 mod service;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bulk::{BulkRx, BulkTx, GIL_FREE_COPY, Lent, PyCopyConfig, SlotView};
-use mesh_shm::{ChannelInfo, Consumer, Mailbox, Peeked, PollPause, Producer, Protocol, Reserved, ShmError};
+use mesh_shm::{ChannelInfo, Consumer, End, Mailbox, Peeked, PollPause, Producer, Protocol, Reserved, ShmError};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -127,15 +128,131 @@ fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// A mesh-shm error as the Python exception of its kind.
 fn shm_err(py: Python<'_>, e: ShmError) -> PyErr {
     let (class, fields) = error_class(py, &e);
+    error_of_class(py, class, error_text(&e), fields)
+}
+
+/// The exception `class` of `meshd._errors` with its text and the values it carries.
+fn error_of_class(py: Python<'_>, class: &str, text: String, fields: Vec<(&'static str, Py<PyAny>)>) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let kwargs = PyDict::new(py);
         for (k, v) in fields {
             kwargs.set_item(k, v)?;
         }
-        let exc = errors_module(py)?.getattr(class)?.call((error_text(&e),), Some(&kwargs))?;
+        let exc = errors_module(py)?.getattr(class)?.call((text,), Some(&kwargs))?;
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|import_failed| import_failed)
+}
+
+/// A buffer of records (`send_batch`, `recv_batch`) that is not a whole number of messages, or (a
+/// receive, which could never be satisfied) holds none: MessageSizeError naming the buffer, not one
+/// message of its odd remainder as mesh-shm's own check would.
+fn check_records(py: Python<'_>, channel: &str, size: usize, len: usize, op: &str, may_be_empty: bool) -> PyResult<()> {
+    let why = if len == 0 && !may_be_empty {
+        "holds no message (a receive into it could never be satisfied)"
+    } else if size != 0 && !len.is_multiple_of(size) {
+        "is not a whole number of messages"
+    } else {
+        return Ok(());
+    };
+    let text =
+        format!("channel {channel:?}: {op}: a buffer of {len} bytes {why}; the channel carries {size}-byte messages");
+    let fields = vec![
+        ("channel", channel.into_pyobject(py)?.into_any().unbind()),
+        ("size", size.into_pyobject(py)?.into_any().unbind()),
+        ("got", len.into_pyobject(py)?.into_any().unbind()),
+    ];
+    Err(error_of_class(py, "MessageSizeError", text, fields))
+}
+
+// ---- fork ----
+
+/// How many fork()s lie between the process that imported the package and this one: bumped in
+/// every child (`os.register_at_fork`), so an end can tell that it was inherited.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Registered with `os.register_at_fork(after_in_child=...)` when the module loads.
+#[pyfunction]
+fn _after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The process an end was made in. An end copied into a child by fork() still names its parent's
+/// claim (the claim word holds the parent's pid) and, for a bulk end, copy threads that do not
+/// exist in the child: used there it would write beside the parent into the same ring, and dropped
+/// there it would release the parent's claim or wait on those threads for ever. So in a child it
+/// refuses every call and is forgotten, never dropped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin {
+    forks: u64,
+    pid: u32,
+}
+
+impl Origin {
+    pub(crate) fn here() -> Self {
+        Self { forks: FORKS.load(Ordering::Relaxed), pid: std::process::id() }
+    }
+
+    pub(crate) fn inherited(self) -> bool {
+        self.forks != FORKS.load(Ordering::Relaxed)
+    }
+
+    /// In a child of fork(): the inherited end taken out of `inner` and leaked (see the type's doc).
+    pub(crate) fn forget_inherited<T>(self, inner: &mut Option<T>) {
+        if self.inherited()
+            && let Some(end) = inner.take()
+        {
+            std::mem::forget(end);
+        }
+    }
+
+    /// The refusal of a call on an inherited end (ClaimedError: the parent holds it).
+    pub(crate) fn refusal(self, channel: &str, what: &str, end: &str) -> PyErr {
+        Python::attach(|py| {
+            let text = format!(
+                "channel {channel:?}: this {what} belongs to pid {}, which made it; this process is its child by \
+                 fork() and may not use it (claim an end of its own: Mailbox.open, then producer / consumer, or \
+                 Service.connect)",
+                self.pid
+            );
+            let s = |v: &str| -> Py<PyAny> { pyo3::types::PyString::new(py, v).into_any().unbind() };
+            let Ok(pid) = self.pid.into_pyobject(py);
+            error_of_class(
+                py,
+                "ClaimedError",
+                text,
+                vec![("channel", s(channel)), ("end", s(end)), ("pid", pid.into_any().unbind())],
+            )
+        })
+    }
+}
+
+/// What an end shows of its channel, read once at the claim.
+#[derive(Debug)]
+pub(crate) struct EndInfo {
+    name: String,
+    msg_size: u32,
+    capacity: u32,
+}
+
+impl From<&ChannelInfo> for EndInfo {
+    fn from(c: &ChannelInfo) -> Self {
+        Self { name: c.name.clone(), msg_size: c.msg_size, capacity: c.capacity }
+    }
+}
+
+/// A new `bytes` of `size` bytes that `fill` writes; None (the object dropped) when it wrote nothing.
+fn new_bytes<'py>(
+    py: Python<'py>,
+    size: usize,
+    fill: impl FnOnce(&mut [u8]) -> PyResult<bool>,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let mut got = false;
+    let bytes = PyBytes::new_with(py, size, |out| {
+        got = fill(out)?;
+        Ok(())
+    })?;
+    Ok(got.then_some(bytes))
 }
 
 // ---- buffers ----
@@ -188,12 +305,16 @@ impl Bytes {
 /// A timeout argument in seconds (None: wait for ever) as a deadline.
 fn deadline(timeout: Option<f64>) -> PyResult<Option<(Instant, Duration)>> {
     match timeout {
+        // +inf waits for ever, as None does (asyncio's forms read it so too).
         None => Ok(None),
+        Some(t) if t == f64::INFINITY => Ok(None),
         Some(t) if t.is_finite() && t >= 0.0 => {
             let d = Duration::from_secs_f64(t.min(1e9));
             Ok(Some((Instant::now() + d, d)))
         }
-        Some(t) => Err(PyValueError::new_err(format!("timeout {t}: expected None or a number of seconds >= 0"))),
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout {t}: expected None (or inf) to wait for ever, or a number of seconds >= 0"
+        ))),
     }
 }
 
@@ -237,6 +358,24 @@ fn wait_for<T: Send>(
 fn timed_out(py: Python<'_>, channel: &str, op: &'static str, deadline: Option<(Instant, Duration)>) -> PyErr {
     let waited_ms = deadline.map_or(0, |(_, d)| d.as_millis());
     shm_err(py, ShmError::Timeout { channel: channel.to_string(), op, waited_ms })
+}
+
+/// One `attempt` with the GIL held (it costs less than a release), then, if it found nothing to do,
+/// [`wait_for`] it until the deadline; MeshTimeoutError (`op` on `channel`) when that passed.
+fn try_then_wait(
+    py: Python<'_>,
+    channel: &str,
+    op: &'static str,
+    deadline: Option<(Instant, Duration)>,
+    mut attempt: impl FnMut() -> Result<bool, ShmError> + Send,
+) -> PyResult<()> {
+    if attempt().map_err(|e| shm_err(py, e))? {
+        return Ok(());
+    }
+    match wait_for(py, deadline, || Ok(attempt()?.then_some(())))? {
+        Some(()) => Ok(()),
+        None => Err(timed_out(py, channel, op, deadline)),
+    }
 }
 
 // ---- the classes ----
@@ -403,9 +542,8 @@ enum TxEnd {
 #[derive(Debug)]
 struct PyProducer {
     inner: Option<TxEnd>,
-    name: String,
-    msg_size: u32,
-    capacity: u32,
+    info: EndInfo,
+    origin: Origin,
     protocol: Protocol,
     mailbox: Mailbox,
     /// The slot lent to a `send_view`, until it is given back.
@@ -414,15 +552,30 @@ struct PyProducer {
 
 impl PyProducer {
     fn end(&mut self) -> PyResult<&mut TxEnd> {
-        if let Some(lent) = &self.lent {
-            return Err(busy(&self.name, lent, "send_view"));
+        if self.origin.inherited() {
+            self.origin.forget_inherited(&mut self.inner);
+            return Err(self.origin.refusal(&self.info.name, "Producer", "producer"));
         }
-        let name = &self.name;
+        if let Some(lent) = &self.lent {
+            return Err(busy(&self.info.name, lent, "send_view"));
+        }
+        let name = &self.info.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: producer is closed")))
     }
 
     /// The view `lent` is given back: published (`publish`) or discarded.
     pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, publish: bool) -> Result<(), ShmError> {
+        if self.origin.inherited() {
+            // A view inherited through fork(): its slot is the parent's to publish.
+            self.origin.forget_inherited(&mut self.inner);
+            self.lent = None;
+            lent.finish();
+            return Err(ShmError::Claimed {
+                channel: self.info.name.clone(),
+                end: End::Producer,
+                pid: self.origin.pid,
+            });
+        }
         let mut done = Ok(());
         if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
             if let Some(TxEnd::Bulk(b)) = self.inner.as_mut() {
@@ -439,13 +592,13 @@ impl PyProducer {
         let mut this = slf.borrow_mut();
         let lent = Arc::new(Lent::default());
         let mailbox = this.mailbox.clone();
-        let view = SlotView::for_producer(slf.clone().unbind(), lent.clone(), slot, this.name.clone(), mailbox);
+        let view = SlotView::for_producer(slf.clone().unbind(), lent.clone(), slot, this.info.name.clone(), mailbox);
         this.lent = Some(lent);
         Ok(view)
     }
 
     fn bulk_for_view(&mut self, op: &str) -> PyResult<&mut BulkTx> {
-        let (name, protocol) = (self.name.clone(), self.protocol);
+        let (name, protocol) = (self.info.name.clone(), self.protocol);
         match self.end()? {
             TxEnd::Bulk(b) => Ok(b),
             TxEnd::Ring(_) => Err(no_views(&name, protocol, op)),
@@ -479,9 +632,8 @@ impl PyProducer {
             TxEnd::Bulk(b) => b.info(),
         };
         Ok(Self {
-            name: info.name.clone(),
-            msg_size: info.msg_size,
-            capacity: info.capacity,
+            info: EndInfo::from(info),
+            origin: Origin::here(),
             protocol: info.protocol,
             inner: Some(inner),
             mailbox: mb.clone(),
@@ -492,19 +644,19 @@ impl PyProducer {
     /// The channel's name.
     #[getter]
     fn name(&self) -> &str {
-        &self.name
+        &self.info.name
     }
 
     /// Bytes per message (shorter messages are zero-padded).
     #[getter]
     fn msg_size(&self) -> u32 {
-        self.msg_size
+        self.info.msg_size
     }
 
     /// Messages the ring holds.
     #[getter]
     fn capacity(&self) -> u32 {
-        self.capacity
+        self.info.capacity
     }
 
     /// The channel's protocol: "ll", "bulk" or "index".
@@ -539,16 +691,9 @@ impl PyProducer {
         let bytes = Bytes::get(msg, "send", false)?;
         let deadline = deadline(timeout)?;
         let msg = bytes.as_slice();
+        let name = self.info.name.clone();
         match self.end()? {
-            TxEnd::Ring(end) => {
-                if end.try_send(msg).map_err(|e| shm_err(py, e))? {
-                    return Ok(());
-                }
-                match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
-                    Some(()) => Ok(()),
-                    None => Err(timed_out(py, &self.name, "send", deadline)),
-                }
-            }
+            TxEnd::Ring(end) => try_then_wait(py, &name, "send", deadline, || end.try_send(msg)),
             TxEnd::Bulk(b) => {
                 // A message the GIL rule copies with the GIL held is first tried that way; anything
                 // else goes in one stretch without the GIL: the wait, the copy and the publication,
@@ -559,7 +704,7 @@ impl PyProducer {
                 }
                 match wait_for(py, deadline, || Ok(b.try_send_here(msg)?.then_some(())))? {
                     Some(()) => Ok(()),
-                    None => Err(timed_out(py, &self.name, "send", deadline)),
+                    None => Err(timed_out(py, &name, "send", deadline)),
                 }
             }
         }
@@ -569,7 +714,8 @@ impl PyProducer {
     /// publishing once (a bulk channel: each); returns how many. Keeps the GIL.
     fn try_send_batch(&mut self, py: Python<'_>, msgs: &Bound<'_, PyAny>) -> PyResult<usize> {
         let bytes = Bytes::get(msgs, "send_batch", false)?;
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
+        check_records(py, &self.info.name, size, bytes.as_slice().len(), "send_batch", true)?;
         match self.end()? {
             TxEnd::Ring(p) => p.try_send_batch(bytes.as_slice()),
             TxEnd::Bulk(b) => b.try_send_batch(py, bytes.as_slice(), size),
@@ -584,7 +730,8 @@ impl PyProducer {
         let bytes = Bytes::get(msgs, "send_batch", false)?;
         let deadline = deadline(timeout)?;
         let all = bytes.as_slice();
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
+        check_records(py, &self.info.name, size, all.len(), "send_batch", true)?;
         let mut done = 0;
         let finished = match self.end()? {
             TxEnd::Ring(end) => {
@@ -614,7 +761,7 @@ impl PyProducer {
         match finished {
             Some(()) => Ok(()),
             None => {
-                let err = timed_out(py, &self.name, "send", deadline);
+                let err = timed_out(py, &self.info.name, "send", deadline);
                 err.value(py).setattr("sent", done)?;
                 Err(err)
             }
@@ -631,7 +778,7 @@ impl PyProducer {
         let deadline = deadline(timeout)?;
         let slot = {
             let mut this = slf.borrow_mut();
-            let name = this.name.clone();
+            let name = this.info.name.clone();
             let b = this.bulk_for_view("send_view")?;
             match b.reserve().map_err(|e| shm_err(py, e))? {
                 Some(a) => a,
@@ -656,7 +803,7 @@ impl PyProducer {
     fn close(&mut self) -> PyResult<()> {
         if let Some(lent) = self.lent.take() {
             if lent.exports() > 0 {
-                let err = busy(&self.name, &lent, "send_view");
+                let err = busy(&self.info.name, &lent, "send_view");
                 self.lent = Some(lent);
                 return Err(err);
             }
@@ -685,10 +832,10 @@ impl PyProducer {
         let state = if self.inner.is_some() { "" } else { ", closed" };
         format!(
             "Producer({:?}, protocol={}, msg_size={}, capacity={}{state})",
-            self.name,
+            self.info.name,
             protocol_name(self.protocol),
-            self.msg_size,
-            self.capacity
+            self.info.msg_size,
+            self.info.capacity
         )
     }
 }
@@ -707,9 +854,8 @@ enum RxEnd {
 #[derive(Debug)]
 struct PyConsumer {
     inner: Option<RxEnd>,
-    name: String,
-    msg_size: u32,
-    capacity: u32,
+    info: EndInfo,
+    origin: Origin,
     protocol: Protocol,
     mailbox: Mailbox,
     /// The slot lent to a `recv_view`, until it is given back.
@@ -718,16 +864,30 @@ struct PyConsumer {
 
 impl PyConsumer {
     fn end(&mut self) -> PyResult<&mut RxEnd> {
-        if let Some(lent) = &self.lent {
-            return Err(busy(&self.name, lent, "recv_view"));
+        if self.origin.inherited() {
+            self.origin.forget_inherited(&mut self.inner);
+            return Err(self.origin.refusal(&self.info.name, "Consumer", "consumer"));
         }
-        let name = &self.name;
+        if let Some(lent) = &self.lent {
+            return Err(busy(&self.info.name, lent, "recv_view"));
+        }
+        let name = &self.info.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: consumer is closed")))
     }
 
     /// The view `lent` is given back: its slot released to the producer.
     /// (`release` false: unpeeked instead, the message staying in the ring to come again.)
     pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, release: bool) -> Result<(), ShmError> {
+        if self.origin.inherited() {
+            self.origin.forget_inherited(&mut self.inner);
+            self.lent = None;
+            lent.finish();
+            return Err(ShmError::Claimed {
+                channel: self.info.name.clone(),
+                end: End::Consumer,
+                pid: self.origin.pid,
+            });
+        }
         let mut done = Ok(());
         if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
             if let Some(RxEnd::Bulk(b)) = self.inner.as_mut() {
@@ -749,13 +909,13 @@ impl PyConsumer {
         let mut this = slf.borrow_mut();
         let lent = Arc::new(Lent::default());
         let mailbox = this.mailbox.clone();
-        let view = SlotView::for_consumer(slf.clone().unbind(), lent.clone(), msg, this.name.clone(), mailbox);
+        let view = SlotView::for_consumer(slf.clone().unbind(), lent.clone(), msg, this.info.name.clone(), mailbox);
         this.lent = Some(lent);
         Ok(view)
     }
 
     fn bulk_for_view(&mut self, op: &str) -> PyResult<&mut BulkRx> {
-        let (name, protocol) = (self.name.clone(), self.protocol);
+        let (name, protocol) = (self.info.name.clone(), self.protocol);
         match self.end()? {
             RxEnd::Bulk(b) => Ok(b),
             RxEnd::Ring(_) => Err(no_views(&name, protocol, op)),
@@ -823,9 +983,8 @@ impl PyConsumer {
             RxEnd::Bulk(b) => b.info(),
         };
         Ok(Self {
-            name: info.name.clone(),
-            msg_size: info.msg_size,
-            capacity: info.capacity,
+            info: EndInfo::from(info),
+            origin: Origin::here(),
             protocol: info.protocol,
             inner: Some(inner),
             mailbox: mb.clone(),
@@ -836,19 +995,19 @@ impl PyConsumer {
     /// The channel's name.
     #[getter]
     fn name(&self) -> &str {
-        &self.name
+        &self.info.name
     }
 
     /// Bytes per message.
     #[getter]
     fn msg_size(&self) -> u32 {
-        self.msg_size
+        self.info.msg_size
     }
 
     /// Messages the ring holds.
     #[getter]
     fn capacity(&self) -> u32 {
-        self.capacity
+        self.info.capacity
     }
 
     /// The channel's protocol: "ll", "bulk" or "index".
@@ -869,26 +1028,23 @@ impl PyConsumer {
     /// One message as bytes (`msg_size` long), or None when none is waiting. Keeps the GIL, but
     /// for a bulk copy of more than 4 KiB.
     fn try_recv<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
         let end = self.end()?;
-        let mut got = false;
-        let bytes = PyBytes::new_with(py, size, |out| {
-            got = match end {
+        new_bytes(py, size, |out| {
+            match end {
                 RxEnd::Ring(c) => c.try_recv(out),
                 RxEnd::Bulk(b) => b.try_recv(py, out),
             }
-            .map_err(|e| shm_err(py, e))?;
-            Ok(())
-        })?;
-        Ok(got.then_some(bytes))
+            .map_err(|e| shm_err(py, e))
+        })
     }
 
     /// One message as bytes, waiting (the GIL released) until `timeout` seconds pass (None: for ever).
     #[pyo3(signature = (timeout=None))]
     fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
         let deadline = deadline(timeout)?;
-        let name = self.name.clone();
-        let size = self.msg_size as usize;
+        let name = self.info.name.clone();
+        let size = self.info.msg_size as usize;
         let end = self.end()?;
         PyBytes::new_with(py, size, |out| {
             if recv_one(py, end, out, deadline)? { Ok(()) } else { Err(timed_out(py, &name, "recv", deadline)) }
@@ -914,7 +1070,7 @@ impl PyConsumer {
         if recv_one(py, self.end()?, bytes.as_mut_slice(), deadline)? {
             Ok(())
         } else {
-            Err(timed_out(py, &self.name, "recv", deadline))
+            Err(timed_out(py, &self.info.name, "recv", deadline))
         }
     }
 
@@ -922,7 +1078,8 @@ impl PyConsumer {
     /// `msg_size` bytes), publishing once (a bulk channel: each); returns how many (0: none waiting).
     fn try_recv_batch(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
+        check_records(py, &self.info.name, size, bytes.as_mut_slice().len(), "recv_batch", false)?;
         try_recv_batch_any(py, self.end()?, bytes.as_mut_slice(), size).map_err(|e| shm_err(py, e))
     }
 
@@ -933,7 +1090,8 @@ impl PyConsumer {
         let mut bytes = Bytes::get(buffer, "recv_batch", true)?;
         let deadline = deadline(timeout)?;
         let out = bytes.as_mut_slice();
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
+        check_records(py, &self.info.name, size, out.len(), "recv_batch", false)?;
         let end = self.end()?;
         // The first attempt with the GIL held, but for bulk messages the GIL rule copies without it:
         // those wait and copy in one stretch without the GIL (see a bulk `send`).
@@ -957,7 +1115,7 @@ impl PyConsumer {
                 Ok((n > 0).then_some(n))
             })?,
         };
-        got.ok_or_else(|| timed_out(py, &self.name, "recv", deadline))
+        got.ok_or_else(|| timed_out(py, &self.info.name, "recv", deadline))
     }
 
     /// The next message in place (bulk channels), waiting until `timeout` seconds pass: a context
@@ -970,7 +1128,7 @@ impl PyConsumer {
         let deadline = deadline(timeout)?;
         let msg = {
             let mut this = slf.borrow_mut();
-            let name = this.name.clone();
+            let name = this.info.name.clone();
             let b = this.bulk_for_view("recv_view")?;
             match b.peek().map_err(|e| shm_err(py, e))? {
                 Some(a) => a,
@@ -1012,7 +1170,7 @@ impl PyConsumer {
     fn close(&mut self) -> PyResult<()> {
         if let Some(lent) = self.lent.take() {
             if lent.exports() > 0 {
-                let err = busy(&self.name, &lent, "recv_view");
+                let err = busy(&self.info.name, &lent, "recv_view");
                 self.lent = Some(lent);
                 return Err(err);
             }
@@ -1041,11 +1199,23 @@ impl PyConsumer {
         let state = if self.inner.is_some() { "" } else { ", closed" };
         format!(
             "Consumer({:?}, protocol={}, msg_size={}, capacity={}{state})",
-            self.name,
+            self.info.name,
             protocol_name(self.protocol),
-            self.msg_size,
-            self.capacity
+            self.info.msg_size,
+            self.info.capacity
         )
+    }
+}
+
+impl Drop for PyProducer {
+    fn drop(&mut self) {
+        self.origin.forget_inherited(&mut self.inner);
+    }
+}
+
+impl Drop for PyConsumer {
+    fn drop(&mut self) {
+        self.origin.forget_inherited(&mut self.inner);
     }
 }
 
@@ -1082,6 +1252,11 @@ fn _meshd(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<service::PyGroupClient>()?;
     m.add_function(wrap_pyfunction!(_timeout_error, m)?)?;
     m.add_function(wrap_pyfunction!(_default_socket, m)?)?;
+    let after_fork = wrap_pyfunction!(_after_fork_in_child, m)?;
+    m.add_function(after_fork.clone())?;
+    let kwargs = PyDict::new(m.py());
+    kwargs.set_item("after_in_child", after_fork)?;
+    m.py().import("os")?.getattr("register_at_fork")?.call((), Some(&kwargs))?;
     m.add("LAYOUT_VERSION", mesh_shm::layout::LAYOUT_VERSION)?;
     m.add("MAX_MSG_SIZE", mesh_shm::layout::MAX_MSG_SIZE)?;
     m.add("MAX_BULK_MSG_SIZE", mesh_shm::layout::MAX_BULK_MSG_SIZE)?;

@@ -7,18 +7,36 @@
 //! blocking calls release the GIL and wake for signals every [`crate::SIGNAL_CHECK`], the `try_`
 //! calls keep it, and errors are `meshd._errors`' classes.
 
-use mesh_shm::{ClientId, ShmError};
-use pyo3::exceptions::PyValueError;
+use mesh_shm::{ChannelInfo, ClientId, ShmError};
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::{Bytes, PyMailbox, aio, deadline, shm_err, timed_out, wait_for};
+use crate::{Bytes, EndInfo, Origin, PyMailbox, aio, deadline, new_bytes, shm_err, try_then_wait};
 
-/// A client id from Python: a u32 (`slot | epoch << 16`), anything else refused.
-fn client_id(id: i64) -> PyResult<ClientId> {
-    u32::try_from(id)
-        .map(ClientId)
-        .map_err(|_| PyValueError::new_err(format!("client id {id}: expected 0 <= id < 2**32 (slot | epoch << 16)")))
+/// A client id from Python: an int from 0 to 2**32 - 1 (`slot | epoch << 16`); ValueError for one out
+/// of that range however large, TypeError for what is no int.
+fn client_id(id: &Bound<'_, PyAny>) -> PyResult<ClientId> {
+    match id.extract::<u32>() {
+        Ok(v) => Ok(ClientId(v)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(id.py()) => {
+            Err(PyValueError::new_err(format!("client id {id}: expected 0 <= id < 2**32 (slot | epoch << 16)")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// One of a client's two ends, opened by `open` for the id given: the end and what it shows.
+fn client_end<T>(
+    py: Python<'_>,
+    id: &Bound<'_, PyAny>,
+    open: impl FnOnce(ClientId) -> Result<T, ShmError>,
+    info: impl FnOnce(&T) -> &ChannelInfo,
+) -> PyResult<(T, EndInfo, u32)> {
+    let id = client_id(id)?;
+    let end = open(id).map_err(|e| shm_err(py, e))?;
+    let shown = EndInfo::from(info(&end));
+    Ok((end, shown, id.0))
 }
 
 /// A client's request end of a service's fan-in channel: every message it sends carries its id.
@@ -27,15 +45,19 @@ fn client_id(id: i64) -> PyResult<ClientId> {
 #[derive(Debug)]
 pub(crate) struct PyFanInSender {
     inner: Option<mesh_shm::FanInSender>,
-    name: String,
-    msg_size: u32,
-    capacity: u32,
+    info: EndInfo,
+    origin: Origin,
     id: u32,
 }
 
 impl PyFanInSender {
     fn end(&mut self) -> PyResult<&mut mesh_shm::FanInSender> {
-        let name = &self.name;
+        if self.origin.inherited() {
+            self.origin.forget_inherited(&mut self.inner);
+            let what = format!("FanInSender of client {:#x}", self.id);
+            return Err(self.origin.refusal(&self.info.name, &what, "sender"));
+        }
+        let name = &self.info.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: sender is closed")))
     }
 }
@@ -44,35 +66,32 @@ impl PyFanInSender {
 impl PyFanInSender {
     /// The request end of fan-in channel `name` for the client meshd bound as `id`.
     #[new]
-    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str, id: i64) -> PyResult<Self> {
-        let id = client_id(id)?;
-        let inner = mesh_shm::FanInSender::open(&mailbox.inner, name, id).map_err(|e| shm_err(py, e))?;
-        let info = inner.info();
-        Ok(Self {
-            name: info.name.clone(),
-            msg_size: info.msg_size,
-            capacity: info.capacity,
-            id: id.0,
-            inner: Some(inner),
-        })
+    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str, id: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (inner, info, id) = client_end(
+            py,
+            id,
+            |id| mesh_shm::FanInSender::open(&mailbox.inner, name, id),
+            mesh_shm::FanInSender::info,
+        )?;
+        Ok(Self { inner: Some(inner), info, origin: Origin::here(), id })
     }
 
     /// The channel's name.
     #[getter]
     fn name(&self) -> &str {
-        &self.name
+        &self.info.name
     }
 
     /// Bytes per request (shorter ones are zero-padded).
     #[getter]
     fn msg_size(&self) -> u32 {
-        self.msg_size
+        self.info.msg_size
     }
 
     /// Requests the ring holds, over all clients.
     #[getter]
     fn capacity(&self) -> u32 {
-        self.capacity
+        self.info.capacity
     }
 
     /// The sender id every request carries.
@@ -94,15 +113,9 @@ impl PyFanInSender {
         let bytes = Bytes::get(msg, "send", false)?;
         let deadline = deadline(timeout)?;
         let msg = bytes.as_slice();
-        let name = self.name.clone();
+        let name = self.info.name.clone();
         let end = self.end()?;
-        if end.try_send(msg).map_err(|e| shm_err(py, e))? {
-            return Ok(());
-        }
-        match wait_for(py, deadline, || Ok(end.try_send(msg)?.then_some(())))? {
-            Some(()) => Ok(()),
-            None => Err(timed_out(py, &name, "send", deadline)),
-        }
+        try_then_wait(py, &name, "send", deadline, || end.try_send(msg))
     }
 
     /// Further calls raise ValueError. Also done when the object is collected.
@@ -129,7 +142,7 @@ impl PyFanInSender {
         let state = if self.inner.is_some() { "" } else { ", closed" };
         format!(
             "FanInSender({:?}, id={:#x}, msg_size={}, capacity={}{state})",
-            self.name, self.id, self.msg_size, self.capacity
+            self.info.name, self.id, self.info.msg_size, self.info.capacity
         )
     }
 }
@@ -140,65 +153,53 @@ impl PyFanInSender {
 #[derive(Debug)]
 pub(crate) struct PyGroupClient {
     inner: Option<mesh_shm::GroupClient>,
-    name: String,
-    msg_size: u32,
-    capacity: u32,
+    info: EndInfo,
+    origin: Origin,
     id: u32,
 }
 
 impl PyGroupClient {
     fn end(&mut self) -> PyResult<&mut mesh_shm::GroupClient> {
-        let name = &self.name;
+        if self.origin.inherited() {
+            self.origin.forget_inherited(&mut self.inner);
+            let what = format!("GroupClient of client {:#x}", self.id);
+            return Err(self.origin.refusal(&self.info.name, &what, "replies"));
+        }
+        let name = &self.info.name;
         self.inner.as_mut().ok_or_else(|| PyValueError::new_err(format!("channel {name:?}: reply end is closed")))
     }
-}
-
-/// One reply into `out`, waiting (the GIL released) until the deadline; false when it passed.
-fn recv_reply(
-    py: Python<'_>,
-    end: &mut mesh_shm::GroupClient,
-    out: &mut [u8],
-    deadline: Option<(std::time::Instant, std::time::Duration)>,
-) -> PyResult<bool> {
-    if end.try_recv(out).map_err(|e| shm_err(py, e))? {
-        return Ok(true);
-    }
-    Ok(wait_for(py, deadline, || -> Result<Option<()>, ShmError> { Ok(end.try_recv(out)?.then_some(())) })?.is_some())
 }
 
 #[pymethods]
 impl PyGroupClient {
     /// Claims the reply ring of client `id` in group `name`; ClaimedError while a live process holds it.
     #[new]
-    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str, id: i64) -> PyResult<Self> {
-        let id = client_id(id)?;
-        let inner = mesh_shm::GroupClient::claim(&mailbox.inner, name, id).map_err(|e| shm_err(py, e))?;
-        let info = inner.info();
-        Ok(Self {
-            name: info.name.clone(),
-            msg_size: info.msg_size,
-            capacity: info.capacity,
-            id: id.0,
-            inner: Some(inner),
-        })
+    fn new(py: Python<'_>, mailbox: &PyMailbox, name: &str, id: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (inner, info, id) = client_end(
+            py,
+            id,
+            |id| mesh_shm::GroupClient::claim(&mailbox.inner, name, id),
+            mesh_shm::GroupClient::info,
+        )?;
+        Ok(Self { inner: Some(inner), info, origin: Origin::here(), id })
     }
 
     /// The group's name.
     #[getter]
     fn name(&self) -> &str {
-        &self.name
+        &self.info.name
     }
 
     /// Bytes per reply.
     #[getter]
     fn msg_size(&self) -> u32 {
-        self.msg_size
+        self.info.msg_size
     }
 
     /// Replies the client's ring holds.
     #[getter]
     fn capacity(&self) -> u32 {
-        self.capacity
+        self.info.capacity
     }
 
     /// The client's id.
@@ -209,26 +210,19 @@ impl PyGroupClient {
 
     /// One reply as bytes (`msg_size` long), or None when none is waiting. Keeps the GIL.
     fn try_recv<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let size = self.msg_size as usize;
+        let size = self.info.msg_size as usize;
         let end = self.end()?;
-        let mut got = false;
-        let bytes = PyBytes::new_with(py, size, |out| {
-            got = end.try_recv(out).map_err(|e| shm_err(py, e))?;
-            Ok(())
-        })?;
-        Ok(got.then_some(bytes))
+        new_bytes(py, size, |out| end.try_recv(out).map_err(|e| shm_err(py, e)))
     }
 
     /// One reply as bytes, waiting (the GIL released) until `timeout` seconds pass (None: for ever).
     #[pyo3(signature = (timeout=None))]
     fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
         let deadline = deadline(timeout)?;
-        let name = self.name.clone();
-        let size = self.msg_size as usize;
+        let name = self.info.name.clone();
+        let size = self.info.msg_size as usize;
         let end = self.end()?;
-        PyBytes::new_with(py, size, |out| {
-            if recv_reply(py, end, out, deadline)? { Ok(()) } else { Err(timed_out(py, &name, "recv", deadline)) }
-        })
+        PyBytes::new_with(py, size, |out| try_then_wait(py, &name, "recv", deadline, || end.try_recv(out)))
     }
 
     /// One reply into `buffer` (writable, C-contiguous, exactly `msg_size` bytes); False when none
@@ -243,12 +237,9 @@ impl PyGroupClient {
     fn recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
         let deadline = deadline(timeout)?;
-        let name = self.name.clone();
-        if recv_reply(py, self.end()?, bytes.as_mut_slice(), deadline)? {
-            Ok(())
-        } else {
-            Err(timed_out(py, &name, "recv", deadline))
-        }
+        let name = self.info.name.clone();
+        let (end, out) = (self.end()?, bytes.as_mut_slice());
+        try_then_wait(py, &name, "recv", deadline, || end.try_recv(out))
     }
 
     /// `await replies.arecv(timeout)`: `recv` for asyncio, polling from the event loop (no thread).
@@ -291,7 +282,19 @@ impl PyGroupClient {
         let state = if self.inner.is_some() { "" } else { ", closed" };
         format!(
             "GroupClient({:?}, id={:#x}, msg_size={}, capacity={}{state})",
-            self.name, self.id, self.msg_size, self.capacity
+            self.info.name, self.id, self.info.msg_size, self.info.capacity
         )
+    }
+}
+
+impl Drop for PyFanInSender {
+    fn drop(&mut self) {
+        self.origin.forget_inherited(&mut self.inner);
+    }
+}
+
+impl Drop for PyGroupClient {
+    fn drop(&mut self) {
+        self.origin.forget_inherited(&mut self.inner);
     }
 }

@@ -522,6 +522,11 @@ pub unsafe extern "C" fn mesh_shm_ctx(
                 Err(code) => return code,
             }
         } else {
+            // Before any of them is read: `names` holds `count` pointers, and a count past the
+            // most a ctx holds (a stray negative number) would have the loop read past the array.
+            if count as usize > MESH_SHM_MAX_BINDINGS {
+                return fail(MESH_ERR_ARG, format!("{count} channels: a mesh_ctx holds {MESH_SHM_MAX_BINDINGS}"));
+            }
             let mut v = Vec::new();
             for i in 0..count as usize {
                 // SAFETY: `names` holds `count` pointers by the caller's contract.
@@ -550,9 +555,18 @@ pub unsafe extern "C" fn mesh_shm_ctx(
                     return shm_fail(&mesh_shm::ShmError::HostOnly { channel: c.name, protocol: c.protocol });
                 }
                 Ok(c) => {
+                    let Some(slots) = device_base.checked_add(c.slots_offset) else {
+                        return fail(
+                            MESH_ERR_ARG,
+                            format!(
+                                "device_base {device_base:#x}: the mailbox does not fit above it (channel {:?})",
+                                c.name
+                            ),
+                        );
+                    };
                     *b = MeshShmBinding {
                         ring_offset: c.ring_offset,
-                        slots: device_base + c.slots_offset,
+                        slots,
                         msg_size: c.msg_size,
                         capacity: c.capacity,
                         placement: 0,
@@ -664,25 +678,49 @@ pub unsafe extern "C" fn mesh_shm_consumer_info(c: *const MeshConsumer, info: *m
     })
 }
 
-/// A message argument as a slice.
+/// A message argument as a slice, refused ([`MESH_ERR_MSG_SIZE`]) when `len` is more than the
+/// channel's `msg_size`: checked before the slice is made, so that a wrong length (a `(size_t)-1`,
+/// a buffer's size for its message's) never has the library read past the caller's buffer, nor
+/// make a slice longer than `isize::MAX` bytes (undefined behaviour; an abort in a debug build).
 ///
 /// # Safety
 /// `msg` is NULL or `len` readable bytes.
-unsafe fn msg_slice<'a>(msg: *const c_void, len: usize, what: &str) -> Result<&'a [u8], MeshStatus> {
+unsafe fn msg_slice<'a>(
+    msg: *const c_void,
+    len: usize,
+    msg_size: u32,
+    channel: &str,
+    what: &str,
+) -> Result<&'a [u8], MeshStatus> {
     if msg.is_null() {
         return Err(fail(MESH_ERR_NULL, format!("{what}: msg is NULL")));
+    }
+    if len > msg_size as usize {
+        let size = msg_size as usize;
+        return Err(shm_fail(&ShmError::MessageSize { channel: channel.to_string(), size, got: len }));
     }
     // SAFETY: `len` readable bytes by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(msg.cast::<u8>(), len) })
 }
 
-/// A receive buffer as a slice.
+/// A receive buffer as a slice, refused ([`MESH_ERR_MSG_SIZE`]) unless `len` is the channel's
+/// `msg_size`: checked before the slice is made, as in [`msg_slice`].
 ///
 /// # Safety
 /// `out` is NULL or `len` writable bytes.
-unsafe fn out_slice<'a>(out: *mut c_void, len: usize, what: &str) -> Result<&'a mut [u8], MeshStatus> {
+unsafe fn out_slice<'a>(
+    out: *mut c_void,
+    len: usize,
+    msg_size: u32,
+    channel: &str,
+    what: &str,
+) -> Result<&'a mut [u8], MeshStatus> {
     if out.is_null() {
         return Err(fail(MESH_ERR_NULL, format!("{what}: out is NULL")));
+    }
+    if len != msg_size as usize {
+        let size = msg_size as usize;
+        return Err(shm_fail(&ShmError::MessageSize { channel: channel.to_string(), size, got: len }));
     }
     // SAFETY: `len` writable bytes by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts_mut(out.cast::<u8>(), len) })
@@ -699,13 +737,15 @@ pub unsafe extern "C" fn mesh_shm_try_send(p: *mut MeshProducer, msg: *const c_v
         if p.is_null() {
             return fail(MESH_ERR_NULL, "mesh_shm_try_send: p is NULL");
         }
+        // SAFETY: a live producer, not shared between threads, by the caller's contract.
+        let p = unsafe { &mut *p };
+        let info = p.inner.info();
         // SAFETY: NULL or `len` readable bytes by the caller's contract.
-        let msg = match unsafe { msg_slice(msg, len, "mesh_shm_try_send") } {
+        let msg = match unsafe { msg_slice(msg, len, info.msg_size, &info.name, "mesh_shm_try_send") } {
             Ok(m) => m,
             Err(code) => return code,
         };
-        // SAFETY: a live producer, not shared between threads, by the caller's contract.
-        match unsafe { &mut *p }.inner.try_send(msg) {
+        match p.inner.try_send(msg) {
             Ok(true) => MESH_OK,
             Ok(false) => MESH_FULL,
             Err(e) => shm_fail(&e),
@@ -728,13 +768,15 @@ pub unsafe extern "C" fn mesh_shm_send(
         if p.is_null() {
             return fail(MESH_ERR_NULL, "mesh_shm_send: p is NULL");
         }
+        // SAFETY: a live producer, not shared between threads, by the caller's contract.
+        let p = unsafe { &mut *p };
+        let info = p.inner.info();
         // SAFETY: NULL or `len` readable bytes by the caller's contract.
-        let msg = match unsafe { msg_slice(msg, len, "mesh_shm_send") } {
+        let msg = match unsafe { msg_slice(msg, len, info.msg_size, &info.name, "mesh_shm_send") } {
             Ok(m) => m,
             Err(code) => return code,
         };
-        // SAFETY: a live producer, not shared between threads, by the caller's contract.
-        match unsafe { &mut *p }.inner.send(msg, Duration::from_millis(u64::from(timeout_ms))) {
+        match p.inner.send(msg, Duration::from_millis(u64::from(timeout_ms))) {
             Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }
@@ -752,13 +794,15 @@ pub unsafe extern "C" fn mesh_shm_try_recv(c: *mut MeshConsumer, out: *mut c_voi
         if c.is_null() {
             return fail(MESH_ERR_NULL, "mesh_shm_try_recv: c is NULL");
         }
+        // SAFETY: a live consumer, not shared between threads, by the caller's contract.
+        let c = unsafe { &mut *c };
+        let info = c.inner.info();
         // SAFETY: NULL or `len` writable bytes by the caller's contract.
-        let out = match unsafe { out_slice(out, len, "mesh_shm_try_recv") } {
+        let out = match unsafe { out_slice(out, len, info.msg_size, &info.name, "mesh_shm_try_recv") } {
             Ok(o) => o,
             Err(code) => return code,
         };
-        // SAFETY: a live consumer, not shared between threads, by the caller's contract.
-        match unsafe { &mut *c }.inner.try_recv(out) {
+        match c.inner.try_recv(out) {
             Ok(true) => MESH_OK,
             Ok(false) => MESH_EMPTY,
             Err(e) => shm_fail(&e),
@@ -781,13 +825,15 @@ pub unsafe extern "C" fn mesh_shm_recv(
         if c.is_null() {
             return fail(MESH_ERR_NULL, "mesh_shm_recv: c is NULL");
         }
+        // SAFETY: a live consumer, not shared between threads, by the caller's contract.
+        let c = unsafe { &mut *c };
+        let info = c.inner.info();
         // SAFETY: NULL or `len` writable bytes by the caller's contract.
-        let out = match unsafe { out_slice(out, len, "mesh_shm_recv") } {
+        let out = match unsafe { out_slice(out, len, info.msg_size, &info.name, "mesh_shm_recv") } {
             Ok(o) => o,
             Err(code) => return code,
         };
-        // SAFETY: a live consumer, not shared between threads, by the caller's contract.
-        match unsafe { &mut *c }.inner.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
+        match c.inner.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
             Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }

@@ -297,13 +297,15 @@ pub unsafe extern "C" fn mesh_service_try_send(s: *mut MeshService, msg: *const 
         if s.is_null() {
             return fail(MESH_ERR_NULL, "mesh_service_try_send: s is NULL");
         }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let s = unsafe { &mut *s };
+        let info = s.tx.info();
         // SAFETY: NULL or `len` readable bytes by the caller's contract.
-        let msg = match unsafe { msg_slice(msg, len, "mesh_service_try_send") } {
+        let msg = match unsafe { msg_slice(msg, len, info.msg_size, &info.name, "mesh_service_try_send") } {
             Ok(m) => m,
             Err(code) => return code,
         };
-        // SAFETY: a live client, not shared between threads, by the caller's contract.
-        match unsafe { &mut *s }.tx.try_send(msg) {
+        match s.tx.try_send(msg) {
             Ok(true) => MESH_OK,
             Ok(false) => MESH_FULL,
             Err(e) => shm_fail(&e),
@@ -326,13 +328,15 @@ pub unsafe extern "C" fn mesh_service_send(
         if s.is_null() {
             return fail(MESH_ERR_NULL, "mesh_service_send: s is NULL");
         }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let s = unsafe { &mut *s };
+        let info = s.tx.info();
         // SAFETY: NULL or `len` readable bytes by the caller's contract.
-        let msg = match unsafe { msg_slice(msg, len, "mesh_service_send") } {
+        let msg = match unsafe { msg_slice(msg, len, info.msg_size, &info.name, "mesh_service_send") } {
             Ok(m) => m,
             Err(code) => return code,
         };
-        // SAFETY: a live client, not shared between threads, by the caller's contract.
-        match unsafe { &mut *s }.tx.send(msg, Duration::from_millis(u64::from(timeout_ms))) {
+        match s.tx.send(msg, Duration::from_millis(u64::from(timeout_ms))) {
             Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }
@@ -351,13 +355,15 @@ pub unsafe extern "C" fn mesh_service_try_recv(s: *mut MeshService, out: *mut c_
         if s.is_null() {
             return fail(MESH_ERR_NULL, "mesh_service_try_recv: s is NULL");
         }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let s = unsafe { &mut *s };
+        let info = s.rx.info();
         // SAFETY: NULL or `len` writable bytes by the caller's contract.
-        let out = match unsafe { out_slice(out, len, "mesh_service_try_recv") } {
+        let out = match unsafe { out_slice(out, len, info.msg_size, &info.name, "mesh_service_try_recv") } {
             Ok(o) => o,
             Err(code) => return code,
         };
-        // SAFETY: a live client, not shared between threads, by the caller's contract.
-        match unsafe { &mut *s }.rx.try_recv(out) {
+        match s.rx.try_recv(out) {
             Ok(true) => MESH_OK,
             Ok(false) => MESH_EMPTY,
             Err(e) => shm_fail(&e),
@@ -380,13 +386,15 @@ pub unsafe extern "C" fn mesh_service_recv(
         if s.is_null() {
             return fail(MESH_ERR_NULL, "mesh_service_recv: s is NULL");
         }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let s = unsafe { &mut *s };
+        let info = s.rx.info();
         // SAFETY: NULL or `len` writable bytes by the caller's contract.
-        let out = match unsafe { out_slice(out, len, "mesh_service_recv") } {
+        let out = match unsafe { out_slice(out, len, info.msg_size, &info.name, "mesh_service_recv") } {
             Ok(o) => o,
             Err(code) => return code,
         };
-        // SAFETY: a live client, not shared between threads, by the caller's contract.
-        match unsafe { &mut *s }.rx.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
+        match s.rx.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
             Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }
@@ -413,24 +421,20 @@ pub unsafe extern "C" fn mesh_service_request(
         if s.is_null() {
             return fail(MESH_ERR_NULL, "mesh_service_request: s is NULL");
         }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let svc = unsafe { &mut *s };
+        let (req, rep) = (svc.tx.info(), svc.rx.info());
         // SAFETY: NULL or `len` readable bytes by the caller's contract.
-        let msg = match unsafe { msg_slice(msg, len, "mesh_service_request") } {
+        let msg = match unsafe { msg_slice(msg, len, req.msg_size, &req.name, "mesh_service_request") } {
             Ok(m) => m,
             Err(code) => return code,
         };
+        // Checked before the send, so that a wrong buffer sends nothing.
         // SAFETY: NULL or `out_len` writable bytes by the caller's contract.
-        let out = match unsafe { out_slice(out, out_len, "mesh_service_request") } {
+        let out = match unsafe { out_slice(out, out_len, rep.msg_size, &rep.name, "mesh_service_request") } {
             Ok(o) => o,
             Err(code) => return code,
         };
-        // SAFETY: a live client, not shared between threads, by the caller's contract.
-        let svc = unsafe { &mut *s };
-        let reply_size = svc.rx.info().msg_size as usize;
-        if out.len() != reply_size {
-            // Checked before the send, so that a wrong buffer sends nothing.
-            let channel = svc.rx.info().name.clone();
-            return shm_fail(&mesh_shm::ShmError::MessageSize { channel, size: reply_size, got: out.len() });
-        }
         let timeout = Duration::from_millis(u64::from(timeout_ms));
         let deadline = Instant::now() + timeout;
         if let Err(e) = svc.tx.send(msg, timeout) {

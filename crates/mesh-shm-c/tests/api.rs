@@ -221,3 +221,53 @@ fn an_index_channel_works_through_the_same_c_ends_and_no_kernel_context_binds_it
         mesh_shm_close(mb);
     }
 }
+
+/// Lengths a careless or hostile caller passes: each refused by its number before the library makes
+/// a slice of the caller's memory (a `(size_t)-1` slice aborted a debug build, and a length past the
+/// message size had the send read past the buffer), a name count past the ctx's room refused before
+/// the array is read, and a device base the mailbox's offsets would overflow refused.
+#[test]
+fn hostile_lengths_counts_and_addresses_are_refused_before_memory_is_touched() {
+    let f = fixture();
+    let mb = open(&f);
+    let (mut tx, mut rx, mut btx, mut brx) = (null_mut(), null_mut(), null_mut(), null_mut());
+    let mut ctx = MeshShmCtx::default();
+    let buf = [0u8; 16];
+    let mut out = [0u8; 16];
+    // SAFETY: live handles and buffers; every length that exceeds its buffer is refused before it is
+    // read (what this test asserts); every handle is released once.
+    unsafe {
+        assert_eq!(mesh_shm_producer_claim(mb, c"a".as_ptr(), &mut tx), MESH_OK);
+        assert_eq!(mesh_shm_consumer_claim(mb, c"a".as_ptr(), &mut rx), MESH_OK);
+        assert_eq!(mesh_shm_producer_claim(mb, c"big".as_ptr(), &mut btx), MESH_OK);
+        assert_eq!(mesh_shm_consumer_claim(mb, c"big".as_ptr(), &mut brx), MESH_OK);
+        for (len, what) in [(usize::MAX, "SIZE_MAX"), (isize::MAX as usize + 1, "past isize::MAX"), (17, "one past")] {
+            assert_eq!(mesh_shm_try_send(tx, buf.as_ptr().cast(), len), MESH_ERR_MSG_SIZE, "{what}");
+            assert!(last_error().contains("\"a\"") && last_error().contains("16-byte"), "{}", last_error());
+            assert_eq!(mesh_shm_send(tx, buf.as_ptr().cast(), len, 1), MESH_ERR_MSG_SIZE, "{what}");
+            assert_eq!(mesh_shm_try_recv(rx, out.as_mut_ptr().cast(), len), MESH_ERR_MSG_SIZE, "{what}");
+            assert_eq!(mesh_shm_recv(rx, out.as_mut_ptr().cast(), len, 1), MESH_ERR_MSG_SIZE, "{what}");
+            if len > 4096 {
+                assert_eq!(mesh_shm_try_send(btx, buf.as_ptr().cast(), len), MESH_ERR_MSG_SIZE, "bulk {what}");
+                assert_eq!(mesh_shm_try_recv(brx, out.as_mut_ptr().cast(), len), MESH_ERR_MSG_SIZE, "bulk {what}");
+            }
+        }
+        // Nothing was sent by any of them.
+        assert_eq!(mesh_shm_try_recv(rx, out.as_mut_ptr().cast(), 16), MESH_EMPTY);
+        // Zero bytes is a message of zeros (zero-padded), not an error.
+        assert_eq!(mesh_shm_try_send(tx, buf.as_ptr().cast(), 0), MESH_OK);
+        assert_eq!(mesh_shm_try_recv(rx, out.as_mut_ptr().cast(), 16), MESH_OK);
+        // One name in the array, a count of u32::MAX (a -1): refused without reading past the array.
+        let one = [c"a".as_ptr()];
+        assert_eq!(mesh_shm_ctx(mb, 0, one.as_ptr(), u32::MAX, &mut ctx), MESH_ERR_ARG);
+        assert!(last_error().contains("4294967295 channels"), "{}", last_error());
+        assert_eq!(mesh_shm_ctx(mb, u64::MAX, one.as_ptr(), 1, &mut ctx), MESH_ERR_ARG);
+        assert!(last_error().contains("device_base"), "{}", last_error());
+        assert_eq!(ctx, MeshShmCtx::default(), "nothing written on failure");
+        mesh_shm_producer_release(tx);
+        mesh_shm_consumer_release(rx);
+        mesh_shm_producer_release(btx);
+        mesh_shm_consumer_release(brx);
+        mesh_shm_close(mb);
+    }
+}

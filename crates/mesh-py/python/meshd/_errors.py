@@ -34,6 +34,7 @@ __all__ = [
     "MeshdRefused",
     "MeshdUnreachable",
     "MeshdProtocolError",
+    "MeshdTimeout",
 ]
 
 
@@ -147,3 +148,7 @@ class MeshdUnreachable(MeshError, ConnectionError):
 
 class MeshdProtocolError(MeshError):
     """meshd's answer could not be read (closed early, or not the protocol's JSON)."""
+
+
+class MeshdTimeout(MeshdProtocolError, TimeoutError):
+    """meshd did not answer within the client's ``timeout`` (``op``: the request, ``timeout``: seconds)."""

@@ -17,7 +17,7 @@ MAX_BULK_MSG_SIZE: Final[int]
 
 class CopyConfig:
     """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out takes
-    ``CopyConfig.default()``'s value. A consumer claimed without one uses ``for_msg_size``, a producer
+    ``CopyConfig.default()``'s value. ``threads`` is 1 to 64 (ValueError otherwise). A consumer claimed without one uses ``for_msg_size``, a producer
     ``for_producer`` (the Rust host ends' choices by message size)."""
 
     def __init__(
@@ -118,7 +118,13 @@ class Mailbox:
         """The consumer end of ``name``, whatever its protocol."""
 
 class Producer:
-    """The sending end of a channel of any protocol, claimed for this process until closed."""
+    """The sending end of a channel of any protocol, claimed for this process until closed.
+
+    Timeouts are seconds: None or ``math.inf`` waits for ever, 0 tries once, a negative or NaN one
+    raises ValueError. One end serves one thread at a time: a call from a second thread while
+    another's call runs raises RuntimeError ("Already borrowed"); guard a shared end with a lock.
+    After ``fork()`` the child's copy refuses every call with ClaimedError (the parent holds the
+    claim) and releases nothing when dropped; a child claims its own ends."""
 
     def __init__(self, mailbox: Mailbox, name: str, copy_config: CopyConfig | None = None) -> None: ...
     @property
@@ -155,7 +161,8 @@ class Producer:
     ) -> bool: ...
 
 class Consumer:
-    """The receiving end of a channel of any protocol, claimed for this process until closed."""
+    """The receiving end of a channel of any protocol, claimed for this process until closed.
+    Timeouts, threads and ``fork()``: as :class:`Producer`."""
 
     def __init__(self, mailbox: Mailbox, name: str, copy_config: CopyConfig | None = None) -> None: ...
     @property
@@ -184,7 +191,8 @@ class Consumer:
         """One message into a writable ``msg_size``-byte buffer; False when none is waiting."""
     def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None: ...
     def try_recv_batch(self, buffer: Buffer) -> int:
-        """As many messages as wait and fit in ``buffer`` (a multiple of ``msg_size``); how many."""
+        """As many messages as wait and fit in ``buffer`` (a non-zero multiple of ``msg_size``, else
+        MessageSizeError); how many."""
     def recv_batch(self, buffer: Buffer, timeout: float | None = None) -> int:
         """At least one message into ``buffer``, waiting; how many."""
     def arecv(self, timeout: float | None = None) -> Awaitable[bytes]:

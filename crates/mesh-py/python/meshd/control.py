@@ -20,7 +20,7 @@ import socket as _socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, TypedDict, Union
 
-from ._errors import MeshdProtocolError, MeshdRefused, MeshdUnreachable
+from ._errors import MeshdProtocolError, MeshdRefused, MeshdTimeout, MeshdUnreachable
 from ._meshd import Consumer, CopyConfig, Mailbox, Producer, _default_socket
 
 if TYPE_CHECKING:
@@ -233,6 +233,66 @@ def _image_bytes(image: Image) -> bytes:
     return data
 
 
+def _name(value: object, what: str) -> str:
+    """A name argument: a str (meshd says what is wrong with its content); TypeError for anything else."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} {value!r}: expected a str, got {type(value).__name__}")
+    return value
+
+
+def _u32(value: object, what: str) -> int:
+    """A count or size argument as meshd reads it (a u32): TypeError for what is no int (a bool
+    included), ValueError out of range, before anything is sent (JSON would carry 2**64 as a float,
+    and NaN as no JSON at all)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} {value!r}: expected an int, got {type(value).__name__}")
+    if not 0 <= value < 2**32:
+        raise ValueError(f"{what} {value}: expected an int from 0 to 2**32 - 1")
+    return value
+
+
+def _names(value: object, what: str) -> list[str]:
+    """A sequence of names; a lone str is refused (``list("to-gpu")`` would be its letters)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} {value!r}: expected a list of str, got one {type(value).__name__} (write [{value!r}])")
+    try:
+        items = list(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{what} {value!r}: expected a list of str, got {type(value).__name__}") from None
+    return [_name(v, f"{what} item") for v in items]
+
+
+def _timeout(value: float | None, what: str = "timeout") -> float | None:
+    """A socket timeout: None (no limit, as inf) or seconds > 0; 0 would make the socket non-blocking."""
+    if value is None or value == math.inf:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} {value!r}: expected None or a number of seconds")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{what} {value}: expected None (no limit) or a number of seconds > 0")
+    return float(value)
+
+
+def _connect(client: Client) -> _socket.socket:
+    """A connection to ``client``'s meshd: connected within its timeout (5 s when it has none),
+    then set to that timeout for the answer; MeshdUnreachable when nothing answers there."""
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        conn.settimeout(client.timeout if client.timeout is not None else 5.0)
+        conn.connect(str(client.socket))
+    except OSError as e:
+        conn.close()
+        raise MeshdUnreachable(
+            f"cannot reach meshd at {client.socket} (is `meshd run` running?): {e.strerror or e}",
+            socket=str(client.socket),
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    conn.settimeout(client.timeout)
+    return conn
+
+
 def _dim3(value: int | Sequence[int], what: str) -> list[int]:
     dims = [value] if isinstance(value, int) else list(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and 0 < d < 2**32 for d in dims):
@@ -246,12 +306,18 @@ class Client:
     ``socket``: the socket's path; default ``$MESHD_SOCKET``, else the meshd of ``$MESHD_DEVICE``'s GPU
     (``/tmp/meshd-GPU-….sock``; it must then be the GPU's whole UUID, as ``nvidia-smi -L`` shows it, or
     ValueError says what to set), else ``/tmp/meshd.sock`` (as the CLI).
-    ``timeout``: seconds to wait for an answer (None: as long as meshd takes; a load links first).
+    ``timeout``: seconds to wait for an answer (None or inf: as long as meshd takes; a load links
+    first); a positive number, else ValueError. An answer that does not come in time raises
+    :class:`MeshdTimeout` (a :class:`TimeoutError`).
+
+    Requests are checked before they are sent: a name that is not a str, a size or count that is
+    not an int from 0 to 2**32 - 1, and a lone str where a list of names is wanted raise TypeError
+    or ValueError; meshd refuses the rest with its reason (:class:`MeshdRefused`).
     """
 
     def __init__(self, socket: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
         self.socket = Path(socket if socket is not None else _default_socket())
-        self.timeout = timeout
+        self.timeout = _timeout(timeout)
         #: Microseconds meshd's backend spent on the last change (load, upgrade, unload, channel create).
         self.last_backend_us: int | None = None
         self._mailbox: Mailbox | None = None
@@ -263,17 +329,8 @@ class Client:
 
     def call(self, request: dict[str, Any], image: bytes = b"") -> dict[str, Any]:
         """Sends one request (a dict in the protocol's field order) and returns meshd's answer."""
-        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        conn = _connect(self)
         try:
-            try:
-                conn.settimeout(self.timeout if self.timeout is not None else 5.0)
-                conn.connect(str(self.socket))
-            except OSError as e:
-                raise MeshdUnreachable(
-                    f"cannot reach meshd at {self.socket} (is `meshd run` running?): {e.strerror or e}",
-                    socket=str(self.socket),
-                ) from None
-            conn.settimeout(self.timeout)
             # meshd may refuse before reading everything (a line too long) and close: the write then
             # fails, but its answer is there to read, and it says why.
             write_error: OSError | None = None
@@ -281,7 +338,7 @@ class Client:
                 conn.sendall(encode_request(request, image))
             except OSError as e:
                 write_error = e
-            line = self._read_line(conn)
+            line = self._read_line(conn, request.get("op"))
             if not line:
                 why = f": {write_error}" if write_error else ""
                 raise MeshdProtocolError(f"meshd closed the connection without answering{why}")
@@ -292,14 +349,18 @@ class Client:
         return resp
 
     @staticmethod
-    def _read_line(conn: _socket.socket) -> bytes:
+    def _read_line(conn: _socket.socket, op: object = None) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
             try:
                 chunk = conn.recv(1 << 16)
             except TimeoutError:
-                raise
+                raise MeshdTimeout(
+                    f"meshd did not answer {op or 'the request'} within {conn.gettimeout()} s",
+                    op=op,
+                    timeout=conn.gettimeout(),
+                ) from None
             except OSError as e:
                 raise MeshdProtocolError(f"reading meshd's answer: {e}") from None
             if not chunk:
@@ -330,29 +391,31 @@ class Client:
         ``no_readiness``: meshd's readiness check ignores this program's heartbeat (one that beats
         rarely by design); sent only when true, as the CLI does (a meshd without it ignores it).
         """
-        data = _image_bytes(image)
         req = {
             "op": "load",
-            "name": name,
-            "image_len": len(data),
+            "name": _name(name, "program name"),
+            "image_len": 0,
             "grid": _dim3(grid, "grid"),
             "block": _dim3(block, "block"),
-            "shared_mem": shared_mem,
-            "bind": list(bind),
-            "sms": sms,
+            "shared_mem": _u32(shared_mem, "shared_mem"),
+            "bind": _names(bind, "bind"),
+            "sms": None if sms is None else _u32(sms, "sms"),
         }
+        data = _image_bytes(image)
+        req["image_len"] = len(data)
         if no_readiness:
             req["no_readiness"] = True
         return self._program(self.call(req, data))
 
     def upgrade(self, name: str, image: Image) -> ProgramRow:
         """Replaces a program's image; its row."""
+        name = _name(name, "program name")
         data = _image_bytes(image)
         return self._program(self.call({"op": "upgrade", "name": name, "image_len": len(data)}, data))
 
     def unload(self, name: str) -> None:
         """Stops a program and frees its slot."""
-        self.call({"op": "unload", "name": name})
+        self.call({"op": "unload", "name": _name(name, "program name")})
 
     def ps(self) -> Ps:
         """Every program's status, and the native GPU workers."""
@@ -405,13 +468,18 @@ class Client:
         Sent only when above 1: one part is the format every bulk channel had before. The host ends
         serve every part, with the same calls.
         """
-        req: dict[str, Any] = {"op": "channel_create", "name": name, "msg_size": msg_size, "capacity": capacity}
+        req: dict[str, Any] = {
+            "op": "channel_create",
+            "name": _name(name, "channel name"),
+            "msg_size": _u32(msg_size, "msg_size"),
+            "capacity": _u32(capacity, "capacity"),
+        }
         if placement:
-            req["placement"] = placement
+            req["placement"] = _name(placement, "placement")
         if protocol:
-            req["protocol"] = protocol
+            req["protocol"] = _name(protocol, "protocol")
         if parts is not None and parts != 1:
-            req["parts"] = parts
+            req["parts"] = _u32(parts, "parts")
         self.call(req)
 
     def service_create(
@@ -441,17 +509,17 @@ class Client:
         """
         req: dict[str, Any] = {
             "op": "service_create",
-            "name": name,
-            "clients": clients,
-            "msg_size": msg_size,
-            "capacity": capacity,
-            "reply_size": reply_size,
-            "reply_capacity": reply_capacity,
+            "name": _name(name, "service name"),
+            "clients": _u32(clients, "clients"),
+            "msg_size": _u32(msg_size, "msg_size"),
+            "capacity": _u32(capacity, "capacity"),
+            "reply_size": None if reply_size is None else _u32(reply_size, "reply_size"),
+            "reply_capacity": _u32(reply_capacity, "reply_capacity"),
         }
         if reply_size is None:
             del req["reply_size"]  # as the CLI: absent means msg_size
         if shards != 1:
-            req["shards"] = shards  # absent means one ring, which any meshd reads
+            req["shards"] = _u32(shards, "shards")  # absent means one ring, which any meshd reads
         self.call(req)
 
     def service(self, name: str) -> Service:
@@ -459,7 +527,7 @@ class Client:
         connection stays open as the client's lease until its ``close``."""
         from .service import Service
 
-        return Service._attach(self, name)
+        return Service._attach(self, _name(name, "service name"))
 
     def metrics(self) -> str:
         """meshd's Prometheus exposition (what its ``/metrics`` endpoint serves), from its snapshot."""
@@ -480,20 +548,23 @@ class Client:
         """Starts a native GPU worker (meshd's child); answered once it is ready."""
         if not (ready_timeout > 0 and ready_timeout != float("inf")):
             raise ValueError(f"ready_timeout {ready_timeout}: expected a positive number of seconds")
-        if not command:
+        if command is None:
+            raise ValueError("command: expected the program and its arguments, got nothing")
+        argv = _names(command, "command")
+        if not argv:
             raise ValueError("command: expected the program and its arguments, got nothing")
         req = {
             "op": "spawn",
-            "name": name,
-            "bind": list(bind),
-            "command": list(command),
+            "name": _name(name, "worker name"),
+            "bind": _names(bind, "bind"),
+            "command": argv,
             "ready_timeout_ms": math.ceil(ready_timeout * 1000),
         }
         return self._native(self.call(req))
 
     def stop(self, name: str) -> NativeRow:
         """Ends a native GPU worker: SIGTERM, then SIGKILL after the grace period."""
-        return self._native(self.call({"op": "stop", "name": name}))
+        return self._native(self.call({"op": "stop", "name": _name(name, "worker name")}))
 
     @staticmethod
     def _native(resp: dict[str, Any]) -> NativeRow:

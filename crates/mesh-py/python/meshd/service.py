@@ -19,9 +19,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _aio
-from ._errors import MeshdProtocolError, MeshdUnreachable
+from ._errors import MeshdProtocolError, MessageSizeError
 from ._meshd import FanInSender, GroupClient, Mailbox
-from .control import Client, decode_response, encode_request
+from .control import Client, _connect, decode_response, encode_request
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer, Self
@@ -46,11 +46,16 @@ class Service:
     ``recv``'s). Use one ``Service`` per thread (or guard it): its calls are not meant to interleave.
     Blocking calls release the GIL and wake for Ctrl-C; ``arequest``, ``asend``, ``arecv`` are the
     asyncio forms (polled from the event loop, no thread).
+
+    After ``fork()`` the child's copy is not a client: its calls raise :class:`ClaimedError`
+    (the parent holds the reply ring and the id), and its ``close`` only closes its copy of the
+    lease, leaving the parent attached. A child connects a ``Service`` of its own.
     """
 
     def __init__(self, name: str, lease: _socket.socket, mailbox: Mailbox, client: dict[str, Any]) -> None:
         """Internal: use :meth:`connect`. Takes over ``lease`` (the attached connection)."""
         self._name = name
+        self._pid = os.getpid()
         self._lease: _socket.socket | None = lease
         self._mailbox = mailbox
         try:
@@ -87,22 +92,13 @@ class Service:
     @classmethod
     def _attach(cls, client: Client, name: str) -> Service:
         mailbox = client.mailbox()
-        lease = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        lease = _connect(client)
         try:
-            try:
-                lease.settimeout(client.timeout if client.timeout is not None else 5.0)
-                lease.connect(str(client.socket))
-            except OSError as e:
-                raise MeshdUnreachable(
-                    f"cannot reach meshd at {client.socket} (is `meshd run` running?): {e.strerror or e}",
-                    socket=str(client.socket),
-                ) from None
-            lease.settimeout(client.timeout)
             try:
                 lease.sendall(encode_request({"op": "service_attach", "service": name}))
             except OSError:
                 pass  # meshd's answer, if any, says why
-            line = Client._read_line(lease)
+            line = Client._read_line(lease, "service_attach")
             if not line:
                 raise MeshdProtocolError("meshd closed the connection without answering service_attach")
             resp = decode_response(line)
@@ -200,8 +196,22 @@ class Service:
         return self._rx.recv(_remaining(deadline))
 
     def request_into(self, msg: Buffer, out: Buffer, timeout: float | None = None) -> None:
-        """:meth:`request` with the reply written into ``out`` (exactly ``reply_size`` bytes)."""
+        """:meth:`request` with the reply written into ``out`` (exactly ``reply_size`` bytes, writable:
+        checked before the send, so that a wrong buffer sends nothing, whose reply would be left for
+        the next receive)."""
         deadline = _aio._check_timeout(timeout)
+        with memoryview(out) as view:
+            if view.readonly:
+                raise BufferError("request_into: the buffer is read-only")
+            if view.nbytes != self._rx.msg_size:
+                name = self._rx.name
+                raise MessageSizeError(
+                    f'channel "{name}": request_into: a buffer of {view.nbytes} bytes for a '
+                    f"{self._rx.msg_size}-byte reply (nothing was sent)",
+                    channel=name,
+                    size=self._rx.msg_size,
+                    got=view.nbytes,
+                )
         self._tx.send(msg, timeout)
         self._rx.recv_into(out, _remaining(deadline))
 
@@ -237,6 +247,11 @@ class Service:
         takes as leaving)."""
         lease, self._lease = self._lease, None
         if lease is None:
+            return
+        if getattr(self, "_pid", None) != os.getpid():
+            # A child of fork(): the lease and the ends are the parent's. Closing this copy of the
+            # socket leaves the connection (and the parent's entry) alone; a detach would not.
+            lease.close()
             return
         for end in (getattr(self, "_tx", None), getattr(self, "_rx", None)):
             if end is not None:
