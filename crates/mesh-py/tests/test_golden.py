@@ -17,6 +17,7 @@ from meshd.control import (
     ProgramRow,
     RecoveryRow,
     ServiceClientRow,
+    ServiceEvents,
     ServiceHold,
     ServiceRow,
     decode_response,
@@ -146,6 +147,10 @@ def test_service_answers_parse_into_the_typed_rows() -> None:
     # An answer without shards (one ring, or a meshd before them): no `shards`, no `holds`, `shard` 0.
     assert "shards" not in kv and "holds" not in kv and held.get("shard", 0) == 0
     assert idle["clients"] == [] and "held_by" not in idle and "error" not in idle, "only a held ring carries one"
+    assert set(kv["events"]) == keys(ServiceEvents) and "events" not in idle, "events only once something happened"
+    ev = kv["events"]
+    assert (ev["attached"], ev["detached"], ev["died"], ev["skipped"]) == (5, 1, 2, 1)
+    assert (ev["stall_revoked"], ev["stall_killed"]) == (3, 1)
     assert torn["error"].startswith('channel "torn.replies": service group: entry 1')
 
 

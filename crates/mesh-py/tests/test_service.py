@@ -159,6 +159,44 @@ def test_a_client_attaches_sends_any_buffer_and_gets_its_replies_in_order(kv: Kv
     assert (stats["taken"], stats["replied"], stats["skipped"], stats["departed"]) == (103, 103, 0, 1)
 
 
+def test_the_window_keeps_at_most_the_reply_rings_capacity_unanswered(kv: Kv, peer: Peer) -> None:
+    # Replies waiting in the ring count until received: sixteen sent and none received fill it.
+    daemon, server = kv
+    with meshd.Service.connect("kv", daemon.socket, timeout=DEADLINE) as svc:
+        assert (svc.window, svc.unanswered) == (16, 0)
+        for k in range(16):
+            assert svc.try_send(req(k, svc.id))
+        assert not svc.try_send(req(16, svc.id)), "the window is full"
+        with pytest.raises(meshd.WindowFullError, match="16 requests unanswered") as e:
+            svc.send(req(16, svc.id), timeout=DEADLINE)
+        assert (e.value.service, e.value.unanswered, e.value.window) == ("kv", 16, 16)
+        with pytest.raises(meshd.WindowFullError):
+            svc.request(req(16, svc.id), timeout=DEADLINE)
+        with pytest.raises(meshd.WindowFullError):
+            asyncio.run(svc.arequest(req(16, svc.id), timeout=DEADLINE))
+        for bad in (0, 17, True, 2.0):
+            with pytest.raises(ValueError, match="1 to the reply ring's capacity, 16"):
+                svc.set_window(bad)  # type: ignore[arg-type]
+        assert svc.recv(timeout=DEADLINE) == rsp(0, svc.id) and svc.unanswered == 15
+        svc.send(req(16, svc.id), timeout=DEADLINE)
+        for k in range(1, 17):
+            assert svc.recv(timeout=DEADLINE) == rsp(k, svc.id)
+        # Narrowed to one; then lifted: twenty out before any reply is read.
+        svc.set_window(1)
+        assert svc.request(req(17, svc.id), timeout=DEADLINE) == rsp(17, svc.id)
+        assert svc.try_send(req(18, svc.id)) and not svc.try_send(req(19, svc.id))
+        assert asyncio.run(svc.arecv(timeout=DEADLINE)) == rsp(18, svc.id)
+        svc.set_window(None)
+        for k in range(19, 39):
+            svc.send(req(k, svc.id), timeout=DEADLINE)
+        assert svc.unanswered == 20
+        for k in range(19, 39):
+            assert svc.recv(timeout=DEADLINE) == rsp(k, svc.id)
+        assert svc.unanswered == 0
+    stats = stop_server(peer, server, daemon)
+    assert (stats["taken"], stats["replied"]) == (39, 39), "exactly the requests the window let out"
+
+
 def test_a_service_that_does_not_exist_is_refused_with_meshds_reason(kv: Kv) -> None:
     daemon, _ = kv
     with pytest.raises(meshd.MeshdRefused) as e:

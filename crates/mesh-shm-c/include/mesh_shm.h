@@ -30,7 +30,9 @@ typedef struct MeshMailbox MeshMailbox;
 typedef struct MeshProducer MeshProducer;
 
 // A client of a meshd service (opaque): its lease on the control socket, its request end and its
-// reply ring. Used by one thread at a time.
+// reply ring, and its window (at most the reply ring's capacity of requests unanswered: a reply
+// past it would find the ring full, and a program answering in order would wait there, serving no
+// other client). Used by one thread at a time.
 typedef struct MeshService MeshService;
 
 // The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
@@ -162,6 +164,11 @@ typedef struct MeshServiceInfo {
 // meshd's answer could not be read (the connection closed early, a line that is not the protocol's
 // JSON, or no answer within [`MESH_SERVICE_ANSWER_TIMEOUT_MS`]).
 #define MESH_ERR_PROTOCOL -13
+
+// The client already has its window of requests unanswered (the reply ring's capacity, or what
+// [`mesh_service_set_window`] set): receive replies first. A blocking send does not wait for it,
+// since only this client's own receives open it.
+#define MESH_ERR_WINDOW -14
 
 #ifdef __cplusplus
 extern "C" {
@@ -339,14 +346,16 @@ MeshStatus mesh_service_info(const struct MeshService *s, struct MeshServiceInfo
 MeshStatus mesh_service_id(const struct MeshService *s, uint32_t *id);
 
 // Sends one request of `len` bytes (at most the request size; shorter ones are zero-padded) if
-// there is room: [`MESH_FULL`] when the fan-in ring is full.
+// there is room: [`MESH_FULL`] when the fan-in ring is full, or the client's window is (receive
+// replies first: [`mesh_service_unanswered`]).
 //
 // # Safety
 // `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`
 // readable bytes.
 MeshStatus mesh_service_try_send(struct MeshService *s, const void *msg, size_t len);
 
-// Sends one request, waiting up to `timeout_ms` for room (`MESH_TIMEOUT` then).
+// Sends one request, waiting up to `timeout_ms` for room in the fan-in ring (`MESH_TIMEOUT` then);
+// [`MESH_ERR_WINDOW`] at once when the client's window is full.
 //
 // # Safety
 // As [`mesh_service_try_send`].
@@ -382,6 +391,21 @@ MeshStatus mesh_service_request(struct MeshService *s,
                                 void *out,
                                 size_t out_len,
                                 uint32_t timeout_ms);
+
+// The client's requests sent whose replies it has not received, into `*out`.
+//
+// # Safety
+// `s` is NULL or a live service client; `out` is NULL or writable.
+MeshStatus mesh_service_unanswered(const struct MeshService *s, uint64_t *out);
+
+// Sets the client's window: at most `window` requests unanswered, 1 to the reply ring's capacity
+// (the default); 0 for no limit, for a service whose program does not answer each request exactly
+// once (with it, a client that sends more than its ring holds before reading can hold up every
+// other client of a program that answers in order). Anything else is [`MESH_ERR_ARG`].
+//
+// # Safety
+// `s` is NULL or a live service client, used by one thread at a time.
+MeshStatus mesh_service_set_window(struct MeshService *s, uint32_t window);
 
 // Leaves the service and frees the client: releases its reply ring, then detaches (meshd takes
 // the client back, and the server is told of its departure). NULL is ignored. The client is freed

@@ -913,6 +913,7 @@ pub extern "C" fn mesh_shm_strerror(code: MeshStatus) -> *const c_char {
         MESH_ERR_REFUSED => c"meshd refused the request",
         MESH_ERR_UNREACHABLE => c"no meshd answers on the control socket",
         MESH_ERR_PROTOCOL => c"meshd's answer could not be read",
+        MESH_ERR_WINDOW => c"the client's window of unanswered requests is full: receive replies first",
         _ => c"unknown status",
     };
     s.as_ptr()

@@ -16,12 +16,12 @@ use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox};
+use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
 use serde_json::Value;
 
 use crate::{
-    MESH_EMPTY, MESH_ERR_ENV, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, c_str, fail, guard, msg_slice, out_slice,
-    shm_fail,
+    MESH_EMPTY, MESH_ERR_ARG, MESH_ERR_ENV, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, c_str, fail, guard,
+    msg_slice, out_slice, shm_fail,
 };
 
 /// meshd refused the request (a service that does not exist, every client slot bound, …); the
@@ -32,6 +32,10 @@ pub const MESH_ERR_UNREACHABLE: MeshStatus = -12;
 /// meshd's answer could not be read (the connection closed early, a line that is not the protocol's
 /// JSON, or no answer within [`MESH_SERVICE_ANSWER_TIMEOUT_MS`]).
 pub const MESH_ERR_PROTOCOL: MeshStatus = -13;
+/// The client already has its window of requests unanswered (the reply ring's capacity, or what
+/// [`mesh_service_set_window`] set): receive replies first. A blocking send does not wait for it,
+/// since only this client's own receives open it.
+pub const MESH_ERR_WINDOW: MeshStatus = -14;
 
 /// How long `mesh_service_connect` waits for each of meshd's answers (meshd answers at once, but
 /// an attach may wait up to half a second for the serving program to acknowledge a departure).
@@ -44,13 +48,16 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_ANSWER: usize = 64 << 20;
 
 /// A client of a meshd service (opaque): its lease on the control socket, its request end and its
-/// reply ring. Used by one thread at a time.
+/// reply ring, and its window (at most the reply ring's capacity of requests unanswered: a reply
+/// past it would find the ring full, and a program answering in order would wait there, serving no
+/// other client). Used by one thread at a time.
 #[derive(Debug)]
 pub struct MeshService {
     tx: FanInSender,
     rx: GroupClient,
     lease: UnixStream,
     service: String,
+    window: ReplyWindow,
 }
 
 /// What a service client is: its id and the sizes of its two channels.
@@ -182,7 +189,8 @@ fn connect(socket: &str, service: &str) -> Result<MeshService, Failed> {
         Ok((tx, rx)) => {
             // The lease is held, not read, until the detach: no timeout on it meanwhile.
             let _ = lease.set_read_timeout(None);
-            Ok(MeshService { tx, rx, lease, service: service.to_string() })
+            let window = ReplyWindow::new(rx.info().capacity);
+            Ok(MeshService { tx, rx, lease, service: service.to_string(), window })
         }
         Err(e) => {
             let _ = detach(&lease);
@@ -286,7 +294,8 @@ pub unsafe extern "C" fn mesh_service_id(s: *const MeshService, id: *mut u32) ->
 }
 
 /// Sends one request of `len` bytes (at most the request size; shorter ones are zero-padded) if
-/// there is room: [`MESH_FULL`] when the fan-in ring is full.
+/// there is room: [`MESH_FULL`] when the fan-in ring is full, or the client's window is (receive
+/// replies first: [`mesh_service_unanswered`]).
 ///
 /// # Safety
 /// `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`
@@ -305,15 +314,22 @@ pub unsafe extern "C" fn mesh_service_try_send(s: *mut MeshService, msg: *const 
             Ok(m) => m,
             Err(code) => return code,
         };
+        if !s.window.is_open() {
+            return MESH_FULL;
+        }
         match s.tx.try_send(msg) {
-            Ok(true) => MESH_OK,
+            Ok(true) => {
+                s.window.sent();
+                MESH_OK
+            }
             Ok(false) => MESH_FULL,
             Err(e) => shm_fail(&e),
         }
     })
 }
 
-/// Sends one request, waiting up to `timeout_ms` for room (`MESH_TIMEOUT` then).
+/// Sends one request, waiting up to `timeout_ms` for room in the fan-in ring (`MESH_TIMEOUT` then);
+/// [`MESH_ERR_WINDOW`] at once when the client's window is full.
 ///
 /// # Safety
 /// As [`mesh_service_try_send`].
@@ -336,8 +352,14 @@ pub unsafe extern "C" fn mesh_service_send(
             Ok(m) => m,
             Err(code) => return code,
         };
+        if !s.window.is_open() {
+            return fail(MESH_ERR_WINDOW, s.window.full(&s.service));
+        }
         match s.tx.send(msg, Duration::from_millis(u64::from(timeout_ms))) {
-            Ok(()) => MESH_OK,
+            Ok(()) => {
+                s.window.sent();
+                MESH_OK
+            }
             Err(e) => shm_fail(&e),
         }
     })
@@ -364,7 +386,10 @@ pub unsafe extern "C" fn mesh_service_try_recv(s: *mut MeshService, out: *mut c_
             Err(code) => return code,
         };
         match s.rx.try_recv(out) {
-            Ok(true) => MESH_OK,
+            Ok(true) => {
+                s.window.received();
+                MESH_OK
+            }
             Ok(false) => MESH_EMPTY,
             Err(e) => shm_fail(&e),
         }
@@ -395,7 +420,10 @@ pub unsafe extern "C" fn mesh_service_recv(
             Err(code) => return code,
         };
         match s.rx.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
-            Ok(()) => MESH_OK,
+            Ok(()) => {
+                s.window.received();
+                MESH_OK
+            }
             Err(e) => shm_fail(&e),
         }
     })
@@ -435,14 +463,59 @@ pub unsafe extern "C" fn mesh_service_request(
             Ok(o) => o,
             Err(code) => return code,
         };
+        if !svc.window.is_open() {
+            return fail(MESH_ERR_WINDOW, svc.window.full(&svc.service));
+        }
         let timeout = Duration::from_millis(u64::from(timeout_ms));
         let deadline = Instant::now() + timeout;
         if let Err(e) = svc.tx.send(msg, timeout) {
             return shm_fail(&e);
         }
+        svc.window.sent();
         match svc.rx.recv(out, deadline.saturating_duration_since(Instant::now())) {
-            Ok(()) => MESH_OK,
+            Ok(()) => {
+                svc.window.received();
+                MESH_OK
+            }
             Err(e) => shm_fail(&e),
+        }
+    })
+}
+
+/// The client's requests sent whose replies it has not received, into `*out`.
+///
+/// # Safety
+/// `s` is NULL or a live service client; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mesh_service_unanswered(s: *const MeshService, out: *mut u64) -> MeshStatus {
+    guard(|| {
+        if s.is_null() || out.is_null() {
+            return fail(MESH_ERR_NULL, "mesh_service_unanswered: s or out is NULL");
+        }
+        // SAFETY: a live client and a writable `out`, by the caller's contract.
+        unsafe { *out = (*s).window.unanswered() };
+        MESH_OK
+    })
+}
+
+/// Sets the client's window: at most `window` requests unanswered, 1 to the reply ring's capacity
+/// (the default); 0 for no limit, for a service whose program does not answer each request exactly
+/// once (with it, a client that sends more than its ring holds before reading can hold up every
+/// other client of a program that answers in order). Anything else is [`MESH_ERR_ARG`].
+///
+/// # Safety
+/// `s` is NULL or a live service client, used by one thread at a time.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mesh_service_set_window(s: *mut MeshService, window: u32) -> MeshStatus {
+    guard(|| {
+        if s.is_null() {
+            return fail(MESH_ERR_NULL, "mesh_service_set_window: s is NULL");
+        }
+        // SAFETY: a live client, not shared between threads, by the caller's contract.
+        let s = unsafe { &mut *s };
+        match s.window.set_limit((window != 0).then_some(window)) {
+            Ok(()) => MESH_OK,
+            Err(why) => fail(MESH_ERR_ARG, format!("service {:?}: {why}", s.service)),
         }
     })
 }
@@ -462,7 +535,7 @@ pub unsafe extern "C" fn mesh_service_close(s: *mut MeshService) -> MeshStatus {
             return MESH_OK;
         }
         // SAFETY: from Box::into_raw in mesh_service_connect, closed once by the caller's contract.
-        let MeshService { tx, rx, lease, service } = *unsafe { Box::from_raw(s) };
+        let MeshService { tx, rx, lease, service, .. } = *unsafe { Box::from_raw(s) };
         drop(rx);
         drop(tx);
         match detach(&lease) {

@@ -237,6 +237,66 @@ fn round_trips_through_the_c_calls_and_a_detach() {
     assert_eq!((replied, departed, skipped), (201, 1, 0));
 }
 
+/// The window: at most the reply ring's capacity (16) unanswered. Past it `try_send` is MESH_FULL and
+/// `send` / `request` MESH_ERR_WINDOW at once, saying why, with nothing sent; each reply received
+/// opens it by one; `mesh_service_set_window` narrows it, 0 lifts it, and a window wider than the ring
+/// is MESH_ERR_ARG.
+#[test]
+fn the_window_keeps_at_most_the_reply_rings_capacity_unanswered() {
+    let dir = tempfile::tempdir().unwrap();
+    let meshd = Meshd::start(dir.path());
+    meshd.service_create("kv", 2, 32, 32);
+    let svc = connect(&meshd, c"kv");
+    let msg = [0u8; 32];
+    let mut out = [0u8; 32];
+    let mut unanswered = 0u64;
+    // SAFETY: a live client, buffers of the lengths given; the client is closed once, at the end.
+    unsafe {
+        for k in 0..16 {
+            assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_OK, "request {k}");
+        }
+        assert_eq!(mesh_service_unanswered(svc, &mut unanswered), MESH_OK);
+        assert_eq!(unanswered, 16);
+        assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_FULL, "the window is full");
+        assert_eq!(mesh_service_send(svc, msg.as_ptr().cast(), 32, 5000), MESH_ERR_WINDOW);
+        assert!(last_error().contains("16 requests unanswered"), "{}", last_error());
+        let at = Instant::now();
+        assert_eq!(
+            mesh_service_request(svc, msg.as_ptr().cast(), 32, out.as_mut_ptr().cast(), 32, 5000),
+            MESH_ERR_WINDOW
+        );
+        assert!(at.elapsed() < Duration::from_secs(4), "refused at once, not after the timeout");
+        assert_eq!(mesh_service_set_window(svc, 17), MESH_ERR_ARG);
+        assert!(last_error().contains("1 to the reply ring's capacity, 16"), "{}", last_error());
+        // The server answers all 16; each reply received lets one more out.
+        let server = Server::start(&meshd.mailbox, "kv");
+        assert_eq!(mesh_service_recv(svc, out.as_mut_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
+        assert_eq!(mesh_service_send(svc, msg.as_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
+        for _ in 0..16 {
+            assert_eq!(mesh_service_recv(svc, out.as_mut_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
+        }
+        assert_eq!(mesh_service_unanswered(svc, &mut unanswered), MESH_OK);
+        assert_eq!(unanswered, 0);
+        // Narrowed to one, then lifted.
+        assert_eq!(mesh_service_set_window(svc, 1), MESH_OK);
+        assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_OK);
+        assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_FULL);
+        assert_eq!(mesh_service_recv(svc, out.as_mut_ptr().cast(), 32, 5000), MESH_OK);
+        assert_eq!(mesh_service_set_window(svc, 0), MESH_OK);
+        for _ in 0..20 {
+            assert_eq!(mesh_service_send(svc, msg.as_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
+        }
+        for _ in 0..20 {
+            assert_eq!(mesh_service_recv(svc, out.as_mut_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
+        }
+        assert_eq!(mesh_service_unanswered(null(), &mut unanswered), MESH_ERR_NULL);
+        assert_eq!(mesh_service_close(svc), MESH_OK, "{}", last_error());
+        meshd.settle("kv");
+        let (replied, _, _) = server.stop();
+        assert_eq!(replied, 16 + 1 + 1 + 20, "exactly the requests the window let out");
+    }
+}
+
 #[test]
 fn refusals_are_status_codes_with_meshds_reason() {
     let dir = tempfile::tempdir().unwrap();

@@ -72,6 +72,7 @@ mod protocol;
 mod queue_model;
 pub mod ring;
 pub mod service;
+pub mod window;
 
 pub use bulk_channel::{BulkConsumer, BulkProducer, Peeked, Reserved};
 pub use channel::{Consumer, EndClaim, PollPause, Producer};
@@ -84,3 +85,4 @@ pub use mailbox::{
     ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, Placement, Protocol, SlotRef, SlotStatusSnapshot,
 };
 pub use service::{FanInProbe, FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner};
+pub use window::ReplyWindow;

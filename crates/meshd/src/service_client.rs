@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox};
+use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
 
 use crate::protocol::{Request, Response, read_response, write_request};
 
@@ -116,8 +116,9 @@ impl Drop for Lease {
 /// serves *no other client* until this one reads. So [`try_send`](Self::try_send) says `false` and
 /// [`send`](Self::send) fails at once (waiting cannot help: only this client's own receives open the
 /// window) while the window is full. A service whose program does not answer each request exactly
-/// once (several replies, or none) sets its clients' window off with [`set_window`](Self::set_window). It is `Send`, not `Sync`: use one per
-/// thread (each attaches as a client of its own). Errors are `anyhow` errors with meshd's or the
+/// once (several replies, or none) sets its clients' window off with [`set_window`](Self::set_window).
+///
+/// It is `Send`, not `Sync`: use one per thread (each attaches as a client of its own). Errors are `anyhow` errors with meshd's or the
 /// mailbox's reason; a send or receive that timed out carries a [`mesh_shm::ShmError::Timeout`]
 /// (`err.downcast_ref::<mesh_shm::ShmError>()`).
 ///
@@ -141,11 +142,7 @@ pub struct ServiceClient {
     service: String,
     msg_size: usize,
     reply_size: usize,
-    /// Requests sent and replies received over the client's life (their difference: unanswered).
-    sent: u64,
-    received: u64,
-    /// Requests that may be unanswered at once (`None`: no limit).
-    window: Option<u32>,
+    window: ReplyWindow,
 }
 
 const _: () = {
@@ -178,8 +175,8 @@ impl ServiceClient {
         let tx = FanInSender::open(&mailbox, &client.requests, id)?;
         let rx = GroupClient::claim(&mailbox, &client.replies, id)?;
         let (msg_size, reply_size) = (tx.info().msg_size as usize, rx.info().msg_size as usize);
-        let window = Some(rx.info().capacity);
-        Ok(Self { tx, rx, lease, service: service.to_string(), msg_size, reply_size, sent: 0, received: 0, window })
+        let window = ReplyWindow::new(rx.info().capacity);
+        Ok(Self { tx, rx, lease, service: service.to_string(), msg_size, reply_size, window })
     }
 
     /// [`ServiceClient::connect`] on the default socket ([`default_socket`]: `$MESHD_SOCKET`, else
@@ -210,62 +207,43 @@ impl ServiceClient {
 
     /// Requests sent whose replies this client has not received yet.
     pub fn unanswered(&self) -> u64 {
-        self.sent.saturating_sub(self.received)
+        self.window.unanswered()
     }
 
     /// How many requests may be unanswered at once: the reply ring's capacity unless
     /// [`set_window`](Self::set_window) said otherwise (`None`: no limit).
     pub fn window(&self) -> Option<u32> {
-        self.window
+        self.window.limit()
     }
 
     /// Sets the window: `Some(n)`, 1 to the reply ring's capacity; `None` for a service whose program
     /// does not answer each request exactly once (with it, a client that sends more than its ring
     /// holds before reading can hold up every other client of an in-order program).
     pub fn set_window(&mut self, window: Option<u32>) -> Result<()> {
-        let capacity = self.rx.info().capacity;
-        if let Some(n) = window
-            && !(1..=capacity).contains(&n)
-        {
-            bail!(
-                "service {:?}: a window of {n} requests: it must be 1 to the reply ring's capacity, {capacity}                  (or none)",
-                self.service
-            );
-        }
-        self.window = window;
-        Ok(())
-    }
-
-    /// Whether the window has room for one more request.
-    fn window_open(&self) -> bool {
-        self.window.is_none_or(|n| self.unanswered() < u64::from(n))
+        self.window.set_limit(window).map_err(|why| anyhow!("service {:?}: {why}", self.service))
     }
 
     /// Sends one request (at most [`msg_size`](Self::msg_size) bytes); `false` when the service's
     /// request ring has no room now, or the window is full (receive replies first).
     pub fn try_send(&mut self, msg: &[u8]) -> Result<bool> {
-        if !self.window_open() {
+        if !self.window.is_open() {
             return Ok(false);
         }
         let sent = self.tx.try_send(msg)?;
-        self.sent += u64::from(sent);
+        if sent {
+            self.window.sent();
+        }
         Ok(sent)
     }
 
     /// Sends one request, waiting up to `timeout` for room in the service's request ring. Fails at
     /// once when the window is full: only this client's receives can open it.
     pub fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<()> {
-        if !self.window_open() {
-            bail!(
-                "service {:?}: {} requests unanswered, the client's window ({} replies, what its reply ring \
-                 holds): receive replies before sending more",
-                self.service,
-                self.unanswered(),
-                self.window.unwrap_or_default()
-            );
+        if !self.window.is_open() {
+            bail!(self.window.full(&self.service));
         }
         self.tx.send(msg, timeout)?;
-        self.sent += 1;
+        self.window.sent();
         Ok(())
     }
 
@@ -283,7 +261,9 @@ impl ServiceClient {
     pub fn try_recv(&mut self, out: &mut [u8]) -> Result<bool> {
         let buf = self.reply_buf(out)?;
         let got = self.rx.try_recv(buf)?;
-        self.received += u64::from(got);
+        if got {
+            self.window.received();
+        }
         Ok(got)
     }
 
@@ -291,7 +271,7 @@ impl ServiceClient {
     pub fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
         let buf = self.reply_buf(out)?;
         self.rx.recv(buf, timeout)?;
-        self.received += 1;
+        self.window.received();
         Ok(())
     }
 

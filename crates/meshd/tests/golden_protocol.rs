@@ -175,8 +175,9 @@ fn response_cases() -> Vec<(&'static str, Value)> {
     });
     // Services and their clients, as a meshd in blink mode lists them: each service's fan-in channel
     // and group among the channels (a group's `parts` are its client slots), then the services: one
-    // with a slot left by a departed client and a client holding its fan-in ring mid-send
-    // (`held_by`), one no client is attached to, one whose group could not be read.
+    // with a slot left by a departed client, a client holding its fan-in ring mid-send (`held_by`)
+    // and its clients' events since meshd started, one no client is attached to (no events: left
+    // out), one whose group could not be read.
     let service_channels = |name: &str, entries: u32| {
         [
             json!({"name": name, "msg_size": 64, "capacity": 64, "placement": "host", "protocol": "fanin",
@@ -195,7 +196,8 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         "services": [
             {"name": "kv", "entries": 8, "bound": 2, "awaiting_ack": 1,
              "clients": [{"id": 65536, "pid": 41}, {"id": 131_075, "pid": 42}],
-             "held_by": {"client": 131_075, "pid": 42, "seq": 7, "since_ms": 120, "stopped": true}},
+             "held_by": {"client": 131_075, "pid": 42, "seq": 7, "since_ms": 120, "stopped": true},
+             "events": {"attached": 5, "detached": 1, "died": 2, "skipped": 1, "stall_revoked": 3, "stall_killed": 1}},
             {"name": "idle", "entries": 4, "bound": 0, "awaiting_ack": 0, "clients": []},
             {"name": "torn", "entries": 2, "bound": 0, "awaiting_ack": 0, "clients": [],
              "error": "channel \"torn.replies\": service group: entry 1: binding word 0x700000002 has state 7, \

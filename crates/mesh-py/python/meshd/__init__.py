@@ -43,6 +43,7 @@ from ._errors import (
     ProtocolMismatchError,
     ServiceGroupError,
     TooManyBindingsError,
+    WindowFullError,
 )
 from ._meshd import (
     LAYOUT_VERSION,
@@ -99,4 +100,5 @@ __all__ = [
     "ProtocolMismatchError",
     "ServiceGroupError",
     "TooManyBindingsError",
+    "WindowFullError",
 ]

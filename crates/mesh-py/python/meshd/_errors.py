@@ -35,6 +35,7 @@ __all__ = [
     "MeshdUnreachable",
     "MeshdProtocolError",
     "MeshdTimeout",
+    "WindowFullError",
 ]
 
 
@@ -152,3 +153,9 @@ class MeshdProtocolError(MeshError):
 
 class MeshdTimeout(MeshdProtocolError, TimeoutError):
     """meshd did not answer within the client's ``timeout`` (``op``: the request, ``timeout``: seconds)."""
+
+
+class WindowFullError(MeshError):
+    """A service client already has its window of requests unanswered (``service``, ``unanswered``,
+    ``window``): receive replies first. Raised at once by the blocking sends, which cannot wait for
+    it: only this client's own receives open it."""

@@ -35,6 +35,7 @@ __all__ = [
     "state_name",
     "NativeRow",
     "ChannelRow",
+    "ServiceEvents",
     "ServiceRow",
     "ServiceClientRow",
     "ServiceHold",
@@ -152,13 +153,28 @@ class ServiceHold(_ServiceHoldFields, total=False):
     shard: int
 
 
+class ServiceEvents(TypedDict):
+    """What happened to a service's clients since meshd started (``info``'s ``events``, absent while
+    nothing has): clients attached; left alive (``detached``: a detach, or a live process closing its
+    lease); departed because their process was gone (``died``); requests cut off by a death, which the
+    program takes as skips (``skipped``); reservations the stall watcher revoked from a live client
+    (``stall_revoked``: sent again) and clients it killed (``stall_killed``, also counted in ``died``)."""
+
+    attached: int
+    detached: int
+    died: int
+    skipped: int
+    stall_revoked: int
+    stall_killed: int
+
+
 class ServiceRow(TypedDict, total=False):
     """A service in ``info``: its client slots (``entries``), the clients attached now (``bound``,
     ``clients``), its fan-in channel's shards (``shards``: absent when 1, as from a meshd before
     shards), the slots waiting for the server to acknowledge a departure (``awaiting_ack``), the
     clients holding its fan-in ring mid-send (only while one does: ``holds``, one per shard held, by
-    shard; ``held_by``, the first of them, all a meshd before ``holds`` sends), and ``error`` where
-    its state could not be read."""
+    shard; ``held_by``, the first of them, all a meshd before ``holds`` sends), ``error`` where
+    its state could not be read, and its clients' ``events`` since meshd started."""
 
     name: str
     entries: int
@@ -169,6 +185,7 @@ class ServiceRow(TypedDict, total=False):
     held_by: ServiceHold
     holds: list[ServiceHold]
     error: str
+    events: ServiceEvents
 
 
 class Info(TypedDict, total=False):

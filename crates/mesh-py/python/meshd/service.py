@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _aio
-from ._errors import MeshdProtocolError, MessageSizeError
+from ._errors import MeshdProtocolError, MessageSizeError, WindowFullError
 from ._meshd import FanInSender, GroupClient, Mailbox
 from .control import Client, _connect, decode_response, encode_request
 
@@ -47,6 +47,14 @@ class Service:
     Blocking calls release the GIL and wake for Ctrl-C; ``arequest``, ``asend``, ``arecv`` are the
     asyncio forms (polled from the event loop, no thread).
 
+    **The window**: a client keeps at most its reply ring's capacity of requests unanswered
+    (:attr:`window`, :attr:`unanswered`). A reply past it would find the ring full, and a program
+    answering in order (every loop in mesh.cuh) would wait there, serving no other client until this
+    one reads. So at the window ``try_send`` says False and the blocking sends (``send``, ``request``
+    and their asyncio forms) raise :class:`WindowFullError` at once: only this client's receives open
+    it. :meth:`set_window` narrows it, or lifts it (None) for a program that does not answer each
+    request exactly once.
+
     After ``fork()`` the child's copy is not a client: its calls raise :class:`ClaimedError`
     (the parent holds the reply ring and the id), and its ``close`` only closes its copy of the
     lease, leaving the parent attached. A child connects a ``Service`` of its own.
@@ -72,6 +80,10 @@ class Service:
         except BaseException:
             self._detach_quietly()
             raise
+        # The window (see the class): requests sent, replies received, and the limit.
+        self._sent = 0
+        self._received = 0
+        self._window: int | None = self._rx.capacity
 
     # ---- making one ----
 
@@ -162,38 +174,91 @@ class Service:
             f"reply_size={self._rx.msg_size}{state})"
         )
 
+    # ---- the window ----
+
+    @property
+    def window(self) -> int | None:
+        """How many requests may be unanswered at once: the reply ring's capacity unless
+        :meth:`set_window` said otherwise (None: no limit)."""
+        return self._window
+
+    @property
+    def unanswered(self) -> int:
+        """Requests sent whose replies this client has not received."""
+        return max(0, self._sent - self._received)
+
+    def set_window(self, window: int | None) -> None:
+        """Sets the window: 1 to the reply ring's capacity, or None for a program that does not
+        answer each request exactly once (then a client that sends more than its ring holds before
+        reading can hold up every other client of a program that answers in order)."""
+        capacity = self._rx.capacity
+        whole = isinstance(window, int) and not isinstance(window, bool)
+        if window is not None and not (whole and 1 <= window <= capacity):
+            raise ValueError(
+                f"service {self._name!r}: a window of {window!r} requests: it must be 1 to the reply ring's "
+                f"capacity, {capacity} (or None)"
+            )
+        self._window = window
+
+    def _window_open(self) -> bool:
+        return self._window is None or self.unanswered < self._window
+
+    def _check_window(self) -> None:
+        if not self._window_open():
+            raise WindowFullError(
+                f"service {self._name!r}: {self.unanswered} requests unanswered, the client's window "
+                f"({self._window} replies, what its reply ring holds): receive replies before sending more",
+                service=self._name,
+                unanswered=self.unanswered,
+                window=self._window,
+            )
+
     # ---- requests and replies ----
 
     def send(self, msg: Buffer, timeout: float | None = None) -> None:
         """One request (any C-contiguous buffer of at most ``msg_size`` bytes), waiting for room
-        (GIL released); MeshTimeoutError after ``timeout`` seconds (None: waits for ever)."""
+        (GIL released); MeshTimeoutError after ``timeout`` seconds (None: waits for ever);
+        WindowFullError at once when the window is full."""
+        self._check_window()
         self._tx.send(msg, timeout)
+        self._sent += 1
 
     def try_send(self, msg: Buffer) -> bool:
-        """One request if there is room now; False when the ring is full. Keeps the GIL."""
-        return self._tx.try_send(msg)
+        """One request if there is room now; False when the ring or the window is full. Keeps the GIL."""
+        if not self._window_open():
+            return False
+        sent = self._tx.try_send(msg)
+        self._sent += sent
+        return sent
 
     def recv(self, timeout: float | None = None) -> bytes:
         """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
-        return self._rx.recv(timeout)
+        reply = self._rx.recv(timeout)
+        self._received += 1
+        return reply
 
     def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """The next reply into ``buffer`` (writable, exactly ``reply_size`` bytes), waiting."""
         self._rx.recv_into(buffer, timeout)
+        self._received += 1
 
     def try_recv(self) -> bytes | None:
         """The next reply, or None when none is waiting. Keeps the GIL."""
-        return self._rx.try_recv()
+        reply = self._rx.try_recv()
+        self._received += reply is not None
+        return reply
 
     def try_recv_into(self, buffer: Buffer) -> bool:
         """The next reply into ``buffer``; False when none is waiting. Keeps the GIL."""
-        return self._rx.try_recv_into(buffer)
+        got = self._rx.try_recv_into(buffer)
+        self._received += got
+        return got
 
     def request(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together."""
         deadline = _aio._check_timeout(timeout)
-        self._tx.send(msg, timeout)
-        return self._rx.recv(_remaining(deadline))
+        self.send(msg, timeout)
+        return self.recv(_remaining(deadline))
 
     def request_into(self, msg: Buffer, out: Buffer, timeout: float | None = None) -> None:
         """:meth:`request` with the reply written into ``out`` (exactly ``reply_size`` bytes, writable:
@@ -212,29 +277,37 @@ class Service:
                     size=self._rx.msg_size,
                     got=view.nbytes,
                 )
-        self._tx.send(msg, timeout)
-        self._rx.recv_into(out, _remaining(deadline))
+        self.send(msg, timeout)
+        self.recv_into(out, _remaining(deadline))
 
     # ---- asyncio ----
 
     async def asend(self, msg: Buffer, timeout: float | None = None) -> None:
         """:meth:`send` for asyncio."""
+        self._check_window()
         await _aio.asend(self._tx, msg, timeout)
+        self._sent += 1
 
     async def arecv(self, timeout: float | None = None) -> bytes:
         """:meth:`recv` for asyncio."""
-        return await _aio.arecv(self._rx, timeout)
+        reply = await _aio.arecv(self._rx, timeout)
+        self._received += 1
+        return reply
 
     async def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """:meth:`recv_into` for asyncio."""
         await _aio.arecv_into(self._rx, buffer, timeout)
+        self._received += 1
 
     async def arequest(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """:meth:`request` for asyncio: ``timeout`` bounds the send and the reply together."""
         deadline = _aio._check_timeout(timeout)
+        self._check_window()
         tx, rx = self._tx, self._rx
         await _aio._poll_until(tx.name, lambda: tx.try_send(msg), deadline, timeout, "send")
+        self._sent += 1
         reply: bytes = await _aio._poll_until(rx.name, rx.try_recv, deadline, timeout)
+        self._received += 1
         return reply
 
     # ---- leaving ----
