@@ -61,8 +61,7 @@ impl Holder {
     /// Whether the process this names still runs (the same process, not a reuse of its pid, and not
     /// a zombie: a process that has exited stores nothing more, whether or not it was reaped).
     pub fn alive(self) -> bool {
-        #[allow(clippy::cast_possible_wrap, reason = "pids fit in i32; a larger word is no pid and fails")]
-        let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) else { return false };
+        let Some(pid) = pid_of(self.pid) else { return false };
         if rustix::process::test_kill_process(pid).is_err_and(|e| e == rustix::io::Errno::SRCH) {
             return false;
         }
@@ -72,6 +71,12 @@ impl Holder {
             None => rustix::process::test_kill_process(pid).is_ok() || self.start == 0,
         }
     }
+}
+
+/// The process id `raw` names, `None` for 0 and for a value above `i32::MAX` (no pid: a claim or
+/// lock word a peer wrote at random; `Pid::from_raw` asserts on a negative one, so never cast).
+pub(crate) fn pid_of(raw: u32) -> Option<rustix::process::Pid> {
+    rustix::process::Pid::from_raw(i32::try_from(raw).ok()?)
 }
 
 /// What a claim needs from `/proc/PID/stat`.

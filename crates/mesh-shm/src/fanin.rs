@@ -378,7 +378,15 @@ impl FanInProducer {
                 self.cached_tail = ring.tail();
                 ahead = seq.wrapping_sub(self.cached_tail);
                 if (ahead as i64) < 0 {
-                    continue; // the consumer passed `seq`: our cursor read is stale
+                    // The consumer passed `seq`: our reads are stale, so the cursor or the slot's word
+                    // has moved since (a slot revoked between its reservation and the cursor's move
+                    // was taken as a skip: its word moved). Neither moving is a cursor behind the
+                    // consumer, which no producer leaves (a peer wrote it): an error, not a loop that
+                    // would read the same words forever.
+                    if ring.cursor().load(Ordering::Acquire) == seq && word.load(Ordering::Acquire) == cur {
+                        return Err(FanInCorrupt::Indices { next: seq, tail: self.cached_tail });
+                    }
+                    continue;
                 }
                 if ahead > ring.capacity {
                     return Err(FanInCorrupt::Indices { next: seq, tail: self.cached_tail });
@@ -392,6 +400,11 @@ impl FanInProducer {
                 // A later lap holds the slot: our cursor read is stale. An earlier one cannot: the
                 // cursor at `seq` means `seq - capacity` was reserved, and tickets only grow.
                 if prev.wrapping_sub(own.ticket) & ring.ticket_mask <= ring.ticket_mask / 2 {
+                    return Err(FanInCorrupt::Owner { seq, word: cur });
+                }
+                // A later lap was reserved only after the cursor passed `seq`: a cursor still there
+                // with a later lap in its slot is a word a peer wrote (an error, as above, not a spin).
+                if ring.cursor().load(Ordering::Acquire) == seq && word.load(Ordering::Acquire) == cur {
                     return Err(FanInCorrupt::Owner { seq, word: cur });
                 }
                 continue;

@@ -431,10 +431,9 @@ impl Mailbox {
         let (msg_size, capacity, ring_offset, slots_offset) = (d.msg_size, d.capacity, d.ring_offset, d.slots_offset);
         let protocol = Protocol::from_code(d.protocol).ok_or_else(|| {
             format!(
-                "{:?}: protocol {}: must be {PROTOCOL_LL} (ll), {PROTOCOL_BULK} (bulk), {PROTOCOL_INDEX} (index), \
+                "protocol {}: must be {PROTOCOL_LL} (ll), {PROTOCOL_BULK} (bulk), {PROTOCOL_INDEX} (index), \
                  {PROTOCOL_FANIN} (fanin) or {PROTOCOL_GROUP} (group); this build does not know its format, so \
                  neither its size nor its bounds (a newer meshd's channel?)",
-                decode_name(&d.name),
                 d.protocol
             )
         })?;
@@ -496,7 +495,7 @@ impl Mailbox {
             match self.live_desc(i) {
                 Ok(Some(d)) => rings.push((d.ring_offset, d.end, i)),
                 Ok(None) => {}
-                Err(reason) => return Err(invalid("channel table", format!("channel {i}: {reason}"))),
+                Err(reason) => return Err(self.bad_desc(i, &reason)),
             }
         }
         rings.sort_unstable();
@@ -698,24 +697,34 @@ impl Mailbox {
 
     fn find_channel(&self, name: &str) -> Result<Option<u32>> {
         for i in 0..self.inner.geometry.channel_count {
+            // Only the descriptor of that name is validated: another one that a peer damaged after the
+            // open is that channel's fault, and must not make every other channel unreachable.
+            let d = self.desc(i);
+            if d.state.load(Ordering::Acquire) != 1 || decode_name(&d.name) != name {
+                continue;
+            }
             match self.live_desc(i) {
                 Ok(Some(d)) if d.name == name => return Ok(Some(i)),
                 Ok(_) => {}
-                Err(reason) => {
-                    return Err(ShmError::Invalid { path: self.inner.path.clone(), field: "channel table", reason });
-                }
+                Err(reason) => return Err(self.bad_desc(i, &reason)),
             }
         }
         Ok(None)
     }
 
+    /// Descriptor `index` fails validation for `reason`: the error names it, by index and name.
+    fn bad_desc(&self, index: u32, reason: &str) -> ShmError {
+        let name = decode_name(&self.desc(index).name);
+        ShmError::Invalid {
+            path: self.inner.path.clone(),
+            field: "channel table",
+            reason: format!("channel {index} {name:?}: {reason}"),
+        }
+    }
+
     fn channel_info_at(&self, index: u32) -> Result<Option<ChannelInfo>> {
         let Some(LiveDesc { name, msg_size, capacity, ring_offset, placement, protocol, parts, slots_offset, .. }) =
-            self.live_desc(index).map_err(|reason| ShmError::Invalid {
-                path: self.inner.path.clone(),
-                field: "channel table",
-                reason,
-            })?
+            self.live_desc(index).map_err(|reason| self.bad_desc(index, &reason))?
         else {
             return Ok(None);
         };
@@ -757,8 +766,15 @@ impl Mailbox {
         self.channel_info_at(index)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))
     }
 
-    /// Every live channel, in table order.
+    /// Every live channel, in table order; the first descriptor that fails validation fails the whole.
     pub fn channels(&self) -> Result<Vec<ChannelInfo>> {
+        self.channels_each().into_iter().collect()
+    }
+
+    /// Every live channel, in table order, each descriptor on its own: one that fails validation (a
+    /// peer process can write any descriptor at any time) is an error naming it, and the others are
+    /// listed all the same. What a server that lists channels for everyone (meshd's `info`) reads.
+    pub fn channels_each(&self) -> Vec<Result<ChannelInfo>> {
         (0..self.inner.geometry.channel_count).filter_map(|i| self.channel_info_at(i).transpose()).collect()
     }
 
@@ -1113,7 +1129,7 @@ impl<'a> TableLock<'a> {
             match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Self(word),
                 Err(holder) => {
-                    let dead = rustix::process::Pid::from_raw(holder as i32)
+                    let dead = crate::claim::pid_of(holder)
                         .is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
                     if (dead || start.elapsed().as_secs() >= 1)
                         && word.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()

@@ -292,12 +292,13 @@ impl crate::observe::Source for Shared {
 
 fn info(shared: &Shared) -> Response {
     let snap = shared.snapshot();
-    let channels = match shared.mailbox.channels() {
-        Ok(c) => c,
-        Err(e) => return Response::error(e),
-    };
-    let channels = channels
+    // Each descriptor on its own: one that a peer process damaged is logged, naming it, and the
+    // others are listed (one bad word must not blind `info` to every channel).
+    let channels = shared
+        .mailbox
+        .channels_each()
         .into_iter()
+        .filter_map(|c| c.inspect_err(|e| tracing::warn!("info: channel left out: {e}")).ok())
         .map(|c| ChannelRow {
             placement: c.placement.to_string(),
             protocol: c.protocol.to_string(),

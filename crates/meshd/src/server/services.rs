@@ -387,7 +387,8 @@ impl Services {
     /// `info`'s rows: every service, its clients, the slots waiting for the program's ack, and what
     /// holds its fan-in ring that the stall watcher cannot revoke.
     pub(super) fn rows(&self) -> Vec<ServiceRow> {
-        let Ok(channels) = self.mailbox.channels() else { return Vec::new() };
+        // A descriptor a peer damaged leaves out its own service alone (`info` logs it).
+        let channels: Vec<ChannelInfo> = self.mailbox.channels_each().into_iter().filter_map(Result::ok).collect();
         let held = self.held.lock().clone();
         service_names(&channels)
             .into_iter()
@@ -786,13 +787,13 @@ fn hold_lease(services: &Services, conn: &UnixStream, client: &Client, early: Ve
 /// out, departs the clients whose process is gone, and watches the live ones on one thread,
 /// departing each when it dies. Everything done is logged.
 pub(super) fn adopt(services: &Arc<Services>) {
-    let channels = match services.mailbox.channels() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!("services not checked at start: {e}");
-            return;
-        }
-    };
+    // Each descriptor on its own: a damaged one leaves out its own service, not every other.
+    let channels: Vec<ChannelInfo> = services
+        .mailbox
+        .channels_each()
+        .into_iter()
+        .filter_map(|c| c.inspect_err(|e| tracing::warn!("a service not checked at start: {e}")).ok())
+        .collect();
     let mut watched = Vec::new();
     for (name, _) in service_names(&channels) {
         let owner = match services.owner(&name) {

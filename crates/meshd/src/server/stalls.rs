@@ -395,6 +395,17 @@ fn kill(ring: Ring<'_>, seq: u64, client: ClientId, holder: Option<Holder>, held
         return false;
     };
     let pid = holder.pid;
+    // The holder is read from the entry's shared word, which any process of the uid can rewrite: one
+    // naming meshd itself would have it kill itself. Its clients are never meshd.
+    if pid == std::process::id() {
+        tracing::warn!(
+            service = %name, client = client.0, seq, pid,
+            "fan-in {ring} held at seq {seq} by client {:#x} for {} ms: not killed, its entry's holder word names \
+             meshd itself (written by another process)",
+            client.0, ms(held)
+        );
+        return false;
+    }
     let pidfd = open_pidfd(pid);
     // Checked after the pidfd is open: it then names the recorded process, not a later one of that pid.
     let sent = match pidfd {
