@@ -143,6 +143,10 @@ fn hostile_client_child() {
     let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
     let mut c = ServiceClient::connect(Path::new(&socket), &service).unwrap();
     println!("\nATTACHED {}", c.id());
+    if std::env::var(format!("{ROLE}_IDLE")).is_ok() {
+        std::thread::sleep(DEADLINE * 2);
+        return;
+    }
     loop {
         let _ = c.send(&[1; 8], Duration::from_millis(5));
         let mut out = [0u8; MSG as usize];
@@ -151,10 +155,16 @@ fn hostile_client_child() {
 }
 
 fn spawn_child(socket: &Path, service: &str) -> (std::process::Child, u32) {
+    spawn_child_with(socket, service, &[])
+}
+
+/// [`spawn_child`] with more of its environment (`{ROLE}_IDLE`: it attaches and sends nothing).
+fn spawn_child_with(socket: &Path, service: &str, env: &[(String, &str)]) -> (std::process::Child, u32) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["hostile_client_child", "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE, socket)
         .env(format!("{ROLE}_SERVICE"), service)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), *v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -311,6 +321,43 @@ fn a_holder_forged_to_name_meshd_is_not_killed() {
     assert!(!server.is_finished(), "meshd's server ended");
     assert!(panics().is_empty(), "a thread panicked: {:?}", panics());
     drop(client);
+    stop.stop();
+    assert!(within(DEADLINE, move || server.join().unwrap()).is_some(), "meshd did not stop");
+}
+
+/// A holder word rewritten to name another process (a decoy of the same uid) while the client it
+/// belongs to holds the ring mid-send: the stall watcher's kill goes to the process meshd saw
+/// attach, never to the one the shared word names.
+#[test]
+fn a_holder_rewritten_to_name_another_process_does_not_get_it_killed() {
+    use std::os::unix::process::ExitStatusExt;
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    catch_panics();
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, stop, server) = start(dir.path());
+    create(&socket, "d", 1);
+    let mb = Mailbox::open(dir.path().join("mb")).unwrap();
+    let (mut client, id) = spawn_child_with(&socket, "d", &[(format!("{ROLE}_IDLE"), "1")]);
+    let mut decoy = Command::new("sleep").arg("60").spawn().expect("a decoy process (`sleep`)");
+    let slot = ClientId(id).slot();
+    let (f, g) = (mb.channel("d").unwrap(), mb.channel("d.replies").unwrap());
+    // Slot 0 of the ring reserved by the client's slot, in lap 1, being written; its entry's holder
+    // word rewritten to name the decoy.
+    poke(&mb, f.slots_offset, (1 << 18) | (2 << 16) | u64::from(slot));
+    poke(&mb, g.slots_offset + LINE + 2 * LINE * u64::from(slot) + 8, Holder::of_pid(decoy.id()).word());
+    // The stall watcher finds it stuck after 20 ms and kills after 100 ms: the client, by its record.
+    let killed = wait_until(DEADLINE, || client.try_wait().unwrap().is_some());
+    assert!(killed, "the attached client was not killed");
+    assert_eq!(client.wait().unwrap().signal(), Some(9), "killed with SIGKILL");
+    assert!(decoy.try_wait().unwrap().is_none(), "the process the rewritten word named was signalled");
+    let killed_count = wait_until(DEADLINE, || service_row(&socket, "d").is_some_and(|r| r.events.stall_killed == 1));
+    assert!(killed_count, "{:?}", service_row(&socket, "d"));
+    assert!(!server.is_finished(), "meshd's server ended");
+    assert!(panics().is_empty(), "a thread panicked: {:?}", panics());
+    let _ = decoy.kill();
+    let _ = decoy.wait();
     stop.stop();
     assert!(within(DEADLINE, move || server.join().unwrap()).is_some(), "meshd did not stop");
 }

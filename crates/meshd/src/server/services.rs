@@ -246,10 +246,15 @@ fn service_names(channels: &[ChannelInfo]) -> Vec<(String, u32)> {
         .collect()
 }
 
-/// One service's client events since meshd started (`info`'s `events`, the metrics' counters),
-/// bumped by whichever thread saw the event.
+/// What meshd keeps of one service in its own memory, never in the mailbox: each attached client's
+/// process as meshd saw it attach (what the stall watcher may signal: the entry's holder word is
+/// shared memory that any process of the uid can rewrite), and the clients' events since meshd
+/// started (`info`'s `events`, the metrics' counters), bumped by whichever thread saw the event.
 #[derive(Debug, Default)]
-pub(super) struct EventCounters {
+pub(super) struct ServiceRecord {
+    /// Each bound client's process, by client id, from its attach (or, for a client a previous meshd
+    /// attached, from the entry as found at start); removed when it departs.
+    clients: Mutex<HashMap<u32, Holder>>,
     attached: AtomicU64,
     detached: AtomicU64,
     died: AtomicU64,
@@ -258,7 +263,20 @@ pub(super) struct EventCounters {
     pub(super) stall_killed: AtomicU64,
 }
 
-impl EventCounters {
+impl ServiceRecord {
+    fn bind(&self, id: ClientId, holder: Holder) {
+        self.clients.lock().insert(id.0, holder);
+    }
+
+    fn unbind(&self, id: ClientId) {
+        self.clients.lock().remove(&id.0);
+    }
+
+    /// Client `id`'s process as meshd recorded it, if it is bound.
+    pub(super) fn holder(&self, id: ClientId) -> Option<Holder> {
+        self.clients.lock().get(&id.0).copied()
+    }
+
     fn snapshot(&self) -> ServiceEvents {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ServiceEvents {
@@ -296,8 +314,8 @@ pub(super) struct Services {
     /// Fan-in rings held by a client between the begin and the commit of a send (what the stall
     /// watcher cannot revoke), by service and shard: `info`'s `holds` (and `held_by`, the lowest shard's).
     pub(super) held: Mutex<HashMap<(String, u32), Held>>,
-    /// Each service's client events, by service.
-    events: Mutex<HashMap<String, Arc<EventCounters>>>,
+    /// Each service's record, by service.
+    records: Mutex<HashMap<String, Arc<ServiceRecord>>>,
 }
 
 impl std::fmt::Debug for Services {
@@ -321,7 +339,7 @@ impl Services {
             stop_rx,
             stall,
             held: Mutex::new(HashMap::new()),
-            events: Mutex::new(HashMap::new()),
+            records: Mutex::new(HashMap::new()),
         })
     }
 
@@ -344,9 +362,9 @@ impl Services {
         self.stopped.load(Ordering::Acquire)
     }
 
-    /// Service `service`'s event counters (made on first use).
-    pub(super) fn events(&self, service: &str) -> Arc<EventCounters> {
-        self.events.lock().entry(service.to_string()).or_default().clone()
+    /// Service `service`'s record (made on first use).
+    pub(super) fn record(&self, service: &str) -> Arc<ServiceRecord> {
+        self.records.lock().entry(service.to_string()).or_default().clone()
     }
 
     /// The owner of service `service`, opened on first use.
@@ -403,7 +421,7 @@ impl Services {
                 holds.sort_unstable_by_key(|(shard, _)| *shard);
                 let holds: Vec<ServiceHold> = holds.into_iter().map(|(_, h)| h).collect();
                 let held_by = holds.first().cloned();
-                let events = self.events.lock().get(&name).map(|e| e.snapshot()).unwrap_or_default();
+                let events = self.records.lock().get(&name).map(|r| r.snapshot()).unwrap_or_default();
                 let read = self.owner(&name).and_then(|o| {
                     let o = o.lock();
                     let clients = o.bound()?;
@@ -484,7 +502,7 @@ struct Client {
     id: ClientId,
     holder: Holder,
     pidfd: Option<OwnedFd>,
-    events: Arc<EventCounters>,
+    record: Arc<ServiceRecord>,
 }
 
 impl Client {
@@ -494,8 +512,9 @@ impl Client {
         let done = self.owner.lock().depart_dead(*id);
         match done {
             Ok(Completion { skipped, finished, .. }) => {
-                self.events.died.fetch_add(1, Ordering::Relaxed);
-                self.events.skipped.fetch_add(u64::from(skipped), Ordering::Relaxed);
+                self.record.unbind(*id);
+                self.record.died.fetch_add(1, Ordering::Relaxed);
+                self.record.skipped.fetch_add(u64::from(skipped), Ordering::Relaxed);
                 tracing::info!(
                     service = %service, client = id.0, slot = id.slot(), pid = holder.pid, skipped, finished,
                     "service client departed: {how}"
@@ -554,7 +573,8 @@ impl Client {
                 let tried = self.owner.lock().detach(self.id);
                 match tried {
                     Ok(done) => {
-                        self.events.detached.fetch_add(1, Ordering::Relaxed);
+                        self.record.unbind(self.id);
+                        self.record.detached.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(
                             service = %self.service, client = self.id.0, slot = self.id.slot(), pid = self.holder.pid,
                             revoked = done.skipped,
@@ -699,9 +719,10 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
             Err(e) => return Err(anyhow!(e).context(format!("service {service:?}: cannot attach"))),
         }
     };
-    let events = services.events(service);
-    events.attached.fetch_add(1, Ordering::Relaxed);
-    Ok(Client { service: service.to_string(), owner, id, holder, pidfd, events })
+    let record = services.record(service);
+    record.bind(id, holder);
+    record.attached.fetch_add(1, Ordering::Relaxed);
+    Ok(Client { service: service.to_string(), owner, id, holder, pidfd, record })
 }
 
 /// What a lease waits for.
@@ -723,7 +744,8 @@ fn hold_lease(services: &Services, conn: &UnixStream, client: &Client, early: Ve
             let answer = match parse_request(&line) {
                 Ok(Request::Detach) => match client.detach_live() {
                     Ok(done) => {
-                        client.events.detached.fetch_add(1, Ordering::Relaxed);
+                        client.record.unbind(client.id);
+                        client.record.detached.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(
                             service = %client.service, client = client.id.0, slot = client.id.slot(),
                             pid = client.holder.pid, revoked = done.skipped, "service client detached"
@@ -824,7 +846,7 @@ pub(super) fn adopt(services: &Arc<Services>) {
                     id,
                     holder: Holder { pid: 0, start: 0 },
                     pidfd: None,
-                    events: services.events(&name),
+                    record: services.record(&name),
                 };
                 c.depart_dead("bound with no process recorded (found at start)");
                 continue;
@@ -836,11 +858,12 @@ pub(super) fn adopt(services: &Arc<Services>) {
                 id,
                 holder,
                 pidfd,
-                events: services.events(&name),
+                record: services.record(&name),
             };
             // Checked again after the pidfd is open, so that the pidfd names the recorded process.
             if client.holder.alive() {
                 live += 1;
+                client.record.bind(id, holder);
                 watched.push(client);
             } else {
                 departed += 1;

@@ -261,7 +261,7 @@ impl Watched {
                         }
                         Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
                             if kill(ring, seen.hold.seq, client, holder, held, cfg) {
-                                services.events(ring.name).stall_killed.fetch_add(1, Ordering::Relaxed);
+                                services.record(ring.name).stall_killed.fetch_add(1, Ordering::Relaxed);
                             }
                             seen.acted = Acted::Stuck { client, holder, killed: true };
                         }
@@ -342,7 +342,7 @@ fn act(
     };
     drop(o);
     if done.skipped > 0 {
-        services.events(name).stall_revoked.fetch_add(u64::from(done.skipped), Ordering::Relaxed);
+        services.record(name).stall_revoked.fetch_add(u64::from(done.skipped), Ordering::Relaxed);
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), skipped = done.skipped,
             "service client revoked: it held fan-in {ring} at seq {} for {} ms, reserved and not begun ({}); the \
@@ -372,7 +372,18 @@ fn act(
             .held
             .lock()
             .insert((name.to_string(), shard), Held { client, pid, shard, seq: h.seq, since: seen.since });
-        return Acted::Stuck { client, holder: entry.holder, killed: false };
+        // The process to kill, if it comes to that, is the one meshd saw attach, never the entry's
+        // holder word (shared memory any process of the uid can rewrite to name another process).
+        let recorded = services.record(name).holder(client);
+        if recorded.is_some() && recorded != entry.holder {
+            tracing::warn!(
+                service = %name, client = client.0, pid, recorded_pid = recorded.map_or(0, |h| h.pid),
+                "fan-in {ring}: client {:#x}'s entry names pid {pid}, not the process that attached: the word was \
+                 rewritten; only the attached process would be signalled",
+                client.0
+            );
+        }
+        return Acted::Stuck { client, holder: recorded, killed: false };
     }
     if done == mesh_shm::Completion::default() {
         tracing::debug!(service = %name, client = client.0, seq = h.seq, "stalled client went on before its revocation");
