@@ -107,7 +107,8 @@ typedef struct MeshServiceInfo {
   uint32_t capacity;
   // Bytes per reply: a receive buffer is exactly this long.
   uint32_t reply_size;
-  // Replies the client's own ring holds.
+  // Replies the client's own ring holds: also the client's window (requests unanswered at once)
+  // until [`mesh_service_set_window`] changes it.
   uint32_t reply_capacity;
 } MeshServiceInfo;
 
@@ -381,6 +382,8 @@ MeshStatus mesh_service_recv(struct MeshService *s, void *out, size_t len, uint3
 // Sends one request and receives the next reply into `out` (`out_len` must be the reply size),
 // both within `timeout_ms` (`MESH_TIMEOUT` then: if the send went, its reply is the next
 // receive's). Replies come in the order the server sends them; this pairs a request with the next.
+// [`MESH_ERR_WINDOW`] at once, nothing sent, when the client's window is full (as
+// [`mesh_service_send`]).
 //
 // # Safety
 // `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`

@@ -72,7 +72,8 @@ pub struct MeshServiceInfo {
     pub capacity: u32,
     /// Bytes per reply: a receive buffer is exactly this long.
     pub reply_size: u32,
-    /// Replies the client's own ring holds.
+    /// Replies the client's own ring holds: also the client's window (requests unanswered at once)
+    /// until [`mesh_service_set_window`] changes it.
     pub reply_capacity: u32,
 }
 
@@ -432,6 +433,8 @@ pub unsafe extern "C" fn mesh_service_recv(
 /// Sends one request and receives the next reply into `out` (`out_len` must be the reply size),
 /// both within `timeout_ms` (`MESH_TIMEOUT` then: if the send went, its reply is the next
 /// receive's). Replies come in the order the server sends them; this pairs a request with the next.
+/// [`MESH_ERR_WINDOW`] at once, nothing sent, when the client's window is full (as
+/// [`mesh_service_send`]).
 ///
 /// # Safety
 /// `s` is NULL or a live service client, used by one thread at a time; `msg` is NULL or `len`

@@ -1966,10 +1966,11 @@ static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t 
 // promises that every client keeps at most its reply ring's capacity of requests unanswered and that the
 // program answers each request at most once, so a reply always finds its slot read; mesh_reply and
 // mesh_reply_many then never read a reply ring's tail (one PCIe round trip each time a client's cached
-// credit runs out, inside the batch) and never say FULL. Every client API keeps that window unless
-// the client lifts it (meshd::ServiceClient, Python's meshd.Service, C's mesh_service_*: `set_window`),
-// but the program cannot see a lifted one: define it only for clients you know keep theirs. A client
-// that breaks the window overwrites only its own unread replies.
+// credit runs out, inside the batch) and never say FULL. The service clients keep that window unless
+// the client lifts it (meshd::ServiceClient, Python's meshd.Service, C's mesh_service_*: `set_window`);
+// the bare FanInSender / GroupClient ends keep none, and the program cannot see either: define it only
+// for clients you know keep theirs. A crash of the program breaks the "at most once" (its re-taken
+// requests are answered again). A client that breaks the window overwrites only its own unread replies.
 #ifndef MESH_REPLY_TRUST_WINDOW
 #define MESH_REPLY_TRUST_WINDOW 0
 #endif

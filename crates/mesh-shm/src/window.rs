@@ -69,9 +69,12 @@ impl ReplyWindow {
         self.sent += 1;
     }
 
-    /// Counts a reply received.
+    /// Counts a reply received. Never more than were sent: a reply the program repeated (after a
+    /// crash of the program, its re-taken requests are answered again) must not open the window
+    /// past the ring; a repeat that arrives while requests are unanswered still counts as one of
+    /// their answers, which no count without the replies' sequence numbers can tell apart.
     pub fn received(&mut self) {
-        self.received += 1;
+        self.received = (self.received + 1).min(self.sent);
     }
 }
 
@@ -100,10 +103,16 @@ mod tests {
             w.sent();
         }
         assert!(w.is_open());
-        // More replies than requests (a program that answers twice): never below zero.
+        // More replies than requests (a program that answers twice): never below zero, and the
+        // surplus opens nothing later.
         for _ in 0..200 {
             w.received();
         }
         assert_eq!(w.unanswered(), 0);
+        w.set_limit(Some(4)).unwrap();
+        for _ in 0..4 {
+            w.sent();
+        }
+        assert!(!w.is_open(), "repeats received earlier do not widen the window");
     }
 }

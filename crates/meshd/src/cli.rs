@@ -206,7 +206,9 @@ pub enum ServiceCommand {
         /// Bytes per reply: a multiple of 8 from 8 to 65536 (default: --msg-size).
         #[arg(long)]
         reply_size: Option<u32>,
-        /// Replies each client's ring holds before the program's reply to it says full (a power of two).
+        /// Replies each client's ring holds (a power of two): also each client's window, the requests
+        /// it may have unanswered at once (the client APIs refuse a send past it; past it the
+        /// program's reply would find the ring full).
         #[arg(long, default_value_t = 16)]
         reply_capacity: u32,
         /// Fan-in shards, for more clients sending in parallel: the request channel becomes this

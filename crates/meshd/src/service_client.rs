@@ -277,7 +277,8 @@ impl ServiceClient {
 
     /// Sends `req`, then receives the next reply into `out`, both within `timeout`. The next reply
     /// is this request's when the client has no other request in flight (a reply that came after an
-    /// earlier request timed out is received here first).
+    /// earlier request timed out is received here first). Fails at once, nothing sent, when the
+    /// window is full (as [`send`](Self::send)).
     pub fn request(&mut self, req: &[u8], out: &mut [u8], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         self.send(req, timeout)?;

@@ -200,6 +200,10 @@ class Service:
             )
         self._window = window
 
+    def _got_reply(self) -> None:
+        # Never more than were sent: a reply the program repeated (after its crash) opens nothing.
+        self._received = min(self._received + 1, self._sent)
+
     def _window_open(self) -> bool:
         return self._window is None or self.unanswered < self._window
 
@@ -234,28 +238,31 @@ class Service:
     def recv(self, timeout: float | None = None) -> bytes:
         """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
         reply = self._rx.recv(timeout)
-        self._received += 1
+        self._got_reply()
         return reply
 
     def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """The next reply into ``buffer`` (writable, exactly ``reply_size`` bytes), waiting."""
         self._rx.recv_into(buffer, timeout)
-        self._received += 1
+        self._got_reply()
 
     def try_recv(self) -> bytes | None:
         """The next reply, or None when none is waiting. Keeps the GIL."""
         reply = self._rx.try_recv()
-        self._received += reply is not None
+        if reply is not None:
+            self._got_reply()
         return reply
 
     def try_recv_into(self, buffer: Buffer) -> bool:
         """The next reply into ``buffer``; False when none is waiting. Keeps the GIL."""
         got = self._rx.try_recv_into(buffer)
-        self._received += got
+        if got:
+            self._got_reply()
         return got
 
     def request(self, msg: Buffer, timeout: float | None = None) -> bytes:
-        """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together."""
+        """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together.
+        WindowFullError at once, nothing sent, when the window is full."""
         deadline = _aio._check_timeout(timeout)
         self.send(msg, timeout)
         return self.recv(_remaining(deadline))
@@ -291,13 +298,13 @@ class Service:
     async def arecv(self, timeout: float | None = None) -> bytes:
         """:meth:`recv` for asyncio."""
         reply = await _aio.arecv(self._rx, timeout)
-        self._received += 1
+        self._got_reply()
         return reply
 
     async def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """:meth:`recv_into` for asyncio."""
         await _aio.arecv_into(self._rx, buffer, timeout)
-        self._received += 1
+        self._got_reply()
 
     async def arequest(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """:meth:`request` for asyncio: ``timeout`` bounds the send and the reply together."""
@@ -307,7 +314,7 @@ class Service:
         await _aio._poll_until(tx.name, lambda: tx.try_send(msg), deadline, timeout, "send")
         self._sent += 1
         reply: bytes = await _aio._poll_until(rx.name, rx.try_recv, deadline, timeout)
-        self._received += 1
+        self._got_reply()
         return reply
 
     # ---- leaving ----
