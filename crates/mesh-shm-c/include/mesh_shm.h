@@ -401,6 +401,12 @@ MeshStatus mesh_service_request(struct MeshService *s,
 // `s` is NULL or a live service client; `out` is NULL or writable.
 MeshStatus mesh_service_unanswered(const struct MeshService *s, uint64_t *out);
 
+// The client's window into `*out`: how many requests may be unanswered at once (0: no limit).
+//
+// # Safety
+// `s` is NULL or a live service client; `out` is NULL or writable.
+MeshStatus mesh_service_window(const struct MeshService *s, uint32_t *out);
+
 // Sets the client's window: at most `window` requests unanswered, 1 to the reply ring's capacity
 // (the default); 0 for no limit, for a service whose program does not answer each request exactly
 // once (with it, a client that sends more than its ring holds before reading can hold up every

@@ -501,6 +501,22 @@ pub unsafe extern "C" fn mesh_service_unanswered(s: *const MeshService, out: *mu
     })
 }
 
+/// The client's window into `*out`: how many requests may be unanswered at once (0: no limit).
+///
+/// # Safety
+/// `s` is NULL or a live service client; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mesh_service_window(s: *const MeshService, out: *mut u32) -> MeshStatus {
+    guard(|| {
+        if s.is_null() || out.is_null() {
+            return fail(MESH_ERR_NULL, "mesh_service_window: s or out is NULL");
+        }
+        // SAFETY: a live client and a writable `out`, by the caller's contract.
+        unsafe { *out = (*s).window.limit().unwrap_or(0) };
+        MESH_OK
+    })
+}
+
 /// Sets the client's window: at most `window` requests unanswered, 1 to the reply ring's capacity
 /// (the default); 0 for no limit, for a service whose program does not answer each request exactly
 /// once (with it, a client that sends more than its ring holds before reading can hold up every

@@ -250,8 +250,11 @@ fn the_window_keeps_at_most_the_reply_rings_capacity_unanswered() {
     let msg = [0u8; 32];
     let mut out = [0u8; 32];
     let mut unanswered = 0u64;
+    let mut window = 0u32;
     // SAFETY: a live client, buffers of the lengths given; the client is closed once, at the end.
     unsafe {
+        assert_eq!(mesh_service_window(svc, &mut window), MESH_OK);
+        assert_eq!(window, 16, "the reply ring's capacity");
         for k in 0..16 {
             assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_OK, "request {k}");
         }
@@ -283,6 +286,8 @@ fn the_window_keeps_at_most_the_reply_rings_capacity_unanswered() {
         assert_eq!(mesh_service_try_send(svc, msg.as_ptr().cast(), 32), MESH_FULL);
         assert_eq!(mesh_service_recv(svc, out.as_mut_ptr().cast(), 32, 5000), MESH_OK);
         assert_eq!(mesh_service_set_window(svc, 0), MESH_OK);
+        assert_eq!(mesh_service_window(svc, &mut window), MESH_OK);
+        assert_eq!(window, 0, "no limit");
         for _ in 0..20 {
             assert_eq!(mesh_service_send(svc, msg.as_ptr().cast(), 32, 5000), MESH_OK, "{}", last_error());
         }
