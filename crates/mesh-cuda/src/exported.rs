@@ -378,14 +378,28 @@ impl SharedRings {
     /// meshd's); a ring whose channel is gone is released.
     pub fn renew_all(&mut self, mailbox: &Mailbox) -> Vec<String> {
         let mut errors = Vec::new();
-        let channels = match mailbox.channels() {
-            Ok(c) => c,
-            Err(e) => return vec![format!("device rings after the recovery: reading the mailbox's channels: {e}")],
-        };
+        // Each descriptor on its own: one that a peer process damaged is reported, and every other
+        // channel's ring is renewed all the same.
+        let mut channels = Vec::new();
+        for c in mailbox.channels_each() {
+            match c {
+                Ok(info) => channels.push(info),
+                Err(e) => errors.push(format!("device rings after the recovery: a channel left as it was: {e}")),
+            }
+        }
+        let unreadable = !errors.is_empty();
         let indices: Vec<u32> = self.rings.keys().copied().collect();
         for index in indices {
             let Some(info) = channels.iter().find(|c| c.index == index).cloned() else {
-                self.rings.remove(&index);
+                // Gone, unless its descriptor is one that could not be read: then its ring is kept
+                // (memory meshd owns) and marked to be zeroed, as every renewed one is.
+                if unreadable {
+                    if let Some(r) = self.rings.get_mut(&index) {
+                        r.dirty = true;
+                    }
+                } else {
+                    self.rings.remove(&index);
+                }
                 continue;
             };
             if let Some(r) = self.rings.get_mut(&index) {

@@ -129,9 +129,11 @@ fn replay_windows(mailbox: &Mailbox) -> Vec<Replay> {
             bound.extend(slot.bindings());
         }
     }
-    let Ok(channels) = mailbox.channels() else { return Vec::new() };
-    channels
+    // Each descriptor on its own: a damaged one (a peer process can write any) hides only itself.
+    mailbox
+        .channels_each()
         .into_iter()
+        .filter_map(Result::ok)
         .filter(|c| bound.contains(&c.index) && c.consumer_pid.is_none() && c.head > c.tail)
         .map(|c| Replay { channel: c.name, from: c.tail, at_most: c.head - c.tail })
         .collect()
