@@ -269,9 +269,31 @@ fn service_lines(services: &[meshd::protocol::ServiceRow]) -> Vec<String> {
             if let Some(e) = &s.error {
                 line.push_str(&format!("; unreadable: {e}"));
             }
+            line.push_str(&trouble(&s.events));
             line
         })
         .collect()
+}
+
+/// What went wrong with a service's clients since meshd started, for `ps` (nothing when nothing did:
+/// attaches and detaches are the normal course, `info` and the metrics count them).
+fn trouble(e: &meshd::protocol::ServiceEvents) -> String {
+    let mut said = Vec::new();
+    if e.died > 0 {
+        let killed = if e.stall_killed > 0 {
+            format!(", {} killed by the stall watcher", e.stall_killed)
+        } else {
+            String::new()
+        };
+        said.push(format!("{} client(s) died{killed}", e.died));
+    }
+    if e.skipped > 0 {
+        said.push(format!("{} request(s) cut off by a death", e.skipped));
+    }
+    if e.stall_revoked > 0 {
+        said.push(format!("{} reservation(s) revoked from stalled clients (sent again)", e.stall_revoked));
+    }
+    if said.is_empty() { String::new() } else { format!("; since meshd started: {}", said.join(", ")) }
 }
 
 /// `ps --json`: one array, the programs' rows, then the native workers' rows marked `"native": true`
@@ -639,7 +661,14 @@ mod tests {
                 held_by: None,
                 holds: Vec::new(),
                 error: None,
-                events: meshd::protocol::ServiceEvents::default(),
+                events: meshd::protocol::ServiceEvents {
+                    attached: 9,
+                    detached: 4,
+                    died: 3,
+                    skipped: 1,
+                    stall_revoked: 2,
+                    stall_killed: 1,
+                },
             },
             ServiceRow { name: "idle".into(), entries: 4, ..ServiceRow::default() },
             ServiceRow {
@@ -685,7 +714,8 @@ mod tests {
         assert_eq!(
             lines[0],
             "service kv: 2 of 8 client slot(s) bound (0x10000 pid 41, 0x20003 pid 42); 1 left by departed clients, \
-             waiting for the serving program to acknowledge"
+             waiting for the serving program to acknowledge; since meshd started: 3 client(s) died, 1 killed by the \
+             stall watcher, 1 request(s) cut off by a death, 2 reservation(s) revoked from stalled clients (sent again)"
         );
         assert_eq!(lines[1], "service idle: 0 of 4 client slot(s) bound");
         assert_eq!(
