@@ -133,3 +133,56 @@ fn the_example_programs_in_the_header_and_the_readme_compile() {
     }
     println!("{} example programs compiled ({from_header} from mesh.cuh, the rest from the README)", examples.len());
 }
+
+/// Every GPU test program (tests/programs/*.cu: the GPU tests', the benchmarks' and their `_x_`
+/// variants) compiles against the header as it is, with the emulation's definitions of CUDA's
+/// built-ins (syntax and types only): a header change that breaks a program, or a variant written
+/// without nvcc at hand, is caught here instead of by nvcc in a device call.
+#[test]
+fn every_test_program_compiles_against_the_header() {
+    let Some(cxx) = compiler() else {
+        println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for tests/programs");
+        return;
+    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let programs = manifest.join("../../tests/programs");
+    let mut sources: Vec<_> = std::fs::read_dir(&programs)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    assert!(sources.len() >= 40, "found {} programs in {}", sources.len(), programs.display());
+    let check = |source: &Path| {
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-fsyntax-only", "-Wno-unknown-pragmas", "-Wno-unused-function", "-x", "c++"])
+            .arg("-include")
+            .arg(manifest.join("tests/emu/warp_emu.h"))
+            .arg("-I")
+            .arg(manifest.join("include"))
+            .arg("-I")
+            .arg(&programs)
+            .arg(source)
+            .output()
+            .expect("run the compiler");
+        (source.to_path_buf(), out)
+    };
+    // Two at a time: the CI machine has two cores.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let (a, b): (Vec<_>, Vec<_>) = sources.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        let first = s.spawn(|| a.into_iter().map(|(_, p)| check(p)).collect::<Vec<_>>());
+        let second = s.spawn(|| b.into_iter().map(|(_, p)| check(p)).collect::<Vec<_>>());
+        let mut all = first.join().unwrap();
+        all.extend(second.join().unwrap());
+        all
+    });
+    for (source, out) in &results {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && (err.contains("c++20") || err.contains("<barrier>")) {
+            println!("SKIPPED: {cxx} cannot build C++20: {}", err.lines().next().unwrap_or(""));
+            return;
+        }
+        assert!(out.status.success(), "{} does not compile against mesh.cuh:\n{err}", source.display());
+    }
+    println!("{} programs compiled against mesh.cuh", results.len());
+}
