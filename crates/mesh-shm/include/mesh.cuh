@@ -1034,9 +1034,29 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 // reply ring per client slot, handed out by meshd). Host side: mesh-shm's fanin.rs, group.rs and
 // service.rs define the bytes; the calls below follow their rules word for word.
 //
+// The contract, in one place:
+//   * Lanes: the 32 lanes of one warp call every call of this section, and mesh_should_stop, together
+//     and converged (no lane-dependent branch around them); mesh_begin, mesh_heartbeat, mesh_end and
+//     mesh_exit are lane 0's alone. More warps serving one service: tests/programs/service_x_warps.cu.
+//   * Client ids: a request's sender id is `slot | epoch << 16` (the epoch's low 16 bits). Keep
+//     per-client state in an array indexed by `id & 0xffffu` (below `out.entries`, the group's client
+//     slots; at most MESH_GROUP_MAX_ENTRIES with the built-in state); reset it when mesh_group_departed
+//     returns the slot. meshd gives a slot to a new client (the next epoch) only after that
+//     acknowledgement, but requests the departed client sent before it left may still be taken after
+//     it, even once the slot has its new client: mesh_reply says GONE to them (mesh_reply_many sets
+//     their bit in `dropped`). So change per-client state only for requests answered SENT (not
+//     dropped), or keep the epoch (`id >> 16`) with the state and ignore other epochs.
+//   * Program state across launches: `__device__` globals live in the program's module. They outlive
+//     the relaunches of a blink made for another program's change; they are lost at the program's
+//     own upgrade and unload, at a recovery (the context is made again and every module reloaded), at
+//     a restart of meshd, and in MPS mode whenever the program's worker changes. What must outlive
+//     those belongs in the mailbox (a channel, user words) or is rebuilt from it.
+//
 // The simplest loop, one request at a time (tests/programs/service_x_serial.cu is this program, plus a
 // heartbeat and counters in user words; meshd binds the fan-in first, the group second; replies here:
-// the request with payload word 1 incremented, so the reply size must be the request size). A service
+// the request with payload word 1 incremented, so the reply size must be the request size; with a
+// different `--reply-size`, reply from a buffer of out.msg_size bytes, filled when the request is taken
+// and kept unchanged while `held`, since a held reply is sent again as it was). A service
 // of more than a few clients should take many requests per round trip instead: "Many requests per
 // round trip" below, the loop of tests/programs/service.cu, 3.5-4.6x the rate with 8 or 64 clients.
 //
@@ -1151,6 +1171,8 @@ static_assert(MESH_PROTOCOL_FANIN == 3u && MESH_PROTOCOL_GROUP == 4u, "protocol 
 #endif
 // Entries mesh_group_open(ctx, b) can serve with its built-in state (one mesh_reply_state each, in
 // device memory); a larger group needs mesh_group_open(ctx, b, state, max) with the caller's array.
+// Define it before including mesh.cuh to change it. The built-in array is one for the whole module,
+// shared by every call of that overload: a program with two groups passes its own arrays.
 #ifndef MESH_GROUP_MAX_ENTRIES
 #define MESH_GROUP_MAX_ENTRIES 1024u
 #endif
@@ -1383,7 +1405,17 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // taking them; mesh_reply_many answers a prefix of them, [0, done): every one unless a client's reply
 // ring is full, in which case it stops at that client's first request that found no room, and sends
 // nothing after it; mesh_fanin_consume gives back the prefix. The rest are peeked again by the next
-// call, from the mailbox, as they came (so `f` is applied to a fresh copy). A stop publishes the
+// call, from the mailbox, as they came (so `f` is applied to a fresh copy). A request at or after
+// `done` has had `f` applied and will have it applied again: `f` may compute replies, but must not
+// change program state until its request is answered. Compute into the reply buffer, then, after
+// mesh_reply_many, commit the state of the requests j < done whose bit is clear in `skipped | dropped`
+// (an idempotent change, a plain put, may be made early). Lane j per request suits requests that are
+// independent of each other: the requests of one batch are in fan-in order, several may come from one
+// client (in its order) or touch one key, so a program with shared state applies them in batch order
+// (one lane, j = 0 .. n - 1) or combines each client's requests (__match_any_sync on from[j]). With a
+// reply size other than the request size, replies go in a buffer of their own: mesh_reply_many reads
+// reply j at `msgs + j * out.msg_size` (the group's size), and the peek writes request j at
+// `buf + j * in.ch.msg_size`. A stop publishes the
 // consumed position, so the next launch answers exactly the requests this one did not: an orderly
 // stop loses no reply and repeats none, as with the deferred take. As in the loop above, a client
 // whose ring stays full stalls the requests behind its own until it reads or leaves.
@@ -1446,11 +1478,16 @@ static __device__ __forceinline__ void mesh_fanin_load(const mesh_fanin* f, uint
 }
 
 // Copies the whole requests at the fan-in's position, up to `max` (at most MESH_FANIN_BATCH_MAX), in
-// order, into `buf` (request j at j * msg_size bytes; 4-byte aligned, shared or global memory), their
+// order, into `buf` (request j at j * msg_size bytes; 4-byte aligned, shared or global memory: size it
+// for `max` requests), their
 // senders into `senders[j]`, and sets bit j of *skipped for a slot completed as a skip (a send cut
 // off: nothing to answer; slots of a kind no producer writes count as skips and in `corrupt`; a
 // skipped request's part of `buf` holds whatever its slot held). Returns how many (the same on every
-// lane); 0 when the first is not whole yet. Takes nothing: mesh_fanin_consume does. All the slots'
+// lane); 0 when the first is not whole yet. One call returns at most min(max, 32, 1088 / (2 +
+// msg_size / 4)) requests, at least one: what one round trip's loads hold (32 requests up to 64 bytes,
+// 4 at 1 KiB, 1 above about 4 KiB, which then takes several round trips; fewer where the ring's end
+// comes first). Takes nothing:
+// mesh_fanin_consume does. All the slots'
 // words are loaded with 16-byte loads, all issued before any is used, and each word is judged by its
 // own tag, as mesh_fanin_take_deferred does. With MESH_FANIN_PREFETCH 1, before it returns requests it
 // issues the loads of the slots after them, which the next call uses if it peeks there: values loaded
@@ -1975,7 +2012,8 @@ static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t 
 #define MESH_REPLY_TRUST_WINDOW 0
 #endif
 
-// Replies `msg` (msg_size bytes, 4-byte aligned) to `client` (a sender id from mesh_fanin_take).
+// Replies `msg` (msg_size bytes, 4-byte aligned) to `client` (a sender id: from mesh_fanin_take or
+// mesh_fanin_take_deferred, or senders[j] of mesh_fanin_peek).
 // GONE unless the id's epoch is the entry's bound one: read, when this warp has not already seen that
 // epoch bound, with ONE 8-byte acquire load of the entry's epoch+state word (two loads could pair the
 // next client's `bound` with this client's epoch). Seen bound once, it stays good without a load until
@@ -2029,7 +2067,8 @@ static __device__ __forceinline__ int mesh_reply(mesh_group* g, uint32_t client,
 // Answers requests [0, n) of a peek: request j's reply is `msgs + j * msg_size` (4-byte aligned), to
 // `clients[j]`, unless bit j of `skip` is set (a skipped slot: nothing to answer). Returns `done`: how
 // many of them, from the first, are answered or dropped. A request to a client that is not bound (it
-// left: GONE) is dropped and its bit set in *dropped. When a client's ring has no room for all its
+// left: GONE), or whose id names no entry, is dropped and its bit set in *dropped (bits j < done only;
+// those at or above `done` are 0). When a client's ring has no room for all its
 // requests of the batch (its tail is read, one round trip, only when it looks full), `done` is the
 // index of its first request that found none, and nothing at or after that index is sent (so the
 // requests after it stay in the fan-in, to be peeked and answered later, in order): n unless a client is
@@ -2163,7 +2202,9 @@ static __device__ __forceinline__ void mesh_group_ack(mesh_group* g, uint32_t sl
 
 // Returns true with the id (`slot | epoch << 16`, as in the fan-in's sender words) of one departed
 // client, acknowledged as it is returned: drop its state, and reply to it no more (mesh_reply would say
-// GONE). Call it in a loop until false. Reads the group's `changes` word rate-limited (one relaxed
+// GONE). Requests it sent before it left may still be taken after this, even once its slot has a new
+// client (whose id has the next epoch): they come back GONE (`dropped`), and must not touch the new
+// client's state (the section's opening, "Client ids"). Call it in a loop until false. Reads the group's `changes` word rate-limited (one relaxed
 // load every MESH_GROUP_PERIOD_NS, looked at a period later); when that moved, or on the first call
 // after the open (acknowledging what the last launch had not), it reads `changes` again with an
 // acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32

@@ -95,24 +95,30 @@ void drive() {
                 st(group_at() + MESH_GROUP_CHANGES, ld(group_at() + MESH_GROUP_CHANGES) + 1);
             }
             // Read every whole reply.
-            for (;;) {
-                const uint64_t t = reply_tail[c];
-                const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS + (t & (kReplyCapacity - 1)) * kMsg * 2);
-                bool whole = true;
-                for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_tag(t);
-                if (!whole) break;
-                if (acked[c]) fail("a reply in a departed client's ring after its acknowledgement", c, (long)t);
-                const uint32_t n = (uint32_t)emu_ld(&r[0]);
-                if (n != got[c]) fail("reply out of order", c, n);
-                if ((uint32_t)emu_ld(&r[1]) != n * 3u + 2u) fail("reply word 1", c, n);
-                for (uint32_t i = 2; i < kWords; i++)
-                    if ((uint32_t)emu_ld(&r[i]) != body_word(c, n, i)) fail("reply body", c, i);
-                got[c]++;
-                replies_read++;
-                reply_tail[c] = t + 1;
-                st(ring_at(c) + MESH_RING_TAIL, t + 1);
-            }
+            auto read_replies = [&] {
+                for (;;) {
+                    const uint64_t t = reply_tail[c];
+                    const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS + (t & (kReplyCapacity - 1)) * kMsg * 2);
+                    bool whole = true;
+                    for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_tag(t);
+                    if (!whole) break;
+                    if (acked[c]) fail("a reply in a departed client's ring after its acknowledgement", c, (long)t);
+                    const uint32_t n = (uint32_t)emu_ld(&r[0]);
+                    if (n != got[c]) fail("reply out of order", c, n);
+                    if ((uint32_t)emu_ld(&r[1]) != n * 3u + 2u) fail("reply word 1", c, n);
+                    for (uint32_t i = 2; i < kWords; i++)
+                        if ((uint32_t)emu_ld(&r[i]) != body_word(c, n, i)) fail("reply body", c, i);
+                    got[c]++;
+                    replies_read++;
+                    reply_tail[c] = t + 1;
+                    st(ring_at(c) + MESH_RING_TAIL, t + 1);
+                }
+            };
+            read_replies();
             if (departed[c] && !acked[c] && (uint32_t)ld(entry_at(c) + MESH_GROUP_ENTRY_ACKED) == 1u) {
+                // The ack is released after every reply the program wrote to this client: those that
+                // landed between the read above and the ack are read now, before the ack counts.
+                read_replies();
                 acked[c] = true;  // from now on nothing may reach its ring (checked above, on every pass)
                 acked_tail[c] = reply_tail[c];
             }
