@@ -5,11 +5,11 @@
 //! C-contiguous buffer in place (bytes, bytearray, memoryview, numpy arrays), `recv_into` writes into
 //! a writable one, `recv` fills a new `bytes` object directly. One `Producer` and one `Consumer` class
 //! serve every protocol: the end reads the channel's (ll and index: mesh-shm's `Producer`/`Consumer`;
-//! bulk: [`bulk`]'s ends, which also lend a slot in place as a `SlotView`). A service's client
-//! (issue 26) has two ends of its own, [`service`]'s `FanInSender` and `GroupClient`, which
+//! bulk: `bulk`'s ends, which also lend a slot in place as a `SlotView`). A service's client
+//! (issue 26) has two ends of its own, `service`'s `FanInSender` and `GroupClient`, which
 //! `meshd.Service` pairs with its lease on the control socket.
 //!
-//! Blocking calls release the GIL and come back for it every [`SIGNAL_CHECK`] to let Python run its
+//! Blocking calls release the GIL and come back for it every `SIGNAL_CHECK` to let Python run its
 //! signal handlers (Ctrl-C raises `KeyboardInterrupt` there); the `try_` calls keep the GIL, since
 //! releasing it costs more than one attempt. Errors are the classes of `meshd._errors`, one per
 //! mesh-shm error kind, carrying mesh-shm's own text.

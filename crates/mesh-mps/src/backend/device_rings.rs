@@ -9,7 +9,7 @@ use super::*;
 /// opened, and when they are served.
 static DEVICE_CHANNELS_REFUSED: Mutex<Option<String>> = Mutex::new(None);
 
-/// Why a device channel is refused in MPS mode now (see [`DEVICE_CHANNELS_REFUSED`]), else `None`.
+/// Why a device channel is refused in MPS mode now (see `DEVICE_CHANNELS_REFUSED`), else `None`.
 pub fn device_channels_refusal() -> Option<String> {
     DEVICE_CHANNELS_REFUSED.lock().clone()
 }

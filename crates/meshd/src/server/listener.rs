@@ -23,7 +23,7 @@ use crate::protocol::{
 };
 
 impl Server {
-    /// Serves `listener` until a `shutdown` request or a stop (signal or [`StopHandle`]).
+    /// Serves `listener` until a `shutdown` request or a stop (signal or [`StopHandle`](super::StopHandle)).
     /// Returns whether every program stopped (false: some kernel ignored its stop request and still runs).
     pub fn run(self, listener: UnixListener) -> Result<bool> {
         listener.set_nonblocking(true)?;
