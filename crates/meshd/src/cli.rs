@@ -227,8 +227,9 @@ pub enum ServiceCommand {
     /// Attaches to the service (a client slot, as meshd::ServiceClient does), sends each MESSAGE in
     /// turn and prints its reply on a line of its own (text with trailing zero bytes cut, or hex),
     /// then detaches. A request is zero-padded to the service's request size.
-    #[command(after_help = "Example: meshd service request kv hello world
-                                     meshd service request kv --hex 0000000029000000")]
+    #[command(
+        after_help = "Examples:\n  meshd service request kv hello world\n  meshd service request kv --hex 0000000029000000"
+    )]
     Request {
         /// The service's name.
         name: String,
