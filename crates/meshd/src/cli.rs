@@ -189,7 +189,7 @@ pub enum ServiceCommand {
     /// mesh_service_connect): each gets a slot of its own until it detaches or its process ends,
     /// kill -9 included.
     #[command(after_help = "Example: meshd service create kv --clients 8 --msg-size 64\n\
-                            then:    meshd load kv-server kv.ptx --bind kv --bind kv.replies")]
+                            then:    meshd load kv-server tests/programs/service.ptx --bind kv --bind kv.replies")]
     Create {
         /// The service's name, at most 40 bytes (its reply group's channel is NAME.replies).
         name: String,
