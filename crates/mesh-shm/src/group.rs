@@ -625,16 +625,30 @@ impl GroupMeshd {
     /// The bound clients and their holders: what a restarted meshd checks for liveness (and departs
     /// the dead of, after completing their fan-in slots).
     pub fn bound(&self) -> Result<Vec<(ClientId, Option<Holder>)>, GroupError> {
-        let mut out = Vec::new();
+        let (bound, mut corrupt) = self.bound_each();
+        match corrupt.drain(..).next() {
+            Some(e) => Err(e),
+            None => Ok(bound),
+        }
+    }
+
+    /// [`GroupMeshd::bound`], entry by entry: the bound clients of the entries that could be read, and
+    /// an error for each that could not (a binding word in no state meshd writes: a peer process
+    /// wrote it), so that one damaged entry hides no other client.
+    pub fn bound_each(&self) -> (Vec<(ClientId, Option<Holder>)>, Vec<GroupError>) {
+        let (mut out, mut corrupt) = (Vec::new(), Vec::new());
         for slot in 0..self.group.entries {
             #[allow(clippy::cast_possible_truncation, reason = "slot < entries <= 2^16")]
             let slot = slot as u16;
-            let (e, epoch, state) = self.group.binding_of(slot, Ordering::Relaxed)?;
-            if state == EntryState::Bound {
-                out.push((ClientId::new(slot, epoch), Holder::from_word(e.meshd.holder.load(Ordering::Relaxed))));
+            match self.group.binding_of(slot, Ordering::Relaxed) {
+                Ok((e, epoch, EntryState::Bound)) => {
+                    out.push((ClientId::new(slot, epoch), Holder::from_word(e.meshd.holder.load(Ordering::Relaxed))));
+                }
+                Ok(_) => {}
+                Err(err) => corrupt.push(err),
             }
         }
-        Ok(out)
+        (out, corrupt)
     }
 }
 
@@ -695,19 +709,32 @@ impl GroupProgram {
     }
 
     /// Every departed entry whose departure is not acknowledged, in slot order (a full scan, whatever
-    /// `changes` says).
+    /// `changes` says); the first entry whose binding word is in no state meshd writes is an error.
     pub fn scan(&self) -> Result<Vec<Departed>, GroupError> {
-        let mut out = Vec::new();
+        let (found, mut corrupt) = self.scan_each();
+        match corrupt.drain(..).next() {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    }
+
+    /// [`GroupProgram::scan`], entry by entry: the departures of the entries that could be read, and
+    /// an error for each that could not.
+    fn scan_each(&self) -> (Vec<Departed>, Vec<GroupError>) {
+        let (mut out, mut corrupt) = (Vec::new(), Vec::new());
         for slot in 0..self.group.entries {
             #[allow(clippy::cast_possible_truncation, reason = "slot < entries <= 2^16")]
             let slot = slot as u16;
-            let (e, epoch, state) = self.group.binding_of(slot, Ordering::Acquire)?;
-            // Relaxed: the program is the ack's only writer.
-            if state == EntryState::Departed && e.program.acked_epoch.load(Ordering::Relaxed) != epoch {
-                out.push(Departed { slot, epoch });
+            match self.group.binding_of(slot, Ordering::Acquire) {
+                // Relaxed: the program is the ack's only writer.
+                Ok((e, epoch, EntryState::Departed)) if e.program.acked_epoch.load(Ordering::Relaxed) != epoch => {
+                    out.push(Departed { slot, epoch });
+                }
+                Ok(_) => {}
+                Err(err) => corrupt.push(err),
             }
         }
-        Ok(out)
+        (out, corrupt)
     }
 
     /// Acknowledges a departure: the caller has dropped the client's state and will send it nothing
@@ -727,7 +754,10 @@ impl GroupProgram {
 
     /// The departures since the last call, each acknowledged as it is returned (the caller drops the
     /// client's state). Reads `changes` first and scans only when it has moved; a restarted program's
-    /// first call scans, and so acknowledges what the last launch had not.
+    /// first call scans, and so acknowledges what the last launch had not. An entry whose binding word
+    /// is in no state meshd writes (a peer process wrote it) is passed over, as mesh.cuh's
+    /// mesh_group_departed passes it over, so that it holds back no other departure;
+    /// [`GroupProgram::scan`] names it.
     pub fn departures(&mut self) -> Result<Vec<ClientId>, GroupError> {
         // Acquire: every entry change this count covers is visible to the scan. A change made after
         // this read bumps the count again and is caught by the next call.
@@ -735,7 +765,7 @@ impl GroupProgram {
         if self.seen_changes == Some(changes) {
             return Ok(Vec::new());
         }
-        let found = self.scan()?;
+        let (found, _) = self.scan_each();
         for &d in &found {
             self.ack(d)?;
         }
@@ -1248,6 +1278,11 @@ mod tests {
         let mut prog = GroupProgram::new(g2);
         assert_eq!(prog.reply(a, &[0; 8]), Err(GroupError::Ring { slot: 1, corrupt: Corrupt { head: 1000, tail: 0 } }));
         assert!(ReplyReceiver::new(&g, a).is_err());
+        // The corrupt entry holds back no other departure: scan names it, departures passes it over.
+        meshd.depart(a).unwrap();
+        assert_eq!(prog.scan(), Err(GroupError::BadState { slot: 0, word: bad }));
+        assert_eq!(prog.departures(), Ok(vec![a]), "entry 1's departure acknowledged past entry 0");
+        assert_eq!(g.entry(1).unwrap().program.acked_epoch.load(Ordering::Acquire), a.epoch16().into());
     }
 
     #[test]

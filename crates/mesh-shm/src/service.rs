@@ -409,6 +409,13 @@ impl ServiceOwner {
         self.core.group().bound().map_err(|e| self.err(e))
     }
 
+    /// [`ServiceOwner::bound`] entry by entry: the bound clients of the entries that could be read,
+    /// and an error naming each that could not (one damaged entry hides no other client).
+    pub fn bound_each(&self) -> (Vec<(ClientId, Option<Holder>)>, Vec<ShmError>) {
+        let (bound, corrupt) = self.core.group().bound_each();
+        (bound, corrupt.into_iter().map(|e| self.err(e)).collect())
+    }
+
     /// Entry `slot` as it stands.
     pub fn entry(&self, slot: u16) -> Result<EntrySnapshot> {
         self.group.snapshot(slot).map_err(|e| self.err(e))

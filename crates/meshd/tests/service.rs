@@ -880,6 +880,41 @@ fn a_restarted_meshd_watches_a_live_client_and_departs_it_when_killed() {
     third.stop();
 }
 
+/// An entry damaged while no meshd ran (its binding word in no state meshd writes) hides no other
+/// client: the next meshd names it in `info`'s error, lists the live client, watches it, and departs
+/// it when it is killed.
+#[test]
+fn a_damaged_entry_hides_no_other_client_from_a_restarted_meshd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, socket) = (dir.path().join("mb"), dir.path().join("sock"));
+    let first = start(dir.path());
+    first.create("svc", 2, 16, 4);
+    let program = Program::start(&Mailbox::open(&path).unwrap(), "svc");
+    let mut client = ChildClient::spawn(&socket, "svc");
+    client.expect("STREAMING");
+    first.stop();
+    let mb = Mailbox::open(&path).unwrap();
+    let group = mb.channel("svc.replies").unwrap();
+    let other = 1 - u64::from(client.slot());
+    // Entry `other`'s binding word (its meshd line: after the group's header line, two lines an entry).
+    let at = group.slots_offset + 128 + 2 * 128 * other;
+    let (base, len) = mb.as_raw_parts();
+    assert!(at as usize + 8 <= len);
+    // SAFETY: an 8-aligned word inside the mapping, which `mb` keeps alive; shared words are atomic.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(base.add(at as usize).cast()) }
+        .store(7 << 32 | 1, Ordering::Release);
+    let second = Meshd::start(Mailbox::open(&path).unwrap(), &socket);
+    let row = second.service("svc");
+    assert_eq!(row.clients.len(), 1, "the live client is still listed: {row:?}");
+    assert_eq!((row.clients[0].id, row.clients[0].pid), (client.id, client.child.id()));
+    assert!(row.error.as_deref().is_some_and(|e| e.contains(&format!("entry {other}"))), "{row:?}");
+    let id = client.kill9();
+    departed(&second, "svc", id);
+    let served = program.stop();
+    assert!(served.skips.iter().all(|&s| s == id), "{:?}", served.skips);
+    second.stop();
+}
+
 #[test]
 fn the_command_line_creates_a_service_and_shows_its_clients() {
     let dir = tempfile::tempdir().unwrap();

@@ -422,22 +422,26 @@ impl Services {
                 let holds: Vec<ServiceHold> = holds.into_iter().map(|(_, h)| h).collect();
                 let held_by = holds.first().cloned();
                 let events = self.records.lock().get(&name).map(|r| r.snapshot()).unwrap_or_default();
-                let read = self.owner(&name).and_then(|o| {
+                // Entry by entry: a damaged entry is named in `error`, and every other client is listed.
+                let read = self.owner(&name).map(|o| {
                     let o = o.lock();
-                    let clients = o.bound()?;
+                    let (clients, mut corrupt) = o.bound_each();
                     let shards = o.shards();
                     let mut awaiting_ack = 0;
                     for slot in 0..entries {
                         #[allow(clippy::cast_possible_truncation, reason = "slot < entries <= 2^16")]
-                        let e = o.entry(slot as u16)?;
-                        if e.state == EntryState::Departed && e.acked_epoch != e.epoch {
+                        if let Ok(e) = o.entry(slot as u16)
+                            && e.state == EntryState::Departed
+                            && e.acked_epoch != e.epoch
+                        {
                             awaiting_ack += 1;
                         }
                     }
-                    Ok((clients, awaiting_ack, shards))
+                    let error = corrupt.drain(..).next().map(|e| format!("{e:#}"));
+                    (clients, awaiting_ack, shards, error)
                 });
                 match read {
-                    Ok((clients, awaiting_ack, shards)) => ServiceRow {
+                    Ok((clients, awaiting_ack, shards, error)) => ServiceRow {
                         name,
                         entries,
                         shards,
@@ -450,7 +454,7 @@ impl Services {
                             .collect(),
                         held_by,
                         holds,
-                        error: None,
+                        error,
                         events,
                     },
                     Err(e) => ServiceRow {
@@ -825,17 +829,14 @@ pub(super) fn adopt(services: &Arc<Services>) {
                 continue;
             }
         };
-        let (repaired, bound) = {
+        let (repaired, (bound, corrupt)) = {
             let o = owner.lock();
-            (o.repair(), o.bound())
+            (o.repair(), o.bound_each())
         };
-        let bound = match bound {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(service = %name, "service's clients not checked at start: {e}");
-                continue;
-            }
-        };
+        // A damaged entry is left as it is, named; every other client is checked.
+        for e in corrupt {
+            tracing::warn!(service = %name, "a service client's entry not checked at start: {e}");
+        }
         let (mut departed, mut live) = (0, 0);
         for (id, holder) in bound {
             let Some(holder) = holder else {
