@@ -360,6 +360,10 @@ impl StateStore {
 
     /// The load that relaunches `p`: its stored image, shape, bindings and SMs.
     pub fn spec_of(&self, p: &Recorded) -> Result<ProgramSpec> {
+        // A SHA-256 in hex and nothing else: a record naming `../../dev/zero` would be read for ever.
+        if p.image_sha256.len() != 64 || !p.image_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bail!("program {:?}: its recorded image hash {:?} is not a SHA-256 in hex", p.name, p.image_sha256);
+        }
         let path = self.dir.join("images").join(&p.image_sha256);
         let image = std::fs::read(&path).with_context(|| format!("image {}", path.display()))?;
         if sha256_hex(&image) != p.image_sha256 {
@@ -688,6 +692,28 @@ mod tests {
         let mut owner = mesh_shm::ServiceOwner::open(&second, "kv", "kv.replies").unwrap();
         owner.connect(mesh_shm::claim::Holder::current()).unwrap();
         assert_eq!(back.restore_channels(&second).unwrap(), 0, "nothing missing any more");
+    }
+
+    #[test]
+    fn a_recorded_image_hash_that_is_no_hash_is_refused_before_any_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let rec = |hash: &str| Recorded {
+            name: "p".into(),
+            image_sha256: hash.into(),
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_mem: 0,
+            bindings: Vec::new(),
+            sms: None,
+            no_readiness: false,
+        };
+        for bad in ["../../../../dev/zero", "", "g".repeat(64).as_str(), &"a".repeat(65)] {
+            let err = store.spec_of(&rec(bad)).unwrap_err().to_string();
+            assert!(err.contains("not a SHA-256 in hex"), "{bad:?}: {err}");
+        }
+        let err = format!("{:#}", store.spec_of(&rec(&"ab".repeat(32))).unwrap_err());
+        assert!(err.contains("images"), "a well-formed hash is looked up: {err}");
     }
 
     #[test]
