@@ -112,12 +112,15 @@ impl Default for LaunchShape {
 impl LaunchShape {
     /// Blocks in the grid.
     pub fn blocks(&self) -> u64 {
-        self.grid.iter().map(|&d| u64::from(d)).product()
+        // Saturating, as [`Self::threads_per_block`].
+        self.grid.iter().fold(1u64, |n, &d| n.saturating_mul(u64::from(d)))
     }
 
     /// Threads per block.
     pub fn threads_per_block(&self) -> u64 {
-        self.block.iter().map(|&d| u64::from(d)).product()
+        // Saturating: three u32 overflow a u64 (a block of `[u32::MAX; 3]`, from a request or a
+        // damaged state file), and a wrapped product could pass for a small block.
+        self.block.iter().fold(1u64, |n, &d| n.saturating_mul(u64::from(d)))
     }
 }
 

@@ -104,6 +104,9 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     // Bound before the GPU is touched: a taken port refuses the start at once.
     let endpoint = args.monitor.metrics_addr.as_deref().map(meshd::http::Endpoint::bind).transpose()?;
     let config = MailboxConfig { size: args.shm_size, slots: args.slots, channels: args.channels };
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&shm));
+    // Before the mailbox is made: a directory of other files is refused with nothing made or removed.
+    StateStore::check_dir(&state_dir)?;
     let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
     let lock = claimed.lock;
@@ -119,7 +122,6 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     }
     // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
     cleanup::register("mailbox lock", move || lock.remove());
-    let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&shm));
     if args.fresh {
         StateStore::forget(&state_dir)?;
     }

@@ -203,10 +203,44 @@ fn release_slots(mailbox: &Mailbox) -> Vec<u32> {
     released
 }
 
-/// Refuses early (before any GPU work) when a live meshd answers on `path`.
+/// Refuses early (before any GPU work) a path [`check_socket_path`] refuses, or when a live meshd answers on `path`.
 pub fn check_socket_free(path: &Path) -> Result<()> {
+    check_socket_path(path)?;
     if path.exists() && UnixStream::connect(path).is_ok() {
         bail!("control socket {}: another meshd is listening there (give this one another --socket)", path.display());
+    }
+    Ok(())
+}
+
+/// Refuses, before anything else is done, a control socket path that cannot be bound or whose
+/// file must not be replaced: too long for a Unix socket, in a directory that is not there, or
+/// naming something other than a socket (a file, a directory, a FIFO, a device, a symbolic link),
+/// which [`bind_socket`] would otherwise remove as a stale socket.
+fn check_socket_path(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    // `sockaddr_un.sun_path`: 108 bytes, the terminating NUL included.
+    const MAX_SOCKET_PATH: usize = 107;
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        bail!(
+            "control socket {}: a path of {len} bytes, and a Unix socket's path holds at most {MAX_SOCKET_PATH}; \
+             give a shorter --socket",
+            path.display()
+        );
+    }
+    if let Ok(meta) = path.symlink_metadata()
+        && !meta.file_type().is_socket()
+    {
+        bail!(
+            "control socket {}: {} is there, not a socket (meshd replaces only a stale socket); remove it or give \
+             another --socket",
+            path.display(),
+            crate::state::kind_of(&meta.file_type())
+        );
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!("control socket {}: its directory {} does not exist", path.display(), dir.display());
     }
     Ok(())
 }

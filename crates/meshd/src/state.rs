@@ -226,6 +226,84 @@ pub struct DesiredState {
     pub recovery: Recovery,
 }
 
+/// The most `state.json` may hold: a record of everything a mailbox can hold is far smaller, and a
+/// file past it (or a link to `/dev/zero`) is refused rather than read whole.
+pub const MAX_STATE_FILE: u64 = 16 << 20;
+
+/// The most a stored image may hold: what a load may send ([`crate::protocol::MAX_IMAGE`]).
+const MAX_IMAGE: u64 = crate::protocol::MAX_IMAGE as u64;
+
+/// Reads `path`, which must be a regular file of at most `max` bytes, not a symbolic link: a FIFO
+/// (which would block), a device (endless), a link (out of the directory) or a file too big is
+/// refused, naming what it is, before anything is read.
+fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let refused = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(refused("a symbolic link, which the state directory does not follow".into()));
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(refused(format!("not a regular file ({})", kind_of(&meta.file_type()))));
+    }
+    if meta.len() > max {
+        return Err(refused(format!("{} bytes, at most {max}", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(refused(format!("more than {max} bytes")));
+    }
+    Ok(bytes)
+}
+
+/// What kind of file `t` is, in words.
+pub(crate) fn kind_of(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "an unknown kind of file"
+    }
+}
+
+/// Refuses an existing directory that holds anything meshd does not write there: `--state-dir`
+/// given a directory of other files would otherwise have its mode changed to 0700, and be removed
+/// whole by a clean shutdown ([`StateStore::forget`]).
+fn refuse_foreign(dir: &Path) -> Result<()> {
+    // Not there yet, or not a directory: the creation that follows says why.
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries {
+        let name = entry.with_context(|| format!("state directory {}", dir.display()))?.file_name();
+        let name = name.to_string_lossy();
+        let ours = matches!(&*name, "state.json" | "images" | "linked") || name.starts_with("state.json.tmp.");
+        if !ours {
+            bail!(
+                "state directory {}: it holds {name:?}, which meshd does not write there: not a meshd state \
+                 directory (give --state-dir a new or empty directory)",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The state directory and what it records.
 #[derive(Debug)]
 pub struct StateStore {
@@ -258,6 +336,7 @@ impl StateStore {
     /// Opens (creating, mode 0700) the state directory and reads what it records; an empty record
     /// where there is none. A record this build cannot read is refused, naming `--fresh`.
     pub fn open(dir: &Path) -> Result<Self> {
+        refuse_foreign(dir)?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -271,10 +350,20 @@ impl StateStore {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("state directory {}", dir.display()))?;
         let file = dir.join("state.json");
-        let state = match std::fs::read(&file) {
+        let state = match read_bounded(&file, MAX_STATE_FILE) {
             Ok(bytes) => {
-                let state: DesiredState = serde_json::from_slice(&bytes).with_context(|| {
-                    format!("{}: not a meshd state record (start with --fresh to forget it)", file.display())
+                let state: DesiredState = serde_json::from_slice(&bytes).map_err(|e| {
+                    // serde quotes the value it refused: a damaged record's 100 KB string is not
+                    // worth a 100 KB error line.
+                    let mut why = e.to_string();
+                    if why.len() > 300 {
+                        let cut = (0..=300).rev().find(|&i| why.is_char_boundary(i)).unwrap_or(0);
+                        why = format!("{}… at line {} column {}", &why[..cut], e.line(), e.column());
+                    }
+                    anyhow::anyhow!(
+                        "{}: not a meshd state record (start with --fresh to forget it): {why}",
+                        file.display()
+                    )
                 })?;
                 if state.version != STATE_VERSION {
                     bail!(
@@ -288,13 +377,22 @@ impl StateStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 DesiredState { version: STATE_VERSION, ..DesiredState::default() }
             }
-            Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+            Err(e) => bail!("reading {}: {e} (start with --fresh to forget it)", file.display()),
         };
         Ok(Self { dir: dir.to_path_buf(), state })
     }
 
-    /// Removes the directory and everything in it (`--fresh`, a clean shutdown).
+    /// Refuses, before anything is made, a state directory holding anything meshd does not write
+    /// there (what [`StateStore::open`] and [`StateStore::forget`] refuse too).
+    pub fn check_dir(dir: &Path) -> Result<()> {
+        refuse_foreign(dir)
+    }
+
+    /// Removes the directory and everything in it (`--fresh`, a clean shutdown); refused for a
+    /// directory holding anything meshd does not write there (`--fresh --state-dir ~` must not
+    /// remove a home directory).
     pub fn forget(dir: &Path) -> Result<()> {
+        refuse_foreign(dir)?;
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -345,7 +443,7 @@ impl StateStore {
 
     /// The stored linked image of hash `image_sha256` for `arch`, when there is one and it is whole.
     pub fn linked(&self, image_sha256: &str, arch: &str) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.linked_path(image_sha256, arch).ok()?).ok()?;
+        let bytes = read_bounded(&self.linked_path(image_sha256, arch).ok()?, MAX_IMAGE + 32).ok()?;
         let (sum, linked) = bytes.split_at_checked(32)?;
         (Sha256::digest(linked).as_slice() == sum && !linked.is_empty()).then(|| linked.to_vec())
     }
@@ -365,7 +463,8 @@ impl StateStore {
             bail!("program {:?}: its recorded image hash {:?} is not a SHA-256 in hex", p.name, p.image_sha256);
         }
         let path = self.dir.join("images").join(&p.image_sha256);
-        let image = std::fs::read(&path).with_context(|| format!("image {}", path.display()))?;
+        let image = read_bounded(&path, MAX_IMAGE)
+            .with_context(|| format!("program {:?}: its recorded image {}", p.name, path.display()))?;
         if sha256_hex(&image) != p.image_sha256 {
             bail!("image {}: its content no longer matches its hash", path.display());
         }
@@ -377,36 +476,46 @@ impl StateStore {
     }
 
     /// Creates every recorded channel the mailbox lacks (a mailbox lost at reboot while the state
-    /// directory was kept); returns how many were created.
+    /// directory was kept); returns how many were created. A record the mailbox refuses (a damaged
+    /// size, a name it cannot hold, no room left) is logged, naming the channel and why, and skipped:
+    /// the others are still created.
     pub fn restore_channels(&mut self, mailbox: &Mailbox) -> Result<usize> {
         let mut created = 0;
         for c in &self.state.channels {
             if mailbox.channel(&c.name).is_err() {
-                // A service's two channels are not channels of a protocol `channel create` names
-                // (`Protocol`'s parse refuses them): each has its own constructor, and a group's
-                // `parts` word is its entries.
-                match c.protocol.as_str() {
-                    // A fan-in channel's `parts` word is its shards (0, from a state file before
-                    // shards: one).
-                    "fanin" => drop(mailbox.create_fanin(&c.name, c.msg_size, c.capacity, c.parts.max(1))?),
-                    "group" => drop(mailbox.create_group(&c.name, c.parts, c.msg_size, c.capacity)?),
-                    other => {
-                        let placement = c.placement.parse().unwrap_or_default();
-                        let protocol = other.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
-                        mailbox.create_channel_parts(
-                            &c.name,
-                            c.msg_size,
-                            c.capacity,
-                            placement,
-                            protocol,
-                            c.parts.max(1),
-                        )?;
-                    }
+                if let Err(e) = Self::restore_channel(mailbox, c) {
+                    tracing::error!(
+                        "recorded channel {:?} (message size {}, capacity {}, {} {}) not recreated: {e:#}",
+                        c.name,
+                        c.msg_size,
+                        c.capacity,
+                        c.protocol,
+                        c.parts
+                    );
+                    continue;
                 }
                 created += 1;
             }
         }
         Ok(created)
+    }
+
+    /// Creates the recorded channel `c` in `mailbox`.
+    fn restore_channel(mailbox: &Mailbox, c: &RecordedChannel) -> Result<()> {
+        // A service's two channels are not channels of a protocol `channel create` names
+        // (`Protocol`'s parse refuses them): each has its own constructor, and a group's `parts`
+        // word is its entries.
+        match c.protocol.as_str() {
+            // A fan-in channel's `parts` word is its shards (0, from a state file before shards: one).
+            "fanin" => drop(mailbox.create_fanin(&c.name, c.msg_size, c.capacity, c.parts.max(1))?),
+            "group" => drop(mailbox.create_group(&c.name, c.parts, c.msg_size, c.capacity)?),
+            other => {
+                let placement = c.placement.parse().unwrap_or_default();
+                let protocol = other.parse().unwrap_or_else(|_| Protocol::default_for(c.msg_size));
+                mailbox.create_channel_parts(&c.name, c.msg_size, c.capacity, placement, protocol, c.parts.max(1))?;
+            }
+        }
+        Ok(())
     }
 
     /// Records every channel of `mailbox` (after a takeover, or a channel created).

@@ -3,8 +3,14 @@
 use std::process::Command;
 
 fn meshd(args: &[&str]) -> std::process::Output {
-    let dir = std::env::temp_dir().join(format!("meshd-cli-test-{}", std::process::id()));
-    Command::new(env!("CARGO_BIN_EXE_meshd")).env("MESHD_SOCKET", dir.join("no.sock")).args(args).output().unwrap()
+    // A directory that is there (`meshd run` refuses a socket in a missing one before anything
+    // else), with no socket in it (clients find no daemon).
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .env("MESHD_SOCKET", dir.path().join("no.sock"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn has_gpu_driver() -> bool {
