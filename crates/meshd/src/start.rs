@@ -203,7 +203,8 @@ fn release_slots(mailbox: &Mailbox) -> Vec<u32> {
     released
 }
 
-/// Refuses early (before any GPU work) a path [`check_socket_path`] refuses, or when a live meshd answers on `path`.
+/// Refuses early (before any GPU work) a path that cannot be a control socket (too long, in a
+/// missing directory, naming something other than a socket), or when a live meshd answers on `path`.
 pub fn check_socket_free(path: &Path) -> Result<()> {
     check_socket_path(path)?;
     if path.exists() && UnixStream::connect(path).is_ok() {
