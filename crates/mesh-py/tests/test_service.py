@@ -197,6 +197,49 @@ def test_the_window_keeps_at_most_the_reply_rings_capacity_unanswered(kv: Kv, pe
     assert (stats["taken"], stats["replied"]) == (39, 39), "exactly the requests the window let out"
 
 
+def test_one_service_shared_by_threads_pairs_each_request_with_its_reply(kv: Kv, peer: Peer) -> None:
+    # Eight threads call request on one Service: each gets the reply to its own request (requests
+    # numbered apart per thread). Then one thread sends while another receives, within the window.
+    daemon, server = kv
+    with meshd.Service.connect("kv", daemon.socket, timeout=DEADLINE) as svc:
+        errors: list[str] = []
+
+        def requester(t: int) -> None:
+            for i in range(50):
+                k = t * 1000 + i
+                try:
+                    reply = svc.request(req(k, svc.id), timeout=DEADLINE)
+                except BaseException as e:  # noqa: BLE001
+                    errors.append(f"thread {t} request {i}: {e!r}")
+                    return
+                if reply != rsp(k, svc.id):
+                    errors.append(f"thread {t} request {i}: the reply to {struct.unpack_from('<I', reply)[0] - 1}")
+                    return
+
+        threads = [threading.Thread(target=requester, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert errors == [] and svc.unanswered == 0, errors
+
+        got: list[bytes] = []
+
+        def receiver() -> None:
+            for _ in range(200):
+                got.append(svc.recv(timeout=DEADLINE))
+
+        th = threading.Thread(target=receiver)
+        th.start()
+        for k in range(200):
+            while not svc.try_send(req(10_000 + k, svc.id)):  # the window (or the other side) is full
+                time.sleep(0.0005)
+        th.join()
+        assert got == [rsp(10_000 + k, svc.id) for k in range(200)]
+    stats = stop_server(peer, server, daemon)
+    assert (stats["taken"], stats["replied"]) == (600, 600)
+
+
 def test_a_service_that_does_not_exist_is_refused_with_meshds_reason(kv: Kv) -> None:
     daemon, _ = kv
     with pytest.raises(meshd.MeshdRefused) as e:

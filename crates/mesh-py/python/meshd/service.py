@@ -12,18 +12,22 @@ The messages themselves never touch the socket: they go through the mailbox, as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket as _socket
+import threading
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _aio
+from . import _aio, _meshd
 from ._errors import MeshdProtocolError, MessageSizeError, WindowFullError
 from ._meshd import FanInSender, GroupClient, Mailbox
 from .control import Client, _connect, decode_response, encode_request
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from typing_extensions import Buffer, Self
 
 __all__ = ["Service"]
@@ -43,7 +47,15 @@ class Service:
     Made by :meth:`connect` (or :meth:`Client.service`). One client is one entry of the service's
     table and one reply ring: replies come in the order the server sends them, and ``request``
     pairs a send with the next reply (a reply that comes after its request timed out is the next
-    ``recv``'s). Use one ``Service`` per thread (or guard it): its calls are not meant to interleave.
+    ``recv``'s).
+
+    **Threads**: a ``Service`` may be shared. Sends are serialised among themselves and receives
+    among themselves (a thread waiting in ``send`` or ``recv`` holds that side, with ``timeout``
+    bounding the wait for it too), so one thread may send while another receives; ``request`` holds
+    the receiving side from its send to its reply, so concurrent ``request`` calls are answered each
+    with its own reply (one at a time). Bare ``send`` / ``recv`` pairs from several threads get the
+    replies in the order the requests went out, whoever receives them. The ``try_`` calls and the
+    asyncio forms do not wait for a side another thread holds: they find nothing to do now.
     Blocking calls release the GIL and wake for Ctrl-C; ``arequest``, ``asend``, ``arecv`` are the
     asyncio forms (polled from the event loop, no thread).
 
@@ -84,6 +96,30 @@ class Service:
         self._sent = 0
         self._received = 0
         self._window: int | None = self._rx.capacity
+        # Each side's lock (see the class), made again in a fork()ed child (a lock a parent's thread
+        # held at the fork would stay held there for ever; the child's calls then raise ClaimedError).
+        self._lock_pid = os.getpid()
+        self._send_lock = threading.RLock()
+        self._recv_lock = threading.RLock()
+
+    def _sides(self) -> tuple[threading.RLock, threading.RLock]:
+        if self._lock_pid != os.getpid():
+            self._send_lock, self._recv_lock, self._lock_pid = threading.RLock(), threading.RLock(), os.getpid()
+        return self._send_lock, self._recv_lock
+
+    @contextlib.contextmanager
+    def _holding(self, lock: threading.RLock, deadline: float | None, timeout: float | None, op: str) -> Iterator[None]:
+        # Another thread's send or receive holds this side: wait for it, within `timeout`.
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if wait > threading.TIMEOUT_MAX:
+            wait = -1.0  # `math.inf`: for ever
+        if not lock.acquire(timeout=wait):
+            name = self._tx.name if op == "send" else self._rx.name
+            raise _meshd._timeout_error(name, int((timeout or 0) * 1000), op)  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            lock.release()
 
     # ---- making one ----
 
@@ -223,49 +259,75 @@ class Service:
         """One request (any C-contiguous buffer of at most ``msg_size`` bytes), waiting for room
         (GIL released); MeshTimeoutError after ``timeout`` seconds (None: waits for ever);
         WindowFullError at once when the window is full."""
-        self._check_window()
-        self._tx.send(msg, timeout)
-        self._sent += 1
+        deadline = _aio._check_timeout(timeout)
+        with self._holding(self._sides()[0], deadline, timeout, "send"):
+            self._check_window()
+            self._tx.send(msg, _remaining(deadline))
+            self._sent += 1
 
     def try_send(self, msg: Buffer) -> bool:
         """One request if there is room now; False when the ring or the window is full. Keeps the GIL."""
-        if not self._window_open():
-            return False
-        sent = self._tx.try_send(msg)
-        self._sent += sent
-        return sent
+        lock = self._sides()[0]
+        if not lock.acquire(blocking=False):
+            return False  # another thread is sending
+        try:
+            if not self._window_open():
+                return False
+            sent = self._tx.try_send(msg)
+            self._sent += sent
+            return sent
+        finally:
+            lock.release()
 
     def recv(self, timeout: float | None = None) -> bytes:
         """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
-        reply = self._rx.recv(timeout)
-        self._got_reply()
-        return reply
+        deadline = _aio._check_timeout(timeout)
+        with self._holding(self._sides()[1], deadline, timeout, "recv"):
+            reply = self._rx.recv(_remaining(deadline))
+            self._got_reply()
+            return reply
 
     def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """The next reply into ``buffer`` (writable, exactly ``reply_size`` bytes), waiting."""
-        self._rx.recv_into(buffer, timeout)
-        self._got_reply()
+        deadline = _aio._check_timeout(timeout)
+        with self._holding(self._sides()[1], deadline, timeout, "recv"):
+            self._rx.recv_into(buffer, _remaining(deadline))
+            self._got_reply()
 
     def try_recv(self) -> bytes | None:
         """The next reply, or None when none is waiting. Keeps the GIL."""
-        reply = self._rx.try_recv()
-        if reply is not None:
-            self._got_reply()
-        return reply
+        lock = self._sides()[1]
+        if not lock.acquire(blocking=False):
+            return None  # another thread is receiving
+        try:
+            reply = self._rx.try_recv()
+            if reply is not None:
+                self._got_reply()
+            return reply
+        finally:
+            lock.release()
 
     def try_recv_into(self, buffer: Buffer) -> bool:
         """The next reply into ``buffer``; False when none is waiting. Keeps the GIL."""
-        got = self._rx.try_recv_into(buffer)
-        if got:
-            self._got_reply()
-        return got
+        lock = self._sides()[1]
+        if not lock.acquire(blocking=False):
+            return False  # another thread is receiving
+        try:
+            got = self._rx.try_recv_into(buffer)
+            if got:
+                self._got_reply()
+            return got
+        finally:
+            lock.release()
 
     def request(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together.
         WindowFullError at once, nothing sent, when the window is full."""
         deadline = _aio._check_timeout(timeout)
-        self.send(msg, timeout)
-        return self.recv(_remaining(deadline))
+        # The receiving side from the send to the reply: no other thread takes this request's reply.
+        with self._holding(self._sides()[1], deadline, timeout, "recv"):
+            self.send(msg, _remaining(deadline))
+            return self.recv(_remaining(deadline))
 
     def request_into(self, msg: Buffer, out: Buffer, timeout: float | None = None) -> None:
         """:meth:`request` with the reply written into ``out`` (exactly ``reply_size`` bytes, writable:
@@ -284,37 +346,34 @@ class Service:
                     size=self._rx.msg_size,
                     got=view.nbytes,
                 )
-        self.send(msg, timeout)
-        self.recv_into(out, _remaining(deadline))
+        with self._holding(self._sides()[1], deadline, timeout, "recv"):
+            self.send(msg, _remaining(deadline))
+            self.recv_into(out, _remaining(deadline))
 
     # ---- asyncio ----
 
     async def asend(self, msg: Buffer, timeout: float | None = None) -> None:
         """:meth:`send` for asyncio."""
         self._check_window()
-        await _aio.asend(self._tx, msg, timeout)
-        self._sent += 1
+        await _aio._poll_until(self._tx.name, lambda: self.try_send(msg), _aio._check_timeout(timeout), timeout, "send")
 
     async def arecv(self, timeout: float | None = None) -> bytes:
         """:meth:`recv` for asyncio."""
-        reply = await _aio.arecv(self._rx, timeout)
-        self._got_reply()
+        reply: bytes = await _aio._poll_until(self._rx.name, self.try_recv, _aio._check_timeout(timeout), timeout)
         return reply
 
     async def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
         """:meth:`recv_into` for asyncio."""
-        await _aio.arecv_into(self._rx, buffer, timeout)
-        self._got_reply()
+        await _aio._poll_until(
+            self._rx.name, lambda: self.try_recv_into(buffer), _aio._check_timeout(timeout), timeout
+        )
 
     async def arequest(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """:meth:`request` for asyncio: ``timeout`` bounds the send and the reply together."""
         deadline = _aio._check_timeout(timeout)
         self._check_window()
-        tx, rx = self._tx, self._rx
-        await _aio._poll_until(tx.name, lambda: tx.try_send(msg), deadline, timeout, "send")
-        self._sent += 1
-        reply: bytes = await _aio._poll_until(rx.name, rx.try_recv, deadline, timeout)
-        self._got_reply()
+        await _aio._poll_until(self._tx.name, lambda: self.try_send(msg), deadline, timeout, "send")
+        reply: bytes = await _aio._poll_until(self._rx.name, self.try_recv, deadline, timeout)
         return reply
 
     # ---- leaving ----
