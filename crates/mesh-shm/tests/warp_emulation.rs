@@ -37,7 +37,8 @@ fn the_capped_sharded_peek_takes_every_request_once_in_order() {
 
 /// The service programs of tests/programs, whole, as blocks of emulated warps against a driver that
 /// plays the clients (numbered requests, every reply checked, a quarter departing with requests in
-/// flight) and meshd (departures, the stop): `service.cu` (the batched loop), `service_x_serial.cu`
+/// flight, each departed slot then bound to a new client at the next epoch, whose replies must never
+/// include the departed one's) and meshd (departures, the rebinding, the stop): `service.cu` (the batched loop), `service_x_serial.cu`
 /// (one at a time: the take and the commit) over one ring and over shards, both with the capped sharded
 /// peek (`service_x_capped.cu`, `service_x_serial_capped.cu`), `service_x_warps.cu` with several
 /// warps over shards (each warp its own shards, replies and departures), and both loops trusting the

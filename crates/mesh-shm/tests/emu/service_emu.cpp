@@ -4,9 +4,11 @@
 // clients and meshd: it sends each client's numbered requests into its shard (room from the shard's
 // published tail), reads every reply from the client's ring and checks it (the request's number, word 1
 // plus one, the rest as sent, in order), makes a quarter of the clients depart half way (entry
-// DEPARTED, `changes` bumped) and checks that each departure is acknowledged and that no reply reaches
-// a departed client's ring after its acknowledgement, then stops the program and checks its counts
-// (user words: sent, skips, gone, departures). Built and run by tests/warp_emulation.rs, e.g.
+// DEPARTED, `changes` bumped) with requests in flight, and once the program acknowledges a departure
+// binds the slot to a new client as meshd's connect does (the ring reset, tail := the published head;
+// the next epoch), whose own requests, numbered from 0 and with bodies of their own, must be answered
+// in order while nothing of the departed client's reaches it; then stops the program and checks its
+// counts (user words: sent, skips, gone, departures). Built and run by tests/warp_emulation.rs, e.g.
 // `g++ -std=c++20 -O1 -pthread -I ../../include -I ../../../../tests/programs -DPROGRAM='"service.cu"'
 // service_emu.cpp -o service_emu && ./service_emu 8 1` (8 shards, one warp).
 #include "warp_emu.h"
@@ -58,21 +60,23 @@ void fail(const char* what, long a = 0, long b = 0) {
 }
 uint64_t ld(uint64_t off) { return emu_ld(base + off); }
 void st(uint64_t off, uint64_t v) { emu_st(base + off, v); }
-uint32_t body_word(uint32_t c, uint32_t n, uint32_t i) { return c * 7919u + n * 104729u + i * 31u; }
-uint32_t id_of(uint32_t c) { return c | 1u << 16; }  // slot c, epoch 1
+// A request body word of client slot c at epoch e: a departed client's reply that reached the slot's
+// next client would be seen as wrong (its number, and every word of its body).
+uint32_t body_word(uint32_t c, uint32_t e, uint32_t n, uint32_t i) { return c * 7919u + n * 104729u + i * 31u + e * 15485863u; }
 
 // The driver: clients and meshd.
 void drive() {
-    uint32_t sent[kClients] = {}, got[kClients] = {};
+    uint32_t sent[kClients] = {}, got[kClients] = {}, epoch[kClients];
     uint64_t reply_tail[kClients] = {}, produced[32] = {};
-    bool departed[kClients] = {}, acked[kClients] = {};
-    uint64_t acked_tail[kClients] = {};
+    bool departed[kClients] = {}, rebound[kClients] = {};
+    uint32_t departures = 0;
+    for (uint32_t c = 0; c < kClients; c++) epoch[c] = 1;
     uint64_t replies_read = 0;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (;;) {
         bool done = true;
         for (uint32_t c = 0; c < kClients; c++) {
-            const bool leaves = c % 4 == 3;
+            const bool leaves = c % 4 == 3 && !rebound[c];  // each such slot once: its next client stays
             // Send while the window and the shard have room.
             const uint32_t k = c % SHARDS;
             while (!departed[c] && sent[c] < kRequests && sent[c] - got[c] < kWindow &&
@@ -82,16 +86,17 @@ void drive() {
                 const uint64_t tag = (uint64_t)mesh_tag(seq) << 32;
                 emu_st(&w[2], tag | sent[c]);                      // request word 0: its number
                 emu_st(&w[3], tag | (sent[c] * 3u + 1u));          // word 1: the service adds one
-                for (uint32_t i = 2; i < kWords; i++) emu_st(&w[2 + i], tag | body_word(c, sent[c], i));
+                for (uint32_t i = 2; i < kWords; i++) emu_st(&w[2 + i], tag | body_word(c, epoch[c], sent[c], i));
                 emu_st(&w[1], tag | MESH_FANIN_KIND_DATA);
-                emu_st(&w[0], tag | id_of(c));                    // the commit
+                emu_st(&w[0], tag | (c | epoch[c] << 16));         // the commit: slot c at its epoch
                 sent[c]++;
             }
             // A quarter of the clients leave half way, with requests in flight (answered before the
             // program acknowledges the departure, or dropped as GONE after it).
             if (leaves && !departed[c] && got[c] >= kRequests / 2 && sent[c] > got[c]) {
                 departed[c] = true;  // meshd: the entry departs; the program must acknowledge it
-                st(entry_at(c) + MESH_GROUP_ENTRY_BINDING, (uint64_t)MESH_GROUP_DEPARTED << 32 | 1u);
+                departures++;
+                st(entry_at(c) + MESH_GROUP_ENTRY_BINDING, (uint64_t)MESH_GROUP_DEPARTED << 32 | epoch[c]);
                 st(group_at() + MESH_GROUP_CHANGES, ld(group_at() + MESH_GROUP_CHANGES) + 1);
             }
             // Read every whole reply.
@@ -102,12 +107,11 @@ void drive() {
                     bool whole = true;
                     for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_tag(t);
                     if (!whole) break;
-                    if (acked[c]) fail("a reply in a departed client's ring after its acknowledgement", c, (long)t);
                     const uint32_t n = (uint32_t)emu_ld(&r[0]);
                     if (n != got[c]) fail("reply out of order", c, n);
                     if ((uint32_t)emu_ld(&r[1]) != n * 3u + 2u) fail("reply word 1", c, n);
                     for (uint32_t i = 2; i < kWords; i++)
-                        if ((uint32_t)emu_ld(&r[i]) != body_word(c, n, i)) fail("reply body", c, i);
+                        if ((uint32_t)emu_ld(&r[i]) != body_word(c, epoch[c], n, i)) fail("reply body", c | epoch[c] << 16, i);
                     got[c]++;
                     replies_read++;
                     reply_tail[c] = t + 1;
@@ -115,36 +119,46 @@ void drive() {
                 }
             };
             read_replies();
-            if (departed[c] && !acked[c] && (uint32_t)ld(entry_at(c) + MESH_GROUP_ENTRY_ACKED) == 1u) {
+            if (departed[c] && (uint32_t)ld(entry_at(c) + MESH_GROUP_ENTRY_ACKED) == epoch[c]) {
                 // The ack is released after every reply the program wrote to this client: those that
                 // landed between the read above and the ack are read now, before the ack counts.
                 read_replies();
-                acked[c] = true;  // from now on nothing may reach its ring (checked above, on every pass)
-                acked_tail[c] = reply_tail[c];
+                // meshd's connect of the slot's next client: the ring reset to the program's exact head
+                // (written before the ack), the next epoch bound, `changes` bumped. Anything the
+                // program writes for the departed client from now on is read, and failed, as the new
+                // client's.
+                const uint64_t head = ld(ring_at(c) + MESH_RING_HEAD);
+                if (head != reply_tail[c]) fail("published head at the ack, not what the client read", c, (long)head);
+                st(ring_at(c) + MESH_RING_TAIL, head);
+                reply_tail[c] = head;
+                epoch[c]++;
+                sent[c] = got[c] = 0;
+                departed[c] = false;
+                rebound[c] = true;
+                st(entry_at(c) + MESH_GROUP_ENTRY_BINDING, (uint64_t)MESH_GROUP_BOUND << 32 | epoch[c]);
+                st(group_at() + MESH_GROUP_CHANGES, ld(group_at() + MESH_GROUP_CHANGES) + 1);
             }
-            if (departed[c] ? !acked[c] : got[c] < kRequests) done = false;
+            if (departed[c] || got[c] < kRequests) done = false;
         }
         if (done) break;
         if (std::chrono::steady_clock::now() > deadline) {
             for (uint32_t c = 0; c < kClients; c++)
-                if (departed[c] ? !acked[c] : got[c] < kRequests) fail("client stuck (sent, got)", sent[c], got[c]);
+                if (departed[c] || got[c] < kRequests) fail("client stuck (id, sent * 1000 + got)", c | epoch[c] << 16, sent[c] * 1000 + got[c]);
             break;
         }
         std::this_thread::yield();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (uint32_t c = 0; c < kClients; c++)  // a last look: still nothing after an acknowledgement
-        if (acked[c]) {
-            const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS +
-                                                  (acked_tail[c] & (kReplyCapacity - 1)) * kMsg * 2);
-            if ((uint32_t)(emu_ld(&r[0]) >> 32) == mesh_tag(acked_tail[c])) fail("late reply to a departed client", c);
-        }
+    for (uint32_t c = 0; c < kClients; c++) {  // a last look: no reply past the last one asked for
+        const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS +
+                                              (reply_tail[c] & (kReplyCapacity - 1)) * kMsg * 2);
+        if ((uint32_t)(emu_ld(&r[0]) >> 32) == mesh_tag(reply_tail[c])) fail("a reply past the last request", c);
+    }
     st(kSlot + MESH_SLOT_STOP, 1);  // meshd: stop
     uint64_t expected_sent = replies_read;
-    uint32_t departures = 0;
-    for (uint32_t c = 0; c < kClients; c++) departures += departed[c];
     // Set by the program at its stop (user words 0-4); the block has not ended yet: the caller checks.
-    std::printf("driver: %llu replies read, %u departures\n", (unsigned long long)expected_sent, departures);
+    std::printf("driver: %llu replies read, %u departures (each slot bound again)\n", (unsigned long long)expected_sent,
+                departures);
     replies_read_total = expected_sent;
 }
 
