@@ -11,12 +11,12 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{ListBackend, ask, wait_until, within};
+use common::{ListBackend, ask, group_entry, poke, wait_until, within};
 use mesh_shm::claim::Holder;
 use mesh_shm::layout::{LINE, fanin_shard_offset, fanin_shard_owners_offset, fanin_shard_slots_offset};
 use mesh_shm::{ChannelInfo, ClientId, CreateMode, FanInReceiver, GroupServer, Mailbox, MailboxConfig, Taken};
@@ -193,18 +193,19 @@ fn service_words(mb: &Mailbox, name: &str) -> Vec<u64> {
     }
     out.extend((0..4).map(|w| g.slots_offset + 8 * w));
     for e in 0..u64::from(g.parts) {
-        let entry = g.slots_offset + LINE + 2 * LINE * e;
+        let entry = group_entry(&g, e);
         out.extend([entry, entry + 8, entry + 16, entry + LINE]);
     }
     out
 }
 
-fn poke(mb: &Mailbox, at: u64, v: u64) {
-    let (base, len) = mb.as_raw_parts();
-    assert!(at.is_multiple_of(8) && (at as usize) + 8 <= len, "word {at} outside the mapping");
-    // SAFETY: an 8-aligned offset inside the mapping (asserted), which `mb` keeps alive; the
-    // mailbox's shared words are accessed atomically by every process.
-    unsafe { AtomicU64::from_ptr(base.add(at as usize).cast::<u64>()) }.store(v, Ordering::Release);
+/// Service `name`'s fan-in slot 0 (tail 0) shown reserved by client slot `slot` in lap 1 and being
+/// written (between its begin and its commit), and that entry's holder word set to `holder`: a hold
+/// the stall watcher cannot revoke, and kills after its delay.
+fn hold_mid_send(mb: &Mailbox, name: &str, slot: u16, holder: Holder) {
+    let (f, g) = (mb.channel(name).unwrap(), mb.channel(&format!("{name}.replies")).unwrap());
+    poke(mb, f.slots_offset, (1 << 18) | (2 << 16) | u64::from(slot));
+    poke(mb, group_entry(&g, u64::from(slot)) + 8, holder.word());
 }
 
 /// A small xorshift: the same garbage every run, different in every word.
@@ -308,12 +309,7 @@ fn a_holder_forged_to_name_meshd_is_not_killed() {
     let mb = Mailbox::open(dir.path().join("mb")).unwrap();
     let (s, n) = (socket.clone(), "c".to_string());
     let client = within(DEADLINE, move || ServiceClient::connect(&s, &n).unwrap()).expect("attached");
-    let slot = ClientId(client.id()).slot();
-    let f = mb.channel("c").unwrap();
-    let g = mb.channel("c.replies").unwrap();
-    // Slot 0 of the ring (tail 0) reserved by the client's slot, in lap 1, being written.
-    poke(&mb, f.slots_offset, (1 << 18) | (2 << 16) | u64::from(slot));
-    poke(&mb, g.slots_offset + LINE + 2 * LINE * u64::from(slot) + 8, Holder::current().word());
+    hold_mid_send(&mb, "c", ClientId(client.id()).slot(), Holder::current());
     // The stall watcher revokes after 20 ms, finds it stuck, and would kill after 100 ms.
     std::thread::sleep(Duration::from_millis(600));
     let row = wait_until(DEADLINE, || service_row(&socket, "c").is_some_and(|r| !r.holds.is_empty()));
@@ -341,12 +337,8 @@ fn a_holder_rewritten_to_name_another_process_does_not_get_it_killed() {
     let mb = Mailbox::open(dir.path().join("mb")).unwrap();
     let (mut client, id) = spawn_child_with(&socket, "d", &[(format!("{ROLE}_IDLE"), "1")]);
     let mut decoy = Command::new("sleep").arg("60").spawn().expect("a decoy process (`sleep`)");
-    let slot = ClientId(id).slot();
-    let (f, g) = (mb.channel("d").unwrap(), mb.channel("d.replies").unwrap());
-    // Slot 0 of the ring reserved by the client's slot, in lap 1, being written; its entry's holder
-    // word rewritten to name the decoy.
-    poke(&mb, f.slots_offset, (1 << 18) | (2 << 16) | u64::from(slot));
-    poke(&mb, g.slots_offset + LINE + 2 * LINE * u64::from(slot) + 8, Holder::of_pid(decoy.id()).word());
+    // The client holds the ring mid-send; its entry's holder word rewritten to name the decoy.
+    hold_mid_send(&mb, "d", ClientId(id).slot(), Holder::of_pid(decoy.id()));
     // The stall watcher finds it stuck after 20 ms and kills after 100 ms: the client, by its record.
     let killed = wait_until(DEADLINE, || client.try_wait().unwrap().is_some());
     assert!(killed, "the attached client was not killed");

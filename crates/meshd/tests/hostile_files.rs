@@ -346,6 +346,23 @@ proptest! {
 /// What a case does to a file of the state directory (it is not there before).
 type Damage = Box<dyn Fn(&Path)>;
 
+/// What a file the state directory reads can be instead of a plain file of at most `max` bytes, each
+/// with the words its refusal must give.
+fn not_plain_files(max: u64) -> Vec<(&'static str, Damage)> {
+    vec![
+        ("a FIFO", Box::new(mkfifo)),
+        ("a symbolic link", Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap())),
+        ("a directory", Box::new(|p: &Path| std::fs::create_dir(p).unwrap())),
+        (
+            "at most",
+            Box::new(move |p: &Path| {
+                let f = std::fs::File::create(p).unwrap();
+                f.set_len(max + 1).unwrap();
+            }),
+        ),
+    ]
+}
+
 fn mkfifo(path: &Path) {
     rustix::fs::mkfifoat(rustix::fs::CWD, path, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
 }
@@ -365,24 +382,13 @@ fn a_stored_image_that_is_no_plain_file_of_the_directory_is_refused_by_path_and_
     };
     let a = hash("a");
     // Each damage of `images/<a's hash>`, and the reason the refusal must give.
-    let cases: [(&str, Damage); 5] = [
-        ("a FIFO", Box::new(mkfifo)),
-        ("a symbolic link", Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap())),
-        ("a directory", Box::new(|p: &Path| std::fs::create_dir(p).unwrap())),
-        (
-            "at most",
-            Box::new(|p: &Path| {
-                let f = std::fs::File::create(p).unwrap();
-                f.set_len(meshd::protocol::MAX_IMAGE as u64 + 1).unwrap();
-            }),
-        ),
-        ("a symbolic link", {
-            // The very image, but outside the directory: not read through the link.
-            let copy = outside.path().join("a-image");
-            std::fs::copy(template().join("state/images").join(&a), &copy).unwrap();
-            Box::new(move |p: &Path| std::os::unix::fs::symlink(&copy, p).unwrap())
-        }),
-    ];
+    let mut cases = not_plain_files(meshd::protocol::MAX_IMAGE as u64);
+    cases.push(("a symbolic link", {
+        // The very image, but outside the directory: not read through the link.
+        let copy = outside.path().join("a-image");
+        std::fs::copy(template().join("state/images").join(&a), &copy).unwrap();
+        Box::new(move |p: &Path| std::os::unix::fs::symlink(&copy, p).unwrap())
+    }));
     for (why, damage) in cases {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
@@ -412,19 +418,7 @@ fn a_stored_image_that_is_no_plain_file_of_the_directory_is_refused_by_path_and_
 
 #[test]
 fn a_state_file_that_is_no_plain_file_is_refused_naming_it_and_why() {
-    let cases: [(&str, Damage); 4] = [
-        ("a FIFO", Box::new(mkfifo)),
-        ("a symbolic link", Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap())),
-        ("a directory", Box::new(|p: &Path| std::fs::create_dir(p).unwrap())),
-        (
-            "at most",
-            Box::new(|p: &Path| {
-                let f = std::fs::File::create(p).unwrap();
-                f.set_len(meshd::state::MAX_STATE_FILE + 1).unwrap();
-            }),
-        ),
-    ];
-    for (why, damage) in cases {
+    for (why, damage) in not_plain_files(meshd::state::MAX_STATE_FILE) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.json");
         damage(&file);

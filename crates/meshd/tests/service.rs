@@ -19,7 +19,7 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{ListBackend, ask, wait_until, within};
+use common::{ListBackend, ask, group_entry, poke, wait_until, within};
 use mesh_shm::fanin::{SendOp, Stage, Step};
 use mesh_shm::{ClientId, CreateMode, FanInReceiver, FanInSender, GroupServer, Mailbox, MailboxConfig, Replied, Taken};
 use meshd::ServiceClient;
@@ -896,13 +896,8 @@ fn a_damaged_entry_hides_no_other_client_from_a_restarted_meshd() {
     let mb = Mailbox::open(&path).unwrap();
     let group = mb.channel("svc.replies").unwrap();
     let other = 1 - u64::from(client.slot());
-    // Entry `other`'s binding word (its meshd line: after the group's header line, two lines an entry).
-    let at = group.slots_offset + 128 + 2 * 128 * other;
-    let (base, len) = mb.as_raw_parts();
-    assert!(at as usize + 8 <= len);
-    // SAFETY: an 8-aligned word inside the mapping, which `mb` keeps alive; shared words are atomic.
-    unsafe { std::sync::atomic::AtomicU64::from_ptr(base.add(at as usize).cast()) }
-        .store(7 << 32 | 1, Ordering::Release);
+    // Entry `other`'s binding word: state 7, which meshd never writes.
+    poke(&mb, group_entry(&group, other), 7 << 32 | 1);
     let second = Meshd::start(Mailbox::open(&path).unwrap(), &socket);
     let row = second.service("svc");
     assert_eq!(row.clients.len(), 1, "the live client is still listed: {row:?}");

@@ -1,4 +1,4 @@
-//! Shared pieces of meshd's CPU tests: meshd's stand-in backend with test hooks, and small socket clients.
+//! Shared pieces of meshd's CPU tests: meshd's stand-in backend with test hooks, small socket clients, and writes into a mailbox's shared words (as a peer process can make them).
 
 #![allow(dead_code)]
 
@@ -153,4 +153,22 @@ pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send +
 pub fn small_mailbox(dir: &Path) -> Mailbox {
     Mailbox::create(dir.join("mb"), &MailboxConfig { size: 1 << 20, slots: 8, channels: 8 }, CreateMode::Exclusive)
         .unwrap()
+}
+
+/// Stores `v` into the shared word at byte `at` of `mb`'s mapping, as another process of the uid can.
+pub fn poke(mb: &Mailbox, at: u64, v: u64) {
+    let (base, len) = mb.as_raw_parts();
+    let at_usize = usize::try_from(at).expect("an offset of this machine's size");
+    assert!(at.is_multiple_of(8) && at_usize + 8 <= len, "word {at} outside the mapping");
+    // SAFETY: an 8-aligned offset inside the mapping (asserted), which `mb` keeps alive; the
+    // mailbox's shared words are accessed atomically by every process.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(base.add(at_usize).cast::<u64>()) }
+        .store(v, std::sync::atomic::Ordering::Release);
+}
+
+/// Where entry `slot` of group `g` starts: its meshd line (binding word, then holder word), after
+/// the group's header line; each entry is two lines.
+pub fn group_entry(g: &mesh_shm::ChannelInfo, slot: u64) -> u64 {
+    use mesh_shm::layout::LINE;
+    g.slots_offset + LINE + 2 * LINE * slot
 }
