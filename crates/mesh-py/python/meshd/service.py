@@ -107,6 +107,17 @@ class Service:
             self._send_lock, self._recv_lock, self._lock_pid = threading.RLock(), threading.RLock(), os.getpid()
         return self._send_lock, self._recv_lock
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _if_free(lock: threading.RLock) -> Iterator[bool]:
+        # The try_ calls: the side if no other thread holds it now (False: another thread does).
+        free = lock.acquire(blocking=False)
+        try:
+            yield free
+        finally:
+            if free:
+                lock.release()
+
     @contextlib.contextmanager
     def _holding(self, lock: threading.RLock, deadline: float | None, timeout: float | None, op: str) -> Iterator[None]:
         # Another thread's send or receive holds this side: wait for it, within `timeout`.
@@ -267,17 +278,12 @@ class Service:
 
     def try_send(self, msg: Buffer) -> bool:
         """One request if there is room now; False when the ring or the window is full. Keeps the GIL."""
-        lock = self._sides()[0]
-        if not lock.acquire(blocking=False):
-            return False  # another thread is sending
-        try:
-            if not self._window_open():
+        with self._if_free(self._sides()[0]) as free:
+            if not free or not self._window_open():
                 return False
             sent = self._tx.try_send(msg)
             self._sent += sent
             return sent
-        finally:
-            lock.release()
 
     def recv(self, timeout: float | None = None) -> bytes:
         """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
@@ -296,29 +302,23 @@ class Service:
 
     def try_recv(self) -> bytes | None:
         """The next reply, or None when none is waiting. Keeps the GIL."""
-        lock = self._sides()[1]
-        if not lock.acquire(blocking=False):
-            return None  # another thread is receiving
-        try:
+        with self._if_free(self._sides()[1]) as free:
+            if not free:
+                return None
             reply = self._rx.try_recv()
             if reply is not None:
                 self._got_reply()
             return reply
-        finally:
-            lock.release()
 
     def try_recv_into(self, buffer: Buffer) -> bool:
         """The next reply into ``buffer``; False when none is waiting. Keeps the GIL."""
-        lock = self._sides()[1]
-        if not lock.acquire(blocking=False):
-            return False  # another thread is receiving
-        try:
+        with self._if_free(self._sides()[1]) as free:
+            if not free:
+                return False
             got = self._rx.try_recv_into(buffer)
             if got:
                 self._got_reply()
             return got
-        finally:
-            lock.release()
 
     def request(self, msg: Buffer, timeout: float | None = None) -> bytes:
         """Sends ``msg`` and returns the next reply; ``timeout`` bounds both together.
