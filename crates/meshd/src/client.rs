@@ -404,11 +404,7 @@ const MESH_GROUP_MAX_ENTRIES: u32 = 1024;
 /// `meshd service request`: attaches as a client, sends each message and prints its reply, detaches.
 fn service_request(socket: &Path, service: &str, messages: &[String], hex: bool, timeout_ms: u64) -> Result<(), Exit> {
     // Every message's hex first (bad usage, exit 2), before the client attaches.
-    let messages: Vec<Vec<u8>> = if hex {
-        messages.iter().map(|m| decode_hex(m)).collect::<Result<_>>().map_err(|e| Exit(2, e))?
-    } else {
-        messages.iter().map(|m| m.as_bytes().to_vec()).collect()
-    };
+    let messages = message_bytes(messages, hex)?;
     // A meshd that is not there is exit 3, as for every other command; a refusal of the attach, 1.
     drop(
         UnixStream::connect(socket)
@@ -472,11 +468,7 @@ fn send(socket: &Path, channel: &str, messages: &[String], hex: bool, timeout_ms
     plain_channel(channel, protocol)?;
     let bulk = protocol == Protocol::Bulk;
     // Every message's hex first (bad usage, exit 2), before an end is claimed or anything sent.
-    let messages: Vec<Vec<u8>> = if hex {
-        messages.iter().map(|m| decode_hex(m)).collect::<Result<_>>().map_err(|e| Exit(2, e))?
-    } else {
-        messages.iter().map(|m| m.as_bytes().to_vec()).collect()
-    };
+    let messages = message_bytes(messages, hex)?;
     let timeout = Duration::from_millis(timeout_ms);
     let mut ends = if bulk {
         (None, Some(BulkProducer::claim(&mailbox, channel).map_err(refused)?))
@@ -528,6 +520,15 @@ fn shm_exit(e: ShmError) -> Exit {
     match e {
         ShmError::Timeout { .. } => Exit(4, e.into()),
         e => refused(e),
+    }
+}
+
+/// The command line's messages as bytes: text as given, or hex decoded (bad hex: bad usage, exit 2).
+fn message_bytes(messages: &[String], hex: bool) -> Result<Vec<Vec<u8>>, Exit> {
+    if hex {
+        messages.iter().map(|m| decode_hex(m)).collect::<Result<_>>().map_err(|e| Exit(2, e))
+    } else {
+        Ok(messages.iter().map(|m| m.as_bytes().to_vec()).collect())
     }
 }
 
