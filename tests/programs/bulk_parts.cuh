@@ -26,15 +26,9 @@ static __device__ __forceinline__ void parts_report(const mesh_ctx& ctx, uint32_
         stress_set(ctx, block, ((bad > 255u ? 255u : bad) << PARTS_BAD_SHIFT) | ((uint32_t)count & PARTS_COUNT_MASK));
 }
 
-// Writes this block's share (words words, the first at message word `first`) of message seq. Built
-// with MESH_BULK_PUBLISHER_WARP 1 (the _x_pubwarp programs), the block's first warp writes nothing
-// (blocks of 64 threads or more), as in mesh_block_try_send's copy: its publish of one message then
-// overlaps the other warps' fill of the next, on the in-place path too.
+// Writes this block's share (words words, the first at message word `first`) of message seq.
 static __device__ __forceinline__ void parts_fill(uint32_t* share, uint64_t seq, uint32_t first, uint32_t words) {
-    const uint32_t skip = MESH_BULK_PUBLISHER_WARP && mesh_block_threads() >= 64u ? 32u : 0u;
-    if (mesh_block_rank() < skip) return;
-    const uint32_t step = mesh_block_threads() - skip;
-    for (uint32_t k = mesh_block_rank() - skip; k < words; k += step) share[k] = stress_value(seq, first + k);
+    for (uint32_t k = mesh_block_rank(); k < words; k += mesh_block_threads()) share[k] = stress_value(seq, first + k);
 }
 
 // Whether this block's share of message seq is whole, on every thread of the block. `l2`: load through

@@ -1,129 +1,131 @@
-// service: the echo service of mesh.cuh's "Many clients: a service" section, in its batched form
-// ("Many requests per round trip": mesh_fanin_peek, mesh_reply_many, mesh_fanin_consume), plus a
-// heartbeat and counters: every request taken from the fan-in channel (binding 0) goes back to its
-// sender's reply ring in the channel group (binding 1) with payload word 1 incremented, every other
-// word as it came. Lines added to the header's loop are marked `// +`. Built with -DSERVICE_ONE_AT_A_TIME
-// it runs the header's first loop instead (one request per round trip: mesh_fanin_take_deferred,
-// mesh_reply, mesh_fanin_commit), which the bench puts beside the batched one.
+// service: the echo service of mesh.cuh's "Many clients: a service" section, in its batched form over
+// many warps ("Many requests per round trip" and "Many warps": mesh_fanin_open_part, mesh_fanin_peek,
+// mesh_reply_many, mesh_fanin_consume), plus a heartbeat and counters: every request taken from the
+// fan-in channel (binding 0) goes back to its sender's reply ring in the channel group (binding 1) with
+// payload word 1 incremented, every other word as it came. Lines added to the header's loop are marked
+// `// +`. Built with -DSERVICE_ONE_AT_A_TIME (service_x_serial.cu) each warp runs the header's first
+// loop instead (one request per round trip: mesh_fanin_take_deferred, mesh_reply, mesh_fanin_commit),
+// which the bench puts beside the batched one.
 //
-// meshd: `meshd service create NAME --clients N --msg-size B` (reply size = request size, at most
-// 1 KiB here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies` (a block of 32, the
-// default). Exits with code 1 when a binding is not a fan-in / group or the sizes do not fit.
-// User words, kept across upgrades and relaunches (each launch continues the last one's counts), written
-// with the heartbeat every 1024 iterations and exactly at the stop:
+// meshd: `meshd service create NAME --clients N --msg-size B --shards 8` (reply size = request size, at
+// most 128 bytes here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies --block 256`:
+// warp w of the block's W serving warps (W = mesh_fanin_parts: the largest power of two at most the
+// block's warps, SERVICE_WARPS and the shards) takes shards w, w + W, ... and answers their clients. With
+// one shard, or a block of 32, one warp serves everything. Exits with code 1 when a binding is not a
+// fan-in / group or the sizes do not fit.
+// User words, kept across upgrades and relaunches (each launch continues the last one's counts; summed
+// over the warps), written with the heartbeat (each warp adds its counts every 1024 of its iterations)
+// and exactly at the stop:
 //   0 replies sent, 1 skips taken (sends cut off by a death or a revocation), 2 replies dropped as GONE,
 //   3 FULL answers (each retried), 4 departures acknowledged, 5 fan-in slots of a kind no producer
 //   writes, 6 launches, 7 polls that found a request half-arrived.
 #include "mesh.cuh"
 
-#ifdef SERVICE_PROFILE
-// Where the loop's time goes (service_x_profile*.cu, for the bench): 8 peeks that found requests,
-// 9 requests they found, 10 their ns / 1024, 11 ns / 1024 in mesh_reply_many and mesh_fanin_consume,
-// 12 empty (or half-arrived) peeks, 13 their ns / 1024.
-#define SERVICE_WORDS 14u
-#else
+#define SERVICE_WARPS 8u        // warps serving at most (a block of 256 threads)
+#define SERVICE_MAX_BYTES 128u  // request size served at most: 32 requests a warp in shared memory
 #define SERVICE_WORDS 8u
-#endif
-#define SERVICE_MAX_BYTES 1024u  // request size this program serves at most (32 of them in shared memory)
 
-static __device__ __forceinline__ void service_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* n) {
-    for (uint32_t i = 0; i < SERVICE_WORDS; i++) *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = base[i] + n[i];
+// Adds what this warp counted since its last call to the block's totals (lane 0 of the warp).  // +
+static __device__ void service_add(uint32_t* totals, const uint32_t* n, uint32_t* added) {     // +
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++) {
+        if (n[i] != added[i]) atomicAdd(&totals[i], n[i] - added[i]);
+        added[i] = n[i];
+    }
+}
+
+// User words 0-7: the last launches' counts plus this one's totals (thread 0).                 // +
+static __device__ void service_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* totals) {  // +
+    for (uint32_t i = 0; i < SERVICE_WORDS; i++)
+        *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = base[i] + ((const volatile uint32_t*)totals)[i];
 }
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
-    __shared__ uint32_t reqs[MESH_FANIN_BATCH_MAX * SERVICE_MAX_BYTES / 4u];  // up to 32 requests
-    __shared__ uint32_t from[MESH_FANIN_BATCH_MAX];                          // their senders
-    if (threadIdx.x >= 32) return;                    // one warp serves the service
-    uint64_t beat = 0;                                                           // +
-    if (threadIdx.x == 0) beat = mesh_begin(ctx);
-    mesh_fanin in = mesh_fanin_open(ctx, 0);          // binding 0: the requests
-    mesh_group out = mesh_group_open(ctx, 1);         // binding 1: the reply rings
-    if (in.ch.msg_size == 0 || out.msg_size != in.ch.msg_size || in.ch.msg_size > SERVICE_MAX_BYTES) {  // +
-        if (threadIdx.x == 0) mesh_exit(ctx, 1);                                 // +
-        return;                                                                  // +
-    }                                                                            // +
-    uint32_t base[SERVICE_WORDS], n[SERVICE_WORDS];                              // + counters: the last
-    for (uint32_t i = 0; i < SERVICE_WORDS; i++) {                               // + launches' and ours
-        base[i] = mesh_user_load(ctx, i);                                        // +
-        n[i] = 0;                                                                // +
-    }                                                                            // +
-    n[6] = 1;                                                                    // + this launch
-    uint32_t iter = 0;                                                           // +
-#ifdef SERVICE_PROFILE
-    uint64_t prof_empty = 0, prof_peek = 0, prof_reply = 0;
-#endif
-#ifdef SERVICE_ONE_AT_A_TIME
-    uint32_t* req = reqs;
-    bool held = false;                                // a request taken, its reply waiting for room
-    uint32_t client = 0;
-#endif
-    while (!mesh_should_stop(ctx)) {
-        if ((++iter & 1023u) == 0 && threadIdx.x == 0) {                         // + heartbeat, counters
-            mesh_heartbeat(ctx, ++beat);                                         // +
-            n[5] = in.corrupt;                                                   // +
-            n[7] = in.ch.partial;                                                // +
-            service_report(ctx, base, n);                                        // +
+    __shared__ uint32_t reqs[SERVICE_WARPS][MESH_FANIN_BATCH_MAX * SERVICE_MAX_BYTES / 4u];  // each warp's batch
+    __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
+    __shared__ uint32_t totals[SERVICE_WORDS];                                   // + the warps' counts
+    __shared__ uint32_t base[SERVICE_WORDS];                                     // + the last launches'
+    const uint32_t w = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    const uint32_t warps = blockDim.x / 32u < SERVICE_WARPS ? blockDim.x / 32u : SERVICE_WARPS;
+    const uint32_t parts = mesh_fanin_parts(ctx, 0, warps);  // warps that serve: one part each
+    uint64_t beat = 0;
+    if (threadIdx.x == 0) {
+        beat = mesh_begin(ctx);
+        for (uint32_t i = 0; i < SERVICE_WORDS; i++) {                           // +
+            base[i] = mesh_user_load(ctx, i);                                    // +
+            totals[i] = 0;                                                       // +
         }                                                                        // +
-        uint32_t gone;
-        while (mesh_group_departed(&out, &gone)) n[4]++;   // acknowledged as returned; drop per-client state here
-#ifndef SERVICE_ONE_AT_A_TIME
-        uint32_t skipped, dropped;
-#ifdef SERVICE_PROFILE
-        const uint64_t t0 = mesh_globaltimer();
-#endif
-        const uint32_t k = mesh_fanin_peek(&in, reqs, from, &skipped, MESH_FANIN_BATCH_MAX);
-#ifdef SERVICE_PROFILE
-        const uint64_t t1 = mesh_globaltimer();
-        if (k == 0) {
-            n[12]++;
-            prof_empty += t1 - t0;
-            n[13] = (uint32_t)(prof_empty >> 10);
-        }
-#endif
-        if (k == 0) continue;                         // nothing whole at the position yet
-        const uint32_t w = in.ch.msg_size / 4u, j = threadIdx.x;
-        if (j < k && !((skipped >> j) & 1u)) reqs[j * w + 1] += 1;  // f(from[j], request j): lane j
-        __syncwarp();
-        const uint32_t done = mesh_reply_many(&out, from, reqs, k, skipped, &dropped);
-        mesh_fanin_consume(&in, done);                // requests [0, done) answered or dropped
-        const uint32_t kept = done >= 32u ? 0xffffffffu : (1u << done) - 1u;    // +
-        n[0] += done - (uint32_t)__popc((skipped | dropped) & kept);             // +
-        n[1] += (uint32_t)__popc(skipped & kept);                                // +
-        n[2] += (uint32_t)__popc(dropped & kept);                                // +
-        if (done < k) n[3]++;                                                    // +
-#ifdef SERVICE_PROFILE
-        const uint64_t t2 = mesh_globaltimer();
-        n[8]++;
-        n[9] += k;
-        prof_peek += t1 - t0;
-        prof_reply += t2 - t1;
-        n[10] = (uint32_t)(prof_peek >> 10);
-        n[11] = (uint32_t)(prof_reply >> 10);
-#endif
-#else
-        if (!held) {
-            const int k = mesh_fanin_take_deferred(&in, req, &client);
-            if (k == MESH_TAKE_NONE) continue;        // nothing whole yet
-            if (k == MESH_TAKE_SKIP) {                // a send cut off (death, revocation): nothing to answer
-                n[1]++;                                                          // +
-                mesh_fanin_commit(&in);
-                continue;
-            }
-            if (threadIdx.x == 0) req[1] += 1;        // f(client, request)
-            __syncwarp();
-        }
-        const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
-        held = r == MESH_REPLY_FULL;                  // FULL: a slow client, tried again next time
-        if (r == MESH_REPLY_SENT) n[0]++;                                        // +
-        else if (r == MESH_REPLY_GONE) n[2]++;                                   // +
-        else n[3]++;                                                             // +
-        if (!held) mesh_fanin_commit(&in);            // answered (or dropped): the request is done
-#endif
+        totals[6] = 1;                                                           // + this launch
     }
-    mesh_fanin_close(&in);                            // exact positions for the next launch
-    mesh_group_close(&out);
-    n[5] = in.corrupt;                                                           // +
-    n[7] = in.ch.partial;                                                        // +
-    if (threadIdx.x == 0) service_report(ctx, base, n);                          // + the exact counts
-    if (threadIdx.x == 0) mesh_end(ctx);
+    __syncthreads();                                                             // +
+    bool ok = true;
+    if (w < parts) {                                  // the other warps have nothing to take
+        mesh_fanin in = mesh_fanin_open_part(ctx, 0, w, parts);   // binding 0: shards w, w + parts, ...
+        mesh_group out = mesh_group_open_part(ctx, 1, w, parts);  // binding 1: their clients' reply rings
+        ok = in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES;
+        uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                    // + this warp's counts
+        uint32_t added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                // + and what it added
+        uint32_t iter = 0;                                                       // +
+#ifdef SERVICE_ONE_AT_A_TIME
+        uint32_t* req = reqs[w];
+        bool held = false;                            // a request taken, its reply waiting for room
+        uint32_t client = 0;
+#endif
+        while (ok && !mesh_should_stop(ctx)) {
+            if ((++iter & 1023u) == 0) {                                         // + heartbeat, counters
+                n[5] = in.corrupt;                                               // +
+                n[7] = in.ch.partial;                                            // +
+                if (lane == 0) service_add(totals, n, added);                    // +
+                if (threadIdx.x == 0) {
+                    mesh_heartbeat(ctx, ++beat);      // meshd's readiness
+                    service_report(ctx, base, totals);                           // +
+                }
+            }
+            uint32_t gone;
+            while (mesh_group_departed(&out, &gone)) n[4]++;  // this warp's clients; drop their state here
+#ifndef SERVICE_ONE_AT_A_TIME
+            uint32_t skipped, dropped;
+            const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, MESH_FANIN_BATCH_MAX);
+            if (k == 0) continue;                     // nothing whole at the position yet
+            const uint32_t words = in.ch.msg_size / 4u;
+            if (lane < k && !((skipped >> lane) & 1u)) reqs[w][lane * words + 1] += 1;  // f(from[j], request j): lane j
+            __syncwarp();
+            const uint32_t done = mesh_reply_many(&out, from[w], reqs[w], k, skipped, &dropped);
+            mesh_fanin_consume(&in, done);            // requests [0, done) answered or dropped
+            const uint32_t kept = done >= 32u ? 0xffffffffu : (1u << done) - 1u;  // +
+            n[0] += done - (uint32_t)__popc((skipped | dropped) & kept);           // +
+            n[1] += (uint32_t)__popc(skipped & kept);                              // +
+            n[2] += (uint32_t)__popc(dropped & kept);                              // +
+            if (done < k) n[3]++;                                                  // +
+#else
+            if (!held) {
+                const int k = mesh_fanin_take_deferred(&in, req, &client);
+                if (k == MESH_TAKE_NONE) continue;    // nothing whole yet
+                if (k == MESH_TAKE_SKIP) {            // a send cut off (death, revocation): nothing to answer
+                    n[1]++;                                                      // +
+                    mesh_fanin_commit(&in);
+                    continue;
+                }
+                if (lane == 0) req[1] += 1;           // f(client, request)
+                __syncwarp();
+            }
+            const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
+            held = r == MESH_REPLY_FULL;              // FULL: a slow client, tried again next time
+            if (r == MESH_REPLY_SENT) n[0]++;                                    // +
+            else if (r == MESH_REPLY_GONE) n[2]++;                               // +
+            else n[3]++;                                                         // +
+            if (!held) mesh_fanin_commit(&in);        // answered (or dropped): the request is done
+#endif
+        }
+        mesh_fanin_close(&in);                        // exact positions for the next launch
+        mesh_group_close(&out);
+        n[5] = in.corrupt;                                                       // +
+        n[7] = in.ch.partial;                                                    // +
+        if (lane == 0) service_add(totals, n, added);                            // +
+    }
+    __syncthreads();                                  // every warp closed: the launch's positions are exact
+    if (threadIdx.x == 0) {
+        service_report(ctx, base, totals);                                       // + the exact counts
+        if (ok) mesh_end(ctx);
+        else mesh_exit(ctx, 1);                       // not a fan-in and a group of one size that fits
+    }
 }

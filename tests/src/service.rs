@@ -33,17 +33,24 @@ use std::time::{Duration, Instant};
 use crate::stress;
 
 /// The fan-in shards the GPU test and the benchmark create the service with: `MESH_SERVICE_SHARDS`
-/// (a power of two from 1 to 32, passed as `meshd service create --shards`; absent: 1, one ring as
-/// before shards). A value that is not a number stops the run naming it; meshd refuses one that
-/// breaks the rule, naming the rule.
+/// (a power of two from 1 to 32, passed as `meshd service create --shards`; absent: 8, the README's
+/// service, a shard for each of service.cu's 8 warps). A value that is not a number stops the run
+/// naming it; meshd refuses one that breaks the rule, naming the rule.
 pub fn service_shards() -> u32 {
     match std::env::var("MESH_SERVICE_SHARDS") {
         Ok(s) if !s.trim().is_empty() => s
             .trim()
             .parse()
             .unwrap_or_else(|e| panic!("MESH_SERVICE_SHARDS={s}: not a whole number ({e}); a power of two, 1 to 32")),
-        _ => 1,
+        _ => 8,
     }
+}
+
+/// The block the GPU test and the benchmark load the service programs with (`meshd load --block`):
+/// `MESH_SERVICE_BLOCK` threads, else 256, the README's (service.cu serves with up to 8 warps, one
+/// part of the shards each; with 32, one warp serves everything).
+pub fn service_block() -> String {
+    std::env::var("MESH_SERVICE_BLOCK").ok().filter(|b| !b.trim().is_empty()).unwrap_or_else(|| "256".into())
 }
 
 pub use meshd::ServiceClient;

@@ -20,10 +20,10 @@
 //! row), and a new client attaches in its place; after the last event every surviving client still makes
 //! progress; after everyone left, no entry is bound; the program ran throughout (state running, heartbeat
 //! rising, 3 launches at least), took no more skips than clients were killed; in MPS mode no client process
-//! is an MPS client. `MESH_SERVICE_SHARDS=P` creates the service with `--shards P` (the program must
-//! then know fan-in shards, or it refuses the binding); `MESH_SERVICE_PROGRAM=NAME` runs another program
-//! of tests/programs (a variant of the loop), `MESH_SERVICE_TEST_BLOCK=T` loads it with a block of T
-//! threads (service_x_warps serves the shards with every warp of its block). The longest wait of any client for a reply is printed with the event before it
+//! is an MPS client. The service has 8 fan-in shards and service.cu is loaded with a block of 256 (the
+//! README's: 8 warps, a shard each); `MESH_SERVICE_SHARDS=P` creates it with `--shards P`,
+//! `MESH_SERVICE_BLOCK=T` loads the program with a block of T threads, `MESH_SERVICE_PROGRAM=NAME` runs
+//! another program of tests/programs (a variant of the loop). The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
 //! Run on the H200 in session 7 (2026-12-04, docs/gpu-runs/2026-12-04-s7), green in both modes with the
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mesh_gpu_tests::chaos::{self, Rng};
 use mesh_gpu_tests::harness::{Meshd, mps_membership};
-use mesh_gpu_tests::service::{ClientProcess, bound_clients, field};
+use mesh_gpu_tests::service::{ClientProcess, bound_clients, field, service_block};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 
 const SERVICE: &str = "svc";
@@ -134,7 +134,7 @@ impl Run {
     }
 
     /// The program's PTX: `service` unless `MESH_SERVICE_PROGRAM` names another of tests/programs
-    /// (`service_x_capped`, `service_x_warps`, ...: a variant before it becomes the header's loop).
+    /// (`service_x_serial`, or a variant before it becomes the header's loop).
     fn image() -> String {
         let program = std::env::var("MESH_SERVICE_PROGRAM").unwrap_or_else(|_| "service".into());
         let ptx = programs_dir().join(format!("{program}.ptx"));
@@ -147,10 +147,9 @@ impl Run {
         ptx.display().to_string()
     }
 
-    /// `meshd load`'s block: `MESH_SERVICE_TEST_BLOCK` threads (256 for service_x_warps' 8 warps), or the
-    /// default block (32) without it.
+    /// `meshd load`'s block: `MESH_SERVICE_BLOCK` threads, else 256 (service.cu's 8 warps).
     fn block() -> Vec<String> {
-        std::env::var("MESH_SERVICE_TEST_BLOCK").map_or_else(|_| Vec::new(), |b| vec!["--block".into(), b])
+        vec!["--block".into(), service_block()]
     }
 
     fn ps_row(&self) -> serde_json::Value {
@@ -510,9 +509,9 @@ fn service_64_clients_killed_joining_detaching_and_upgrades_mps() {
 fn the_readme_service_lines_answer_from_the_shell() {
     require_gpu!("the_readme_service_lines_answer_from_the_shell");
     let d = Meshd::start(&[]);
-    d.ok(&["service", "create", "kv", "--clients", "8", "--msg-size", "64"]);
+    d.ok(&["service", "create", "kv", "--clients", "64", "--msg-size", "64", "--shards", "8"]);
     let ptx = programs_dir().join("service.ptx");
-    d.ok(&["load", "kv-server", &ptx.display().to_string(), "--bind", "kv", "--bind", "kv.replies"]);
+    d.ok(&["load", "kv-server", &ptx.display().to_string(), "--block", "256", "--bind", "kv", "--bind", "kv.replies"]);
     let out = d.ok(&["service", "request", "kv", "--hex", "0000000029000000"]);
     assert_eq!(out, format!("000000002a000000{}\n", "0".repeat(112)), "service.cu's reply to 0x29 in word 1");
     // Text: word 1 is bytes 4-7, so "abcdefgh" comes back as "abcdffgh" ('e' + 1).

@@ -1037,7 +1037,8 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 // The contract, in one place:
 //   * Lanes: the 32 lanes of one warp call every call of this section, and mesh_should_stop, together
 //     and converged (no lane-dependent branch around them); mesh_begin, mesh_heartbeat, mesh_end and
-//     mesh_exit are lane 0's alone. More warps serving one service: tests/programs/service_x_warps.cu.
+//     mesh_exit are lane 0's alone. Several warps serve one service each with its own part of the
+//     shards and of the clients ("Many warps" below; the loop of tests/programs/service.cu).
 //   * Client ids: a request's sender id is `slot | epoch << 16` (the epoch's low 16 bits). Keep
 //     per-client state in an array indexed by `id & 0xffffu` (below `out.entries`, the group's client
 //     slots; at most MESH_GROUP_MAX_ENTRIES with the built-in state); reset it when mesh_group_departed
@@ -1057,8 +1058,9 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 // the request with payload word 1 incremented, so the reply size must be the request size; with a
 // different `--reply-size`, reply from a buffer of out.msg_size bytes, filled when the request is taken
 // and kept unchanged while `held`, since a held reply is sent again as it was). A service
-// of more than a few clients should take many requests per round trip instead: "Many requests per
-// round trip" below, the loop of tests/programs/service.cu, 3.5-4.6x the rate with 8 or 64 clients.
+// of more than a few clients should take many requests per round trip, with several warps, instead:
+// "Many requests per round trip" and "Many warps" below, the loop of tests/programs/service.cu (with 8
+// shards and 8 warps: 6.4 M requests/s from 8 clients against 0.14 M for this loop, BENCHMARKS.md).
 //
 //     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 //         __shared__ uint32_t req[1024];                    // one message, up to 4 KiB
@@ -1268,6 +1270,48 @@ static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, 
     return f;
 }
 
+// Many warps (see "Many warps" below): how many warps of `warps` serve the fan-in at binding `b`, one
+// part each: the largest power of two at most `warps` and at most its shards (1 without shards), so
+// that it divides the shards. The rest of the block's warps have nothing to take.
+static __device__ __forceinline__ uint32_t mesh_fanin_parts(const mesh_ctx& c, uint32_t b, uint32_t warps) {
+    uint32_t shards = 1u;
+    if (b < c.binding_count && b < MESH_MAX_BINDINGS) shards = c.bindings[b].protocol >> MESH_BULK_PARTS_SHIFT;
+    if (shards == 0u || shards > MESH_FANIN_MAX_SHARDS) shards = 1u;
+    uint32_t parts = 1u;
+    while (parts * 2u <= warps && parts * 2u <= shards) parts *= 2u;
+    return parts;
+}
+
+// Opens binding `b` as warp `part` of `parts` serving it (parts from mesh_fanin_parts, the same for every
+// warp): this warp's end takes from shards part, part + parts, ... alone (shards / parts of them; with
+// one, it is a one-ring end over that shard), hence the requests of the clients whose slot % parts ==
+// part, whose replies and departures mesh_group_open_part(ctx, 1, part, parts) gives the same warp.
+// A part that does not divide the shards evenly gives an end whose msg_size is 0.
+static __device__ __forceinline__ mesh_fanin mesh_fanin_open_part(const mesh_ctx& c, uint32_t b, uint32_t part, uint32_t parts) {
+    mesh_fanin f = mesh_fanin_open(c, b);  // lane s: shard s
+    if (parts == 1u && part == 0u) return f;
+    if (parts == 0u || (parts & (parts - 1u)) != 0u || part >= parts || f.shards % parts != 0u) {
+        f.ch.msg_size = 0;
+        return f;
+    }
+    const uint32_t full = 0xffffffffu, src = (part + mesh_lane() * parts) & 31u;  // lane i: shard part + i x parts
+    f.s_ring = (char*)__shfl_sync(full, (unsigned long long)f.s_ring, src);
+    f.s_slots = (char*)__shfl_sync(full, (unsigned long long)f.s_slots, src);
+    f.s_mine = __shfl_sync(full, (unsigned long long)f.s_mine, src);
+    f.s_done = __shfl_sync(full, (unsigned long long)f.s_done, src);
+    f.s_published = __shfl_sync(full, (unsigned long long)f.s_published, src);
+    f.s_hint = __shfl_sync(full, f.s_hint, src);
+    f.shards /= parts;
+    f.start = 0;
+    if (f.shards == 1u) {  // one shard left: the one-ring calls, over it
+        f.ch.ring = (char*)__shfl_sync(full, (unsigned long long)f.s_ring, 0);
+        f.ch.slots = (char*)__shfl_sync(full, (unsigned long long)f.s_slots, 0);
+        f.ch.mine = f.ch.other = __shfl_sync(full, (unsigned long long)f.s_done, 0);
+        f.ch.published = __shfl_sync(full, (unsigned long long)f.s_published, 0);
+    }
+    return f;
+}
+
 // Polls the slot at the fan-in's position once (one round trip: each lane loads its pairs of words,
 // with 16-byte loads, all issued before any is used) and takes it when it is whole:
 //   word 0 not tagged for this position: MESH_TAKE_NONE (empty; the tail is published, as on drain);
@@ -1382,23 +1426,44 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // The loop above takes one request per PCIe round trip (about 2 µs on the H200): about 450,000
 // requests a second whatever the number of clients. A service of many clients takes every request
 // that has arrived at once instead, answers them in parallel, one lane per request, and gives their
-// slots back together (tests/programs/service.cu is this loop; the header's loop above is its
-// one-at-a-time form; the begin, the opens with their check, the heartbeat and the closes as there):
+// slots back together; and it serves with several warps, each its own part of the fan-in's shards
+// and of the clients, so that one warp's peek (a PCIe round trip) overlaps the others' replies. Create
+// the service with `--shards 8` and load the program with `--block 256` (tests/programs/service.cu is
+// this loop with counters; the header's loop above is its one-at-a-time form):
 //
-//     __shared__ uint32_t reqs[MESH_FANIN_BATCH_MAX * 16];  // 32 requests of 64 bytes
-//     __shared__ uint32_t from[MESH_FANIN_BATCH_MAX];       // their senders
-//     ...                                                   // (check in.ch.msg_size <= 64 here)
-//     for (uint32_t i = 0; !mesh_should_stop(ctx); i++) {
-//         if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);
-//         uint32_t gone, skipped, dropped;
-//         while (mesh_group_departed(&out, &gone)) {}
-//         const uint32_t n = mesh_fanin_peek(&in, reqs, from, &skipped, MESH_FANIN_BATCH_MAX);
-//         if (n == 0) continue;                             // nothing whole at the position yet
-//         const uint32_t w = in.ch.msg_size / 4u, j = threadIdx.x;
-//         if (j < n && !((skipped >> j) & 1u)) reqs[j * w + 1] += 1;  // f(from[j], request j): lane j
-//         __syncwarp();
-//         const uint32_t done = mesh_reply_many(&out, from, reqs, n, skipped, &dropped);
-//         mesh_fanin_consume(&in, done);                    // requests [0, done) answered or dropped
+//     extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+//         constexpr uint32_t most = 8;                      // warps serving at most
+//         __shared__ uint32_t reqs[most][MESH_FANIN_BATCH_MAX * 16];  // a warp's 32 requests of 64 bytes
+//         __shared__ uint32_t from[most][MESH_FANIN_BATCH_MAX];       // their senders
+//         const uint32_t w = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+//         const uint32_t warps = blockDim.x / 32u < most ? blockDim.x / 32u : most;
+//         const uint32_t parts = mesh_fanin_parts(ctx, 0, warps);  // warps that serve: a power of two
+//         uint64_t beat = 0;
+//         if (threadIdx.x == 0) beat = mesh_begin(ctx);
+//         bool ok = true;
+//         if (w < parts) {                                  // the other warps have nothing to take
+//             mesh_fanin in = mesh_fanin_open_part(ctx, 0, w, parts);   // shards w, w + parts, ...
+//             mesh_group out = mesh_group_open_part(ctx, 1, w, parts);  // their clients' reply rings
+//             ok = in.ch.msg_size == 64 && out.msg_size == 64;          // a fan-in and a group of 64 B
+//             for (uint32_t i = 0; ok && !mesh_should_stop(ctx); i++) {
+//                 if (threadIdx.x == 0 && (i & 4095u) == 0) mesh_heartbeat(ctx, ++beat);
+//                 uint32_t gone, skipped, dropped;
+//                 while (mesh_group_departed(&out, &gone)) {}   // this warp's clients alone
+//                 const uint32_t n = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, MESH_FANIN_BATCH_MAX);
+//                 if (n == 0) continue;                         // nothing whole at the position yet
+//                 if (lane < n && !((skipped >> lane) & 1u)) reqs[w][lane * 16 + 1] += 1;  // f(from[j], request j): lane j
+//                 __syncwarp();
+//                 const uint32_t done = mesh_reply_many(&out, from[w], reqs[w], n, skipped, &dropped);
+//                 mesh_fanin_consume(&in, done);                // requests [0, done) answered or dropped
+//             }
+//             mesh_fanin_close(&in);                            // exact positions for the next launch
+//             mesh_group_close(&out);
+//         }
+//         __syncthreads();                                      // every warp closed
+//         if (threadIdx.x == 0) {
+//             if (ok) mesh_end(ctx);
+//             else mesh_exit(ctx, 1);
+//         }
 //     }
 //
 // mesh_fanin_peek copies the whole requests at the fan-in's position (up to `max`, in order) without
@@ -1419,6 +1484,20 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // consumed position, so the next launch answers exactly the requests this one did not: an orderly
 // stop loses no reply and repeats none, as with the deferred take. As in the loop above, a client
 // whose ring stays full stalls the requests behind its own until it reads or leaves.
+//
+// Many warps. A client's requests go to shard (its slot % P) of a fan-in of P shards, and its replies to
+// its own ring: warp `part` of `parts` (a power of two dividing P, mesh_fanin_parts) opens the fan-in
+// with mesh_fanin_open_part (shards part, part + parts, ...) and the group with mesh_group_open_part
+// (the entries e with e % parts == part), so each client is one warp's: its requests, its replies and
+// its departure, with one writer for every reply ring and every entry's state (warps share the
+// built-in state array, each touching its own entries). A departure acknowledged by another warp could
+// hand the ring to a new client while the client's warp still answers the old one: so each warp calls
+// mesh_group_departed on its own group. The warps stop each at its own mesh_should_stop; thread 0 ends
+// the program after a __syncthreads, so that every warp's close has published its positions. With one
+// shard (or a block of 32) one warp serves everything, as the one-warp loops above. Measured on the
+// H200 (BENCHMARKS.md, session 12: 8 shards, blink): 8 warps against one, a lone client 0.80 against
+// 0.49 M requests/s, 16 clients 12.5 against 3.3 M/s, 64 clients 5.0 against 2.7 M/s (the host's 16
+// CPUs run the 64 client processes: 16 streaming clients are the faster row).
 
 // Requests mesh_fanin_peek takes per call at most: one per lane.
 #define MESH_FANIN_BATCH_MAX 32u
@@ -1435,18 +1514,6 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 #ifndef MESH_FANIN_PREFETCH
 #define MESH_FANIN_PREFETCH 0
 #endif
-// With shards: whether a peek looks at no more of a shard's slots than the caller takes (1: the take,
-// which asks for one request, loads one slot a shard, and the round's slots are shared out with one
-// warp scan) or at as many as the shard's hint wants, an equal share of the round each first, the rest
-// to the busier (0, the default). Session 9 measured the default on the H200: with 8 shards a lone
-// client's round trip 5.1 -> 6.9 µs and the one-at-a-time loop 3x slower than with one ring, for about
-// 4.6 KB of PCIe reads a round trip and three scans before the loads. 1 is tests/programs/
-// service_x_capped.cu; it passes the warp emulation (mesh-shm's tests/warp_emulation.rs) and is owed
-// its GPU run (docs/gpu-runs/PENDING.md).
-#ifndef MESH_FANIN_PEEK_CAPPED
-#define MESH_FANIN_PEEK_CAPPED 0
-#endif
-
 static __device__ __forceinline__ uint32_t mesh_warp_or(uint32_t v) {
     for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -1678,25 +1745,12 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f,
         if (f->s_hint == 0u) f->s_hint = MESH_FANIN_POLL_MIN;
         const uint32_t to_end = ch->mask + 1u - (uint32_t)(f->s_mine & ch->mask);
         want = f->s_hint < to_end ? f->s_hint : to_end;
-#if MESH_FANIN_PEEK_CAPPED
-        if (want > max) want = max;  // no shard can give more (the take looks at one slot a shard)
-#else
         if (want > budget) want = budget;
-#endif
     }
     const uint32_t shard_r = (start + lane) & last;  // rank `lane`'s shard (lane < shards)
     uint32_t w = __shfl_sync(full, want, shard_r);
     if (lane >= shards) w = 0;
     const uint32_t share = budget / shards ? budget / shards : 1u;
-#if MESH_FANIN_PEEK_CAPPED
-    // Each shard at most an equal share of the round (budget / shards slots, at least one; then the
-    // first `budget` of them by rank, when shards outnumber the budget's slots). One scan: every shuffle
-    // here is on the way to the loads.
-    uint32_t n = w < share ? w : share;
-    const uint32_t to_all = mesh_warp_scan(n);
-    if (to_all - n >= budget) n = 0u;                                     // only when share is 1 (shards > budget)
-    const uint32_t to = to_all < budget ? to_all : budget, off = to - n;  // rank `lane`'s run: slots [off, to)
-#else
     // A fair share each first (budget / shards, at least one slot), by rank while the budget lasts;
     // then what is left, by rank, to those that want more.
     const uint32_t fair = w < share ? w : share;
@@ -1708,7 +1762,6 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f,
     const uint32_t more_to = mesh_warp_scan(more);
     n += more_to - more >= left ? 0u : (more < left - (more_to - more) ? more : left - (more_to - more));
     const uint32_t to = mesh_warp_scan(n), off = to - n;  // rank `lane`'s run: slots [off, to)
-#endif
     const uint32_t total = __shfl_sync(full, to, 31);
     // Lane j < total stands for slot j: its rank (runs are a front of the ranks, each non-empty), its
     // shard's slots and position, hence its address and tag.
@@ -1913,6 +1966,7 @@ typedef struct {
     bool scanned;              // a scan has completed since the open (a new launch scans first)
     bool scanning;             // a scan is in progress, started at `changes_seen`'s new value
     uint64_t scan_changes;     // `changes` as read (Acquire) when the scan in progress started
+    uint32_t part, parts;      // this warp answers the entries e with e % parts == part (0 of 1: all)
 } mesh_group;
 
 static __device__ __forceinline__ char* mesh_group_entry(const mesh_group* g, uint32_t slot) {
@@ -1944,8 +1998,10 @@ static __device__ __forceinline__ bool mesh_lane0(void) {
 // against the binding: on any disagreement, or more entries than `max`, msg_size is 0 and every call
 // fails (mesh_reply: GONE). Each reply ring resumes as mesh_chan_open resumes a producer: after the
 // published head and every whole reply written after it.
-static __device__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh_reply_state* state, uint32_t max) {
-    mesh_group g = {0, state, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0};
+static __device__ mesh_group mesh_group_open_part(const mesh_ctx& c, uint32_t b, mesh_reply_state* state, uint32_t max,
+                                                 uint32_t part, uint32_t parts) {
+    mesh_group g = {0, state, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 1};
+    if (parts == 0 || (parts & (parts - 1u)) != 0 || part >= parts) return g;
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
         return g;
     const mesh_binding& d = c.bindings[b];
@@ -1965,8 +2021,10 @@ static __device__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh
     g.entries = entries;
     g.msg_size = msg_size;
     g.mask = capacity - 1u;
+    g.part = part;
+    g.parts = parts;
     const uint32_t last = msg_size / 4u - 1u;
-    for (uint32_t s = mesh_lane(); s < entries; s += 32u) {  // each lane its own entries, in parallel
+    for (uint32_t s = part + mesh_lane() * parts; s < entries; s += 32u * parts) {  // each lane its own entries
         char* ring = mesh_group_ring(&g, s);
         const uint64_t tail = mesh_ld_volatile_u64(ring + MESH_RING_TAIL);
         uint64_t head = mesh_ld_volatile_u64(ring + MESH_RING_HEAD);
@@ -1985,9 +2043,23 @@ static __device__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh
 // The built-in state: MESH_GROUP_MAX_ENTRIES entries, for one group per program. A function-scope
 // static, so that only a program that calls this overload carries the array (a file-scope one put
 // 32 KiB of device memory, and a `.nv.global` section, in every module that includes this header).
-static __device__ __forceinline__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b) {
+static __device__ __forceinline__ mesh_reply_state* mesh_group_state_builtin(void) {
     static mesh_reply_state mesh_group_state_default[MESH_GROUP_MAX_ENTRIES];
-    return mesh_group_open(c, b, mesh_group_state_default, MESH_GROUP_MAX_ENTRIES);
+    return mesh_group_state_default;
+}
+static __device__ __forceinline__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b, mesh_reply_state* state, uint32_t max) {
+    return mesh_group_open_part(c, b, state, max, 0u, 1u);
+}
+static __device__ __forceinline__ mesh_group mesh_group_open(const mesh_ctx& c, uint32_t b) {
+    return mesh_group_open_part(c, b, mesh_group_state_builtin(), MESH_GROUP_MAX_ENTRIES, 0u, 1u);
+}
+// The group as warp `part` of `parts` serving it (a power of two, the same for every warp): this warp's
+// copy answers and acknowledges the entries e with e % parts == part alone, and opens and closes only
+// their rings, so that the warps of one block share the state array (built-in, or the caller's) with
+// one writer per entry. Pair it with mesh_fanin_open_part(ctx, 0, part, parts): warp `part` then takes
+// exactly the requests of those clients ("Many warps" above).
+static __device__ __forceinline__ mesh_group mesh_group_open_part(const mesh_ctx& c, uint32_t b, uint32_t part, uint32_t parts) {
+    return mesh_group_open_part(c, b, mesh_group_state_builtin(), MESH_GROUP_MAX_ENTRIES, part, parts);
 }
 
 // Stores entry `slot`'s exact head if it moved (lane 0, a plain store: the client needs it for
@@ -1998,19 +2070,6 @@ static __device__ __forceinline__ void mesh_group_flush(mesh_group* g, uint32_t 
         st->published = st->head;
     }
 }
-
-// An experiment (issue 26, docs/design/many-clients.md, "the reply ring's credit"), off by default: 1
-// promises that every client keeps at most its reply ring's capacity of requests unanswered and that the
-// program answers each request at most once, so a reply always finds its slot read; mesh_reply and
-// mesh_reply_many then never read a reply ring's tail (one PCIe round trip each time a client's cached
-// credit runs out, inside the batch) and never say FULL. The service clients keep that window unless
-// the client lifts it (meshd::ServiceClient, Python's meshd.Service, C's mesh_service_*: `set_window`);
-// the bare FanInSender / GroupClient ends keep none, and the program cannot see either: define it only
-// for clients you know keep theirs. A crash of the program breaks the "at most once" (its re-taken
-// requests are answered again). A client that breaks the window overwrites only its own unread replies.
-#ifndef MESH_REPLY_TRUST_WINDOW
-#define MESH_REPLY_TRUST_WINDOW 0
-#endif
 
 // Replies `msg` (msg_size bytes, 4-byte aligned) to `client` (a sender id: from mesh_fanin_take or
 // mesh_fanin_take_deferred, or senders[j] of mesh_fanin_peek).
@@ -2035,7 +2094,7 @@ static __device__ __forceinline__ int mesh_reply(mesh_group* g, uint32_t client,
         st.bound = 1u;
     }
     int r = MESH_REPLY_SENT;
-    if (!MESH_REPLY_TRUST_WINDOW && st.head - st.tail > g->mask) {
+    if (st.head - st.tail > g->mask) {
         uint64_t tail = 0;
         if (mesh_lane0()) tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
         st.tail = __shfl_sync(0xffffffffu, tail, 0);
@@ -2110,11 +2169,11 @@ static __device__ __forceinline__ uint32_t mesh_reply_many(mesh_group* g, const 
                 st.epoch = epoch;
                 st.bound = 1u;
             }
-            if (!MESH_REPLY_TRUST_WINDOW && head - st.tail > g->mask && !tail_read) {
+            if (head - st.tail > g->mask && !tail_read) {
                 st.tail = mesh_ld_volatile_u64(mesh_group_ring(g, slot) + MESH_RING_TAIL);
                 tail_read = true;
             }
-            if (!MESH_REPLY_TRUST_WINDOW && head - st.tail > g->mask) {
+            if (head - st.tail > g->mask) {
                 full_at = l;
                 break;
             }
@@ -2209,14 +2268,12 @@ static __device__ __forceinline__ void mesh_group_ack(mesh_group* g, uint32_t sl
 // after the open (acknowledging what the last launch had not), it reads `changes` again with an
 // acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32
 // per round trip: a departed entry whose acked_epoch != epoch (not `<`: epochs wrap) is acknowledged.
-// mesh_group_departed_part is the same over the entries e with e % parts == part alone: for a program
-// whose warps each answer their own clients (warp w of W taking the fan-in shards w, w + W, ... of a
-// channel of P shards, W dividing P, so that client e is warp e % W's): a departure must be
+// A group opened with mesh_group_open_part looks at its own part's entries alone: a departure must be
 // acknowledged by the warp that answers that client, or its ring could go to a new client while the
-// warp still answers the old one (tests/programs/service_x_warps.cu; parts a power of two).
-static __device__ __forceinline__ bool mesh_group_departed_part(mesh_group* g, uint32_t* gone, uint32_t part,
-                                                                uint32_t parts) {
+// warp still answers the old one.
+static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
     if (g->msg_size == 0) return false;
+    const uint32_t part = g->part, parts = g->parts;
     if (!g->scanning) {
         if (g->scanned) {
             const uint64_t now = mesh_globaltimer();
@@ -2267,14 +2324,11 @@ static __device__ __forceinline__ bool mesh_group_departed_part(mesh_group* g, u
     g->changes_seen = g->changes_read = g->scan_changes;
     return false;
 }
-static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
-    return mesh_group_departed_part(g, gone, 0u, 1u);
-}
 
 // Publishes every reply ring's exact head; call it before mesh_end.
 static __device__ void mesh_group_close(mesh_group* g) {
     if (g->msg_size == 0) return;
-    for (uint32_t s = mesh_lane(); s < g->entries; s += 32u) {  // each lane its own entries: one store each
+    for (uint32_t s = g->part + mesh_lane() * g->parts; s < g->entries; s += 32u * g->parts) {  // one store each
         mesh_reply_state st = g->state[s];
         if (st.head != st.published) {
             mesh_st_volatile_u64(mesh_group_ring(g, s) + MESH_RING_HEAD, st.head);
@@ -2462,11 +2516,9 @@ static __device__ __forceinline__ uint4 mesh_ld_volatile_v4(const void* p) {
 // Copies n 16-byte units from src to dst (global or shared memory) with every thread of the block, 4
 // loads in flight per thread before its stores. The loads are volatile: they go past the SM's L1,
 // which may still hold a ring slot's previous lap.
-// The same with the threads of rank `first` and above only (the others return at once).
-static __device__ __forceinline__ void mesh_block_copy_from(uint4* dst, const uint4* src, uint32_t n, uint32_t first) {
-    if (mesh_block_rank() < first) return;
-    const uint32_t s = mesh_block_threads() - first;
-    uint32_t i = mesh_block_rank() - first;
+static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* src, uint32_t n) {
+    const uint32_t s = mesh_block_threads();
+    uint32_t i = mesh_block_rank();
     for (; i + 3u * s < n; i += 4u * s) {
         const uint4 a = mesh_ld_volatile_v4(src + i), b = mesh_ld_volatile_v4(src + i + s);
         const uint4 c = mesh_ld_volatile_v4(src + i + 2u * s), d = mesh_ld_volatile_v4(src + i + 3u * s);
@@ -2476,9 +2528,6 @@ static __device__ __forceinline__ void mesh_block_copy_from(uint4* dst, const ui
         dst[i + 3u * s] = d;
     }
     for (; i < n; i += s) dst[i] = mesh_ld_volatile_v4(src + i);
-}
-static __device__ __forceinline__ void mesh_block_copy(uint4* dst, const uint4* src, uint32_t n) {
-    mesh_block_copy_from(dst, src, n, 0u);
 }
 
 // The flag of part first + r of message seq's slot (r < count).
@@ -2689,25 +2738,13 @@ static __device__ __forceinline__ void mesh_block_publish(mesh_bulk* ch) {
     ch->mine += 1u;
 }
 
-// Whether mesh_block_try_send leaves the block's first warp out of the copy (1; blocks of 64 threads
-// or more), or copies with every thread (0, the default until measured). The publish's release fence
-// runs on the first warp's threads and waits until the block's stores have reached memory; the other
-// warps go on meanwhile, into the next message, and with the first warp copying too the next
-// message's barrier waits for its share behind that fence. Without a share, its fence overlaps their
-// copy. An experiment (PENDING.md): `bulk_parts_*_x_pubwarp.cu`, `MESH_PARTS_VARIANT=_x_pubwarp
-// mesh-gpu-bench parts`.
-#ifndef MESH_BULK_PUBLISHER_WARP
-#define MESH_BULK_PUBLISHER_WARP 0
-#endif
-
 // Sends this block's share of one message from `msg` (msg_size bytes, 16-byte aligned: for a block
 // serving a share of the parts, the share alone). False on every thread when the ring is full. 16
 // bytes per thread per load and store, 4 in flight; one fence per part.
 static __device__ __forceinline__ bool mesh_block_try_send(mesh_bulk* ch, const void* msg) {
     void* slot = mesh_block_reserve(ch);
     if (slot == 0) return false;
-    const uint32_t skip = MESH_BULK_PUBLISHER_WARP && mesh_block_threads() >= 64u ? 32u : 0u;
-    mesh_block_copy_from((uint4*)slot, (const uint4*)msg, ch->msg_size / 16u, skip);
+    mesh_block_copy((uint4*)slot, (const uint4*)msg, ch->msg_size / 16u);
     mesh_block_publish(ch);
     return true;
 }

@@ -36,15 +36,6 @@ fn one_block_moves_its_share_of_every_message_once_in_order() {
     }
 }
 
-/// MESH_BULK_PUBLISHER_WARP 1: mesh_block_try_send leaves the first warp out of the copy. Only the
-/// sending side reaches that code, so only the producer scenarios run.
-#[test]
-fn the_send_without_the_publisher_warp_in_the_copy_moves_every_byte() {
-    if let Some(exe) = built("bulk_blocks_emu_pubwarp", &["-DMESH_BULK_PUBLISHER_WARP=1"]) {
-        passes(&exe, "producer", "all passed");
-    }
-}
-
 /// MESH_BULK_LOOKAHEAD 1: every peek loads its flags (no message known whole ahead). Only the receiving
 /// side reaches that code, so only the consumer scenarios run.
 #[test]

@@ -27,8 +27,8 @@
 // ring is full (producer) or drained (consumer), so every count is exact; after it the parts' lines,
 // the header's lower bound (mesh_bulk_close), the counts and the slot state are checked.
 //
-// Built and run by tests/bulk_emulation.rs: as it is (both ends), with MESH_BULK_PUBLISHER_WARP 1 (the
-// producer, the only end it changes) and with MESH_BULK_LOOKAHEAD 1 (the consumer, likewise):
+// Built and run by tests/bulk_emulation.rs: as it is (both ends) and with MESH_BULK_LOOKAHEAD 1 (the
+// consumer, the only end it changes):
 // `g++ -std=c++20 -O1 -pthread -I ../../include bulk_blocks.cpp && ./a.out [all | producer | consumer]`
 // (exit 0 and "all passed"; a watchdog ends a deadlock after 60 s). `./a.out probe-resume-full` runs a
 // known failure instead (see probe_resume_full).
@@ -726,8 +726,7 @@ int main(int argc, char** argv) {
                 }
     }
     g_finished = true;
-    std::printf("%u scenarios (MESH_BULK_PUBLISHER_WARP %d, MESH_BULK_LOOKAHEAD %u)\n", ran,
-                (int)MESH_BULK_PUBLISHER_WARP, (unsigned)MESH_BULK_LOOKAHEAD);
+    std::printf("%u scenarios (MESH_BULK_LOOKAHEAD %u)\n", ran, (unsigned)MESH_BULK_LOOKAHEAD);
     if (failures) {
         std::fprintf(stderr, "%d failures\n", failures);
         return 1;

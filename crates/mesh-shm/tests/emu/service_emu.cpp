@@ -1,5 +1,5 @@
-// service_emu.cpp: a service program of tests/programs (PROGRAM: service.cu, or service_x_warps.cu over
-// several warps) run on the CPU as one block of emulated warps (warp_emu.h), against a fan-in channel of
+// service_emu.cpp: a service program of tests/programs (PROGRAM: service.cu, or service_x_serial.cu) run
+// on the CPU as one block of WARPS emulated warps (warp_emu.h), against a fan-in channel of
 // SHARDS shards and a channel group laid out as mesh-shm lays them out. A driver thread plays the
 // clients and meshd: it sends each client's numbered requests into its shard (room from the shard's
 // published tail), reads every reply from the client's ring and checks it (the request's number, word 1
@@ -27,10 +27,7 @@ constexpr uint64_t kPage = 4096;
 constexpr uint32_t kMsg = 64, kWords = kMsg / 4;
 constexpr uint32_t kCapacity = 8;        // fan-in slots per shard
 constexpr uint32_t kReplyCapacity = 4;   // replies per client ring
-#ifndef EMU_WINDOW
-#define EMU_WINDOW 3  // requests a client keeps unanswered (the window programs run at the full 4)
-#endif
-constexpr uint32_t kClients = 16, kRequests = 40, kWindow = EMU_WINDOW;
+constexpr uint32_t kClients = 16, kRequests = 40, kWindow = 3;  // kWindow: requests a client keeps unanswered
 static_assert(kWindow >= 1 && kWindow <= kReplyCapacity, "a client's window fits its reply ring");
 constexpr uint64_t kSlot = 512;          // the program's slot
 constexpr uint64_t kFaninHeader = 4096;  // shard 0's ring header

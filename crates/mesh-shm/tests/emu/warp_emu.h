@@ -40,7 +40,7 @@ inline thread_local uint32_t emu_warp = 0;
 // barriers, as a converged warp's one S2R instruction gives every lane one value. Lanes reading the
 // clock each for itself (as this file did first) saw different times on a loaded machine and took
 // different sides of `now < due` in mesh_should_stop: the lanes of one warp left the loop apart and
-// met at different barriers (the CI's 2-core machine hung in service_x_warps with 8 warps).
+// met at different barriers (the CI's 2-core machine hung in the service loop with 8 warps).
 inline std::atomic<uint64_t> emu_warp_clock[EMU_MAX_WARPS];
 // The stop word (mesh_should_stop's), when a test names it (emu_watch_stop): every lane of a warp loads
 // it in one instruction on a GPU (one coalesced load, one value); lanes that loaded it each for itself

@@ -16,8 +16,9 @@
 //!
 //! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
 //! capacity; the windows stay as for one); the heading and every service row say so.
-//! `MESH_SERVICE_BLOCK` (default 64) is the block every program is loaded with: `service_x_warps`
-//! serves the shards with every warp of it (`MESH_SERVICE_BLOCK=256` with 8 shards: a warp a shard).
+//! `MESH_SERVICE_SHARDS` (default 8) and `MESH_SERVICE_BLOCK` (default 256) are the service's shards and
+//! the block every program is loaded with: service.cu serves with every warp of it, each warp its part
+//! of the shards (8 shards and 256 threads: a warp a shard; a block of 32: one warp serves all).
 //!
 //! The goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
 //! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
@@ -27,7 +28,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mesh_gpu_tests::harness::Meshd;
-use mesh_gpu_tests::service::{ClientProcess, field, service_shards};
+use mesh_gpu_tests::service::{ClientProcess, field, service_block, service_shards};
 use mesh_gpu_tests::{programs_dir, stress};
 use mesh_shm::{Consumer, Producer};
 
@@ -226,13 +227,10 @@ pub fn service_benches(mps: bool) {
     ]);
     // Both loops of the header on the same service, one after the other: the batched one (service.cu)
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
-    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated: service_x_duo, the loop over two
-    // warps, for one) measures others the same way; a
-    // `service_x_profile*` variant's user words 8-13 say where its loop's time went, printed per row.
+    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated) measures others the same way.
     let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
-    let block = std::env::var("MESH_SERVICE_BLOCK").unwrap_or_else(|_| "64".into());
+    let block = service_block();
     let mut loops = Vec::new();
-    let mut profiles = Vec::new();
     for program in programs.split_whitespace() {
         let path = match program {
             "service" => "service".to_string(),
@@ -240,22 +238,17 @@ pub fn service_benches(mps: bool) {
             other => other.to_string(),
         };
         let path = if shards > 1 { format!("{path}, {shards} shards") } else { path };
-        // A block of 64: service_x_duo runs two warps (the one-warp loops leave the second idle);
-        // MESH_SERVICE_BLOCK sets another (service_x_warps serves the shards with every warp of it).
+        // Every warp of the block serves its part of the shards (a block of 32: one warp serves all).
         d.ok(&["load", "svc", &ptx(program), "--block", &block, "--bind", "svc", "--bind", "svc.replies"]);
         let _ = streaming(&d, dir.path(), 1, 4);
         let mut lat = Vec::new();
         for &n in &client_counts() {
-            let before = user_words(&d);
             lat.push((n, latency(&d, dir.path(), n)));
-            profiles.push(profile(&path, &format!("latency, {n} clients"), &before, &user_words(&d)));
         }
         let mut rates = Vec::new();
         for &n in &client_counts() {
             let window = (FANIN_CAPACITY / n).clamp(1, REPLY_CAPACITY);
-            let before = user_words(&d);
             rates.push((n, window, streaming(&d, dir.path(), n, window)));
-            profiles.push(profile(&path, &format!("streaming, {n} clients"), &before, &user_words(&d)));
         }
         d.ok(&["unload", "svc"]);
         loops.push((path, lat, rates));
@@ -293,19 +286,6 @@ pub fn service_benches(mps: bool) {
             );
         }
     }
-    let profiles: Vec<String> = profiles.into_iter().flatten().collect();
-    if !profiles.is_empty() {
-        println!();
-        println!("Where a profiled loop's time went (service.cu's user words 8-13, over each row):");
-        println!();
-        println!(
-            "| program | row | peeks with requests | requests / peek | peek µs | reply µs | empty peeks | empty peek µs |"
-        );
-        println!("|---|---|---:|---:|---:|---:|---:|---:|");
-        for line in profiles {
-            println!("{line}");
-        }
-    }
     if let Some((_, lat, _)) = loops.first() {
         println!(
             "(latency: {} requests measured per row; goals: 64-client p99 ≤ 3× the SPSC round trip, 64 streaming ≥ 8× one)",
@@ -313,29 +293,4 @@ pub fn service_benches(mps: bool) {
         );
     }
     d.ok(&["shutdown"]);
-}
-
-/// The service program's user words (its counters), through `ps` and the mailbox.
-fn user_words(d: &Meshd) -> [u32; 32] {
-    d.user_words(&d.mailbox(), "svc")
-}
-
-/// A table row of where a `service_x_profile*` loop's time went between two readings of its words
-/// (8 peeks with requests, 9 requests, 10 their ns / 1024, 11 reply ns / 1024, 12 empty peeks, 13
-/// their ns / 1024); `None` for a program that keeps no such words.
-fn profile(path: &str, row: &str, before: &[u32; 32], after: &[u32; 32]) -> Option<String> {
-    if !path.contains("profile") {
-        return None;
-    }
-    let d = |i: usize| f64::from(after[i].wrapping_sub(before[i]));
-    let per = |total_kns: f64, count: f64| if count > 0.0 { total_kns * 1.024 / count } else { 0.0 };
-    Some(format!(
-        "| {path} | {row} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |",
-        d(8),
-        if d(8) > 0.0 { d(9) / d(8) } else { 0.0 },
-        per(d(10), d(8)),
-        per(d(11), d(8)),
-        d(12),
-        per(d(13), d(12))
-    ))
 }

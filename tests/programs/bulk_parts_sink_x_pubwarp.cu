@@ -1,6 +1,0 @@
-// bulk_parts_sink_x_pubwarp: bulk_parts_sink.cu with MESH_BULK_PUBLISHER_WARP 1 (mesh_block_try_send
-// leaves the first warp out of the copy, so that its publish fence overlaps the next message's copy):
-// the parts bench's variant, `MESH_PARTS_VARIANT=_x_pubwarp mesh-gpu-bench parts` (PENDING.md). NOT YET
-// RUN ON A GPU, nor through nvcc (g++ syntax check only).
-#define MESH_BULK_PUBLISHER_WARP 1
-#include "bulk_parts_sink.cu"
