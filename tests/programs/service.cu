@@ -41,7 +41,9 @@ static __device__ void service_report(const mesh_ctx& ctx, const uint32_t* base,
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     __shared__ uint32_t reqs[SERVICE_WARPS][MESH_FANIN_BATCH_MAX * SERVICE_MAX_BYTES / 4u];  // each warp's batch
+#ifndef SERVICE_ONE_AT_A_TIME
     __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
+#endif
     __shared__ uint32_t totals[SERVICE_WORDS];                                   // + the warps' counts
     __shared__ uint32_t base[SERVICE_WORDS];                                     // + the last launches'
     const uint32_t w = threadIdx.x / 32u, lane = threadIdx.x % 32u;

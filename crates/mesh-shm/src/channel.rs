@@ -74,8 +74,22 @@ fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
     ShmError::MessageSize { channel: info.name.clone(), size: info.msg_size as usize, got }
 }
 
-/// How long a blocking call spins on the CPU before it starts yielding it between polls.
+/// How long a blocking call spins on the CPU before it starts yielding it between polls, unless
+/// `MESH_SPIN_US` says otherwise (see [`spin`]).
 const SPIN: Duration = Duration::from_micros(20);
+/// The spin of every blocking call in this process: `MESH_SPIN_US` microseconds (0 to 1,000,000: 0
+/// yields from the first poll, for hosts with more waiting processes than CPUs), else [`SPIN`]. Read
+/// once; a value that is not such a number is ignored (the default is a safe choice, and a wait is
+/// no place to fail).
+fn spin() -> Duration {
+    static SPIN_FOR: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN_FOR.get_or_init(|| spin_from(std::env::var("MESH_SPIN_US").ok().as_deref()))
+}
+
+/// [`spin`] for a given `MESH_SPIN_US` value.
+fn spin_from(value: Option<&str>) -> Duration {
+    value.and_then(|v| v.trim().parse::<u64>().ok()).filter(|us| *us <= 1_000_000).map_or(SPIN, Duration::from_micros)
+}
 /// How long it yields between polls before it starts sleeping.
 const YIELD: Duration = Duration::from_millis(1);
 /// The first sleep (Linux's timer slack makes any shorter one about this long anyway), doubled up
@@ -115,7 +129,7 @@ impl PollPause {
     pub fn pause(&mut self, until: Instant) {
         let now = Instant::now();
         let waited = now - self.start;
-        if waited < SPIN {
+        if waited < spin() {
             std::hint::spin_loop();
         } else if waited < YIELD {
             std::thread::yield_now();
@@ -361,6 +375,22 @@ impl Consumer {
             None => {
                 Err(ShmError::Timeout { channel: self.info.name.clone(), op: "recv", waited_ms: timeout.as_millis() })
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::{SPIN, spin_from};
+    use std::time::Duration;
+
+    #[test]
+    fn mesh_spin_us_sets_the_spin_and_anything_else_keeps_the_default() {
+        assert_eq!(spin_from(Some("0")), Duration::ZERO);
+        assert_eq!(spin_from(Some(" 5 ")), Duration::from_micros(5));
+        assert_eq!(spin_from(Some("1000000")), Duration::from_secs(1));
+        for bad in [None, Some(""), Some("-1"), Some("2.5"), Some("1000001"), Some("ten")] {
+            assert_eq!(spin_from(bad), SPIN, "{bad:?}");
         }
     }
 }

@@ -2,7 +2,8 @@
 # Session 12's third device call: service.cu on the paths a user gets without the README's flags (one
 # shard with a block of 256: one warp serves, seven idle; 8 shards with the default block of 32: one warp
 # serves every shard), then where the 64-client rows stop scaling (16-64 clients on the machine's 16
-# CPUs; the fan-in's host side alone, no GPU, with as many senders). Same bundle as call-c.sh.
+# CPUs; the clients spinning 0 and 5 µs before they yield (MESH_SPIN_US) instead of 20; the fan-in's host
+# side alone, no GPU, with as many senders).
 set -u
 R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L $R
 cd .gpu/next
@@ -25,7 +26,9 @@ nproc >> $S
 MESH_SERVICE_SHARDS=1 MESH_SERVICE_SECS=8 step test-service-1shard-b256 60 bin/test-service --test-threads=1 --nocapture service_64
 MESH_SERVICE_BLOCK=32 MESH_SERVICE_SECS=8 step test-service-8shards-b32 60 bin/test-service --test-threads=1 --nocapture service_64
 MESH_SERVICE_CLIENTS="8 16 24 32 48 64" step bench-service-sweep 90 bin/mesh-gpu-bench service blink
-MESH_FANIN_SENDERS="8 16 32 64" step fanin-host 60 bin/mesh-gpu-bench fanin-host
+MESH_SPIN_US=0 MESH_SERVICE_CLIENTS="1 16 64" MESH_SERVICE_PROGRAMS="service service_x_serial" step bench-service-spin0 60 bin/mesh-gpu-bench service blink
+MESH_SPIN_US=5 MESH_SERVICE_CLIENTS="1 16 64" MESH_SERVICE_PROGRAMS="service service_x_serial" step bench-service-spin5 60 bin/mesh-gpu-bench service blink
+MESH_FANIN_SENDERS="8 16 32 64" step fanin-host 45 bin/mesh-gpu-bench fanin-host
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 for f in $L/test-service-*.txt; do grep -hE "^\| [0-9]|longest wait|panicked|test result" "$f" | head -8; done
