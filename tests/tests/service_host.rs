@@ -266,3 +266,89 @@ fn the_benchmarks_latency_and_stream_modes_on_the_host() {
     stop.store(true, Ordering::Release);
     prog.join().unwrap();
 }
+
+/// The benchmark's raw baseline clients (`--mode raw`), with a host thread playing
+/// `raw_pingpong_many.cu`: each client's round trips come back through its own pair of words, every
+/// one timed, and a word that never comes back is an error within the timeout, exit 1.
+#[test]
+fn the_benchmarks_raw_mode_round_trips_through_its_own_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mb");
+    let mb = Mailbox::create(&path, &MailboxConfig::default(), CreateMode::Exclusive).unwrap();
+    let ch = mb.create_channel("raw-many", 64, 64).unwrap();
+    let (base, _) = mb.as_raw_parts();
+    let word = |c: usize, back: bool| {
+        let at = usize::try_from(ch.slots_offset).unwrap() + 128 * c + if back { 64 } else { 0 };
+        // SAFETY: inside the channel's 8 KiB of slots, 8-aligned, mapped while `mb` lives (the test's end).
+        unsafe { AtomicU64::from_ptr(base.add(at).cast()) }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // Echoes clients 0 and 3 (the "GPU threads"); client 5's word is never echoed.
+    let echo = {
+        let stop = Arc::clone(&stop);
+        let pairs = [0usize, 3].map(|c| (word(c, false), word(c, true)));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                for (ping, pong) in &pairs {
+                    let v = ping.load(Ordering::Acquire);
+                    if pong.load(Ordering::Relaxed) != v {
+                        pong.store(v, Ordering::Release);
+                    }
+                }
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let files: Vec<_> = [0, 3, 5].iter().map(|c| dir.path().join(format!("raw-{c}.bin"))).collect();
+    let mut procs: Vec<ClientProcess> = [0usize, 3, 5]
+        .iter()
+        .zip(&files)
+        .map(|(c, f)| {
+            let args = [
+                "--mode",
+                "raw",
+                "--shm",
+                path.to_str().unwrap(),
+                "--index",
+                &c.to_string(),
+                "--count",
+                "200",
+                "--warmup",
+                "20",
+                "--timeout-ms",
+                "300",
+                "--out",
+                f.to_str().unwrap(),
+            ];
+            let args: Vec<String> = args.iter().map(|s| (*s).to_string()).collect();
+            ClientProcess::spawn(Path::new("/nonexistent"), "raw-many", &args, dir.path().join(format!("raw-{c}.log")))
+        })
+        .collect();
+    for p in &mut procs {
+        p.wait_ready(DEADLINE).unwrap();
+    }
+    for p in &mut procs {
+        p.say("go");
+    }
+    for (i, p) in procs.iter_mut().enumerate() {
+        let (code, done) = p.wait_done(DEADLINE).unwrap();
+        let done = done.unwrap_or_else(|| panic!("no done line: {}", p.said()));
+        if i < 2 {
+            assert_eq!((code, field(&done, "errors")), (Some(0), Some(0)), "{done}: {}", p.said());
+            assert_eq!(field(&done, "replies"), Some(200), "{done}");
+            assert_eq!(std::fs::read(&files[i]).unwrap().len(), 200 * 8, "{done}");
+        } else {
+            assert_eq!((code, field(&done, "errors")), (Some(1), Some(1)), "client 5 is never echoed: {done}");
+        }
+    }
+    // An index past the channel's slots is refused before anything is touched.
+    let mut past = ClientProcess::spawn(
+        Path::new("/nonexistent"),
+        "raw-many",
+        &["--mode", "raw", "--shm", path.to_str().unwrap(), "--index", "64"].map(String::from),
+        dir.path().join("raw-past.log"),
+    );
+    assert_eq!(past.wait_done(DEADLINE).unwrap().0, Some(2));
+    stop.store(true, Ordering::Release);
+    echo.join().unwrap();
+}

@@ -20,6 +20,12 @@
 //!   (`request`), each timed from the send to its reply; the N times go to FILE as little-endian u64
 //!   nanoseconds.
 //! * `stream`: after a `go` line, for S seconds (default 2): send K, then receive K.
+//! * `raw` (the benchmark's baseline for N processes at once; no service, no attach: `--service` names
+//!   a host channel and `--shm PATH` the mailbox): round trips through two words of that channel's
+//!   slots, `--index C`'s (the 8-byte word at slot byte C x 128, which the client stores, and the one 64
+//!   bytes after it, which `raw_pingpong_many.cu`'s thread C stores back), waiting between polls as the
+//!   service clients wait ([`mesh_shm::PollPause`]); after a `go` line, W then N of them, the N times to
+//!   FILE as in `latency`.
 //!
 //! Last, on stdout: `done pid=P mode=M sent=S replies=R repeats=D max_gap_us=G max_gap_at_ms=T
 //! max_latency_us=L elapsed_us=E errors=X` (`max_gap_us`: the longest wait for a reply while one was
@@ -42,6 +48,7 @@ enum Mode {
     Run,
     Latency,
     Stream,
+    Raw,
 }
 
 #[derive(Debug)]
@@ -57,13 +64,16 @@ struct Args {
     attach_for: Duration,
     timeout: Duration,
     progress: Duration,
+    shm: Option<PathBuf>,
+    index: u64,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!("mesh-service-client: {why}");
     eprintln!(
         "usage: mesh-service-client --socket PATH --service NAME [--mode run|latency|stream] [--inflight K] \
-         [--count N] [--warmup W] [--secs S] [--out FILE] [--attach-for-ms MS] [--timeout-ms MS] [--progress-ms MS]"
+         [--count N] [--warmup W] [--secs S] [--out FILE] [--attach-for-ms MS] [--timeout-ms MS] [--progress-ms MS] \
+         [--shm PATH --index C (raw)]"
     );
     std::process::exit(2)
 }
@@ -81,6 +91,8 @@ fn parse() -> Args {
         attach_for: Duration::from_secs(10),
         timeout: Duration::from_secs(60),
         progress: Duration::from_millis(200),
+        shm: None,
+        index: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,7 +106,8 @@ fn parse() -> Args {
                     "run" => Mode::Run,
                     "latency" => Mode::Latency,
                     "stream" => Mode::Stream,
-                    other => usage(&format!("--mode {other}: expected run, latency or stream")),
+                    "raw" => Mode::Raw,
+                    other => usage(&format!("--mode {other}: expected run, latency, stream or raw")),
                 }
             }
             "--inflight" => a.inflight = usize::try_from(num(&value).max(1)).unwrap_or(1),
@@ -105,6 +118,8 @@ fn parse() -> Args {
             "--attach-for-ms" => a.attach_for = Duration::from_millis(num(&value)),
             "--timeout-ms" => a.timeout = Duration::from_millis(num(&value)),
             "--progress-ms" => a.progress = Duration::from_millis(num(&value).max(1)),
+            "--shm" => a.shm = Some(PathBuf::from(value)),
+            "--index" => a.index = num(&value),
             other => usage(&format!("unknown option {other}")),
         }
     }
@@ -378,8 +393,7 @@ fn latency(c: &mut Client, a: &Args) -> Result<(), String> {
         }
     }
     if let Some(out) = &a.out {
-        let bytes: Vec<u8> = times.iter().flat_map(|t| t.to_le_bytes()).collect();
-        std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))?;
+        write_times(out, &times)?;
     }
     Ok(())
 }
@@ -402,6 +416,9 @@ fn stream(c: &mut Client, a: &Args, said: &AtomicU8) {
 
 fn main() {
     let a = parse();
+    if a.mode == Mode::Raw {
+        raw(&a);
+    }
     let (svc, attempts) = attach(&a);
     let id = svc.id();
     let mut c = Client::new(svc);
@@ -442,6 +459,7 @@ fn main() {
         Mode::Run => run(&mut c, &a, &said),
         Mode::Latency => failed = latency(&mut c, &a).err(),
         Mode::Stream => stream(&mut c, &a, &said),
+        Mode::Raw => unreachable!("raw mode returns from main before the attach"),
     }
     let elapsed = started.elapsed();
     if let Some(e) = failed {
@@ -463,4 +481,81 @@ fn main() {
     );
     let _ = std::io::stdout().flush();
     std::process::exit(i32::from(errors > 0));
+}
+
+/// Writes round-trip times (nanoseconds) to `out` as little-endian u64s: what the benchmark reads.
+fn write_times(out: &std::path::Path, times: &[u64]) -> Result<(), String> {
+    let bytes: Vec<u8> = times.iter().flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// `--mode raw`: the N-processes raw baseline (module doc). Exits: 0 every round trip came back, 1 one
+/// did not within `--timeout-ms`, 2 bad usage.
+fn raw(a: &Args) -> ! {
+    let pid = std::process::id();
+    let shm = a.shm.as_ref().unwrap_or_else(|| usage("--mode raw needs --shm PATH"));
+    let mb = mesh_shm::Mailbox::open(shm).unwrap_or_else(|e| usage(&format!("--shm {}: {e}", shm.display())));
+    let info = mb.channel(&a.service).unwrap_or_else(|e| usage(&format!("--service {}: {e}", a.service)));
+    let slots = u64::from(info.msg_size) * 2 * u64::from(info.capacity);
+    let at = a.index.saturating_mul(128);
+    if info.placement != mesh_shm::Placement::Host || at.saturating_add(128) > slots {
+        usage(&format!("--index {}: channel {} has no host slot bytes {at}..{}", a.index, a.service, at + 128));
+    }
+    let (base, len) = mb.as_raw_parts();
+    let off = usize::try_from(info.slots_offset + at).unwrap_or(usize::MAX);
+    if off.saturating_add(128) > len {
+        usage(&format!("channel {}: its slots lie outside the mapping", a.service));
+    }
+    // SAFETY: bytes off..off + 128 lie inside the mapping (checked above), 8-aligned (slots start on a
+    // line and `at` is a multiple of 128), and stay mapped while `mb` lives; only this process and the
+    // GPU thread of index C touch them, each storing one of the two words.
+    let (ping, pong) = unsafe {
+        (
+            std::sync::atomic::AtomicU64::from_ptr(base.add(off).cast()),
+            std::sync::atomic::AtomicU64::from_ptr(base.add(off + 64).cast()),
+        )
+    };
+    println!("ready pid={pid} id=raw{} attempts=0 msg=8 reply=8", a.index);
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    while std::io::stdin().lock().read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "go" {
+        line.clear();
+    }
+    let started = Instant::now();
+    let mut times = Vec::with_capacity(usize::try_from(a.count).unwrap_or(0));
+    let mut errors = 0u64;
+    for i in 1..=a.warmup + a.count {
+        let t = Instant::now();
+        let deadline = t + a.timeout;
+        ping.store(i, Ordering::Release);
+        let mut pause = mesh_shm::PollPause::new();
+        while pong.load(Ordering::Acquire) != i {
+            if Instant::now() >= deadline {
+                eprintln!("mesh-service-client {pid}: ERROR raw round trip {i} not back within {:?}", a.timeout);
+                errors += 1;
+                break;
+            }
+            pause.pause(deadline);
+        }
+        if errors > 0 {
+            break;
+        }
+        if i > a.warmup {
+            times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+    }
+    if let Some(out) = &a.out
+        && let Err(e) = write_times(out, &times)
+    {
+        eprintln!("mesh-service-client {pid}: ERROR {e}");
+        errors += 1;
+    }
+    let n = times.len();
+    println!(
+        "done pid={pid} mode=raw sent={n} replies={n} repeats=0 max_gap_us=0 max_gap_at_ms=0 max_latency_us={} elapsed_us={} errors={errors}",
+        times.iter().max().map_or(0, |ns| ns / 1000),
+        started.elapsed().as_micros()
+    );
+    let _ = std::io::stdout().flush();
+    std::process::exit(i32::from(errors > 0))
 }

@@ -20,6 +20,11 @@
 //! the block every program is loaded with: service.cu serves with every warp of it, each warp its part
 //! of the shards (8 shards and 256 threads: a warp a shard; a block of 32: one warp serves all).
 //!
+//! * the raw baseline for N processes at once (`raw_pingpong_many.cu`, a GPU thread per client, each
+//!   client process in its own relaxed mapped-word round trip, waiting as the service clients wait):
+//!   median and p99 with as many processes as each latency row has clients, before the service is made;
+//!   the true limit beside the N-client rows, where the SPSC row is one process alone.
+//!
 //! The goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
 //! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
 //! machine's count is printed.
@@ -47,6 +52,9 @@ fn client_counts() -> Vec<usize> {
     if counts.is_empty() { vec![1, 8, 64] } else { counts }
 }
 const FANIN_CAPACITY: usize = 256;
+/// The raw baseline's channel: its LL slots (64-byte messages, capacity 64: 8 KiB) hold a pair of
+/// words for each of 64 clients, 128 bytes apart.
+const RAW_CHANNEL: &str = "raw-many";
 /// Each client's reply ring: `MESH_SERVICE_REPLY_CAPACITY` (a power of two, 1-1024), else 16. The program
 /// reads a client's tail once per this many of its replies (a PCIe round trip inside the batch's reply),
 /// so a larger ring makes that read rarer; the streaming windows stay min(16, 256 / clients).
@@ -123,8 +131,21 @@ fn spsc(d: &Meshd) -> (f64, f64, f64) {
 
 /// Starts `n` clients with `args`, waits for them to attach, says `go`, waits for their `done` lines.
 fn clients(d: &Meshd, dir: &std::path::Path, tag: &str, n: usize, args: impl Fn(usize) -> Vec<String>) -> Vec<String> {
-    let mut procs: Vec<ClientProcess> =
-        (0..n).map(|i| ClientProcess::spawn(&d.socket, "svc", &args(i), dir.join(format!("{tag}-{i}.log")))).collect();
+    clients_of(d, dir, "svc", tag, n, args)
+}
+
+/// [`clients`] with `--service NAME` (the raw baseline's clients name its channel there).
+fn clients_of(
+    d: &Meshd,
+    dir: &std::path::Path,
+    service: &str,
+    tag: &str,
+    n: usize,
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<String> {
+    let mut procs: Vec<ClientProcess> = (0..n)
+        .map(|i| ClientProcess::spawn(&d.socket, service, &args(i), dir.join(format!("{tag}-{i}.log"))))
+        .collect();
     for (i, p) in procs.iter_mut().enumerate() {
         p.wait_ready(Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{tag} client {i}: {e}\nmeshd:\n{}", d.log_text()));
@@ -148,19 +169,41 @@ fn clients(d: &Meshd, dir: &std::path::Path, tag: &str, n: usize, args: impl Fn(
 
 /// Latency with `n` clients, one request in flight each: (median µs, p99 µs, requests measured).
 fn latency(d: &Meshd, dir: &std::path::Path, n: usize) -> (f64, f64, usize) {
+    timed_clients(d, dir, "svc", &format!("lat{n}"), n, |_| vec!["--mode".into(), "latency".into()])
+}
+
+/// The raw baseline for `n` processes at once: `n` clients in `--mode raw`, client i round-tripping
+/// with `raw_pingpong_many`'s thread i through two words of channel `raw-many`: (median µs, p99 µs,
+/// round trips measured).
+fn raw_latency(d: &Meshd, dir: &std::path::Path, shm: &str, n: usize) -> (f64, f64, usize) {
+    timed_clients(d, dir, RAW_CHANNEL, &format!("raw{n}"), n, |i| {
+        vec!["--mode".into(), "raw".into(), "--shm".into(), shm.into(), "--index".into(), i.to_string()]
+    })
+}
+
+/// `n` clients of `service`, each with `mode_args(i)` plus its count, warm-up and times file, one round
+/// trip at a time: the median and p99 over every client's times, and how many.
+fn timed_clients(
+    d: &Meshd,
+    dir: &std::path::Path,
+    service: &str,
+    tag: &str,
+    n: usize,
+    mode_args: impl Fn(usize) -> Vec<String>,
+) -> (f64, f64, usize) {
     let count = (ROUNDS / n).max(2_000);
-    let files: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("lat-{n}-{i}.bin"))).collect();
-    clients(d, dir, &format!("lat{n}"), n, |i| {
-        vec![
-            "--mode".into(),
-            "latency".into(),
+    let files: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("{tag}-{i}.bin"))).collect();
+    clients_of(d, dir, service, tag, n, |i| {
+        let mut args = mode_args(i);
+        args.extend([
             "--count".into(),
             count.to_string(),
             "--warmup".into(),
             (WARMUP / 2).to_string(),
             "--out".into(),
             files[i].display().to_string(),
-        ]
+        ]);
+        args
     });
     let mut all = Vec::with_capacity(count * n);
     for f in &files {
@@ -189,6 +232,34 @@ fn streaming(d: &Meshd, dir: &std::path::Path, n: usize, window: usize) -> f64 {
     replies as f64 / (longest as f64 / 1e6)
 }
 
+/// The raw baseline for many processes (the true limit beside the service's N-client latency rows):
+/// `raw_pingpong_many.cu` resident with a thread per client, and for each client count N that many
+/// processes at once, each in its own relaxed mapped-word round trip with its thread, waiting as the
+/// service clients wait (spin, yield, sleep: `mesh_shm::PollPause`). What is left between the service's
+/// row and this one is the service's; what is between this one and the SPSC row is the host's N
+/// processes on its CPUs and PCIe. Ends the program (a ~0 into every word) and unloads it before the
+/// service is made: it never looks at meshd's stop.
+fn raw_many(d: &Meshd, dir: &std::path::Path) -> Vec<(usize, (f64, f64, usize))> {
+    d.ok(&["channel", "create", RAW_CHANNEL, "--msg-size", "64", "--capacity", "64"]);
+    d.ok(&["load", "raw-many", &ptx("raw_pingpong_many"), "--block", "64", "--bind", RAW_CHANNEL]);
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    let shm = info["mailbox"].as_str().unwrap().to_string();
+    let rows: Vec<_> = client_counts().into_iter().map(|n| (n, raw_latency(d, dir, &shm, n))).collect();
+    let mb = d.mailbox();
+    let ch = mb.channel(RAW_CHANNEL).unwrap();
+    let (base, _) = mb.as_raw_parts();
+    for i in 0..64 {
+        // SAFETY: word i of the channel's 8 KiB of slots, inside the mapping and 8-aligned; the GPU
+        // thread only reads it, and no client runs any more.
+        let word = unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(base.add(usize::try_from(ch.slots_offset).unwrap() + 128 * i).cast())
+        };
+        word.store(u64::MAX, std::sync::atomic::Ordering::Release);
+    }
+    d.ok(&["unload", "raw-many"]);
+    rows
+}
+
 /// `mesh-gpu-bench service [blink|mps]`.
 pub fn service_benches(mps: bool) {
     let dir = tempfile::tempdir().unwrap();
@@ -202,6 +273,7 @@ pub fn service_benches(mps: bool) {
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
 
     let (spsc_median, spsc_p99, spsc_rate) = spsc(&d);
+    let raw = raw_many(&d, dir.path());
 
     let size = SIZE.to_string();
     // MESH_SERVICE_SHARDS=P: the fan-in channel in P shards of FANIN_CAPACITY each (the windows stay
@@ -276,6 +348,12 @@ pub fn service_benches(mps: bool) {
         "| {mode} | SPSC echo_warp | 1 | {spsc_median:.2} | {spsc_p99:.2} | {:.2} | 16 | {spsc_rate:.0} | |",
         spsc_p99 / spsc_median
     );
+    for (n, (median, p99, _)) in &raw {
+        println!(
+            "| {mode} | raw mapped word, {n} processes at once | {n} | {median:.2} | {p99:.2} | {:.2} | 1 | | |",
+            p99 / spsc_median
+        );
+    }
     for (path, lat, rates) in &loops {
         let one = rates.first().map_or(1.0, |r| r.2);
         for ((n, (median, p99, _)), (_, window, rate)) in lat.iter().zip(rates) {
