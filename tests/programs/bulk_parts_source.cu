@@ -2,8 +2,13 @@
 // (binding 0, created with --parts P; grid a power of two up to P), message seq at ring position seq,
 // filled in place (bulk_parts.cuh), until meshd asks it to stop. Knob STRESS_FIXED (binding 1): send
 // one buffer filled once, with mesh_block_try_send (the copy path, for benchmarks). Launch with a
-// multiple of 32 threads a block. NOT YET RUN ON A GPU, nor through nvcc (g++ syntax check only).
+// multiple of 32 threads a block. Built with PARTS_SEND_N > 1 (bulk_parts_source_x_send2.cu) the copy
+// path sends that many messages a call (mesh_block_try_send_n: one barrier and one fence for them).
 #include "bulk_parts.cuh"
+
+#ifndef PARTS_SEND_N
+#define PARTS_SEND_N 1u
+#endif
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     const uint32_t b = blockIdx.x;
@@ -27,8 +32,15 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && leader) mesh_heartbeat(ctx, ++beat);
         }
         bool sent;
+        const uint64_t before = out.mine;
         if (fixed) {
+#if PARTS_SEND_N > 1
+            const void* msgs[PARTS_SEND_N];
+            for (uint32_t m = 0; m < PARTS_SEND_N; m++) msgs[m] = mine;  // the same fixed buffer each time
+            sent = mesh_block_try_send_n(&out, msgs, PARTS_SEND_N) != 0;
+#else
             sent = mesh_block_try_send(&out, mine);
+#endif
         } else {
             uint32_t* slot = (uint32_t*)mesh_block_reserve(&out);
             sent = slot != 0;
@@ -37,7 +49,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
                 mesh_block_publish(&out);
             }
         }
-        if (sent && (out.mine & 15u) == 0) parts_report(ctx, b, out.mine, 0);
+        if (sent && (out.mine >> 4) != (before >> 4)) parts_report(ctx, b, out.mine, 0);  // every 16th message
         if (!sent) stress_pause(knobs.pause_ns);
     }
     parts_report(ctx, b, out.mine, 0);

@@ -1054,7 +1054,8 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
 //     those belongs in the mailbox (a channel, user words) or is rebuilt from it.
 //
 // The simplest loop, one request at a time (tests/programs/service_x_serial.cu is this program, plus a
-// heartbeat and counters in user words; meshd binds the fan-in first, the group second; replies here:
+// heartbeat and counters in user words, run on every warp of its block as "Many warps" below says:
+// loaded with a block of 32 it is this loop exactly; meshd binds the fan-in first, the group second; replies here:
 // the request with payload word 1 incremented, so the reply size must be the request size; with a
 // different `--reply-size`, reply from a buffer of out.msg_size bytes, filled when the request is taken
 // and kept unchanged while `held`, since a held reply is sent again as it was). A service
@@ -2701,9 +2702,11 @@ static __device__ __forceinline__ void mesh_bulk_close(mesh_bulk* ch) {
 // returned, which the PTX memory model does not promise (the payload accesses are weak, so that would
 // be a data race); once per ring that looked full, the acquire costs nothing that matters. A tail
 // ahead of this end (its consumer skipped messages when it resumed) moves the producer there.
-static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
+// mesh_bulk_room_for(ch, want) reads the tails when fewer than `want` slots look free (mesh_bulk_room:
+// when none does), so that a caller that needs `want` at once sees the room the consumer made.
+static __device__ __forceinline__ uint32_t mesh_bulk_room_for(mesh_bulk* ch, uint32_t want) {
     if (ch->msg_size == 0 || !ch->producer) return 0;
-    if (ch->mine - ch->other > ch->mask) {
+    if (ch->mine - ch->other + (want ? want - 1u : 0u) > ch->mask) {
         const uint32_t r = mesh_block_rank();
         int64_t used = INT64_MIN;
         if (r < ch->count) used = (int64_t)(ch->mine - mesh_ld_acquire_u64(mesh_bulk_tail_line(ch, r)));
@@ -2713,6 +2716,9 @@ static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
     }
     const uint64_t used = ch->mine - ch->other;
     return used > ch->mask ? 0u : (uint32_t)(ch->mask + 1u - used);
+}
+static __device__ __forceinline__ uint32_t mesh_bulk_room(mesh_bulk* ch) {
+    return mesh_bulk_room_for(ch, 1u);
 }
 
 // This block's share of the next message's slot for the block to write in place (msg_size bytes,
@@ -2798,7 +2804,55 @@ static __device__ __forceinline__ const void* mesh_block_peek(mesh_bulk* ch) {
 static __device__ __forceinline__ void mesh_st_relaxed_sys_u64(void* p, uint64_t v) {
     asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// A fence that makes every earlier access of this thread (and, after a block barrier, of the block)
+// visible before its later stores at system / GPU scope; followed by a relaxed store it is a release
+// pattern (PTX memory model), one fence for any number of such stores.
+static __device__ __forceinline__ void mesh_fence_acq_rel_sys(void) {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+static __device__ __forceinline__ void mesh_fence_acq_rel_gpu(void) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+static __device__ __forceinline__ void mesh_st_relaxed_gpu_u64(void* p, uint64_t v) {
+    asm volatile("st.relaxed.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 #endif  // MESH_HOST_EMULATION
+
+// Messages mesh_block_try_send_n sends in one call at most.
+#define MESH_BULK_SEND_MAX 8u
+
+// Sends this block's share of up to `n` messages at once (n at most MESH_BULK_SEND_MAX; msgs[k] as `msg`
+// of mesh_block_try_send): as many as the ring has room for, msgs[0] first; returns how many (the same
+// on every thread; 0 when the ring is full). The copies are followed by ONE block barrier and, per
+// part, ONE fence and a relaxed flag store per message (a release pattern each), where that many calls
+// of mesh_block_try_send pay as many barriers and release stores: at 32 KiB a block a message (1 MiB
+// over 32 blocks) a release costs about half a message's copy (docs/design/speed.md). The consumer
+// sees each message whole when its flags are, in order; the price is latency, the first message
+// waiting for the last one's copy. The tails are read when fewer than n slots look free.
+// An experiment of issue 24 item 3 (bulk_parts_source_x_send2.cu): not yet measured on a GPU.
+static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, const void* const* msgs, uint32_t n) {
+    if (n > MESH_BULK_SEND_MAX) n = MESH_BULK_SEND_MAX;
+    const uint32_t room = mesh_bulk_room_for(ch, n);
+    if (room < n) n = room;
+    if (n == 0) return 0;
+    for (uint32_t k = 0; k < n; k++)
+        mesh_block_copy((uint4*)mesh_bulk_slot(ch, ch->mine + k), (const uint4*)msgs[k], ch->msg_size / 16u);
+    __syncthreads();
+    const uint32_t r = mesh_block_rank();
+    if (r < ch->count) {
+        const bool host = ch->placement == MESH_PLACEMENT_HOST;
+        if (host) mesh_fence_acq_rel_sys();
+        else mesh_fence_acq_rel_gpu();
+        for (uint32_t k = 0; k < n; k++) {
+            const uint64_t flag = ch->mine + k + 1u;
+            if (host) mesh_st_relaxed_sys_u64(mesh_bulk_flag(ch, ch->mine + k, r), flag);
+            else mesh_st_relaxed_gpu_u64(mesh_bulk_flag(ch, ch->mine + k, r), flag);
+        }
+        mesh_st_volatile_u64(mesh_bulk_head_line(ch, r), ch->mine + n);
+    }
+    ch->mine += n;
+    return n;
+}
 
 // Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
 // thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a

@@ -36,6 +36,18 @@ fn one_block_moves_its_share_of_every_message_once_in_order() {
     }
 }
 
+/// EMU_SEND_N 2 and 3: the copy-path producer sends with mesh_block_try_send_n, that many messages a
+/// barrier and a fence (on rings of 1 slot, one at a time). Only the sending side reaches that code, so
+/// only the producer scenarios run.
+#[test]
+fn the_send_of_several_messages_a_fence_moves_every_byte() {
+    for n in [2, 3] {
+        if let Some(exe) = built(&format!("bulk_blocks_emu_send{n}"), &[&format!("-DEMU_SEND_N={n}u")]) {
+            passes(&exe, "producer", "all passed");
+        }
+    }
+}
+
 /// MESH_BULK_LOOKAHEAD 1: every peek loads its flags (no message known whole ahead). Only the receiving
 /// side reaches that code, so only the consumer scenarios run.
 #[test]

@@ -27,8 +27,9 @@
 // ring is full (producer) or drained (consumer), so every count is exact; after it the parts' lines,
 // the header's lower bound (mesh_bulk_close), the counts and the slot state are checked.
 //
-// Built and run by tests/bulk_emulation.rs: as it is (both ends) and with MESH_BULK_LOOKAHEAD 1 (the
-// consumer, the only end it changes):
+// Built and run by tests/bulk_emulation.rs: as it is (both ends), with MESH_BULK_LOOKAHEAD 1 (the
+// consumer, the only end it changes) and with EMU_SEND_N 2 and 3 (the producer's copy path sending with
+// mesh_block_try_send_n):
 // `g++ -std=c++20 -O1 -pthread -I ../../include bulk_blocks.cpp && ./a.out [all | producer | consumer]`
 // (exit 0 and "all passed"; a watchdog ends a deadlock after 60 s). `./a.out probe-resume-full` runs a
 // known failure instead (see probe_resume_full).
@@ -53,6 +54,10 @@ uint32_t value(uint64_t seq, uint32_t k) { return (uint32_t)seq * 0x01000193u + 
 
 constexpr uint32_t kMaxShareWords = 16384;    // the block's buffer: 64 KiB
 alignas(16) uint32_t g_buf[kMaxShareWords];  // one per block, as a __shared__ or global buffer would be
+#ifndef EMU_SEND_N
+#define EMU_SEND_N 1u  // messages the copy-path producer sends a call (above 1: mesh_block_try_send_n)
+#endif
+alignas(16) uint32_t g_bufs[EMU_SEND_N][kMaxShareWords];  // its buffers then
 bool g_copy;                                 // the copy path (send / recv) or in place (reserve / peek)
 
 // What the block reports (rank 0 writes them after its last barrier; the driver reads after the join).
@@ -85,7 +90,18 @@ void produce(mesh_ctx ctx) {
     const uint64_t start = out.mine;
     if (r == 0) g_opened = true;
     uint64_t count = 0;
-    if (g_copy) {
+    if (g_copy && EMU_SEND_N > 1) {
+        // mesh_block_try_send_n: up to EMU_SEND_N messages a call, each from its own buffer.
+        const void* msgs[EMU_SEND_N];
+        for (uint32_t m = 0; m < EMU_SEND_N; m++) msgs[m] = g_bufs[m];
+        while (!mesh_block_should_stop(ctx)) {
+            for (uint32_t m = 0; m < EMU_SEND_N; m++)
+                for (uint32_t k = r; k < words; k += n) g_bufs[m][k] = value(out.mine + m, first + k);
+            __syncthreads();  // the buffers are whole before any thread copies from them
+            count += mesh_block_try_send_n(&out, msgs, EMU_SEND_N);
+            __syncthreads();  // every thread read the count's messages before the next fill
+        }
+    } else if (g_copy) {
         for (;; count++) {
             for (uint32_t k = r; k < words; k += n) g_buf[k] = value(out.mine, first + k);
             __syncthreads();  // the buffer is whole before any thread copies from it
@@ -726,7 +742,8 @@ int main(int argc, char** argv) {
                 }
     }
     g_finished = true;
-    std::printf("%u scenarios (MESH_BULK_LOOKAHEAD %u)\n", ran, (unsigned)MESH_BULK_LOOKAHEAD);
+    std::printf("%u scenarios (MESH_BULK_LOOKAHEAD %u, EMU_SEND_N %u)\n", ran, (unsigned)MESH_BULK_LOOKAHEAD,
+                (unsigned)EMU_SEND_N);
     if (failures) {
         std::fprintf(stderr, "%d failures\n", failures);
         return 1;

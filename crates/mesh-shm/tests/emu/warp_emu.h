@@ -191,6 +191,9 @@ static inline uint4 mesh_ld_volatile_v4(const void* p) {
     return v;
 }
 static inline void mesh_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_st_relaxed_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_fence_acq_rel_sys(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline void mesh_fence_acq_rel_gpu(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Runs `body(thread)` on `warps` x 32 threads, one block (blockDim.x = warps x 32). A thread that
 // returns early leaves its warp's and the block's barriers (as an exited thread does on a GPU).
