@@ -225,6 +225,24 @@ fn service_clients_killed_detached_joined_and_the_program_restarted_on_the_host(
     );
 }
 
+/// Waits for every client to be ready, says `go` to each, then waits for each to finish: its exit code
+/// and `done` line (with what it said, in the line, when there is none).
+fn go_and_wait(procs: &mut [ClientProcess]) -> Vec<(Option<i32>, String)> {
+    for p in procs.iter_mut() {
+        p.wait_ready(DEADLINE).unwrap();
+    }
+    for p in procs.iter_mut() {
+        p.say("go");
+    }
+    procs
+        .iter_mut()
+        .map(|p| {
+            let (code, done) = p.wait_done(DEADLINE).unwrap();
+            (code, done.unwrap_or_else(|| panic!("no done line: {}", p.said())))
+        })
+        .collect()
+}
+
 #[test]
 fn the_benchmarks_latency_and_stream_modes_on_the_host() {
     let dir = tempfile::tempdir().unwrap();
@@ -244,16 +262,8 @@ fn the_benchmarks_latency_and_stream_modes_on_the_host() {
             ["--mode", "stream", "--inflight", "8", "--secs", "0.3"].iter().map(|s| (*s).to_string()).collect();
         procs.push(ClientProcess::spawn(&socket, "svc", &args, dir.path().join(format!("stream-{i}.log"))));
     }
-    for p in &mut procs {
-        p.wait_ready(DEADLINE).unwrap();
-    }
-    for p in &mut procs {
-        p.say("go");
-    }
-    for (i, p) in procs.iter_mut().enumerate() {
-        let (code, done) = p.wait_done(DEADLINE).unwrap();
-        let done = done.unwrap_or_else(|| panic!("no done line: {}", p.said()));
-        assert_eq!(code, Some(0), "{done}: {}", p.said());
+    for (i, (code, done)) in go_and_wait(&mut procs).into_iter().enumerate() {
+        assert_eq!(code, Some(0), "{done}");
         assert_eq!(field(&done, "errors"), Some(0), "{done}");
         if i < 2 {
             assert_eq!(field(&done, "replies"), Some(320), "{done}");
@@ -324,17 +334,9 @@ fn the_benchmarks_raw_mode_round_trips_through_its_own_words() {
             ClientProcess::spawn(Path::new("/nonexistent"), "raw-many", &args, dir.path().join(format!("raw-{c}.log")))
         })
         .collect();
-    for p in &mut procs {
-        p.wait_ready(DEADLINE).unwrap();
-    }
-    for p in &mut procs {
-        p.say("go");
-    }
-    for (i, p) in procs.iter_mut().enumerate() {
-        let (code, done) = p.wait_done(DEADLINE).unwrap();
-        let done = done.unwrap_or_else(|| panic!("no done line: {}", p.said()));
+    for (i, (code, done)) in go_and_wait(&mut procs).into_iter().enumerate() {
         if i < 2 {
-            assert_eq!((code, field(&done, "errors")), (Some(0), Some(0)), "{done}: {}", p.said());
+            assert_eq!((code, field(&done, "errors")), (Some(0), Some(0)), "{done}");
             assert_eq!(field(&done, "replies"), Some(200), "{done}");
             assert_eq!(std::fs::read(&files[i]).unwrap().len(), 200 * 8, "{done}");
         } else {
