@@ -1175,8 +1175,10 @@ static_assert(MESH_PROTOCOL_FANIN == 3u && MESH_PROTOCOL_GROUP == 4u, "protocol 
 #ifndef MESH_GROUP_PERIOD_NS
 #define MESH_GROUP_PERIOD_NS 100000u
 #endif
-// Entries mesh_group_open(ctx, b) can serve with its built-in state (one mesh_reply_state each, in
-// device memory); a larger group needs mesh_group_open(ctx, b, state, max) with the caller's array.
+// Entries mesh_group_open(ctx, b) (and mesh_group_open_part(ctx, b, part, parts)) can serve with the
+// built-in state (one mesh_reply_state each, in device memory); a larger group needs
+// mesh_group_open(ctx, b, state, max) (or mesh_group_open_part(ctx, b, state, max, part, parts)) with
+// the caller's array.
 // Define it before including mesh.cuh to change it. The built-in array is one for the whole module,
 // shared by every call of that overload: a program with two groups passes its own arrays.
 #ifndef MESH_GROUP_MAX_ENTRIES
