@@ -33,14 +33,26 @@ fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharde
 /// include the departed one's) and meshd (departures, the rebinding, the stop): `service.cu` (the
 /// header's batched loop, every warp serving its part of the shards: mesh_fanin_open_part and
 /// mesh_group_open_part) and `service_x_serial.cu` (one request at a time: the take and the commit),
-/// each over one ring and over shards, with one warp, a warp a shard, fewer warps than shards and more
-/// warps than shards (the extra ones idle). Arguments: shards, warps.
+/// each over one ring and over shards, with one warp, a warp a shard, several shards a warp (32 over 8),
+/// more warps than shards and a count of warps that is not a power of two (the extra ones idle).
+/// Arguments: shards, warps.
 #[test]
 fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
     let cases: [(&str, &[[&str; 2]]); 2] = [
         (
             "service.cu",
-            &[["1", "1"], ["8", "1"], ["32", "1"], ["1", "4"], ["2", "2"], ["8", "2"], ["8", "8"], ["2", "8"]],
+            &[
+                ["1", "1"],
+                ["8", "1"],
+                ["32", "1"],
+                ["1", "4"],
+                ["2", "2"],
+                ["8", "2"],
+                ["8", "3"],
+                ["8", "8"],
+                ["2", "8"],
+                ["32", "8"],
+            ],
         ),
         ("service_x_serial.cu", &[["1", "1"], ["8", "1"], ["8", "8"], ["4", "2"]]),
     ];
