@@ -518,7 +518,9 @@ class Client:
         clients sending in parallel: the fan-in channel becomes that many rings of ``capacity``
         requests each, every one with its own reservation cursor, and a client sends into shard
         (its slot mod ``shards``), so clients contend only with the clients of their shard (one
-        shared cursor caps the senders near 3 M requests/s). A client's requests stay in order;
+        shared cursor caps the senders near 3 M requests/s), and a program can serve them a warp
+        each (``tests/programs/service.ptx`` loaded with ``block=256`` serves 8 shards with 8 warps:
+        12.6 M requests/s from 16 clients on the H200). A client's requests stay in order;
         across clients of different shards there is no order. Clients attach and send as to any
         service. Sent only when not 1: one ring is the format of every service before shards. A
         program built before shards refuses the binding (an unknown protocol), as does a meshd or
