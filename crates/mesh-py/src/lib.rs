@@ -206,6 +206,22 @@ impl Origin {
         }
     }
 
+    /// A view given back in a child of fork() (an inherited end's `lent`): the end forgotten, the view
+    /// finished without touching the slot (the parent's to publish or release), and the error to return.
+    pub(crate) fn end_inherited_view<T>(
+        self,
+        inner: &mut Option<T>,
+        lent_slot: &mut Option<Arc<Lent>>,
+        lent: &Lent,
+        channel: &str,
+        end: End,
+    ) -> ShmError {
+        self.forget_inherited(inner);
+        *lent_slot = None;
+        lent.finish();
+        ShmError::Claimed { channel: channel.to_string(), end, pid: self.pid }
+    }
+
     /// The refusal of a call on an inherited end (ClaimedError: the parent holds it).
     pub(crate) fn refusal(self, channel: &str, what: &str, end: &str) -> PyErr {
         Python::attach(|py| {
@@ -567,14 +583,13 @@ impl PyProducer {
     pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, publish: bool) -> Result<(), ShmError> {
         if self.origin.inherited() {
             // A view inherited through fork(): its slot is the parent's to publish.
-            self.origin.forget_inherited(&mut self.inner);
-            self.lent = None;
-            lent.finish();
-            return Err(ShmError::Claimed {
-                channel: self.info.name.clone(),
-                end: End::Producer,
-                pid: self.origin.pid,
-            });
+            return Err(self.origin.end_inherited_view(
+                &mut self.inner,
+                &mut self.lent,
+                lent,
+                &self.info.name,
+                End::Producer,
+            ));
         }
         let mut done = Ok(());
         if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
@@ -879,14 +894,14 @@ impl PyConsumer {
     /// (`release` false: unpeeked instead, the message staying in the ring to come again.)
     pub(crate) fn finish_view(&mut self, lent: &Arc<Lent>, release: bool) -> Result<(), ShmError> {
         if self.origin.inherited() {
-            self.origin.forget_inherited(&mut self.inner);
-            self.lent = None;
-            lent.finish();
-            return Err(ShmError::Claimed {
-                channel: self.info.name.clone(),
-                end: End::Consumer,
-                pid: self.origin.pid,
-            });
+            // A view inherited through fork(): its slot is the parent's to release.
+            return Err(self.origin.end_inherited_view(
+                &mut self.inner,
+                &mut self.lent,
+                lent,
+                &self.info.name,
+                End::Consumer,
+            ));
         }
         let mut done = Ok(());
         if self.lent.as_ref().is_some_and(|l| Arc::ptr_eq(l, lent)) {
