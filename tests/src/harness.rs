@@ -148,10 +148,15 @@ impl Meshd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The daemon's mailbox file (`info`'s `mailbox`).
+    pub fn mailbox_path(&self) -> String {
+        let info: serde_json::Value = serde_json::from_str(&self.ok(&["info"])).unwrap();
+        info["mailbox"].as_str().unwrap().to_string()
+    }
+
     /// The daemon's mailbox, mapped here.
     pub fn mailbox(&self) -> Mailbox {
-        let info: serde_json::Value = serde_json::from_str(&self.ok(&["info"])).unwrap();
-        Mailbox::open(info["mailbox"].as_str().unwrap()).unwrap()
+        Mailbox::open(self.mailbox_path()).unwrap()
     }
 
     /// The user words of program `name` (its counters, in its mailbox slot), read through `mb`; the

@@ -55,6 +55,40 @@ pub fn service_block() -> String {
 
 pub use meshd::ServiceClient;
 
+/// The service benchmark's raw baseline (`raw_pingpong_many.cu`, `mesh-service-client --mode raw`):
+/// client `index`'s two words in host channel `channel`'s LL slots, the one it stores (slot byte
+/// index x 128) and the one the GPU thread of that index stores back (64 bytes after it). Refused,
+/// naming why, when the channel is a device one or its slots do not reach that far.
+pub fn raw_words<'a>(
+    mb: &'a mesh_shm::Mailbox,
+    channel: &str,
+    index: u64,
+) -> Result<(&'a std::sync::atomic::AtomicU64, &'a std::sync::atomic::AtomicU64), String> {
+    let info = mb.channel(channel).map_err(|e| format!("channel {channel}: {e}"))?;
+    let slots = u64::from(info.msg_size) * 2 * u64::from(info.capacity);
+    let at = index.saturating_mul(128);
+    if info.placement != mesh_shm::Placement::Host || at.saturating_add(128) > slots {
+        return Err(format!(
+            "index {index}: channel {channel} has no host slot bytes {at}..{}",
+            at.saturating_add(128)
+        ));
+    }
+    let (base, len) = mb.as_raw_parts();
+    let off = usize::try_from(info.slots_offset + at).unwrap_or(usize::MAX);
+    if off.saturating_add(128) > len {
+        return Err(format!("channel {channel}: its slots lie outside the mapping"));
+    }
+    // SAFETY: bytes off..off + 128 lie inside the mapping (checked above), 8-aligned (slots start on a
+    // line and `at` is a multiple of 128), and stay mapped while `mb` lives (the borrow's lifetime);
+    // the client stores one word and the GPU thread of its index the other.
+    Ok(unsafe {
+        (
+            std::sync::atomic::AtomicU64::from_ptr(base.add(off).cast()),
+            std::sync::atomic::AtomicU64::from_ptr(base.add(off + 64).cast()),
+        )
+    })
+}
+
 /// Smallest message a service client of these tools sends: four words of header.
 pub const MIN_MSG: usize = 16;
 

@@ -495,26 +495,7 @@ fn raw(a: &Args) -> ! {
     let pid = std::process::id();
     let shm = a.shm.as_ref().unwrap_or_else(|| usage("--mode raw needs --shm PATH"));
     let mb = mesh_shm::Mailbox::open(shm).unwrap_or_else(|e| usage(&format!("--shm {}: {e}", shm.display())));
-    let info = mb.channel(&a.service).unwrap_or_else(|e| usage(&format!("--service {}: {e}", a.service)));
-    let slots = u64::from(info.msg_size) * 2 * u64::from(info.capacity);
-    let at = a.index.saturating_mul(128);
-    if info.placement != mesh_shm::Placement::Host || at.saturating_add(128) > slots {
-        usage(&format!("--index {}: channel {} has no host slot bytes {at}..{}", a.index, a.service, at + 128));
-    }
-    let (base, len) = mb.as_raw_parts();
-    let off = usize::try_from(info.slots_offset + at).unwrap_or(usize::MAX);
-    if off.saturating_add(128) > len {
-        usage(&format!("channel {}: its slots lie outside the mapping", a.service));
-    }
-    // SAFETY: bytes off..off + 128 lie inside the mapping (checked above), 8-aligned (slots start on a
-    // line and `at` is a multiple of 128), and stay mapped while `mb` lives; only this process and the
-    // GPU thread of index C touch them, each storing one of the two words.
-    let (ping, pong) = unsafe {
-        (
-            std::sync::atomic::AtomicU64::from_ptr(base.add(off).cast()),
-            std::sync::atomic::AtomicU64::from_ptr(base.add(off + 64).cast()),
-        )
-    };
+    let (ping, pong) = mesh_gpu_tests::service::raw_words(&mb, &a.service, a.index).unwrap_or_else(|e| usage(&e));
     println!("ready pid={pid} id=raw{} attempts=0 msg=8 reply=8", a.index);
     let _ = std::io::stdout().flush();
     let mut line = String::new();

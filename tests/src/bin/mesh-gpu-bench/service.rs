@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mesh_gpu_tests::harness::Meshd;
-use mesh_gpu_tests::service::{ClientProcess, field, service_block, service_shards};
+use mesh_gpu_tests::service::{ClientProcess, field, raw_words, service_block, service_shards};
 use mesh_gpu_tests::{programs_dir, stress};
 use mesh_shm::{Consumer, Producer};
 
@@ -55,6 +55,9 @@ const FANIN_CAPACITY: usize = 256;
 /// The raw baseline's channel: its LL slots (64-byte messages, capacity 64: 8 KiB) hold a pair of
 /// words for each of 64 clients, 128 bytes apart.
 const RAW_CHANNEL: &str = "raw-many";
+/// Clients the raw baseline serves at most: `raw_pingpong_many`'s block, a thread each (the most
+/// `MESH_SERVICE_CLIENTS` asks for).
+const RAW_CLIENTS: u64 = 64;
 /// Each client's reply ring: `MESH_SERVICE_REPLY_CAPACITY` (a power of two, 1-1024), else 16. The program
 /// reads a client's tail once per this many of its replies (a PCIe round trip inside the batch's reply),
 /// so a larger ring makes that read rarer; the streaming windows stay min(16, 256 / clients).
@@ -241,20 +244,14 @@ fn streaming(d: &Meshd, dir: &std::path::Path, n: usize, window: usize) -> f64 {
 /// service is made: it never looks at meshd's stop.
 fn raw_many(d: &Meshd, dir: &std::path::Path) -> Vec<(usize, (f64, f64, usize))> {
     d.ok(&["channel", "create", RAW_CHANNEL, "--msg-size", "64", "--capacity", "64"]);
-    d.ok(&["load", "raw-many", &ptx("raw_pingpong_many"), "--block", "64", "--bind", RAW_CHANNEL]);
-    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
-    let shm = info["mailbox"].as_str().unwrap().to_string();
+    d.ok(&["load", "raw-many", &ptx("raw_pingpong_many"), "--block", &RAW_CLIENTS.to_string(), "--bind", RAW_CHANNEL]);
+    let shm = d.mailbox_path();
     let rows: Vec<_> = client_counts().into_iter().map(|n| (n, raw_latency(d, dir, &shm, n))).collect();
-    let mb = d.mailbox();
-    let ch = mb.channel(RAW_CHANNEL).unwrap();
-    let (base, _) = mb.as_raw_parts();
-    for i in 0..64 {
-        // SAFETY: word i of the channel's 8 KiB of slots, inside the mapping and 8-aligned; the GPU
-        // thread only reads it, and no client runs any more.
-        let word = unsafe {
-            std::sync::atomic::AtomicU64::from_ptr(base.add(usize::try_from(ch.slots_offset).unwrap() + 128 * i).cast())
-        };
-        word.store(u64::MAX, std::sync::atomic::Ordering::Release);
+    let mb = mesh_shm::Mailbox::open(&shm).unwrap();
+    for i in 0..RAW_CLIENTS {
+        // No client runs any more: every GPU thread ends on its word's ~0.
+        let (ping, _) = raw_words(&mb, RAW_CHANNEL, i).unwrap();
+        ping.store(u64::MAX, std::sync::atomic::Ordering::Release);
     }
     d.ok(&["unload", "raw-many"]);
     rows
