@@ -90,6 +90,7 @@ fn spin() -> Duration {
 fn spin_from(value: Option<&str>) -> Duration {
     value.and_then(|v| v.trim().parse::<u64>().ok()).filter(|us| *us <= 1_000_000).map_or(SPIN, Duration::from_micros)
 }
+
 /// How long it yields between polls before it starts sleeping.
 const YIELD: Duration = Duration::from_millis(1);
 /// The first sleep (Linux's timer slack makes any shorter one about this long anyway), doubled up
@@ -111,6 +112,8 @@ const MAX_NAP: Duration = Duration::from_millis(1);
 pub struct PollPause {
     start: Instant,
     nap: Duration,
+    /// How long this wait spins ([`spin`], looked up once per wait, not once per poll).
+    spin: Duration,
 }
 
 impl Default for PollPause {
@@ -122,14 +125,14 @@ impl Default for PollPause {
 impl PollPause {
     /// A wait that starts now (its first pauses spin).
     pub fn new() -> Self {
-        Self { start: Instant::now(), nap: FIRST_NAP }
+        Self { start: Instant::now(), nap: FIRST_NAP, spin: spin() }
     }
 
     /// Pauses before the next poll as the time waited so far says, never past `until`.
     pub fn pause(&mut self, until: Instant) {
         let now = Instant::now();
         let waited = now - self.start;
-        if waited < spin() {
+        if waited < self.spin {
             std::hint::spin_loop();
         } else if waited < YIELD {
             std::thread::yield_now();
