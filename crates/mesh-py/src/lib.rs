@@ -342,9 +342,18 @@ fn deadline(timeout: Option<f64>) -> PyResult<Option<(Instant, Duration)>> {
 fn wait_for<T: Send>(
     py: Python<'_>,
     deadline: Option<(Instant, Duration)>,
+    attempt: impl FnMut() -> Result<Option<T>, ShmError> + Send,
+) -> PyResult<Option<T>> {
+    wait_pausing(py, deadline, PollPause::new(), attempt)
+}
+
+/// [`wait_for`] with the pauses of `pause`.
+fn wait_pausing<T: Send>(
+    py: Python<'_>,
+    deadline: Option<(Instant, Duration)>,
+    mut pause: PollPause,
     mut attempt: impl FnMut() -> Result<Option<T>, ShmError> + Send,
 ) -> PyResult<Option<T>> {
-    let mut pause = PollPause::new();
     loop {
         let stretch_end = Instant::now() + SIGNAL_CHECK;
         let end = deadline.map_or(stretch_end, |(d, _)| d.min(stretch_end));
@@ -383,12 +392,24 @@ fn try_then_wait(
     channel: &str,
     op: &'static str,
     deadline: Option<(Instant, Duration)>,
+    attempt: impl FnMut() -> Result<bool, ShmError> + Send,
+) -> PyResult<()> {
+    try_then_wait_pausing(py, channel, op, deadline, PollPause::new(), attempt)
+}
+
+/// [`try_then_wait`] with the pauses of `pause`.
+fn try_then_wait_pausing(
+    py: Python<'_>,
+    channel: &str,
+    op: &'static str,
+    deadline: Option<(Instant, Duration)>,
+    pause: PollPause,
     mut attempt: impl FnMut() -> Result<bool, ShmError> + Send,
 ) -> PyResult<()> {
     if attempt().map_err(|e| shm_err(py, e))? {
         return Ok(());
     }
-    match wait_for(py, deadline, || Ok(attempt()?.then_some(())))? {
+    match wait_pausing(py, deadline, pause, || Ok(attempt()?.then_some(())))? {
         Some(()) => Ok(()),
         None => Err(timed_out(py, channel, op, deadline)),
     }

@@ -7,12 +7,14 @@
 //! blocking calls release the GIL and wake for signals every [`crate::SIGNAL_CHECK`], the `try_`
 //! calls keep it, and errors are `meshd._errors`' classes.
 
-use mesh_shm::{ChannelInfo, ClientId, ShmError};
+use mesh_shm::{ChannelInfo, ClientId, PollPause, ShmError};
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::{Bytes, EndInfo, Origin, PyMailbox, aio, deadline, new_bytes, shm_err, try_then_wait};
+use crate::{
+    Bytes, EndInfo, Origin, PyMailbox, aio, deadline, new_bytes, shm_err, try_then_wait, try_then_wait_pausing,
+};
 
 /// A client id from Python: an int from 0 to 2**32 - 1 (`slot | epoch << 16`); ValueError for one out
 /// of that range however large, TypeError for what is no int.
@@ -216,13 +218,18 @@ impl PyGroupClient {
     }
 
     /// One reply as bytes, waiting (the GIL released) until `timeout` seconds pass (None: for ever).
-    #[pyo3(signature = (timeout=None))]
-    fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
+    /// `spin=False` yields the CPU from the first poll instead of spinning first: for a client with
+    /// several requests in flight (mesh-shm's `PollPause::for_replies`).
+    #[pyo3(signature = (timeout=None, *, spin=true))]
+    fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>, spin: bool) -> PyResult<Bound<'py, PyBytes>> {
         let deadline = deadline(timeout)?;
         let name = self.info.name.clone();
         let size = self.info.msg_size as usize;
         let end = self.end()?;
-        PyBytes::new_with(py, size, |out| try_then_wait(py, &name, "recv", deadline, || end.try_recv(out)))
+        let pause = pausing(spin);
+        PyBytes::new_with(py, size, |out| {
+            try_then_wait_pausing(py, &name, "recv", deadline, pause, || end.try_recv(out))
+        })
     }
 
     /// One reply into `buffer` (writable, C-contiguous, exactly `msg_size` bytes); False when none
@@ -232,14 +239,21 @@ impl PyGroupClient {
         self.end()?.try_recv(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
     }
 
-    /// One reply into `buffer`, waiting (the GIL released) until `timeout` seconds pass.
-    #[pyo3(signature = (buffer, timeout=None))]
-    fn recv_into(&mut self, py: Python<'_>, buffer: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// One reply into `buffer`, waiting (the GIL released) until `timeout` seconds pass; `spin` as
+    /// for `recv`.
+    #[pyo3(signature = (buffer, timeout=None, *, spin=true))]
+    fn recv_into(
+        &mut self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        spin: bool,
+    ) -> PyResult<()> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
         let deadline = deadline(timeout)?;
         let name = self.info.name.clone();
         let (end, out) = (self.end()?, bytes.as_mut_slice());
-        try_then_wait(py, &name, "recv", deadline, || end.try_recv(out))
+        try_then_wait_pausing(py, &name, "recv", deadline, pausing(spin), || end.try_recv(out))
     }
 
     /// `await replies.arecv(timeout)`: `recv` for asyncio, polling from the event loop (no thread).
@@ -297,4 +311,9 @@ impl Drop for PyGroupClient {
     fn drop(&mut self) {
         self.origin.forget_inherited(&mut self.inner);
     }
+}
+
+/// A receive's wait: spinning first (`spin`), or yielding the CPU from the first poll.
+fn pausing(spin: bool) -> PollPause {
+    if spin { PollPause::new() } else { PollPause::yielding() }
 }

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
+use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, PollPause, ReplyWindow};
 use serde_json::Value;
 
 use crate::{
@@ -420,7 +420,8 @@ pub unsafe extern "C" fn mesh_service_recv(
             Ok(o) => o,
             Err(code) => return code,
         };
-        match s.rx.recv(out, Duration::from_millis(u64::from(timeout_ms))) {
+        let pause = PollPause::for_replies(s.window.unanswered()); // streaming: yield, don't spin
+        match s.rx.recv_pausing(out, Duration::from_millis(u64::from(timeout_ms)), pause) {
             Ok(()) => {
                 s.window.received();
                 MESH_OK
@@ -475,7 +476,8 @@ pub unsafe extern "C" fn mesh_service_request(
             return shm_fail(&e);
         }
         svc.window.sent();
-        match svc.rx.recv(out, deadline.saturating_duration_since(Instant::now())) {
+        let pause = PollPause::for_replies(svc.window.unanswered());
+        match svc.rx.recv_pausing(out, deadline.saturating_duration_since(Instant::now()), pause) {
             Ok(()) => {
                 svc.window.received();
                 MESH_OK

@@ -128,6 +128,23 @@ impl PollPause {
         Self { start: Instant::now(), nap: FIRST_NAP, spin: spin() }
     }
 
+    /// A wait that starts now and never spins: it yields the CPU from its first pause. For a waiter
+    /// with other work in flight, whose throughput a quicker wake-up does not raise but whose spin
+    /// takes a CPU from processes that need one (a streaming service client: see
+    /// [`for_replies`](Self::for_replies)).
+    pub fn yielding() -> Self {
+        Self { start: Instant::now(), nap: FIRST_NAP, spin: Duration::ZERO }
+    }
+
+    /// The wait of a service client's receive with `unanswered` requests in flight: with at most one
+    /// it is waiting on its only request, whose latency a spin shortens ([`new`](Self::new)); with
+    /// more it is streaming, and [`yielding`](Self::yielding) (64 streaming clients on the H200 host's
+    /// 16 CPUs made 4.9 M replies/s spinning first and 9.4 M yielding at once, while a lone client
+    /// waiting on one request took 5.0 µs spinning and 7.3 µs yielding: BENCHMARKS.md, session 12).
+    pub fn for_replies(unanswered: u64) -> Self {
+        if unanswered > 1 { Self::yielding() } else { Self::new() }
+    }
+
     /// Pauses before the next poll as the time waited so far says, never past `until`.
     pub fn pause(&mut self, until: Instant) {
         let now = Instant::now();
@@ -144,8 +161,16 @@ impl PollPause {
 }
 
 /// Polls `attempt` until it yields or `deadline` passes, pausing between tries as [`PollPause`] says.
-pub(crate) fn poll_until<T>(deadline: Instant, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
-    let mut pause = PollPause::new();
+pub(crate) fn poll_until<T>(deadline: Instant, attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
+    poll_until_pausing(deadline, PollPause::new(), attempt)
+}
+
+/// [`poll_until`] with the pauses of `pause`.
+pub(crate) fn poll_until_pausing<T>(
+    deadline: Instant,
+    mut pause: PollPause,
+    mut attempt: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
     loop {
         if let Some(v) = attempt()? {
             return Ok(Some(v));
@@ -384,8 +409,18 @@ impl Consumer {
 
 #[cfg(test)]
 mod spin_tests {
-    use super::{SPIN, spin_from};
+    use super::{PollPause, SPIN, spin, spin_from};
     use std::time::Duration;
+
+    #[test]
+    fn a_reply_wait_spins_for_one_request_in_flight_and_yields_at_once_for_more() {
+        for unanswered in [0, 1] {
+            assert_eq!(PollPause::for_replies(unanswered).spin, spin(), "{unanswered} in flight");
+        }
+        for unanswered in [2, 16, u64::MAX] {
+            assert_eq!(PollPause::for_replies(unanswered).spin, Duration::ZERO, "{unanswered} in flight");
+        }
+    }
 
     #[test]
     fn mesh_spin_us_sets_the_spin_and_anything_else_keeps_the_default() {

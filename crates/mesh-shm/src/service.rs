@@ -46,7 +46,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use crate::channel::{EndClaim, poll_until};
+use crate::channel::{EndClaim, PollPause, poll_until, poll_until_pausing};
 use crate::claim::{self, ClaimRefused, Holder};
 use crate::error::{End, Result, ShmError};
 use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, Hold, SendOp, ShardedConsumer, Step, Taken};
@@ -311,8 +311,14 @@ impl GroupClient {
 
     /// Receives one reply, waiting up to `timeout`.
     pub fn recv(&mut self, out: &mut [u8], timeout_after: Duration) -> Result<()> {
+        self.recv_pausing(out, timeout_after, PollPause::new())
+    }
+
+    /// [`recv`](Self::recv), pausing between polls as `pause` says: [`PollPause::for_replies`] with
+    /// the requests the client has in flight is what the clients of meshd's API use.
+    pub fn recv_pausing(&mut self, out: &mut [u8], timeout_after: Duration, pause: PollPause) -> Result<()> {
         let deadline = Instant::now() + timeout_after;
-        match poll_until(deadline, || Ok(self.try_recv(out)?.then_some(())))? {
+        match poll_until_pausing(deadline, pause, || Ok(self.try_recv(out)?.then_some(())))? {
             Some(()) => Ok(()),
             None => Err(timeout(&self.info, "recv", timeout_after)),
         }
