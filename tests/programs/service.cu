@@ -11,11 +11,13 @@
 // most 128 bytes here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies --block 256`:
 // warp w of the block's W serving warps (W = mesh_fanin_parts: the largest power of two at most the
 // block's warps, SERVICE_WARPS and the shards) takes shards w, w + W, ... and answers their clients. With
-// one shard, or a block of 32, one warp serves everything. Exits with code 1 when a binding is not a
-// fan-in / group or the sizes do not fit.
+// one shard, or a block of 32, one warp serves everything. With a grid of G blocks the G x 8 warps share
+// the shards the same way (warp w of block b is part b x 8 + w): `--shards 32 --grid 4` gives each of 32
+// warps one shard, for many clients at once (BENCHMARKS.md, "A service"). Exits with code 1 when a
+// binding is not a fan-in / group or the sizes do not fit.
 // User words, kept across upgrades and relaunches (each launch continues the last one's counts; summed
-// over the warps), written with the heartbeat (each warp adds its counts every 1024 of its iterations)
-// and exactly at the stop:
+// over the warps of every block), written with the heartbeat (each warp adds its counts every 1024 of
+// its iterations) and exactly at the stop, by the last block to finish:
 //   0 replies sent, 1 skips taken (sends cut off by a death or a revocation), 2 replies dropped as GONE,
 //   3 FULL answers (each retried), 4 departures acknowledged, 5 fan-in slots of a kind no producer
 //   writes, 6 launches, 7 polls that found a request half-arrived.
@@ -25,18 +27,27 @@
 #define SERVICE_MAX_BYTES 128u  // request size served at most: 32 requests a warp in shared memory
 #define SERVICE_WORDS 8u
 
-// Adds what this warp counted since its last call to the block's totals (lane 0 of the warp).  // +
-static __device__ void service_add(uint32_t* totals, const uint32_t* n, uint32_t* added) {     // +
+// The launch's counts over every block, in device memory (a block's shared memory is its own). Zero
+// when a launch starts: the module's load zeroes them, and the last block of each launch zeroes them
+// after its report, before the kernel ends.                                                      // +
+__device__ uint32_t service_totals[SERVICE_WORDS];  // + this launch's counts, every warp's
+__device__ uint32_t service_base[SERVICE_WORDS];    // + the last launches' (block 0 reads them)
+__device__ uint32_t service_finished;               // + blocks done with this launch
+__device__ uint32_t service_failed;                 // + 1: a warp found the bindings wrong
+
+// Adds what this warp counted since its last call to the launch's totals (lane 0 of the warp).  // +
+static __device__ void service_add(const uint32_t* n, uint32_t* added) {                       // +
     for (uint32_t i = 0; i < SERVICE_WORDS; i++) {
-        if (n[i] != added[i]) atomicAdd(&totals[i], n[i] - added[i]);
+        if (n[i] != added[i]) atomicAdd(&service_totals[i], n[i] - added[i]);
         added[i] = n[i];
     }
 }
 
-// User words 0-7: the last launches' counts plus this one's totals (thread 0).                 // +
-static __device__ void service_report(const mesh_ctx& ctx, const uint32_t* base, const uint32_t* totals) {  // +
+// User words 0-7: the last launches' counts plus this one's totals (one thread).               // +
+static __device__ void service_report(const mesh_ctx& ctx) {                                    // +
     for (uint32_t i = 0; i < SERVICE_WORDS; i++)
-        *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = base[i] + ((const volatile uint32_t*)totals)[i];
+        *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) =
+            ((const volatile uint32_t*)service_base)[i] + ((const volatile uint32_t*)service_totals)[i];
 }
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -44,25 +55,22 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 #ifndef SERVICE_ONE_AT_A_TIME
     __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
 #endif
-    __shared__ uint32_t totals[SERVICE_WORDS];                                   // + the warps' counts
-    __shared__ uint32_t base[SERVICE_WORDS];                                     // + the last launches'
-    const uint32_t w = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    const uint32_t lane = threadIdx.x % 32u;
     const uint32_t warps = blockDim.x / 32u < SERVICE_WARPS ? blockDim.x / 32u : SERVICE_WARPS;
-    const uint32_t parts = mesh_fanin_parts(ctx, 0, warps);  // warps that serve: one part each
+    const uint32_t w = threadIdx.x / 32u;             // this block's warp; its part over the grid:
+    const uint32_t part = blockIdx.x * warps + w;
+    const uint32_t parts = mesh_fanin_parts(ctx, 0, gridDim.x * warps);  // warps that serve: one part each
+    const bool lead = blockIdx.x == 0 && threadIdx.x == 0;  // begins, beats, reports while running
     uint64_t beat = 0;
-    if (threadIdx.x == 0) {
+    if (lead) {
         beat = mesh_begin(ctx);
-        for (uint32_t i = 0; i < SERVICE_WORDS; i++) {                           // +
-            base[i] = mesh_user_load(ctx, i);                                    // +
-            totals[i] = 0;                                                       // +
-        }                                                                        // +
-        totals[6] = 1;                                                           // + this launch
+        for (uint32_t i = 0; i < SERVICE_WORDS; i++) service_base[i] = mesh_user_load(ctx, i);  // +
+        atomicAdd(&service_totals[6], 1u);                                       // + this launch
     }
-    __syncthreads();                                                             // +
     bool ok = true;
-    if (w < parts) {                                  // the other warps have nothing to take
-        mesh_fanin in = mesh_fanin_open_part(ctx, 0, w, parts);   // binding 0: shards w, w + parts, ...
-        mesh_group out = mesh_group_open_part(ctx, 1, w, parts);  // binding 1: their clients' reply rings
+    if (w < warps && part < parts) {                  // the other warps have nothing to take
+        mesh_fanin in = mesh_fanin_open_part(ctx, 0, part, parts);   // binding 0: shards part, part + parts, ...
+        mesh_group out = mesh_group_open_part(ctx, 1, part, parts);  // binding 1: their clients' reply rings
         ok = in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES;
         uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                    // + this warp's counts
         uint32_t added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                // + and what it added
@@ -76,10 +84,10 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if ((++iter & 1023u) == 0) {                                         // + heartbeat, counters
                 n[5] = in.corrupt;                                               // +
                 n[7] = in.ch.partial;                                            // +
-                if (lane == 0) service_add(totals, n, added);                    // +
-                if (threadIdx.x == 0) {
+                if (lane == 0) service_add(n, added);                            // +
+                if (lead) {
                     mesh_heartbeat(ctx, ++beat);      // meshd's readiness
-                    service_report(ctx, base, totals);                           // +
+                    service_report(ctx);                                         // +
                 }
             }
             uint32_t gone;
@@ -122,12 +130,23 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         mesh_group_close(&out);
         n[5] = in.corrupt;                                                       // +
         n[7] = in.ch.partial;                                                    // +
-        if (lane == 0) service_add(totals, n, added);                            // +
+        if (lane == 0) service_add(n, added);                                    // +
+        if (!ok && lane == 0) atomicExch(&service_failed, 1u);
     }
-    __syncthreads();                                  // every warp closed: the launch's positions are exact
+    __syncthreads();                                  // this block's warps closed
     if (threadIdx.x == 0) {
-        service_report(ctx, base, totals);                                       // + the exact counts
-        if (ok) mesh_end(ctx);
-        else mesh_exit(ctx, 1);                       // not a fan-in and a group of one size that fits
+        // The last block to finish ends the launch: every warp of the grid closed, so its positions
+        // (and counts) are exact.
+        __threadfence();
+        if (atomicAdd(&service_finished, 1u) == gridDim.x - 1u) {
+            __threadfence();
+            service_report(ctx);                                                 // + the exact counts
+            const bool failed = *(volatile uint32_t*)&service_failed != 0u;
+            for (uint32_t i = 0; i < SERVICE_WORDS; i++) service_totals[i] = 0;  // + zero for the next launch
+            service_failed = 0;
+            service_finished = 0;
+            if (!failed) mesh_end(ctx);
+            else mesh_exit(ctx, 1);                   // not a fan-in and a group of one size that fits
+        }
     }
 }

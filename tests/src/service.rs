@@ -53,6 +53,18 @@ pub fn service_block() -> String {
     std::env::var("MESH_SERVICE_BLOCK").ok().filter(|b| !b.trim().is_empty()).unwrap_or_else(|| "256".into())
 }
 
+/// The grid they are loaded with (`meshd load --grid`): `MESH_SERVICE_GRID` blocks, else 1 (service.cu's
+/// warps of every block share the shards: 4 blocks of 256 over 32 shards give 32 warps a shard each).
+pub fn service_grid() -> String {
+    std::env::var("MESH_SERVICE_GRID").ok().filter(|g| !g.trim().is_empty()).unwrap_or_else(|| "1".into())
+}
+
+/// `meshd load`'s shape arguments for the service programs: `--grid` [`service_grid`] `--block`
+/// [`service_block`].
+pub fn service_shape() -> Vec<String> {
+    vec!["--grid".into(), service_grid(), "--block".into(), service_block()]
+}
+
 pub use meshd::ServiceClient;
 
 /// The service benchmark's raw baseline (`raw_pingpong_many.cu`, `mesh-service-client --mode raw`):

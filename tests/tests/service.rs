@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mesh_gpu_tests::chaos::{self, Rng};
 use mesh_gpu_tests::harness::{Meshd, mps_membership};
-use mesh_gpu_tests::service::{ClientProcess, bound_clients, field, service_block};
+use mesh_gpu_tests::service::{ClientProcess, bound_clients, field, service_shape};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 
 const SERVICE: &str = "svc";
@@ -147,9 +147,10 @@ impl Run {
         ptx.display().to_string()
     }
 
-    /// `meshd load`'s block: `MESH_SERVICE_BLOCK` threads, else 256 (service.cu's 8 warps).
+    /// `meshd load`'s grid and block: `MESH_SERVICE_GRID` blocks (else 1) of `MESH_SERVICE_BLOCK`
+    /// threads (else 256, service.cu's 8 warps).
     fn block() -> Vec<String> {
-        vec!["--block".into(), service_block()]
+        service_shape()
     }
 
     fn ps_row(&self) -> serde_json::Value {

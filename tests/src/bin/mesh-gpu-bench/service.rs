@@ -16,9 +16,10 @@
 //!
 //! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
 //! capacity; the windows stay as for one); the heading and every service row say so.
-//! `MESH_SERVICE_SHARDS` (default 8) and `MESH_SERVICE_BLOCK` (default 256) are the service's shards and
-//! the block every program is loaded with: service.cu serves with every warp of it, each warp its part
-//! of the shards (8 shards and 256 threads: a warp a shard; a block of 32: one warp serves all).
+//! `MESH_SERVICE_SHARDS` (default 8), `MESH_SERVICE_BLOCK` (default 256) and `MESH_SERVICE_GRID`
+//! (default 1) are the service's shards and the block and grid every program is loaded with: service.cu
+//! serves with every warp of every block, each warp its part of the shards (8 shards and 256 threads: a
+//! warp a shard; a block of 32: one warp serves all; 32 shards and a grid of 4: 32 warps, a shard each).
 //!
 //! * the raw baseline for N processes at once (`raw_pingpong_many.cu`, a GPU thread per client, each
 //!   client process in its own relaxed mapped-word round trip, waiting as the service clients wait):
@@ -33,7 +34,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mesh_gpu_tests::harness::Meshd;
-use mesh_gpu_tests::service::{ClientProcess, field, raw_words, service_block, service_shards};
+use mesh_gpu_tests::service::{ClientProcess, field, raw_words, service_grid, service_shape, service_shards};
 use mesh_gpu_tests::{programs_dir, stress};
 use mesh_shm::{Consumer, Producer};
 
@@ -298,7 +299,8 @@ pub fn service_benches(mps: bool) {
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
     // MESH_SERVICE_PROGRAMS (names in programs/, space-separated) measures others the same way.
     let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
-    let block = service_block();
+    let shape = service_shape();
+    let grid = service_grid();
     let mut loops = Vec::new();
     for program in programs.split_whitespace() {
         let path = match program {
@@ -307,8 +309,12 @@ pub fn service_benches(mps: bool) {
             other => other.to_string(),
         };
         let path = if shards > 1 { format!("{path}, {shards} shards") } else { path };
+        let path = if grid.trim() != "1" { format!("{path}, {} blocks", grid.trim()) } else { path };
         // Every warp of the block serves its part of the shards (a block of 32: one warp serves all).
-        d.ok(&["load", "svc", &ptx(program), "--block", &block, "--bind", "svc", "--bind", "svc.replies"]);
+        let image = ptx(program);
+        let mut load = vec!["load", "svc", image.as_str(), "--bind", "svc", "--bind", "svc.replies"];
+        load.extend(shape.iter().map(String::as_str));
+        d.ok(&load);
         let _ = streaming(&d, dir.path(), 1, 4);
         let mut lat = Vec::new();
         for &n in &client_counts() {
