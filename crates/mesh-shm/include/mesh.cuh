@@ -1968,7 +1968,7 @@ typedef struct {
     uint32_t entries;
     uint32_t msg_size;         // payload bytes of a reply (0: not bound; every call fails)
     uint32_t mask;             // capacity - 1
-    uint32_t scan_at;          // the next entry to look at in a scan in progress
+    uint32_t scan_at;          // the next of its part's entries to look at in a scan in progress (k: entry part + k x parts)
     bool scanned;              // a scan has completed since the open (a new launch scans first)
     bool scanning;             // a scan is in progress, started at `changes_seen`'s new value
     uint64_t scan_changes;     // `changes` as read (Acquire) when the scan in progress started
@@ -2274,9 +2274,10 @@ static __device__ __forceinline__ void mesh_group_ack(mesh_group* g, uint32_t sl
 // after the open (acknowledging what the last launch had not), it reads `changes` again with an
 // acquire load (so that the entries it then loads are at least that recent) and scans the entries, 32
 // per round trip: a departed entry whose acked_epoch != epoch (not `<`: epochs wrap) is acknowledged.
-// A group opened with mesh_group_open_part looks at its own part's entries alone: a departure must be
-// acknowledged by the warp that answers that client, or its ring could go to a new client while the
-// warp still answers the old one.
+// A group opened with mesh_group_open_part looks at its own part's entries alone (32 of them a round
+// trip, so a scan costs entries / (32 x parts) round trips): a departure must be acknowledged by the
+// warp that answers that client, or its ring could go to a new client while the warp still answers the
+// old one.
 static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32_t* gone) {
     if (g->msg_size == 0) return false;
     const uint32_t part = g->part, parts = g->parts;
@@ -2301,11 +2302,12 @@ static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32
         g->scan_at = 0;
     }
     const uint32_t lane = mesh_lane();
-    while (g->scan_at < g->entries) {
-        const uint32_t s = g->scan_at + lane;
+    // scan_at counts this part's entries (part, part + parts, ...): a round trip loads 32 of its own.
+    while (part + g->scan_at * parts < g->entries) {
+        const uint32_t s = part + (g->scan_at + lane) * parts;
         uint64_t w = 0;
         uint32_t acked = 0;
-        const bool mine = s < g->entries && (s & (parts - 1u)) == part;
+        const bool mine = s < g->entries;
         if (mine) {
             char* e = mesh_group_entry(g, s);
             w = mesh_ld_acquire_u64(e + MESH_GROUP_ENTRY_BINDING);  // epoch and state: one load
@@ -2319,9 +2321,9 @@ static __device__ __forceinline__ bool mesh_group_departed(mesh_group* g, uint32
         }
         const uint32_t first = (uint32_t)__ffs((int)ballot) - 1u;
         const uint32_t epoch = __shfl_sync(0xffffffffu, (uint32_t)w, first);
-        const uint32_t slot = g->scan_at + first;
+        const uint32_t slot = part + (g->scan_at + first) * parts;
         mesh_group_ack(g, slot, epoch);
-        g->scan_at = slot + 1u;
+        g->scan_at += first + 1u;
         *gone = slot | (epoch & 0xffffu) << 16;
         return true;
     }
