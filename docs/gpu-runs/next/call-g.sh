@@ -1,0 +1,43 @@
+#!/bin/bash
+# Session 13's second device call (call F's steps folded into one call with `./run tests`, after two
+# refused starts): service.cu over a grid (the warps of 4 blocks over 32 shards: a shard a warp for 64
+# clients) in the service bench beside the one-block service (8 shards), the clients' receive yielding
+# at once when several requests are in flight (PollPause::for_replies); then every GPU test with the
+# service test on the grid (MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4); then the MPS rows and the parts
+# bench sending four messages a call if time is left. Every program's PTX comes back.
+# From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`).
+set -u
+R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
+cd .gpu/next
+export MESH_GPU_TESTS=1 MESH_PROGRAMS=$PWD/programs PATH=$PWD/bin:$PATH
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+S=$L/summary.txt
+T0=$(date +%s)
+step() {  # step NAME LIMIT CMD...: runs CMD under timeout, its output to $L/NAME.txt, a line in the summary
+    local name=$1 limit=$2; shift 2
+    local t=$(date +%s) left=$(( 570 - $(date +%s) + T0 ))
+    if [ $left -lt 15 ]; then echo "$name skipped: no time left" >> $S; return; fi
+    [ $limit -gt $left ] && limit=$left
+    timeout -k 5 "$limit" "$@" > "$L/$name.txt" 2>&1
+    local rc=$?
+    echo "$name rc=$rc $(( $(date +%s) - t ))s $(grep -E '^test result' "$L/$name.txt" | tail -1)" >> $S
+    pkill -x meshd; sleep 1
+}
+ls programs/*.cu | xargs -P 16 -I{} bash -c 'cu={}; n=$(basename ${cu%.cu}); timeout 120 '"$NVCC"' -ptx -arch=compute_80 -I programs -o ${cu%.cu}.ptx $cu > '"$L"'/nvcc/$n.log 2>&1 || echo "nvcc FAILED $n" >> '"$S"
+for p in service service_x_serial; do
+    echo "$p: $(timeout 60 $NVCC -cubin -arch=sm_90 -Xptxas -v -I programs -o /tmp/$p.cubin programs/$p.cu 2>&1 | grep -o 'Used.*')" >> $S
+done
+echo "nvcc $(( $(date +%s) - T0 ))s" >> $S
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-grid4-blink 60 bin/mesh-gpu-bench service blink
+MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-blink 60 bin/mesh-gpu-bench service blink
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 OUT=$L/run-tests step run-tests 380 ./run tests
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-mps 40 bin/mesh-gpu-bench service mps
+MESH_PARTS_VARIANT=_x_send4 step bench-parts-send4 60 bin/mesh-gpu-bench parts blink
+echo "total $(( $(date +%s) - T0 ))s" >> $S
+cat $S
+grep -hE "^\| [0-9]|longest wait|panicked|FAILED|failed" $L/run-tests.txt | head -20
+tail -12 $L/run-tests.txt
+grep -h "^| blink\|^| mps" $L/bench-service-*.txt
+grep -h "^| 1048576\|^| 16777216" $L/bench-parts-send4.txt 2>/dev/null | grep copy
+mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
+tar -czf $R/logs.tgz -C /tmp logs
