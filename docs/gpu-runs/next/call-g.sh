@@ -32,6 +32,7 @@ MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 16 64" step
 MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-blink 60 bin/mesh-gpu-bench service blink
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 OUT=$L/run-tests step run-tests 380 ./run tests
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-mps 40 bin/mesh-gpu-bench service mps
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_PROGRAMS="service_x_poll1" MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-poll1-blink 40 bin/mesh-gpu-bench service blink
 MESH_PARTS_VARIANT=_x_send4 step bench-parts-send4 60 bin/mesh-gpu-bench parts blink
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
