@@ -5,7 +5,8 @@
 # at once when several requests are in flight (PollPause::for_replies); then every GPU test with the
 # service test on the grid (MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4); then the MPS rows and the parts
 # bench sending four messages a call if time is left. Every program's PTX comes back.
-# From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`).
+# From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
+# (default 570) is how long its steps may take in all.
 set -u
 R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
 cd .gpu/next
@@ -15,7 +16,7 @@ S=$L/summary.txt
 T0=$(date +%s)
 step() {  # step NAME LIMIT CMD...: runs CMD under timeout, its output to $L/NAME.txt, a line in the summary
     local name=$1 limit=$2; shift 2
-    local t=$(date +%s) left=$(( 570 - $(date +%s) + T0 ))
+    local t=$(date +%s) left=$(( ${CALL_SECS:-570} - $(date +%s) + T0 ))
     if [ $left -lt 15 ]; then echo "$name skipped: no time left" >> $S; return; fi
     [ $limit -gt $left ] && limit=$left
     timeout -k 5 "$limit" "$@" > "$L/$name.txt" 2>&1
