@@ -1500,7 +1500,11 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // hand the ring to a new client while the client's warp still answers the old one: so each warp calls
 // mesh_group_departed on its own group. The warps stop each at its own mesh_should_stop; thread 0 ends
 // the program after a __syncthreads, so that every warp's close has published its positions. With one
-// shard (or a block of 32) one warp serves everything, as the one-warp loops above. Measured on the
+// shard (or a block of 32) one warp serves everything, as the one-warp loops above. The warps of
+// several blocks serve the same way (`meshd load --grid G`): warp w of block b is part b x W + w of
+// mesh_fanin_parts(ctx, 0, G x W); block 0's thread 0 begins and beats, and the block that finishes
+// last (a device-memory counter, atomicAdd after a __threadfence) ends the program, every warp of the
+// grid having closed (tests/programs/service.cu; not yet run on a GPU). Measured on the
 // H200 (BENCHMARKS.md, session 12: 8 shards, blink): 8 warps against one, a lone client 0.80 against
 // 0.49 M requests/s, 16 clients 12.5 against 3.3 M/s, 64 clients 5.0 against 2.7 M/s (the host's 16
 // CPUs run the 64 client processes: 16 streaming clients are the faster row).

@@ -138,9 +138,11 @@ impl PollPause {
 
     /// The wait of a service client's receive with `unanswered` requests in flight: with at most one
     /// it is waiting on its only request, whose latency a spin shortens ([`new`](Self::new)); with
-    /// more it is streaming, and [`yielding`](Self::yielding) (64 streaming clients on the H200 host's
-    /// 16 CPUs made 4.9 M replies/s spinning first and 9.4 M yielding at once, while a lone client
-    /// waiting on one request took 5.0 µs spinning and 7.3 µs yielding: BENCHMARKS.md, session 12).
+    /// more it is streaming, and [`yielding`](Self::yielding). Why (BENCHMARKS.md, session 12, every
+    /// client of a run waiting one way): 64 streaming clients on the H200 host's 16 CPUs made 4.9 M
+    /// replies/s spinning first and 9.4 M yielding at once, while a lone client waiting on one
+    /// request took 5.0 µs spinning and 7.3 µs yielding. This split of the two has not been measured
+    /// on the GPU yet (docs/gpu-runs/PENDING.md).
     pub fn for_replies(unanswered: u64) -> Self {
         if unanswered > 1 { Self::yielding() } else { Self::new() }
     }
