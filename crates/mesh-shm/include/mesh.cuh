@@ -1504,7 +1504,8 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // several blocks serve the same way (`meshd load --grid G`): warp w of block b is part b x W + w of
 // mesh_fanin_parts(ctx, 0, G x W); block 0's thread 0 begins and beats, and the block that finishes
 // last (a device-memory counter, atomicAdd after a __threadfence) ends the program, every warp of the
-// grid having closed (tests/programs/service.cu; not yet run on a GPU). Measured on the
+// grid having closed (tests/programs/service.cu: emulated on the CPU over 2-4 blocks, not yet run on a
+// GPU). Measured on the
 // H200 (BENCHMARKS.md, session 12: 8 shards, blink): 8 warps against one, a lone client 0.80 against
 // 0.49 M requests/s, 16 clients 12.5 against 3.3 M/s, 64 clients 5.0 against 2.7 M/s (the host's 16
 // CPUs run the 64 client processes: 16 streaming clients are the faster row).

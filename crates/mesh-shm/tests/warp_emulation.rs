@@ -11,7 +11,7 @@ use std::time::Duration;
 
 #[path = "emu/driver.rs"]
 mod driver;
-use driver::{built, compiler};
+use driver::{built, built_from, compiler};
 
 /// How long one emulation run may take before it counts as hung (a run takes seconds).
 const HUNG_AFTER: Duration = Duration::from_secs(300);
@@ -71,6 +71,30 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
 /// copies cannot name a call, field or macro that is gone. Compiled by the host's C++ compiler with the
 /// emulation's definitions of CUDA's built-ins (syntax and types only; `work` and `use`, the
 /// placeholders of the request / reply example, are declared for it).
+/// The service programs over a grid (`meshd load --grid`): blocks of warps at once, each block its own
+/// copy of the program (its own shared memory) and every block the program's device-memory counters,
+/// `service_emu SHARDS WARPS BLOCKS`. Warp w of block b serves part b x WARPS + w; the last block out
+/// reports the exact counts and zeroes the counters.
+#[test]
+fn the_service_programs_over_a_grid_answer_every_client_and_count_every_block() {
+    let cases: [(&str, &[[&str; 3]]); 2] = [
+        ("service.cu", &[["8", "2", "2"], ["8", "2", "4"], ["32", "2", "4"], ["2", "1", "4"], ["8", "1", "3"]]),
+        ("service_x_serial.cu", &[["8", "2", "2"], ["4", "1", "4"]]),
+    ];
+    for (program, runs) in cases {
+        let name = format!("service_grid_emu_{}", program.trim_end_matches(".cu"));
+        let program = format!("-DPROGRAM=\"{program}\"");
+        let mut units = vec![("service_emu.cpp", vec![program.clone(), "-DEMU_GRID=4".to_string()])];
+        for b in 0..4 {
+            units.push(("service_block.cpp", vec![program.clone(), format!("-Dmesh_main=mesh_main_b{b}")]));
+        }
+        let Some(exe) = built_from(&units, &name, &["-Wl,--allow-multiple-definition"]) else { return };
+        for [shards, warps, blocks] in runs {
+            passes(&exe, &[shards, warps, blocks]);
+        }
+    }
+}
+
 #[test]
 fn the_example_programs_in_the_header_and_the_readme_compile() {
     let Some(cxx) = compiler() else {

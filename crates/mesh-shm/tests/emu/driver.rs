@@ -13,31 +13,65 @@ pub fn compiler() -> Option<String> {
 /// Builds `tests/emu/SOURCE` with `defines` (the header and tests/programs on the include path) into
 /// the target's scratch folder as `name`; None (after saying SKIPPED) without a C++20 compiler.
 pub fn built(source: &str, name: &str, defines: &[String]) -> Option<PathBuf> {
+    built_from(&[(source, defines.to_vec())], name, &[])
+}
+
+/// Builds an executable `name` from several translation units of `tests/emu` (each a source and its
+/// defines, the same source more than once if its defines differ), linked with `link` flags; None
+/// (after saying SKIPPED) without a C++20 compiler.
+pub fn built_from(units: &[(&str, Vec<String>)], name: &str, link: &[&str]) -> Option<PathBuf> {
     let Some(cxx) = compiler() else {
         println!("SKIPPED: no C++ compiler ($CXX, c++ or g++) for mesh.cuh's warp emulation");
         return None;
     };
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let output = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .arg("-I")
-        .arg(manifest.join("../../tests/programs"))
-        .args(defines)
-        .arg(manifest.join("tests/emu").join(source))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{cxx}: {e}"));
-    if !output.status.success() {
+    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let exe = scratch.join(name);
+    let compile = |source: &str, defines: &[String], out: &Path, object: bool| {
+        let mut cmd = Command::new(&cxx);
+        cmd.args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
+            .arg("-I")
+            .arg(manifest.join("include"))
+            .arg("-I")
+            .arg(manifest.join("../../tests/programs"))
+            .args(defines)
+            .arg(manifest.join("tests/emu").join(source));
+        if object {
+            cmd.arg("-c");
+        }
+        cmd.arg("-o").arg(out).output().unwrap_or_else(|e| panic!("{cxx}: {e}"))
+    };
+    let failed = |source: &str, output: std::process::Output| -> Option<PathBuf> {
         let e = String::from_utf8_lossy(&output.stderr);
         if e.contains("c++20") || e.contains("<barrier>") {
             println!("SKIPPED: {cxx} cannot build C++20 (std::barrier): {}", e.lines().next().unwrap_or(""));
             return None;
         }
         panic!("building tests/emu/{source} ({name}) with {cxx} failed:\n{e}");
+    };
+    if let [(source, defines)] = units {
+        let output = compile(source, defines, &exe, false);
+        return if output.status.success() { Some(exe) } else { failed(source, output) };
+    }
+    let mut objects = Vec::new();
+    for (i, (source, defines)) in units.iter().enumerate() {
+        let object = scratch.join(format!("{name}.{i}.o"));
+        let output = compile(source, defines, &object, true);
+        if !output.status.success() {
+            return failed(source, output);
+        }
+        objects.push(object);
+    }
+    let output = Command::new(&cxx)
+        .arg("-pthread")
+        .args(&objects)
+        .args(link)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+    if !output.status.success() {
+        panic!("linking {name} with {cxx} failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
     Some(exe)
 }

@@ -11,9 +11,25 @@
 // counts (user words: sent, skips, gone, departures). Built and run by tests/warp_emulation.rs, e.g.
 // `g++ -std=c++20 -O1 -pthread -I ../../include -I ../../../../tests/programs -DPROGRAM='"service.cu"'
 // service_emu.cpp -o service_emu && ./service_emu 8 1` (8 shards, one warp).
+// Built with -DEMU_GRID=G and linked with G copies of service_block.cpp (block K's kernel renamed
+// mesh_main_bK), it runs `service_emu SHARDS WARPS BLOCKS`: BLOCKS blocks of WARPS warps at once, as
+// `meshd load --grid BLOCKS` does, and checks that the program's device-memory counters are zero again
+// after the launch (the last block out zeroes them for the next one).
 #include "warp_emu.h"
 #define MESH_GROUP_PERIOD_NS 0u  // look at `changes` on every call (the emulation's time runs slow)
+#ifdef EMU_GRID
+#include "mesh.cuh"
+extern "C" void mesh_main_b0(mesh_ctx);
+extern "C" void mesh_main_b1(mesh_ctx);
+extern "C" void mesh_main_b2(mesh_ctx);
+extern "C" void mesh_main_b3(mesh_ctx);
+static void (*const kBlockMains[4])(mesh_ctx) = {mesh_main_b0, mesh_main_b1, mesh_main_b2, mesh_main_b3};
+static_assert(EMU_GRID == 4, "service_block.cpp is linked in four times");
+// service.cu's launch counters, one for every block's copy of the program.
+extern uint32_t service_totals[8], service_finished, service_failed;
+#else
 #include PROGRAM
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +37,7 @@
 
 namespace {
 
-uint32_t SHARDS = 1, WARPS = 1;  // from the command line: `service_emu SHARDS WARPS`
+uint32_t SHARDS = 1, WARPS = 1, BLOCKS = 1;  // from the command line: `service_emu SHARDS WARPS [BLOCKS]`
 
 constexpr uint64_t kPage = 4096;
 constexpr uint32_t kMsg = 64, kWords = kMsg / 4;
@@ -53,7 +69,8 @@ int failures;
 uint64_t replies_read_total;  // the driver's, read by main after it joined
 
 void fail(const char* what, long a = 0, long b = 0) {
-    if (failures++ < 20) std::fprintf(stderr, "FAIL (%s, %u shards, %u warps): %s [%ld, %ld]\n", PROGRAM, SHARDS, WARPS, what, a, b);
+    if (failures++ < 20)
+        std::fprintf(stderr, "FAIL (%s, %u shards, %u warps, %u blocks): %s [%ld, %ld]\n", PROGRAM, SHARDS, WARPS, BLOCKS, what, a, b);
 }
 uint64_t ld(uint64_t off) { return emu_ld(base + off); }
 void st(uint64_t off, uint64_t v) { emu_st(base + off, v); }
@@ -162,12 +179,20 @@ void drive() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc == 3) {
+    if (argc == 3 || argc == 4) {
         SHARDS = (uint32_t)std::atoi(argv[1]);
         WARPS = (uint32_t)std::atoi(argv[2]);
+        if (argc == 4) BLOCKS = (uint32_t)std::atoi(argv[3]);
     }
-    if (SHARDS == 0 || SHARDS > 32 || (SHARDS & (SHARDS - 1)) != 0 || WARPS == 0 || WARPS > EMU_MAX_WARPS) {
-        std::fprintf(stderr, "usage: %s SHARDS WARPS (shards a power of two to 32, warps 1 to %u)\n", argv[0], EMU_MAX_WARPS);
+#ifdef EMU_GRID
+    const uint32_t most_blocks = EMU_GRID;
+#else
+    const uint32_t most_blocks = 1;
+#endif
+    if (SHARDS == 0 || SHARDS > 32 || (SHARDS & (SHARDS - 1)) != 0 || WARPS == 0 || BLOCKS == 0 ||
+        BLOCKS > most_blocks || WARPS * BLOCKS > EMU_MAX_WARPS) {
+        std::fprintf(stderr, "usage: %s SHARDS WARPS [BLOCKS] (shards a power of two to 32, warps x blocks 1 to %u, blocks to %u)\n",
+                     argv[0], EMU_MAX_WARPS, most_blocks);
         return 2;
     }
     memory.assign(bytes() / 8, 0);
@@ -189,13 +214,22 @@ int main(int argc, char** argv) {
                        MESH_PROTOCOL_GROUP};
     std::thread driver(drive);
     emu_watch_stop(base + kSlot + MESH_SLOT_STOP);  // each warp's lanes see the stop at the same barrier
+#ifdef EMU_GRID
+    emu_run_grid(BLOCKS, WARPS, [&](uint32_t b, uint32_t) { kBlockMains[b](ctx); });
+#else
     emu_run_block(WARPS, [&](uint32_t) { mesh_main(ctx); });
+#endif
     driver.join();
     uint32_t words[8];
     for (uint32_t i = 0; i < 8; i++) words[i] = emu_ld32(base + kSlot + MESH_SLOT_USER + 4 * i);
     const int32_t exit_code = (int32_t)emu_ld32(base + kSlot + MESH_SLOT_EXIT_CODE);
-    std::printf("%s, %u shards, %u warps: program sent %u, skips %u, gone %u, full %u, departures %u, launches %u, exit %d\n",
-                PROGRAM, SHARDS, WARPS, words[0], words[1], words[2], words[3], words[4], words[6], exit_code);
+    std::printf("%s, %u shards, %u warps, %u blocks: program sent %u, skips %u, gone %u, full %u, departures %u, launches %u, exit %d\n",
+                PROGRAM, SHARDS, WARPS, BLOCKS, words[0], words[1], words[2], words[3], words[4], words[6], exit_code);
+#ifdef EMU_GRID
+    for (uint32_t i = 0; i < 8; i++)
+        if (service_totals[i] != 0) fail("a launch counter not zeroed for the next launch", i, service_totals[i]);
+    if (service_finished != 0 || service_failed != 0) fail("blocks finished / failed not zeroed", service_finished, service_failed);
+#endif
     if (exit_code != 0) fail("the program exited with a code", exit_code);
     if (words[4] != kClients / 4) fail("departures acknowledged", words[4], kClients / 4);
     if (words[1] != 0) fail("skips (no send was cut off)", words[1]);

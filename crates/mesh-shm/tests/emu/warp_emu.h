@@ -5,7 +5,11 @@
 // %globaltimer) are defined here, before mesh.cuh is included with MESH_HOST_EMULATION, as sequentially
 // consistent atomics: this checks what the calls compute, not the GPU's memory model or speed.
 // One block of up to EMU_MAX_WARPS warps (emu_run_block): each warp its own barrier and exchange
-// slots, __syncthreads the block's barrier; __shared__ is a static (one block per process at a time).
+// slots, __syncthreads the block's barrier; __shared__ is a static (one block per translation unit at a
+// time). A grid (emu_run_grid) runs several blocks at once, each its own copy of the program (one
+// translation unit a block, its kernel renamed: tests/emu/service_block.cpp), so that each has its own
+// __shared__ statics while the program's __device__ globals are one (linked with
+// --allow-multiple-definition).
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -31,8 +35,10 @@ struct uint4 {
 };
 
 inline thread_local dim3 threadIdx = {0, 0, 0};
-inline dim3 blockIdx = {0, 0, 0}, blockDim = {32, 1, 1}, gridDim = {1, 1, 1};
-constexpr uint32_t EMU_MAX_WARPS = 8;
+// A lane's block and grid (a test thread sets them before emu_run_block, which hands them to its lanes).
+inline thread_local dim3 blockIdx = {0, 0, 0}, gridDim = {1, 1, 1};
+inline dim3 blockDim = {32, 1, 1};
+constexpr uint32_t EMU_MAX_WARPS = 32;  // over every block of a grid
 inline thread_local uint32_t emu_lane = 0;
 inline thread_local uint32_t emu_warp = 0;
 // Each warp's %globaltimer: read from the steady clock once per warp barrier, by the barrier's
@@ -67,12 +73,12 @@ inline std::barrier<EmuTick>* emu_barriers[EMU_MAX_WARPS];
 // The block barrier ticks every warp's clock and stop word too (a block call waits through
 // __syncthreads alone: its warps' clocks must move there).
 struct EmuBlockTick {
-    uint32_t warps;
+    uint32_t first, warps;  // the block's warps: first to first + warps - 1
     void operator()() noexcept {
-        for (uint32_t w = 0; w < warps; w++) EmuTick{w}();
+        for (uint32_t w = first; w < first + warps; w++) EmuTick{w}();
     }
 };
-inline std::barrier<EmuBlockTick>* emu_block_barrier = nullptr;
+inline thread_local std::barrier<EmuBlockTick>* emu_block_barrier = nullptr;  // the lane's block's
 inline uint64_t emu_warp_slots[EMU_MAX_WARPS][32];
 #define emu_slots emu_warp_slots[emu_warp]
 
@@ -195,31 +201,49 @@ static inline void mesh_st_relaxed_gpu_u64(void* p, uint64_t v) { emu_st(p, v); 
 static inline void mesh_fence_acq_rel_sys(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline void mesh_fence_acq_rel_gpu(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
-// Runs `body(thread)` on `warps` x 32 threads, one block (blockDim.x = warps x 32). A thread that
-// returns early leaves its warp's and the block's barriers (as an exited thread does on a GPU).
-inline void emu_run_block(uint32_t warps, const std::function<void(uint32_t)>& body) {
+// Runs `body(block, thread)` on `grid` blocks of `warps` x 32 threads each, all at once (blockDim.x =
+// warps x 32, gridDim.x = grid; warp w of block b is emulated warp b x warps + w). A thread that returns
+// early leaves its warp's and its block's barriers (as an exited thread does on a GPU).
+inline void emu_run_grid(uint32_t grid, uint32_t warps, const std::function<void(uint32_t, uint32_t)>& body) {
+    const uint32_t all = grid * warps;
+    if (grid == 0 || warps == 0 || all > EMU_MAX_WARPS) std::abort();  // a test's own mistake
     std::vector<std::unique_ptr<std::barrier<EmuTick>>> bars;
-    for (uint32_t w = 0; w < warps; w++) {
+    for (uint32_t w = 0; w < all; w++) {
         EmuTick{w}();  // the clock and the stop word as the block starts
         bars.emplace_back(std::make_unique<std::barrier<EmuTick>>(32, EmuTick{w}));
         emu_barriers[w] = bars.back().get();
     }
-    std::barrier<EmuBlockTick> block((ptrdiff_t)warps * 32, EmuBlockTick{warps});
-    emu_block_barrier = &block;
+    std::vector<std::unique_ptr<std::barrier<EmuBlockTick>>> blocks;
+    for (uint32_t b = 0; b < grid; b++)
+        blocks.emplace_back(std::make_unique<std::barrier<EmuBlockTick>>((ptrdiff_t)warps * 32, EmuBlockTick{b * warps, warps}));
     blockDim = {warps * 32u, 1, 1};
     std::vector<std::thread> threads;
-    for (uint32_t t = 0; t < warps * 32u; t++)
-        threads.emplace_back([&, t] {
-            emu_lane = t % 32u;
-            emu_warp = t / 32u;
-            threadIdx = {t, 0, 0};
-            body(t);
-            emu_barriers[emu_warp]->arrive_and_drop();
-            emu_block_barrier->arrive_and_drop();
-        });
+    for (uint32_t b = 0; b < grid; b++)
+        for (uint32_t t = 0; t < warps * 32u; t++)
+            threads.emplace_back([&, b, t] {
+                emu_lane = t % 32u;
+                emu_warp = b * warps + t / 32u;
+                threadIdx = {t, 0, 0};
+                blockIdx = {b, 0, 0};
+                gridDim = {grid, 1, 1};
+                emu_block_barrier = blocks[b].get();
+                body(b, t);
+                emu_barriers[emu_warp]->arrive_and_drop();
+                emu_block_barrier->arrive_and_drop();
+            });
     for (auto& th : threads) th.join();
-    emu_block_barrier = nullptr;
     blockDim = {32, 1, 1};
+}
+
+// Runs `body(thread)` on `warps` x 32 threads, one block (blockDim.x = warps x 32), whose blockIdx and
+// gridDim are the calling thread's (a test of one block of a larger grid sets them first).
+inline void emu_run_block(uint32_t warps, const std::function<void(uint32_t)>& body) {
+    const dim3 block = blockIdx, grid = gridDim;
+    emu_run_grid(1, warps, [&](uint32_t, uint32_t t) {
+        blockIdx = block;
+        gridDim = grid;
+        body(t);
+    });
 }
 // One warp (the lanes of emu_run_block(1, ...)).
 inline void emu_run_warp(const std::function<void(uint32_t)>& lane_body) { emu_run_block(1, lane_body); }
