@@ -373,11 +373,16 @@ MeshStatus mesh_service_send(struct MeshService *s,
 // writable bytes.
 MeshStatus mesh_service_try_recv(struct MeshService *s, void *out, size_t len);
 
-// Receives the next reply, waiting up to `timeout_ms` (`MESH_TIMEOUT` then).
+// Receives the next reply, waiting up to `timeout_ms` (`MESH_TIMEOUT` then). While the client has
+// one request unanswered it spins on the CPU first (then yields, then sleeps); with several it yields
+// from the first poll, leaving the CPU to other clients (it is streaming).
 //
 // # Safety
 // As [`mesh_service_try_recv`].
-MeshStatus mesh_service_recv(struct MeshService *s, void *out, size_t len, uint32_t timeout_ms);
+MeshStatus mesh_service_recv(struct MeshService *s,
+                             void *out,
+                             size_t len,
+                             uint32_t timeout_ms);
 
 // Sends one request and receives the next reply into `out` (`out_len` must be the reply size),
 // both within `timeout_ms` (`MESH_TIMEOUT` then: if the send went, its reply is the next

@@ -397,7 +397,9 @@ pub unsafe extern "C" fn mesh_service_try_recv(s: *mut MeshService, out: *mut c_
     })
 }
 
-/// Receives the next reply, waiting up to `timeout_ms` (`MESH_TIMEOUT` then).
+/// Receives the next reply, waiting up to `timeout_ms` (`MESH_TIMEOUT` then). While the client has
+/// one request unanswered it spins on the CPU first (then yields, then sleeps); with several it yields
+/// from the first poll, leaving the CPU to other clients (it is streaming).
 ///
 /// # Safety
 /// As [`mesh_service_try_recv`].
