@@ -2,9 +2,10 @@
 # Session 13's second device call (call F's steps folded into one call with `./run tests`, after two
 # refused starts): service.cu over a grid (the warps of 4 blocks over 32 shards: a shard a warp for 64
 # clients) in the service bench beside the one-block service (8 shards), the clients' receive yielding
-# at once when several requests are in flight (PollPause::for_replies); then every GPU test with the
-# service test on the grid (MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4); then the MPS rows and the parts
-# bench sending four messages a call if time is left. Every program's PTX comes back.
+# at once when several requests are in flight (PollPause::for_replies); then every GPU test (`./run
+# tests`, the README's service: 8 shards, one block), the service test on the grid (both modes), the
+# grid's MPS rows, service_x_poll1 and the parts bench sending four messages a call, as time allows.
+# Every program's PTX comes back.
 # From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
 # (default 570) is how long its steps may take in all.
 set -u
@@ -29,15 +30,17 @@ for p in service service_x_serial; do
     echo "$p: $(timeout 60 $NVCC -cubin -arch=sm_90 -Xptxas -v -I programs -o /tmp/$p.cubin programs/$p.cu 2>&1 | grep -o 'Used.*')" >> $S
 done
 echo "nvcc $(( $(date +%s) - T0 ))s" >> $S
-MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-grid4-blink 60 bin/mesh-gpu-bench service blink
-MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-blink 60 bin/mesh-gpu-bench service blink
-MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 OUT=$L/run-tests step run-tests 380 ./run tests
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 16 64" step bench-service-grid4-blink 75 bin/mesh-gpu-bench service blink
+MESH_SERVICE_CLIENTS="1 64" step bench-service-blink 45 bin/mesh-gpu-bench service blink
+MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_SECS=8 step test-service-grid4 70 bin/test-service --test-threads=1 --nocapture service_64
+OUT=$L/run-tests step run-tests 380 ./run tests
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-mps 40 bin/mesh-gpu-bench service mps
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_PROGRAMS="service_x_poll1" MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-poll1-blink 40 bin/mesh-gpu-bench service blink
 MESH_PARTS_VARIANT=_x_send4 step bench-parts-send4 60 bin/mesh-gpu-bench parts blink
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 grep -hE "^\| [0-9]|longest wait|panicked|FAILED|failed" $L/run-tests.txt | head -20
+grep -hE "^\| [0-9]|longest wait|panicked|test result" $L/test-service-grid4.txt 2>/dev/null | head -8
 tail -12 $L/run-tests.txt
 grep -h "^| blink\|^| mps" $L/bench-service-*.txt
 grep -h "^| 1048576\|^| 16777216" $L/bench-parts-send4.txt 2>/dev/null | grep copy
