@@ -332,9 +332,13 @@ pub fn service_benches(mps: bool) {
     println!();
     println!(
         "Service (issue 26), {mode} mode, {SIZE}-byte requests and replies, {cores} host cores, {shards} fan-in \
-         shard(s) (MESH_SERVICE_SHARDS): service.cu with"
+         shard(s) (MESH_SERVICE_SHARDS): service.cu loaded with `{}` (MESH_SERVICE_GRID, MESH_SERVICE_BLOCK), with",
+        shape.join(" ")
     );
-    println!("mesh-service-client processes (meshd's client API; each waits as it does: spin, yield, then sleep),");
+    println!(
+        "mesh-service-client processes (meshd's client API; each waits as it does: spin, yield, then sleep; a receive \
+         with several requests in flight yields at once),"
+    );
     println!(
         "beside the single-client SPSC round trip through echo_warp (this process spinning), same meshd, same run."
     );
