@@ -8,7 +8,7 @@
 // which the bench puts beside the batched one.
 //
 // meshd: `meshd service create NAME --clients N --msg-size B --shards 8` (reply size = request size, at
-// most 128 bytes here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies --block 256`:
+// most 4 KiB here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies --block 256`:
 // warp w of the block's W serving warps (W = mesh_fanin_parts: the largest power of two at most the
 // block's warps, SERVICE_WARPS and the shards) takes shards w, w + W, ... and answers their clients. With
 // one shard, or a block of 32, one warp serves everything. With a grid of G blocks the G x 8 warps share
@@ -25,7 +25,8 @@
 #include "mesh.cuh"
 
 #define SERVICE_WARPS 8u        // warps serving at most (a block of 256 threads)
-#define SERVICE_MAX_BYTES 128u  // request size served at most: 32 requests a warp in shared memory
+#define SERVICE_BUF_WORDS (64u * MESH_FANIN_PAIRS)  // a warp's batch: the bodies one peek's round trip loads
+#define SERVICE_MAX_BYTES 4096u  // request size served at most: one request a round trip
 #define SERVICE_WORDS 8u
 
 // The launch's counts over every block, in device memory (a block's shared memory is its own). Zero
@@ -52,7 +53,7 @@ static __device__ void service_report(const mesh_ctx& ctx) {                    
 }
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
-    __shared__ uint32_t reqs[SERVICE_WARPS][MESH_FANIN_BATCH_MAX * SERVICE_MAX_BYTES / 4u];  // each warp's batch
+    __shared__ uint32_t reqs[SERVICE_WARPS][SERVICE_BUF_WORDS];                             // each warp's batch
 #ifndef SERVICE_ONE_AT_A_TIME
     __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
 #endif
@@ -73,6 +74,12 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         mesh_fanin in = mesh_fanin_open_part(ctx, 0, part, parts);   // binding 0: shards part, part + parts, ...
         mesh_group out = mesh_group_open_part(ctx, 1, part, parts);  // binding 1: their clients' reply rings
         ok = in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES;
+#ifndef SERVICE_ONE_AT_A_TIME
+        // Requests a peek may return: as many as the warp's buffer holds (32 up to 136 bytes, 4 at 1
+        // KiB, 1 at 4 KiB: what one round trip loads anyway).
+        const uint32_t fit = ok ? SERVICE_BUF_WORDS * 4u / in.ch.msg_size : 1u;
+        const uint32_t most = fit < MESH_FANIN_BATCH_MAX ? fit : MESH_FANIN_BATCH_MAX;
+#endif
         uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                    // + this warp's counts
         uint32_t added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                // + and what it added
         uint32_t iter = 0;                                                       // +
@@ -95,7 +102,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             while (mesh_group_departed(&out, &gone)) n[4]++;  // this warp's clients; drop their state here
 #ifndef SERVICE_ONE_AT_A_TIME
             uint32_t skipped, dropped;
-            const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, MESH_FANIN_BATCH_MAX);
+            const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, most);
             if (k == 0) continue;                     // nothing whole at the position yet
             const uint32_t words = in.ch.msg_size / 4u;
             if (lane < k && !((skipped >> lane) & 1u)) reqs[w][lane * words + 1] += 1;  // f(from[j], request j): lane j

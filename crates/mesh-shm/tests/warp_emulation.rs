@@ -71,6 +71,19 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
 /// copies cannot name a call, field or macro that is gone. Compiled by the host's C++ compiler with the
 /// emulation's definitions of CUDA's built-ins (syntax and types only; `work` and `use`, the
 /// placeholders of the request / reply example, are declared for it).
+/// The batched service with requests of 1 and 4 KiB (a peek then returns 4 of them, or 1: what one
+/// round trip loads, and what the warp's buffer in service.cu holds), over one and several shards.
+#[test]
+fn the_batched_service_answers_requests_of_1_and_4_kib() {
+    for size in [1024, 4096] {
+        let defines = vec!["-DPROGRAM=\"service.cu\"".to_string(), format!("-DEMU_MSG={size}u")];
+        let Some(exe) = built("service_emu.cpp", &format!("service_emu_msg{size}"), &defines) else { return };
+        for [shards, warps] in [["1", "1"], ["8", "2"], ["8", "8"]] {
+            passes(&exe, &[shards, warps]);
+        }
+    }
+}
+
 /// The service programs over a grid (`meshd load --grid`): blocks of warps at once, each block its own
 /// copy of the program (its own shared memory) and every block the program's device-memory counters,
 /// `service_emu SHARDS WARPS BLOCKS`. Warp w of block b serves part b x WARPS + w; the last block out

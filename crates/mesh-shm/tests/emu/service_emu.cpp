@@ -40,7 +40,10 @@ namespace {
 uint32_t SHARDS = 1, WARPS = 1, BLOCKS = 1;  // from the command line: `service_emu SHARDS WARPS [BLOCKS]`
 
 constexpr uint64_t kPage = 4096;
-constexpr uint32_t kMsg = 64, kWords = kMsg / 4;
+#ifndef EMU_MSG
+#define EMU_MSG 64u  // the request (and reply) size: -DEMU_MSG=1024 and 4096 run larger ones
+#endif
+constexpr uint32_t kMsg = EMU_MSG, kWords = kMsg / 4;
 constexpr uint32_t kCapacity = 8;        // fan-in slots per shard
 constexpr uint32_t kReplyCapacity = 4;   // replies per client ring
 constexpr uint32_t kClients = 16, kRequests = 40, kWindow = 3;  // kWindow: requests a client keeps unanswered
@@ -223,8 +226,8 @@ int main(int argc, char** argv) {
     uint32_t words[8];
     for (uint32_t i = 0; i < 8; i++) words[i] = emu_ld32(base + kSlot + MESH_SLOT_USER + 4 * i);
     const int32_t exit_code = (int32_t)emu_ld32(base + kSlot + MESH_SLOT_EXIT_CODE);
-    std::printf("%s, %u shards, %u warps, %u blocks: program sent %u, skips %u, gone %u, full %u, departures %u, launches %u, exit %d\n",
-                PROGRAM, SHARDS, WARPS, BLOCKS, words[0], words[1], words[2], words[3], words[4], words[6], exit_code);
+    std::printf("%s, %u-byte requests, %u shards, %u warps, %u blocks: program sent %u, skips %u, gone %u, full %u, departures %u, launches %u, exit %d\n",
+                PROGRAM, kMsg, SHARDS, WARPS, BLOCKS, words[0], words[1], words[2], words[3], words[4], words[6], exit_code);
 #ifdef EMU_GRID
     for (uint32_t i = 0; i < 8; i++)
         if (service_totals[i] != 0) fail("a launch counter not zeroed for the next launch", i, service_totals[i]);
