@@ -218,15 +218,16 @@ impl PyGroupClient {
     }
 
     /// One reply as bytes, waiting (the GIL released) until `timeout` seconds pass (None: for ever).
-    /// `spin=False` yields the CPU from the first poll instead of spinning first: for a client with
-    /// several requests in flight (mesh-shm's `PollPause::for_replies`).
-    #[pyo3(signature = (timeout=None, *, spin=true))]
-    fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>, spin: bool) -> PyResult<Bound<'py, PyBytes>> {
+    /// `unanswered`: the requests the caller has in flight; with more than one the wait yields the
+    /// CPU from the first poll instead of spinning first (it is streaming: mesh-shm's
+    /// `PollPause::for_replies`).
+    #[pyo3(signature = (timeout=None, *, unanswered=1))]
+    fn recv<'py>(&mut self, py: Python<'py>, timeout: Option<f64>, unanswered: u64) -> PyResult<Bound<'py, PyBytes>> {
         let deadline = deadline(timeout)?;
         let name = self.info.name.clone();
         let size = self.info.msg_size as usize;
         let end = self.end()?;
-        let pause = pausing(spin);
+        let pause = PollPause::for_replies(unanswered);
         PyBytes::new_with(py, size, |out| {
             try_then_wait_pausing(py, &name, "recv", deadline, pause, || end.try_recv(out))
         })
@@ -239,21 +240,21 @@ impl PyGroupClient {
         self.end()?.try_recv(bytes.as_mut_slice()).map_err(|e| shm_err(py, e))
     }
 
-    /// One reply into `buffer`, waiting (the GIL released) until `timeout` seconds pass; `spin` as
-    /// for `recv`.
-    #[pyo3(signature = (buffer, timeout=None, *, spin=true))]
+    /// One reply into `buffer`, waiting (the GIL released) until `timeout` seconds pass;
+    /// `unanswered` as for `recv`.
+    #[pyo3(signature = (buffer, timeout=None, *, unanswered=1))]
     fn recv_into(
         &mut self,
         py: Python<'_>,
         buffer: &Bound<'_, PyAny>,
         timeout: Option<f64>,
-        spin: bool,
+        unanswered: u64,
     ) -> PyResult<()> {
         let mut bytes = Bytes::get(buffer, "recv_into", true)?;
         let deadline = deadline(timeout)?;
         let name = self.info.name.clone();
         let (end, out) = (self.end()?, bytes.as_mut_slice());
-        try_then_wait_pausing(py, &name, "recv", deadline, pausing(spin), || end.try_recv(out))
+        try_then_wait_pausing(py, &name, "recv", deadline, PollPause::for_replies(unanswered), || end.try_recv(out))
     }
 
     /// `await replies.arecv(timeout)`: `recv` for asyncio, polling from the event loop (no thread).
@@ -311,9 +312,4 @@ impl Drop for PyGroupClient {
     fn drop(&mut self) {
         self.origin.forget_inherited(&mut self.inner);
     }
-}
-
-/// A receive's wait: spinning first (`spin`), or yielding the CPU from the first poll.
-fn pausing(spin: bool) -> PollPause {
-    if spin { PollPause::new() } else { PollPause::yielding() }
 }

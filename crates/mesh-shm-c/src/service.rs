@@ -16,7 +16,7 @@ use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, PollPause, ReplyWindow};
+use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
 use serde_json::Value;
 
 use crate::{
@@ -422,12 +422,8 @@ pub unsafe extern "C" fn mesh_service_recv(
             Ok(o) => o,
             Err(code) => return code,
         };
-        let pause = PollPause::for_replies(s.window.unanswered()); // streaming: yield, don't spin
-        match s.rx.recv_pausing(out, Duration::from_millis(u64::from(timeout_ms)), pause) {
-            Ok(()) => {
-                s.window.received();
-                MESH_OK
-            }
+        match s.rx.recv_in_window(out, Duration::from_millis(u64::from(timeout_ms)), &mut s.window) {
+            Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }
     })
@@ -478,12 +474,8 @@ pub unsafe extern "C" fn mesh_service_request(
             return shm_fail(&e);
         }
         svc.window.sent();
-        let pause = PollPause::for_replies(svc.window.unanswered());
-        match svc.rx.recv_pausing(out, deadline.saturating_duration_since(Instant::now()), pause) {
-            Ok(()) => {
-                svc.window.received();
-                MESH_OK
-            }
+        match svc.rx.recv_in_window(out, deadline.saturating_duration_since(Instant::now()), &mut svc.window) {
+            Ok(()) => MESH_OK,
             Err(e) => shm_fail(&e),
         }
     })

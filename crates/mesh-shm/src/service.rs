@@ -53,6 +53,7 @@ use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, Hold, S
 use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
 use crate::group::{ServiceMemory, ServiceMeshd};
 use crate::mailbox::{ChannelInfo, Mailbox};
+use crate::window::ReplyWindow;
 
 fn fanin_err(info: &ChannelInfo, corrupt: FanInCorrupt) -> ShmError {
     ShmError::FanIn { channel: info.name.clone(), corrupt }
@@ -314,9 +315,18 @@ impl GroupClient {
         self.recv_pausing(out, timeout_after, PollPause::new())
     }
 
-    /// [`recv`](Self::recv), pausing between polls as `pause` says: [`PollPause::for_replies`] with
-    /// the requests the client has in flight is what the clients of meshd's API use.
-    pub fn recv_pausing(&mut self, out: &mut [u8], timeout_after: Duration, pause: PollPause) -> Result<()> {
+    /// [`recv`](Self::recv) for a client that keeps `window` (requests sent, replies received):
+    /// waiting as [`PollPause::for_replies`] says for the requests it has in flight (a spin for its
+    /// only one, a yield at once when it is streaming), and counting the reply in the window. What
+    /// the clients of meshd's API (Rust and C) use.
+    pub fn recv_in_window(&mut self, out: &mut [u8], timeout_after: Duration, window: &mut ReplyWindow) -> Result<()> {
+        self.recv_pausing(out, timeout_after, PollPause::for_replies(window.unanswered()))?;
+        window.received();
+        Ok(())
+    }
+
+    /// [`recv`](Self::recv), pausing between polls as `pause` says.
+    fn recv_pausing(&mut self, out: &mut [u8], timeout_after: Duration, pause: PollPause) -> Result<()> {
         let deadline = Instant::now() + timeout_after;
         match poll_until_pausing(deadline, pause, || Ok(self.try_recv(out)?.then_some(())))? {
             Some(()) => Ok(()),

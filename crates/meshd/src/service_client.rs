@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, PollPause, ReplyWindow};
+use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
 
 use crate::protocol::{Request, Response, read_response, write_request};
 
@@ -269,12 +269,10 @@ impl ServiceClient {
 
     /// Receives one reply into the start of `out`, waiting up to `timeout`: spinning on the CPU
     /// first when this is the client's only request in flight, yielding the CPU from the start when
-    /// it has several (it is streaming: [`PollPause::for_replies`]).
+    /// it has several (it is streaming: [`mesh_shm::PollPause::for_replies`]).
     pub fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
-        let pause = PollPause::for_replies(self.window.unanswered());
         let buf = self.reply_buf(out)?;
-        self.rx.recv_pausing(buf, timeout, pause)?;
-        self.window.received();
+        self.rx.recv_in_window(buf, timeout, &mut self.window)?;
         Ok(())
     }
 

@@ -251,12 +251,6 @@ class Service:
         # Never more than were sent: a reply the program repeated (after its crash) opens nothing.
         self._received = min(self._received + 1, self._sent)
 
-    def _spin(self) -> bool:
-        # A receive spins first only for a client's one request in flight; with several it is
-        # streaming, and yields the CPU at once (mesh-shm's PollPause::for_replies: 64 streaming
-        # clients on 16 CPUs spinning held CPUs the others' replies waited for).
-        return self.unanswered <= 1
-
     def _window_open(self) -> bool:
         return self._window is None or self.unanswered < self._window
 
@@ -295,7 +289,9 @@ class Service:
         """The next reply as bytes (``reply_size`` long), waiting (GIL released)."""
         deadline = _aio._check_timeout(timeout)
         with self._holding(self._sides()[1], deadline, timeout, "recv"):
-            reply = self._rx.recv(_remaining(deadline), spin=self._spin())
+            # The requests in flight pick the wait (mesh-shm's PollPause::for_replies: a spin for the
+            # only one, a yield at once when streaming, which leaves CPUs to other clients).
+            reply = self._rx.recv(_remaining(deadline), unanswered=self.unanswered)
             self._got_reply()
             return reply
 
@@ -303,7 +299,7 @@ class Service:
         """The next reply into ``buffer`` (writable, exactly ``reply_size`` bytes), waiting."""
         deadline = _aio._check_timeout(timeout)
         with self._holding(self._sides()[1], deadline, timeout, "recv"):
-            self._rx.recv_into(buffer, _remaining(deadline), spin=self._spin())
+            self._rx.recv_into(buffer, _remaining(deadline), unanswered=self.unanswered)
             self._got_reply()
 
     def try_recv(self) -> bytes | None:
