@@ -214,7 +214,7 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
   timeout -k 10 200 bin/mesh-gpu-bench mps >>"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench mps|rc=$?")
   probes "plain context" >>"$OUT/bench.log" 2>&1
-  for a in "rt blink" "g2g blink" "rt mps" "g2g mps"; do
+  for a in "rt blink" "rt-ab blink" "g2g blink" "rt mps" "rt-ab mps" "g2g mps"; do
     timeout -k 10 240 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done

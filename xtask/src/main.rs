@@ -107,9 +107,18 @@ fn bench_here() -> Result<()> {
     run(cargo()
         .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
         .env(GPU_GATE, "1"))?;
-    // Round trips through meshd's backends, host↔GPU and GPU↔GPU, and bulk channels (large messages),
-    // each mode in a process of its own.
-    for args in [["rt", "blink"], ["rt", "mps"], ["g2g", "blink"], ["g2g", "mps"], ["bulk", "blink"], ["bulk", "mps"]] {
+    // Round trips through meshd's backends, host↔GPU (`rt-ab`: the header's loop and its raw limits in
+    // turns) and GPU↔GPU, and bulk channels (large messages), each mode in a process of its own.
+    for args in [
+        ["rt", "blink"],
+        ["rt", "mps"],
+        ["rt-ab", "blink"],
+        ["rt-ab", "mps"],
+        ["g2g", "blink"],
+        ["g2g", "mps"],
+        ["bulk", "blink"],
+        ["bulk", "mps"],
+    ] {
         run(cargo()
             .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--"])
             .args(args)

@@ -3,6 +3,9 @@
 //! * channels (`channels` module): round trips by size through the warp and one-thread paths beside
 //!   the relaxed raw mapped-word ping-pong and `launch + synchronize` of a copy kernel; one-way
 //!   streaming beside one warp's plain mapped-memory bandwidth; all in one process and context;
+//! * host↔GPU round trips in turns (`roundtrip` module, `mesh-gpu-bench rt-ab blink|mps`): the header's
+//!   loop, the raw mapped word and the one-warp LL probe (`raw_ll`), each measured in every turn, so
+//!   that a drift of the machine within the run falls on all three;
 //! * bulk channels (`bulk` module, `mesh-gpu-bench bulk blink|mps`): large messages host↔GPU and
 //!   GPU→GPU beside back-to-back cudaMemcpyAsync;
 //! * bulk channels of P parts (`parts` module, `mesh-gpu-bench parts blink|mps`): one channel served
@@ -46,6 +49,7 @@ fn main() {
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["mps"] => return mps_benches(),
         ["rt", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips(*mode == "mps"),
+        ["rt-ab", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips_interleaved(*mode == "mps"),
         ["g2g", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips(*mode == "mps"),
         ["g2g-lean", mode @ ("blink" | "mps")] => return roundtrip::gpu_round_trips_lean(*mode == "mps"),
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
@@ -56,7 +60,7 @@ fn main() {
         [] => {}
         other => {
             eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps`, `parts blink|mps` or `service [blink|mps]`"
+                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `rt-ab blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps`, `parts blink|mps` or `service [blink|mps]`"
             );
             std::process::exit(2);
         }

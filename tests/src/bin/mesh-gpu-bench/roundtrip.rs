@@ -78,6 +78,11 @@ fn stats(v: Vec<Duration>) -> (f64, f64) {
 /// The raw relaxed mapped word through a resident `raw_pingpong` (the host stores a number into one
 /// word of the mailbox, the GPU copies it into another).
 fn raw(b: &mut Bench) -> (f64, f64) {
+    stats(raw_times(b, ROUNDS, WARMUP))
+}
+
+/// `rounds` round trips of the raw word (after `warmup`), each timed.
+fn raw_times(b: &mut Bench, rounds: usize, warmup: usize) -> Vec<Duration> {
     let scratch = b.channel(8, 2, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
     b.load("raw", "raw_pingpong", &[&scratch]);
@@ -89,32 +94,37 @@ fn raw(b: &mut Bench) -> (f64, f64) {
             AtomicU64::from_ptr(base.add(usize::try_from(info.ring_offset).unwrap() + 128).cast()),
         )
     };
-    let mut times = Vec::with_capacity(ROUNDS);
-    for i in 1..=(ROUNDS + WARMUP) as u64 {
+    let mut times = Vec::with_capacity(rounds);
+    for i in 1..=(rounds + warmup) as u64 {
         let t = Instant::now();
         ping.store(i, Ordering::Release);
         while pong.load(Ordering::Acquire) != i {
             std::hint::spin_loop();
         }
-        if i > WARMUP as u64 {
+        if i > warmup as u64 {
             times.push(t.elapsed());
         }
     }
     ping.store(u64::MAX, Ordering::Release);
     // raw_pingpong ends itself on ~0; an unload of an ended program is refused by neither mode.
     let _ = b.backend.unload("raw");
-    stats(times)
+    times
 }
 
 /// Round trips of `size`-byte messages through echo program `echo`, every reply checked.
 fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
+    stats(echo_times(b, echo, size, ROUNDS, WARMUP))
+}
+
+/// `rounds` round trips (after `warmup`) of `size`-byte messages through `echo`, each timed and checked.
+fn echo_times(b: &mut Bench, echo: &str, size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
     let (to, from) = (b.channel(size, 64, Placement::Host), b.channel(size, 64, Placement::Host));
     b.load("echo", echo, &[&to, &from]);
     let mut tx = Producer::claim(&b.mb, &to).unwrap();
     let mut rx = Consumer::claim(&b.mb, &from).unwrap();
     let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
-    let mut times = Vec::with_capacity(ROUNDS);
-    for i in 0..(ROUNDS + WARMUP) as u64 {
+    let mut times = Vec::with_capacity(rounds);
+    for i in 0..(rounds + warmup) as u64 {
         stress::fill(&mut msg, i);
         let t = Instant::now();
         while !tx.try_send(&msg).unwrap() {}
@@ -123,13 +133,129 @@ fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
         }
         let took = t.elapsed();
         stress::check(&back, i).unwrap_or_else(|e| panic!("{echo} {size} B: {e}"));
-        if i >= WARMUP as u64 {
+        if i >= warmup as u64 {
             times.push(took);
         }
     }
     drop((tx, rx));
     b.backend.unload("echo").unwrap();
-    stats(times)
+    times
+}
+
+/// The one-warp LL probe as a resident program (`raw_ll`): `rounds` round trips (after `warmup`) of
+/// `size` payload bytes, as `size / 4` tagged 8-byte words written by this thread and stored back by
+/// the GPU's warp once all of them arrived, each reply's payload checked. No ring, no index, no
+/// protocol: the fastest one warp moves that many bytes there and back (tests/probes/ll_roundtrip.cu).
+fn raw_ll_times(b: &mut Bench, size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
+    let scratch = b.channel(size, 2, Placement::Host);
+    let info = b.mb.channel(&scratch).unwrap();
+    b.load("raw_ll", "raw_ll", &[&scratch]);
+    let words = (size / 4) as usize;
+    let (base, _) = b.mb.as_raw_parts();
+    let at = |k: usize| {
+        // SAFETY: the channel's two LL slots (2 × size bytes each, 8-aligned, inside the mapping) are
+        // words shared with the GPU only, used as plain atomic words here and by raw_ll.cu.
+        unsafe { AtomicU64::from_ptr(base.add(usize::try_from(info.slots_offset).unwrap() + 8 * k).cast()) }
+    };
+    let input: Vec<&AtomicU64> = (0..words).map(at).collect();
+    let output: Vec<&AtomicU64> = (words..2 * words).map(at).collect();
+    let word = |i: u32, k: u32| u64::from(i) << 32 | u64::from(i.wrapping_mul(7).wrapping_add(k));
+    let mut times = Vec::with_capacity(rounds);
+    let (warm, total) = (u32::try_from(warmup).unwrap(), u32::try_from(rounds + warmup).unwrap());
+    for i in 1..=total {
+        let t = Instant::now();
+        for (k, w) in (0u32..).zip(&input) {
+            w.store(word(i, k), Ordering::Relaxed);
+        }
+        let mut spins = 0u32;
+        for w in &output {
+            while w.load(Ordering::Relaxed) >> 32 != u64::from(i) {
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(4096) && t.elapsed() > Duration::from_secs(5) {
+                    panic!("raw_ll {size} B: round trip {i} not back in 5 s");
+                }
+            }
+        }
+        let took = t.elapsed();
+        for (k, w) in (0u32..).zip(&output) {
+            assert_eq!(w.load(Ordering::Relaxed), word(i, k), "raw_ll {size} B: round trip {i}, word {k}");
+        }
+        if i > warm {
+            times.push(took);
+        }
+    }
+    input[0].store(u64::from(u32::MAX) << 32, Ordering::Relaxed);
+    // raw_ll ends itself on word 0 tagged ~0.
+    let _ = b.backend.unload("raw_ll");
+    times
+}
+
+/// Turns of `mesh-gpu-bench rt-ab`, and round trips of each path in each turn.
+const TURNS: usize = 5;
+const TURN_ROUNDS: usize = 4_000;
+const TURN_WARMUP: usize = 500;
+
+/// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) beside its
+/// two raw limits, the relaxed mapped word (`raw_pingpong`) and the one-warp LL probe (`raw_ll`), measured
+/// in turns: TURNS turns, in each of them for each size the raw word, the header's loop and the probe,
+/// TURN_ROUNDS round trips each, one after the other. A drift of the machine within the run (session 12's
+/// raw word moved 10% between the start and the end of `rt`) then falls on every path alike. Printed:
+/// the medians and p99s over every turn's round trips, their ratios, and the range of the ratio of
+/// each turn's own medians.
+pub fn host_round_trips_interleaved(mps: bool) {
+    let mut b = Bench::open(mps);
+    let mode = b.mode;
+    // [size][path] -> every turn's samples; [size][path][turn] -> that turn's median.
+    let mut pooled: Vec<[Vec<Duration>; 3]> = SIZES.iter().map(|_| Default::default()).collect();
+    let mut turn_medians: Vec<[Vec<f64>; 3]> = SIZES.iter().map(|_| Default::default()).collect();
+    for _ in 0..TURNS {
+        for (s, &size) in SIZES.iter().enumerate() {
+            let runs = [
+                raw_times(&mut b, TURN_ROUNDS, TURN_WARMUP),
+                echo_times(&mut b, "echo_header", size, TURN_ROUNDS, TURN_WARMUP),
+                raw_ll_times(&mut b, size, TURN_ROUNDS, TURN_WARMUP),
+            ];
+            for (path, times) in runs.into_iter().enumerate() {
+                turn_medians[s][path].push(stats(times.clone()).0);
+                pooled[s][path].extend(times);
+            }
+        }
+    }
+    println!();
+    println!(
+        "Round trip host→GPU→host, {mode} mode, in turns: {TURNS} turns × {TURN_ROUNDS} round trips of each path \
+         (after {TURN_WARMUP} warm-up), the paths one after the other in every turn; median / p99 µs over all turns."
+    );
+    println!("ratio [lo, hi]: of the medians over all turns, [lowest, highest] of each turn's own medians.");
+    println!();
+    println!(
+        "| mode | size | echo_header | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] |"
+    );
+    println!(
+        "|------|-----:|------------:|---------:|--------------------:|---------------------:|------------------:|"
+    );
+    let range = |num: &[f64], den: &[f64]| {
+        let r: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
+        (r.iter().copied().fold(f64::INFINITY, f64::min), r.iter().copied().fold(0.0, f64::max))
+    };
+    for (s, size) in SIZES.iter().enumerate() {
+        let [word, header, ll] = std::mem::take(&mut pooled[s]).map(stats);
+        let (w_lo, w_hi) = range(&turn_medians[s][1], &turn_medians[s][0]);
+        let (l_lo, l_hi) = range(&turn_medians[s][1], &turn_medians[s][2]);
+        println!(
+            "| {mode} | {size} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} [{w_lo:.2}, {w_hi:.2}] | {:.2} / {:.2} | {:.2} [{l_lo:.2}, {l_hi:.2}] |",
+            header.0,
+            header.1,
+            word.0,
+            word.1,
+            header.0 / word.0,
+            ll.0,
+            ll.1,
+            header.0 / ll.0,
+        );
+    }
+    b.shutdown();
 }
 
 /// `mesh-gpu-bench rt MODE`: the host↔GPU table of one mode.

@@ -1,0 +1,47 @@
+// raw_ll: the one-warp LL probe (tests/probes/ll_roundtrip.cu's `llw`) as a resident program, so that the
+// round-trip bench (`mesh-gpu-bench rt-ab`) measures the raw limit for 1 and 4 KiB messages in the same
+// process, context and mailbox as the channels, interleaved with them. No channel protocol: binding 0
+// is a host channel of msg_size M (the payload: a multiple of 8 up to 4 KiB) and capacity 2, used as
+// scratch. The host writes M / 4 words of 8 bytes into its slot 0 (the low half payload, the high half
+// the round trip's number, from 1); the warp loads every word (lane l: words l, l + 32, ..., all
+// issued before any is looked at), and once all carry the number stores them back into slot 1, where
+// the host waits for all of them. Ends when word 0 carries the number ~0. Launch with 32 threads.
+// `cargo xtask ptx` regenerates raw_ll.ptx.
+#include "mesh.cuh"
+
+#define RAW_LL_MAX_WORDS 1024u  // 4 KiB of payload
+#define RAW_LL_PER_LANE (RAW_LL_MAX_WORDS / 32u)
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    if (blockIdx.x != 0 || mesh_block_rank() >= 32u) return;
+    const uint32_t lane = mesh_block_rank(), full = 0xffffffffu;
+    const uint32_t words = ctx.binding_count >= 1u ? ctx.bindings[0].msg_size / 4u : 0u;
+    if (lane == 0) mesh_begin(ctx);
+    if (ctx.binding_count < 1u || ctx.bindings[0].slots == 0 || words < 2u || words > RAW_LL_MAX_WORDS ||
+        mesh_block_threads() < 32u) {
+        if (lane == 0) mesh_exit(ctx, 1);
+        return;
+    }
+    const volatile uint64_t* in = (const volatile uint64_t*)(uintptr_t)ctx.bindings[0].slots;
+    volatile uint64_t* out = (volatile uint64_t*)(uintptr_t)(ctx.bindings[0].slots + 8ull * words);
+    for (uint32_t i = 1;; i++) {
+        uint64_t v[RAW_LL_PER_LANE];
+        bool whole, stop;
+        do {
+#pragma unroll
+            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+                if (lane + 32u * k < words) v[k] = mesh_ld_volatile_u64(in + lane + 32u * k);
+            whole = true;
+#pragma unroll
+            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+                if (lane + 32u * k < words) whole &= (uint32_t)(v[k] >> 32) == i;
+            stop = __shfl_sync(full, (uint32_t)(v[0] >> 32), 0) == ~0u;  // lane 0's v[0] is word 0
+            whole = __all_sync(full, whole);
+        } while (!whole && !stop);
+        if (stop) break;
+#pragma unroll
+        for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+            if (lane + 32u * k < words) mesh_st_volatile_u64(out + lane + 32u * k, v[k]);
+    }
+    if (lane == 0) mesh_end(ctx);
+}
