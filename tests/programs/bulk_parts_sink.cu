@@ -3,8 +3,14 @@
 // place (bulk_parts.cuh), counting messages and failures in its own user word: every 16 messages, and
 // whenever its share of the ring is found empty. Knob STRESS_FIXED (binding 1): copy each share out
 // with mesh_block_try_recv and count it unchecked (the copy path, for benchmarks). Launch with a
-// multiple of 32 threads a block. NOT YET RUN ON A GPU, nor through nvcc (g++ syntax check only).
+// multiple of 32 threads a block. Built with PARTS_RECV_N > 1 (bulk_parts_sink_x_batch4.cu) it takes
+// up to that many messages a call, on either path (mesh_block_try_recv_n; mesh_block_peek_n /
+// mesh_block_release_n: one barrier to give them all back).
 #include "bulk_parts.cuh"
+
+#ifndef PARTS_RECV_N
+#define PARTS_RECV_N 1u
+#endif
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     const uint32_t b = blockIdx.x;
@@ -32,6 +38,20 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && leader) mesh_heartbeat(ctx, ++beat);
         }
         bool got;
+        const uint64_t before = in.mine;
+#if PARTS_RECV_N > 1
+        if (fixed) {
+            void* outs[PARTS_RECV_N];
+            for (uint32_t m = 0; m < PARTS_RECV_N; m++) outs[m] = mine;  // the same buffer each time, unchecked
+            got = mesh_block_try_recv_n(&in, outs, PARTS_RECV_N) != 0;
+        } else {
+            const uint32_t n = mesh_block_peek_n(&in, PARTS_RECV_N);
+            for (uint32_t m = 0; m < n; m++)
+                if (!parts_check((const uint32_t*)mesh_block_peeked(&in, m), in.mine + m, first, words)) bad++;
+            if (n) mesh_block_release_n(&in, n);
+            got = n != 0;
+        }
+#else
         if (fixed) {
             got = mesh_block_try_recv(&in, mine);
         } else {
@@ -42,8 +62,9 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
                 mesh_block_release(&in);
             }
         }
+#endif
         if (got) stress_pause(knobs.pause_ns);
-        if (got ? (in.mine & 15u) == 0 : in.mine != published) {
+        if (got ? (in.mine >> 4) != (before >> 4) : in.mine != published) {  // every 16th message, or idle
             parts_report(ctx, b, in.mine, bad);
             published = in.mine;
         }

@@ -3,11 +3,16 @@
 // filled in place (bulk_parts.cuh), until meshd asks it to stop. Knob STRESS_FIXED (binding 1): send
 // one buffer filled once, with mesh_block_try_send (the copy path, for benchmarks). Launch with a
 // multiple of 32 threads a block. Built with PARTS_SEND_N > 1 (bulk_parts_source_x_send2.cu) the copy
-// path sends that many messages a call (mesh_block_try_send_n: one barrier and one fence for them).
+// path sends that many messages a call (mesh_block_try_send_n: one barrier and one fence for them);
+// with PARTS_FILL_N > 1 (bulk_parts_source_x_batch4.cu) the in-place path fills that many slots a call
+// (mesh_block_reserve_n / mesh_block_publish_n).
 #include "bulk_parts.cuh"
 
 #ifndef PARTS_SEND_N
 #define PARTS_SEND_N 1u
+#endif
+#ifndef PARTS_FILL_N
+#define PARTS_FILL_N 1u
 #endif
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -42,12 +47,19 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             sent = mesh_block_try_send(&out, mine);
 #endif
         } else {
+#if PARTS_FILL_N > 1
+            const uint32_t got = mesh_block_reserve_n(&out, PARTS_FILL_N);
+            for (uint32_t m = 0; m < got; m++) parts_fill((uint32_t*)mesh_block_reserved(&out, m), out.mine + m, first, words);
+            mesh_block_publish_n(&out, got);
+            sent = got != 0;
+#else
             uint32_t* slot = (uint32_t*)mesh_block_reserve(&out);
             sent = slot != 0;
             if (sent) {
                 parts_fill(slot, out.mine, first, words);
                 mesh_block_publish(&out);
             }
+#endif
         }
         if (sent && (out.mine >> 4) != (before >> 4)) parts_report(ctx, b, out.mine, 0);  // every 16th message
         if (!sent) stress_pause(knobs.pause_ns);

@@ -1,4 +1,4 @@
-//! One bulk channel split into parts (issue 24 item 3), served by B blocks at a GPU end, end to end through meshd: a host `BulkProducer` into `bulk_parts_sink` and `bulk_parts_source` → `bulk_parts_sink`, parts 1, 4 and 32, in blink and MPS mode.
+//! One bulk channel split into parts (issue 24 item 3), served by B blocks at a GPU end, end to end through meshd: a host `BulkProducer` into `bulk_parts_sink` and `bulk_parts_source` → `bulk_parts_sink`, parts 1, 4 and 32, then the same with four messages a call at each GPU end (`_x_batch4`, parts 4 and 32), in blink and MPS mode.
 //!
 //! Message seq's 4-byte word k is `stress_value(seq, k)` (bulk_parts.cuh: word 0 the low half of
 //! seq, every other word [`stress::word`]); the sink's block b checks every word of its share of the
@@ -137,10 +137,10 @@ impl Mesh {
 
 /// (a) A host producer (serving every part) into `bulk_parts_sink` of `parts` blocks: every block
 /// counts exactly MESSAGES, none bad.
-fn host_to_sink(m: &mut Mesh, parts: u32, mode: &str) {
-    let what = format!("{mode} host→bulk_parts_sink, parts {parts}, {parts} blocks, {SIZE} B");
+fn host_to_sink(m: &mut Mesh, parts: u32, mode: &str, variant: &str) {
+    let what = format!("{mode} host→bulk_parts_sink{variant}, parts {parts}, {parts} blocks, {SIZE} B");
     let data = m.channel(parts, "host");
-    m.load("sink", "bulk_parts_sink", parts, &data);
+    m.load("sink", &format!("bulk_parts_sink{variant}"), parts, &data);
     {
         let mut tx = BulkProducer::claim(&m.mb, &data).unwrap_or_else(|e| panic!("{what}: claim: {e}"));
         let mut msg = vec![0u8; SIZE as usize];
@@ -163,13 +163,13 @@ fn host_to_sink(m: &mut Mesh, parts: u32, mode: &str) {
 
 /// (b) `bulk_parts_source` → `bulk_parts_sink`, `parts` blocks each end on one channel of `parts`
 /// parts: fill in place, check every byte in place; the counts move and nothing is bad.
-fn source_to_sink(m: &mut Mesh, parts: u32, placement: &str, mode: &str) {
+fn source_to_sink(m: &mut Mesh, parts: u32, placement: &str, mode: &str, variant: &str) {
     let what = format!(
-        "{mode} bulk_parts_source→bulk_parts_sink, {placement} channel, parts {parts}, {parts} blocks each end, {SIZE} B"
+        "{mode} bulk_parts_source{variant}→bulk_parts_sink{variant}, {placement} channel, parts {parts}, {parts} blocks each end, {SIZE} B"
     );
     let data = m.channel(parts, placement);
-    m.load("sink", "bulk_parts_sink", parts, &data);
-    m.load("source", "bulk_parts_source", parts, &data);
+    m.load("sink", &format!("bulk_parts_sink{variant}"), parts, &data);
+    m.load("source", &format!("bulk_parts_source{variant}"), parts, &data);
     let first = m.sink_passed("sink", parts, MESSAGES, false, &what);
     let least = (0..parts).map(|b| split(first[b as usize]).0).min().unwrap();
     // Still moving: another MESSAGES past the slowest block's count (far below the 24-bit wrap).
@@ -192,12 +192,20 @@ fn run(mps: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut m = Mesh::start(mps, dir.path());
     let mode = if mps { "mps" } else { "blink" };
+    // Device channels in blink mode (the parts' target); host channels in MPS mode, as large.rs.
+    let placement = if mps { "host" } else { "device" };
     for parts in PARTS {
         let started = Instant::now();
-        host_to_sink(&mut m, parts, mode);
-        // Device channels in blink mode (the parts' target); host channels in MPS mode, as large.rs.
-        source_to_sink(&mut m, parts, if mps { "host" } else { "device" }, mode);
+        host_to_sink(&mut m, parts, mode, "");
+        source_to_sink(&mut m, parts, placement, mode, "");
         eprintln!("parts {mode} P={parts}: host→sink and source→sink in {:?}", started.elapsed());
+    }
+    // Several messages a call at both ends (mesh_block_reserve_n / publish_n, peek_n / release_n: the
+    // _x_batch4 programs, four a call), every byte checked in place as above.
+    for parts in [4, 32] {
+        host_to_sink(&mut m, parts, mode, "_x_batch4");
+        source_to_sink(&mut m, parts, placement, mode, "_x_batch4");
+        eprintln!("parts {mode} P={parts}, four messages a call: host→sink and source→sink passed");
     }
     let info = m.d.ok(&["info"]);
     assert!(info.contains("\"protocol\": \"bulk\""), "info names the protocol: {info}");

@@ -2429,10 +2429,12 @@ static __device__ void mesh_group_close(mesh_group* g) {
 // 0.66 of one bare copy: the copy path moves every byte twice (into the ring and out of it), four
 // HBM transfers a byte against the bare copy's two, which is HBM's rate. In place
 // (mesh_block_reserve / mesh_block_publish, mesh_block_peek / mesh_block_release) moves it once.
-// A sender that has several messages ready sends them with mesh_block_try_send_n: one barrier and one
-// fence for all of them. Two a call took the 1 MiB copy path from 0.70 to 0.78 of the bare copy over
-// 16 blocks and from 0.59 to 0.66 over 32 (session 13; nothing at 16 MiB), at the price of the first
-// message waiting for the second's copy.
+// A block with several messages at hand moves them in one call ("Several messages a call" below:
+// mesh_block_try_send_n, mesh_block_reserve_n / mesh_block_publish_n, mesh_block_try_recv_n,
+// mesh_block_peek_n / mesh_block_release_n): one barrier and one fence for all of them. Two a call at
+// the copy path's producer took 1 MiB from 0.70 to 0.78 of the bare copy over 16 blocks and from 0.59
+// to 0.66 over 32 (session 13; nothing at 16 MiB), at the price of the first message waiting for the
+// second's copy.
 //
 // Only block 0 calls mesh_begin / mesh_end (and mesh_heartbeat); every block checks the stop itself.
 // A block whose share is refused (B not a power of two, B > P, blockIdx.x >= B, or an LL binding)
@@ -2831,25 +2833,42 @@ static __device__ __forceinline__ void mesh_st_relaxed_gpu_u64(void* p, uint64_t
 }
 #endif  // MESH_HOST_EMULATION
 
-// Messages mesh_block_try_send_n sends in one call at most.
+// Messages mesh_block_reserve_n, mesh_block_try_send_n, mesh_block_peek_n and mesh_block_try_recv_n
+// take in one call at most.
 #define MESH_BULK_SEND_MAX 8u
 
-// Sends this block's share of up to `n` messages at once (n at most MESH_BULK_SEND_MAX; msgs[k] as `msg`
-// of mesh_block_try_send): as many as the ring has room for, msgs[0] first; returns how many (the same
-// on every thread; 0 when the ring is full). The copies are followed by ONE block barrier and, per
-// part, ONE fence and a relaxed flag store per message (a release pattern each), where that many calls
-// of mesh_block_try_send pay as many barriers and release stores: at 32 KiB a block a message (1 MiB
-// over 32 blocks) a release costs about half a message's copy (docs/design/speed.md). The consumer
-// sees each message whole when its flags are, in order; the price is latency, the first message
-// waiting for the last one's copy. The tails are read when fewer than n slots look free.
-// Measured with bulk_parts_source_x_send2.cu (two a call): see "How many blocks" above.
-static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, const void* const* msgs, uint32_t n) {
+// Several messages a call. A block that has several messages' worth of work at hand pays the ring's
+// per-message costs once for all of them: at 32 KiB a block a message (1 MiB over 32 blocks) the
+// producer's barrier and release fence cost about half a message's copy (docs/design/speed.md). In
+// place, a producer reserves up to n slots (mesh_block_reserve_n), writes each share
+// (mesh_block_reserved(ch, k)) and publishes them all (mesh_block_publish_n: one barrier, one fence
+// per part); a consumer learns of up to n whole messages (mesh_block_peek_n: at most one round trip of
+// flag loads), reads each (mesh_block_peeked(ch, k)) and gives them all back (mesh_block_release_n: one
+// barrier). The copy path's mesh_block_try_send_n and mesh_block_try_recv_n are those with a copy
+// each. The consumer sees each message whole when its flags are, in order; the price is latency: the
+// first message waits for the last one's writing.
+
+// Reserves up to n of the next slots (n at most MESH_BULK_SEND_MAX) to write in place at once: how many
+// (the same on every thread; 0 when the ring is full). The tails are read when fewer than n slots look
+// free. Slot k's share (k below the count) is mesh_block_reserved(ch, k); write them with ordinary
+// stores, then mesh_block_publish_n(ch, count).
+static __device__ __forceinline__ uint32_t mesh_block_reserve_n(mesh_bulk* ch, uint32_t n) {
     if (n > MESH_BULK_SEND_MAX) n = MESH_BULK_SEND_MAX;
     const uint32_t room = mesh_bulk_room_for(ch, n);
-    if (room < n) n = room;
-    if (n == 0) return 0;
-    for (uint32_t k = 0; k < n; k++)
-        mesh_block_copy((uint4*)mesh_bulk_slot(ch, ch->mine + k), (const uint4*)msgs[k], ch->msg_size / 16u);
+    return room < n ? room : n;
+}
+
+// This block's share of the k-th slot mesh_block_reserve_n reserved (msg_size bytes, 16-byte aligned).
+static __device__ __forceinline__ void* mesh_block_reserved(const mesh_bulk* ch, uint32_t k) {
+    return (void*)mesh_bulk_slot(ch, ch->mine + k);
+}
+
+// Makes the n slots mesh_block_reserve_n reserved (n at most what it returned) visible to the consumer,
+// in order: ONE block barrier and, per part, ONE fence and a relaxed flag store per message (a release
+// pattern each), where n calls of mesh_block_publish pay n barriers and n release stores; then each
+// part's head.
+static __device__ __forceinline__ void mesh_block_publish_n(mesh_bulk* ch, uint32_t n) {
+    if (n == 0) return;
     __syncthreads();
     const uint32_t r = mesh_block_rank();
     if (r < ch->count) {
@@ -2864,11 +2883,23 @@ static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, 
         mesh_st_volatile_u64(mesh_bulk_head_line(ch, r), ch->mine + n);
     }
     ch->mine += n;
+}
+
+// Sends this block's share of up to `n` messages at once (n at most MESH_BULK_SEND_MAX; msgs[k] as `msg`
+// of mesh_block_try_send): as many as the ring has room for, msgs[0] first; returns how many (the same
+// on every thread; 0 when the ring is full): mesh_block_reserve_n, a copy each, mesh_block_publish_n.
+// Measured with bulk_parts_source_x_send2.cu (two a call): see "How many blocks" above.
+static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, const void* const* msgs, uint32_t n) {
+    n = mesh_block_reserve_n(ch, n);
+    for (uint32_t k = 0; k < n; k++)
+        mesh_block_copy((uint4*)mesh_block_reserved(ch, k), (const uint4*)msgs[k], ch->msg_size / 16u);
+    mesh_block_publish_n(ch, n);
     return n;
 }
 
-// Gives the share mesh_block_peek returned back to the producer: the block synchronises (every
-// thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a
+// Gives the share mesh_block_peek returned back to the producer (mesh_block_release_n: the first n of
+// the messages mesh_block_peek_n found, n at most what it returned, with the one barrier): the block
+// synchronises (every thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a
 // relaxed store, no fence. A release there would wait until every store the block made before it
 // had reached memory, and on the copy path (mesh_block_try_recv) those are the whole share copied
 // out: at 32 KiB a block a message that wait was as long as the copy. The tail orders only the
@@ -2877,10 +2908,30 @@ static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, 
 // Simple protocol posts a receiver's step the same way (`postPeer`: a barrier, then
 // `st_relaxed_sys_global`, with `fence_acq_rel_sys` only on the sender's side). The producer's
 // mesh_bulk_room acquires the tail, and its next stores into the slot come after that.
-static __device__ __forceinline__ void mesh_block_release(mesh_bulk* ch) {
+static __device__ __forceinline__ void mesh_block_release_n(mesh_bulk* ch, uint32_t n) {
     __syncthreads();
-    ch->mine += 1u;
+    ch->mine += n;
     if (mesh_block_rank() < ch->count) mesh_st_relaxed_sys_u64(mesh_bulk_tail_line(ch, mesh_block_rank()), ch->mine);
+}
+static __device__ __forceinline__ void mesh_block_release(mesh_bulk* ch) {
+    mesh_block_release_n(ch, 1u);
+}
+
+// How many of the next messages are whole, up to n (n at most MESH_BULK_SEND_MAX; the same on every
+// thread; 0 when the next is not): the messages mesh_block_peek already knows whole, else its one round
+// trip of flag loads (up to MESH_BULK_LOOKAHEAD messages; so at most that many). Message k's share (k
+// below the count) is mesh_block_peeked(ch, k), read in place; give them back with
+// mesh_block_release_n(ch, count).
+static __device__ __forceinline__ uint32_t mesh_block_peek_n(mesh_bulk* ch, uint32_t n) {
+    if (n == 0 || mesh_block_peek(ch) == 0) return 0;
+    if (n > MESH_BULK_SEND_MAX) n = MESH_BULK_SEND_MAX;
+    const uint64_t known = ch->other - ch->mine;
+    return known < n ? (uint32_t)known : n;
+}
+
+// This block's share of the k-th message mesh_block_peek_n found whole (msg_size bytes, 16-byte aligned).
+static __device__ __forceinline__ const void* mesh_block_peeked(const mesh_bulk* ch, uint32_t k) {
+    return (const void*)mesh_bulk_slot(ch, ch->mine + k);
 }
 
 // Receives this block's share of one message into `out` (msg_size bytes, 16-byte aligned). False on
@@ -2891,6 +2942,18 @@ static __device__ __forceinline__ bool mesh_block_try_recv(mesh_bulk* ch, void* 
     mesh_block_copy((uint4*)out, (const uint4*)msg, ch->msg_size / 16u);
     mesh_block_release(ch);
     return true;
+}
+
+// Receives this block's share of up to n whole messages at once (n at most MESH_BULK_SEND_MAX), message
+// k into outs[k] (as `out` of mesh_block_try_recv): how many (the same on every thread; 0 when the
+// next is not whole): mesh_block_peek_n, a copy each, mesh_block_release_n.
+static __device__ __forceinline__ uint32_t mesh_block_try_recv_n(mesh_bulk* ch, void* const* outs, uint32_t n) {
+    n = mesh_block_peek_n(ch, n);
+    if (n == 0) return 0;
+    for (uint32_t k = 0; k < n; k++)
+        mesh_block_copy((uint4*)outs[k], (const uint4*)mesh_block_peeked(ch, k), ch->msg_size / 16u);
+    mesh_block_release_n(ch, n);
+    return n;
 }
 
 // Sends one message, waiting for room; false on every thread if meshd asked the program to stop first

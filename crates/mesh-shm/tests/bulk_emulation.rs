@@ -1,4 +1,4 @@
-//! mesh.cuh's bulk block calls (open / close, send / reserve / publish, recv / peek / release) run as one block of emulated warps on the CPU (`tests/emu/bulk_blocks.cpp`) against a bulk channel laid out as bulk.rs lays it out.
+//! mesh.cuh's bulk block calls (open / close, send / reserve / publish, recv / peek / release, one or several messages a call) run as one block of emulated warps on the CPU (`tests/emu/bulk_blocks.cpp`) against a bulk channel laid out as bulk.rs lays it out.
 //!
 //! The device code is the shipped header, compiled by the host's C++ compiler with
 //! `MESH_HOST_EMULATION` (warp_emu.h swaps its PTX primitives for atomics): the program checks what
@@ -36,14 +36,29 @@ fn one_block_moves_its_share_of_every_message_once_in_order() {
     }
 }
 
-/// EMU_SEND_N 2 and 3: the copy-path producer sends with mesh_block_try_send_n, that many messages a
-/// barrier and a fence (on rings of 1 slot, one at a time). Only the sending side reaches that code, so
-/// only the producer scenarios run.
+/// EMU_SEND_N 2 and 3: the producer sends that many messages a barrier and a fence (on rings of 1 slot,
+/// one at a time): mesh_block_try_send_n on the copy path, mesh_block_reserve_n / mesh_block_publish_n
+/// in place. Only the sending side reaches that code, so only the producer scenarios run.
 #[test]
 fn the_send_of_several_messages_a_fence_moves_every_byte() {
     for n in [2, 3] {
         if let Some(exe) = built(&format!("bulk_blocks_emu_send{n}"), &[&format!("-DEMU_SEND_N={n}u")]) {
             passes(&exe, "producer", "all passed");
+        }
+    }
+}
+
+/// EMU_RECV_N 2 and 3: the consumer takes up to that many whole messages a call and gives them back with
+/// one barrier: mesh_block_try_recv_n on the copy path, mesh_block_peek_n / mesh_block_release_n in
+/// place; with MESH_BULK_LOOKAHEAD 1 as well, where every call finds one message at most. Only the
+/// receiving side reaches that code, so only the consumer scenarios run.
+#[test]
+fn the_receive_of_several_messages_a_barrier_takes_every_message_once() {
+    for (n, lookahead) in [(2, 8), (3, 8), (3, 1)] {
+        let name = format!("bulk_blocks_emu_recv{n}_ahead{lookahead}");
+        let defines = [format!("-DEMU_RECV_N={n}u"), format!("-DMESH_BULK_LOOKAHEAD={lookahead}u")];
+        if let Some(exe) = built(&name, &defines.iter().map(String::as_str).collect::<Vec<_>>()) {
+            passes(&exe, "consumer", "all passed");
         }
     }
 }

@@ -4,7 +4,8 @@
 # clients) in the service bench beside the one-block service (8 shards), the clients' receive yielding
 # at once when several requests are in flight (PollPause::for_replies); then every GPU test (`./run
 # tests`, the README's service: 8 shards, one block), the service test on the grid (both modes), the
-# grid's MPS rows, service_x_poll1 and the parts bench sending four messages a call, as time allows.
+# grid's MPS rows, service_x_poll1 and the parts bench moving four messages a call at both ends
+# (`_x_batch4`: 1 MiB, 8-32 blocks, both paths), as time allows.
 # Every program's PTX comes back.
 # From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
 # (default 570) is how long its steps may take in all.
@@ -36,13 +37,13 @@ MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_SECS=8 step test-service
 OUT=$L/run-tests step run-tests 380 ./run tests
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-mps 40 bin/mesh-gpu-bench service mps
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_PROGRAMS="service_x_poll1" MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-poll1-blink 40 bin/mesh-gpu-bench service blink
-MESH_PARTS_VARIANT=_x_send4 step bench-parts-send4 60 bin/mesh-gpu-bench parts blink
+MESH_PARTS_VARIANT=_x_batch4 MESH_PARTS_SIZES=1M MESH_PARTS_BLOCKS="8 16 32" step bench-parts-batch4 60 bin/mesh-gpu-bench parts blink
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 grep -hE "^\| [0-9]|longest wait|panicked|FAILED|failed" $L/run-tests.txt | head -20
 grep -hE "^\| [0-9]|longest wait|panicked|test result" $L/test-service-grid4.txt 2>/dev/null | head -8
 tail -12 $L/run-tests.txt
 grep -h "^| blink\|^| mps" $L/bench-service-*.txt
-grep -h "^| 1048576\|^| 16777216" $L/bench-parts-send4.txt 2>/dev/null | grep copy
+grep -h "^| 1048576\|^| 16777216" $L/bench-parts-batch4.txt 2>/dev/null
 mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
 tar -czf $R/logs.tgz -C /tmp logs

@@ -28,8 +28,10 @@
 // the header's lower bound (mesh_bulk_close), the counts and the slot state are checked.
 //
 // Built and run by tests/bulk_emulation.rs: as it is (both ends), with MESH_BULK_LOOKAHEAD 1 (the
-// consumer, the only end it changes) and with EMU_SEND_N 2 and 3 (the producer's copy path sending with
-// mesh_block_try_send_n):
+// consumer, the only end it changes), with EMU_SEND_N 2 and 3 (the producer sending that many messages
+// a call: mesh_block_try_send_n on the copy path, mesh_block_reserve_n / mesh_block_publish_n in
+// place) and with EMU_RECV_N 2 and 3 (the consumer taking that many: mesh_block_try_recv_n,
+// mesh_block_peek_n / mesh_block_release_n; also with MESH_BULK_LOOKAHEAD 1, where each call finds one):
 // `g++ -std=c++20 -O1 -pthread -I ../../include bulk_blocks.cpp && ./a.out [all | producer | consumer]`
 // (exit 0 and "all passed"; a watchdog ends a deadlock after 60 s). `./a.out probe-resume-full` runs a
 // known failure instead (see probe_resume_full).
@@ -58,6 +60,10 @@ alignas(16) uint32_t g_buf[kMaxShareWords];  // one per block, as a __shared__ o
 #define EMU_SEND_N 1u  // messages the copy-path producer sends a call (above 1: mesh_block_try_send_n)
 #endif
 alignas(16) uint32_t g_bufs[EMU_SEND_N][kMaxShareWords];  // its buffers then
+#ifndef EMU_RECV_N
+#define EMU_RECV_N 1u  // messages the consumer takes a call (above 1: mesh_block_peek_n / mesh_block_try_recv_n)
+#endif
+alignas(16) uint32_t g_bufs_in[EMU_RECV_N][kMaxShareWords];  // the copy path's buffers then
 bool g_copy;                                 // the copy path (send / recv) or in place (reserve / peek)
 
 // What the block reports (rank 0 writes them after its last barrier; the driver reads after the join).
@@ -107,6 +113,17 @@ void produce(mesh_ctx ctx) {
             __syncthreads();  // the buffer is whole before any thread copies from it
             if (!mesh_block_send(ctx, &out, g_buf)) break;
         }
+    } else if (EMU_SEND_N > 1) {
+        // mesh_block_reserve_n / mesh_block_publish_n: up to EMU_SEND_N slots filled in place a call.
+        while (!mesh_block_should_stop(ctx)) {
+            const uint32_t got = mesh_block_reserve_n(&out, EMU_SEND_N);
+            for (uint32_t m = 0; m < got; m++) {
+                uint32_t* slot = (uint32_t*)mesh_block_reserved(&out, m);
+                for (uint32_t k = r; k < words; k += n) slot[k] = value(out.mine + m, first + k);
+            }
+            mesh_block_publish_n(&out, got);
+            count += got;
+        }
     } else {
         while (!mesh_block_should_stop(ctx)) {
             uint32_t* slot = (uint32_t*)mesh_block_reserve(&out);
@@ -139,7 +156,32 @@ void consume(mesh_ctx ctx) {
     const uint64_t start = in.mine;
     if (r == 0) g_opened = true;
     uint64_t count = 0;
-    if (g_copy) {
+    if (g_copy && EMU_RECV_N > 1) {
+        // mesh_block_try_recv_n: up to EMU_RECV_N messages a call, each into its own buffer.
+        void* outs[EMU_RECV_N];
+        for (uint32_t m = 0; m < EMU_RECV_N; m++) outs[m] = g_bufs_in[m];
+        while (!mesh_block_should_stop(ctx)) {
+            const uint64_t seq = in.mine;
+            const uint32_t got = mesh_block_try_recv_n(&in, outs, EMU_RECV_N);
+            for (uint32_t m = 0; m < got; m++)
+                for (uint32_t k = r; k < words; k += n)
+                    if (g_bufs_in[m][k] != value(seq + m, first + k)) device_error(seq + m, first + k, g_bufs_in[m][k]);
+            __syncthreads();  // every thread checked the buffers before the next call copies into them
+            count += got;
+        }
+    } else if (EMU_RECV_N > 1) {
+        // mesh_block_peek_n / mesh_block_release_n: up to EMU_RECV_N messages checked in place a call.
+        while (!mesh_block_should_stop(ctx)) {
+            const uint32_t got = mesh_block_peek_n(&in, EMU_RECV_N);
+            for (uint32_t m = 0; m < got; m++) {
+                const uint32_t* msg = (const uint32_t*)mesh_block_peeked(&in, m);
+                for (uint32_t k = r; k < words; k += n)
+                    if (msg[k] != value(in.mine + m, first + k)) device_error(in.mine + m, first + k, msg[k]);
+            }
+            if (got) mesh_block_release_n(&in, got);
+            count += got;
+        }
+    } else if (g_copy) {
         for (; mesh_block_recv(ctx, &in, g_buf); count++) {
             const uint64_t seq = in.mine - 1u;
             for (uint32_t k = r; k < words; k += n)
@@ -742,8 +784,8 @@ int main(int argc, char** argv) {
                 }
     }
     g_finished = true;
-    std::printf("%u scenarios (MESH_BULK_LOOKAHEAD %u, EMU_SEND_N %u)\n", ran, (unsigned)MESH_BULK_LOOKAHEAD,
-                (unsigned)EMU_SEND_N);
+    std::printf("%u scenarios (MESH_BULK_LOOKAHEAD %u, EMU_SEND_N %u, EMU_RECV_N %u)\n", ran,
+                (unsigned)MESH_BULK_LOOKAHEAD, (unsigned)EMU_SEND_N, (unsigned)EMU_RECV_N);
     if (failures) {
         std::fprintf(stderr, "%d failures\n", failures);
         return 1;

@@ -173,7 +173,7 @@ fn rows(p: &mut Parts, size: u32, capacity: u32) {
     // they touch as much memory as the measured ring (at 16 MiB, 64 MiB: more than the H200's L2).
     let from = p.channel(size, (capacity / 2).max(1), p.placement, Protocol::Bulk, 1);
     let to = p.channel(size, (capacity / 2).max(1), p.placement, Protocol::Bulk, 1);
-    for blocks in BLOCKS {
+    for blocks in bench_blocks() {
         for fixed in [true, false] {
             let (plain, baseline) = if fixed {
                 (p.copy_rate(size, blocks, &from, &to), "plain copy")
@@ -187,7 +187,29 @@ fn rows(p: &mut Parts, size: u32, capacity: u32) {
     }
 }
 
-/// `mesh-gpu-bench parts MODE`.
+/// The B of every row: MESH_PARTS_BLOCKS (say "16 32", for a short device call) else BLOCKS.
+fn bench_blocks() -> Vec<u32> {
+    std::env::var("MESH_PARTS_BLOCKS").map_or_else(
+        |_| BLOCKS.to_vec(),
+        |v| {
+            v.split_whitespace()
+                .map(|b| {
+                    b.parse()
+                        .ok()
+                        .filter(|b| BLOCKS.contains(b))
+                        .unwrap_or_else(|| panic!("MESH_PARTS_BLOCKS={v:?}: {b:?} is not one of {BLOCKS:?}"))
+                })
+                .collect()
+        },
+    )
+}
+
+/// Whether MESH_PARTS_SIZES (say "1M", for a short device call; "1M 16M" when unset) names `label`.
+fn bench_size(label: &str) -> bool {
+    std::env::var("MESH_PARTS_SIZES").map_or(true, |v| v.split_whitespace().any(|s| s == label))
+}
+
+/// `mesh-gpu-bench parts MODE` (MESH_PARTS_VARIANT, MESH_PARTS_BLOCKS and MESH_PARTS_SIZES narrow it).
 pub fn parts_benches(mps: bool) {
     let mode = if mps { "mps" } else { "blink" };
     let placement = if mps { Placement::Host } else { Placement::Device };
@@ -195,6 +217,9 @@ pub fn parts_benches(mps: bool) {
     println!(
         "Bulk channels of P parts, {mode} mode, {placement} channels: B = P blocks of {BLOCK} threads each end on ONE channel, each path beside the same work without the ring, with the same blocks, in {placement} memory, GB/s of payload:"
     );
+    if let Ok(variant) = std::env::var("MESH_PARTS_VARIANT") {
+        println!("(programs: bulk_parts_source{variant} and bulk_parts_sink{variant})");
+    }
     println!();
     println!("(copy: the source copies its shares of one buffer into the ring and the sink copies them out,");
     println!("unchecked: two copies per message, beside copy_blocks (one copy, B blocks); fill+check: the");
@@ -204,11 +229,15 @@ pub fn parts_benches(mps: bool) {
     println!("| size | blocks | path | channel GB/s | baseline | baseline GB/s | ratio |");
     println!("|-----:|-------:|------|-------------:|----------|--------------:|------:|");
     // 1 MiB: 12 channels of 8 MiB, 2 of 2 MiB and 12 knobs (host channels in MPS mode) in 256 MiB.
-    let mut p = Parts { b: Bench::open_sized(mps, 256 << 20), next: 0, placement };
-    rows(&mut p, SIZE, CAPACITY);
-    p.b.shutdown();
+    if bench_size("1M") {
+        let mut p = Parts { b: Bench::open_sized(mps, 256 << 20), next: 0, placement };
+        rows(&mut p, SIZE, CAPACITY);
+        p.b.shutdown();
+    }
     // 16 MiB in a mailbox of its own: 12 channels of 64 MiB and 2 of 32 MiB fit in 1.25 GiB.
-    let mut p = Parts { b: Bench::open_sized(mps, 1280 << 20), next: 0, placement };
-    rows(&mut p, BIG, BIG_CAPACITY);
-    p.b.shutdown();
+    if bench_size("16M") {
+        let mut p = Parts { b: Bench::open_sized(mps, 1280 << 20), next: 0, placement };
+        rows(&mut p, BIG, BIG_CAPACITY);
+        p.b.shutdown();
+    }
 }
