@@ -1,4 +1,4 @@
-//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu, echo_poll.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
+//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu, echo_poll.cu, echo_x_stagger.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
 //!
 //! The device code is the shipped header and the shipped programs, compiled by the host's C++
 //! compiler with `MESH_HOST_EMULATION` (warp_emu.h swaps its PTX primitives for atomics): channels of
@@ -66,6 +66,16 @@ fn the_one_thread_echo_returns_every_message_once_in_order_across_a_relaunch() {
 #[test]
 fn the_poll_stream_echo_returns_every_message_once_in_order_across_a_relaunch() {
     if let Some(exe) = built("echo_poll.cu", &["-DEMU_POLL=1"]) {
+        passes(&exe);
+    }
+}
+
+/// echo_x_stagger.cu (issue 24 item 1, a benchmark variant): one warp with two polls of the input ring
+/// in flight, each used only for the position it loaded (a mutation that takes a poll of a position
+/// already taken as the next message fails here). Messages up to 1 KiB, what the variant serves.
+#[test]
+fn the_staggered_poll_echo_returns_every_message_once_in_order_across_a_relaunch() {
+    if let Some(exe) = built("echo_x_stagger.cu", &["-DEMU_MAX_MSG=1024u"]) {
         passes(&exe);
     }
 }

@@ -407,7 +407,11 @@ int main() {
         std::fprintf(stderr, "WATCHDOG (%s, %s): no end after 120 s, a hang\n", PROGRAM, scenario);
         std::_Exit(3);
     }).detach();
+#ifdef EMU_MAX_MSG
+    const uint32_t max_msg = EMU_MAX_MSG;  // a program serving smaller messages only (echo_x_stagger.cu: 1 KiB)
+#else
     const uint32_t max_msg = kOneThread ? 256u : 4096u;  // echo.cu's buffer holds 256 bytes
+#endif
     uint64_t in_flight = 0;
     for (uint32_t msg : {8u, 64u, 256u, 1024u, 4096u}) {
         if (msg > max_msg) continue;

@@ -196,29 +196,68 @@ const TURNS: usize = 5;
 const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
-/// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) beside its
-/// two raw limits, the relaxed mapped word (`raw_pingpong`) and the one-warp LL probe (`raw_ll`), measured
-/// in turns: TURNS turns, in each of them for each size the raw word, the header's loop and the probe,
-/// TURN_ROUNDS round trips each, one after the other. A drift of the machine within the run (session 12's
-/// raw word moved 10% between the start and the end of `rt`) then falls on every path alike. Printed:
-/// the medians and p99s over every turn's round trips, their ratios, and the range of the ratio of
-/// each turn's own medians.
+/// A path `rt-ab` measures: the raw word, the one-warp LL probe, or an echo program (up to `max` bytes).
+enum Path {
+    Word,
+    Ll,
+    Echo { program: String, max: u32 },
+}
+
+impl Path {
+    fn serves(&self, size: u32) -> bool {
+        match self {
+            Path::Echo { max, .. } => size <= *max,
+            _ => true,
+        }
+    }
+
+    fn times(&self, b: &mut Bench, size: u32) -> Vec<Duration> {
+        match self {
+            Path::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
+            Path::Ll => raw_ll_times(b, size, TURN_ROUNDS, TURN_WARMUP),
+            Path::Echo { program, .. } => echo_times(b, program, size, TURN_ROUNDS, TURN_WARMUP),
+        }
+    }
+}
+
+/// The echo programs `rt-ab` puts beside the header's loop: MESH_RT_AB_VARIANTS, space-separated
+/// `PROGRAM` or `PROGRAM:MAX_BYTES` (a variant serving messages up to MAX_BYTES, e.g.
+/// `echo_x_stagger:1024`).
+fn rt_ab_variants() -> Vec<Path> {
+    let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
+    spec.split_whitespace()
+        .map(|v| {
+            let (program, max) = v.split_once(':').map_or((v, 4096), |(p, m)| {
+                (p, m.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_VARIANTS: {v:?}: {m:?} is not a byte count")))
+            });
+            Path::Echo { program: program.to_string(), max }
+        })
+        .collect()
+}
+
+/// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) and the
+/// echo variants MESH_RT_AB_VARIANTS names beside their two raw limits, the relaxed mapped word
+/// (`raw_pingpong`) and the one-warp LL probe (`raw_ll`), measured in turns: TURNS turns, in each of
+/// them for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
+/// machine within the run (session 12's raw word moved 10% between the start and the end of `rt`) then
+/// falls on every path alike. Printed for each echo: the medians and p99s over every turn's round
+/// trips, their ratios, and the range of the ratio of each turn's own medians.
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
-    // [size][path] -> every turn's samples; [size][path][turn] -> that turn's median.
-    let mut pooled: Vec<[Vec<Duration>; 3]> = SIZES.iter().map(|_| Default::default()).collect();
-    let mut turn_medians: Vec<[Vec<f64>; 3]> = SIZES.iter().map(|_| Default::default()).collect();
+    let mut paths = vec![Path::Word, Path::Ll, Path::Echo { program: "echo_header".into(), max: 4096 }];
+    paths.extend(rt_ab_variants());
+    // [size][path]: every turn's samples, and each turn's median.
+    let mut pooled: Vec<Vec<Vec<Duration>>> =
+        SIZES.iter().map(|_| paths.iter().map(|_| Vec::new()).collect()).collect();
+    let mut turn_medians: Vec<Vec<Vec<f64>>> =
+        SIZES.iter().map(|_| paths.iter().map(|_| Vec::new()).collect()).collect();
     for _ in 0..TURNS {
         for (s, &size) in SIZES.iter().enumerate() {
-            let runs = [
-                raw_times(&mut b, TURN_ROUNDS, TURN_WARMUP),
-                echo_times(&mut b, "echo_header", size, TURN_ROUNDS, TURN_WARMUP),
-                raw_ll_times(&mut b, size, TURN_ROUNDS, TURN_WARMUP),
-            ];
-            for (path, times) in runs.into_iter().enumerate() {
-                turn_medians[s][path].push(stats(times.clone()).0);
-                pooled[s][path].extend(times);
+            for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(size)) {
+                let times = path.times(&mut b, size);
+                turn_medians[s][k].push(stats(times.clone()).0);
+                pooled[s][k].extend(times);
             }
         }
     }
@@ -230,30 +269,41 @@ pub fn host_round_trips_interleaved(mps: bool) {
     println!("ratio [lo, hi]: of the medians over all turns, [lowest, highest] of each turn's own medians.");
     println!();
     println!(
-        "| mode | size | echo_header | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] |"
+        "| mode | size | echo | median / p99 | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] |"
     );
     println!(
-        "|------|-----:|------------:|---------:|--------------------:|---------------------:|------------------:|"
+        "|------|-----:|------|-------------:|---------:|--------------------:|---------------------:|------------------:|"
     );
     let range = |num: &[f64], den: &[f64]| {
         let r: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
         (r.iter().copied().fold(f64::INFINITY, f64::min), r.iter().copied().fold(0.0, f64::max))
     };
     for (s, size) in SIZES.iter().enumerate() {
-        let [word, header, ll] = std::mem::take(&mut pooled[s]).map(stats);
-        let (w_lo, w_hi) = range(&turn_medians[s][1], &turn_medians[s][0]);
-        let (l_lo, l_hi) = range(&turn_medians[s][1], &turn_medians[s][2]);
-        println!(
-            "| {mode} | {size} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} [{w_lo:.2}, {w_hi:.2}] | {:.2} / {:.2} | {:.2} [{l_lo:.2}, {l_hi:.2}] |",
-            header.0,
-            header.1,
-            word.0,
-            word.1,
-            header.0 / word.0,
-            ll.0,
-            ll.1,
-            header.0 / ll.0,
-        );
+        let all: Vec<(f64, f64)> = std::mem::take(&mut pooled[s])
+            .into_iter()
+            .map(|t| if t.is_empty() { (f64::NAN, f64::NAN) } else { stats(t) })
+            .collect();
+        let (word, ll) = (all[0], all[1]);
+        for (k, path) in paths.iter().enumerate().skip(2) {
+            let Path::Echo { program, .. } = path else { continue };
+            if !path.serves(*size) {
+                continue;
+            }
+            let echo = all[k];
+            let (w_lo, w_hi) = range(&turn_medians[s][k], &turn_medians[s][0]);
+            let (l_lo, l_hi) = range(&turn_medians[s][k], &turn_medians[s][1]);
+            println!(
+                "| {mode} | {size} | {program} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} [{w_lo:.2}, {w_hi:.2}] | {:.2} / {:.2} | {:.2} [{l_lo:.2}, {l_hi:.2}] |",
+                echo.0,
+                echo.1,
+                word.0,
+                word.1,
+                echo.0 / word.0,
+                ll.0,
+                ll.1,
+                echo.0 / ll.0,
+            );
+        }
     }
     b.shutdown();
 }
