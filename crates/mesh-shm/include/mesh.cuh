@@ -2899,9 +2899,9 @@ static __device__ __forceinline__ uint32_t mesh_block_try_send_n(mesh_bulk* ch, 
 
 // Gives the share mesh_block_peek returned back to the producer (mesh_block_release_n: the first n of
 // the messages mesh_block_peek_n found, n at most what it returned, with the one barrier): the block
-// synchronises (every thread's reads of it are done) and each of threads 0 .. count - 1 publishes one part's tail with a
-// relaxed store, no fence. A release there would wait until every store the block made before it
-// had reached memory, and on the copy path (mesh_block_try_recv) those are the whole share copied
+// synchronises (every thread's reads of it are done) and each of threads 0 .. count - 1 publishes
+// one part's tail with a relaxed store, no fence. A release there would wait until every store the
+// block made before it had reached memory, and on the copy path (mesh_block_try_recv) those are the whole share copied
 // out: at 32 KiB a block a message that wait was as long as the copy. The tail orders only the
 // block's *loads* of the slot, and those are done: each copied value was stored (a store cannot
 // issue before the load it stores has returned), and in-place readers are past the barrier. NCCL's

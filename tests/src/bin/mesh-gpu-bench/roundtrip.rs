@@ -40,7 +40,8 @@ impl Bench {
     /// A backend over a mailbox of `size` bytes.
     pub fn open_sized(mps: bool, size: u64) -> Self {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let config = mesh_shm::MailboxConfig { size, slots: 64, channels: 256 };
+        // 1024 channels: `rt-ab` makes a fresh one or two for each of some 150 measurements.
+        let config = mesh_shm::MailboxConfig { size, slots: 64, channels: 1024 };
         let mb = Mailbox::create(dir.path().join("mb"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
         let backend: Box<dyn Backend> = if mps {
             let config = mesh_mps::MpsConfig { pool: 3, ..mesh_mps::MpsConfig::default() };
