@@ -2846,7 +2846,16 @@ static __device__ __forceinline__ void mesh_st_relaxed_gpu_u64(void* p, uint64_t
 // flag loads), reads each (mesh_block_peeked(ch, k)) and gives them all back (mesh_block_release_n: one
 // barrier). The copy path's mesh_block_try_send_n and mesh_block_try_recv_n are those with a copy
 // each. The consumer sees each message whole when its flags are, in order; the price is latency: the
-// first message waits for the last one's writing.
+// first message waits for the last one's writing. In place, four at a time (tests/programs/
+// bulk_parts_source.cu and bulk_parts_sink.cu built with PARTS_FILL_N / PARTS_RECV_N 4):
+//
+//     const uint32_t n = mesh_block_reserve_n(&out, 4);          // up to 4 free slots (0: full)
+//     for (uint32_t k = 0; k < n; k++) fill((uint32_t*)mesh_block_reserved(&out, k), out.mine + k);
+//     mesh_block_publish_n(&out, n);                            // one barrier and one fence for the n
+//
+//     const uint32_t m = mesh_block_peek_n(&in, 4);              // up to 4 whole messages (0: none yet)
+//     for (uint32_t k = 0; k < m; k++) use((const uint32_t*)mesh_block_peeked(&in, k), in.mine + k);
+//     if (m != 0) mesh_block_release_n(&in, m);                 // one barrier to give the m back
 
 // Reserves up to n of the next slots (n at most MESH_BULK_SEND_MAX) to write in place at once: how many
 // (the same on every thread; 0 when the ring is full). The tails are read when fewer than n slots look
