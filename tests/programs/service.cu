@@ -13,7 +13,8 @@
 // block's warps, SERVICE_WARPS and the shards) takes shards w, w + W, ... and answers their clients. With
 // one shard, or a block of 32, one warp serves everything. With a grid of G blocks the G x 8 warps share
 // the shards the same way (warp w of block b is part b x 8 + w): `--shards 32 --grid 4` gives each of 32
-// warps one shard, for many clients at once (fewer clients queued behind each warp; emulated over 2-4
+// warps one shard, `--shards 64 --grid 8` each of 64 (64 shards need two serving warps or more: with one,
+// the open refuses them and the program exits with code 1), for many clients at once (fewer clients queued behind each warp; emulated over 2-4
 // blocks, crates/mesh-shm/tests/warp_emulation.rs; not yet run on a GPU: docs/gpu-runs/PENDING.md). Exits with code 1 when a binding is not a fan-in / group or the sizes
 // do not fit.
 // User words, kept across upgrades and relaunches (each launch continues the last one's counts; summed

@@ -41,7 +41,7 @@ pub fn service_shards() -> u32 {
         Ok(s) if !s.trim().is_empty() => s
             .trim()
             .parse()
-            .unwrap_or_else(|e| panic!("MESH_SERVICE_SHARDS={s}: not a whole number ({e}); a power of two, 1 to 32")),
+            .unwrap_or_else(|e| panic!("MESH_SERVICE_SHARDS={s}: not a whole number ({e}); a power of two, 1 to 64")),
         _ => 8,
     }
 }

@@ -172,6 +172,7 @@
 #define MESH_BULK_ALIGN 4096u
 #define MESH_BULK_MAX_PARTS 32u
 #define MESH_BULK_PARTS_SHIFT 16u
+#define MESH_FANIN_MAX_SHARDS 64u
 #define MESH_LINE 128u
 typedef struct {
     uint64_t ring_offset;
@@ -1227,62 +1228,55 @@ typedef struct {
 // each shard's whole requests at its front, shard after shard; mesh_fanin_consume(n) gives back the
 // first n, which are a front of each shard's. Requests keep their order per client (one shard each),
 // and none between clients, as with one ring. Lane s keeps shard s's position, so a sharded fan-in
-// is opened and used by a whole warp (as every call here is anyway). Requests above about 4 KiB
-// (a slot larger than one round trip's loads) are taken one shard per call, turning. The format
-// (mesh-shm's layout.rs, `fanin_shard_offset`): shard 0 is the one-ring format (the binding's ring
-// header and `slots`); shard k >= 1's ring header starts MESH_BULK_ALIGN-aligned at span + (k - 1) x
-// (MESH_BULK_ALIGN + span) from the region that starts the owner table before `slots` (span: the
-// page-rounded bytes of owner table and slots of one ring), its owner table one page after it, its
-// slots after that as in shard 0. The binding's protocol word carries P above MESH_BULK_PARTS_SHIFT.
-#define MESH_FANIN_MAX_SHARDS 32u
+// is opened and used by a whole warp (as every call here is anyway), and one warp's end serves at most
+// MESH_FANIN_WARP_SHARDS (32) shards: a channel of more is served by several warps, each its part of
+// the shards (mesh_fanin_open_part, "Many warps" below), and mesh_fanin_open alone refuses it. Requests
+// above about 4 KiB (a slot larger than one round trip's loads) are taken one shard per call, turning.
+// The format (mesh-shm's layout.rs, `fanin_shard_offset`): shard 0 is the one-ring format (the
+// binding's ring header and `slots`); shard k >= 1's ring header starts MESH_BULK_ALIGN-aligned at
+// span + (k - 1) x (MESH_BULK_ALIGN + span) from the region that starts the owner table before `slots`
+// (span: the page-rounded bytes of owner table and slots of one ring), its owner table one page after
+// it, its slots after that as in shard 0. The binding's protocol word carries P above
+// MESH_BULK_PARTS_SHIFT.
+#define MESH_FANIN_WARP_SHARDS 32u
 
-// Opens binding `b`, which must be a host channel of protocol fanin (mesh-shm points its `slots` at the
-// LL slots, past the owner table the GPU never reads). Otherwise ch.msg_size is 0 and every take finds
-// nothing. Resumes at the published tail (after a crash: at-least-once, as every consumer).
-static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, uint32_t b) {
-    mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0, 0};
-    f.shards = 1u;
+// The shards of binding `b` when it is a fan-in binding these calls can serve (a host channel of
+// protocol fanin, of 1 to MESH_FANIN_MAX_SHARDS shards, a power of two, and a valid size and capacity),
+// else 0.
+static __device__ __forceinline__ uint32_t mesh_fanin_shards_of(const mesh_ctx& c, uint32_t b) {
     if (b >= c.binding_count || b >= MESH_MAX_BINDINGS || c.bindings[b].ring_offset == 0 || c.bindings[b].slots == 0)
-        return f;
+        return 0u;
     const mesh_binding& d = c.bindings[b];
     const uint32_t shards = (d.protocol >> MESH_BULK_PARTS_SHIFT) == 0u ? 1u : d.protocol >> MESH_BULK_PARTS_SHIFT;
     if ((d.protocol & ((1u << MESH_BULK_PARTS_SHIFT) - 1u)) != MESH_PROTOCOL_FANIN || shards > MESH_FANIN_MAX_SHARDS ||
         (shards & (shards - 1u)) != 0u || d.placement != MESH_PLACEMENT_HOST || d.msg_size == 0 || d.msg_size % 8u != 0 ||
         d.capacity == 0 || (d.capacity & (d.capacity - 1u)) != 0)
-        return f;
-    f.ch.ring = mesh_at(c, d.ring_offset);
-    f.ch.slots = (char*)(uintptr_t)d.slots;
-    f.ch.msg_size = d.msg_size;
-    f.ch.mask = d.capacity - 1u;
-    f.stride = 16u + 2u * d.msg_size;
-    // The tail is ours (its one writer): what we read is what we, or the last launch, published.
-    f.ch.mine = f.ch.other = f.ch.published = mesh_ld_volatile_u64(f.ch.ring + MESH_RING_TAIL);
-    if (shards > 1u) {
-        // Lane s finds shard s (see "Shards" above for the format) and reads its tail.
-        const uint32_t s = mesh_lane();
-        const uint64_t align = MESH_BULK_ALIGN;
-        const uint64_t owners = ((uint64_t)8u * d.capacity + align - 1u) / align * align;
-        const uint64_t span = (owners + (uint64_t)f.stride * d.capacity + align - 1u) / align * align;
-        f.shards = shards;
-        if (s == 0u) {
-            f.s_ring = f.ch.ring;
-            f.s_slots = f.ch.slots;
-        } else if (s < shards) {
-            f.s_ring = f.ch.slots - owners + span + (uint64_t)(s - 1u) * (align + span);
-            f.s_slots = f.s_ring + align + owners;
-        }
-        if (s < shards) f.s_mine = f.s_done = f.s_published = mesh_ld_volatile_u64(f.s_ring + MESH_RING_TAIL);
+        return 0u;
+    return shards;
+}
+
+// Shard k's ring header and LL slots in fan-in binding `d` (the format: "Shards" above).
+static __device__ __forceinline__ void mesh_fanin_shard_at(const mesh_ctx& c, const mesh_binding& d, uint32_t k, char** ring,
+                                                           char** slots) {
+    char* const slots0 = (char*)(uintptr_t)d.slots;
+    if (k == 0u) {
+        *ring = mesh_at(c, d.ring_offset);
+        *slots = slots0;
+        return;
     }
-    return f;
+    const uint64_t align = MESH_BULK_ALIGN;
+    const uint64_t owners = ((uint64_t)8u * d.capacity + align - 1u) / align * align;
+    const uint64_t span = (owners + (16u + 2u * (uint64_t)d.msg_size) * d.capacity + align - 1u) / align * align;
+    *ring = slots0 - owners + span + (uint64_t)(k - 1u) * (align + span);
+    *slots = *ring + align + owners;
 }
 
 // Many warps (see "Many warps" below): how many warps of `warps` serve the fan-in at binding `b`, one
 // part each: the largest power of two at most `warps` and at most its shards (1 without shards), so
-// that it divides the shards. The rest of the block's warps have nothing to take.
+// that it divides the shards. The rest of the block's warps have nothing to take. A channel of more
+// than MESH_FANIN_WARP_SHARDS shards needs at least shards / 32 warps (fewer: their ends' msg_size is 0).
 static __device__ __forceinline__ uint32_t mesh_fanin_parts(const mesh_ctx& c, uint32_t b, uint32_t warps) {
-    uint32_t shards = 1u;
-    if (b < c.binding_count && b < MESH_MAX_BINDINGS) shards = c.bindings[b].protocol >> MESH_BULK_PARTS_SHIFT;
-    if (shards == 0u || shards > MESH_FANIN_MAX_SHARDS) shards = 1u;
+    const uint32_t shards = mesh_fanin_shards_of(c, b);
     uint32_t parts = 1u;
     while (parts * 2u <= warps && parts * 2u <= shards) parts *= 2u;
     return parts;
@@ -1292,30 +1286,40 @@ static __device__ __forceinline__ uint32_t mesh_fanin_parts(const mesh_ctx& c, u
 // warp): this warp's end takes from shards part, part + parts, ... alone (shards / parts of them; with
 // one, it is a one-ring end over that shard), hence the requests of the clients whose slot % parts ==
 // part, whose replies and departures mesh_group_open_part(ctx, 1, part, parts) gives the same warp.
-// A part that does not divide the shards evenly gives an end whose msg_size is 0.
+// Binding `b` must be a host channel of protocol fanin (mesh-shm points its `slots` at the LL slots,
+// past the owner table the GPU never reads). Otherwise, or for a part that does not divide the shards
+// evenly or would serve more than MESH_FANIN_WARP_SHARDS of them, the end's ch.msg_size is 0 and every
+// take finds nothing. Each of its shards resumes at its published tail (after a crash: at-least-once,
+// as every consumer): lane i reads shard part + i x parts's, the one writer of that word.
 static __device__ __forceinline__ mesh_fanin mesh_fanin_open_part(const mesh_ctx& c, uint32_t b, uint32_t part, uint32_t parts) {
-    mesh_fanin f = mesh_fanin_open(c, b);  // lane s: shard s
-    if (parts == 1u && part == 0u) return f;
-    if (parts == 0u || (parts & (parts - 1u)) != 0u || part >= parts || f.shards % parts != 0u) {
-        f.ch.msg_size = 0;
+    mesh_fanin f = {{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, false}, 0, 0, 0};
+    f.shards = 1u;
+    const uint32_t shards = mesh_fanin_shards_of(c, b);
+    if (shards == 0u || parts == 0u || (parts & (parts - 1u)) != 0u || part >= parts || shards % parts != 0u ||
+        shards / parts > MESH_FANIN_WARP_SHARDS)
         return f;
+    const mesh_binding& d = c.bindings[b];
+    const uint32_t mine = shards / parts, lane = mesh_lane(), full = 0xffffffffu;
+    f.stride = 16u + 2u * d.msg_size;
+    if (lane < mine) {
+        mesh_fanin_shard_at(c, d, part + lane * parts, &f.s_ring, &f.s_slots);
+        f.s_mine = f.s_done = f.s_published = mesh_ld_volatile_u64(f.s_ring + MESH_RING_TAIL);
     }
-    const uint32_t full = 0xffffffffu, src = (part + mesh_lane() * parts) & 31u;  // lane i: shard part + i x parts
-    f.s_ring = (char*)__shfl_sync(full, (unsigned long long)f.s_ring, src);
-    f.s_slots = (char*)__shfl_sync(full, (unsigned long long)f.s_slots, src);
-    f.s_mine = __shfl_sync(full, (unsigned long long)f.s_mine, src);
-    f.s_done = __shfl_sync(full, (unsigned long long)f.s_done, src);
-    f.s_published = __shfl_sync(full, (unsigned long long)f.s_published, src);
-    f.s_hint = __shfl_sync(full, f.s_hint, src);
-    f.shards /= parts;
-    f.start = 0;
-    if (f.shards == 1u) {  // one shard left: the one-ring calls, over it
-        f.ch.ring = (char*)__shfl_sync(full, (unsigned long long)f.s_ring, 0);
-        f.ch.slots = (char*)__shfl_sync(full, (unsigned long long)f.s_slots, 0);
-        f.ch.mine = f.ch.other = __shfl_sync(full, (unsigned long long)f.s_done, 0);
-        f.ch.published = __shfl_sync(full, (unsigned long long)f.s_published, 0);
-    }
+    // `ch` is the one-ring end over this warp's first shard (the only one when mine is 1; with more,
+    // the shard calls keep their positions in the lanes and use `ch` for its size and counters).
+    f.ch.ring = (char*)__shfl_sync(full, (unsigned long long)f.s_ring, 0);
+    f.ch.slots = (char*)__shfl_sync(full, (unsigned long long)f.s_slots, 0);
+    f.ch.mine = f.ch.other = f.ch.published = __shfl_sync(full, (unsigned long long)f.s_published, 0);
+    f.ch.msg_size = d.msg_size;
+    f.ch.mask = d.capacity - 1u;
+    f.shards = mine;
     return f;
+}
+
+// Opens binding `b` for one warp serving every shard (at most MESH_FANIN_WARP_SHARDS of them): the end
+// of mesh_fanin_open_part(c, b, 0, 1).
+static __device__ __forceinline__ mesh_fanin mesh_fanin_open(const mesh_ctx& c, uint32_t b) {
+    return mesh_fanin_open_part(c, b, 0u, 1u);
 }
 
 // Polls the slot at the fan-in's position once (one round trip: each lane loads its pairs of words,
@@ -1505,7 +1509,8 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // mesh_fanin_parts(ctx, 0, G x W); block 0's thread 0 begins and beats, and the block that finishes
 // last (a device-memory counter, atomicAdd after a __threadfence) ends the program, every warp of the
 // grid having closed (tests/programs/service.cu: emulated on the CPU over 2-4 blocks, not yet run on a
-// GPU). Measured on the
+// GPU). `--shards 32 --grid 4 --block 256` gives 32 warps a shard each, `--shards 64 --grid 8` 64 (a
+// warp's end holds 32 shards at most, so 64 shards need two serving warps or more). Measured on the
 // H200 (BENCHMARKS.md, session 12: 8 shards, blink): 8 warps against one, a lone client 0.80 against
 // 0.49 M requests/s, 16 clients 12.5 against 3.3 M/s, 64 clients 5.0 against 2.7 M/s (the host's 16
 // CPUs run the 64 client processes: 16 streaming clients are the faster row).

@@ -49,6 +49,7 @@ pub fn layout_block() -> String {
     def("MESH_BULK_ALIGN", SLOTS_ALIGN);
     def("MESH_BULK_MAX_PARTS", MAX_BULK_PARTS.into());
     def("MESH_BULK_PARTS_SHIFT", BINDING_PARTS_SHIFT.into());
+    def("MESH_FANIN_MAX_SHARDS", MAX_FANIN_SHARDS.into());
     def("MESH_LINE", LINE);
     let mut out = format!("{BEGIN} (from mesh-shm's layout.rs; MESH_BLESS=1 cargo test -p mesh-shm rewrites it)\n{s}");
     out.push_str(

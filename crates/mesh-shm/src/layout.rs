@@ -403,9 +403,11 @@ pub const fn fanin_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     fanin_slots_offset(capacity) + crate::fanin::FanInMemory::slot_bytes(msg_size, capacity as u64)
 }
 
-/// Most shards a fan-in channel may have ([`ChannelDesc::parts`] of a channel of [`PROTOCOL_FANIN`]):
-/// one per lane of a warp, the most the GPU's one-round-trip peek is designed to cover.
-pub const MAX_FANIN_SHARDS: u32 = 32;
+/// Most shards a fan-in channel may have ([`ChannelDesc::parts`] of a channel of [`PROTOCOL_FANIN`]).
+/// One warp's end on the GPU serves at most 32 of them (a lane each: the most its one-round-trip peek
+/// covers), so a channel of 64 is served by two warps or more, each its part of the shards (mesh.cuh,
+/// `mesh_fanin_open_part`): a warp for every client or two of a 64- to 128-client service.
+pub const MAX_FANIN_SHARDS: u32 = 64;
 
 // A fan-in channel of P shards (P a power of two, 1 to `MAX_FANIN_SHARDS`, in the descriptor's
 // `parts` word) is P whole fan-in rings sharing nothing, each of `capacity` slots of `msg_size`:

@@ -344,11 +344,11 @@ fn a_fanin_channel_of_one_shard_is_layout_4_byte_for_byte_and_shards_are_checked
     assert_eq!((b.protocol, b.slots), (PROTOCOL_FANIN, 0x7000_0000 + one.slots_offset + 4096));
     assert_eq!(one.shards(), Some(1));
 
-    // The shard count: a power of two from 1 to 32 for protocol fanin; refused, naming the value and
+    // The shard count: a power of two from 1 to 64 for protocol fanin; refused, naming the value and
     // the rule, otherwise; still refused above 1 for ll and index.
-    for bad in [0, 3, 12, 64] {
+    for bad in [0, 3, 12, 128] {
         let e = mb.create_fanin("f", 8, 4, bad).unwrap_err().to_string();
-        assert!(e.contains(&format!("{bad} shards: a fan-in channel has a power of two from 1 to 32")), "{e}");
+        assert!(e.contains(&format!("{bad} shards: a fan-in channel has a power of two from 1 to 64")), "{e}");
         assert!(e.contains("\"f\""), "{e}");
     }
     for protocol in [Protocol::Ll, Protocol::Index] {
@@ -413,7 +413,37 @@ fn a_fanin_channel_of_one_shard_is_layout_4_byte_for_byte_and_shards_are_checked
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.write_all_at(&3u32.to_le_bytes(), mb.geometry().channels_offset + u64::from(four.index) * 128 + 92).unwrap();
     let e = Mailbox::open(&path).unwrap_err().to_string();
-    assert!(e.contains("3 shards: a fan-in channel has a power of two from 1 to 32"), "{e}");
+    assert!(e.contains("3 shards: a fan-in channel has a power of two from 1 to 64"), "{e}");
+}
+
+/// 64 shards, the most (one GPU warp serves 32, so 64 are two warps' parts): 64 senders, one a shard,
+/// each request taken once from its sender's shard, every shard's position moved by one.
+#[test]
+fn sixty_four_shards_take_a_request_from_each_sender_in_its_own_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = Mailbox::create(dir.path().join("mb"), &small(), CreateMode::Exclusive).unwrap();
+    let info = mb.create_fanin("wide", 16, 4, 64).unwrap();
+    assert_eq!((info.parts, info.shards()), (64, Some(64)));
+    mb.slot(0).unwrap().bind("p", &[info.index]).unwrap();
+    assert_eq!(mb.mesh_ctx(0, 0).unwrap().bindings[0].protocol, PROTOCOL_FANIN | 64 << BINDING_PARTS_SHIFT);
+    for slot in 0..64u16 {
+        let id = ClientId::new(slot, 1);
+        let mut tx = FanInSender::open(&mb, "wide", id).unwrap();
+        assert_eq!(tx.shard(), u32::from(slot));
+        assert!(tx.try_send(&request(u64::from(slot), id)).unwrap());
+    }
+    let mut rx = FanInReceiver::claim(&mb, "wide").unwrap();
+    assert_eq!(rx.shards(), 64);
+    let mut buf = [0u8; 16];
+    let mut seen = vec![false; 64];
+    while let Some((shard, taken)) = rx.try_take_shard(&mut buf).unwrap() {
+        let Taken::Message { sender } = taken else { panic!("shard {shard}: a skip, none was cut off") };
+        let (k, id, _) = parse_request(&buf);
+        assert_eq!((id, u32::from(ClientId(sender).slot()), k), (sender, shard, u64::from(shard)), "shard {shard}");
+        assert!(!std::mem::replace(&mut seen[shard as usize], true), "shard {shard} taken twice");
+    }
+    assert!(seen.iter().all(|s| *s), "every shard's request taken: {seen:?}");
+    assert_eq!(rx.positions(), vec![1; 64]);
 }
 
 #[test]

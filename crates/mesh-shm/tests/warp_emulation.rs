@@ -34,7 +34,8 @@ fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharde
 /// header's batched loop, every warp serving its part of the shards: mesh_fanin_open_part and
 /// mesh_group_open_part) and `service_x_serial.cu` (one request at a time: the take and the commit),
 /// each over one ring and over shards, with one warp, a warp a shard, several shards a warp (32 over 8),
-/// more warps than shards and a count of warps that is not a power of two (the extra ones idle).
+/// more warps than shards, a count of warps that is not a power of two (the extra ones idle), and 64
+/// shards (more than one warp's lanes hold) over 2 and 8 warps.
 /// Arguments: shards, warps.
 #[test]
 fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
@@ -52,9 +53,11 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
                 ["8", "8"],
                 ["2", "8"],
                 ["32", "8"],
+                ["64", "2"],
+                ["64", "8"],
             ],
         ),
-        ("service_x_serial.cu", &[["1", "1"], ["8", "1"], ["8", "8"], ["4", "2"]]),
+        ("service_x_serial.cu", &[["1", "1"], ["8", "1"], ["8", "8"], ["4", "2"], ["64", "2"]]),
     ];
     for (program, runs) in cases {
         let name = format!("service_emu_{}", program.trim_end_matches(".cu"));
@@ -91,7 +94,10 @@ fn the_batched_service_answers_requests_of_1_and_4_kib() {
 #[test]
 fn the_service_programs_over_a_grid_answer_every_client_and_count_every_block() {
     let cases: [(&str, &[[&str; 3]]); 2] = [
-        ("service.cu", &[["8", "2", "2"], ["8", "2", "4"], ["32", "2", "4"], ["2", "1", "4"], ["8", "1", "3"]]),
+        (
+            "service.cu",
+            &[["8", "2", "2"], ["8", "2", "4"], ["32", "2", "4"], ["2", "1", "4"], ["8", "1", "3"], ["64", "2", "4"]],
+        ),
         ("service_x_serial.cu", &[["8", "2", "2"], ["4", "1", "4"]]),
     ];
     for (program, runs) in cases {

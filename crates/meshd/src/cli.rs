@@ -212,14 +212,16 @@ pub enum ServiceCommand {
         #[arg(long, default_value_t = 16)]
         reply_capacity: u32,
         /// Fan-in shards, for more clients sending in parallel: the request channel becomes this
-        /// many rings (a power of two, 1 to 32) of --capacity requests each, every one with its own
+        /// many rings (a power of two, 1 to 64) of --capacity requests each, every one with its own
         /// cursor, and each client sends into shard (its slot mod shards), so clients contend only
         /// with the clients of their shard (one shared cursor caps the senders near 3 M requests/s),
         /// and a program can serve the shards with a warp each (tests/programs/service.cu loaded with
         /// --block 256 serves 8: 12.6 M requests/s from 16 clients on the H200, against 3.3 M for one
         /// warp). A client's requests stay in order; across clients of different shards there is no order.
-        /// 1: one ring, the format of every service before shards. A program built before shards
-        /// refuses the binding (an unknown protocol), as does a meshd or client built before them.
+        /// 1: one ring, the format of every service before shards. One GPU warp serves at most 32
+        /// shards, so 64 need two serving warps or more. A program built before shards refuses the
+        /// binding (an unknown protocol), as does a meshd or client built before them (and one built
+        /// before 64 were allowed refuses more than 32).
         #[arg(long, default_value_t = 1)]
         shards: u32,
     },

@@ -114,7 +114,7 @@ pub enum Request {
         /// Replies each client's reply ring holds (a power of two; absent: 16).
         #[serde(default = "default_reply_capacity")]
         reply_capacity: u32,
-        /// Shards of the fan-in channel (a power of two, 1 to 32; absent: 1, the one ring every
+        /// Shards of the fan-in channel (a power of two, 1 to 64; absent: 1, the one ring every
         /// service had before shards, so older clients' requests read unchanged): that many rings of
         /// `capacity` requests each, every one with its own cursor, a client sending into shard
         /// `slot % shards`.

@@ -514,7 +514,7 @@ class Client:
         ``reply_capacity`` replies of ``reply_size`` bytes (None: ``msg_size``). Clients attach with
         :meth:`service` (or :meth:`Service.connect`); a program binds the two channels.
 
-        ``shards`` (a power of two from 1 to 32; ``meshd service create --shards``) is for more
+        ``shards`` (a power of two from 1 to 64; ``meshd service create --shards``) is for more
         clients sending in parallel: the fan-in channel becomes that many rings of ``capacity``
         requests each, every one with its own reservation cursor, and a client sends into shard
         (its slot mod ``shards``), so clients contend only with the clients of their shard (one

@@ -234,7 +234,48 @@ void run(uint32_t shards, uint32_t capacity, uint32_t msg_size, uint32_t rounds)
 
 }  // namespace
 
+// A channel of 64 shards, more than one warp's 32 lanes hold: mesh_fanin_open refuses it (msg_size 0)
+// and so does a part that would serve more than 32; mesh_fanin_parts gives 1, 2, 64 and 64 for 1, 2,
+// 64 and 128 warps; warp p of 2 (mesh_fanin_open_part) serves shards p, p + 2, ..., lane i shard
+// p + 2i at that shard's published tail; warp 5 of 64 is a one-ring end over shard 5.
+void check_64_shards() {
+    g = {64, 4, 64};
+    memory.assign(g.bytes() / 8, 0);
+    base = (char*)memory.data();
+    for (uint32_t k = 0; k < 64; k++) *(uint64_t*)(base + g.shard_header(k) + MESH_RING_TAIL) = 1000u + k;
+    mesh_ctx ctx;
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.base = (uint64_t)(uintptr_t)base;
+    ctx.binding_count = 1;
+    ctx.bindings[0] = {kRingOffset, (uint64_t)(uintptr_t)(base + g.shard_slots(0)), 64, 4, MESH_PLACEMENT_HOST,
+                       MESH_PROTOCOL_FANIN | 64u << MESH_BULK_PARTS_SHIFT};
+    emu_run_block(1, [&](uint32_t) {
+        const uint32_t lane = mesh_lane();
+        const mesh_fanin whole = mesh_fanin_open(ctx, 0);
+        const mesh_fanin too_many = mesh_fanin_open_part(ctx, 0, 0, 1);
+        if (lane == 0 && (whole.ch.msg_size != 0 || too_many.ch.msg_size != 0))
+            fail("one warp opened 64 shards", whole.ch.msg_size, too_many.ch.msg_size);
+        const uint32_t parts[4] = {mesh_fanin_parts(ctx, 0, 1), mesh_fanin_parts(ctx, 0, 2), mesh_fanin_parts(ctx, 0, 64),
+                                   mesh_fanin_parts(ctx, 0, 128)};
+        if (lane == 0 && (parts[0] != 1 || parts[1] != 2 || parts[2] != 64 || parts[3] != 64))
+            fail("mesh_fanin_parts for 1 / 2 warps, 64 / 128 warps", parts[1], parts[3]);
+        for (uint32_t p = 0; p < 2; p++) {
+            const mesh_fanin f = mesh_fanin_open_part(ctx, 0, p, 2);
+            const uint32_t k = p + 2u * lane;
+            if (lane == 0 && (f.ch.msg_size != 64 || f.shards != 32)) fail("part of 2: size, shards", f.ch.msg_size, f.shards);
+            if (f.s_ring != base + g.shard_header(k) || f.s_slots != base + g.shard_slots(k)) fail("part of 2: a lane's shard", p, k);
+            if (f.s_mine != 1000u + k || f.s_published != 1000u + k) fail("part of 2: a lane's tail", k, (long)f.s_mine);
+        }
+        const mesh_fanin one = mesh_fanin_open_part(ctx, 0, 5, 64);
+        if (lane == 0 && (one.shards != 1 || one.ch.ring != base + g.shard_header(5) ||
+                          one.ch.slots != base + g.shard_slots(5) || one.ch.mine != 1005u || one.ch.other != 1005u))
+            fail("part 5 of 64: the one-ring end over shard 5", one.shards, (long)one.ch.mine);
+    });
+    std::printf("64 shards: one warp refused, parts of 2 and 64 checked\n");
+}
+
 int main() {
+    check_64_shards();
     run(1, 16, 64, 120);
     run(2, 16, 64, 120);
     run(8, 8, 64, 150);

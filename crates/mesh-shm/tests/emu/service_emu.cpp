@@ -192,10 +192,10 @@ int main(int argc, char** argv) {
 #else
     const uint32_t most_blocks = 1;
 #endif
-    if (SHARDS == 0 || SHARDS > 32 || (SHARDS & (SHARDS - 1)) != 0 || WARPS == 0 || BLOCKS == 0 ||
+    if (SHARDS == 0 || SHARDS > MESH_FANIN_MAX_SHARDS || (SHARDS & (SHARDS - 1)) != 0 || WARPS == 0 || BLOCKS == 0 ||
         BLOCKS > most_blocks || WARPS * BLOCKS > EMU_MAX_WARPS) {
-        std::fprintf(stderr, "usage: %s SHARDS WARPS [BLOCKS] (shards a power of two to 32, warps x blocks 1 to %u, blocks to %u)\n",
-                     argv[0], EMU_MAX_WARPS, most_blocks);
+        std::fprintf(stderr, "usage: %s SHARDS WARPS [BLOCKS] (shards a power of two to %u, warps x blocks 1 to %u, blocks to %u)\n",
+                     argv[0], MESH_FANIN_MAX_SHARDS, EMU_MAX_WARPS, most_blocks);
         return 2;
     }
     memory.assign(bytes() / 8, 0);
