@@ -198,25 +198,25 @@ const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
 /// A path `rt-ab` measures: the raw word, the one-warp LL probe, or an echo program (up to `max` bytes).
-enum Path {
+enum TurnPath {
     Word,
     Ll,
     Echo { program: String, max: u32 },
 }
 
-impl Path {
+impl TurnPath {
     fn serves(&self, size: u32) -> bool {
         match self {
-            Path::Echo { max, .. } => size <= *max,
+            TurnPath::Echo { max, .. } => size <= *max,
             _ => true,
         }
     }
 
     fn times(&self, b: &mut Bench, size: u32) -> Vec<Duration> {
         match self {
-            Path::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
-            Path::Ll => raw_ll_times(b, size, TURN_ROUNDS, TURN_WARMUP),
-            Path::Echo { program, .. } => echo_times(b, program, size, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Ll => raw_ll_times(b, size, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Echo { program, .. } => echo_times(b, program, size, TURN_ROUNDS, TURN_WARMUP),
         }
     }
 }
@@ -224,14 +224,14 @@ impl Path {
 /// The echo programs `rt-ab` puts beside the header's loop: MESH_RT_AB_VARIANTS, space-separated
 /// `PROGRAM` or `PROGRAM:MAX_BYTES` (a variant serving messages up to MAX_BYTES, e.g.
 /// `echo_x_stagger:1024`).
-fn rt_ab_variants() -> Vec<Path> {
+fn rt_ab_variants() -> Vec<TurnPath> {
     let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
     spec.split_whitespace()
         .map(|v| {
             let (program, max) = v.split_once(':').map_or((v, 4096), |(p, m)| {
                 (p, m.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_VARIANTS: {v:?}: {m:?} is not a byte count")))
             });
-            Path::Echo { program: program.to_string(), max }
+            TurnPath::Echo { program: program.to_string(), max }
         })
         .collect()
 }
@@ -246,7 +246,7 @@ fn rt_ab_variants() -> Vec<Path> {
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
-    let mut paths = vec![Path::Word, Path::Ll, Path::Echo { program: "echo_header".into(), max: 4096 }];
+    let mut paths = vec![TurnPath::Word, TurnPath::Ll, TurnPath::Echo { program: "echo_header".into(), max: 4096 }];
     paths.extend(rt_ab_variants());
     // [size][path]: every turn's samples, and each turn's median.
     let mut pooled: Vec<Vec<Vec<Duration>>> =
@@ -286,7 +286,7 @@ pub fn host_round_trips_interleaved(mps: bool) {
             .collect();
         let (word, ll) = (all[0], all[1]);
         for (k, path) in paths.iter().enumerate().skip(2) {
-            let Path::Echo { program, .. } = path else { continue };
+            let TurnPath::Echo { program, .. } = path else { continue };
             if !path.serves(*size) {
                 continue;
             }
