@@ -9,24 +9,8 @@
 # Every program's PTX comes back.
 # From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
 # (default 570) is how long its steps may take in all.
-set -u
-R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
-cd .gpu/next
-export MESH_GPU_TESTS=1 MESH_PROGRAMS=$PWD/programs PATH=$PWD/bin:$PATH
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-S=$L/summary.txt
-T0=$(date +%s)
-step() {  # step NAME LIMIT CMD...: runs CMD under timeout, its output to $L/NAME.txt, a line in the summary
-    local name=$1 limit=$2; shift 2
-    local t=$(date +%s) left=$(( ${CALL_SECS:-570} - $(date +%s) + T0 ))
-    if [ $left -lt 15 ]; then echo "$name skipped: no time left" >> $S; return; fi
-    [ $limit -gt $left ] && limit=$left
-    timeout -k 5 "$limit" "$@" > "$L/$name.txt" 2>&1
-    local rc=$?
-    echo "$name rc=$rc $(( $(date +%s) - t ))s $(grep -E '^test result' "$L/$name.txt" | tail -1)" >> $S
-    pkill -x meshd; sleep 1
-}
-ls programs/*.cu | xargs -P 16 -I{} bash -c 'cu={}; n=$(basename ${cu%.cu}); timeout 120 '"$NVCC"' -ptx -arch=compute_80 -I programs -o ${cu%.cu}.ptx $cu > '"$L"'/nvcc/$n.log 2>&1 || echo "nvcc FAILED $n" >> '"$S"
+source docs/gpu-runs/next/lib.sh
+compile_programs
 for p in service service_x_serial; do
     echo "$p: $(timeout 60 $NVCC -cubin -arch=sm_90 -Xptxas -v -I programs -o /tmp/$p.cubin programs/$p.cu 2>&1 | grep -o 'Used.*')" >> $S
 done
@@ -42,5 +26,4 @@ echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 grep -hE "longest wait|panicked|test result" $L/test-service-grid*.txt 2>/dev/null | head -12
 grep -h "^| blink\|^| mps" $L/bench-service-*.txt
-mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
-tar -czf $R/logs.tgz -C /tmp logs
+finish

@@ -11,24 +11,8 @@
 # cuMemcpyAsync; the round trip in turns in MPS mode, as time allows.
 # From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
 # (default 570) is how long its steps may take in all.
-set -u
-R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
-cd .gpu/next
-export MESH_GPU_TESTS=1 MESH_PROGRAMS=$PWD/programs PATH=$PWD/bin:$PATH
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-S=$L/summary.txt
-T0=$(date +%s)
-step() {  # step NAME LIMIT CMD...: runs CMD under timeout, its output to $L/NAME.txt, a line in the summary
-    local name=$1 limit=$2; shift 2
-    local t=$(date +%s) left=$(( ${CALL_SECS:-570} - $(date +%s) + T0 ))
-    if [ $left -lt 15 ]; then echo "$name skipped: no time left" >> $S; return; fi
-    [ $limit -gt $left ] && limit=$left
-    timeout -k 5 "$limit" "$@" > "$L/$name.txt" 2>&1
-    local rc=$?
-    echo "$name rc=$rc $(( $(date +%s) - t ))s $(grep -E '^test result' "$L/$name.txt" | tail -1)" >> $S
-    pkill -x meshd; sleep 1
-}
-ls programs/*.cu | xargs -P 16 -I{} bash -c 'cu={}; n=$(basename ${cu%.cu}); timeout 120 '"$NVCC"' -ptx -arch=compute_80 -I programs -o ${cu%.cu}.ptx $cu > '"$L"'/nvcc/$n.log 2>&1 || echo "nvcc FAILED $n" >> '"$S"
+source docs/gpu-runs/next/lib.sh
+compile_programs
 for p in ll_roundtrip g2g; do
     timeout 90 $NVCC -O3 -arch=sm_90 -std=c++17 -o bin/$p probes/$p.cu > $L/nvcc/probe-$p.log 2>&1 || echo "nvcc FAILED probe $p" >> $S
 done
@@ -47,5 +31,4 @@ grep -h "^| 1048576\|^| 16777216" $L/bench-parts-batch4.txt 2>/dev/null
 grep -h "^| blink" $L/g2g-blink.txt 2>/dev/null
 head -12 $L/g2g-probe.txt
 grep -h "^| [0-9]" $L/bulk-blink.txt 2>/dev/null | head -24
-mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
-tar -czf $R/logs.tgz -C /tmp logs
+finish

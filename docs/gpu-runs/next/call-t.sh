@@ -4,14 +4,8 @@
 # modes, pytest), after calls G and H. Every program's PTX comes back.
 # From the repository root, after `cargo xtask gpu-test --bundle .gpu/next` (carry `.gpu`); CALL_SECS
 # (default 570) is how long its steps may take in all.
-set -u
-R=${OUT:-/tmp/out}; L=/tmp/logs; rm -rf $L; mkdir -p $L/nvcc $R
-cd .gpu/next
-export MESH_GPU_TESTS=1 MESH_PROGRAMS=$PWD/programs PATH=$PWD/bin:$PATH
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-S=$L/summary.txt
-T0=$(date +%s)
-ls programs/*.cu | xargs -P 16 -I{} bash -c 'cu={}; n=$(basename ${cu%.cu}); timeout 120 '"$NVCC"' -ptx -arch=compute_80 -I programs -o ${cu%.cu}.ptx $cu > '"$L"'/nvcc/$n.log 2>&1 || echo "nvcc FAILED $n" >> '"$S"
+source docs/gpu-runs/next/lib.sh
+compile_programs
 echo "nvcc $(( $(date +%s) - T0 ))s" >> $S
 left=$(( ${CALL_SECS:-570} - $(date +%s) + T0 ))
 OUT=$L/run-tests timeout -k 5 $left ./run tests > $L/run-tests.txt 2>&1
@@ -20,5 +14,4 @@ pkill -x meshd
 cat $S
 grep -hE "longest wait|panicked|FAILED|failed" $L/run-tests.txt | head -20
 tail -30 $L/run-tests.txt
-mkdir -p $L/ptx && cp programs/*.ptx $L/ptx/
-tar -czf $R/logs.tgz -C /tmp logs
+finish
