@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use crate::stress;
 
 /// The fan-in shards the GPU test and the benchmark create the service with: `MESH_SERVICE_SHARDS`
-/// (a power of two from 1 to 32, passed as `meshd service create --shards`; absent: 8, the README's
+/// (a power of two from 1 to 64, passed as `meshd service create --shards`; absent: 8, the README's
 /// service, a shard for each of service.cu's 8 warps). A value that is not a number stops the run
 /// naming it; meshd refuses one that breaks the rule, naming the rule.
 pub fn service_shards() -> u32 {
