@@ -59,9 +59,15 @@ impl Bench {
         name
     }
 
-    /// Loads `program` bound to `channels`; returns its slot.
+    /// Loads `program` bound to `channels` (one block of one warp); returns its slot.
     fn load(&mut self, name: &str, program_name: &str, channels: &[&str]) -> u32 {
+        self.load_block(name, program_name, channels, 32)
+    }
+
+    /// [`Bench::load`] with a block of `threads`.
+    fn load_block(&mut self, name: &str, program_name: &str, channels: &[&str], threads: u32) -> u32 {
         let mut spec = ProgramSpec::new(name, program(program_name)).unwrap();
+        spec.shape.block = [threads, 1, 1];
         spec.bindings = channels.iter().map(|c| c.to_string()).collect();
         self.backend.load(spec).unwrap_or_else(|e| panic!("load {program_name}: {e}")).slot
     }
@@ -114,13 +120,15 @@ fn raw_times(b: &mut Bench, rounds: usize, warmup: usize) -> Vec<Duration> {
 
 /// Round trips of `size`-byte messages through echo program `echo`, every reply checked.
 fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
-    stats(echo_times(b, echo, size, ROUNDS, WARMUP))
+    stats(echo_times(b, (echo, 32), size, ROUNDS, WARMUP))
 }
 
-/// `rounds` round trips (after `warmup`) of `size`-byte messages through `echo`, each timed and checked.
-fn echo_times(b: &mut Bench, echo: &str, size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
+/// `rounds` round trips (after `warmup`) of `size`-byte messages through `echo` (a program and its
+/// block's threads), each timed and checked.
+fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
+    let (echo, threads) = echo;
     let (to, from) = (b.channel(size, 64, Placement::Host), b.channel(size, 64, Placement::Host));
-    b.load("echo", echo, &[&to, &from]);
+    b.load_block("echo", echo, &[&to, &from], threads);
     let mut tx = Producer::claim(&b.mb, &to).unwrap();
     let mut rx = Consumer::claim(&b.mb, &from).unwrap();
     let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
@@ -197,11 +205,12 @@ const TURNS: usize = 5;
 const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
-/// A path `rt-ab` measures: the raw word, the one-warp LL probe, or an echo program (up to `max` bytes).
+/// A path `rt-ab` measures: the raw word, the one-warp LL probe, or an echo program (up to `max` bytes,
+/// in a block of `threads`).
 enum TurnPath {
     Word,
     Ll,
-    Echo { program: String, max: u32 },
+    Echo { program: String, max: u32, threads: u32 },
 }
 
 impl TurnPath {
@@ -216,22 +225,30 @@ impl TurnPath {
         match self {
             TurnPath::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
             TurnPath::Ll => raw_ll_times(b, size, TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::Echo { program, .. } => echo_times(b, program, size, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Echo { program, threads, .. } => {
+                echo_times(b, (program, *threads), size, TURN_ROUNDS, TURN_WARMUP)
+            }
         }
     }
 }
 
 /// The echo programs `rt-ab` puts beside the header's loop: MESH_RT_AB_VARIANTS, space-separated
-/// `PROGRAM` or `PROGRAM:MAX_BYTES` (a variant serving messages up to MAX_BYTES, e.g.
-/// `echo_x_stagger:1024`).
+/// `PROGRAM[:MAX_BYTES[:THREADS]]` (a program serving messages up to MAX_BYTES, default 4096, in a
+/// block of THREADS, default 32), e.g. `echo_x_stagger:1024` or `echo_poll:4096:96` (the header's poll
+/// stream: MESH_POLLERS + 1 warps).
 fn rt_ab_variants() -> Vec<TurnPath> {
     let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
     spec.split_whitespace()
         .map(|v| {
-            let (program, max) = v.split_once(':').map_or((v, 4096), |(p, m)| {
-                (p, m.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_VARIANTS: {v:?}: {m:?} is not a byte count")))
-            });
-            TurnPath::Echo { program: program.to_string(), max }
+            let mut fields = v.split(':');
+            let program = fields.next().unwrap_or_default().to_string();
+            let mut number = |default: u32, what: &str| {
+                fields.next().map_or(default, |n| {
+                    n.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_VARIANTS: {v:?}: {n:?} is not {what}"))
+                })
+            };
+            let (max, threads) = (number(4096, "a byte count"), number(32, "a thread count"));
+            TurnPath::Echo { program, max, threads }
         })
         .collect()
 }
@@ -246,7 +263,8 @@ fn rt_ab_variants() -> Vec<TurnPath> {
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
-    let mut paths = vec![TurnPath::Word, TurnPath::Ll, TurnPath::Echo { program: "echo_header".into(), max: 4096 }];
+    let mut paths =
+        vec![TurnPath::Word, TurnPath::Ll, TurnPath::Echo { program: "echo_header".into(), max: 4096, threads: 32 }];
     paths.extend(rt_ab_variants());
     // [size][path]: every turn's samples, and each turn's median.
     let mut pooled: Vec<Vec<Vec<Duration>>> =
