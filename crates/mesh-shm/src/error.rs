@@ -40,7 +40,8 @@ pub enum ShmError {
         /// The path `create` would have taken.
         path: PathBuf,
     },
-    /// `open` found a header field or table that does not describe a valid mailbox.
+    /// `open` found a header field or table that does not describe a valid mailbox (or, for the arena
+    /// cursor, a channel's creation found it overwritten since).
     #[error("mailbox {path}: invalid {field}: {reason}")]
     Invalid {
         /// The mailbox file's path.

@@ -645,6 +645,7 @@ impl Mailbox {
                 }
             })?;
         let used = self.header().arena_used.load(Ordering::Acquire);
+        self.check_arena_cursor(used)?;
         let ring_offset = g.arena_offset + used;
         let need = ring_bytes_at(ring_offset, msg_size, capacity, placement.code(), protocol.code(), parts)
             .ok_or_else(|| cfg(format!("protocol {protocol}: no size in this build's layout")))?;
@@ -693,6 +694,39 @@ impl Mailbox {
         self.header().arena_used.store(used + need, Ordering::Release);
         d.state.store(1, Ordering::Release);
         self.channel_info_at(index).map(|i| i.expect("just published"))
+    }
+
+    /// Checks the arena cursor `used` (read under the table lock) before a ring is carved out at it.
+    /// It is a word of the shared header that any process mapping the file can overwrite after
+    /// `open` checked it, and a wrong one would make the new ring overlap a live channel's (zeroing
+    /// its indices and claims), sit off a line (every later `open` refuses the whole file), or lie
+    /// past the arena, outside the mapping. So it must lie in the arena, on a line, and at or past
+    /// the end of every live ring (channels are never deleted: the used part of the arena ends where
+    /// the furthest ring ends). A descriptor that fails validation is that channel's fault and not
+    /// counted, as in `find_channel`.
+    fn check_arena_cursor(&self, used: u64) -> Result<()> {
+        let g = self.inner.geometry;
+        let furthest = (0..g.channel_count)
+            .filter_map(|i| self.live_desc(i).ok().flatten())
+            .map(|d| d.end)
+            .fold(g.arena_offset, u64::max);
+        let reason = if used > g.arena_size {
+            format!("{used} bytes used of a {}-byte arena", g.arena_size)
+        } else if !used.is_multiple_of(LINE) {
+            format!("{used} bytes used, not a multiple of the {LINE}-byte line every ring starts on")
+        } else if g.arena_offset + used < furthest {
+            format!(
+                "{used} bytes used, but the live rings reach byte {} of the arena: a ring made there would overlap them",
+                furthest - g.arena_offset
+            )
+        } else {
+            return Ok(());
+        };
+        Err(ShmError::Invalid {
+            path: self.inner.path.clone(),
+            field: "arena cursor",
+            reason: format!("{reason} (another process overwrote the header?); no channel can be created in this file"),
+        })
     }
 
     fn find_channel(&self, name: &str) -> Result<Option<u32>> {

@@ -107,6 +107,53 @@ fn corrupted_ring_indices_are_an_error_not_a_read() {
     assert!(matches!(err, ShmError::Corrupt { head: 1000, tail: 0, capacity: 16, .. }), "{err}");
 }
 
+#[test]
+fn an_overwritten_arena_cursor_refuses_the_creation_and_leaves_the_channels_as_they_were() {
+    use core::mem::offset_of;
+    let (dir, good) = pristine();
+    let mb = open_bytes(&dir, &good).unwrap();
+    let one = mb.channel("one").unwrap();
+    let two = mb.channel("two").unwrap();
+    drop(mb);
+    let file_cursor = two.ring_offset + mesh_shm::layout::ring_bytes_at(two.ring_offset, 64, 8, 0, 0, 1).unwrap();
+    // Written after the open (as another process of the uid can), past the check `open` makes: behind
+    // the live rings (a new ring would overlap them), off a line (every later open would refuse the
+    // file), past the arena (outside the mapping), and where the sum would overflow.
+    for (cursor, words) in [
+        (0, "overlap"),
+        (one.ring_offset - mesh_shm::layout::HEADER_SIZE, "overlap"),
+        (8, "multiple of the 128-byte line"),
+        (1 << 30, "bytes used of a"),
+        (u64::MAX, "bytes used of a"),
+    ] {
+        let mb = open_bytes(&dir, &good).unwrap();
+        let arena = mb.geometry().arena_offset;
+        assert!(file_cursor > arena);
+        let mut p = Producer::claim(&mb, "one").unwrap();
+        p.try_send(&[7; 8]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(mb.path()).unwrap();
+        file.write_all_at(&cursor.to_le_bytes(), offset_of!(Header, arena_used) as u64).unwrap();
+        let err = mb.create_channel("three", 8, 16).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, ShmError::Invalid { field: "arena cursor", .. }) && text.contains(words),
+            "cursor {cursor}: {text}"
+        );
+        assert!(matches!(mb.channel("three"), Err(ShmError::NoSuchChannel(_))), "cursor {cursor}: nothing made");
+        // Channel one's ring is untouched: the message sent before is still there.
+        let mut c = mesh_shm::Consumer::claim(&mb, "one").unwrap();
+        let mut buf = [0u8; 8];
+        c.recv(&mut buf, std::time::Duration::from_secs(1)).unwrap();
+        assert_eq!(buf, [7; 8], "cursor {cursor}");
+        drop((p, c, mb));
+        // With its cursor put back where the rings end, the file opens (no damaged descriptor was
+        // published) and a creation works again.
+        file.write_all_at(&(file_cursor - arena).to_le_bytes(), offset_of!(Header, arena_used) as u64).unwrap();
+        let mb = Mailbox::open(dir.path().join("damaged")).unwrap_or_else(|e| panic!("cursor {cursor}: {e}"));
+        mb.create_channel("three", 8, 16).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
