@@ -499,6 +499,53 @@ fn absurd_recorded_channels_and_shapes_are_refused_one_by_one_and_the_rest_resto
     server.stop_handle().stop();
 }
 
+/// A recorded restart count at its largest (`carried`), in a record a replacement of the process
+/// left (`pending`): the relaunch counts one more restart, and a recovery in place adds the
+/// backend's own to it. Both stay at the largest count instead of overflowing (a panic on the
+/// backend thread in a debug build: the start, or meshd, ended; a wrap to 0 in a release build).
+#[test]
+fn a_recorded_restart_count_at_its_largest_saturates_at_the_relaunch_and_the_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    copy_template(&state);
+    let mut v = template_json();
+    v["carried"] = json!({ "a": { "restarts": u32::MAX } });
+    v["recovery"] = json!({ "pending": { "from_pid": 0, "error": "E", "noticed_mono_ns": 0, "exec_mono_ns": 0 } });
+    std::fs::write(state.join("state.json"), serde_json::to_vec(&v).unwrap()).unwrap();
+    let run = tempfile::tempdir().unwrap();
+    let mailbox = small_mailbox(run.path());
+    let knob = meshd::stand_in::RecoveryKnob::new();
+    let backend_knob = knob.clone();
+    let started = bounded("restore", move || {
+        let mut store = StateStore::open(&state).unwrap();
+        store.restore_channels(&mailbox).unwrap();
+        Server::start(mailbox, Limits::default(), Some(store), move |mb| {
+            ListBackend::new(mb).with_knob(backend_knob).opened()
+        })
+    });
+    let server = started.unwrap_or_else(|e| panic!("the start failed: {e:#}"));
+    assert_eq!(server.relaunched, (3, 0));
+    let socket = run.path().join("sock");
+    let listener = bind_socket(&socket).unwrap();
+    let stop = server.stop_handle();
+    let h = std::thread::spawn(move || server.run(listener).unwrap());
+    let restarts = |socket: &Path| {
+        let r = ask(socket, &Request::Ps, &[]);
+        r.programs.unwrap_or_default().into_iter().find(|p| p.name == "a").map(|p| p.restarts)
+    };
+    assert_eq!(restarts(&socket), Some(u32::MAX), "the relaunch's restart saturates");
+    // A recovery in place: the backend counts a restart of its own, which `ps` adds to the carried count.
+    knob.fault("a test fault", Duration::ZERO);
+    let seen = common::wait_until(Duration::from_secs(10), || {
+        let r = ask(&socket, &Request::Ps, &[]);
+        r.programs.unwrap_or_default().iter().any(|p| p.generation > 1)
+    });
+    assert!(seen, "the recovery relaunched the programs");
+    assert_eq!(restarts(&socket), Some(u32::MAX), "the recovery's restart saturates");
+    stop.stop();
+    assert!(within(WATCHDOG, move || h.join().is_ok()) == Some(true), "the backend thread ended well");
+}
+
 // ---- `meshd run` given hostile paths ----
 
 fn has_gpu_driver() -> bool {

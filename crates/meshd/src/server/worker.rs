@@ -203,7 +203,8 @@ impl BackendWorker<'_> {
                 r.kind = *kind;
             }
             if let Some(c) = carried(&r.name) {
-                r.restarts += c.restarts;
+                // Saturating: the carried count comes from `state.json`, which may hold any u32.
+                r.restarts = r.restarts.saturating_add(c.restarts);
                 if r.last_fault.is_none() {
                     r.last_fault = c.last_fault.clone();
                     r.last_fault_unix_ms = c.last_fault_unix_ms;
@@ -276,7 +277,9 @@ impl BackendWorker<'_> {
         self.record(|s| {
             s.update(|st| {
                 for n in names {
-                    st.carried.entry(n.clone()).or_default().restarts += 1;
+                    // Saturating, as `statuses` adds it: the count was read from `state.json`.
+                    let c = st.carried.entry(n.clone()).or_default();
+                    c.restarts = c.restarts.saturating_add(1);
                 }
             })
         });
