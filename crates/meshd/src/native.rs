@@ -141,6 +141,11 @@ pub enum NativeError {
     Replaced(String),
 }
 
+/// Whether `name` is one a worker may have: what `ps` can show in its column.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 48 && !name.contains(char::is_whitespace)
+}
+
 /// Where a native worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -349,7 +354,7 @@ impl Natives {
     /// Checks `spec`'s name, command and channels; returns the program to run.
     fn check<'s>(&self, spec: &'s NativeSpec) -> Result<&'s String, NativeError> {
         let name = &spec.name;
-        if name.is_empty() || name.len() > 48 || name.contains(char::is_whitespace) {
+        if !valid_name(name) {
             return Err(NativeError::BadName(name.clone()));
         }
         let Some(program) = spec.command.first() else {
@@ -450,6 +455,11 @@ impl Natives {
     /// Ends worker `name` (SIGTERM, SIGKILL after the grace period) and forgets it; returns its last
     /// row, whose state says how it ended.
     pub fn stop(&self, name: &str) -> Result<NativeRow, NativeError> {
+        // A name no worker can have says why (an empty one otherwise read "no native worker  (…
+        // `meshd unload `)").
+        if !valid_name(name) {
+            return Err(NativeError::BadName(name.to_string()));
+        }
         let child = {
             let mut table = self.table.lock();
             let Some(e) = table.get_mut(name) else {

@@ -108,6 +108,19 @@ fn spawn_tells_the_worker_its_mailbox_and_channels_and_stop_ends_it() {
 }
 
 #[test]
+fn a_stop_of_a_name_no_worker_can_have_says_why() {
+    let d = Running::start();
+    for name in [String::new(), "x".repeat(49), "a b".into(), "\n".into()] {
+        let r = ask(&d.socket, &Request::Stop { name: name.clone() }, &[]);
+        let err = r.error.unwrap_or_default();
+        assert!(
+            !r.ok && err.contains(&format!("native worker name {name:?}")) && err.contains("1 to 48 characters"),
+            "{name:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_worker_that_never_says_ready_is_killed_and_refused() {
     let d = Running::start();
     let pid_file = d.dir.path().join("pid");
