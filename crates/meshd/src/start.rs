@@ -43,10 +43,11 @@ pub enum StartError {
         reason: String,
     },
     /// The file is no valid mailbox.
-    #[error("{source}; start with --fresh to replace it with an empty mailbox, or give another --shm")]
+    #[error("{error}; start with --fresh to replace it with an empty mailbox, or give another --shm")]
     Invalid {
-        /// What `Mailbox::open` said.
-        source: ShmError,
+        /// What `Mailbox::open` said: in the message, and not a source as well (a field named
+        /// `source` is one, and `{:#}` then printed the reason twice).
+        error: ShmError,
     },
     /// Anything else (a system call on the lock or the mailbox failed).
     #[error(transparent)]
@@ -176,10 +177,10 @@ pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result
             ShmError::Invalid { path, field: "layout version", reason } => {
                 StartError::OtherVersion { path, reason: format!("layout version {reason}") }
             }
-            source => StartError::Invalid { source },
+            error => StartError::Invalid { error },
         })?;
         let previous_pid = mailbox.owner_pid();
-        let channels = mailbox.channels().map_err(|source| StartError::Invalid { source })?.len();
+        let channels = mailbox.channels().map_err(|error| StartError::Invalid { error })?.len();
         let replay = replay_windows(&mailbox);
         let released_slots = release_slots(&mailbox);
         (mailbox, Origin::TakenOver { previous_pid, channels, released_slots, replay })

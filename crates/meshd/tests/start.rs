@@ -182,6 +182,22 @@ fn fresh_starts_empty_and_another_layout_version_is_refused_naming_fresh() {
 }
 
 #[test]
+fn a_file_that_is_no_mailbox_is_refused_saying_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = dir.path().join("mb");
+    for (bytes, why) in [(vec![0u8; 1 << 20], "invalid magic"), (Vec::new(), "invalid file size")] {
+        std::fs::write(&mailbox, &bytes).unwrap();
+        let err = claim_mailbox(&mailbox, &config(), false).unwrap_err();
+        assert!(matches!(err, StartError::Invalid { .. }), "{err}");
+        // As `meshd run` prints it: the whole chain.
+        let msg = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(msg.matches(why).count(), 1, "the reason once: {msg}");
+        assert!(msg.contains("--fresh") && msg.contains(&mailbox.display().to_string()), "{msg}");
+        assert_eq!(std::fs::read(&mailbox).unwrap(), bytes, "the file left as it was");
+    }
+}
+
+#[test]
 fn without_a_gpu_a_taken_over_mailbox_is_kept_with_its_messages() {
     if mesh_cuda::Device::get(0).is_ok() {
         eprintln!("SKIPPED without_a_gpu_a_taken_over_mailbox_is_kept_with_its_messages: this machine has a GPU");
