@@ -8,9 +8,7 @@
 # (default 570) is how long its steps may take in all.
 source docs/gpu-runs/next/lib.sh
 compile_programs
-for p in service service_x_serial; do
-    echo "$p: $(timeout 60 $NVCC -cubin -arch=sm_90 -Xptxas -v -I programs -o /tmp/$p.cubin programs/$p.cu 2>&1 | grep -o 'Used.*')" >> $S
-done
+ptxas_usage service service_x_serial
 echo "nvcc $(( $(date +%s) - T0 ))s" >> $S
 MESH_SERVICE_SHARDS=32 MESH_SERVICE_GRID=4 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid4-blink 60 bin/mesh-gpu-bench service blink
 MESH_SERVICE_SHARDS=64 MESH_SERVICE_GRID=8 MESH_SERVICE_CLIENTS="1 8 64" step bench-service-grid8-blink 60 bin/mesh-gpu-bench service blink
