@@ -484,11 +484,8 @@ impl Mailbox {
     fn validate_tables(&self) -> Result<()> {
         let invalid = |field, reason| ShmError::Invalid { path: self.inner.path.clone(), field, reason };
         let used = self.header().arena_used.load(Ordering::Acquire);
-        if used > self.inner.geometry.arena_size {
-            return Err(invalid(
-                "arena cursor",
-                format!("{used} bytes used of a {}-byte arena", self.inner.geometry.arena_size),
-            ));
+        if let Some(reason) = self.cursor_past_arena(used) {
+            return Err(invalid("arena cursor", reason));
         }
         let mut rings = Vec::new();
         for i in 0..self.inner.geometry.channel_count {
@@ -710,8 +707,8 @@ impl Mailbox {
             .filter_map(|i| self.live_desc(i).ok().flatten())
             .map(|d| d.end)
             .fold(g.arena_offset, u64::max);
-        let reason = if used > g.arena_size {
-            format!("{used} bytes used of a {}-byte arena", g.arena_size)
+        let reason = if let Some(reason) = self.cursor_past_arena(used) {
+            reason
         } else if !used.is_multiple_of(LINE) {
             format!("{used} bytes used, not a multiple of the {LINE}-byte line every ring starts on")
         } else if g.arena_offset + used < furthest {
@@ -727,6 +724,13 @@ impl Mailbox {
             field: "arena cursor",
             reason: format!("{reason} (another process overwrote the header?); no channel can be created in this file"),
         })
+    }
+
+    /// Why the arena cursor `used` cannot be right whatever the rings: it lies past the arena. The
+    /// check `open` makes and every channel's creation makes again.
+    fn cursor_past_arena(&self, used: u64) -> Option<String> {
+        let size = self.inner.geometry.arena_size;
+        (used > size).then(|| format!("{used} bytes used of a {size}-byte arena"))
     }
 
     fn find_channel(&self, name: &str) -> Result<Option<u32>> {
