@@ -109,6 +109,7 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     StateStore::check_dir(&state_dir)?;
     let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
+    start::explain_bus_errors(&shm);
     let lock = claimed.lock;
     if derived_mps_dir && mode == IsolationMode::Mps {
         // Ours alone while we hold this GPU's mailbox lock: what is there a dead meshd left (a stale

@@ -271,6 +271,39 @@ pub fn remove_at_exit(what: &'static str, path: PathBuf, keep: bool) {
     }
 }
 
+/// Makes a bus error (SIGBUS) name its likely cause before meshd dies of it. The mailbox is a
+/// mapped file: when another process shrinks it (`truncate`, a copy over it), meshd's next access past
+/// the new end faults, and the default death prints nothing a user can act on. The action writes a
+/// message prepared here, naming `mailbox`, then ends meshd with SIGBUS as before (exit status,
+/// core dump and all): nothing can be recovered once the shared pages are gone. A registration that
+/// fails is only logged: meshd runs as it would have without the message.
+pub fn explain_bus_errors(mailbox: &Path) {
+    static MESSAGE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let message = format!(
+        "meshd: bus error (SIGBUS): a mapped file was shrunk under meshd, most likely the mailbox {} \
+         (truncated or rewritten by another process while meshd ran: a mailbox must keep its size); \
+         meshd stops, and its programs with it\n",
+        mailbox.display()
+    );
+    if MESSAGE.set(message.into_bytes()).is_err() {
+        return; // registered once per process: the first mailbox's message stands
+    }
+    let action = || {
+        if let Some(m) = MESSAGE.get() {
+            // SAFETY: write(2) on stderr with a buffer that lives for the whole process; it is
+            // async-signal-safe, and a failed write changes nothing (the signal still ends meshd).
+            let _ = unsafe { libc::write(libc::STDERR_FILENO, m.as_ptr().cast(), m.len()) };
+        }
+        // Back to the default action and raised again: meshd ends by SIGBUS, as it would have.
+        let _ = signal_hook::low_level::emulate_default_handler(signal_hook::consts::SIGBUS);
+    };
+    // SAFETY: the action only reads a set-once buffer, calls write(2), and re-raises with the
+    // default action (sigaction, sigprocmask, raise): all async-signal-safe, no allocation, no lock.
+    if let Err(e) = unsafe { signal_hook::low_level::register(signal_hook::consts::SIGBUS, action) } {
+        tracing::warn!("a bus error will end meshd without naming the mailbox: registering its message: {e}");
+    }
+}
+
 // ---- One meshd per GPU: `--device` and the paths derived from the GPU's UUID ----
 
 /// The default socket, mailbox and MPS directory of a meshd (every explicit flag overrides its own).

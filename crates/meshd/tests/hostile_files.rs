@@ -705,3 +705,50 @@ fn hostile_state_dirs_are_refused_naming_the_path_and_leave_nothing_that_trips_t
     std::fs::remove_file(state.join("state.json")).unwrap();
     next_start_reaches_the_gpu(d, &shm, Some(&state));
 }
+
+// ---- A mailbox shrunk under meshd ----
+
+/// The directory whose mailbox (`mb`) the child below maps and shrinks; set only in the child's environment.
+const SHRUNK_CHILD_ENV: &str = "MESHD_TEST_SHRUNK_MAILBOX";
+
+/// Run by the test below in a child process (re-executing this test binary), never on its own:
+/// meshd's SIGBUS message registered, a mailbox created, its file shrunk to nothing by "another
+/// process" (here a second handle), and the mailbox read: the read must fault.
+#[test]
+#[ignore = "a child process of a_mailbox_shrunk_under_meshd_ends_it_by_sigbus_naming_the_mailbox"]
+fn shrunk_mailbox_child() {
+    let dir = PathBuf::from(std::env::var_os(SHRUNK_CHILD_ENV).expect("run by its parent test only"));
+    let mailbox = small_mailbox(&dir);
+    meshd::start::explain_bus_errors(mailbox.path());
+    std::fs::OpenOptions::new().write(true).open(mailbox.path()).unwrap().set_len(0).unwrap();
+    let read = mailbox.channels();
+    // Unreachable when the fault ends the process, as it must.
+    println!("read a shrunk mailbox without a fault: {}", read.is_ok());
+}
+
+#[test]
+fn a_mailbox_shrunk_under_meshd_ends_it_by_sigbus_naming_the_mailbox() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("mb");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "shrunk_mailbox_child", "--nocapture", "--test-threads=1"])
+        .env(SHRUNK_CHILD_ENV, dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "ends by SIGBUS, as before: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("bus error (SIGBUS)")
+            && stderr.contains(&*shm.to_string_lossy())
+            && stderr.contains("must keep its size"),
+        "the message names the signal, the mailbox and why: {stderr}"
+    );
+}
