@@ -16,7 +16,7 @@
 // header's loop, the raw word and the one-warp LL probe. Messages up to 1 KiB (X_PAIRS 16-byte loads per
 // lane, as mesh_warp_try_recv's short path); larger ones, or a binding missing, exit with code 1.
 // Written against mesh.cuh's public calls and documented channel format (mesh_chan_open, mesh_chan_slot,
-// mesh_tag, mesh_ld_volatile_v2, mesh_chan_room, mesh_warp_try_send, mesh_chan_progress,
+// mesh_tag, mesh_ld_volatile_v2, mesh_chan_room, mesh_warp_try_send, mesh_chan_took,
 // mesh_chan_drained, mesh_chan_close). Same contract as the echo: every message taken from binding 0 goes
 // back on binding 1 once, in order, across orderly stops (a poll's values are used only for the position
 // it loaded, and only when every word carries that position's tag: 8-byte single-copy atomicity, as in
@@ -79,8 +79,7 @@ static __device__ __forceinline__ void x_serve(mesh_chan* in, mesh_chan* out, co
     }
     __syncwarp();
     in->mine += 1;
-    in->other = in->mine;
-    mesh_chan_progress(in);
+    mesh_chan_took(in);
     mesh_warp_try_send(out, buf);  // room checked above
     __syncwarp();                  // every lane has read buf before the next take writes it
 }

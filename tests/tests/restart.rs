@@ -88,9 +88,12 @@ fn kill_9_under_traffic(mode: &str, extra: &[&str]) {
     let running_again = t.elapsed();
     assert!(
         progress(before + 20_000),
-        "{mode}: traffic after the restart ({} of {})",
+        "{mode}: traffic after the restart ({} of {}; killed after {before} replies)\ninfo: {}\nps: {}\nlog:\n{}",
         seen.next.load(Ordering::Acquire),
-        before + 20_000
+        before + 20_000,
+        String::from_utf8_lossy(&d.cli(&["info"]).stdout),
+        String::from_utf8_lossy(&d.cli(&["ps"]).stdout),
+        d.log_text()
     );
     stop.store(true, Ordering::Relaxed);
     sender.join().unwrap();

@@ -1,10 +1,14 @@
 //! Soak: 1000 load / upgrade / unload cycles through meshd in each mode, with the daemon's file
 //! descriptors, threads and child processes and the GPU's memory in use recorded before and after.
-//! Counts must come back exactly to where they started, device memory within 1%.
+//! Counts must come back exactly to where they started; device memory may grow by what the driver
+//! itself keeps for the same module loads (measured after, in this process: see
+//! [`driver_retention_mib`]) and 1% more.
 
 use std::process::Command;
 use std::time::Duration;
 
+use mesh_backend::ImageKind;
+use mesh_cuda::{Context, Device, Module};
 use mesh_gpu_tests::harness::Meshd;
 use mesh_gpu_tests::{program, programs_dir, require_gpu, wait_until};
 
@@ -49,6 +53,27 @@ fn gpu_memory_mib() -> Option<u64> {
     let out =
         Command::new("nvidia-smi").args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"]).output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+}
+
+/// The device memory (MiB, as nvidia-smi counts it) that the driver keeps after `loads` loads and
+/// unloads of test program `name`, linked as meshd links it, in a context of this process: what no
+/// loader can give back. The driver of the H100 runs (580.159.04) keeps about 5 KiB of device memory
+/// per module loaded and unloaded when the module has system-scope release stores (`MEMBAR.SYS`, which
+/// `mesh_begin` and `mesh_end` compile to), through cuModuleLoadData and cuLibraryLoadData alike, lazy
+/// or eager (docs/gpu-runs/2026-12-05-s16): a soak of 2,000 loads grows by about 10 MiB however
+/// meshd behaves.
+fn driver_retention_mib(name: &str, loads: usize) -> u64 {
+    let device = Device::get(0).expect("device 0");
+    let ctx = Context::primary(&device).expect("primary context");
+    let linked = mesh_cuda::jit::link(&device.arch(), name, &program(name), ImageKind::Ptx)
+        .unwrap_or_else(|e| panic!("linking {name}: {e}"));
+    let load = || Module::load(&ctx, &linked.cubin).unwrap_or_else(|e| panic!("loading {name}: {e}"));
+    drop(load()); // the first load sizes the context's code pool, as the soak's first cycle does
+    let before = gpu_memory_mib().expect("nvidia-smi");
+    for _ in 0..loads {
+        drop(load());
+    }
+    gpu_memory_mib().expect("nvidia-smi").saturating_sub(before)
 }
 
 fn soak(mode: &str, extra: &[&str]) {
@@ -99,12 +124,19 @@ fn soak(mode: &str, extra: &[&str]) {
         rows.len()
     );
     assert_eq!(after, before, "{mode}: the daemon's descriptors, threads or children did not come back");
-    if let (Some(a), Some(b)) = (mem_before, mem_after) {
-        assert!(b.abs_diff(a) * 100 <= a.max(1), "{mode}: GPU memory {a} -> {b} MiB (more than 1%)");
-    }
     assert_eq!(rows.len(), 1, "only the bystander is left: {rows:?}");
     assert_eq!(rows[0]["state"], "running", "the bystander survived every cycle: {}", rows[0]);
     d.ok(&["shutdown"]);
+    drop(d);
+    if let (Some(a), Some(b)) = (mem_before, mem_after) {
+        // Every cycle loads two modules (the load and the upgrade's new image).
+        let kept = driver_retention_mib("heartbeat", 2 * CYCLES);
+        eprintln!("soak {mode}: the driver alone keeps {kept} MiB for {} raw loads of the same image", 2 * CYCLES);
+        assert!(
+            b.saturating_sub(kept).abs_diff(a) * 100 <= a.max(1),
+            "{mode}: GPU memory {a} -> {b} MiB, more than 1% beyond the {kept} MiB the driver keeps for the same loads"
+        );
+    }
 }
 
 #[test]

@@ -79,7 +79,10 @@
 // After a crash (a GPU fault, meshd killed, an MPS worker killed) delivery is at-least-once: a kernel
 // that never reached mesh_chan_close resumes at the position it last published, so a consumer may
 // receive again up to a ring of messages it had already taken (meshd logs the bound), and a producer
-// resumes after every whole message it wrote. A relay (the echo above) is fine with that: it passes
+// resumes after every whole message it wrote. A receive publishes only what earlier receives took
+// (mesh_chan_took), so handle (send on) each message before you receive again and a crash never loses
+// one; a program that must hold messages across receives takes them with mesh_try_recv_deferred and
+// commits them once handled. A relay (the echo above) is fine with that: it passes
 // the repeats on. A program that sends requests and waits for replies is not, unless it matches
 // replies to requests: a repeated request is answered twice, and the extra reply must be dropped, or
 // the exchange misaligns for good, or stops with both rings full, each end waiting for the other.
@@ -403,6 +406,16 @@ static __device__ __forceinline__ void mesh_chan_progress(mesh_chan* ch) {
     if (v - ch->published >= (batch ? batch : 1u)) mesh_chan_flush(ch);
 }
 
+// A receive that commits as it takes, once it moved ch->mine past what it took: publishes (every half
+// ring) what earlier calls took (ch->other) first, then counts these as consumed. The program handled
+// the earlier ones before it called again, so a launch that dies between this take and the handling
+// resumes before these messages: at-least-once after a crash, never lost. The next call, an empty poll
+// or mesh_chan_close publishes them.
+static __device__ __forceinline__ void mesh_chan_took(mesh_chan* ch) {
+    mesh_chan_progress(ch);
+    ch->other = ch->mine;
+}
+
 // Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b`, or a channel of
 // protocol bulk (open those with mesh_bulk_open), gives msg_size 0, on which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
@@ -537,7 +550,7 @@ static __device__ __forceinline__ void mesh_chan_commit(mesh_chan* ch) {
 // Receives one message into `out` (ch->msg_size bytes, 4-byte aligned). False when the ring is empty.
 static __device__ __forceinline__ bool mesh_try_recv(mesh_chan* ch, void* out) {
     if (!mesh_try_recv_deferred(ch, out)) return false;
-    mesh_chan_commit(ch);
+    mesh_chan_took(ch);
     return true;
 }
 
@@ -647,8 +660,7 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
     __syncwarp();
     ch->hint = got == n ? 2u * n : got;
     ch->mine += got;
-    ch->other = ch->mine;
-    mesh_chan_progress(ch);
+    mesh_chan_took(ch);
     return got;
 }
 
@@ -699,8 +711,7 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     }
     __syncwarp();
     ch->mine += 1;
-    ch->other = ch->mine;
-    mesh_chan_progress(ch);
+    mesh_chan_took(ch);
     return true;
 }
 
@@ -972,18 +983,19 @@ static __device__ void mesh_poll_serve(mesh_poll_box* box) {
     }
 }
 
-// Warp 0: message in->mine, handed over (acquired), into buf; moves in past it (no tail store here).
+// Warp 0: message in->mine, handed over (acquired), into buf; moves in->mine past it (the caller
+// counts it as consumed).
 static __device__ __forceinline__ void mesh_poll_take(mesh_poll_box* box, mesh_chan* in, void* buf) {
     if ((uint32_t*)buf != box->buf) {
         uint32_t* dst = (uint32_t*)buf;
         for (uint32_t idx = mesh_lane(); idx < in->msg_size / 4u; idx += 32u) dst[idx] = box->buf[idx];
     }
     in->mine += 1;
-    in->other = in->mine;
 }
 
-// Warp 0, all lanes: arms message in->mine if it is not armed; true with it in buf (in->mine advanced,
-// the tail published) when a poller handed it over. Call only when the message can be handled.
+// Warp 0, all lanes: arms message in->mine if it is not armed; true with it in buf (in->mine advanced;
+// the tail published up to the messages earlier calls took) when a poller handed it over. Call only
+// when the message can be handled.
 static __device__ __forceinline__ bool mesh_poll_try_recv(mesh_poll_box* box, mesh_chan* in, void* buf) {
     const uint64_t p = in->mine;
     if (box->armed == 0u) {
@@ -1001,7 +1013,7 @@ static __device__ __forceinline__ bool mesh_poll_try_recv(mesh_poll_box* box, me
     __syncwarp();  // every lane read `armed` (and buf, when copied) before lane 0 clears it
     if (mesh_lane() == 0) box->armed = 0u;
     __syncwarp();
-    mesh_chan_progress(in);
+    mesh_chan_took(in);
     return true;
 }
 
@@ -1017,6 +1029,7 @@ static __device__ bool mesh_poll_stop(mesh_poll_box* box, mesh_chan* in, void* b
     if (armed && was == 2u * p + 1u) {  // a poller claimed p first: it is handing p over
         while (mesh_poll_ld_acquire(&box->ready) != p + 1u) {}  // bounded: the claimer holds the whole message
         mesh_poll_take(box, in, buf);
+        in->other = in->mine;  // handled before mesh_chan_close, which publishes it
         got = true;
     }
     __syncwarp();  // every lane read `armed` (and buf) first
@@ -1418,9 +1431,17 @@ static __device__ __forceinline__ void mesh_fanin_commit(mesh_fanin* f) {
 // mesh_fanin_take_deferred and mesh_fanin_commit in one: the slot is given back as it is taken. For a
 // program that can always answer at once (or drops what it cannot answer); one that may hold a request
 // (a reply waiting for room) takes it deferred, as the loop at the top of this section does.
+// As mesh_chan_took: what earlier takes took is published (every half ring) before this one counts
+// as given back, so that a launch dying before it answered this request takes it again (at-least-once).
 static __device__ __forceinline__ int mesh_fanin_take(mesh_fanin* f, void* buf, uint32_t* sender) {
     const int took = mesh_fanin_take_deferred(f, buf, sender);
-    if (took != MESH_TAKE_NONE) mesh_fanin_commit(f);
+    if (took == MESH_TAKE_NONE || f->ch.msg_size == 0) return took;
+    if (f->shards > 1u) {
+        mesh_fanin_shard_publish(f, false);
+        if (mesh_lane() < f->shards) f->s_done = f->s_mine;
+    } else {
+        mesh_chan_took(&f->ch);
+    }
     return took;
 }
 

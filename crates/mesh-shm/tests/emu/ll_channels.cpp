@@ -218,6 +218,24 @@ struct Run {
         return true;
     }
 
+    // At-least-once after a crash: while the program loops, its published tail never passes a message
+    // that was not echoed yet (a launch killed there would resume past a message that got no echo:
+    // lost). The tail is read first and the echoes counted after, so a late echo can only make this
+    // pass. Not while it stops: its lanes (threads here) may still store the last echo when lane 0's
+    // mesh_chan_close publishes the exact tail, and an orderly stop loses nothing anyway.
+    void check_tail_behind_echoes() {
+        const uint64_t tail = ld(kInRing + MESH_RING_TAIL);
+        uint64_t written = read;
+        while (written < tail) {
+            bool whole = true;
+            for (uint32_t i = 0; i < words() && whole; i++)
+                whole = (uint32_t)(emu_ld(out_word(written, i)) >> 32) == mesh_tag(written);
+            if (!whole) break;
+            written++;
+        }
+        if (tail > written) fail("the published tail passed messages not yet echoed (tail, echoed)", (long)tail, (long)written);
+    }
+
     void drive() {
         const uint64_t total = cfg.count;
         bool stopped_first = false;
@@ -230,6 +248,7 @@ struct Run {
                 moved = true;
             }
             while (read < total && try_read()) moved = true;
+            if (!stopped_first || launch.load() == 2) check_tail_behind_echoes();
             if (!stopped_first && read >= total / 2) {
                 st(kSlot + MESH_SLOT_STOP, 1);  // meshd: stop, with messages in flight both ways
                 stopped_first = true;
