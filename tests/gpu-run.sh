@@ -12,7 +12,8 @@
 # chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
 # 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
 # In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise, and
-# the service test runs a second time with one warp serving its 8 shards (MESH_SERVICE_SECS, default 12, a mode).
+# the service test (32 shards over 4 blocks of 256, the README's 64-client recipe) runs a second time with
+# one warp serving 8 shards, the README's smaller service in a block of 32 (MESH_SERVICE_SECS, default 12, a mode).
 set -u
 cd "$(dirname "$0")"
 HERE=$PWD
@@ -171,7 +172,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   # what a program loaded without --block runs), shorter.
   if [ -x bin/test-service ]; then
     start=$(date +%s)
-    MESH_SERVICE_BLOCK=32 MESH_SERVICE_SECS=${MESH_SERVICE_SECS:-12} timeout -k 10 200 bin/test-service --test-threads=1 \
+    MESH_SERVICE_SHARDS=8 MESH_SERVICE_GRID=1 MESH_SERVICE_BLOCK=32 MESH_SERVICE_SECS=${MESH_SERVICE_SECS:-12} timeout -k 10 200 bin/test-service --test-threads=1 \
       --nocapture >"$OUT/test-service-one-warp.log" 2>&1
     rc=$?
     summary=$(grep -E '^test result:' "$OUT/test-service-one-warp.log" | tail -1)

@@ -33,16 +33,16 @@ use std::time::{Duration, Instant};
 use crate::stress;
 
 /// The fan-in shards the GPU test and the benchmark create the service with: `MESH_SERVICE_SHARDS`
-/// (a power of two from 1 to 64, passed as `meshd service create --shards`; absent: 8, the README's
-/// service, a shard for each of service.cu's 8 warps). A value that is not a number stops the run
-/// naming it; meshd refuses one that breaks the rule, naming the rule.
+/// (a power of two from 1 to 64, passed as `meshd service create --shards`; absent: 32, the README's
+/// 64-client recipe with [`service_grid`]'s 4 blocks of 256: a shard for each of 32 warps). A value
+/// that is not a number stops the run naming it; meshd refuses one that breaks the rule, naming the rule.
 pub fn service_shards() -> u32 {
     match std::env::var("MESH_SERVICE_SHARDS") {
         Ok(s) if !s.trim().is_empty() => s
             .trim()
             .parse()
             .unwrap_or_else(|e| panic!("MESH_SERVICE_SHARDS={s}: not a whole number ({e}); a power of two, 1 to 64")),
-        _ => 8,
+        _ => 32,
     }
 }
 
@@ -53,10 +53,12 @@ pub fn service_block() -> String {
     std::env::var("MESH_SERVICE_BLOCK").ok().filter(|b| !b.trim().is_empty()).unwrap_or_else(|| "256".into())
 }
 
-/// The grid they are loaded with (`meshd load --grid`): `MESH_SERVICE_GRID` blocks, else 1 (service.cu's
-/// warps of every block share the shards: 4 blocks of 256 over 32 shards give 32 warps a shard each).
+/// The grid they are loaded with (`meshd load --grid`): `MESH_SERVICE_GRID` blocks, else 4, the
+/// README's 64-client recipe (the warps of every block share the shards: 4 blocks of 256 over 32
+/// shards give 32 warps a shard each; `MESH_SERVICE_SHARDS=8 MESH_SERVICE_GRID=1` is the README's
+/// smaller service).
 pub fn service_grid() -> String {
-    std::env::var("MESH_SERVICE_GRID").ok().filter(|g| !g.trim().is_empty()).unwrap_or_else(|| "1".into())
+    std::env::var("MESH_SERVICE_GRID").ok().filter(|g| !g.trim().is_empty()).unwrap_or_else(|| "4".into())
 }
 
 /// `meshd load`'s shape arguments for the service programs: `--grid` [`service_grid`] `--block`

@@ -1529,12 +1529,15 @@ static __device__ __forceinline__ void mesh_fanin_close(mesh_fanin* f) {
 // several blocks serve the same way (`meshd load --grid G`): warp w of block b is part b x W + w of
 // mesh_fanin_parts(ctx, 0, G x W); block 0's thread 0 begins and beats, and the block that finishes
 // last (a device-memory counter, atomicAdd after a __threadfence) ends the program, every warp of the
-// grid having closed (tests/programs/service.cu: emulated on the CPU over 2-4 blocks, not yet run on a
-// GPU). `--shards 32 --grid 4 --block 256` gives 32 warps a shard each, `--shards 64 --grid 8` 64 (a
-// warp's end holds 32 shards at most, so 64 shards need two serving warps or more). Measured on the
-// H200 (BENCHMARKS.md, session 12: 8 shards, blink): 8 warps against one, a lone client 0.80 against
-// 0.49 M requests/s, 16 clients 12.5 against 3.3 M/s, 64 clients 5.0 against 2.7 M/s (the host's 16
-// CPUs run the 64 client processes: 16 streaming clients are the faster row).
+// grid having closed (tests/programs/service.cu and service_x_serial.cu). `--shards 32 --grid 4
+// --block 256` gives 32 warps a shard each, `--shards 64 --grid 8` 64 (a warp's end holds 32 shards at
+// most, so 64 shards need two serving warps or more). Measured on the H200 (BENCHMARKS.md, session 12:
+// 8 shards, blink): 8 warps against one, a lone client 0.80 against 0.49 M requests/s, 16 clients 12.5
+// against 3.3 M/s, 64 clients 5.0 against 2.7 M/s. For 64 clients, serve one request at a time (the
+// loop above, with mesh_fanin_parts' warps: tests/programs/service_x_serial.cu) over `--shards 32
+// --grid 4 --block 256`: on an H100 (session 16) its 64-client p99 was 7.4 µs blink / 7.1 µs MPS, 2.1x /
+// 1.9x the SPSC echo's median, at 11.4-12.5 M requests/s; this batched loop on the same grid kept a
+// p99 of 3.3-3.8x (12.1-13.5 M/s): 32 requests answered together make the last one wait for the rest.
 
 // Requests mesh_fanin_peek takes per call at most: one per lane.
 #define MESH_FANIN_BATCH_MAX 32u

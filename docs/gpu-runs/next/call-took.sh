@@ -1,18 +1,18 @@
 #!/bin/bash
 # Session 16's short call after the consumer-publication fix (mesh_chan_took): every program compiled
 # with the new header, then the GPU tests that lean on it most: restart (kill -9 under traffic, both
-# modes: the loss session 16 saw in blink), soak (with the driver's own retention beside it), channels
-# and chaos; then the service test if time is left. CALL_SECS (default 570) bounds the steps.
+# modes: the loss session 16 saw in blink), soak (with the driver's own retention beside it),
+# the service test on its new default (32 shards, 4 blocks of 256), chaos and channels, restart again. CALL_SECS (default 570) bounds the steps.
 source docs/gpu-runs/next/lib.sh
 compile_programs
 echo "nvcc $(( $(date +%s) - T0 ))s $(grep -c . $S) failures" >> $S
 step test-restart 80 bin/test-restart --test-threads=1 --nocapture
 step test-soak 70 bin/test-soak --test-threads=1 --nocapture
-step test-channels 40 bin/test-channels --test-threads=1
+MESH_SERVICE_SECS=8 step test-service 80 bin/test-service --test-threads=1 --nocapture
 step test-chaos 80 bin/test-chaos --test-threads=1 --nocapture
+step test-channels 40 bin/test-channels --test-threads=1
 step test-restart-again 80 bin/test-restart --test-threads=1 --nocapture
-step test-service 80 bin/test-service --test-threads=1
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
-grep -hE "restart (blink|mps):|soak |panicked|lost" $L/test-*.txt | head -20
+grep -hE "restart (blink|mps):|soak |panicked|lost|longest wait for" $L/test-*.txt | head -20
 finish
