@@ -2463,7 +2463,11 @@ static __device__ void mesh_group_close(mesh_group* g) {
 // mesh_block_peek_n / mesh_block_release_n): one barrier and one fence for all of them. Two a call at
 // the copy path's producer took 1 MiB from 0.70 to 0.78 of the bare copy over 16 blocks and from 0.59
 // to 0.66 over 32 (session 13; nothing at 16 MiB), at the price of the first message waiting for the
-// second's copy.
+// second's copy. Four a call at both ends (reserve_n / publish_n at the source, peek_n / release_n at
+// the sink; tests/programs/bulk_parts_*_x_batch4.cu) keep 1 MiB at 0.75 copying and 0.74 in place over
+// 32 blocks, 0.81-0.82 over 16, 0.83-0.97 up to 8; 16 MiB at 0.82-1.22 up to 16 blocks and 1.52 in place
+// over 32 (0.49 copying: HBM, as above): so with 16 blocks or more, move four messages a call (an H100,
+// session 16, BENCHMARKS.md).
 //
 // Only block 0 calls mesh_begin / mesh_end (and mesh_heartbeat); every block checks the stop itself.
 // A block whose share is refused (B not a power of two, B > P, blockIdx.x >= B, or an LL binding)
