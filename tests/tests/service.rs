@@ -20,9 +20,9 @@
 //! row), and a new client attaches in its place; after the last event every surviving client still makes
 //! progress; after everyone left, no entry is bound; the program ran throughout (state running, heartbeat
 //! rising, 3 launches at least), took no more skips than clients were killed; in MPS mode no client process
-//! is an MPS client. The service has 8 fan-in shards and service.cu is loaded with a block of 256 (the
-//! README's: 8 warps, a shard each); `MESH_SERVICE_SHARDS=P` creates it with `--shards P`,
-//! `MESH_SERVICE_BLOCK=T` loads the program with a block of T threads, `MESH_SERVICE_PROGRAM=NAME` runs
+//! is an MPS client. The service has 32 fan-in shards and service.cu is loaded with a grid of 4 blocks
+//! of 256 (the README's 64-client recipe: 32 warps, a shard each); `MESH_SERVICE_SHARDS=P` creates it
+//! with `--shards P`, `MESH_SERVICE_GRID=G` and `MESH_SERVICE_BLOCK=T` load the program with G blocks of T threads, `MESH_SERVICE_PROGRAM=NAME` runs
 //! another program of tests/programs (a variant of the loop). The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
@@ -147,8 +147,8 @@ impl Run {
         ptx.display().to_string()
     }
 
-    /// `meshd load`'s grid and block: `MESH_SERVICE_GRID` blocks (else 1) of `MESH_SERVICE_BLOCK`
-    /// threads (else 256, service.cu's 8 warps).
+    /// `meshd load`'s grid and block: `MESH_SERVICE_GRID` blocks (else 4) of `MESH_SERVICE_BLOCK`
+    /// threads (else 256: 8 warps a block).
     fn block() -> Vec<String> {
         service_shape()
     }

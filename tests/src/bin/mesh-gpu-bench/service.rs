@@ -16,8 +16,8 @@
 //!
 //! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
 //! capacity; the windows stay as for one); the heading and every service row say so.
-//! `MESH_SERVICE_SHARDS` (default 8), `MESH_SERVICE_BLOCK` (default 256) and `MESH_SERVICE_GRID`
-//! (default 1) are the service's shards and the block and grid every program is loaded with: service.cu
+//! `MESH_SERVICE_SHARDS` (default 32), `MESH_SERVICE_BLOCK` (default 256) and `MESH_SERVICE_GRID`
+//! (default 4: the README's 64-client recipe) are the service's shards and the block and grid every program is loaded with: service.cu
 //! serves with every warp of every block, each warp its part of the shards (8 shards and 256 threads: a
 //! warp a shard; a block of 32: one warp serves all; 32 shards and a grid of 4: 32 warps, a shard each).
 //!
