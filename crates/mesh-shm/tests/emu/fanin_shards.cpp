@@ -1,10 +1,11 @@
 // fanin_shards.cpp: mesh.cuh's fan-in consumer calls (mesh_fanin_open / peek / consume / take_deferred /
-// commit / close), one ring and sharded, run as one warp on the CPU (warp_emu.h) against a fan-in
+// commit / take / close), one ring and sharded, run as one warp on the CPU (warp_emu.h) against a fan-in
 // region laid out as mesh-shm's layout.rs lays it out, with requests written as fanin.rs's producers
 // write them (tagged words, the commit word last; some torn and finished later, some skips). A model
 // of each shard checks every batch: each shard's requests are the front of its whole ones, in order,
 // contiguous in the batch; senders, payloads and skip bits as written; at most `max`; every request
-// taken exactly once by the end; each shard's published tail never ahead of what was given back, and
+// taken exactly once by the end; each shard's published tail never ahead of what was given back (nor,
+// after mesh_fanin_take, of the request it just took and that is not yet answered), and
 // equal to it after the close; a reopen resumes there. Built and run by tests/warp_emulation.rs:
 // `g++ -std=c++20 -O1 -pthread -I ../../include fanin_shards.cpp && ./a.out` (exit 0: all passed).
 #include "warp_emu.h"
@@ -184,11 +185,23 @@ void run(uint32_t shards, uint32_t capacity, uint32_t msg_size, uint32_t rounds)
                     produce_some(!draining);
                     const uint32_t r = rnd();
                     shared_max = draining ? 32u : (r % 3 == 0 ? 1u : r % 3 == 1 ? 5u : 32u);
-                    shared_mode = !draining && r % 5 == 0;  // 1: the take (deferred, then committed)
+                    // 1: the take (deferred, then committed); 2: the take that commits at once
+                    shared_mode = draining ? 0u : r % 5 == 0 ? 1u : r % 5 == 1 ? 2u : 0u;
                 }
                 __syncwarp();
                 const uint32_t max = shared_max;
-                if (shared_mode) {
+                if (shared_mode == 2) {
+                    uint32_t sender = 0;
+                    const int took = mesh_fanin_take(&f, buf, &sender);
+                    if (lane == 0 && took != MESH_TAKE_NONE) {
+                        uint32_t counts[32];
+                        check_batch(1, buf, &sender, took == MESH_TAKE_SKIP ? 1u : 0u, 1, counts);
+                        // Taken, not yet answered: a tail published now must not pass it (a launch
+                        // dying here must take it again: at-least-once).
+                        check_tails(false);
+                        consume_model(1, &sender);  // answered before the next call
+                    }
+                } else if (shared_mode) {
                     uint32_t sender = 0;
                     const int took = mesh_fanin_take_deferred(&f, buf, &sender);
                     if (lane == 0 && took != MESH_TAKE_NONE) {
