@@ -485,10 +485,13 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
 #define MESH_PUBLISH_ON_DRAIN 1
 #endif
 
-// A receive found the ring empty.
+// A receive found the ring empty. Without MESH_PUBLISH_ON_DRAIN it still publishes once half a ring
+// is owed: a receive publishes only what earlier receives took (mesh_chan_took), so a consumer that
+// took every message in flight in one call would otherwise leave the producer without credit for good.
 static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
     ch->hint = 1;
     if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(ch);
+    else mesh_chan_progress(ch);
 }
 
 // How long a receiver waits for the rest of a message whose first words have arrived, in ns of
@@ -1006,7 +1009,9 @@ static __device__ __forceinline__ bool mesh_poll_try_recv(mesh_poll_box* box, me
             box->armed = 1u;
         }
         __syncwarp();  // `armed` as lane 0 wrote it, for every lane
-        if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(in);  // as the header's receive does when it waits
+        // As the header's receive does when it waits (mesh_chan_drained, without its hint).
+        if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(in);
+        else mesh_chan_progress(in);
     }
     if (mesh_poll_ld_acquire(&box->ready) != p + 1u) return false;  // every lane acquires it itself
     mesh_poll_take(box, in, buf);
@@ -1877,7 +1882,7 @@ static __device__ __forceinline__ uint32_t mesh_fanin_peek_shards(mesh_fanin* f,
         f->run = s_front & returned;
         if (s_drained) {
             f->s_hint = 1u;
-            if (MESH_PUBLISH_ON_DRAIN) mesh_fanin_shard_publish(f, true);
+            mesh_fanin_shard_publish(f, MESH_PUBLISH_ON_DRAIN);  // without it, once half a ring is owed
         } else if (s_hint > f->s_hint) {
             f->s_hint = s_hint;
         }
