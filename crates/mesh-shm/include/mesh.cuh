@@ -485,13 +485,19 @@ static __device__ __forceinline__ uint32_t mesh_chan_room(mesh_chan* ch) {
 #define MESH_PUBLISH_ON_DRAIN 1
 #endif
 
-// A receive found the ring empty. Without MESH_PUBLISH_ON_DRAIN it still publishes once half a ring
-// is owed: a receive publishes only what earlier receives took (mesh_chan_took), so a consumer that
-// took every message in flight in one call would otherwise leave the producer without credit for good.
-static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
-    ch->hint = 1;
+// A receiver waiting on an empty ring publishes its position: all of it, or without
+// MESH_PUBLISH_ON_DRAIN once half a ring is owed. A receive publishes only what earlier receives took
+// (mesh_chan_took), so a consumer that took every message in flight in one call would otherwise leave
+// the producer without credit for good.
+static __device__ __forceinline__ void mesh_chan_publish_waiting(mesh_chan* ch) {
     if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(ch);
     else mesh_chan_progress(ch);
+}
+
+// A receive found the ring empty.
+static __device__ __forceinline__ void mesh_chan_drained(mesh_chan* ch) {
+    ch->hint = 1;
+    mesh_chan_publish_waiting(ch);
 }
 
 // How long a receiver waits for the rest of a message whose first words have arrived, in ns of
@@ -1009,9 +1015,7 @@ static __device__ __forceinline__ bool mesh_poll_try_recv(mesh_poll_box* box, me
             box->armed = 1u;
         }
         __syncwarp();  // `armed` as lane 0 wrote it, for every lane
-        // As the header's receive does when it waits (mesh_chan_drained, without its hint).
-        if (MESH_PUBLISH_ON_DRAIN) mesh_chan_flush(in);
-        else mesh_chan_progress(in);
+        mesh_chan_publish_waiting(in);  // as the header's receive does when it waits
     }
     if (mesh_poll_ld_acquire(&box->ready) != p + 1u) return false;  // every lane acquires it itself
     mesh_poll_take(box, in, buf);
