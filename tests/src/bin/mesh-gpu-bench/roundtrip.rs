@@ -88,11 +88,36 @@ fn raw(b: &mut Bench) -> (f64, f64) {
     stats(raw_times(b, ROUNDS, WARMUP))
 }
 
+/// The client's own work between a reply and its next request: MESH_RT_AB_HOST_DELAY_NS nanoseconds
+/// spun before each request, not timed (default 0: the next request at once). A one-warp loop's round
+/// trip depends on where the request lands between its polls; this moves it.
+fn client_turnaround() {
+    static DELAY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    let delay = *DELAY.get_or_init(|| {
+        let ns = std::env::var("MESH_RT_AB_HOST_DELAY_NS").map_or(0, |v| {
+            v.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_HOST_DELAY_NS: {v:?} is not a number of ns"))
+        });
+        Duration::from_nanos(ns)
+    });
+    if delay.is_zero() {
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < delay {
+        std::hint::spin_loop();
+    }
+}
+
 /// `rounds` round trips of the raw word (after `warmup`), each timed.
 fn raw_times(b: &mut Bench, rounds: usize, warmup: usize) -> Vec<Duration> {
+    word_times(b, "raw_pingpong", rounds, warmup)
+}
+
+/// [`raw_times`] through `program`, a loop of raw_pingpong's contract (raw_pingpong_x_phase.cu).
+fn word_times(b: &mut Bench, program: &str, rounds: usize, warmup: usize) -> Vec<Duration> {
     let scratch = b.channel(8, 2, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
-    b.load("raw", "raw_pingpong", &[&scratch]);
+    b.load("raw", program, &[&scratch]);
     let (base, _) = b.mb.as_raw_parts();
     // SAFETY: the ring's head and tail lines lie inside the mapping, 8-aligned; used as plain words here.
     let (ping, pong) = unsafe {
@@ -103,6 +128,7 @@ fn raw_times(b: &mut Bench, rounds: usize, warmup: usize) -> Vec<Duration> {
     };
     let mut times = Vec::with_capacity(rounds);
     for i in 1..=(rounds + warmup) as u64 {
+        client_turnaround();
         let t = Instant::now();
         ping.store(i, Ordering::Release);
         while pong.load(Ordering::Acquire) != i {
@@ -135,6 +161,7 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
     let mut times = Vec::with_capacity(rounds);
     for i in 0..(rounds + warmup) as u64 {
         stress::fill(&mut msg, i);
+        client_turnaround();
         let t = Instant::now();
         while !tx.try_send(&msg).unwrap() {}
         while !rx.try_recv(&mut back).unwrap() {
@@ -172,6 +199,7 @@ fn raw_ll_times(b: &mut Bench, size: u32, rounds: usize, warmup: usize) -> Vec<D
     let mut times = Vec::with_capacity(rounds);
     let (warm, total) = (u32::try_from(warmup).unwrap(), u32::try_from(rounds + warmup).unwrap());
     for i in 1..=total {
+        client_turnaround();
         let t = Instant::now();
         for (k, w) in (0u32..).zip(&input) {
             w.store(word(i, k), Ordering::Relaxed);
@@ -205,12 +233,13 @@ const TURNS: usize = 5;
 const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
-/// A path `rt-ab` measures: the raw word, the one-warp LL probe, or an echo program (up to `max` bytes,
-/// in a block of `threads`).
+/// A path `rt-ab` measures: the raw word, the one-warp LL probe, an echo program (up to `max` bytes,
+/// in a block of `threads`), or another raw-word program.
 enum TurnPath {
     Word,
     Ll,
     Echo { program: String, max: u32, threads: u32 },
+    WordVariant(String),
 }
 
 impl TurnPath {
@@ -228,6 +257,7 @@ impl TurnPath {
             TurnPath::Echo { program, threads, .. } => {
                 echo_times(b, (program, *threads), size, TURN_ROUNDS, TURN_WARMUP)
             }
+            TurnPath::WordVariant(program) => word_times(b, program, TURN_ROUNDS, TURN_WARMUP),
         }
     }
 }
@@ -235,11 +265,15 @@ impl TurnPath {
 /// The echo programs `rt-ab` puts beside the header's loop: MESH_RT_AB_VARIANTS, space-separated
 /// `PROGRAM[:MAX_BYTES[:THREADS]]` (a program serving messages up to MAX_BYTES, default 4096, in a
 /// block of THREADS, default 32), e.g. `echo_x_stagger:1024` or `echo_poll:4096:96` (the header's poll
-/// stream: MESH_POLLERS + 1 warps).
+/// stream: MESH_POLLERS + 1 warps), or `word:PROGRAM`, a raw-word loop beside `raw_pingpong`
+/// (`word:raw_pingpong_x_phase`).
 fn rt_ab_variants() -> Vec<TurnPath> {
     let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
     spec.split_whitespace()
         .map(|v| {
+            if let Some(program) = v.strip_prefix("word:") {
+                return TurnPath::WordVariant(program.to_string());
+            }
             let mut fields = v.split(':');
             let program = fields.next().unwrap_or_default().to_string();
             let mut number = |default: u32, what: &str| {
@@ -286,6 +320,9 @@ pub fn host_round_trips_interleaved(mps: bool) {
          (after {TURN_WARMUP} warm-up), the paths one after the other in every turn; median / p99 µs over all turns."
     );
     println!("ratio [lo, hi]: of the medians over all turns, [lowest, highest] of each turn's own medians.");
+    if let Ok(ns) = std::env::var("MESH_RT_AB_HOST_DELAY_NS") {
+        println!("The client spins {ns} ns after each reply before its next request (not timed).");
+    }
     println!();
     println!(
         "| mode | size | echo | median / p99 | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] |"
@@ -304,7 +341,11 @@ pub fn host_round_trips_interleaved(mps: bool) {
             .collect();
         let (word, ll) = (all[0], all[1]);
         for (k, path) in paths.iter().enumerate().skip(2) {
-            let TurnPath::Echo { program, .. } = path else { continue };
+            let program = match path {
+                TurnPath::Echo { program, .. } => program.clone(),
+                TurnPath::WordVariant(program) => format!("word:{program}"),
+                _ => continue,
+            };
             if !path.serves(*size) {
                 continue;
             }
@@ -322,6 +363,21 @@ pub fn host_round_trips_interleaved(mps: bool) {
                 ll.1,
                 echo.0 / ll.0,
             );
+        }
+    }
+    // Each turn's own median of every path: the phase of a one-warp loop against the host can flip
+    // between turns (a lost race costs one empty poll), which the pooled medians above hide.
+    println!();
+    println!("Each turn's median µs, by size and path:");
+    for (s, size) in SIZES.iter().enumerate() {
+        for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
+            let name = match path {
+                TurnPath::Word => "raw word",
+                TurnPath::Ll => "raw_ll",
+                TurnPath::Echo { program, .. } | TurnPath::WordVariant(program) => program.as_str(),
+            };
+            let turns: Vec<String> = turn_medians[s][k].iter().map(|m| format!("{m:.2}")).collect();
+            println!("TURNS|{mode}|{size}|{name}|{}", turns.join(" "));
         }
     }
     b.shutdown();
