@@ -379,6 +379,15 @@ typedef struct {
     uint32_t magic;       // ceil(2^32 / words per message): word index -> message index without a division
     uint32_t partial;     // consumer: polls that found a message half-arrived (each costs a round trip)
     bool producer;
+    // consumer, mesh_warp_try_recv's phase lock (see there), in SM clocks (clock64):
+    uint32_t wait;        // the learned wait after a message
+    uint32_t empties;     // polls that found nothing since the last message
+    uint64_t due;         // no poll before this clock
+    uint64_t last;        // when the last message was taken
+    uint32_t trial;       // messages taken so far (the lock's trials run on it)
+    uint32_t cost;        // this trial's clocks between messages, summed
+    uint32_t cost_free;   // the last trial without the wait, and the last with it
+    uint32_t cost_lock;
 } mesh_chan;
 
 static __device__ __forceinline__ volatile uint64_t* mesh_chan_slot(const mesh_chan* ch, uint64_t seq) {
@@ -679,7 +688,96 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 #define MESH_LEAN_PAIRS 4u
 #endif
 
-// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived.
+// The phase lock of mesh_warp_try_recv (issue 24 item 1, session 17). One warp has one poll of host
+// memory in flight at a time (~1.3-1.5 us of PCIe each on the H200). In a request / reply exchange the
+// poll issued right after a reply reaches the host before the client has even seen that reply, comes
+// back empty, and the next request waits for the poll after it: one whole poll per round trip lost
+// (the kit's timeline: 0.5-1 empty poll a message from 64 B up; the same loop at the right phase is
+// 1.6-1.7 us against the raw word's 2.3). So after a message the receive may issue no poll until a
+// learned wait has passed, learnt from the first poll after the wait: the next message already there (a
+// hit: MESH_PHASE_DOWN clocks less next time, so that a stream, every poll a hit, comes down to no
+// wait), exactly one empty poll before it (just missed: MESH_PHASE_UP more, up to MESH_PHASE_MAX), or
+// several (a client slower than a poll: the wait stays).
+// Whether to wait at all is measured, not assumed: a wait that helps one client at one size can cost
+// another a poll (a slower client, or a large message whose poll at the edge meets the host still
+// writing it: session 17, up to +1.1 us at 256 B with a client taking 300 ns). Messages are taken in
+// trials of MESH_PHASE_TRIAL; of every 16 trials the first runs without the wait and the second with
+// it, each summing the clocks between its messages (each capped at MESH_PHASE_CLIP), and the other 14
+// run as the cheaper of the two did. A call inside the wait returns false without loading anything (a
+// message may be there: try_recv's false means "not now"). Off by default (a poll on every call) until
+// the trials have run on the GPU (docs/gpu-runs/PENDING.md); define MESH_PHASE_LOCK 1 before including
+// mesh.cuh to use it. Clocks are the SM's (clock64, ~1.7-2 per ns on an H100 / H200).
+#ifndef MESH_PHASE_LOCK
+#define MESH_PHASE_LOCK 0
+#endif
+#ifndef MESH_PHASE_UP
+#define MESH_PHASE_UP 200u
+#endif
+#ifndef MESH_PHASE_DOWN
+#define MESH_PHASE_DOWN 20u
+#endif
+#ifndef MESH_PHASE_MAX
+#define MESH_PHASE_MAX 3000u
+#endif
+#define MESH_PHASE_TRIAL 32u
+#define MESH_PHASE_CLIP 40000u
+
+#ifndef MESH_HOST_EMULATION
+// This SM's clock (cycles).
+static __device__ __forceinline__ uint64_t mesh_clock(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+    return t;
+}
+#endif
+
+// Lane 0's clock on every lane, so that the warp agrees on it.
+static __device__ __forceinline__ uint64_t mesh_warp_clock(void) {
+    return __shfl_sync(0xffffffffu, mesh_clock(), 0);
+}
+
+// Whether the current trial waits: the second of every 16 does, and the other 14 when the last trial
+// with the wait cost fewer clocks than the last without.
+#ifndef MESH_PHASE_CHOOSE
+#define MESH_PHASE_CHOOSE 1  // 0: every trial waits (a measurement knob: echo_x_phasealways.cu)
+#endif
+static __device__ __forceinline__ bool mesh_phase_on(const mesh_chan* ch) {
+    if (!MESH_PHASE_CHOOSE) return true;
+    const uint32_t t = (ch->trial / MESH_PHASE_TRIAL) % 16u;
+    return t == 1u || (t > 1u && ch->cost_lock < ch->cost_free);
+}
+
+// True while the phase lock's wait runs.
+static __device__ __forceinline__ bool mesh_phase_waiting(const mesh_chan* ch) {
+    if (!MESH_PHASE_LOCK || ch->wait == 0 || !mesh_phase_on(ch)) return false;
+    return mesh_warp_clock() < ch->due;
+}
+
+// A message was taken: score the trial, learn the wait from the polls since the last message (only
+// while waiting: a free poll says nothing about it), and start the next wait.
+static __device__ __forceinline__ void mesh_phase_took(mesh_chan* ch) {
+    if (!MESH_PHASE_LOCK) return;
+    const uint64_t now = mesh_warp_clock();
+    const bool on = mesh_phase_on(ch);
+    if (ch->trial > 0) ch->cost += now - ch->last < MESH_PHASE_CLIP ? (uint32_t)(now - ch->last) : MESH_PHASE_CLIP;
+    if (on) {
+        if (ch->empties == 0) ch->wait = ch->wait > MESH_PHASE_DOWN ? ch->wait - MESH_PHASE_DOWN : 0u;
+        else if (ch->empties == 1)
+            ch->wait = ch->wait + MESH_PHASE_UP < MESH_PHASE_MAX ? ch->wait + MESH_PHASE_UP : MESH_PHASE_MAX;
+    }
+    ch->empties = 0;
+    ch->last = now;
+    if (++ch->trial % MESH_PHASE_TRIAL == 0) {  // a trial ends: keep the probes' scores
+        const uint32_t t = (ch->trial / MESH_PHASE_TRIAL - 1u) % 16u;
+        if (t == 0u) ch->cost_free = ch->cost;
+        if (t == 1u) ch->cost_lock = ch->cost;
+        ch->cost = 0;
+    }
+    ch->due = now + ch->wait;
+}
+
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived; false when
+// none has, or while the phase lock waits (above).
 // A message of up to 1 KiB (MESH_LEAN_PAIRS 16-byte loads per lane, all issued before any is looked
 // at) takes the short path: predicated loads, one vote, and a half-arrived message is simply polled
 // again on the next call. On the H200 (session 5, device channels, ping <-> echo) it halved the round
@@ -690,8 +788,13 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // (mesh_chan_progress) comes after the vote that consumed the loaded values.
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
     const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
-    if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;
-    if (words == 0 || ch->producer) return false;
+    if (words == 0 || ch->producer || mesh_phase_waiting(ch)) return false;
+    if (words > 64u * MESH_LEAN_PAIRS) {
+        const bool got = mesh_warp_try_recv_batch(ch, buf, 1) == 1;
+        if (got) mesh_phase_took(ch);
+        else ch->empties++;
+        return got;
+    }
     const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
     const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
     uint64_t a[MESH_LEAN_PAIRS], b[MESH_LEAN_PAIRS];
@@ -707,6 +810,7 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     if (!__all_sync(0xffffffffu, whole)) {
         if (__shfl_sync(0xffffffffu, (uint32_t)(a[0] >> 32) == t, 0)) ch->partial++;  // word 0 is there: half-arrived
         else mesh_chan_drained(ch);                                                  // nothing yet
+        ch->empties++;
         return false;
     }
     uint32_t* dst = (uint32_t*)buf;
@@ -721,6 +825,7 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     __syncwarp();
     ch->mine += 1;
     mesh_chan_took(ch);
+    mesh_phase_took(ch);
     return true;
 }
 

@@ -173,6 +173,9 @@ static inline uint32_t mesh_ld_relaxed_u32(const void* p) {
 static inline void mesh_st_release_u64(void* p, uint64_t v) { emu_st(p, v); }
 static inline void mesh_st_release_u32(void* p, uint32_t v) { emu_st32(p, v); }
 static inline uint64_t mesh_globaltimer(void) { return emu_warp_clock[emu_warp].load(std::memory_order_relaxed); }
+// The SM clock (clock64) is the same clock here; a macro, so that a program's own %globaltimer stand-in
+// (ll_channels.cpp's EMU_POLL) serves both.
+#define mesh_clock() mesh_globaltimer()
 static inline uint32_t mesh_smid(void) { return 0; }
 static inline uint64_t mesh_ld_volatile_u64(const volatile void* p) { return emu_ld(p); }
 static inline void mesh_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {

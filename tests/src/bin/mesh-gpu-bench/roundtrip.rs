@@ -182,49 +182,60 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
 /// `size` payload bytes, as `size / 4` tagged 8-byte words written by this thread and stored back by
 /// the GPU's warp once all of them arrived, each reply's payload checked. No ring, no index, no
 /// protocol: the fastest one warp moves that many bytes there and back (tests/probes/ll_roundtrip.cu).
-fn raw_ll_times(b: &mut Bench, size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
-    let scratch = b.channel(size, 2, Placement::Host);
+/// With `ring`, `raw_ll_ring` walks 32 request / reply pairs of slots instead of one (faster at 4 KiB).
+fn raw_ll_times(b: &mut Bench, size: u32, ring: bool, rounds: usize, warmup: usize) -> Vec<Duration> {
+    let pairs: u32 = if ring { 32 } else { 1 };
+    let scratch = b.channel(size, 2 * pairs, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
-    b.load("raw_ll", "raw_ll", &[&scratch]);
+    let program = if ring { "raw_ll_ring" } else { "raw_ll" };
+    b.load(program, program, &[&scratch]);
     let words = (size / 4) as usize;
     let (base, _) = b.mb.as_raw_parts();
     let at = |k: usize| {
-        // SAFETY: the channel's two LL slots (2 × size bytes each, 8-aligned, inside the mapping) are
-        // words shared with the GPU only, used as plain atomic words here and by raw_ll.cu.
+        // SAFETY: the channel's LL slots (capacity × 2 × size bytes, 8-aligned, inside the mapping) are
+        // words shared with the GPU only, used as plain atomic words here and by raw_ll*.cu.
         unsafe { AtomicU64::from_ptr(base.add(usize::try_from(info.slots_offset).unwrap() + 8 * k).cast()) }
     };
-    let input: Vec<&AtomicU64> = (0..words).map(at).collect();
-    let output: Vec<&AtomicU64> = (words..2 * words).map(at).collect();
+    // Round trip i's request words and reply words: pair (i - 1) mod pairs.
+    let pair = |i: u32| {
+        let first = ((i - 1) % pairs) as usize * 2 * words;
+        (
+            (first..first + words).map(at).collect::<Vec<_>>(),
+            (first + words..first + 2 * words).map(at).collect::<Vec<_>>(),
+        )
+    };
+    let slots: Vec<_> = (1..=pairs).map(pair).collect();
     let word = |i: u32, k: u32| u64::from(i) << 32 | u64::from(i.wrapping_mul(7).wrapping_add(k));
     let mut times = Vec::with_capacity(rounds);
     let (warm, total) = (u32::try_from(warmup).unwrap(), u32::try_from(rounds + warmup).unwrap());
     for i in 1..=total {
+        let (input, output) = &slots[((i - 1) % pairs) as usize];
         client_turnaround();
         let t = Instant::now();
-        for (k, w) in (0u32..).zip(&input) {
+        for (k, w) in (0u32..).zip(input) {
             w.store(word(i, k), Ordering::Relaxed);
         }
         let mut spins = 0u32;
-        for w in &output {
+        for w in output {
             while w.load(Ordering::Relaxed) >> 32 != u64::from(i) {
                 std::hint::spin_loop();
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(4096) && t.elapsed() > Duration::from_secs(5) {
-                    panic!("raw_ll {size} B: round trip {i} not back in 5 s");
+                    panic!("{program} {size} B: round trip {i} not back in 5 s");
                 }
             }
         }
         let took = t.elapsed();
-        for (k, w) in (0u32..).zip(&output) {
-            assert_eq!(w.load(Ordering::Relaxed), word(i, k), "raw_ll {size} B: round trip {i}, word {k}");
+        for (k, w) in (0u32..).zip(output) {
+            assert_eq!(w.load(Ordering::Relaxed), word(i, k), "{program} {size} B: round trip {i}, word {k}");
         }
         if i > warm {
             times.push(took);
         }
     }
-    input[0].store(u64::from(u32::MAX) << 32, Ordering::Relaxed);
-    // raw_ll ends itself on word 0 tagged ~0.
-    let _ = b.backend.unload("raw_ll");
+    // The program ends itself on word 0 of the next request tagged ~0.
+    slots[(total % pairs) as usize].0[0].store(u64::from(u32::MAX) << 32, Ordering::Relaxed);
+    let _ = b.backend.unload(program);
     times
 }
 
@@ -238,6 +249,7 @@ const TURN_WARMUP: usize = 500;
 enum TurnPath {
     Word,
     Ll,
+    LlRing,
     Echo { program: String, max: u32, threads: u32 },
     WordVariant(String),
 }
@@ -253,7 +265,8 @@ impl TurnPath {
     fn times(&self, b: &mut Bench, size: u32) -> Vec<Duration> {
         match self {
             TurnPath::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::Ll => raw_ll_times(b, size, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Ll => raw_ll_times(b, size, false, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::LlRing => raw_ll_times(b, size, true, TURN_ROUNDS, TURN_WARMUP),
             TurnPath::Echo { program, threads, .. } => {
                 echo_times(b, (program, *threads), size, TURN_ROUNDS, TURN_WARMUP)
             }
@@ -289,7 +302,7 @@ fn rt_ab_variants() -> Vec<TurnPath> {
 
 /// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) and the
 /// echo variants MESH_RT_AB_VARIANTS names beside their two raw limits, the relaxed mapped word
-/// (`raw_pingpong`) and the one-warp LL probe (`raw_ll`), measured in turns: TURNS turns, in each of
+/// (`raw_pingpong`) and the one-warp LL probe at one slot (`raw_ll`) and walking a ring (`raw_ll_ring`), measured in turns: TURNS turns, in each of
 /// them for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
 /// machine within the run (session 12's raw word moved 10% between the start and the end of `rt`) then
 /// falls on every path alike. Printed for each echo: the medians and p99s over every turn's round
@@ -297,8 +310,12 @@ fn rt_ab_variants() -> Vec<TurnPath> {
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
-    let mut paths =
-        vec![TurnPath::Word, TurnPath::Ll, TurnPath::Echo { program: "echo_header".into(), max: 4096, threads: 32 }];
+    let mut paths = vec![
+        TurnPath::Word,
+        TurnPath::Ll,
+        TurnPath::LlRing,
+        TurnPath::Echo { program: "echo_header".into(), max: 4096, threads: 32 },
+    ];
     paths.extend(rt_ab_variants());
     // [size][path]: every turn's samples, and each turn's median.
     let mut pooled: Vec<Vec<Vec<Duration>>> =
@@ -325,10 +342,10 @@ pub fn host_round_trips_interleaved(mps: bool) {
     }
     println!();
     println!(
-        "| mode | size | echo | median / p99 | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] |"
+        "| mode | size | echo | median / p99 | raw word | × raw word [lo, hi] | raw_ll (one-warp LL) | × raw_ll [lo, hi] | raw_ll_ring | × raw_ll_ring [lo, hi] |"
     );
     println!(
-        "|------|-----:|------|-------------:|---------:|--------------------:|---------------------:|------------------:|"
+        "|------|-----:|------|-------------:|---------:|--------------------:|---------------------:|------------------:|------------:|-----------------------:|"
     );
     let range = |num: &[f64], den: &[f64]| {
         let r: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
@@ -339,8 +356,8 @@ pub fn host_round_trips_interleaved(mps: bool) {
             .into_iter()
             .map(|t| if t.is_empty() { (f64::NAN, f64::NAN) } else { stats(t) })
             .collect();
-        let (word, ll) = (all[0], all[1]);
-        for (k, path) in paths.iter().enumerate().skip(2) {
+        let (word, ll, ring) = (all[0], all[1], all[2]);
+        for (k, path) in paths.iter().enumerate().skip(3) {
             let program = match path {
                 TurnPath::Echo { program, .. } => program.clone(),
                 TurnPath::WordVariant(program) => format!("word:{program}"),
@@ -352,8 +369,9 @@ pub fn host_round_trips_interleaved(mps: bool) {
             let echo = all[k];
             let (w_lo, w_hi) = range(&turn_medians[s][k], &turn_medians[s][0]);
             let (l_lo, l_hi) = range(&turn_medians[s][k], &turn_medians[s][1]);
+            let (r_lo, r_hi) = range(&turn_medians[s][k], &turn_medians[s][2]);
             println!(
-                "| {mode} | {size} | {program} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} [{w_lo:.2}, {w_hi:.2}] | {:.2} / {:.2} | {:.2} [{l_lo:.2}, {l_hi:.2}] |",
+                "| {mode} | {size} | {program} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} [{w_lo:.2}, {w_hi:.2}] | {:.2} / {:.2} | {:.2} [{l_lo:.2}, {l_hi:.2}] | {:.2} / {:.2} | {:.2} [{r_lo:.2}, {r_hi:.2}] |",
                 echo.0,
                 echo.1,
                 word.0,
@@ -362,6 +380,9 @@ pub fn host_round_trips_interleaved(mps: bool) {
                 ll.0,
                 ll.1,
                 echo.0 / ll.0,
+                ring.0,
+                ring.1,
+                echo.0 / ring.0,
             );
         }
     }
@@ -374,6 +395,7 @@ pub fn host_round_trips_interleaved(mps: bool) {
             let name = match path {
                 TurnPath::Word => "raw word",
                 TurnPath::Ll => "raw_ll",
+                TurnPath::LlRing => "raw_ll_ring",
                 TurnPath::Echo { program, .. } | TurnPath::WordVariant(program) => program.as_str(),
             };
             let turns: Vec<String> = turn_medians[s][k].iter().map(|m| format!("{m:.2}")).collect();

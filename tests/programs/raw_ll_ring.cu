@@ -1,0 +1,49 @@
+// raw_ll_ring: raw_ll.cu walking a ring: round trip i (from 1) uses pair p = (i - 1) mod (capacity / 2)
+// of binding 0's LL slots, its request in slot 2p and its reply in slot 2p + 1, instead of slots 0 and 1
+// every time. The kit (tests/probes/kit_ll.cu, session 17 on the H200) found the one-warp LL probe 0.70-
+// 0.73x as fast at 4 KiB walking a 64-slot ring as at one fixed slot (3.6 against 5.0 us), within 3% at
+// 8 B-1 KiB: at 4 KiB the ring is the raw limit, and `mesh-gpu-bench rt-ab` measures both. Binding 0:
+// a host channel of msg_size M (a multiple of 8 up to 4 KiB) and an even capacity; the words as in
+// raw_ll.cu (the low half payload, the high half the round trip's number); ends on word 0 of the next
+// request slot tagged ~0. Launch with 32 threads. `cargo xtask ptx` regenerates raw_ll_ring.ptx.
+#include "mesh.cuh"
+
+#define RAW_LL_MAX_WORDS 1024u  // 4 KiB of payload
+#define RAW_LL_PER_LANE (RAW_LL_MAX_WORDS / 32u)
+
+extern "C" __global__ void mesh_main(mesh_ctx ctx) {
+    if (blockIdx.x != 0 || mesh_block_rank() >= 32u) return;
+    const uint32_t lane = mesh_block_rank(), full = 0xffffffffu;
+    const uint32_t words = ctx.binding_count >= 1u ? ctx.bindings[0].msg_size / 4u : 0u;
+    const uint32_t pairs = ctx.binding_count >= 1u ? ctx.bindings[0].capacity / 2u : 0u;
+    if (lane == 0) mesh_begin(ctx);
+    if (ctx.binding_count < 1u || ctx.bindings[0].slots == 0 || words < 2u || words > RAW_LL_MAX_WORDS ||
+        pairs == 0 || mesh_block_threads() < 32u) {
+        if (lane == 0) mesh_exit(ctx, 1);
+        return;
+    }
+    const uint64_t slot_bytes = 8ull * words;
+    for (uint32_t i = 1;; i++) {
+        const uint64_t at = ctx.bindings[0].slots + (uint64_t)((i - 1u) % pairs) * 2u * slot_bytes;
+        const volatile uint64_t* in = (const volatile uint64_t*)(uintptr_t)at;
+        volatile uint64_t* out = (volatile uint64_t*)(uintptr_t)(at + slot_bytes);
+        uint64_t v[RAW_LL_PER_LANE];
+        bool whole, stop;
+        do {
+#pragma unroll
+            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+                if (lane + 32u * k < words) v[k] = mesh_ld_volatile_u64(in + lane + 32u * k);
+            whole = true;
+#pragma unroll
+            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+                if (lane + 32u * k < words) whole &= (uint32_t)(v[k] >> 32) == i;
+            stop = __shfl_sync(full, (uint32_t)(v[0] >> 32), 0) == ~0u;  // lane 0's v[0] is word 0
+            whole = __all_sync(full, whole);
+        } while (!whole && !stop);
+        if (stop) break;
+#pragma unroll
+        for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
+            if (lane + 32u * k < words) mesh_st_volatile_u64(out + lane + 32u * k, v[k]);
+    }
+    if (lane == 0) mesh_end(ctx);
+}
