@@ -34,11 +34,14 @@
 // program is loaded with `meshd load ... --no-readiness`. A program that waits without looping (a
 // kernel blocked in a long computation) beats from its own progress.
 //
-// Its host round trip on the H200 (session 8, /dev/shm mailbox, median of 20,000): 2.71 / 2.76 / 2.77
-// us at 8 / 64 / 256 B against 2.20 us for a raw mapped word (1.23-1.26x), 2.84 / 5.51 us at 1 / 4 KiB
-// against 2.76 / 5.25 for the raw one-warp LL exchange (1.03 / 1.05x). For the host round trip of a
-// small message at the raw word (session 7: 2.50-2.59 us at 8-256 B beside the word's 2.60), serve the
-// input channel with the poll stream instead: three warps, the same loop shape ("Lowest host round
+// Its host round trip on the H200 (session 17, `mesh-gpu-bench rt-ab`, medians of 5 turns x 4,000): 2.77 /
+// 2.81 / 2.85 us at 8 / 64 / 256 B against 2.27-2.31 us for a raw mapped word (1.22-1.23x), 2.62 / 5.75 us
+// at 1 / 4 KiB against 2.98 / 5.07 for the raw one-warp LL exchange (0.88 / 1.13x). Most of the gap is
+// one PCIe poll lost per round trip (the poll sent right after a reply reaches the host before the
+// client's next request); MESH_PHASE_LOCK (at mesh_warp_try_recv) takes it out for a client that
+// answers at once. For the host round trip of a small message near the raw word (session 17, blink:
+// 2.49-2.65 us at 8-256 B beside the word's 2.27-2.31), serve the input channel with the poll stream
+// instead: three warps, the same loop shape ("Lowest host round
 // trip: the poll stream" below; tests/programs/echo_poll.cu). GPU to GPU (device channels) this
 // one-warp loop is at the raw two-kernel round trip: 1.18 / 1.21 / 1.26 / 1.56 us at 8 / 64 / 256 B /
 // 1 KiB against 1.07 / 1.37 / 1.39 / 1.85 us for two bare kernels on device memory (same run).
@@ -704,9 +707,14 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // trials of MESH_PHASE_TRIAL; of every 16 trials the first runs without the wait and the second with
 // it, each summing the clocks between its messages (each capped at MESH_PHASE_CLIP), and the other 14
 // run as the cheaper of the two did. A call inside the wait returns false without loading anything (a
-// message may be there: try_recv's false means "not now"). Off by default (a poll on every call) until
-// the trials have run on the GPU (docs/gpu-runs/PENDING.md); define MESH_PHASE_LOCK 1 before including
-// mesh.cuh to use it. Clocks are the SM's (clock64, ~1.7-2 per ns on an H100 / H200).
+// message may be there: try_recv's false means "not now"). Clocks are the SM's (clock64, ~1.7-2 per ns
+// on an H100 / H200).
+// Measured (BENCHMARKS.md, session 17, an H100, `mesh-gpu-bench rt-ab` beside the same loop without it):
+// a host client that answers at once gets 8 / 64 / 256 B in 1.9 / 2.0 / 2.2 us instead of 2.8 / 2.8 /
+// 2.7 (0.73-0.93x the raw mapped word, both modes), 1 KiB 0.1 us faster; but 4 KiB 0.3-0.5 us slower,
+// a client taking 3 us between requests 0.15-0.45 us slower, and a device channel with both ends built
+// with it 0.35 us slower. So it is off by default (a poll on every call): define MESH_PHASE_LOCK 1
+// before including mesh.cuh for host channels of up to 1 KiB whose clients answer at once.
 #ifndef MESH_PHASE_LOCK
 #define MESH_PHASE_LOCK 0
 #endif
