@@ -383,6 +383,7 @@ typedef struct {
     uint32_t partial;     // consumer: polls that found a message half-arrived (each costs a round trip)
     bool producer;
     // consumer, mesh_warp_try_recv's phase lock (see there), in SM clocks (clock64):
+    bool lock;            // it applies: a host channel (MESH_PHASE_LOCK on)
     uint32_t wait;        // the learned wait after a message
     uint32_t empties;     // polls that found nothing since the last message
     uint64_t due;         // no poll before this clock
@@ -428,6 +429,11 @@ static __device__ __forceinline__ void mesh_chan_took(mesh_chan* ch) {
     ch->other = ch->mine;
 }
 
+// mesh_warp_try_recv's phase lock on host channels (off by default; see "The phase lock" below).
+#ifndef MESH_PHASE_LOCK
+#define MESH_PHASE_LOCK 0
+#endif
+
 // Opens binding `b` as a producer (`producer` true) or consumer. An unbound `b`, or a channel of
 // protocol bulk (open those with mesh_bulk_open), gives msg_size 0, on which every call fails. A producer resumes after the last message written into the ring, a consumer
 // at the last position committed and published.
@@ -441,6 +447,7 @@ static __device__ __forceinline__ mesh_chan mesh_chan_open(const mesh_ctx& c, ui
     ch.msg_size = c.bindings[b].msg_size;
     ch.mask = c.bindings[b].capacity - 1;
     ch.magic = (uint32_t)(((1ull << 32) + ch.msg_size / 4u - 1u) / (ch.msg_size / 4u));
+    ch.lock = MESH_PHASE_LOCK && !producer && c.bindings[b].placement == MESH_PLACEMENT_HOST;
     uint64_t tail = mesh_ld_volatile_u64(ch.ring + MESH_RING_TAIL);
     if (producer) {
         uint64_t head = mesh_ld_volatile_u64(ch.ring + MESH_RING_HEAD);
@@ -714,10 +721,9 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // 2.7 (0.73-0.93x the raw mapped word, both modes), 1 KiB 0.1 us faster; but 4 KiB 0.3-0.5 us slower,
 // a client taking 3 us between requests 0.15-0.45 us slower, and a device channel with both ends built
 // with it 0.35 us slower. So it is off by default (a poll on every call): define MESH_PHASE_LOCK 1
-// before including mesh.cuh for host channels of up to 1 KiB whose clients answer at once.
-#ifndef MESH_PHASE_LOCK
-#define MESH_PHASE_LOCK 0
-#endif
+// before including mesh.cuh for clients that answer at once. Since then (not yet run on a GPU) it
+// applies where it paid only: the consumer end of a host channel, messages of up to 1 KiB (the short
+// path); device channels and larger messages poll on every call whatever MESH_PHASE_LOCK says.
 #ifndef MESH_PHASE_UP
 #define MESH_PHASE_UP 200u
 #endif
@@ -757,14 +763,14 @@ static __device__ __forceinline__ bool mesh_phase_on(const mesh_chan* ch) {
 
 // True while the phase lock's wait runs.
 static __device__ __forceinline__ bool mesh_phase_waiting(const mesh_chan* ch) {
-    if (!MESH_PHASE_LOCK || ch->wait == 0 || !mesh_phase_on(ch)) return false;
+    if (!ch->lock || ch->wait == 0 || !mesh_phase_on(ch)) return false;
     return mesh_warp_clock() < ch->due;
 }
 
 // A message was taken: score the trial, learn the wait from the polls since the last message (only
 // while waiting: a free poll says nothing about it), and start the next wait.
 static __device__ __forceinline__ void mesh_phase_took(mesh_chan* ch) {
-    if (!MESH_PHASE_LOCK) return;
+    if (!ch->lock) return;
     const uint64_t now = mesh_warp_clock();
     const bool on = mesh_phase_on(ch);
     if (ch->trial > 0) ch->cost += now - ch->last < MESH_PHASE_CLIP ? (uint32_t)(now - ch->last) : MESH_PHASE_CLIP;
@@ -796,13 +802,8 @@ static __device__ __forceinline__ void mesh_phase_took(mesh_chan* ch) {
 // (mesh_chan_progress) comes after the vote that consumed the loaded values.
 static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
     const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
+    if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;  // never waits
     if (words == 0 || ch->producer || mesh_phase_waiting(ch)) return false;
-    if (words > 64u * MESH_LEAN_PAIRS) {
-        const bool got = mesh_warp_try_recv_batch(ch, buf, 1) == 1;
-        if (got) mesh_phase_took(ch);
-        else ch->empties++;
-        return got;
-    }
     const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
     const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
     uint64_t a[MESH_LEAN_PAIRS], b[MESH_LEAN_PAIRS];

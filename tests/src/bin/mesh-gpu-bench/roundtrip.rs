@@ -154,7 +154,7 @@ fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
 fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
     let (echo, threads) = echo;
     let (to, from) = (b.channel(size, 64, Placement::Host), b.channel(size, 64, Placement::Host));
-    b.load_block("echo", echo, &[&to, &from], threads);
+    let slot = b.load_block("echo", echo, &[&to, &from], threads);
     let mut tx = Producer::claim(&b.mb, &to).unwrap();
     let mut rx = Consumer::claim(&b.mb, &from).unwrap();
     let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
@@ -174,6 +174,14 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
         }
     }
     drop((tx, rx));
+    if echo.contains("phase") {
+        // echo_x_phase.cu's report of mesh.cuh's phase lock, at its last heartbeat.
+        let w = b.mb.slot(slot).unwrap().user_words();
+        println!(
+            "PHASE|{}|{echo}|{size}|wait {} clocks|{} taken|last trials: {} clocks free, {} locked",
+            b.mode, w[0], w[1], w[2], w[3]
+        );
+    }
     b.backend.unload("echo").unwrap();
     times
 }
