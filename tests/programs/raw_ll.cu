@@ -1,12 +1,15 @@
 // raw_ll: the one-warp LL probe (tests/probes/ll_roundtrip.cu's `llw`) as a resident program, so that the
 // round-trip bench (`mesh-gpu-bench rt-ab`) measures the raw limit for 1 and 4 KiB messages in the same
-// process, context and mailbox as the channels, interleaved with them. No channel protocol: binding 0
-// is a host channel of msg_size M (the payload: a multiple of 8 up to 4 KiB) and capacity 2, used as
-// scratch. The host writes M / 4 words of 8 bytes into its slot 0 (the low half payload, the high half
-// the round trip's number, from 1); the warp loads every word (lane l: words l, l + 32, ..., all
-// issued before any is looked at), and once all carry the number stores them back into slot 1, where
-// the host waits for all of them. Ends when word 0 carries the number ~0. Launch with 32 threads.
-// `cargo xtask ptx` regenerates raw_ll.ptx.
+// process, context and mailbox as the channels, interleaved with them. No channel protocol: binding 0 is
+// a host channel of msg_size M (the payload: a multiple of 8 up to 4 KiB) and an even capacity C, used as
+// scratch: C / 2 pairs of slots. Round trip i (from 1) uses pair p = (i - 1) mod (C / 2): the host writes
+// M / 4 words of 8 bytes into slot 2p (the low half payload, the high half the round trip's number); the
+// warp loads every word (lane l: words l, l + 32, ..., all issued before any is looked at), and once all
+// carry the number stores them back into slot 2p + 1, where the host waits for all of them. Capacity 2
+// is one fixed pair (the probe as written); a ring of pairs was 0.70-0.73x as fast at 4 KiB in the kit
+// (session 17, H200: 3.6 against 5.0 us; within 3% at 8 B-1 KiB), and `rt-ab` measures both
+// (`raw_ll`, `raw_ll_ring`: capacity 64). Ends when word 0 of the next request slot carries the number
+// ~0. Launch with 32 threads. `cargo xtask ptx` regenerates raw_ll.ptx.
 #include "mesh.cuh"
 
 #define RAW_LL_MAX_WORDS 1024u  // 4 KiB of payload
@@ -16,15 +19,18 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (blockIdx.x != 0 || mesh_block_rank() >= 32u) return;
     const uint32_t lane = mesh_block_rank(), full = 0xffffffffu;
     const uint32_t words = ctx.binding_count >= 1u ? ctx.bindings[0].msg_size / 4u : 0u;
+    const uint32_t pairs = ctx.binding_count >= 1u ? ctx.bindings[0].capacity / 2u : 0u;
     if (lane == 0) mesh_begin(ctx);
     if (ctx.binding_count < 1u || ctx.bindings[0].slots == 0 || words < 2u || words > RAW_LL_MAX_WORDS ||
-        mesh_block_threads() < 32u) {
+        pairs == 0 || mesh_block_threads() < 32u) {
         if (lane == 0) mesh_exit(ctx, 1);
         return;
     }
-    const volatile uint64_t* in = (const volatile uint64_t*)(uintptr_t)ctx.bindings[0].slots;
-    volatile uint64_t* out = (volatile uint64_t*)(uintptr_t)(ctx.bindings[0].slots + 8ull * words);
+    const uint64_t slot_bytes = 8ull * words;
     for (uint32_t i = 1;; i++) {
+        const uint64_t at = ctx.bindings[0].slots + (uint64_t)((i - 1u) % pairs) * 2u * slot_bytes;
+        const volatile uint64_t* in = (const volatile uint64_t*)(uintptr_t)at;
+        volatile uint64_t* out = (volatile uint64_t*)(uintptr_t)(at + slot_bytes);
         uint64_t v[RAW_LL_PER_LANE];
         bool whole, stop;
         do {

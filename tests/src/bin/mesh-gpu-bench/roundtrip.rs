@@ -190,12 +190,13 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
 /// `size` payload bytes, as `size / 4` tagged 8-byte words written by this thread and stored back by
 /// the GPU's warp once all of them arrived, each reply's payload checked. No ring, no index, no
 /// protocol: the fastest one warp moves that many bytes there and back (tests/probes/ll_roundtrip.cu).
-/// With `ring`, `raw_ll_ring` walks 32 request / reply pairs of slots instead of one (faster at 4 KiB).
+/// With `ring` it walks 32 request / reply pairs of slots instead of one (faster at 4 KiB; `raw_ll_ring`
+/// in the tables).
 fn raw_ll_times(b: &mut Bench, size: u32, ring: bool, rounds: usize, warmup: usize) -> Vec<Duration> {
     let pairs: u32 = if ring { 32 } else { 1 };
     let scratch = b.channel(size, 2 * pairs, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
-    let program = if ring { "raw_ll_ring" } else { "raw_ll" };
+    let program = "raw_ll";
     b.load(program, program, &[&scratch]);
     let words = (size / 4) as usize;
     let (base, _) = b.mb.as_raw_parts();
@@ -310,8 +311,9 @@ fn rt_ab_variants() -> Vec<TurnPath> {
 
 /// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) and the
 /// echo variants MESH_RT_AB_VARIANTS names beside their two raw limits, the relaxed mapped word
-/// (`raw_pingpong`) and the one-warp LL probe at one slot (`raw_ll`) and walking a ring (`raw_ll_ring`), measured in turns: TURNS turns, in each of
-/// them for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
+/// (`raw_pingpong`) and the one-warp LL probe at one slot (`raw_ll`) and walking 32 pairs of slots
+/// (`raw_ll` over a ring, `raw_ll_ring` in the tables), measured in turns: TURNS turns, in each of them
+/// for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
 /// machine within the run (session 12's raw word moved 10% between the start and the end of `rt`) then
 /// falls on every path alike. Printed for each echo: the medians and p99s over every turn's round
 /// trips, their ratios, and the range of the ratio of each turn's own medians.
