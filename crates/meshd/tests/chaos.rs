@@ -43,8 +43,11 @@ const FAULT_PTX: &[u8] = b".version 8.0\n.target sm_90\n// fault\n";
 /// Another image: an upgrade changes the program's image hash in the state directory.
 const PTX_V2: &[u8] = b".version 8.0\n.target sm_90\n// v2\n";
 
+/// Program slots in the chaos mailbox.
+const SLOTS: usize = 32;
+
 fn config() -> MailboxConfig {
-    MailboxConfig { size: 4 << 20, slots: 32, channels: 64 }
+    MailboxConfig { size: 4 << 20, slots: SLOTS as u32, channels: 64 }
 }
 
 /// The stand-in backend: [`ListBackend`], plus a sticky fault (a replacement of the process, as the
@@ -482,15 +485,31 @@ enum Outcome {
 /// Applies one event.
 fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut usize) -> Outcome {
     let channels: Vec<String> = m.channels.difference(&m.host_only).cloned().collect();
+    // A program left stopped holds no slot; a load, or its upgrade, takes one again.
+    let full = m.programs.values().filter(|held| !**held).count() >= SLOTS;
+    let refused_for_slots = |r: Response, what: &str| {
+        let err = r.error.unwrap_or_default();
+        assert!(!r.ok && err.contains("slots"), "{what} with every slot taken is refused, naming why: {err}");
+    };
     match kind {
         Kind::Load => {
             let name = m.fresh("p");
             let binds: Vec<&str> = (0..rng.below(3)).filter_map(|_| rng.pick(&channels).map(String::as_str)).collect();
+            if full {
+                refused_for_slots(d.ask(&load_req(&name, &binds), PTX), "a load");
+                return Outcome::Done;
+            }
             d.ok(&load_req(&name, &binds), PTX);
             m.programs.insert(name, false);
         }
         Kind::Upgrade => {
             let Some(name) = rng.pick(&m.names()).cloned() else { return Outcome::Skipped };
+            if full && m.programs[&name] {
+                // Left stopped, it runs again only in a slot of its own.
+                let r = d.ask(&Request::Upgrade { name: name.clone(), image_len: PTX_V2.len() }, PTX_V2);
+                refused_for_slots(r, &format!("the upgrade of {name}, left stopped,"));
+                return Outcome::Done;
+            }
             let r = d.ok(&Request::Upgrade { name: name.clone(), image_len: PTX_V2.len() }, PTX_V2);
             assert_eq!(r.programs.unwrap_or_default()[0].state, "running", "upgrade of {name}");
             // An upgrade runs a program left stopped again.
@@ -514,7 +533,9 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
                 (d.ask(&load_req(&name, &["no-such-channel"]), PTX), "no-such-channel")
             };
             let err = r.error.unwrap_or_default();
-            assert!(!r.ok && err.contains(why), "a bad load is refused with its reason: {err}");
+            // With every slot taken the backend may name that first: a reason all the same.
+            let named = err.contains(why) || (full && err.contains("slots"));
+            assert!(!r.ok && named, "a bad load is refused with its reason: {err}");
         }
         Kind::ChannelCreate => {
             let name = m.fresh("c");
@@ -559,7 +580,7 @@ fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut 
             m.natives.remove(&name);
         }
         Kind::Fault => {
-            if *faults >= MAX_FAULTS {
+            if *faults >= MAX_FAULTS || full {
                 return Outcome::Skipped;
             }
             *faults += 1;
