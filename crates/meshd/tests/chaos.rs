@@ -44,10 +44,10 @@ const FAULT_PTX: &[u8] = b".version 8.0\n.target sm_90\n// fault\n";
 const PTX_V2: &[u8] = b".version 8.0\n.target sm_90\n// v2\n";
 
 /// Program slots in the chaos mailbox.
-const SLOTS: usize = 32;
+const SLOTS: u32 = 32;
 
 fn config() -> MailboxConfig {
-    MailboxConfig { size: 4 << 20, slots: SLOTS as u32, channels: 64 }
+    MailboxConfig { size: 4 << 20, slots: SLOTS, channels: 64 }
 }
 
 /// The stand-in backend: [`ListBackend`], plus a sticky fault (a replacement of the process, as the
@@ -486,7 +486,7 @@ enum Outcome {
 fn apply(kind: Kind, rng: &mut Rng, d: &mut Daemon, m: &mut Model, faults: &mut usize) -> Outcome {
     let channels: Vec<String> = m.channels.difference(&m.host_only).cloned().collect();
     // A program left stopped holds no slot; a load, or its upgrade, takes one again.
-    let full = m.programs.values().filter(|held| !**held).count() >= SLOTS;
+    let full = m.programs.values().filter(|held| !**held).count() >= SLOTS as usize;
     let refused_for_slots = |r: Response, what: &str| {
         let err = r.error.unwrap_or_default();
         assert!(!r.ok && err.contains("slots"), "{what} with every slot taken is refused, naming why: {err}");
