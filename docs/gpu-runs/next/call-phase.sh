@@ -25,4 +25,5 @@ echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 for f in $L/rt-ab-*.txt; do echo "== $(basename $f)"; grep "^| " $f | grep -v "^|--\|^| mode"; done
 grep "^| blink" $L/g2g-blink.txt $L/g2g-blink-lock.txt
+grep -h "^PHASE|" $L/rt-ab-*.txt | head -40  # echo_x_phase: the learned wait, the last trials' clocks
 finish
