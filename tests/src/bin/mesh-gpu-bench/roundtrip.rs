@@ -264,6 +264,17 @@ enum TurnPath {
 }
 
 impl TurnPath {
+    /// The path's name in the tables and the `TURNS|` lines.
+    fn label(&self) -> String {
+        match self {
+            TurnPath::Word => "raw word".into(),
+            TurnPath::Ll => "raw_ll".into(),
+            TurnPath::LlRing => "raw_ll_ring".into(),
+            TurnPath::Echo { program, .. } => program.clone(),
+            TurnPath::WordVariant(program) => format!("word:{program}"),
+        }
+    }
+
     fn serves(&self, size: u32) -> bool {
         match self {
             TurnPath::Echo { max, .. } => size <= *max,
@@ -367,15 +378,12 @@ pub fn host_round_trips_interleaved(mps: bool) {
             .map(|t| if t.is_empty() { (f64::NAN, f64::NAN) } else { stats(t) })
             .collect();
         let (word, ll, ring) = (all[0], all[1], all[2]);
+        // The first three paths are the limits every other path is divided by.
         for (k, path) in paths.iter().enumerate().skip(3) {
-            let program = match path {
-                TurnPath::Echo { program, .. } => program.clone(),
-                TurnPath::WordVariant(program) => format!("word:{program}"),
-                _ => continue,
-            };
             if !path.serves(*size) {
                 continue;
             }
+            let program = path.label();
             let echo = all[k];
             let (w_lo, w_hi) = range(&turn_medians[s][k], &turn_medians[s][0]);
             let (l_lo, l_hi) = range(&turn_medians[s][k], &turn_medians[s][1]);
@@ -402,14 +410,8 @@ pub fn host_round_trips_interleaved(mps: bool) {
     println!("Each turn's median µs, by size and path:");
     for (s, size) in SIZES.iter().enumerate() {
         for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
-            let name = match path {
-                TurnPath::Word => "raw word",
-                TurnPath::Ll => "raw_ll",
-                TurnPath::LlRing => "raw_ll_ring",
-                TurnPath::Echo { program, .. } | TurnPath::WordVariant(program) => program.as_str(),
-            };
             let turns: Vec<String> = turn_medians[s][k].iter().map(|m| format!("{m:.2}")).collect();
-            println!("TURNS|{mode}|{size}|{name}|{}", turns.join(" "));
+            println!("TURNS|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
         }
     }
     b.shutdown();
