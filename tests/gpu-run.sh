@@ -2,7 +2,8 @@
 # The `run` script of a GPU bundle (`cargo xtask gpu-test --bundle DIR`), for a GPU machine without cargo.
 # Compiles the test programs to PTX where nvcc exists, for every call, in parallel (and keeps them in
 # $OUT/ptx.tar to be committed),
-# runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last.
+# runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last; exits 1, naming them,
+# when any of them failed (a row with a non-zero rc).
 # Usage: ./run [tests|bench|all|chan|lean|service|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
 # lean: issue 24 item 2 alone (PENDING, issue 24 call 4): the g2g probe, then `mesh-gpu-bench g2g-lean blink`
 #   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
@@ -244,3 +245,9 @@ fi
 echo
 echo "================ meshd GPU run: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) ================"
 for r in "${ROWS[@]}"; do printf '%-28s %s\n' "${r%%|*}" "${r#*|}"; done
+# The exit status says whether everything passed (session 18: a failing test-soak left `./run tests` at 0).
+failed=$(for r in "${ROWS[@]}"; do [[ "${r#*|}" =~ rc=[1-9] ]] && printf '%s, ' "${r%%|*}"; done)
+if [ -n "$failed" ]; then
+  echo "FAILED: ${failed%, }"
+  exit 1
+fi

@@ -389,8 +389,9 @@ typedef struct {
     uint64_t due;         // no poll before this clock
     uint64_t last;        // when the last message was taken
     uint32_t trial;       // messages taken so far (the lock's trials run on it)
-    uint32_t cost;        // this trial's clocks between messages, summed
-    uint32_t cost_free;   // the last trial without the wait, and the last with it
+    uint32_t gap;         // lane k: clocks between message k - 1 and k of this trial (k = trial % 32)
+    uint32_t cost_free;   // the trials without the wait, and those with it: gaps summed, each at most
+                          // twice the trial's median, as a running mean (weight 1/4 to the newest)
     uint32_t cost_lock;
 } mesh_chan;
 
@@ -711,9 +712,15 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // Whether to wait at all is measured, not assumed: a wait that helps one client at one size can cost
 // another a poll (a slower client, or a large message whose poll at the edge meets the host still
 // writing it: session 17, up to +1.1 us at 256 B with a client taking 300 ns). Messages are taken in
-// trials of MESH_PHASE_TRIAL; of every 16 trials the first runs without the wait and the second with
-// it, each summing the clocks between its messages (each capped at MESH_PHASE_CLIP), and the other 14
-// run as the cheaper of the two did. A call inside the wait returns false without loading anything (a
+// trials of MESH_PHASE_TRIAL (32: one message a lane); of every 16 trials the first runs without the
+// wait and the second with it, each scored by the sum of the clocks between its messages, each gap
+// capped at twice the trial's median, and the other 14 run as the cheaper way has done (a running
+// mean of those scores, the newest weighing 1/4: one pair of trials alone is noise). Capped: a
+// host client's own hiccups (a 20 us outlier in 32 messages) swamped the plain sums in session 18's
+// call 1 (trials of one client differing by 20% where the lock's effect was 5%). Summed, not the
+// median alone: with the wait a slow client's gaps split in two modes (call 2: the locked trials'
+// median 5,500 clocks against 7,100 without, their sums equal), and the median picked the wait
+// for clients it did not help. A call inside the wait returns false without loading anything (a
 // message may be there: try_recv's false means "not now"). Clocks are the SM's (clock64, ~1.7-2 per ns
 // on an H100 / H200).
 // Measured (BENCHMARKS.md, session 17, an H100, `mesh-gpu-bench rt-ab` beside the same loop without it):
@@ -733,7 +740,7 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 #ifndef MESH_PHASE_MAX
 #define MESH_PHASE_MAX 3000u
 #endif
-#define MESH_PHASE_TRIAL 32u
+#define MESH_PHASE_TRIAL 32u  // one gap a lane: the trial's median is a warp sort
 #define MESH_PHASE_CLIP 40000u
 
 #ifndef MESH_HOST_EMULATION
@@ -750,8 +757,23 @@ static __device__ __forceinline__ uint64_t mesh_warp_clock(void) {
     return __shfl_sync(0xffffffffu, mesh_clock(), 0);
 }
 
+// The median of one value a lane (the upper of the middle two), on every lane: a bitonic sort over
+// the warp's shuffles (15 of them, once a trial).
+static __device__ __forceinline__ uint32_t mesh_warp_median(uint32_t v) {
+    const uint32_t lane = mesh_lane();
+#pragma unroll
+    for (uint32_t k = 2; k <= 32u; k <<= 1)
+#pragma unroll
+        for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+            const uint32_t o = __shfl_xor_sync(0xffffffffu, v, j);
+            const bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);  // ascending where lane & k is 0
+            v = keep_min ? (o < v ? o : v) : (o > v ? o : v);
+        }
+    return __shfl_sync(0xffffffffu, v, 16);
+}
+
 // Whether the current trial waits: the second of every 16 does, and the other 14 when the last trial
-// with the wait cost fewer clocks than the last without.
+// with the wait have cost fewer clocks (capped gaps summed, a running mean) than those without.
 #ifndef MESH_PHASE_CHOOSE
 #define MESH_PHASE_CHOOSE 1  // 0: every trial waits (a measurement knob: echo_x_phasealways.cu)
 #endif
@@ -773,7 +795,8 @@ static __device__ __forceinline__ void mesh_phase_took(mesh_chan* ch) {
     if (!ch->lock) return;
     const uint64_t now = mesh_warp_clock();
     const bool on = mesh_phase_on(ch);
-    if (ch->trial > 0) ch->cost += now - ch->last < MESH_PHASE_CLIP ? (uint32_t)(now - ch->last) : MESH_PHASE_CLIP;
+    if (mesh_lane() == ch->trial % MESH_PHASE_TRIAL)  // the first message of all has no gap: 0, one low value
+        ch->gap = ch->trial == 0 ? 0u : now - ch->last < MESH_PHASE_CLIP ? (uint32_t)(now - ch->last) : MESH_PHASE_CLIP;
     if (on) {
         if (ch->empties == 0) ch->wait = ch->wait > MESH_PHASE_DOWN ? ch->wait - MESH_PHASE_DOWN : 0u;
         else if (ch->empties == 1)
@@ -783,27 +806,22 @@ static __device__ __forceinline__ void mesh_phase_took(mesh_chan* ch) {
     ch->last = now;
     if (++ch->trial % MESH_PHASE_TRIAL == 0) {  // a trial ends: keep the probes' scores
         const uint32_t t = (ch->trial / MESH_PHASE_TRIAL - 1u) % 16u;
-        if (t == 0u) ch->cost_free = ch->cost;
-        if (t == 1u) ch->cost_lock = ch->cost;
-        ch->cost = 0;
+        if (t <= 1u) {
+            const uint32_t cap = 2u * mesh_warp_median(ch->gap);
+            uint32_t sum = ch->gap < cap ? ch->gap : cap;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            uint32_t* cost = t == 0u ? &ch->cost_free : &ch->cost_lock;  // a running mean over four probes
+            *cost = *cost == 0u ? sum : (3u * *cost + sum) / 4u;
+        }
     }
     ch->due = now + ch->wait;
 }
 
-// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived; false when
-// none has, or while the phase lock waits (above).
-// A message of up to 1 KiB (MESH_LEAN_PAIRS 16-byte loads per lane, all issued before any is looked
-// at) takes the short path: predicated loads, one vote, and a half-arrived message is simply polled
-// again on the next call. On the H200 (session 5, device channels, ping <-> echo) it halved the round
-// trip: 8 / 64 / 256 B 1.08 / 1.11 / 1.14 us against 2.21 / 2.25 / 2.31 us through the batch path,
-// whose unrolled 16-pair setup, min-reduction and partial wait cost as much as a load of GPU memory.
-// Larger messages take the batch path. Ordering as in the batch path: a word with the right tag is
-// that message's word (8-byte single-copy atomicity), the vote covers every word, and the tail store
-// (mesh_chan_progress) comes after the vote that consumed the loaded values.
-static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
-    const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
-    if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;  // never waits
-    if (words == 0 || ch->producer || mesh_phase_waiting(ch)) return false;
+// The short path, with the phase lock's steps where `locked` (a constant at each call: the path
+// without them is the same code as a build without MESH_PHASE_LOCK).
+static __device__ __forceinline__ bool mesh_warp_recv_lean(mesh_chan* ch, void* buf, uint32_t words, bool locked) {
+    if (locked && mesh_phase_waiting(ch)) return false;
     const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
     const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
     uint64_t a[MESH_LEAN_PAIRS], b[MESH_LEAN_PAIRS];
@@ -819,7 +837,7 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     if (!__all_sync(0xffffffffu, whole)) {
         if (__shfl_sync(0xffffffffu, (uint32_t)(a[0] >> 32) == t, 0)) ch->partial++;  // word 0 is there: half-arrived
         else mesh_chan_drained(ch);                                                  // nothing yet
-        ch->empties++;
+        if (locked) ch->empties++;
         return false;
     }
     uint32_t* dst = (uint32_t*)buf;
@@ -834,8 +852,30 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     __syncwarp();
     ch->mine += 1;
     mesh_chan_took(ch);
-    mesh_phase_took(ch);
+    if (locked) mesh_phase_took(ch);
     return true;
+}
+
+// Receives one message into `buf` (msg_size bytes). True on every lane when one arrived; false when
+// none has, or while the phase lock waits (above).
+// A message of up to 1 KiB (MESH_LEAN_PAIRS 16-byte loads per lane, all issued before any is looked
+// at) takes the short path: predicated loads, one vote, and a half-arrived message is simply polled
+// again on the next call. On the H200 (session 5, device channels, ping <-> echo) it halved the round
+// trip: 8 / 64 / 256 B 1.08 / 1.11 / 1.14 us against 2.21 / 2.25 / 2.31 us through the batch path,
+// whose unrolled 16-pair setup, min-reduction and partial wait cost as much as a load of GPU memory.
+// Larger messages take the batch path. Ordering as in the batch path: a word with the right tag is
+// that message's word (8-byte single-copy atomicity), the vote covers every word, and the tail store
+// (mesh_chan_progress) comes after the vote that consumed the loaded values.
+static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* buf) {
+    const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
+    if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;  // never waits
+    if (words == 0 || ch->producer) return false;
+    // Two copies of the short path, so that a channel the lock does not apply to (a device channel:
+    // session 18's call 1 measured ping <-> echo 0.1 us slower at 8-256 B and 0.36 us at 1 KiB when both
+    // were built with the lock, one path with its steps skipped at run time) runs the code it runs
+    // without MESH_PHASE_LOCK.
+    if (MESH_PHASE_LOCK && ch->lock) return mesh_warp_recv_lean(ch, buf, words, true);
+    return mesh_warp_recv_lean(ch, buf, words, false);
 }
 
 // Sends up to `count` messages from `buf` (count * msg_size bytes, 4-byte aligned), as many as there is

@@ -178,7 +178,7 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
         // echo_x_phase.cu's report of mesh.cuh's phase lock, at its last heartbeat.
         let w = b.mb.slot(slot).unwrap().user_words();
         println!(
-            "PHASE|{}|{echo}|{size}|wait {} clocks|{} taken|last trials: {} clocks free, {} locked",
+            "PHASE|{}|{echo}|{size}|wait {} clocks|{} taken|last trials, capped gaps summed: {} clocks free, {} locked",
             b.mode, w[0], w[1], w[2], w[3]
         );
     }
