@@ -721,16 +721,19 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // median alone: with the wait a slow client's gaps split in two modes (call 2: the locked trials'
 // median 5,500 clocks against 7,100 without, their sums equal), and the median picked the wait
 // for clients it did not help. A call inside the wait returns false without loading anything (a
-// message may be there: try_recv's false means "not now"). Clocks are the SM's (clock64, ~1.7-2 per ns
-// on an H100 / H200).
-// Measured (BENCHMARKS.md, session 17, an H100, `mesh-gpu-bench rt-ab` beside the same loop without it):
-// a host client that answers at once gets 8 / 64 / 256 B in 1.9 / 2.0 / 2.2 us instead of 2.8 / 2.8 /
-// 2.7 (0.73-0.93x the raw mapped word, both modes), 1 KiB 0.1 us faster; but 4 KiB 0.3-0.5 us slower,
-// a client taking 3 us between requests 0.15-0.45 us slower, and a device channel with both ends built
-// with it 0.35 us slower. So it is off by default (a poll on every call): define MESH_PHASE_LOCK 1
-// before including mesh.cuh for clients that answer at once. Since then (not yet run on a GPU) it
-// applies where it paid only: the consumer end of a host channel, messages of up to 1 KiB (the short
-// path); device channels and larger messages poll on every call whatever MESH_PHASE_LOCK says.
+// message may be there: try_recv's false means "not now"). Clocks are the SM's (clock64: its rate is
+// the SM clock's, which a one-warp kernel may not drive to boost: ~1 per ns in session 18's calls).
+// It applies only where it can pay: the consumer end of a host channel, messages of up to 1 KiB (the
+// short path); device channels and larger messages poll on every call whatever MESH_PHASE_LOCK says.
+// Measured (BENCHMARKS.md, sessions 17 and 18, an H100, `mesh-gpu-bench rt-ab` beside the same loop
+// without it, medians): a host client that answers at once gets 8 / 64 / 256 B in 2.0-2.1 / 2.1-2.2 /
+// 2.25-2.35 us instead of 2.7-3.0 / 2.7-2.9 / 2.6-2.8 (0.69-0.86x, four calls, both modes; 1 KiB
+// within +-0.3 us). A slower client can lose: at 700 ns between reply and request 64 B +0.5 us and 1 KiB
+// +0.2-0.5 (256 B 0.7 us faster), at 3 us 8-256 B +0.3-0.6 us; no scoring of the trials tried (summed
+// gaps, the median, capped sums with a running mean) removed that. A build with it also slows its
+// device channels, which never wait: ping <-> echo 0.05-0.08 us at 8-256 B and 0.33 us at 1 KiB
+// (ptxas: echo_header 160 registers against 138). So it is off by default (a poll on every call):
+// define MESH_PHASE_LOCK 1 before including mesh.cuh in a program whose host clients answer at once.
 #ifndef MESH_PHASE_UP
 #define MESH_PHASE_UP 200u
 #endif
@@ -870,10 +873,10 @@ static __device__ __forceinline__ bool mesh_warp_try_recv(mesh_chan* ch, void* b
     const uint32_t words = ch->msg_size / 4u;  // wire words (8 B), 4 payload bytes each; even
     if (words > 64u * MESH_LEAN_PAIRS) return mesh_warp_try_recv_batch(ch, buf, 1) == 1;  // never waits
     if (words == 0 || ch->producer) return false;
-    // Two copies of the short path, so that a channel the lock does not apply to (a device channel:
-    // session 18's call 1 measured ping <-> echo 0.1 us slower at 8-256 B and 0.36 us at 1 KiB when both
-    // were built with the lock, one path with its steps skipped at run time) runs the code it runs
-    // without MESH_PHASE_LOCK.
+    // Two copies of the short path, so that a channel the lock does not apply to (a device channel)
+    // runs the code it runs without MESH_PHASE_LOCK. Session 18, a lock build's ping <-> echo on device
+    // channels: one path with the steps skipped at run time 0.1 us slower at 8-256 B and 0.36 us at 1
+    // KiB; two copies 0.05-0.08 and 0.33 (what is left is the kernel's registers, 160 against 138).
     if (MESH_PHASE_LOCK && ch->lock) return mesh_warp_recv_lean(ch, buf, words, true);
     return mesh_warp_recv_lean(ch, buf, words, false);
 }
