@@ -190,13 +190,15 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
 /// `size` payload bytes, as `size / 4` tagged 8-byte words written by this thread and stored back by
 /// the GPU's warp once all of them arrived, each reply's payload checked. No ring, no index, no
 /// protocol: the fastest one warp moves that many bytes there and back (tests/probes/ll_roundtrip.cu).
-/// With `ring` it walks 32 request / reply pairs of slots instead of one (faster at 4 KiB; `raw_ll_ring`
-/// in the tables).
-fn raw_ll_times(b: &mut Bench, size: u32, ring: bool, rounds: usize, warmup: usize) -> Vec<Duration> {
-    let pairs: u32 = if ring { 32 } else { 1 };
+/// With `ll.ring` it walks 32 request / reply pairs of slots instead of one (faster at 4 KiB on the H200;
+/// `raw_ll_ring` in the tables); `ll.program` is raw_ll or a variant of it (`raw_ll_x_v2`); with
+/// `ll.head_last` the request's first two words are stored last, as mesh-shm's producer stores a
+/// message, instead of in order.
+fn raw_ll_times(b: &mut Bench, size: u32, ll: &LlRun, rounds: usize, warmup: usize) -> Vec<Duration> {
+    let pairs: u32 = if ll.ring { 32 } else { 1 };
     let scratch = b.channel(size, 2 * pairs, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
-    let program = "raw_ll";
+    let program = ll.program.as_str();
     b.load(program, program, &[&scratch]);
     let words = (size / 4) as usize;
     let (base, _) = b.mb.as_raw_parts();
@@ -221,7 +223,11 @@ fn raw_ll_times(b: &mut Bench, size: u32, ring: bool, rounds: usize, warmup: usi
         let (input, output) = &slots[((i - 1) % pairs) as usize];
         client_turnaround();
         let t = Instant::now();
-        for (k, w) in (0u32..).zip(input) {
+        let first = if ll.head_last { 2.min(input.len()) } else { 0 };
+        for (k, w) in (0u32..).zip(input).skip(first) {
+            w.store(word(i, k), Ordering::Relaxed);
+        }
+        for (k, w) in (0u32..).zip(input).take(first) {
             w.store(word(i, k), Ordering::Relaxed);
         }
         let mut spins = 0u32;
@@ -253,14 +259,29 @@ const TURNS: usize = 5;
 const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
-/// A path `rt-ab` measures: the raw word, the one-warp LL probe, an echo program (up to `max` bytes,
-/// in a block of `threads`), or another raw-word program.
+/// How `raw_ll_times` runs an LL probe program.
+struct LlRun {
+    program: String,
+    ring: bool,
+    head_last: bool,
+}
+
+impl LlRun {
+    fn probe(ring: bool) -> Self {
+        Self { program: "raw_ll".into(), ring, head_last: false }
+    }
+}
+
+/// A path `rt-ab` measures: the raw word, the one-warp LL probe (at one pair of slots or a ring), an
+/// echo program (up to `max` bytes, in a block of `threads`), another raw-word program, or another
+/// run of an LL probe (`label`: how MESH_RT_AB_VARIANTS named it).
 enum TurnPath {
     Word,
     Ll,
     LlRing,
     Echo { program: String, max: u32, threads: u32 },
     WordVariant(String),
+    LlVariant { label: String, run: LlRun },
 }
 
 impl TurnPath {
@@ -272,6 +293,7 @@ impl TurnPath {
             TurnPath::LlRing => "raw_ll_ring".into(),
             TurnPath::Echo { program, .. } => program.clone(),
             TurnPath::WordVariant(program) => format!("word:{program}"),
+            TurnPath::LlVariant { label, .. } => label.clone(),
         }
     }
 
@@ -285,8 +307,9 @@ impl TurnPath {
     fn times(&self, b: &mut Bench, size: u32) -> Vec<Duration> {
         match self {
             TurnPath::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::Ll => raw_ll_times(b, size, false, TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::LlRing => raw_ll_times(b, size, true, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Ll => raw_ll_times(b, size, &LlRun::probe(false), TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::LlRing => raw_ll_times(b, size, &LlRun::probe(true), TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::LlVariant { run, .. } => raw_ll_times(b, size, run, TURN_ROUNDS, TURN_WARMUP),
             TurnPath::Echo { program, threads, .. } => {
                 echo_times(b, (program, *threads), size, TURN_ROUNDS, TURN_WARMUP)
             }
@@ -299,13 +322,20 @@ impl TurnPath {
 /// `PROGRAM[:MAX_BYTES[:THREADS]]` (a program serving messages up to MAX_BYTES, default 4096, in a
 /// block of THREADS, default 32), e.g. `echo_x_stagger:1024` or `echo_poll:4096:96` (the header's poll
 /// stream: MESH_POLLERS + 1 warps), or `word:PROGRAM`, a raw-word loop beside `raw_pingpong`
-/// (`word:raw_pingpong_x_phase`).
+/// (`word:raw_pingpong_x_phase`), or an LL probe run `ll:PROGRAM` (one pair of slots), `llring:PROGRAM`
+/// (32 pairs), either with `-headlast` before the colon (the request's first two words stored last, as
+/// mesh-shm stores a message): `llring:raw_ll_x_v2`, `llring-headlast:raw_ll`.
 fn rt_ab_variants() -> Vec<TurnPath> {
     let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
     spec.split_whitespace()
         .map(|v| {
             if let Some(program) = v.strip_prefix("word:") {
                 return TurnPath::WordVariant(program.to_string());
+            }
+            if let Some((kind, program)) = v.split_once(':')
+                && let Some(run) = ll_run(kind, program)
+            {
+                return TurnPath::LlVariant { label: v.to_string(), run };
             }
             let mut fields = v.split(':');
             let program = fields.next().unwrap_or_default().to_string();
@@ -318,6 +348,18 @@ fn rt_ab_variants() -> Vec<TurnPath> {
             TurnPath::Echo { program, max, threads }
         })
         .collect()
+}
+
+/// The LL probe run MESH_RT_AB_VARIANTS's `KIND:PROGRAM` names, if KIND is one (see [`rt_ab_variants`]).
+fn ll_run(kind: &str, program: &str) -> Option<LlRun> {
+    let (ring, head_last) = match kind {
+        "ll" => (false, false),
+        "llring" => (true, false),
+        "ll-headlast" => (false, true),
+        "llring-headlast" => (true, true),
+        _ => return None,
+    };
+    Some(LlRun { program: program.to_string(), ring, head_last })
 }
 
 /// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) and the
