@@ -13,7 +13,13 @@
 #include "mesh.cuh"
 
 #define RAW_LL_MAX_WORDS 1024u  // 4 KiB of payload
-#define RAW_LL_PER_LANE (RAW_LL_MAX_WORDS / 32u)
+// 1: 16-byte loads and stores, two words each, as mesh.cuh's warp calls move them (raw_ll_x_v2.cu);
+// 0: one 8-byte word per lane and instruction (the probe as written).
+#ifndef RAW_LL_WIDE
+#define RAW_LL_WIDE 0
+#endif
+#define RAW_LL_UNIT (1u + RAW_LL_WIDE)  // words per load
+#define RAW_LL_PER_LANE (RAW_LL_MAX_WORDS / 32u / RAW_LL_UNIT)
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (blockIdx.x != 0 || mesh_block_rank() >= 32u) return;
@@ -22,32 +28,44 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     const uint32_t pairs = ctx.binding_count >= 1u ? ctx.bindings[0].capacity / 2u : 0u;
     if (lane == 0) mesh_begin(ctx);
     if (ctx.binding_count < 1u || ctx.bindings[0].slots == 0 || words < 2u || words > RAW_LL_MAX_WORDS ||
-        pairs == 0 || mesh_block_threads() < 32u) {
+        words % RAW_LL_UNIT != 0 || pairs == 0 || mesh_block_threads() < 32u) {
         if (lane == 0) mesh_exit(ctx, 1);
         return;
     }
+    const uint32_t units = words / RAW_LL_UNIT;
     const uint64_t slot_bytes = 8ull * words;
     for (uint32_t i = 1;; i++) {
         const uint64_t at = ctx.bindings[0].slots + (uint64_t)((i - 1u) % pairs) * 2u * slot_bytes;
         const volatile uint64_t* in = (const volatile uint64_t*)(uintptr_t)at;
         volatile uint64_t* out = (volatile uint64_t*)(uintptr_t)(at + slot_bytes);
-        uint64_t v[RAW_LL_PER_LANE];
+        uint64_t v[RAW_LL_PER_LANE], w[RAW_LL_PER_LANE];  // w: a unit's second word (RAW_LL_WIDE)
         bool whole, stop;
         do {
 #pragma unroll
-            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
-                if (lane + 32u * k < words) v[k] = mesh_ld_volatile_u64(in + lane + 32u * k);
+            for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++) {
+                const uint32_t u = lane + 32u * k;
+                w[k] = (uint64_t)i << 32;  // stands for the missing second word of an 8-byte load
+                if (u < units) {
+                    if (RAW_LL_WIDE) mesh_ld_volatile_v2(in + 2u * u, &v[k], &w[k]);
+                    else v[k] = mesh_ld_volatile_u64(in + u);
+                }
+            }
             whole = true;
 #pragma unroll
             for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
-                if (lane + 32u * k < words) whole &= (uint32_t)(v[k] >> 32) == i;
+                if (lane + 32u * k < units) whole &= (uint32_t)(v[k] >> 32) == i && (uint32_t)(w[k] >> 32) == i;
             stop = __shfl_sync(full, (uint32_t)(v[0] >> 32), 0) == ~0u;  // lane 0's v[0] is word 0
             whole = __all_sync(full, whole);
         } while (!whole && !stop);
         if (stop) break;
 #pragma unroll
-        for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++)
-            if (lane + 32u * k < words) mesh_st_volatile_u64(out + lane + 32u * k, v[k]);
+        for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++) {
+            const uint32_t u = lane + 32u * k;
+            if (u < units) {
+                if (RAW_LL_WIDE) mesh_st_volatile_v2(out + 2u * u, v[k], w[k]);
+                else mesh_st_volatile_u64(out + u, v[k]);
+            }
+        }
     }
     if (lane == 0) mesh_end(ctx);
 }
