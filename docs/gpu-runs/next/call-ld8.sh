@@ -16,5 +16,5 @@ MESH_RT_AB_HOST_DELAY_NS=700 MESH_RT_AB_VARIANTS="echo_x_ld8" step rt-ab-blink-d
 echo "total $(( $(date +%s) - T0 ))s" >> $S
 cat $S
 for f in $L/rt-ab-*.txt; do echo "== $(basename $f)"; grep "^| " $f | grep -v "^|--\|^| mode" | awk -F'|' '{printf "%s|%s|%s|%s|%s|%s\n",$3,$4,$5,$6,$8,$10}'; done
-grep -h "^TURNS" $L/rt-ab-blink.txt | grep "echo_\|raw_ll"
+grep -hE "^(TURNS|MEANS)" $L/rt-ab-blink.txt | grep "echo_\|raw_ll"
 finish

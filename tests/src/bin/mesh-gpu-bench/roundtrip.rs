@@ -369,7 +369,8 @@ fn ll_run(kind: &str, program: &str) -> Option<LlRun> {
 /// for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
 /// machine within the run (session 12's raw word moved 10% between the start and the end of `rt`) then
 /// falls on every path alike. Printed for each echo: the medians and p99s over every turn's round
-/// trips, their ratios, and the range of the ratio of each turn's own medians.
+/// trips, their ratios, and the range of the ratio of each turn's own medians; then each turn's median
+/// (`TURNS|` lines) and mean (`MEANS|`) of every path.
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
@@ -385,11 +386,14 @@ pub fn host_round_trips_interleaved(mps: bool) {
         SIZES.iter().map(|_| paths.iter().map(|_| Vec::new()).collect()).collect();
     let mut turn_medians: Vec<Vec<Vec<f64>>> =
         SIZES.iter().map(|_| paths.iter().map(|_| Vec::new()).collect()).collect();
+    let mut turn_means = turn_medians.clone();
     for _ in 0..TURNS {
         for (s, &size) in SIZES.iter().enumerate() {
             for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(size)) {
                 let times = path.times(&mut b, size);
                 turn_medians[s][k].push(stats(times.clone()).0);
+                #[allow(clippy::cast_precision_loss, reason = "a few thousand samples")]
+                turn_means[s][k].push(us(times.iter().sum::<Duration>()) / times.len().max(1) as f64);
                 pooled[s][k].extend(times);
             }
         }
@@ -454,6 +458,16 @@ pub fn host_round_trips_interleaved(mps: bool) {
         for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
             let turns: Vec<String> = turn_medians[s][k].iter().map(|m| format!("{m:.2}")).collect();
             println!("TURNS|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
+        }
+    }
+    // And each turn's mean: a wait that splits the round trips into two modes (the phase lock with a
+    // slow client, session 18) can move the median and leave the mean, or the reverse.
+    println!();
+    println!("Each turn's mean µs, by size and path:");
+    for (s, size) in SIZES.iter().enumerate() {
+        for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
+            let turns: Vec<String> = turn_means[s][k].iter().map(|m| format!("{m:.2}")).collect();
+            println!("MEANS|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
         }
     }
     b.shutdown();
