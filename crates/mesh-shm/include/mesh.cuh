@@ -389,7 +389,8 @@ typedef struct {
     uint64_t due;         // no poll before this clock
     uint64_t last;        // when the last message was taken
     uint32_t trial;       // messages taken so far (the lock's trials run on it)
-    uint32_t gap;         // lane k: clocks between message k - 1 and k of this trial (k = trial % 32)
+    uint32_t gap;         // lane k: clocks between message k - 1 and k of this trial (k = trial % 32);
+                          // the one field whose copies differ between a warp's lanes
     uint32_t cost_free;   // the trials without the wait, and those with it: gaps summed, each at most
                           // twice the trial's median, as a running mean (weight 1/4 to the newest)
     uint32_t cost_lock;
