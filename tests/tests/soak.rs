@@ -1,8 +1,8 @@
 //! Soak: 1000 load / upgrade / unload cycles through meshd in each mode, with the daemon's file
 //! descriptors, threads and child processes and the GPU's memory in use recorded before and after.
 //! Counts must come back exactly to where they started; device memory may grow by what the driver
-//! itself keeps for the same module loads (measured in this process before and after the soak, the
-//! larger counted: see [`driver_retention_mib`]) and 1% more.
+//! itself keeps for the same module loads (measured in this process, plain before and after the soak
+//! and launched after it, the largest counted: see [`driver_retention_mib`]) and 1% more.
 
 use std::process::Command;
 use std::time::Duration;
@@ -56,15 +56,12 @@ fn gpu_memory_mib() -> Option<u64> {
 }
 
 /// The device memory (MiB, as nvidia-smi counts it) that the driver keeps after `loads` loads and
-/// unloads of test program `name`, linked as meshd links it, in a context of this process: what no
-/// loader can give back. The driver of the H100 runs (580.159.04) keeps about 5 KiB of device memory
-/// per module loaded and unloaded when the module has system-scope release stores (`MEMBAR.SYS`, which
-/// `mesh_begin` and `mesh_end` compile to), through cuModuleLoadData and cuLibraryLoadData alike, lazy
-/// or eager (docs/gpu-runs/2026-12-05-s16): a soak of 2,000 loads grows by about 10 MiB however
-/// meshd behaves. Where that memory goes is the driver's business: measured only after the soak (as
-/// until session 18), an H100 whose meshd had grown 529 -> 541 MiB read 0 MiB for these loads (the
-/// first measurement before the soak is the one that sees it there), so the soak counts the larger of
-/// a measurement before it and one after.
+/// unloads of test program `name`, linked as meshd links it, in a context of this process, never
+/// launched: what no loader can give back. Session 16 took the H100 driver's growth (580.159.04, ~5 KiB
+/// a module with system-scope release stores, `MEMBAR.SYS`, which `mesh_begin` and `mesh_end` compile
+/// to; docs/gpu-runs/2026-12-05-s16) for this; session 18 measured it as 0 MiB on the H100, before and
+/// after meshd's soak, and found the growth with launches instead ([`driver_retention_launched_mib`]:
+/// 10 MiB for 2,000). The soak allows the largest of the three measurements.
 fn driver_retention_mib(name: &str, loads: usize) -> u64 {
     let device = Device::get(0).expect("device 0");
     let ctx = Context::primary(&device).expect("primary context");
@@ -85,7 +82,7 @@ fn driver_retention_mib(name: &str, loads: usize) -> u64 {
 /// The same with each load launched and stopped before its unload, as meshd's cycle does: the kernel
 /// (`name`'s `mesh_main`, one warp) finds its stop word set, returns at its second check (~100 us),
 /// and the stream is synchronized before the module goes. Session 18's H100 call 4: meshd grew
-/// 12 MiB in 1,000 cycles while plain loads kept 0: this tells whether launches make the difference.
+/// 12 MiB in 1,000 cycles while plain loads kept 0; launched, call 5: 10 MiB for 2,000, no meshd.
 fn driver_retention_launched_mib(name: &str, loads: usize) -> u64 {
     let f = Fixture::new();
     let linked = f.jit.link(name, program(name), ImageKind::Ptx).unwrap_or_else(|e| panic!("linking {name}: {e}"));
