@@ -259,6 +259,9 @@ const TURNS: usize = 5;
 const TURN_ROUNDS: usize = 4_000;
 const TURN_WARMUP: usize = 500;
 
+/// How many of `rt-ab`'s paths are limits ([`TurnPath::limits`]).
+const LIMITS: usize = 3;
+
 /// How `raw_ll_times` runs an LL probe program.
 struct LlRun {
     program: String,
@@ -266,34 +269,35 @@ struct LlRun {
     head_last: bool,
 }
 
-impl LlRun {
-    fn probe(ring: bool) -> Self {
-        Self { program: "raw_ll".into(), ring, head_last: false }
-    }
-}
-
-/// A path `rt-ab` measures: the raw word, the one-warp LL probe (at one pair of slots or a ring), an
-/// echo program (up to `max` bytes, in a block of `threads`), another raw-word program, or another
-/// run of an LL probe (`label`: how MESH_RT_AB_VARIANTS named it).
+/// A path `rt-ab` measures, with its name in the tables and the `TURNS|` / `MEANS|` lines: a raw-word
+/// loop (`raw_pingpong` or another program of its contract), a run of an LL probe, or an echo program
+/// (up to `max` bytes, in a block of `threads`).
 enum TurnPath {
-    Word,
-    Ll,
-    LlRing,
+    Word { label: String, program: String },
+    Ll { label: String, run: LlRun },
     Echo { program: String, max: u32, threads: u32 },
-    WordVariant(String),
-    LlVariant { label: String, run: LlRun },
 }
 
 impl TurnPath {
-    /// The path's name in the tables and the `TURNS|` lines.
+    /// The limits every other path is divided by, in the tables' order: the raw word, the LL probe at
+    /// one pair of slots, the same walking 32 pairs.
+    fn limits() -> [TurnPath; LIMITS] {
+        let probe = |label: &str, ring| TurnPath::Ll {
+            label: label.into(),
+            run: LlRun { program: "raw_ll".into(), ring, head_last: false },
+        };
+        [
+            TurnPath::Word { label: "raw word".into(), program: "raw_pingpong".into() },
+            probe("raw_ll", false),
+            probe("raw_ll_ring", true),
+        ]
+    }
+
+    /// The path's name in the tables and the per-turn lines.
     fn label(&self) -> String {
         match self {
-            TurnPath::Word => "raw word".into(),
-            TurnPath::Ll => "raw_ll".into(),
-            TurnPath::LlRing => "raw_ll_ring".into(),
+            TurnPath::Word { label, .. } | TurnPath::Ll { label, .. } => label.clone(),
             TurnPath::Echo { program, .. } => program.clone(),
-            TurnPath::WordVariant(program) => format!("word:{program}"),
-            TurnPath::LlVariant { label, .. } => label.clone(),
         }
     }
 
@@ -306,14 +310,11 @@ impl TurnPath {
 
     fn times(&self, b: &mut Bench, size: u32) -> Vec<Duration> {
         match self {
-            TurnPath::Word => raw_times(b, TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::Ll => raw_ll_times(b, size, &LlRun::probe(false), TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::LlRing => raw_ll_times(b, size, &LlRun::probe(true), TURN_ROUNDS, TURN_WARMUP),
-            TurnPath::LlVariant { run, .. } => raw_ll_times(b, size, run, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Word { program, .. } => word_times(b, program, TURN_ROUNDS, TURN_WARMUP),
+            TurnPath::Ll { run, .. } => raw_ll_times(b, size, run, TURN_ROUNDS, TURN_WARMUP),
             TurnPath::Echo { program, threads, .. } => {
                 echo_times(b, (program, *threads), size, TURN_ROUNDS, TURN_WARMUP)
             }
-            TurnPath::WordVariant(program) => word_times(b, program, TURN_ROUNDS, TURN_WARMUP),
         }
     }
 }
@@ -330,12 +331,12 @@ fn rt_ab_variants() -> Vec<TurnPath> {
     spec.split_whitespace()
         .map(|v| {
             if let Some(program) = v.strip_prefix("word:") {
-                return TurnPath::WordVariant(program.to_string());
+                return TurnPath::Word { label: v.to_string(), program: program.to_string() };
             }
             if let Some((kind, program)) = v.split_once(':')
                 && let Some(run) = ll_run(kind, program)
             {
-                return TurnPath::LlVariant { label: v.to_string(), run };
+                return TurnPath::Ll { label: v.to_string(), run };
             }
             let mut fields = v.split(':');
             let program = fields.next().unwrap_or_default().to_string();
@@ -374,12 +375,8 @@ fn ll_run(kind: &str, program: &str) -> Option<LlRun> {
 pub fn host_round_trips_interleaved(mps: bool) {
     let mut b = Bench::open(mps);
     let mode = b.mode;
-    let mut paths = vec![
-        TurnPath::Word,
-        TurnPath::Ll,
-        TurnPath::LlRing,
-        TurnPath::Echo { program: "echo_header".into(), max: 4096, threads: 32 },
-    ];
+    let mut paths: Vec<TurnPath> = TurnPath::limits().into();
+    paths.push(TurnPath::Echo { program: "echo_header".into(), max: 4096, threads: 32 });
     paths.extend(rt_ab_variants());
     // [size][path]: every turn's samples, and each turn's median.
     let mut pooled: Vec<Vec<Vec<Duration>>> =
@@ -424,8 +421,7 @@ pub fn host_round_trips_interleaved(mps: bool) {
             .map(|t| if t.is_empty() { (f64::NAN, f64::NAN) } else { stats(t) })
             .collect();
         let (word, ll, ring) = (all[0], all[1], all[2]);
-        // The first three paths are the limits every other path is divided by.
-        for (k, path) in paths.iter().enumerate().skip(3) {
+        for (k, path) in paths.iter().enumerate().skip(LIMITS) {
             if !path.serves(*size) {
                 continue;
             }
@@ -451,23 +447,17 @@ pub fn host_round_trips_interleaved(mps: bool) {
         }
     }
     // Each turn's own median of every path: the phase of a one-warp loop against the host can flip
-    // between turns (a lost race costs one empty poll), which the pooled medians above hide.
-    println!();
-    println!("Each turn's median µs, by size and path:");
-    for (s, size) in SIZES.iter().enumerate() {
-        for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
-            let turns: Vec<String> = turn_medians[s][k].iter().map(|m| format!("{m:.2}")).collect();
-            println!("TURNS|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
-        }
-    }
-    // And each turn's mean: a wait that splits the round trips into two modes (the phase lock with a
-    // slow client, session 18) can move the median and leave the mean, or the reverse.
-    println!();
-    println!("Each turn's mean µs, by size and path:");
-    for (s, size) in SIZES.iter().enumerate() {
-        for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
-            let turns: Vec<String> = turn_means[s][k].iter().map(|m| format!("{m:.2}")).collect();
-            println!("MEANS|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
+    // between turns (a lost race costs one empty poll), which the pooled medians above hide. And each
+    // turn's mean: a wait that splits the round trips into two modes (the phase lock with a slow
+    // client, session 18) can move the median and leave the mean, or the reverse.
+    for (tag, what, per_turn) in [("TURNS", "median", &turn_medians), ("MEANS", "mean", &turn_means)] {
+        println!();
+        println!("Each turn's {what} µs, by size and path:");
+        for (s, size) in SIZES.iter().enumerate() {
+            for (k, path) in paths.iter().enumerate().filter(|(_, p)| p.serves(*size)) {
+                let turns: Vec<String> = per_turn[s][k].iter().map(|m| format!("{m:.2}")).collect();
+                println!("{tag}|{mode}|{size}|{}|{}", path.label(), turns.join(" "));
+            }
         }
     }
     b.shutdown();
