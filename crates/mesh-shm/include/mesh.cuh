@@ -695,18 +695,11 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 }
 
 // 16-byte loads per lane on mesh_warp_try_recv's short path: messages up to 64 x this many wire words
-// (MESH_LEAN_PAIRS 4: 1 KiB) take it.
+// (MESH_LEAN_PAIRS 4: 1 KiB) take it. 16 bytes, not 8: one 8-byte load per word measured the same or
+// slower at every size in both modes (session 19, an H100, `rt-ab`, the same registers), although the
+// raw LL probe had been faster with 8-byte loads (session 18).
 #ifndef MESH_LEAN_PAIRS
 #define MESH_LEAN_PAIRS 4u
-#endif
-// How the short path loads: 16 (default: one 16-byte load per pair of words) or 8 (one 8-byte load per
-// word, twice as many). Session 18 (an H100, `rt-ab`, the same host loop, five turns each): the raw
-// one-warp LL probe with 16-byte loads was 0.2-0.4 us slower at 64 B-1 KiB and 1.5 us slower at 8 B
-// (2.93-3.29 against 1.37-1.60 us) than with 8-byte loads, and the header's loop, which loads 16 bytes,
-// sits where the 16-byte probe does (8 B: 2.71-3.09 us). Not yet measured in the header's loop:
-// echo_x_ld8.cu builds echo_header.cu with 8 (docs/gpu-runs/PENDING.md).
-#ifndef MESH_LEAN_LOAD_BYTES
-#define MESH_LEAN_LOAD_BYTES 16
 #endif
 
 // The phase lock of mesh_warp_try_recv (issue 24 item 1, session 17). One warp has one poll of host
@@ -837,30 +830,6 @@ static __device__ __forceinline__ bool mesh_warp_recv_lean(mesh_chan* ch, void* 
     if (locked && mesh_phase_waiting(ch)) return false;
     const uint32_t lane = mesh_lane(), t = mesh_tag(ch->mine);
     const volatile uint64_t* src = mesh_chan_slot(ch, ch->mine);
-#if MESH_LEAN_LOAD_BYTES == 8
-    // One 8-byte load per word, lane l words l, l + 32, ...: a warp instruction covers 256 contiguous
-    // bytes, as the raw LL probe loads (see MESH_LEAN_LOAD_BYTES).
-    uint64_t w[2u * MESH_LEAN_PAIRS];
-#pragma unroll
-    for (uint32_t j = 0; j < 2u * MESH_LEAN_PAIRS; j++) {
-        w[j] = 0;
-        if (lane + 32u * j < words) w[j] = mesh_ld_volatile_u64(src + lane + 32u * j);
-    }
-    bool whole = true;
-#pragma unroll
-    for (uint32_t j = 0; j < 2u * MESH_LEAN_PAIRS; j++)
-        if (lane + 32u * j < words) whole &= (uint32_t)(w[j] >> 32) == t;
-    if (!__all_sync(0xffffffffu, whole)) {
-        if (__shfl_sync(0xffffffffu, (uint32_t)(w[0] >> 32) == t, 0)) ch->partial++;  // word 0 is there: half-arrived
-        else mesh_chan_drained(ch);                                                  // nothing yet
-        if (locked) ch->empties++;
-        return false;
-    }
-    uint32_t* dst = (uint32_t*)buf;
-#pragma unroll
-    for (uint32_t j = 0; j < 2u * MESH_LEAN_PAIRS; j++)
-        if (lane + 32u * j < words) dst[lane + 32u * j] = (uint32_t)w[j];
-#else
     uint64_t a[MESH_LEAN_PAIRS], b[MESH_LEAN_PAIRS];
 #pragma unroll
     for (uint32_t k = 0; k < MESH_LEAN_PAIRS; k++) {
@@ -886,7 +855,6 @@ static __device__ __forceinline__ bool mesh_warp_recv_lean(mesh_chan* ch, void* 
             dst[idx + 1u] = (uint32_t)b[k];
         }
     }
-#endif
     __syncwarp();
     ch->mine += 1;
     mesh_chan_took(ch);

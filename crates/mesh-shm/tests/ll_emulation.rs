@@ -104,12 +104,3 @@ fn the_headers_warp_echo_with_the_phase_lock_returns_every_message_once_in_order
         passes(&exe);
     }
 }
-
-/// The header's loop with the short path's 8-byte loads (`MESH_LEAN_LOAD_BYTES=8`, echo_x_ld8.cu, a
-/// benchmark variant): every message once and in order, torn ones included, across a relaunch.
-#[test]
-fn the_headers_warp_echo_with_eight_byte_loads_returns_every_message_once_in_order() {
-    if let Some(exe) = built("echo_header.cu", &["-DMESH_LEAN_LOAD_BYTES=8"]) {
-        passes(&exe);
-    }
-}
