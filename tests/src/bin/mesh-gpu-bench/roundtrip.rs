@@ -88,23 +88,52 @@ fn raw(b: &mut Bench) -> (f64, f64) {
     stats(raw_times(b, ROUNDS, WARMUP))
 }
 
-/// The client's own work between a reply and its next request: MESH_RT_AB_HOST_DELAY_NS nanoseconds
-/// spun before each request, not timed (default 0: the next request at once). A one-warp loop's round
-/// trip depends on where the request lands between its polls; this moves it.
+/// The client's own work between a reply and its next request, spun before each request and not timed:
+/// MESH_RT_AB_HOST_DELAY_NS `N` (N ns every time; default 0, the next request at once) or `LO-HI` (a
+/// delay drawn uniformly from LO..=HI ns for each request). A one-warp loop's round trip depends on
+/// where the request lands between its polls: a fixed delay moves that phase (the sawtooth), a range
+/// at least one poll wide (`0-1500`) averages every path over it, as a client whose own time varies.
 fn client_turnaround() {
-    static DELAY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    let delay = *DELAY.get_or_init(|| {
-        let ns = std::env::var("MESH_RT_AB_HOST_DELAY_NS").map_or(0, |v| {
-            v.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_HOST_DELAY_NS: {v:?} is not a number of ns"))
-        });
-        Duration::from_nanos(ns)
+    static DELAY: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    thread_local! {
+        static DRAW: std::cell::Cell<u64> = const { std::cell::Cell::new(0x9e37_79b9_7f4a_7c15) };
+    }
+    let (lo, hi) = *DELAY.get_or_init(|| {
+        std::env::var("MESH_RT_AB_HOST_DELAY_NS").map_or((0, 0), |v| {
+            parse_delay(&v).unwrap_or_else(|| panic!("MESH_RT_AB_HOST_DELAY_NS: {v:?} is neither N nor LO-HI (ns)"))
+        })
     });
-    if delay.is_zero() {
+    let ns = if hi > lo {
+        // xorshift64: cheap, and the same sequence for every path of a run.
+        let x = DRAW.with(|d| {
+            let mut x = d.get();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            d.set(x);
+            x
+        });
+        lo + x % (hi - lo + 1)
+    } else {
+        lo
+    };
+    if ns == 0 {
         return;
     }
-    let start = Instant::now();
+    let (start, delay) = (Instant::now(), Duration::from_nanos(ns));
     while start.elapsed() < delay {
         std::hint::spin_loop();
+    }
+}
+
+/// MESH_RT_AB_HOST_DELAY_NS's value: `N` as (N, N), `LO-HI` as (LO, HI) with LO <= HI.
+fn parse_delay(v: &str) -> Option<(u64, u64)> {
+    match v.split_once('-') {
+        None => v.trim().parse().ok().map(|n| (n, n)),
+        Some((lo, hi)) => {
+            let (lo, hi): (u64, u64) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+            (lo <= hi).then_some((lo, hi))
+        }
     }
 }
 
@@ -402,7 +431,9 @@ pub fn host_round_trips_interleaved(mps: bool) {
     );
     println!("ratio [lo, hi]: of the medians over all turns, [lowest, highest] of each turn's own medians.");
     if let Ok(ns) = std::env::var("MESH_RT_AB_HOST_DELAY_NS") {
-        println!("The client spins {ns} ns after each reply before its next request (not timed).");
+        println!(
+            "The client spins {ns} ns (a range: drawn for each request) after each reply before its next request (not timed)."
+        );
     }
     println!();
     println!(
@@ -613,4 +644,18 @@ pub fn gpu_round_trips_lean(mps: bool) {
         }
     }
     b.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_delay;
+
+    #[test]
+    fn client_delay_is_a_number_or_a_range() {
+        assert_eq!(parse_delay("700"), Some((700, 700)));
+        assert_eq!(parse_delay("0-1500"), Some((0, 1500)));
+        assert_eq!(parse_delay("1500-0"), None, "a range must not run backwards");
+        assert_eq!(parse_delay("fast"), None);
+        assert_eq!(parse_delay("1-x"), None);
+    }
 }
