@@ -223,6 +223,12 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
     timeout -k 10 240 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
+  # The host round trip over a client whose time between reply and request varies (0-1.5 us, drawn for
+  # each request): every path averaged over the poll phase (BENCHMARKS.md, session 19).
+  for m in blink mps; do
+    MESH_RT_AB_HOST_DELAY_NS=0-1500 timeout -k 10 240 bin/mesh-gpu-bench rt-ab $m >>"$OUT/bench.log" 2>&1
+    ROWS+=("mesh-gpu-bench rt-ab $m, client 0-1.5 us|rc=$?")
+  done
   # Bulk channels (large messages) beside back-to-back cudaMemcpyAsync; not yet run on a GPU when written.
   for a in "bulk blink" "bulk mps"; do
     timeout -k 10 400 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1

@@ -124,6 +124,15 @@ fn bench_here() -> Result<()> {
             .args(args)
             .env(GPU_GATE, "1"))?;
     }
+    // The host round trip again over a client whose time between reply and request varies (0-1.5 µs,
+    // drawn for each request): every path averaged over where its requests land between its polls, the
+    // comparison that does not depend on one poll's luck (BENCHMARKS.md, session 19).
+    for mode in ["blink", "mps"] {
+        run(cargo()
+            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "rt-ab", mode])
+            .env(GPU_GATE, "1")
+            .env("MESH_RT_AB_HOST_DELAY_NS", "0-1500"))?;
+    }
     // The control plane through the CLI (needs meshd beside the benchmark binary).
     run(cargo().args(["build", "--release", "-p", "meshd"]))?;
     run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))?;

@@ -34,17 +34,19 @@
 // program is loaded with `meshd load ... --no-readiness`. A program that waits without looping (a
 // kernel blocked in a long computation) beats from its own progress.
 //
-// Its host round trip on the H200 (session 17, `mesh-gpu-bench rt-ab`, medians of 5 turns x 4,000): 2.77 /
-// 2.81 / 2.85 us at 8 / 64 / 256 B against 2.27-2.31 us for a raw mapped word (1.22-1.23x), 2.62 / 5.75 us
-// at 1 / 4 KiB against 2.98 / 5.07 for the raw one-warp LL exchange (0.88 / 1.13x). Most of the gap is
-// one PCIe poll lost per round trip (the poll sent right after a reply reaches the host before the
-// client's next request); MESH_PHASE_LOCK (at mesh_warp_try_recv) takes it out for a client that
-// answers at once. For the host round trip of a small message near the raw word (session 17, blink:
-// 2.49-2.65 us at 8-256 B beside the word's 2.27-2.31), serve the input channel with the poll stream
-// instead: three warps, the same loop shape ("Lowest host round
-// trip: the poll stream" below; tests/programs/echo_poll.cu). GPU to GPU (device channels) this
-// one-warp loop is at the raw two-kernel round trip: 1.18 / 1.21 / 1.26 / 1.56 us at 8 / 64 / 256 B /
-// 1 KiB against 1.07 / 1.37 / 1.39 / 1.85 us for two bare kernels on device memory (same run).
+// Its host round trip is the raw one-warp LL exchange's (the same tagged words moved by a bare kernel):
+// on the H200 (session 19, `mesh-gpu-bench rt-ab`, medians of 5 turns x 4,000, a client whose time
+// between reply and next request varies over 0-1.5 us) 2.44 / 2.58 / 2.79 / 3.27 / 5.80 us at 8 / 64 /
+// 256 B / 1 / 4 KiB, 1.03 / 1.01 / 0.97 / 0.88 / 0.70x that exchange, in MPS mode too; a raw mapped word
+// (one 8-byte counter, its own flag) takes 2.0-2.3 us. With a client that sends its next request the
+// instant a reply lands, one poll is lost per round trip (the poll sent right after the reply reaches the
+// host before the request): 2.7-3.0 us at 8-256 B. Two options take that poll out for such a client only, and cost
+// a client whose time varies 6-18% (session 19): MESH_PHASE_LOCK (at mesh_warp_try_recv; 8-256 B in
+// 2.1-2.3 us) and the poll stream ("Lowest host round trip: the poll stream" below; 8 / 64 B in 2.5-2.6
+// us, slower from 256 B). Keep this loop unless the client is such a closed loop.
+// GPU to GPU (device channels) this one-warp loop is at the raw two-kernel round trip: 1.18 / 1.21 /
+// 1.26 / 1.56 us at 8 / 64 / 256 B / 1 KiB against 1.07 / 1.37 / 1.39 / 1.85 us for two bare kernels on
+// device memory (same run).
 //
 // mesh_should_stop(ctx) is cheap to call on every iteration: it reads meshd's stop word at most once
 // every MESH_STOP_PERIOD_NS (100 µs) of %globaltimer and never branches on a read in flight (see
@@ -71,8 +73,9 @@
 //     8 bytes, and the _batch forms for streams of small messages.
 //   * the poll stream (mesh_poll_*): a block of 32 * (MESH_POLLERS + 1) threads receives one channel
 //     with MESH_POLLERS warps polling it in turn, so that a poll reaches the host soon after any
-//     moment a message lands; for request / reply with a host process, where every microsecond of the
-//     round trip counts (1.04x the raw word against 1.23-1.26x for one warp on the H200).
+//     moment a message lands; only for a host client that sends each request the instant the last
+//     reply lands, with messages up to 64 B (session 19, H200: 8 / 64 B 0.85-0.96x the one-warp LL
+//     exchange, where one warp is 0.97-1.11x); a client whose own time varies is 7-18% slower with it.
 //   * a whole block, bulk channels: "Large messages" below; one channel served by several blocks with
 //     `--parts` (mesh_bulk_open_part).
 // Before a program returns after mesh_should_stop, it calls mesh_chan_close on every channel it opened
@@ -735,8 +738,10 @@ static __device__ uint32_t mesh_warp_try_recv_batch(mesh_chan* ch, void* buf, ui
 // +0.2-0.5 (256 B 0.7 us faster), at 3 us 8-256 B +0.3-0.6 us; no scoring of the trials tried (summed
 // gaps, the median, capped sums with a running mean) removed that. A build with it also slows its
 // device channels, which never wait: ping <-> echo 0.05-0.08 us at 8-256 B and 0.33 us at 1 KiB
-// (ptxas: echo_header 160 registers against 138). So it is off by default (a poll on every call):
-// define MESH_PHASE_LOCK 1 before including mesh.cuh in a program whose host clients answer at once.
+// (ptxas: echo_header 160 registers against 138). And a client whose time between reply and request
+// varies (session 19, drawn from 0-1.5 us for each request, H100 and H200, both modes) loses 6-9% at
+// 8-256 B. So it is off by default (a poll on every call): define MESH_PHASE_LOCK 1 before including
+// mesh.cuh in a program whose host clients answer at once.
 #ifndef MESH_PHASE_UP
 #define MESH_PHASE_UP 200u
 #endif
@@ -933,8 +938,13 @@ static __device__ __forceinline__ bool mesh_warp_try_send(mesh_chan* ch, const v
 // 1024 B, against the one-warp echo above (echo_header, session 5, before its short-path receive:
 // session 8 measured it at 2.71 / 2.76 / 2.77 / 2.84 us) 2.26 / 3.60 / 3.73 / 3.98 us and the raw
 // mapped word 2.51 us in the same run; 1 poller: 2.49 / 2.55 / 2.56 / 4.49; 4 pollers at 300 ns:
-// 3.07 / 2.69 / 2.66 / 3.66; 8 worse. Hence the defaults 2 and 300 ns (override with -D). Worth it
-// for host channels of messages above 8 bytes; it costs MESH_POLLERS + 1 warps of one block.
+// 3.07 / 2.69 / 2.66 / 3.66; 8 worse. Hence the defaults 2 and 300 ns (override with -D).
+// Worth it only for a client that sends its next request the instant a reply lands, and messages up to
+// 64 B: session 19 (H200, `rt-ab`, beside the one-warp loop in the same turns) 2.63 / 2.46 us at 8 / 64
+// B against 3.04 / 2.87, but 3.24 against 2.77 at 256 B; and with a client whose time between reply and
+// request varies over 0-1.5 us it is slower at every size (8-256 B +7-18%, 4 KiB +28-37%): its polls
+// then land no sooner after a request than one warp's, and its hand-off adds to every message. It
+// costs MESH_POLLERS + 1 warps of one block.
 //
 // The loop to write (tests/programs/echo_poll.cu is this program; meshd: `--block 96`, i.e.
 // 32 * (MESH_POLLERS + 1) threads; a smaller block exits with code 2):
