@@ -104,7 +104,8 @@ fn client_turnaround() {
         })
     });
     let ns = if hi > lo {
-        // xorshift64: cheap, and the same sequence for every path of a run.
+        // xorshift64: a few instructions beside a microsecond round trip; the paths take turns drawing
+        // from one stream, so each sees the same uniform distribution (not the same draws).
         let x = DRAW.with(|d| {
             let mut x = d.get();
             x ^= x << 13;
