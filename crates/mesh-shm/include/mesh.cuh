@@ -40,10 +40,10 @@
 // 256 B / 1 / 4 KiB, 1.03 / 1.01 / 0.97 / 0.88 / 0.70x that exchange, in MPS mode too; a raw mapped word
 // (one 8-byte counter, its own flag) takes 2.0-2.3 us. With a client that sends its next request the
 // instant a reply lands, one poll is lost per round trip (the poll sent right after the reply reaches the
-// host before the request): 2.7-3.0 us at 8-256 B. Two options take that poll out for such a client only, and cost
-// a client whose time varies 6-18% (session 19): MESH_PHASE_LOCK (at mesh_warp_try_recv; 8-256 B in
-// 2.1-2.3 us) and the poll stream ("Lowest host round trip: the poll stream" below; 8 / 64 B in 2.5-2.6
-// us, slower from 256 B). Keep this loop unless the client is such a closed loop.
+// host before the request): 2.7-3.0 us at 8-256 B. Two options take that poll out for such a client
+// only, and cost a client whose time varies 6-18% (session 19): MESH_PHASE_LOCK (at mesh_warp_try_recv;
+// 8-256 B in 2.1-2.3 us) and the poll stream ("Lowest host round trip: the poll stream" below; 8 / 64 B
+// in 2.5-2.6 us, slower from 256 B). Keep this loop unless the client is such a closed loop.
 // GPU to GPU (device channels) this one-warp loop is at the raw two-kernel round trip: 1.18 / 1.21 /
 // 1.26 / 1.56 us at 8 / 64 / 256 B / 1 KiB against 1.07 / 1.37 / 1.39 / 1.85 us for two bare kernels on
 // device memory (same run).
@@ -64,8 +64,8 @@
 //     Correct at any size; fast up to 8-byte messages (one 16-byte load): a host round trip of 8 bytes
 //     0.94-0.99x the raw one-warp LL exchange and 1.10-1.18x the raw mapped word over a client whose
 //     time varies, up to 0.18 us under one warp's loop (session 19, an H100, three calls, both modes,
-//     tests/programs/echo.cu in `rt-ab`). Larger messages cost one round trip
-//     per 8 bytes, because one thread's loads of host memory do not overlap.
+//     tests/programs/echo.cu in `rt-ab`). Larger messages cost one round trip per 8 bytes, because one
+//     thread's loads of host memory do not overlap.
 //   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together,
 //     converged (as the loops in this file keep the warp: no lane-dependent branch around the calls,
 //     mesh_chan_room and mesh_should_stop included), because every lane loads the channel's shared
