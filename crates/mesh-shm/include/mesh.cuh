@@ -63,7 +63,7 @@
 //   * one thread: mesh_try_send / mesh_try_recv (and _deferred + mesh_chan_commit, mesh_chan_room).
 //     Correct at any size; fast up to 8-byte messages (one 16-byte load): a host round trip of 8 bytes
 //     0.94-1.00x the raw one-warp LL exchange and 1.02-1.18x the raw mapped word over a client whose
-//     time varies, up to 0.18 us under one warp's loop (session 19, an H100, four calls, both modes,
+//     time varies, up to 0.19 us under one warp's loop (session 19, an H100, four calls, both modes,
 //     tests/programs/echo.cu in `rt-ab`). Larger messages cost one round trip per 8 bytes, because one
 //     thread's loads of host memory do not overlap.
 //   * one warp: mesh_warp_try_send / mesh_warp_try_recv (and _batch). All 32 lanes call them together,
