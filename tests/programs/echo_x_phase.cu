@@ -2,7 +2,8 @@
 // without the wait, the cheaper kept), beside echo_x_nolock (never waits) and echo_x_phasealways
 // (always waits) in `mesh-gpu-bench rt-ab`'s turns. Every 4096 iterations lane 0 reports the lock's
 // state in its user words (0: the learned wait in SM clocks, 1: messages taken, 2 / 3: the clocks between
-// messages, each capped at twice the median, of the last trial without and with the wait), which `rt-ab` prints after each measurement (`PHASE|` lines).
+// messages, each capped at twice the median, of the last trial without and with the wait), which
+// `rt-ab` prints after each measurement (`PHASE|` lines).
 #define MESH_PHASE_LOCK 1
 #include "mesh.cuh"
 

@@ -1,10 +1,10 @@
 // raw_pingpong_x_phase: raw_pingpong.cu (the relaxed mapped word, one thread) with the first phase
 // lock (issue 24 item 1, session 17's call 3; mesh.cuh's has since moved to SM clocks and trials, and
 // works on a warp's mesh_chan, so this one thread keeps its own copy of the rule): after each reply no
-// poll until a learned wait has passed,
-// the wait adapted from what the first poll after it saw (100 ns more after one empty poll, 10 ns less
-// after none, at most 1.5 us; %globaltimer), always on. The limit of the technique: what the fastest
-// raw loop gains from it, beside what the header's loop gains (`MESH_RT_AB_VARIANTS="... word:raw_pingpong_x_phase" mesh-gpu-bench rt-ab blink`).
+// poll until a learned wait has passed, the wait adapted from what the first poll after it saw (100 ns
+// more after one empty poll, 10 ns less after none, at most 1.5 us; %globaltimer), always on. The limit
+// of the technique: what the fastest raw loop gains from it, beside what the header's loop gains
+// (`MESH_RT_AB_VARIANTS="... word:raw_pingpong_x_phase" mesh-gpu-bench rt-ab blink`).
 #include "mesh.cuh"
 
 #define X_UP_NS 100u
