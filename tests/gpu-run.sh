@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The `run` script of a GPU bundle (`cargo xtask gpu-test --bundle DIR`), for a GPU machine without cargo.
-# Compiles the test programs to PTX where nvcc exists, for every call, in parallel (and keeps them in
-# $OUT/ptx.tar to be committed),
-# runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last; exits 1, naming them,
+# Compiles the test programs to PTX with nvcc (none is committed: without nvcc the GPU tests fail),
+# in parallel, then runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last; exits 1, naming them,
 # when any of them failed (a row with a non-zero rc).
-# Usage: ./run [tests|bench|all|chan|lean|service|chaos [blink|mps]]   (default all). Results go to $OUT (default ./out).
-# lean: issue 24 item 2 alone (PENDING, issue 24 call 4): the g2g probe, then `mesh-gpu-bench g2g-lean blink`
+# Usage: ./run [tests|bench|all|chan|lean|service|examples|chaos [blink|mps]]   (default all). Logs go to $OUT (default ./out);
+# the benchmarks' figures to $OUT/results.jsonl, one JSON line each (bench/README.md), stamped with the commit in
+# ./COMMIT (written by `cargo xtask gpu-test --bundle`); `cargo xtask bench-report --compare OLD NEW` compares two.
+# lean: the g2g probe, then `mesh-gpu-bench g2g-lean blink`
 #   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
-# service: issue 26's service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24),
-#   `mesh-gpu-bench service blink|mps` (MESH_SERVICE_CLIENTS, MESH_SERVICE_PROGRAMS) and `fanin-host`.
-# chaos: issue 17's chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode per call fits a
-# 10-minute device call (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
+# service: the service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24),
+#   `mesh-gpu-bench service blink|mps` and `fanin-host`.
+# chaos: the chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode at a time fits in 10
+# minutes (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule.
 # In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise, and
 # the service test (32 shards over 4 blocks of 256, the README's 64-client recipe) runs a second time with
 # one warp serving 8 shards, the README's smaller service in a block of 32 (MESH_SERVICE_SECS, default 12, a mode).
@@ -21,13 +22,18 @@ HERE=$PWD
 OUT=${OUT:-$HERE/out}
 mkdir -p "$OUT"
 WHAT=${1:-all}
+RESULTS=$OUT/results.jsonl
+rm -f "$RESULTS"  # one results file a run
+# Every benchmark run appends its figures to the one results file of this run.
+BENCH=(bin/mesh-gpu-bench --results "$RESULTS" --commit "$(cat COMMIT 2>/dev/null || echo unknown)")
 export MESH_GPU_TESTS=1 MESH_PROGRAMS=$HERE/programs PATH=$HERE/bin:$PATH RUST_BACKTRACE=1
 declare -a ROWS
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-# Every call (chaos and chan too) runs freshly compiled PTX: a .cu changed since the committed .ptx
-# was built would otherwise run stale. In parallel, one nvcc per core (about 40 programs).
+# Every run (chaos and chan too) compiles every program, in parallel, one nvcc per core; a PTX left
+# from an earlier run is removed first, so a program nvcc refuses has none and its tests say so.
 if [ -x "$NVCC" ]; then
+  rm -f programs/*.ptx
   rm -rf "$OUT/nvcc" && mkdir -p "$OUT/nvcc"
   export NVCC OUT
   ls programs/*.cu | xargs -P "$(nproc)" -I{} bash -c '
@@ -39,10 +45,9 @@ if [ -x "$NVCC" ]; then
   ok=$(ls "$OUT"/nvcc/*.ok 2>/dev/null | wc -l)
   failed=$(for cu in programs/*.cu; do n=$(basename "${cu%.cu}"); [ -e "$OUT/nvcc/$n.ok" ] || printf '%s ' "$n"; done)
   for l in "$OUT"/nvcc/*.log; do echo "== $(basename "${l%.log}")"; cat "$l"; done >"$OUT/nvcc.log" 2>/dev/null
-  tar -cf "$OUT/ptx.tar" -C programs $(cd programs && ls *.ptx) 2>/dev/null
-  ROWS+=("nvcc -ptx|$ok/$total programs${failed:+ (FAILED, committed PTX used: ${failed% }; nvcc.log)}")
+  ROWS+=("nvcc -ptx|$ok/$total programs${failed:+ rc=1 (FAILED: ${failed% }; nvcc.log)}")
 else
-  ROWS+=("nvcc -ptx|no nvcc: using the committed PTX")
+  ROWS+=("nvcc -ptx|rc=1 no nvcc (not on PATH, not at /usr/local/cuda/bin/nvcc; set NVCC): the programs have no PTX")
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
@@ -104,10 +109,10 @@ probes() {
 if [ "$WHAT" = chan ]; then
   {
     probes "plain context"
-    timeout -k 10 90 bin/mesh-gpu-bench rt blink; echo "rt blink rc=$?"
-    timeout -k 10 90 bin/mesh-gpu-bench g2g blink; echo "g2g blink rc=$?"
-    timeout -k 10 90 bin/mesh-gpu-bench rt mps; echo "rt mps rc=$?"
-    timeout -k 10 90 bin/mesh-gpu-bench g2g mps; echo "g2g mps rc=$?"
+    timeout -k 10 90 "${BENCH[@]}" rt blink; echo "rt blink rc=$?"
+    timeout -k 10 90 "${BENCH[@]}" g2g blink; echo "g2g blink rc=$?"
+    timeout -k 10 90 "${BENCH[@]}" rt mps; echo "rt mps rc=$?"
+    timeout -k 10 90 "${BENCH[@]}" g2g mps; echo "g2g mps rc=$?"
     [ -x bin/ll_roundtrip ] && { echo "== LL probe, raw word again (drift)"; timeout -k 5 60 bin/ll_roundtrip | head -1; }
   } 2>&1 | tee "$OUT/chan-bench.log"
   ROWS+=("chan bench|$(grep -c 'rc=0' "$OUT/chan-bench.log")/4 rc=0 (log: chan-bench.log)")
@@ -123,8 +128,8 @@ fi
 if [ "$WHAT" = lean ]; then
   {
     probes "plain context"
-    for v in echo_x_lean ping_x_lean; do [ -e "$OUT/nvcc/$v.ok" ] || echo "$v: not compiled here (nvcc.log): committed PTX, if any"; done
-    timeout -k 10 400 bin/mesh-gpu-bench g2g-lean ${LEAN_MODE:-blink}; echo "g2g-lean rc=$?"
+    for v in echo_x_lean ping_x_lean; do [ -e "$OUT/nvcc/$v.ok" ] || echo "$v: not compiled (nvcc.log)"; done
+    timeout -k 10 400 "${BENCH[@]}" g2g-lean "${LEAN_MODE:-blink}"; echo "g2g-lean rc=$?"
   } 2>&1 | tee "$OUT/lean-bench.log"
   ROWS+=("g2g-lean bench|$(grep -c 'rc=0' "$OUT/lean-bench.log")/1 rc=0 (log: lean-bench.log)")
 fi
@@ -136,12 +141,12 @@ if [ "$WHAT" = service ]; then
   grep -E '^test .* (FAILED|ok)$|^service |^\||^longest wait' "$OUT/test-service.log"
   grep -E 'panicked' -A5 "$OUT/test-service.log" | head -30
   for mode in blink mps; do
-    timeout -k 10 300 bin/mesh-gpu-bench service $mode >"$OUT/bench-service-$mode.log" 2>&1
+    timeout -k 10 300 "${BENCH[@]}" service $mode >"$OUT/bench-service-$mode.log" 2>&1
     ROWS+=("mesh-gpu-bench service $mode|rc=$? (log: bench-service-$mode.log)")
     cat "$OUT/bench-service-$mode.log"
   done
   # The fan-in ring's host side alone (no GPU): what the senders' protocol allows on this host's CPUs.
-  timeout -k 5 60 bin/mesh-gpu-bench fanin-host >"$OUT/bench-fanin-host.log" 2>&1
+  timeout -k 5 60 "${BENCH[@]}" fanin-host >"$OUT/bench-fanin-host.log" 2>&1
   ROWS+=("mesh-gpu-bench fanin-host|rc=$? (log: bench-fanin-host.log)")
   cat "$OUT/bench-fanin-host.log"
 fi
@@ -213,37 +218,51 @@ elif command -v python3 >/dev/null; then
 fi
 # --- end Python package ---
 
+# --- the docs' examples (examples/*/run.sh): each builds its program with nvcc, starts a meshd of its own
+# and talks to the program from the shell and from Python (`./run examples` alone) ---
+if { [ "$WHAT" = all ] || [ "$WHAT" = examples ]; } && [ -d examples ] && [ ! -x "$NVCC" ]; then
+  ROWS+=("examples|SKIPPED: no nvcc to build them")
+elif { [ "$WHAT" = all ] || [ "$WHAT" = examples ]; } && [ -d examples ]; then
+  EXSITE=$(mktemp -d /tmp/meshd-site.XXXXXX)
+  ls python/meshd-*.whl >/dev/null 2>&1 && python3 -m pip install --no-index --no-deps --target "$EXSITE" python/meshd-*.whl >/dev/null 2>&1
+  for s in examples/*/run.sh; do
+    n=$(basename "$(dirname "$s")")
+    PATH=$(dirname "$NVCC"):$PATH PYTHONPATH=$EXSITE MESH_INCLUDE=$HERE/include timeout -k 5 240 bash "$s" >"$OUT/example-$n.log" 2>&1
+    ROWS+=("example $n|rc=$? (example-$n.log)")
+  done
+  rm -rf "$EXSITE"
+fi
+
 if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; then
-  timeout -k 10 300 bin/mesh-gpu-bench >"$OUT/bench.log" 2>&1
+  timeout -k 10 300 "${BENCH[@]}" >"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench|rc=$?")
-  timeout -k 10 200 bin/mesh-gpu-bench mps >>"$OUT/bench.log" 2>&1
+  timeout -k 10 200 "${BENCH[@]}" mps >>"$OUT/bench.log" 2>&1
   ROWS+=("mesh-gpu-bench mps|rc=$?")
   probes "plain context" >>"$OUT/bench.log" 2>&1
   for a in "rt blink" "rt-ab blink" "g2g blink" "rt mps" "rt-ab mps" "g2g mps"; do
-    timeout -k 10 240 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    timeout -k 10 240 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
   # The host round trip over a client whose time between reply and request varies (0-1.5 us, drawn for
-  # each request): every path averaged over the poll phase (BENCHMARKS.md, session 19).
+  # each request): every path averaged over where its requests land between the GPU's polls.
   for m in blink mps; do
-    MESH_RT_AB_HOST_DELAY_NS=0-1500 timeout -k 10 240 bin/mesh-gpu-bench rt-ab $m >>"$OUT/bench.log" 2>&1
+    timeout -k 10 240 "${BENCH[@]}" rt-ab $m --host-delay-ns 0-1500 >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench rt-ab $m, client 0-1.5 us|rc=$?")
   done
-  # Bulk channels (large messages) beside back-to-back cudaMemcpyAsync; not yet run on a GPU when written.
+  # Bulk channels (large messages) beside back-to-back cudaMemcpyAsync.
   for a in "bulk blink" "bulk mps"; do
-    timeout -k 10 400 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    timeout -k 10 400 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
-  # One bulk channel of P parts served by B = P blocks each end, beside copy_blocks (issue 24 item 3);
-  # not yet run on a GPU when written.
+  # One bulk channel of P parts served by B = P blocks each end, beside copy_blocks.
   for a in "parts blink" "parts mps"; do
-    timeout -k 10 300 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    timeout -k 10 300 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
-  # A service of many clients (issue 26): 1, 8, 64 client processes beside the SPSC round trip through
-  # echo_warp, one meshd per mode; not yet run on a GPU when written.
+  # A service of many clients: 1, 8, 64 client processes beside the SPSC round trip through
+  # echo_warp, one meshd per mode.
   for a in "service blink" "service mps"; do
-    timeout -k 10 300 bin/mesh-gpu-bench $a >>"$OUT/bench.log" 2>&1
+    timeout -k 10 300 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
   # (MPS device channels are on by default: "g2g mps" above measures them.)
@@ -251,10 +270,13 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
   cat "$OUT/bench.log"
 fi
 
+if [ -s "$RESULTS" ]; then
+  ROWS+=("results|$(wc -l <"$RESULTS") figures in $RESULTS")
+fi
 echo
 echo "================ meshd GPU run: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) ================"
 for r in "${ROWS[@]}"; do printf '%-28s %s\n' "${r%%|*}" "${r#*|}"; done
-# The exit status says whether everything passed (session 18: a failing test-soak left `./run tests` at 0).
+# The exit status says whether everything passed: 1, naming the rows, when any of them failed.
 failed=$(for r in "${ROWS[@]}"; do [[ "${r#*|}" =~ rc=[1-9] ]] && printf '%s, ' "${r%%|*}"; done)
 if [ -n "$failed" ]; then
   echo "FAILED: ${failed%, }"

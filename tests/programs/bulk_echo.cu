@@ -1,6 +1,6 @@
 // bulk_echo: every message received on binding 0 (a bulk channel) goes back on binding 1 (a bulk
 // channel of the same message size), copied by the whole block straight from one ring's slot into the
-// other's; user word 0 counts messages echoed. One block of 256 to 1024 threads. NOT YET RUN ON A GPU.
+// other's; user word 0 counts messages echoed. One block of 256 to 1024 threads.
 // `cargo xtask ptx` regenerates bulk_echo.ptx.
 #include "mesh.cuh"
 

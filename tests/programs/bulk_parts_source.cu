@@ -2,7 +2,7 @@
 // (binding 0, created with --parts P; grid a power of two up to P), message seq at ring position seq,
 // filled in place (bulk_parts.cuh), until meshd asks it to stop. Knob STRESS_FIXED (binding 1): send
 // one buffer filled once, with mesh_block_try_send (the copy path, for benchmarks). Launch with a
-// multiple of 32 threads a block. Built with PARTS_SEND_N > 1 (bulk_parts_source_x_send2.cu) the copy
+// multiple of 32 threads a block. Built with PARTS_SEND_N > 1 the copy
 // path sends that many messages a call (mesh_block_try_send_n: one barrier and one fence for them);
 // with PARTS_FILL_N > 1 (bulk_parts_source_x_batch4.cu) the in-place path fills that many slots a call
 // (mesh_block_reserve_n / mesh_block_publish_n).

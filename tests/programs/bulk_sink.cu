@@ -4,8 +4,7 @@
 // is found empty (so a finite stream's last messages are counted while the sink runs, not only at its
 // stop; a stream of 200 once stayed at 192). Knob STRESS_FIXED: copy each message out with
 // mesh_block_try_recv and count it without a check (for throughput benchmarks; up to 1 MiB). Launch
-// with 1 to 8 blocks of a multiple of 32 threads. NOT YET RUN ON A GPU. `cargo xtask ptx` regenerates
-// bulk_sink.ptx.
+// with 1 to 8 blocks of a multiple of 32 threads. `cargo xtask ptx` regenerates bulk_sink.ptx.
 #include "bulk_stress.cuh"
 
 __device__ uint4 bulk_sink_buf[BULK_MAX_BLOCKS][BULK_FIXED_MAX / 16u];

@@ -2,7 +2,7 @@
 // position `seq`, filled in place by the whole block, until meshd asks it to stop (bulk_stress.cuh).
 // Knob STRESS_FIXED: send one buffer filled once, with mesh_block_try_send (for throughput benchmarks;
 // messages up to 1 MiB). Launch with 1 to 8 blocks of a multiple of 32 threads (256 to 1024 is
-// right). NOT YET RUN ON A GPU. `cargo xtask ptx` regenerates bulk_source.ptx.
+// right). `cargo xtask ptx` regenerates bulk_source.ptx.
 #include "bulk_stress.cuh"
 
 __device__ uint4 bulk_source_buf[BULK_MAX_BLOCKS][BULK_FIXED_MAX / 16u];

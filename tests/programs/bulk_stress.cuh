@@ -23,7 +23,7 @@ static __device__ __forceinline__ uint32_t bulk_block_sum(uint32_t part) {
     if (mesh_block_rank() == 0) bulk_sum = 0;
     __syncthreads();
     for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-    if (mesh_lane() == 0) atomicAdd(&bulk_sum, part);
+    if (mesh_detail_lane() == 0) atomicAdd(&bulk_sum, part);
     __syncthreads();
     const uint32_t sum = bulk_sum;
     __syncthreads();

@@ -1,9 +1,8 @@
 // copy_blocks: the bench's baseline beside a parts channel (mesh-gpu-bench parts): the grid's blocks
 // copy binding 0's payload memory (a bulk channel's slot 0, msg_size bytes) into binding 1's, every
-// block a contiguous 1/gridDim.x share with mesh_block_copy, over and over until stopped; block i
+// block a contiguous 1/gridDim.x share with mesh_detail_block_copy, over and over until stopped; block i
 // counts its copies in user word i (low 24 bits, as bulk_parts.cuh). The same blocks, the same bytes
-// and the same copy loop as a parts channel's send, without the ring. NOT YET RUN ON A GPU, nor through
-// nvcc (g++ syntax check only).
+// and the same copy loop as a parts channel's send, without the ring.
 #include "bulk_parts.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
@@ -28,7 +27,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && mesh_block_rank() == 0) mesh_heartbeat(ctx, ++beat);
             parts_report(ctx, b, copies, 0);
         }
-        mesh_block_copy(to, from, share / 16u);
+        mesh_detail_block_copy(to, from, share / 16u);
         __syncthreads();
         copies++;
     }

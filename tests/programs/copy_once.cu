@@ -5,8 +5,8 @@
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (blockIdx.x != 0 || threadIdx.x >= 32) return;
-    const uint64_t* src = (const uint64_t*)(mesh_at(ctx, ctx.bindings[0].ring_offset) + MESH_RING_SLOTS);
-    uint64_t* dst = (uint64_t*)(mesh_at(ctx, ctx.bindings[1].ring_offset) + MESH_RING_SLOTS);
+    const uint64_t* src = (const uint64_t*)(mesh_detail_at(ctx, ctx.bindings[0].ring_offset) + MESH_RING_SLOTS);
+    uint64_t* dst = (uint64_t*)(mesh_detail_at(ctx, ctx.bindings[1].ring_offset) + MESH_RING_SLOTS);
     const uint32_t words = ctx.bindings[0].msg_size / 8u;
     for (uint32_t base = 0; base < words; base += 32u * 16u) {
         uint64_t v[16];

@@ -18,7 +18,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         if ((i & 1023u) == 0) {
             mesh_heartbeat(ctx, ++beat);
             // User word 0: polls that caught a message half-arrived (the benchmark reports them).
-            *(volatile uint32_t*)mesh_slot_at(ctx, MESH_SLOT_USER) = in.partial;
+            *(volatile uint32_t*)mesh_detail_slot_at(ctx, MESH_SLOT_USER) = in.partial;
         }
         // Receive only with room to send, so that a stop never strands a message here.
         if (mesh_chan_room(&out) > 0 && mesh_try_recv(&in, msg)) mesh_try_send(&out, msg);

@@ -1,6 +1,5 @@
-// echo_header: the echo of mesh.cuh's opening comment, copied exactly: what a user writes from the
-// header. The benchmark measures it beside the raw word and the LL probe (its figures before session 10
-// are of the same loop without the size check and the heartbeat). `cargo xtask ptx` regenerates it.
+// echo_header: the echo of mesh/channel.cuh's opening comment, copied exactly: what a user writes from the
+// header. The benchmark measures it beside the raw word and the LL probe. `cargo xtask ptx` regenerates it.
 #include "mesh.cuh"
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {

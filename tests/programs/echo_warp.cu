@@ -24,7 +24,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         if ((i & 1023u) == 0 && leader) {
             mesh_heartbeat(ctx, ++beat);
             // User word 0: polls that caught a message half-arrived (the benchmark reports them).
-            *(volatile uint32_t*)mesh_slot_at(ctx, MESH_SLOT_USER) = in.partial;
+            *(volatile uint32_t*)mesh_detail_slot_at(ctx, MESH_SLOT_USER) = in.partial;
         }
         // Take only as many messages as can be sent on: a stop never strands one here.
         const uint32_t room = mesh_chan_room(&out);

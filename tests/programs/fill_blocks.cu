@@ -24,7 +24,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (b == 0 && mesh_block_rank() == 0) mesh_heartbeat(ctx, ++beat);
             parts_report(ctx, b, fills, 0);
         }
-        parts_fill((uint32_t*)(mesh_bulk_slot(&dst, fills) + (uint64_t)b * share), fills, first, words);
+        parts_fill((uint32_t*)(mesh_detail_bulk_slot(&dst, fills) + (uint64_t)b * share), fills, first, words);
         __syncthreads();
         fills++;
     }

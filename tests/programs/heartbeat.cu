@@ -6,7 +6,7 @@
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     uint64_t beat = mesh_begin(ctx);
-    volatile uint32_t* user = (volatile uint32_t*)mesh_slot_at(ctx, MESH_SLOT_USER);
+    volatile uint32_t* user = (volatile uint32_t*)mesh_detail_slot_at(ctx, MESH_SLOT_USER);
     uint64_t max_gap = user[0];
     uint64_t last = ((uint64_t)user[3] << 32) | user[2];
     if (last == 0) last = mesh_globaltimer();

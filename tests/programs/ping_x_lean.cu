@@ -1,5 +1,5 @@
-// ping_x_lean: ping with x_lean.cuh's one-pair receive and loop-free send (issue 24 item 2): a
+// ping_x_lean: ping with x_lean.cuh's one-pair receive and loop-free send: a
 // benchmark variant, paired with echo_x_lean on device channels (`mesh-gpu-bench g2g-lean blink`).
-// Never compiled by nvcc yet (g++ syntax check only). `cargo xtask ptx` regenerates it.
+// `cargo xtask ptx` regenerates it.
 #include "x_lean.cuh"
 #include "ping.cu"

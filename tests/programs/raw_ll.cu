@@ -6,14 +6,13 @@
 // M / 4 words of 8 bytes into slot 2p (the low half payload, the high half the round trip's number); the
 // warp loads every word (lane l: words l, l + 32, ..., all issued before any is looked at), and once all
 // carry the number stores them back into slot 2p + 1, where the host waits for all of them. Capacity 2
-// is one fixed pair (the probe as written); a ring of pairs was 0.70-0.73x as fast at 4 KiB in the kit
-// (session 17, H200: 3.6 against 5.0 us; within 3% at 8 B-1 KiB), and `rt-ab` measures both
-// (`raw_ll`, `raw_ll_ring`: capacity 64). Ends when word 0 of the next request slot carries the number
+// is one fixed pair (the probe as written); a ring of pairs walks the slots as a channel does, and
+// `rt-ab` measures both (`raw_ll`, `raw_ll_ring`: capacity 64). Ends when word 0 of the next request slot carries the number
 // ~0. Launch with 32 threads. `cargo xtask ptx` regenerates raw_ll.ptx.
 #include "mesh.cuh"
 
 #define RAW_LL_MAX_WORDS 1024u  // 4 KiB of payload
-// 1: 16-byte loads and stores, two words each, as mesh.cuh's warp calls move them (raw_ll_x_v2.cu);
+// 1: 16-byte loads and stores, two words each, as mesh.cuh's warp calls move them;
 // 0: one 8-byte word per lane and instruction (the probe as written).
 #ifndef RAW_LL_WIDE
 #define RAW_LL_WIDE 0
@@ -46,8 +45,8 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
                 const uint32_t u = lane + 32u * k;
                 w[k] = (uint64_t)i << 32;  // stands for the missing second word of an 8-byte load
                 if (u < units) {
-                    if (RAW_LL_WIDE) mesh_ld_volatile_v2(in + 2u * u, &v[k], &w[k]);
-                    else v[k] = mesh_ld_volatile_u64(in + u);
+                    if (RAW_LL_WIDE) mesh_detail_ld_volatile_v2(in + 2u * u, &v[k], &w[k]);
+                    else v[k] = mesh_detail_ld_volatile_u64(in + u);
                 }
             }
             whole = true;
@@ -62,8 +61,8 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         for (uint32_t k = 0; k < RAW_LL_PER_LANE; k++) {
             const uint32_t u = lane + 32u * k;
             if (u < units) {
-                if (RAW_LL_WIDE) mesh_st_volatile_v2(out + 2u * u, v[k], w[k]);
-                else mesh_st_volatile_u64(out + u, v[k]);
+                if (RAW_LL_WIDE) mesh_detail_st_volatile_v2(out + 2u * u, v[k], w[k]);
+                else mesh_detail_st_volatile_u64(out + u, v[k]);
             }
         }
     }

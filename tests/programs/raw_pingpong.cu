@@ -7,14 +7,14 @@
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     mesh_begin(ctx);
-    char* ring = mesh_at(ctx, ctx.bindings[0].ring_offset);
+    char* ring = mesh_detail_at(ctx, ctx.bindings[0].ring_offset);
     uint64_t seen = 0;
     for (;;) {
-        uint64_t v = mesh_ld_volatile_u64(ring + MESH_RING_HEAD);
+        uint64_t v = mesh_detail_ld_volatile_u64(ring + MESH_RING_HEAD);
         if (v == ~0ull) break;
         if (v != seen) {
             seen = v;
-            mesh_st_volatile_u64(ring + MESH_RING_TAIL, v);
+            mesh_detail_st_volatile_u64(ring + MESH_RING_TAIL, v);
         }
     }
     mesh_end(ctx);

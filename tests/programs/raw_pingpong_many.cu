@@ -17,11 +17,11 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         char* word = (char*)(uintptr_t)d.slots + (uint64_t)c * 128u;
         uint64_t seen = 0;
         for (;;) {
-            const uint64_t v = mesh_ld_volatile_u64(word);
+            const uint64_t v = mesh_detail_ld_volatile_u64(word);
             if (v == ~0ull) break;
             if (v != seen) {
                 seen = v;
-                mesh_st_volatile_u64(word + 64, v);
+                mesh_detail_st_volatile_u64(word + 64, v);
             }
         }
     }

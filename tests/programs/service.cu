@@ -1,22 +1,20 @@
-// service: the echo service of mesh.cuh's "Many clients: a service" section, in its batched form over
-// many warps ("Many requests per round trip" and "Many warps": mesh_fanin_open_part, mesh_fanin_peek,
-// mesh_reply_many, mesh_fanin_consume), plus a heartbeat and counters: every request taken from the
-// fan-in channel (binding 0) goes back to its sender's reply ring in the channel group (binding 1) with
-// payload word 1 incremented, every other word as it came. Lines added to the header's loop are marked
-// `// +`. Built with -DSERVICE_ONE_AT_A_TIME (service_x_serial.cu) each warp runs the header's first
-// loop instead (one request per round trip: mesh_fanin_take_deferred, mesh_reply, mesh_fanin_commit),
-// which the bench puts beside the batched one.
+// service: the echo service of mesh/service.cuh in its batched form over many warps ("Many requests
+// per round trip" and "Many warps": mesh_fanin_open over the grid, mesh_fanin_peek, mesh_reply_many,
+// mesh_fanin_consume), plus a heartbeat and counters: every request taken from the fan-in channel
+// (binding 0) goes back to its sender's reply ring in the channel group (binding 1) with payload word 1
+// incremented, every other word as it came. Lines added to the header's loop are marked `// +`.
+// service_x_serial.cu is the same program with the one-request-at-a-time loop.
 //
 // meshd: `meshd service create NAME --clients N --msg-size B --shards 8` (reply size = request size, at
-// most 4 KiB here), then `meshd load svc service.ptx --bind NAME --bind NAME.replies --block 256`:
+// most 4 KiB here), then `meshd load svc PROGRAM.ptx --bind NAME --bind NAME.replies --block 256`:
 // warp w of the block's W serving warps (W = mesh_fanin_parts: the largest power of two at most the
 // block's warps, SERVICE_WARPS and the shards) takes shards w, w + W, ... and answers their clients. With
 // one shard, or a block of 32, one warp serves everything. With a grid of G blocks the G x 8 warps share
 // the shards the same way (warp w of block b is part b x 8 + w): `--shards 32 --grid 4` gives each of 32
-// warps one shard, `--shards 64 --grid 8` each of 64 (64 shards need two serving warps or more: with one,
-// the open refuses them and the program exits with code 1), for many clients at once (fewer clients queued behind each warp; emulated over 2-4
-// blocks, crates/mesh-shm/tests/warp_emulation.rs; not yet run on a GPU: docs/gpu-runs/PENDING.md). Exits with code 1 when a binding is not a fan-in / group or the sizes
-// do not fit.
+// warps one shard, `--shards 64 --grid 8` each of 64 (64 shards need two serving warps or more: with
+// one, the open refuses them and the program exits with code 1). The last block to finish ends the
+// launch and resets the grid's counters, which survive a blink (mesh/core.cuh). Exits with code 1 when
+// a binding is not a fan-in / group or the sizes do not fit.
 // User words, kept across upgrades and relaunches (each launch continues the last one's counts; summed
 // over the warps of every block), written with the heartbeat (each warp adds its counts every 1024 of
 // its iterations) and exactly at the stop, by the last block to finish:
@@ -26,7 +24,7 @@
 #include "mesh.cuh"
 
 #define SERVICE_WARPS 8u        // warps serving at most (a block of 256 threads)
-#define SERVICE_BUF_WORDS (64u * MESH_FANIN_PAIRS)  // a warp's batch: the bodies one peek's round trip loads
+#define SERVICE_BUF_WORDS 1088u  // a warp's batch: at least the bodies one peek's round trip loads
 #define SERVICE_MAX_BYTES 4096u  // request size served at most: one request a round trip
 #define SERVICE_WORDS 8u
 
@@ -49,20 +47,16 @@ static __device__ void service_add(const uint32_t* n, uint32_t* added) {        
 // User words 0-7: the last launches' counts plus this one's totals (one thread).               // +
 static __device__ void service_report(const mesh_ctx& ctx) {                                    // +
     for (uint32_t i = 0; i < SERVICE_WORDS; i++)
-        *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) =
+        *(volatile uint32_t*)(mesh_detail_slot_at(ctx, MESH_SLOT_USER) + 4u * i) =
             ((const volatile uint32_t*)service_base)[i] + ((const volatile uint32_t*)service_totals)[i];
 }
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     __shared__ uint32_t reqs[SERVICE_WARPS][SERVICE_BUF_WORDS];                             // each warp's batch
-#ifndef SERVICE_ONE_AT_A_TIME
     __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
-#endif
     const uint32_t lane = threadIdx.x % 32u;
     const uint32_t warps = blockDim.x / 32u < SERVICE_WARPS ? blockDim.x / 32u : SERVICE_WARPS;
-    const uint32_t w = threadIdx.x / 32u;             // this block's warp; its part over the grid:
-    const uint32_t part = blockIdx.x * warps + w;
-    const uint32_t parts = mesh_fanin_parts(ctx, 0, gridDim.x * warps);  // warps that serve: one part each
+    const uint32_t w = threadIdx.x / 32u;             // this block's warp (the open numbers it over the grid)
     const bool lead = blockIdx.x == 0 && threadIdx.x == 0;  // begins, beats, reports while running
     uint64_t beat = 0;
     if (lead) {
@@ -71,25 +65,19 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         atomicAdd(&service_totals[6], 1u);                                       // + this launch
     }
     bool ok = true;
-    if (w < warps && part < parts) {                  // the other warps have nothing to take
-        mesh_fanin in = mesh_fanin_open_part(ctx, 0, part, parts);   // binding 0: shards part, part + parts, ...
-        mesh_group out = mesh_group_open_part(ctx, 1, part, parts);  // binding 1: their clients' reply rings
-        ok = in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES;
-#ifndef SERVICE_ONE_AT_A_TIME
+    if (w < warps) {                                  // the block's serving warps
+        mesh_fanin in = mesh_fanin_open(ctx, 0, warps);  // binding 0: part b x warps + w of the grid's
+        mesh_group out = mesh_group_open(ctx, 1, in);    // binding 1: its clients' reply rings
+        ok = in.parts == 0 ||                         // spare: every shard is another warp's
+             (in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES);
         // Requests a peek may return: as many as the warp's buffer holds (32 up to 136 bytes, 4 at 1
         // KiB, 1 at 4 KiB: what one round trip loads anyway).
-        const uint32_t fit = ok ? SERVICE_BUF_WORDS * 4u / in.ch.msg_size : 1u;
+        const uint32_t fit = ok && in.ch.msg_size != 0 ? SERVICE_BUF_WORDS * 4u / in.ch.msg_size : 1u;
         const uint32_t most = fit < MESH_FANIN_BATCH_MAX ? fit : MESH_FANIN_BATCH_MAX;
-#endif
         uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                    // + this warp's counts
         uint32_t added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                // + and what it added
         uint32_t iter = 0;                                                       // +
-#ifdef SERVICE_ONE_AT_A_TIME
-        uint32_t* req = reqs[w];
-        bool held = false;                            // a request taken, its reply waiting for room
-        uint32_t client = 0;
-#endif
-        while (ok && !mesh_should_stop(ctx)) {
+        while (ok && in.parts != 0 && !mesh_should_stop(ctx)) {
             if ((++iter & 1023u) == 0) {                                         // + heartbeat, counters
                 n[5] = in.corrupt;                                               // +
                 n[7] = in.ch.partial;                                            // +
@@ -101,7 +89,6 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             }
             uint32_t gone;
             while (mesh_group_departed(&out, &gone)) n[4]++;  // this warp's clients; drop their state here
-#ifndef SERVICE_ONE_AT_A_TIME
             uint32_t skipped, dropped;
             const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, most);
             if (k == 0) continue;                     // nothing whole at the position yet
@@ -115,25 +102,6 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             n[1] += (uint32_t)__popc(skipped & kept);                              // +
             n[2] += (uint32_t)__popc(dropped & kept);                              // +
             if (done < k) n[3]++;                                                  // +
-#else
-            if (!held) {
-                const int k = mesh_fanin_take_deferred(&in, req, &client);
-                if (k == MESH_TAKE_NONE) continue;    // nothing whole yet
-                if (k == MESH_TAKE_SKIP) {            // a send cut off (death, revocation): nothing to answer
-                    n[1]++;                                                      // +
-                    mesh_fanin_commit(&in);
-                    continue;
-                }
-                if (lane == 0) req[1] += 1;           // f(client, request)
-                __syncwarp();
-            }
-            const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
-            held = r == MESH_REPLY_FULL;              // FULL: a slow client, tried again next time
-            if (r == MESH_REPLY_SENT) n[0]++;                                    // +
-            else if (r == MESH_REPLY_GONE) n[2]++;                               // +
-            else n[3]++;                                                         // +
-            if (!held) mesh_fanin_commit(&in);        // answered (or dropped): the request is done
-#endif
         }
         mesh_fanin_close(&in);                        // exact positions for the next launch
         mesh_group_close(&out);

@@ -42,7 +42,7 @@ static __device__ __forceinline__ bool stress_check(const uint32_t* buf, uint64_
 }
 // A user word, written without a fence (the host reads it as a progress report).
 static __device__ __forceinline__ void stress_set(const mesh_ctx& ctx, uint32_t i, uint32_t v) {
-    *(volatile uint32_t*)(mesh_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = v;
+    *(volatile uint32_t*)(mesh_detail_slot_at(ctx, MESH_SLOT_USER) + 4u * i) = v;
 }
 static __device__ __forceinline__ void stress_set_count(const mesh_ctx& ctx, uint64_t count) {
     stress_set(ctx, 0, (uint32_t)count);

@@ -33,7 +33,7 @@ static __device__ __forceinline__ void ld_cv2(const volatile uint64_t* p, uint64
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     if (blockIdx.x != 0 || threadIdx.x >= 32) return;
-    volatile uint64_t* p = (volatile uint64_t*)(mesh_at(ctx, ctx.bindings[0].ring_offset) + MESH_RING_SLOTS);
+    volatile uint64_t* p = (volatile uint64_t*)(mesh_detail_at(ctx, ctx.bindings[0].ring_offset) + MESH_RING_SLOTS);
     const uint64_t mode = p[0], bytes = p[1], passes = p[2];
     const bool one = mode >= 7;
     if (one && threadIdx.x != 0) return;
@@ -46,7 +46,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             if (mode == 9) {
                 uint64_t a[32], b[32];
 #pragma unroll
-                for (uint32_t k = 0; k < 32; k++) mesh_ld_volatile_v2(buf + base + 2 * (lane + 32u * k), &a[k], &b[k]);
+                for (uint32_t k = 0; k < 32; k++) mesh_detail_ld_volatile_v2(buf + base + 2 * (lane + 32u * k), &a[k], &b[k]);
 #pragma unroll
                 for (uint32_t k = 0; k < 32; k++) acc ^= a[k] + b[k];
             } else if (mode == 1 || mode == 2 || mode == 6) {
@@ -54,15 +54,15 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
 #pragma unroll
                 for (uint32_t k = 0; k < 16; k++) {
                     volatile uint64_t* q = buf + base + 2 * (lane + 32u * k);
-                    if (mode == 1) mesh_ld_volatile_v2(q, &a[k], &b[k]);
+                    if (mode == 1) mesh_detail_ld_volatile_v2(q, &a[k], &b[k]);
                     else if (mode == 6) ld_cv2(q, &a[k], &b[k]);
-                    else mesh_st_volatile_v2(q, pass, base + k);
+                    else mesh_detail_st_volatile_v2(q, pass, base + k);
                 }
                 if (mode != 2)
 #pragma unroll
                     for (uint32_t k = 0; k < 16; k++) acc ^= a[k] + b[k];
             } else if (mode == 3 || mode == 7) {
-                STEP32(mesh_ld_volatile_u64)
+                STEP32(mesh_detail_ld_volatile_u64)
             } else if (mode == 4 || mode == 8) {
                 STEP32(ld_relaxed)
             } else {

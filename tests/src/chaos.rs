@@ -1,8 +1,6 @@
 //! The chaos test's pieces (tests/tests/chaos.rs): its seed and schedule generator, meshd started by
 //! the systemd unit's command and killed with -9, the host ends of its sequence-checked streams, and
 //! the process, descriptor and GPU-memory accounting it ends with.
-//!
-//! Not yet run on a GPU: written in a session without one (compiled and its CPU parts tested only).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

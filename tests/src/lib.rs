@@ -3,7 +3,7 @@
 //! GPU tests run only with `MESH_GPU_TESTS=1` (set by `cargo xtask gpu-test` and by a bundle's
 //! `run` script); without it each prints that it was skipped and how to run it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub mod chaos;
@@ -37,33 +37,50 @@ macro_rules! require_gpu {
     };
 }
 
-/// Where the test programs (`*.cu` and their `*.ptx`) are: `MESH_PROGRAMS`, else the crate's `programs/`.
+/// Where the test programs' PTX is: `MESH_PROGRAMS`, else `target/programs` of the workspace, where
+/// `cargo xtask ptx` (and `gpu-test`, `bench`) compile `tests/programs/*.cu` with nvcc. A bundle's `run`
+/// script points it at the bundle's `programs/`, which holds the sources and the PTX built beside them.
 pub fn programs_dir() -> PathBuf {
     std::env::var_os("MESH_PROGRAMS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/programs")))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/programs")))
+}
+
+/// Where the test programs' CUDA sources are: [`programs_dir`] when it holds them (a bundle's
+/// `programs/`), else the crate's `programs/`.
+pub fn sources_dir() -> PathBuf {
+    sources_in(&programs_dir(), Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/programs")))
+}
+
+fn sources_in(built: &Path, crate_sources: &Path) -> PathBuf {
+    let has_sources = std::fs::read_dir(built)
+        .map(|entries| entries.filter_map(Result::ok).any(|e| e.path().extension().is_some_and(|x| x == "cu")))
+        .unwrap_or(false);
+    if has_sources { built.to_path_buf() } else { crate_sources.to_path_buf() }
 }
 
 /// The PTX of test program `name`.
 pub fn program(name: &str) -> Vec<u8> {
     let path = programs_dir().join(format!("{name}.ptx"));
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("test program {}: {e} (run `cargo xtask ptx` where nvcc exists)", path.display()))
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("test program {}: {e} (`cargo xtask ptx` builds the programs' PTX where nvcc exists)", path.display())
+    })
 }
 
-/// Every test program's name (each `.cu` file), bar benchmark variants (`*_x_*`) that have no `.ptx` beside
-/// them: variants written without nvcc (issue 24's echo_x_pollers, echo_x_lean, ping_x_lean) get their PTX
-/// from the bundle's nvcc step, and one that nvcc refuses must not fail the tests of every other program.
+/// Every test program's name (each `.cu` source), bar benchmark variants (`*_x_*`) that have no `.ptx`
+/// built: one that nvcc refuses must not fail the tests of every other program (nvcc's own step says
+/// it failed).
 pub fn program_names() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(programs_dir())
-        .expect("programs dir")
+    names_in(&sources_dir(), &programs_dir())
+}
+
+fn names_in(sources: &Path, built: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(sources)
+        .unwrap_or_else(|e| panic!("test programs' sources {}: {e}", sources.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .filter(|p| {
-            let variant = p.file_stem().is_some_and(|s| s.to_string_lossy().contains("_x_"));
-            !variant || p.with_extension("ptx").exists()
-        })
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .filter(|name| !name.contains("_x_") || built.join(format!("{name}.ptx")).exists())
         .collect();
     names.sort();
     names
@@ -125,5 +142,37 @@ impl Fixture {
     pub fn load_in(&self, ctx: &Context, name: &str) -> Module {
         let linked = self.jit.link(name, program(name), ImageKind::Ptx).unwrap_or_else(|e| panic!("{name}: {e}"));
         Module::load(ctx, &linked.cubin).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Programs are listed by their sources, not by PTX (none is committed): a program is listed
+    /// before nvcc has built it, a variant only once it has its PTX.
+    #[test]
+    fn programs_are_listed_by_their_sources() {
+        let sources = tempfile::tempdir().unwrap();
+        let built = tempfile::tempdir().unwrap();
+        for f in ["echo.cu", "echo_x_lean.cu", "ping_x_lean.cu", "stress.cuh"] {
+            std::fs::write(sources.path().join(f), "").unwrap();
+        }
+        std::fs::write(built.path().join("ping_x_lean.ptx"), "").unwrap();
+        assert_eq!(names_in(sources.path(), built.path()), ["echo", "ping_x_lean"]);
+    }
+
+    /// A bundle's `programs/` (sources and PTX together) is its own source directory; a directory
+    /// of PTX alone (`target/programs`) or a missing one falls back to the crate's sources.
+    #[test]
+    fn sources_are_found_beside_the_ptx_or_in_the_crate() {
+        let krate = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/programs"));
+        assert!(krate.join("echo.cu").is_file(), "the crate's programs/ holds echo.cu");
+        let built = tempfile::tempdir().unwrap();
+        assert_eq!(sources_in(&built.path().join("missing"), krate), krate);
+        std::fs::write(built.path().join("echo.ptx"), "").unwrap();
+        assert_eq!(sources_in(built.path(), krate), krate);
+        std::fs::write(built.path().join("echo.cu"), "").unwrap();
+        assert_eq!(sources_in(built.path(), krate), built.path());
     }
 }

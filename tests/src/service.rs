@@ -1,4 +1,4 @@
-//! Issue 26's service on the GPU, the host side shared by the GPU test (`tests/service.rs`), the client
+//! A service on the GPU, the host side shared by the GPU test (`tests/service.rs`), the client
 //! processes (`mesh-service-client`) and the benchmark (`mesh-gpu-bench service`): the client API, the
 //! requests and the checks of their replies, and a client process driven from its parent.
 //!

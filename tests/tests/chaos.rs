@@ -35,8 +35,6 @@
 //!
 //! The seed is printed first; `MESH_CHAOS_SEED=N` replays the schedule (the timing of a real GPU
 //! differs run to run; the events and their order do not).
-//!
-//! NOT YET RUN ON A GPU: written in a session without one; compiled, its helpers' CPU tests run.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -488,7 +486,7 @@ impl Chaos {
                 // meshd relaunches every program in new workers, this one's included (one death is
                 // no fault of the program). Only repeated deaths leave it stopped, saying so: accepted
                 // (the test never kills one program's worker twice, but meshd may count otherwise).
-                // Named the culprit, or stopped for any other reason (the bug of issue 23), it never
+                // Named the culprit, or stopped for any other reason (a recovery that blamed a bystander), it never
                 // settles: the assertion below shows ps and the log.
                 let mut last = Vec::new();
                 let settled = wait_until(DEADLINE, || {

@@ -358,7 +358,6 @@ fn an_empty_pool_refuses_and_growth_counts_the_stall_it_causes() {
 
 #[test]
 fn a_stopped_worker_is_replaced_alone_and_the_others_run_on() {
-    // Written in session 3 without a GPU: not yet run on one.
     require_gpu!("a_stopped_worker_is_replaced_alone_and_the_others_run_on");
     let d = Meshd::start(&["--isolation", "mps", "--pool", "3", "--mps-kernel-check-us", "2000"]);
     assert!(

@@ -1,6 +1,5 @@
 //! Device channels in MPS mode (on by default): rings that meshd's own plain context owns and every
-//! worker maps by descriptor. These tests are what proves the path (first run on the H200 on
-//! 2026-12-03, behind the variable MESH_MPS_DEVICE_CHANNELS=1 that no longer exists). They check a GPU↔GPU ping between two MPS workers over two
+//! worker maps by descriptor. These tests are what proves the path. They check a GPU↔GPU ping between two MPS workers over two
 //! device channels (every reply's content checked by the ping), a stream that survives ten upgrades
 //! of each end exactly once (sequence and checksum of every message), and a GPU fault among the
 //! programs: the ring renewed empty and the loss `info` reports exact (a full ring: its capacity).

@@ -1,5 +1,5 @@
 //! The standby MPS server (`meshd run --standby N`, default the pool's size, `--standby 0` off;
-//! docs/mps-standby.md). It measures what the design needs first (an idle standby's cost to a
+//! docs/explanation/modes.md). It measures what the design needs first (an idle standby's cost to a
 //! running program, M1) and the recovery itself (M3): eight bystanders and a program that faults,
 //! with and without a standby, the outage each bystander saw by its own clock (the heartbeat program
 //! carries its last iteration's %globaltimer across relaunches, so its largest gap afterwards is the

@@ -190,8 +190,7 @@ fn native_worker_that_never_says_ready_is_refused() {
 }
 
 /// The native worker `name` as `ps --json` lists it: (pid, state, bindings, command). `ps --json` is
-/// one array, the programs' rows then the native workers' marked `"native": true` (the first GPU run
-/// of this test, 2026-12-03 session 4, found it reading a `natives` key that `ps --json` never had).
+/// one array, the programs' rows then the native workers' marked `"native": true`.
 fn native_row(m: &Meshd, name: &str) -> Option<(u64, String, Vec<String>, String)> {
     let v: serde_json::Value = serde_json::from_str(&m.ok(&["ps", "--json"])).ok()?;
     let row = v.as_array()?.iter().find(|n| n["native"] == true && n["name"] == name)?.clone();
@@ -200,7 +199,7 @@ fn native_row(m: &Meshd, name: &str) -> Option<(u64, String, Vec<String>, String
 }
 
 /// A native worker spawned before meshd is killed with SIGKILL is started again by the restarted
-/// meshd (issue 17 item 5) with the same command and bindings, as a new process, and can be stopped.
+/// meshd with the same command and bindings, as a new process, and can be stopped.
 fn native_started_again_after_kill_9(mode: &str, extra: &[&str]) {
     let Some(worker) = worker_or_skip(&format!("native_started_again_after_kill_9_{mode}")) else { return };
     let mut m = mesh_with_echo(extra);

@@ -1,4 +1,4 @@
-//! One bulk channel split into parts (issue 24 item 3), served by B blocks at a GPU end, end to end through meshd: a host `BulkProducer` into `bulk_parts_sink` and `bulk_parts_source` → `bulk_parts_sink`, parts 1, 4 and 32, then the same with four messages a call at each GPU end (`_x_batch4`, parts 4 and 32), in blink and MPS mode.
+//! One bulk channel split into parts served by B blocks at a GPU end, end to end through meshd: a host `BulkProducer` into `bulk_parts_sink` and `bulk_parts_source` → `bulk_parts_sink`, parts 1, 4 and 32, then the same with four messages a call at each GPU end (`_x_batch4`, parts 4 and 32), in blink and MPS mode.
 //!
 //! Message seq's 4-byte word k is `stress_value(seq, k)` (bulk_parts.cuh: word 0 the low half of
 //! seq, every other word [`stress::word`]); the sink's block b checks every word of its share of the

@@ -1,4 +1,4 @@
-//! Issue 26 on the GPU: one resident service program and 64 client processes, in blink and MPS mode.
+//! A service on the GPU: one resident service program and 64 client processes, in blink and MPS mode.
 //!
 //! meshd makes the service (`meshd service create svc --clients 64 --msg-size 64 --capacity 256
 //! --reply-size 64 --reply-capacity 16`: the fan-in channel `svc` and the group `svc.replies`) and loads
@@ -26,9 +26,7 @@
 //! another program of tests/programs (a variant of the loop). The longest wait of any client for a reply is printed with the event before it
 //! (measured, not asserted: no assertion on speed). Prints SKIPPED without `MESH_GPU_TESTS=1`.
 //!
-//! Run on the H200 in session 7 (2026-12-04, docs/gpu-runs/2026-12-04-s7), green in both modes with the
-//! one-at-a-time loop (call 1) and the batched one (calls 2-3: 30-33M replies checked per mode, 0
-//! repeats). The client side is also CPU-tested by `service_host.rs`, against meshd's control plane
+//! The client side is also CPU-tested by `service_host.rs`, against meshd's control plane
 //! with a host thread for the program.
 
 use std::collections::BTreeMap;

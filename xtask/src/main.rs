@@ -1,22 +1,36 @@
-//! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`, `ptx`, `demo`.
+//! `cargo xtask`: the project's orchestration: `test`, `gpu-test [--bundle DIR]`, `bench [--bundle DIR]`,
+//! `bench-report`, `ptx`, `demo`.
+
+mod bench;
+mod report;
+mod results;
 
 use std::io::BufRead;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <command>
   test                    every CPU test of the workspace (what CI runs); GPU tests report themselves skipped
-  gpu-test                build and run the GPU tests here (needs a GPU, its driver and libnvJitLink)
+  gpu-test                build and run the GPU tests here (needs a GPU, its driver, libnvJitLink and nvcc)
   gpu-test --bundle DIR   build the GPU tests, meshd and the GPU benchmarks into DIR with a `run` script
                           for a GPU machine without a Rust toolchain
-  bench                   build and run the GPU benchmarks here
-  demo                    build meshd and run the main job (scripts/demo.sh): needs a GPU
-  ptx                     regenerate tests/programs/*.ptx and the native example's PTX from their CUDA sources (needs nvcc)";
+  bench                   build and run the GPU benchmarks here; figures to target/bench-results/DATE-GPU.jsonl
+  bench ARGS...           one benchmark run, e.g. `bench rt-ab blink --host-delay-ns 0-1500` (`mesh-gpu-bench --help`)
+  bench-report [FILES]    BENCHMARKS.md's tables from results files (default bench/results/*.jsonl); --check: fail if stale
+  bench-report --compare OLD NEW   each figure's change; fails when one got worse by more than its noise (else 10%)
+  demo                    build meshd and run the main job (scripts/demo.sh): needs a GPU and nvcc
+  ptx                     build the test programs (tests/programs/*.cu) into target/programs/*.ptx with nvcc
+                          (gpu-test and bench do it first) and regenerate the native-rust example's embedded PTX";
 
-/// The GPU test programs, compiled to PTX by nvcc and committed beside their sources.
+/// The GPU test programs' CUDA sources. Their PTX is built (`cargo xtask ptx`), never committed.
 const PROGRAMS_DIR: &str = "tests/programs";
+/// The variable that tells the GPU tests and benchmarks where the programs' PTX is.
+const PROGRAMS_GATE: &str = "MESH_PROGRAMS";
 /// The environment variable that un-gates the GPU tests.
 const GPU_GATE: &str = "MESH_GPU_TESTS";
 
@@ -26,13 +40,22 @@ fn main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["test"] => test(),
-        ["gpu-test"] => gpu_test_here(),
-        ["gpu-test", "--bundle", dir] | ["bench", "--bundle", dir] => bundle(Path::new(dir)),
-        ["bench"] => bench_here(),
+        ["gpu-test"] => gpu_test_here().inspect(|()| bench::say_gpu_test_results()),
+        ["gpu-test", "--bundle", dir] | ["bench", "--bundle", dir] => {
+            bundle(Path::new(dir)).and_then(|()| bench::stamp_bundle(Path::new(dir)))
+        }
+        ["bench", rest @ ..] => bench::bench(rest),
+        ["bench-report", "--compare", old, new] => report::compare_files(Path::new(old), Path::new(new)),
+        ["bench-report", rest @ ..] => report::bench_report(rest),
         ["ptx"] => ptx(),
         ["demo"] => {
+            // Before the build: without nvcc the demo cannot build its program, so say so at once.
+            let nvcc = nvcc()?;
             run(cargo().args(["build", "--release", "-p", "meshd"]))?;
-            run(Command::new("scripts/demo.sh").arg(root.join("target/release/meshd")).arg(PROGRAMS_DIR))
+            run(Command::new("scripts/demo.sh")
+                .arg(root.join(target_dir()).join("release/meshd"))
+                .arg(PROGRAMS_DIR)
+                .env("NVCC", nvcc))
         }
         _ => {
             eprintln!("{USAGE}");
@@ -93,58 +116,107 @@ fn run_counting_skips(cmd: &mut Command) -> Result<usize> {
 }
 
 fn gpu_test_here() -> Result<()> {
+    let programs = build_programs()?;
     // The end-to-end tests run these binaries (found beside the test executables' directory).
     run(cargo().args(["build", "--release", "-p", "meshd", "-p", "mesh-mps-worker"]))?;
     run(cargo()
         .args(["test", "--release", "-p", "mesh-gpu-tests", "--", "--nocapture", "--test-threads=1"])
-        .env(GPU_GATE, "1"))
+        .env(GPU_GATE, "1")
+        .env(PROGRAMS_GATE, programs))
 }
 
-fn bench_here() -> Result<()> {
-    run(cargo().args(["build", "--release", "-p", "mesh-mps-worker"]))?;
-    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench"]).env(GPU_GATE, "1"))?;
-    // MPS mode in a process of its own (the first one holds a plain context).
-    run(cargo()
-        .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "mps"])
-        .env(GPU_GATE, "1"))?;
-    // Round trips through meshd's backends, host↔GPU (`rt-ab`: the header's loop and its raw limits in
-    // turns) and GPU↔GPU, and bulk channels (large messages), each mode in a process of its own.
-    for args in [
-        ["rt", "blink"],
-        ["rt", "mps"],
-        ["rt-ab", "blink"],
-        ["rt-ab", "mps"],
-        ["g2g", "blink"],
-        ["g2g", "mps"],
-        ["bulk", "blink"],
-        ["bulk", "mps"],
-    ] {
-        run(cargo()
-            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--"])
-            .args(args)
-            .env(GPU_GATE, "1"))?;
+/// The build's target directory: `CARGO_TARGET_DIR`, else the workspace's `target`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
+}
+
+/// nvcc: the one `NVCC` names, else `nvcc` on PATH, else the CUDA toolkit's default place.
+fn nvcc() -> Result<PathBuf> {
+    find_nvcc(std::env::var_os("NVCC"))
+}
+
+/// The nvcc `named`, else `nvcc` on PATH, else the CUDA toolkit's default place; an error naming
+/// what was tried when none runs.
+fn find_nvcc(named: Option<std::ffi::OsString>) -> Result<PathBuf> {
+    let tried: Vec<PathBuf> = match named {
+        Some(named) => vec![named.into()],
+        None => vec!["nvcc".into(), "/usr/local/cuda/bin/nvcc".into()],
+    };
+    for candidate in &tried {
+        if Command::new(candidate).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return Ok(candidate.clone());
+        }
     }
-    // The host round trip again over a client whose time between reply and request varies (0-1.5 µs,
-    // drawn for each request): every path averaged over where its requests land between its polls, the
-    // comparison that does not depend on one poll's luck (BENCHMARKS.md, session 19).
-    for mode in ["blink", "mps"] {
-        run(cargo()
-            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "rt-ab", mode])
-            .env(GPU_GATE, "1")
-            .env("MESH_RT_AB_HOST_DELAY_NS", "0-1500"))?;
+    let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "nvcc not found (tried {}): the GPU programs are built from their CUDA sources with the CUDA toolkit's \
+         nvcc (docs/prerequisites.md); put it on PATH or name it in NVCC",
+        tried.join(", ")
+    )
+}
+
+/// Compiles every test program (`tests/programs/*.cu`) to PTX in `target/programs`; returns that
+/// directory, absolute, for `MESH_PROGRAMS`.
+pub(crate) fn build_programs() -> Result<PathBuf> {
+    let nvcc = nvcc()?;
+    let out = root().join(target_dir()).join("programs");
+    let built = compile_programs(&nvcc, Path::new(PROGRAMS_DIR), &out)?;
+    eprintln!("built the PTX of {built} test programs into {}", out.display());
+    Ok(out)
+}
+
+/// Compiles each `*.cu` of `sources` to `out/NAME.ptx` with `nvcc`, one nvcc a core. `out` is emptied
+/// first, so no program deleted since lingers there. Fails naming each program nvcc refused, with its
+/// messages; returns how many were built.
+fn compile_programs(nvcc: &Path, sources: &Path, out: &Path) -> Result<usize> {
+    match std::fs::remove_dir_all(out) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("emptying {}", out.display()));
+        }
+        _ => {}
     }
-    // The control plane through the CLI (needs meshd beside the benchmark binary).
-    run(cargo().args(["build", "--release", "-p", "meshd"]))?;
-    run(cargo().args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-cli-bench"]).env(GPU_GATE, "1"))?;
-    // A service of many clients (issue 26): meshd and the client processes beside the benchmark binary,
-    // service.cu's PTX from `cargo xtask ptx`.
-    run(cargo().args(["build", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-service-client"]))?;
-    for mode in ["blink", "mps"] {
-        run(cargo()
-            .args(["run", "--release", "-p", "mesh-gpu-tests", "--bin", "mesh-gpu-bench", "--", "service", mode])
-            .env(GPU_GATE, "1"))?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut programs = Vec::new();
+    for entry in std::fs::read_dir(sources).with_context(|| format!("reading {}", sources.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "cu") {
+            programs.push(path);
+        }
     }
-    Ok(())
+    programs.sort();
+    if programs.is_empty() {
+        bail!("no test programs (*.cu) in {}", sources.display());
+    }
+    eprintln!(
+        "$ {} {} (each of {} programs)",
+        nvcc.display(),
+        ptx_args(&sources.join("PROGRAM.cu"), out).join(" "),
+        programs.len()
+    );
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(4, NonZeroUsize::get).min(programs.len());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                while let Some(source) = programs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let failed = match Command::new(nvcc).args(ptx_args(source, out)).output() {
+                        Ok(o) if o.status.success() => continue,
+                        Ok(o) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim_end()),
+                        Err(e) => format!("running {}: {e}", nvcc.display()),
+                    };
+                    let mut failures = failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    failures.push(format!("{}: {failed}", source.display()));
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !failures.is_empty() {
+        failures.sort();
+        bail!("nvcc refused {} of {} test programs:\n{}", failures.len(), programs.len(), failures.join("\n"));
+    }
+    Ok(programs.len())
 }
 
 /// Test executables built by `cargo test --no-run`, read off cargo's JSON messages.
@@ -171,13 +243,32 @@ fn test_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
 }
 
 /// Runs `strip FLAG path`; best effort (without `strip` the file stays as it is).
+/// Copies the tree `from` into `to`, leaving out the entries of `from` named in `skip`.
+fn copy_tree(from: &Path, to: &Path, skip: &[&str]) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let path = entry?.path();
+        let name = path.file_name().context("file name")?;
+        if skip.iter().any(|s| name == *s) {
+            continue;
+        }
+        if path.is_dir() {
+            copy_tree(&path, &to.join(name), &[])?;
+        } else {
+            std::fs::copy(&path, to.join(name))?;
+        }
+    }
+    Ok(())
+}
+
 fn strip(flag: &str, path: &Path) {
     if Command::new("strip").arg(flag).arg(path).status().is_ok_and(|s| s.success()) {
         eprintln!("strip {flag} {}", path.display());
     }
 }
 
-/// Everything a GPU machine without cargo needs: binaries, program sources and PTX, and a `run` script.
+/// Everything a GPU machine without cargo needs: binaries, the programs' sources (its `run` script
+/// compiles them with nvcc), and that script.
 fn bundle(dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir.join("bin"))?;
@@ -189,7 +280,7 @@ fn bundle(dir: &Path) -> Result<()> {
         let stem = name.rsplit_once('-').map_or(name.as_str(), |(s, _)| s);
         std::fs::copy(&exe, dir.join("bin").join(format!("test-{stem}")))?;
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let target = target_dir();
     for entry in std::fs::read_dir(target.join("release"))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
@@ -207,6 +298,8 @@ fn bundle(dir: &Path) -> Result<()> {
         }
     }
     std::fs::copy("crates/mesh-shm/include/mesh.cuh", dir.join("programs/mesh.cuh"))?;
+    // The umbrella includes its parts by relative path: mesh/*.cuh and mesh/detail/*.cuh beside it.
+    copy_tree(Path::new("crates/mesh-shm/include/mesh"), &dir.join("programs/mesh"), &[])?;
     // The raw limits the channel benchmarks stand beside (CUDA runtime programs, built by `run` with nvcc).
     std::fs::create_dir_all(dir.join("probes"))?;
     for f in ["ll_roundtrip.cu", "g2g.cu"] {
@@ -224,6 +317,9 @@ fn bundle(dir: &Path) -> Result<()> {
     for f in ["native_echo.cu", "native_kernel.cuh"] {
         std::fs::copy(Path::new("examples/native-cuda").join(f), dir.join("native").join(f))?;
     }
+    // The docs' examples (`run examples` builds each with nvcc and runs its run.sh) and the header they include.
+    copy_tree(Path::new("examples"), &dir.join("examples"), &["native-cuda", "native-rust"])?;
+    copy_tree(Path::new("crates/mesh-shm/include"), &dir.join("include"), &[])?;
     std::fs::copy("tests/gpu-run.sh", dir.join("run"))?;
     std::fs::copy("scripts/demo.sh", dir.join("demo"))?;
     std::fs::set_permissions(dir.join("demo"), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
@@ -258,32 +354,111 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Regenerates the committed PTX of every test program (needs nvcc; the GPU machine has it).
+/// `cargo xtask ptx`: the test programs' PTX into target/programs, and the native-rust example's
+/// embedded PTX, which a CPU build includes and so stays committed.
 fn ptx() -> Result<()> {
-    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
-    for entry in std::fs::read_dir(PROGRAMS_DIR)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "cu") {
-            run(Command::new(&nvcc).args(ptx_args(&path)))?;
-        }
-    }
-    // The Rust native-worker example embeds the C example's kernel, also built on mesh.cuh.
-    let mut native = ptx_args(Path::new("examples/native-cuda/native_kernel.cu"));
-    let out = native.iter().position(|a| a == "-o").expect("ptx_args names an output") + 1;
-    native[out] = "examples/native-rust/native_kernel.ptx".into();
-    run(Command::new(&nvcc).args(native))?;
-    Ok(())
+    build_programs()?;
+    // The C example's kernel, also built on mesh.cuh: examples/native-rust/native_kernel.ptx.
+    let native = Path::new("examples/native-cuda/native_kernel.cu");
+    run(Command::new(nvcc()?).args(ptx_args(native, Path::new("examples/native-rust"))))
 }
 
-/// nvcc's arguments for one program; `tests/gpu-run.sh` uses the same flags.
-fn ptx_args(source: &Path) -> Vec<String> {
+/// nvcc's arguments for one program, its PTX into `out_dir`; `tests/gpu-run.sh` uses the same flags.
+fn ptx_args(source: &Path, out_dir: &Path) -> Vec<String> {
+    let name = source.file_stem().map_or_else(|| "program".into(), |s| s.to_string_lossy().into_owned());
     vec![
         "-ptx".into(),
         "-arch=compute_80".into(),
         "-I".into(),
         "crates/mesh-shm/include".into(),
         "-o".into(),
-        source.with_extension("ptx").display().to_string(),
+        out_dir.join(format!("{name}.ptx")).display().to_string(),
         source.display().to_string(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch directory of this test's own under the system's temp dir, empty.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A stand-in nvcc: copies the source to the `-o` file, refusing any source named `bad*`.
+    fn fake_nvcc(dir: &Path) -> PathBuf {
+        let nvcc = dir.join("nvcc");
+        std::fs::write(
+            &nvcc,
+            "#!/bin/sh\n[ \"$1\" = --version ] && exit 0\nwhile [ $# -gt 1 ]; do [ \"$1\" = -o ] && out=$2; shift; done\n\
+             case $(basename \"$1\") in bad*) echo \"error: $1 refused\" >&2; exit 2;; esac\ncp \"$1\" \"$out\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&nvcc, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        nvcc
+    }
+
+    #[test]
+    fn every_program_is_built_into_the_output_and_nothing_else_stays_there() {
+        let dir = scratch("build");
+        let nvcc = fake_nvcc(&dir);
+        let (src, out) = (dir.join("src"), dir.join("out"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        for (f, text) in [("echo.cu", "echo"), ("ping.cu", "ping"), ("stress.cuh", "header")] {
+            std::fs::write(src.join(f), text).unwrap();
+        }
+        std::fs::write(out.join("gone.ptx"), "a program deleted since").unwrap();
+        assert_eq!(compile_programs(&nvcc, &src, &out).unwrap(), 2);
+        let mut built: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+        built.sort();
+        assert_eq!(built, ["echo.ptx", "ping.ptx"]);
+        assert_eq!(std::fs::read_to_string(out.join("ping.ptx")).unwrap(), "ping");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_program_nvcc_refuses_is_named_with_its_messages() {
+        let dir = scratch("refuse");
+        let nvcc = fake_nvcc(&dir);
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for f in ["echo.cu", "bad_one.cu", "ping.cu"] {
+            std::fs::write(src.join(f), f).unwrap();
+        }
+        let err = format!("{:#}", compile_programs(&nvcc, &src, &dir.join("out")).unwrap_err());
+        assert!(err.contains("1 of 3") && err.contains("bad_one.cu") && err.contains("refused"), "{err}");
+        assert!(!err.contains("echo.cu"), "{err}");
+        let err = format!("{:#}", compile_programs(&nvcc, &dir.join("none"), &dir.join("out")).unwrap_err());
+        assert!(err.contains("none"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_nvcc_is_named_with_where_to_get_it() {
+        let err = find_nvcc(Some("/nonexistent/bin/nvcc".into())).unwrap_err().to_string();
+        assert!(err.contains("nvcc not found") && err.contains("/nonexistent/bin/nvcc"), "{err}");
+        assert!(err.contains("docs/prerequisites.md") && err.contains("NVCC"), "{err}");
+    }
+
+    /// The bundle's `run` script compiles with the same flags as `cargo xtask ptx`, and no test
+    /// program's PTX sits beside its source (it is built, into target/programs).
+    #[test]
+    fn the_run_script_builds_as_xtask_does_and_no_ptx_is_kept_with_the_sources() {
+        let root = root();
+        let args = ptx_args(Path::new("p.cu"), Path::new("out"));
+        let script = std::fs::read_to_string(root.join("tests/gpu-run.sh")).unwrap();
+        assert!(script.contains(&format!("\"$NVCC\" {} {}", args[0], args[1])), "gpu-run.sh: nvcc {args:?}");
+        let kept: Vec<_> = std::fs::read_dir(root.join(PROGRAMS_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+            .collect();
+        assert!(kept.is_empty(), "PTX beside the sources (`cargo xtask ptx` builds into target/programs): {kept:?}");
+        assert!(root.join(PROGRAMS_DIR).join("echo.cu").is_file());
+    }
 }

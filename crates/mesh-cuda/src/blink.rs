@@ -576,6 +576,7 @@ impl Backend for BlinkBackend {
         let slot = slots::free_slot(&self.mailbox, &self.programs)?;
         // Link while everything runs; only the module load happens inside the blink.
         let linked = self.jit.link(&spec.name, spec.image, spec.kind)?;
+        slots::check_declared(&self.mailbox, &spec.name, &spec.bindings, &linked.cubin)?;
         let stream = self.ctx.stream()?;
         let name = spec.name;
         let (kind, shape) = (spec.kind, spec.shape);
@@ -597,6 +598,7 @@ impl Backend for BlinkBackend {
         let i = roster::index_of(&self.programs, name)?;
         let kind = ImageKind::detect_for(name, &image)?;
         let linked = self.jit.link(name, image, kind)?;
+        slots::check_declared_in(&self.mailbox, name, self.programs[i].core.slot, &linked.cubin)?;
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
             let shape = me.programs[i].core.shape;

@@ -12,8 +12,7 @@
 //! at all, because a plain context's work time-slices with the MPS server's (gaps up to 1.4 ms were
 //! measured between plain processes), while a worker's runs inside the server beside the others.
 //!
-//! **Not yet verified on a GPU**: this module was written without one (the session had no device
-//! time); `tests/tests/mps_device.rs` is the test that proves it.
+//! `tests/tests/mps_device.rs` is its GPU test.
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};

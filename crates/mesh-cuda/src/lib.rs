@@ -11,8 +11,10 @@
 //! a backend answers. [`jit`] runs nvJitLink on its own thread, after [`image`] has read what each
 //! image needs (used as it is, linked, or refused). [`blink`] is the blink backend; [`slots`] what
 //! it and the MPS backend do with the mailbox alike;
-//! [`exported`] the device memory MPS mode shares by descriptor (opt-in, not yet verified on a GPU).
+//! [`exported`] the device memory MPS mode shares by descriptor;
+//! [`bindings`] the check of a program's declared bindings against the channels a load binds.
 
+pub mod bindings;
 pub mod blink;
 pub mod context;
 pub mod device;

@@ -16,6 +16,35 @@ pub fn channel_indices(mailbox: &Mailbox, names: &[String]) -> Result<Vec<u32>> 
     names.iter().map(|name| mailbox.channel_for_program(name).map(|c| c.index).map_err(BackendError::mailbox)).collect()
 }
 
+/// Refuses a load whose linked `cubin` declares bindings (mesh.cuh's `MESH_BINDINGS`) that the
+/// channels `names` (binding 0, 1, …) cannot serve: a channel of another protocol, or too few
+/// channels. Read from the cubin on the CPU, so both backends call it before they change anything.
+/// An image that declares nothing (or is not an ELF file: a fatbin used as it is) loads unchecked.
+pub fn check_declared(mailbox: &Mailbox, program: &str, names: &[String], cubin: &[u8]) -> Result<()> {
+    let refused = |reason: String| BackendError::Invalid { what: format!("program {program:?}"), reason };
+    let Some(declared) = crate::bindings::declared(cubin).map_err(refused)? else { return Ok(()) };
+    let bound = names
+        .iter()
+        .map(|name| {
+            mailbox.channel_for_program(name).map(|c| (name.clone(), c.protocol)).map_err(BackendError::mailbox)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::bindings::check(&declared, &bound).map_err(refused)
+}
+
+/// [`check_declared`] for an upgrade: the new `cubin` against the channels `slot` binds now.
+pub fn check_declared_in(mailbox: &Mailbox, program: &str, slot: u32, cubin: &[u8]) -> Result<()> {
+    let refused = |reason: String| BackendError::Invalid { what: format!("program {program:?}"), reason };
+    let Some(declared) = crate::bindings::declared(cubin).map_err(refused)? else { return Ok(()) };
+    let bound: Vec<_> = mailbox
+        .bound_channels(slot)
+        .map_err(BackendError::mailbox)?
+        .into_iter()
+        .map(|c| (c.name, c.protocol))
+        .collect();
+    crate::bindings::check(&declared, &bound).map_err(refused)
+}
+
 /// The lowest slot of the mailbox that none of `programs` holds.
 pub fn free_slot<P: HasCore>(mailbox: &Mailbox, programs: &[P]) -> Result<u32> {
     roster::free_slot(programs, mailbox.geometry().slot_count)

@@ -35,7 +35,7 @@ pub const PROTOCOL: u32 = 3;
 ///
 /// 5 ms: it adds at most 5 ms to a recovery (goal 500 ms) and to an MPS upgrade's wait for the old
 /// kernel, while a 1 ms wait loop alone cost about 2% of a core per busy worker on the development
-/// container (0.7% at 5 ms; docs/gpu-runs/PENDING.md) — with 48 programs, a whole core.
+/// container (0.7% at 5 ms) — with 48 programs, a whole core.
 pub const KERNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The range `--kernel-check-us` accepts: below 50 µs the loop is a busy wait in all but name; above

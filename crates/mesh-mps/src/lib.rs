@@ -2,7 +2,8 @@
 //!
 //! * [`control`]: the daemon (`nvidia-cuda-mps-control -f` as meshd's child, pipe and log directories
 //!   of mode 0700), its commands, and the membership check (`get_server_list`, `get_client_list`).
-//! * [`worker`]: a worker process as meshd sees it.
+//! * [`worker`]: a worker process as meshd sees it; [`news`]: what the workers say unasked, and
+//!   when each was last heard.
 //! * [`pool`]: the pool's policy (a load past it refused unless `--pool-grow`) and its counters for `info`.
 //! * [`standby`]: a second MPS server whose idle workers take the programs over after a fault
 //!   (`meshd run --standby N`, by default as many as the pool).
@@ -14,6 +15,7 @@
 pub mod backend;
 pub mod control;
 pub mod mps_dir;
+pub mod news;
 pub mod pool;
 pub mod process;
 pub mod standby;

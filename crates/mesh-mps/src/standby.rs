@@ -2,7 +2,7 @@
 //!
 //! A fault in one MPS server ends every client of it, and that server takes no new client until
 //! every old one is gone (about 1.5 s on the H200); an idle client of a *second* daemon, made before
-//! the fault, survived it and ran a kernel 157 ms after it (issue 17's probe). So meshd runs two
+//! the fault, survived it and ran a kernel 157 ms after it. So meshd runs two
 //! daemons by default: the active one (the programs and the pool) and this standby, whose
 //! workers are made at start, before any program runs. A recovery whose culprit is named, once every
 //! faulted worker has said its kernel failed (so no old kernel runs on), relaunches the others in
@@ -11,7 +11,7 @@
 //! thread, once it takes clients again (each such worker counted like a pool growth). Anything
 //! else recovers the usual way, and the log names the one reason. On the H200 (2026-12-03) 8
 //! programs recovered in 15.3 ms with the standby against 1.35-1.63 s without; see
-//! docs/mps-standby.md for its cost to the running programs (an idle standby's server is a second
+//! docs/explanation/modes.md ("The standby server") for its cost to the running programs (an idle standby's server is a second
 //! context, which time-slices only when both have work).
 
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The standby server's bookkeeping against stand-ins (a control daemon and workers as shell scripts,
 //! CI has no MPS): filled at start and checked to be its clients, taken all or nothing, the faulted
 //! server's workers reaped without waiting, the roles swapped, and a new standby made tick by tick on
-//! a server that refuses clients for a while, without blocking; a silent standby worker replaced. The GPU side is docs/mps-standby.md's.
+//! a server that refuses clients for a while, without blocking; a silent standby worker replaced. The GPU side is docs/explanation/modes.md's ("The standby server").
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

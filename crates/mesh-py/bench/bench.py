@@ -11,6 +11,9 @@ and bulk streams host -> bulk_echo -> host at 64 KiB, 1 MiB and 16 MiB):
 
     python3 bench.py --gpu --meshd bin/meshd --echo programs/echo.ptx --bulk-echo programs/bulk_echo.ptx --peer bin/peer
 
+(in a GPU bundle, whose ./run builds programs/*.ptx; in the repository `cargo xtask ptx` builds them into
+target/programs, the default of --echo).
+
 `--bulk-only` runs only the bulk tables (host <-> host, or with --gpu through bulk_echo).
 
 Prints Markdown tables. The Rust side of every row is the peer (crates/mesh-py/examples/peer.rs)
@@ -381,7 +384,7 @@ def main() -> None:
     ap.add_argument("--pings", type=int, default=20_000)
     ap.add_argument("--gpu", action="store_true", help="round trips through meshd's echo program on the GPU")
     ap.add_argument("--meshd", type=Path, default=Path("meshd"))
-    ap.add_argument("--echo", type=Path, default=here.parents[3] / "tests" / "programs" / "echo.ptx")
+    ap.add_argument("--echo", type=Path, default=here.parents[3] / "target" / "programs" / "echo.ptx")
     ap.add_argument("--bulk-echo", type=Path, default=None, help="bulk_echo.ptx (default: beside --echo)")
     ap.add_argument("--bulk-only", action="store_true", help="only the bulk tables")
     ap.add_argument("--repeats", type=int, default=5, help="streams per bulk cell (host <-> host; the median)")
@@ -390,6 +393,8 @@ def main() -> None:
         sys.exit(f"{args.peer}: build it with `cargo build --release -p mesh-py --example peer`")
     print(f"meshd package: {meshd.__file__}; Python {sys.version.split()[0]}; mailbox layout {meshd.LAYOUT_VERSION}\n")
     if args.gpu:
+        if not args.echo.exists():
+            sys.exit(f"{args.echo}: no echo program's PTX (`cargo xtask ptx` builds the test programs into target/programs)")
         bulk_echo = args.bulk_echo or args.echo.with_name("bulk_echo.ptx")
         if not bulk_echo.exists():
             print(f"{bulk_echo}: not found, so no bulk rows through bulk_echo\n")

@@ -15,6 +15,7 @@
 //! peer pair PATH CHANNEL COUNT                  try_send + try_recv pairs in one thread: ns per pair
 //! peer ping PATH OUT IN COUNT                   round trips through an echo (a peer's or a GPU program's): median, p99
 //! peer serve SOCKET MAILBOX                     meshd's control plane over a stand-in backend, until shutdown
+//! peer user-store PATH SLOT WORD=VALUE...      user words of program slot SLOT, as a kernel's mesh_user_store
 //! peer service-server PATH NAME                 a host server of service NAME until its stdin closes: each
 //!                                               reply is its request with the first u32 word plus one
 //! ```
@@ -53,6 +54,7 @@ fn main() -> Result<()> {
         ["ping", path, out, input, count] => ping(Path::new(path), out, input, count.parse()?),
         ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox)),
         ["service-server", path, name] => service_server(Path::new(path), name),
+        ["user-store", path, slot, words @ ..] => user_store(Path::new(path), slot.parse()?, words),
         _ => bail!("usage: see the top of crates/mesh-py/examples/peer.rs (got {args:?})"),
     }
 }
@@ -194,6 +196,25 @@ fn bump_version(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Stores user words into program slot `slot` (what a kernel's `mesh_user_store` does), through the
+/// file: its page cache is the mapping every process shares.
+fn user_store(path: &Path, slot: u32, words: &[&str]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mailbox = Mailbox::open(path)?;
+    let user = mailbox.slot(slot)?.offset() + core::mem::offset_of!(mesh_shm::layout::Slot, user) as u64;
+    let file = std::fs::OpenOptions::new().write(true).open(path).with_context(|| path.display().to_string())?;
+    for pair in words {
+        let (i, v) = pair.split_once('=').with_context(|| format!("{pair:?}: not WORD=VALUE"))?;
+        let (i, v): (u64, u32) = (i.parse()?, v.parse()?);
+        if i >= 32 {
+            bail!("user word {i}: a slot holds 32");
+        }
+        file.write_all_at(&v.to_le_bytes(), user + 4 * i)?;
+    }
+    println!("stored {}", words.len());
+    Ok(())
+}
+
 fn produce(path: &Path, channel: &str, count: u64, opts: &[&str]) -> Result<()> {
     let mailbox = Mailbox::open(path)?;
     let mut tx = Tx::claim(&mailbox, channel)?;
@@ -318,7 +339,7 @@ fn ping(path: &Path, out: &str, input: &str, count: usize) -> Result<()> {
 // ---- the control plane over a stand-in backend ----
 
 fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
-    let config = MailboxConfig { size: 16 << 20, slots: 8, channels: 16 };
+    let config = MailboxConfig { size: 64 << 20, slots: 8, channels: 16 };
     let mailbox = Mailbox::create(mailbox_path, &config, CreateMode::Replace)?;
     let server = meshd::server::Server::start(mailbox, meshd::server::Limits::default(), None, |mb| {
         Ok(meshd::server::Opened {
@@ -338,7 +359,7 @@ fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
     Ok(())
 }
 
-// ---- services (issue 26) ----
+// ---- services ----
 
 /// A host server of service `name` until its stdin closes: every request is answered with itself,
 /// its first little-endian u32 word plus one, on the sender's ring, in order. A reply that finds

@@ -1,7 +1,7 @@
 //! The host ends of a bulk channel (protocol bulk) for Python, and the views that lend a ring slot to Python.
 //!
 //! These ends are mesh-shm's `BulkProducer`/`BulkConsumer` (the claim, the ring's pages mapped at
-//! claim, `CopyConfig::for_msg_size` unless the caller gives a `CopyConfig`: so a change of the Rust
+//! claim, `CopyConfig::for_producer` or `for_msg_size` unless the caller gives a `CopyConfig`: so a change of the Rust
 //! ends reaches Python without a change here), driven through their split calls: `try_reserve` then
 //! `publish`/`discard`, `try_peek` then `release`/`unpeek`. What is added here is Python's: the
 //! copies of more than [`GIL_FREE_COPY`] bytes are made with the GIL released, and a slot is lent
@@ -33,7 +33,8 @@ use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyMemoryView;
 
-use crate::{PyConsumer, PyProducer};
+use crate::errors::shm_err;
+use mesh_shm::Protocol;
 
 /// Copies of more bytes than this are made with the GIL released (below, releasing it costs more
 /// than the copy).
@@ -44,7 +45,9 @@ pub(crate) const GIL_FREE_COPY: usize = 4096;
 pub(crate) const MAX_COPY_THREADS: usize = 64;
 
 /// The copy settings of a bulk end: `mesh_shm::CopyConfig`, each field not given taking the value of
-/// `CopyConfig::default()` (an end claimed without one uses `CopyConfig::for_msg_size` instead).
+/// `CopyConfig.default()`; `threads` is 1 to 64 (ValueError otherwise). An end claimed without one
+/// uses the Rust host end's choice by message size instead: a producer `CopyConfig.for_producer`,
+/// a consumer `CopyConfig.for_msg_size`.
 #[pyclass(name = "CopyConfig", module = "meshd", frozen, eq)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PyCopyConfig {
@@ -100,16 +103,19 @@ impl PyCopyConfig {
         Self { inner: mesh_shm::CopyConfig::for_producer(msg_size) }
     }
 
+    /// Threads copying one message together, the caller's included.
     #[getter]
     fn threads(&self) -> usize {
         self.inner.threads
     }
 
+    /// The smallest share of a message worth another thread, in bytes.
     #[getter]
     fn min_part(&self) -> usize {
         self.inner.min_part
     }
 
+    /// Streaming stores into the ring (the producer's copy).
     #[getter]
     fn non_temporal(&self) -> bool {
         self.inner.non_temporal
@@ -384,18 +390,31 @@ impl Lent {
     }
 }
 
-/// The end a view's slot belongs to.
-#[derive(Debug)]
-enum Owner {
-    Tx(Py<PyProducer>),
-    Rx(Py<PyConsumer>),
+/// The end a view's slot belongs to (a `Producer` or a `Consumer`): what the view gives its slot
+/// back to. The ends implement it, so that this module, beneath them, names neither.
+pub(crate) trait SlotOwner: std::fmt::Debug + Send + Sync {
+    /// Gives the slot back: a producer's published (`publish` false: discarded), a consumer's
+    /// released. Refused while the end is in use (borrowed).
+    fn give_back(&self, py: Python<'_>, lent: &Arc<Lent>, publish: bool) -> PyResult<Result<(), ShmError>>;
+    /// The view is dropped without being given back: a producer's slot is discarded, a consumer's
+    /// message unpeeked (it comes again). Nothing when the end is in use.
+    fn abandon(&self, py: Python<'_>, lent: &Arc<Lent>);
 }
 
-/// A slot of a bulk ring lent to Python (see the module's comment).
+/// A bulk ring's slot lent to Python in place: `with` gives a memoryview of it, writable for a
+/// producer's slot (`send_view`: it holds whatever a message a lap ago left there, so write every
+/// byte the consumer reads) and read-only for a consumer's message (`recv_view`). Given back when
+/// the block ends: a producer's published (discarded when the block raises), a consumer's released.
+/// Giving it back while an export of the view lives (an array from `numpy.frombuffer`, another
+/// memoryview) raises BufferError and keeps it lent: drop them, then call `publish`, `discard` or
+/// `release`. Dropped without being given back, a producer's slot is not published and a consumer's
+/// message is not released (it comes again).
 #[pyclass(name = "SlotView", module = "meshd", frozen)]
 #[derive(Debug)]
 pub(crate) struct SlotView {
-    owner: Owner,
+    owner: Box<dyn SlotOwner>,
+    /// A producer's slot (writable), else a consumer's message (read-only).
+    writable: bool,
     lent: Arc<Lent>,
     /// The slot's first byte, as an integer (`Send`).
     addr: usize,
@@ -411,24 +430,30 @@ pub(crate) struct SlotView {
 impl SlotView {
     /// A view of the slot `slot` that the producer `end` reserved.
     pub(crate) fn for_producer(
-        end: Py<PyProducer>,
+        end: Box<dyn SlotOwner>,
         lent: Arc<Lent>,
         slot: Reserved,
         channel: String,
         m: Mailbox,
     ) -> Self {
         let (addr, len, seq) = (slot.as_mut_ptr() as usize, slot.len(), slot.seq());
-        Self { owner: Owner::Tx(end), lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
+        Self { owner: end, writable: true, lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
     }
 
     /// A view of the message `msg` that the consumer `end` peeked.
-    pub(crate) fn for_consumer(end: Py<PyConsumer>, lent: Arc<Lent>, msg: Peeked, channel: String, m: Mailbox) -> Self {
+    pub(crate) fn for_consumer(
+        end: Box<dyn SlotOwner>,
+        lent: Arc<Lent>,
+        msg: Peeked,
+        channel: String,
+        m: Mailbox,
+    ) -> Self {
         let (addr, len, seq) = (msg.as_ptr() as usize, msg.len(), msg.seq());
-        Self { owner: Owner::Rx(end), lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
+        Self { owner: end, writable: false, lent, addr, len, seq, channel, view: Mutex::new(None), _mailbox: m }
     }
 
     fn writable(&self) -> bool {
-        matches!(self.owner, Owner::Tx(_))
+        self.writable
     }
 
     /// Gives the slot back: `publish` (a producer's; false discards it) or release (a consumer's).
@@ -459,11 +484,7 @@ impl SlotView {
                 self.channel, self.seq
             )));
         }
-        match &self.owner {
-            Owner::Tx(end) => end.bind(py).try_borrow_mut()?.finish_view(&self.lent, publish),
-            Owner::Rx(end) => end.bind(py).try_borrow_mut()?.finish_view(&self.lent, true),
-        }
-        .map_err(|e| crate::shm_err(py, e))
+        self.owner.give_back(py, &self.lent, publish)?.map_err(|e| shm_err(py, e))
     }
 
     fn memoryview(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
@@ -492,20 +513,7 @@ impl Drop for SlotView {
         if self.lent.is_done() {
             return;
         }
-        Python::attach(|py| match &self.owner {
-            Owner::Tx(end) => {
-                if let Ok(mut p) = end.bind(py).try_borrow_mut() {
-                    // A slot lent to this view is discarded: nothing to refuse here.
-                    let _ = p.finish_view(&self.lent, false);
-                }
-            }
-            Owner::Rx(end) => {
-                if let Ok(mut c) = end.bind(py).try_borrow_mut() {
-                    // A message lent to this view is unpeeked: nothing to refuse here.
-                    let _ = c.abandon_view(&self.lent);
-                }
-            }
-        });
+        Python::attach(|py| self.owner.abandon(py, &self.lent));
     }
 }
 
@@ -654,4 +662,21 @@ fn check_records(info: &ChannelInfo, len: usize, size: usize) -> Result<(), ShmE
         return Err(ShmError::MessageSize { channel: info.name.clone(), size, got: len % size.max(1) });
     }
     Ok(())
+}
+
+/// The refusal of an in-place view on a channel whose format has none.
+pub(crate) fn no_views(name: &str, protocol: Protocol, op: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "channel {name:?}: {op} lends a slot in place, which only bulk channels have (protocol {protocol} \
+         interleaves its own words with the payload or reuses slots as it goes); use send / recv_into"
+    ))
+}
+
+/// The refusal of a call on an end that lent a slot not yet given back.
+pub(crate) fn busy(name: &str, lent: &Lent, what: &str) -> PyErr {
+    PyBufferError::new_err(format!(
+        "channel {name:?}: a {what} is still open ({} export(s) live); give it back first \
+         (leave its with block, or call publish / discard / release)",
+        lent.exports()
+    ))
 }

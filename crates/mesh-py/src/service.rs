@@ -1,10 +1,10 @@
-//! A service client's two ends for Python (issue 26): `FanInSender` (its requests, into the service's fan-in channel) and `GroupClient` (its own reply ring in the service's channel group).
+//! A service client's two ends for Python: `FanInSender` (its requests, into the service's fan-in channel) and `GroupClient` (its own reply ring in the service's channel group).
 //!
 //! Both are mesh-shm's ends as they are ([`mesh_shm::FanInSender`], [`mesh_shm::GroupClient`]), for
 //! the client id meshd handed out at `service_attach`; `meshd.Service` (python/meshd/service.py) pairs
 //! them with the control-socket connection that holds the id. The calls follow `Producer` and
 //! `Consumer`: `send` reads any C-contiguous buffer in place, `recv_into` writes a writable one,
-//! blocking calls release the GIL and wake for signals every [`crate::SIGNAL_CHECK`], the `try_`
+//! blocking calls release the GIL and wake for signals every [`crate::waits::SIGNAL_CHECK`], the `try_`
 //! calls keep it, and errors are `meshd._errors`' classes.
 
 use mesh_shm::{ChannelInfo, ClientId, PollPause, ShmError};
@@ -12,9 +12,11 @@ use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::{
-    Bytes, EndInfo, Origin, PyMailbox, aio, deadline, new_bytes, shm_err, try_then_wait, try_then_wait_pausing,
-};
+use crate::bytes::{Bytes, new_bytes};
+use crate::end::{EndInfo, Origin};
+use crate::errors::shm_err;
+use crate::mapped::PyMailbox;
+use crate::waits::{aio, deadline, try_then_wait, try_then_wait_pausing};
 
 /// A client id from Python: an int from 0 to 2**32 - 1 (`slot | epoch << 16`); ValueError for one out
 /// of that range however large, TypeError for what is no int.

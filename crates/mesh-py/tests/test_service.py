@@ -1,4 +1,4 @@
-"""Services (issue 26) from Python: ``meshd.Service`` and its two ends, attached through meshd's control plane.
+"""Services from Python: ``meshd.Service`` and its two ends, attached through meshd's control plane.
 
 The control side is meshd's own (the peer's ``serve``: meshd's control plane over a stand-in backend),
 which binds each client over the socket and takes it back at its detach, at the lease's end or at its

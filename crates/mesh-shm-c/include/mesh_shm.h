@@ -20,6 +20,9 @@
 // an attach may wait up to half a second for the serving program to acknowledge a departure).
 #define MESH_SERVICE_ANSWER_TIMEOUT_MS 30000
 
+// How many user words a program slot holds (mesh.cuh's `MESH_SLOT_USER_WORDS`).
+#define MESH_USER_WORDS 32
+
 // A claimed consumer end of a channel (opaque): of either protocol, the same calls.
 typedef struct MeshConsumer MeshConsumer;
 
@@ -430,6 +433,37 @@ MeshStatus mesh_service_set_window(struct MeshService *s, uint32_t window);
 // # Safety
 // `s` is NULL or a live service client, closed once.
 MeshStatus mesh_service_close(struct MeshService *s);
+
+// Reads the user words of program `program` (what its kernel stored with `mesh_user_store`, 0
+// where it stored none) from the meshd listening on `socket_path` (NULL: as
+// [`mesh_service_connect`](crate::mesh_service_connect) finds it), into `words[0..count]`
+// (`count` at most [`MESH_USER_WORDS`]; word `i` into `words[i]`). meshd reads them from the
+// program's slot when it answers: `meshd user PROGRAM` prints the same.
+//
+// Returns [`MESH_ERR_REFUSED`] when no program has that name or it is held back (it holds no
+// slot), [`MESH_ERR_UNREACHABLE`](crate::MESH_ERR_UNREACHABLE) when no meshd answers there,
+// [`MESH_ERR_PROTOCOL`] when its answer cannot be read, [`MESH_ERR_ARG`] for a `count` above
+// [`MESH_USER_WORDS`].
+//
+// # Safety
+// `socket_path` is NULL or NUL-terminated; `program` is NULL (refused) or NUL-terminated; `words`
+// is NULL (refused) or `count` writable `uint32_t`s.
+MeshStatus mesh_program_user_words(const char *socket_path,
+                                   const char *program,
+                                   uint32_t *words,
+                                   uint32_t count);
+
+// Reads the user words of program slot `slot` (the `slot` column of `meshd ps`) from a mapped
+// mailbox, into `words[0..count]` (`count` at most [`MESH_USER_WORDS`]). No meshd is asked: a
+// native worker that has the mailbox open reads them in place. [`MESH_ERR_ARG`] for a slot past
+// the mailbox's slot table or a `count` above [`MESH_USER_WORDS`].
+//
+// # Safety
+// `mb` is NULL (refused) or a live mailbox; `words` is NULL (refused) or `count` writable `uint32_t`s.
+MeshStatus mesh_shm_user_words(const struct MeshMailbox *mb,
+                               uint32_t slot,
+                               uint32_t *words,
+                               uint32_t count);
 
 #ifdef __cplusplus
 }  // extern "C"

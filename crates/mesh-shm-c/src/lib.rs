@@ -7,11 +7,15 @@
 //! the region `mesh_shm_region` gives with `cudaHostRegister(…, cudaHostRegisterMapped)`, builds the
 //! kernel's `mesh_ctx` with `mesh_shm_ctx` from the device pointer, and says `mesh_shm_ready()`.
 //!
-//! A client of a meshd *service* (issue 26: many host clients, one server) uses the `mesh_service_*`
+//! A client of a meshd *service* (many host clients, one server) uses the `mesh_service_*`
 //! calls ([`service`]): `mesh_service_connect(socket, "kv", &svc)` attaches over meshd's control
 //! socket (the connection stays open as the client's lease), then `mesh_service_request` (or
 //! `_send` / `_recv` and their `try_` forms) go through the mailbox, and `mesh_service_close`
 //! detaches.
+//!
+//! A program's user words (what its kernel stores with `mesh_user_store`) are read by the program's
+//! name through meshd (`mesh_program_user_words`, [`user`]), or by its slot from a mapped mailbox
+//! (`mesh_shm_user_words`).
 //!
 //! Conventions: every call returns a [`MeshStatus`]: [`MESH_OK`], a positive "not now"
 //! ([`MESH_FULL`], [`MESH_EMPTY`], [`MESH_TIMEOUT`]) or a negative error, whose text
@@ -30,6 +34,8 @@ use mesh_shm::{BulkConsumer, BulkProducer, ChannelInfo, Consumer, Mailbox, Produ
 
 pub mod service;
 pub use service::*;
+pub mod user;
+pub use user::*;
 
 /// The result of every call: 0 done, > 0 not now, < 0 an error (see [`mesh_shm_last_error`]).
 pub type MeshStatus = i32;

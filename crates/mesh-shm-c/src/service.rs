@@ -1,4 +1,4 @@
-//! A client of a meshd service in C (issue 26): `mesh_service_connect` attaches over meshd's control socket, then requests go into the service's fan-in channel and replies come from a reply ring of the client's own.
+//! A client of a meshd service in C: `mesh_service_connect` attaches over meshd's control socket, then requests go into the service's fan-in channel and replies come from a reply ring of the client's own.
 //!
 //! A service `NAME` is a fan-in channel `NAME` (requests from any number of host clients, each
 //! carrying its sender's id) and a channel group `NAME.replies` (one reply ring per client).
@@ -78,7 +78,7 @@ pub struct MeshServiceInfo {
 }
 
 /// Why a call on the control socket failed: a status and its text.
-type Failed = (MeshStatus, String);
+pub(crate) type Failed = (MeshStatus, String);
 
 /// Writes all of `bytes` without SIGPIPE.
 fn write_all(conn: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
@@ -118,7 +118,7 @@ fn read_line(conn: &UnixStream) -> Result<Vec<u8>, Failed> {
 }
 
 /// Sends `request` (one JSON line) and reads meshd's answer: the answer, or the refusal's reason.
-fn ask(conn: &UnixStream, request: &str, what: &str) -> Result<Value, Failed> {
+pub(crate) fn ask(conn: &UnixStream, request: &str, what: &str) -> Result<Value, Failed> {
     let sent = write_all(conn, request.as_bytes());
     let line = read_line(conn)?;
     if line.is_empty() {
@@ -138,7 +138,7 @@ fn ask(conn: &UnixStream, request: &str, what: &str) -> Result<Value, Failed> {
 }
 
 /// A connection to meshd's control socket, answers waited for up to [`MESH_SERVICE_ANSWER_TIMEOUT_MS`].
-fn dial(socket: &str) -> Result<UnixStream, Failed> {
+pub(crate) fn dial(socket: &str) -> Result<UnixStream, Failed> {
     let conn = UnixStream::connect(socket).map_err(|e| {
         (MESH_ERR_UNREACHABLE, format!("cannot reach meshd at {socket} (is `meshd run` running?): {e}"))
     })?;

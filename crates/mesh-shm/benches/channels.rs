@@ -15,7 +15,7 @@ use mesh_shm::{Consumer, CreateMode, Mailbox, MailboxConfig, Placement, Producer
 
 const CAPACITY: u32 = 1024;
 const SIZES: [usize; 3] = [8, 64, 256];
-/// Round trips also at the sizes host↔GPU messages reach (issue 16); their rings hold fewer slots.
+/// Round trips also at the sizes host↔GPU messages reach; their rings hold fewer slots.
 const RT_SIZES: [usize; 5] = [8, 64, 256, 1024, 4096];
 const RT_BIG_CAPACITY: u32 = 64;
 const STOP: u64 = u64::MAX;

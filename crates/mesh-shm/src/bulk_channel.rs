@@ -31,10 +31,11 @@
 use std::time::{Duration, Instant};
 
 use crate::bulk::{BulkConsumerCore, BulkMemory, BulkProducerCore, Corrupt};
-use crate::channel::{EndClaim, poll_until};
+use crate::channel::EndClaim;
 use crate::copy::{Copier, CopyConfig};
 use crate::error::{End, Result, ShmError};
 use crate::mailbox::{ChannelInfo, Mailbox};
+use crate::wait::{WaitConfig, poll_until};
 
 fn corrupt(info: &ChannelInfo, c: Corrupt) -> ShmError {
     ShmError::Corrupt { channel: info.name.clone(), head: c.head, tail: c.tail, capacity: u64::from(info.capacity) }
@@ -179,6 +180,7 @@ pub struct BulkProducer {
     info: ChannelInfo,
     /// The slot `try_reserve` lent, until `publish` or `discard`.
     reserved: Option<Reserved>,
+    wait: WaitConfig,
     _claim: EndClaim,
 }
 
@@ -206,12 +208,24 @@ impl BulkProducer {
         let claim = EndClaim::take(mailbox, name, End::Producer)?;
         let copier = copier(mailbox, config)?;
         prefault(&ring);
-        Ok(Self { core: BulkProducerCore::new(ring), copier, info, reserved: None, _claim: claim })
+        let wait = mailbox.wait_config();
+        Ok(Self { core: BulkProducerCore::new(ring), copier, info, reserved: None, wait, _claim: claim })
     }
 
     /// The channel.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// How this end copies.
@@ -328,7 +342,7 @@ impl BulkProducer {
     /// Sends one message, waiting for room until `timeout` passes.
     pub fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        poll_until(deadline, || Ok(self.try_send(msg)?.then_some(())))?
+        poll_until(deadline, self.wait, || Ok(self.try_send(msg)?.then_some(())))?
             .ok_or_else(|| self::timeout(&self.info, "send", timeout))
     }
 }
@@ -341,6 +355,7 @@ pub struct BulkConsumer {
     info: ChannelInfo,
     /// The message `try_peek` lent, until `release` or `unpeek`.
     peeked: Option<Peeked>,
+    wait: WaitConfig,
     _claim: EndClaim,
 }
 
@@ -369,12 +384,23 @@ impl BulkConsumer {
         let core = BulkConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
         let copier = copier(mailbox, config)?;
         prefault(&ring);
-        Ok(Self { core, copier, info, peeked: None, _claim: claim })
+        Ok(Self { core, copier, info, peeked: None, wait: mailbox.wait_config(), _claim: claim })
     }
 
     /// The channel.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// How this end copies.
@@ -485,7 +511,7 @@ impl BulkConsumer {
     /// Receives one message, waiting until `timeout` passes.
     pub fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        poll_until(deadline, || Ok(self.try_recv(out)?.then_some(())))?
+        poll_until(deadline, self.wait, || Ok(self.try_recv(out)?.then_some(())))?
             .ok_or_else(|| self::timeout(&self.info, "recv", timeout))
     }
 }

@@ -8,6 +8,7 @@ use crate::error::{End, Result, ShmError};
 use crate::index_ring::{IndexConsumerCore, IndexProducerCore};
 use crate::mailbox::{ChannelInfo, Mailbox, Protocol};
 use crate::ring::{ConsumerCore, Corrupt, ProducerCore};
+use crate::wait::{WaitConfig, poll_until};
 
 /// A claim on one end of a channel, released on drop. meshd holds these for ends a GPU program binds.
 #[derive(Debug)]
@@ -74,116 +75,6 @@ fn size_error(info: &ChannelInfo, got: usize) -> ShmError {
     ShmError::MessageSize { channel: info.name.clone(), size: info.msg_size as usize, got }
 }
 
-/// How long a blocking call spins on the CPU before it starts yielding it between polls, unless
-/// `MESH_SPIN_US` says otherwise (see [`spin`]).
-const SPIN: Duration = Duration::from_micros(20);
-/// The spin of every blocking call in this process: `MESH_SPIN_US` microseconds (0 to 1,000,000: 0
-/// yields from the first poll, for hosts with more waiting processes than CPUs), else [`SPIN`]. Read
-/// once; a value that is not such a number is ignored (the default is a safe choice, and a wait is
-/// no place to fail).
-fn spin() -> Duration {
-    static SPIN_FOR: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN_FOR.get_or_init(|| spin_from(std::env::var("MESH_SPIN_US").ok().as_deref()))
-}
-
-/// [`spin`] for a given `MESH_SPIN_US` value.
-fn spin_from(value: Option<&str>) -> Duration {
-    value.and_then(|v| v.trim().parse::<u64>().ok()).filter(|us| *us <= 1_000_000).map_or(SPIN, Duration::from_micros)
-}
-
-/// How long it yields between polls before it starts sleeping.
-const YIELD: Duration = Duration::from_millis(1);
-/// The first sleep (Linux's timer slack makes any shorter one about this long anyway), doubled up
-/// to [`MAX_NAP`].
-const FIRST_NAP: Duration = Duration::from_micros(50);
-/// The longest sleep between two polls.
-const MAX_NAP: Duration = Duration::from_millis(1);
-
-/// How every blocking call of the host ends waits between two polls: spin first (latency), then
-/// yield the CPU, then back off with sleeps (CPU). Public so that other bindings (the Python
-/// package) wait exactly as the Rust ends they are measured against.
-///
-/// The middle phase is for hosts with more waiting processes than CPUs (64 service clients on 16
-/// CPUs in the service bench): a spinning waiter would hold its CPU for a whole time slice while a
-/// process whose reply has landed waits to run, and a sleep is no way out, since Linux's default
-/// timer slack turns the shortest one into ~55 µs. `sched_yield` hands the CPU to whoever is
-/// runnable and returns at once when nobody is, so on an idle host it costs a system call per poll.
-#[derive(Debug, Clone)]
-pub struct PollPause {
-    start: Instant,
-    nap: Duration,
-    /// How long this wait spins ([`spin`], looked up once per wait, not once per poll).
-    spin: Duration,
-}
-
-impl Default for PollPause {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl PollPause {
-    /// A wait that starts now (its first pauses spin).
-    pub fn new() -> Self {
-        Self { start: Instant::now(), nap: FIRST_NAP, spin: spin() }
-    }
-
-    /// A wait that starts now and never spins: it yields the CPU from its first pause. For a waiter
-    /// with other work in flight, whose throughput a quicker wake-up does not raise but whose spin
-    /// takes a CPU from processes that need one (a streaming service client: see
-    /// [`for_replies`](Self::for_replies)).
-    pub fn yielding() -> Self {
-        Self { start: Instant::now(), nap: FIRST_NAP, spin: Duration::ZERO }
-    }
-
-    /// The wait of a service client's receive with `unanswered` requests in flight: with at most one
-    /// it is waiting on its only request, whose latency a spin shortens ([`new`](Self::new)); with
-    /// more it is streaming, and [`yielding`](Self::yielding). Why (BENCHMARKS.md, session 12, every
-    /// client of a run waiting one way): 64 streaming clients on the H200 host's 16 CPUs made 4.9 M
-    /// replies/s spinning first and 9.4 M yielding at once, while a lone client waiting on one
-    /// request took 5.0 µs spinning and 7.3 µs yielding. This split of the two has not been measured
-    /// on the GPU yet (docs/gpu-runs/PENDING.md).
-    pub fn for_replies(unanswered: u64) -> Self {
-        if unanswered > 1 { Self::yielding() } else { Self::new() }
-    }
-
-    /// Pauses before the next poll as the time waited so far says, never past `until`.
-    pub fn pause(&mut self, until: Instant) {
-        let now = Instant::now();
-        let waited = now - self.start;
-        if waited < self.spin {
-            std::hint::spin_loop();
-        } else if waited < YIELD {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(self.nap.min(until.saturating_duration_since(now)));
-            self.nap = (self.nap * 2).min(MAX_NAP);
-        }
-    }
-}
-
-/// Polls `attempt` until it yields or `deadline` passes, pausing between tries as [`PollPause`] says.
-pub(crate) fn poll_until<T>(deadline: Instant, attempt: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
-    poll_until_pausing(deadline, PollPause::new(), attempt)
-}
-
-/// [`poll_until`] with the pauses of `pause`.
-pub(crate) fn poll_until_pausing<T>(
-    deadline: Instant,
-    mut pause: PollPause,
-    mut attempt: impl FnMut() -> Result<Option<T>>,
-) -> Result<Option<T>> {
-    loop {
-        if let Some(v) = attempt()? {
-            return Ok(Some(v));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        pause.pause(deadline);
-    }
-}
-
 /// A channel's ring memory in its format, found before the end is claimed.
 enum Memory {
     Ll(crate::ring::RingMemory),
@@ -219,6 +110,7 @@ enum ProducerRing {
 pub struct Producer {
     core: ProducerRing,
     info: ChannelInfo,
+    wait: WaitConfig,
     _claim: EndClaim,
 }
 
@@ -234,12 +126,23 @@ impl Producer {
             Memory::Ll(ring) => ProducerRing::Ll(ProducerCore::new(ring)),
             Memory::Index(ring) => ProducerRing::Index(IndexProducerCore::new(ring)),
         };
-        Ok(Self { core, info, _claim: claim })
+        Ok(Self { core, info, wait: mailbox.wait_config(), _claim: claim })
     }
 
     /// The channel.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     #[inline]
@@ -265,7 +168,7 @@ impl Producer {
     /// Sends one message, waiting for room until `timeout` passes.
     pub fn send(&mut self, msg: &[u8], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        match poll_until(deadline, || Ok(self.try_send(msg)?.then_some(())))? {
+        match poll_until(deadline, self.wait, || Ok(self.try_send(msg)?.then_some(())))? {
             Some(()) => Ok(()),
             None => {
                 Err(ShmError::Timeout { channel: self.info.name.clone(), op: "send", waited_ms: timeout.as_millis() })
@@ -300,7 +203,7 @@ impl Producer {
         let deadline = Instant::now() + timeout;
         let mut done = 0;
         let size = self.info.msg_size as usize;
-        let finished = poll_until(deadline, || {
+        let finished = poll_until(deadline, self.wait, || {
             done += self.try_send_batch(&msgs[done * size..])?;
             Ok((done * size == msgs.len()).then_some(()))
         })?;
@@ -326,6 +229,7 @@ enum ConsumerRing {
 pub struct Consumer {
     core: ConsumerRing,
     info: ChannelInfo,
+    wait: WaitConfig,
     _claim: EndClaim,
 }
 
@@ -340,12 +244,23 @@ impl Consumer {
             Memory::Index(ring) => IndexConsumerCore::new(ring).map(ConsumerRing::Index),
         }
         .map_err(|c| corrupt(&info, c))?;
-        Ok(Self { core, info, _claim: claim })
+        Ok(Self { core, info, wait: mailbox.wait_config(), _claim: claim })
     }
 
     /// The channel.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     #[inline]
@@ -370,7 +285,7 @@ impl Consumer {
     /// Receives one message, waiting until `timeout` passes.
     pub fn recv(&mut self, out: &mut [u8], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        match poll_until(deadline, || Ok(self.try_recv(out)?.then_some(())))? {
+        match poll_until(deadline, self.wait, || Ok(self.try_recv(out)?.then_some(())))? {
             Some(()) => Ok(()),
             None => {
                 Err(ShmError::Timeout { channel: self.info.name.clone(), op: "recv", waited_ms: timeout.as_millis() })
@@ -397,7 +312,7 @@ impl Consumer {
     /// Receives at least one message into `out`, waiting until `timeout` passes; returns how many.
     pub fn recv_batch(&mut self, out: &mut [u8], timeout: Duration) -> Result<usize> {
         let deadline = Instant::now() + timeout;
-        match poll_until(deadline, || {
+        match poll_until(deadline, self.wait, || {
             let n = self.try_recv_batch(out)?;
             Ok((n > 0).then_some(n))
         })? {
@@ -405,32 +320,6 @@ impl Consumer {
             None => {
                 Err(ShmError::Timeout { channel: self.info.name.clone(), op: "recv", waited_ms: timeout.as_millis() })
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod spin_tests {
-    use super::{PollPause, SPIN, spin, spin_from};
-    use std::time::Duration;
-
-    #[test]
-    fn a_reply_wait_spins_for_one_request_in_flight_and_yields_at_once_for_more() {
-        for unanswered in [0, 1] {
-            assert_eq!(PollPause::for_replies(unanswered).spin, spin(), "{unanswered} in flight");
-        }
-        for unanswered in [2, 16, u64::MAX] {
-            assert_eq!(PollPause::for_replies(unanswered).spin, Duration::ZERO, "{unanswered} in flight");
-        }
-    }
-
-    #[test]
-    fn mesh_spin_us_sets_the_spin_and_anything_else_keeps_the_default() {
-        assert_eq!(spin_from(Some("0")), Duration::ZERO);
-        assert_eq!(spin_from(Some(" 5 ")), Duration::from_micros(5));
-        assert_eq!(spin_from(Some("1000000")), Duration::from_secs(1));
-        for bad in [None, Some(""), Some("-1"), Some("2.5"), Some("1000001"), Some("ten")] {
-            assert_eq!(spin_from(bad), SPIN, "{bad:?}");
         }
     }
 }

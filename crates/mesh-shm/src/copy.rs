@@ -48,7 +48,7 @@ impl CopyConfig {
     ///   GPU→host copy-out 20.9-29.2 against 14.9-15.1;
     /// * from [`LARGE_FROM`] (16 MiB): eight threads, plain stores: the source and the ring no
     ///   longer fit in the caches, so the copy is bound by how many misses the cores keep in flight.
-    ///   H200 machine, session 5 (`mesh-gpu-bench bulk blink`, 16 MiB, capacity 4): host→GPU 44.5
+    ///   H200 machine (`mesh-gpu-bench bulk blink`, 16 MiB, capacity 4): host→GPU 44.5
     ///   GB/s with eight threads plain against 36.2 streaming, 35.7 / 37.2 with four plain /
     ///   streaming, 24.9 / 30.9 with two; GPU→host copy-out 41.6 against 34.3 with four. Streaming
     ///   stores stop paying once eight cores keep misses in flight.
@@ -63,13 +63,13 @@ impl CopyConfig {
 
     /// A producer's default ([`crate::BulkProducer::claim`]): [`CopyConfig::for_msg_size`], except
     /// from [`SPLIT_FROM`] to [`LARGE_FROM`] (1 MiB messages): four threads, streaming stores. On the
-    /// H200 machine, four runs of `mesh-gpu-bench bulk blink` in sessions 5 and 7 gave host→GPU at
+    /// H200 machine, four runs of `mesh-gpu-bench bulk blink` gave host→GPU at
     /// 1 MiB 30.0-33.2 GB/s with four streaming threads, the one setting above half of
     /// `cuMemcpyAsync` (45.2-46.4) in every run, against 20.1-38.6 with two plain (the former
     /// default), 25.1-31.4 two streaming, 14.6-36.5 four plain. Since the helpers spin between
-    /// messages (session 8, two runs) four streaming gave 33.5 / 32.5, two plain 41.3 / 30.3, four
+    /// messages (two runs) four streaming gave 33.5 / 32.5, two plain 41.3 / 30.3, four
     /// plain 36.2 / 36.9: no setting wins both, and four streaming is the steadiest. A consumer's
-    /// copy-out is best with two (session 8: 40.9 / 30.3 against 25.8 / 26.1 with four), so the ends
+    /// copy-out is best with two (40.9 / 30.3 against 25.8 / 26.1 with four), so the ends
     /// differ.
     pub fn for_producer(msg_size: usize) -> Self {
         Self::for_producer_on(msg_size, available_cpus())

@@ -1,6 +1,7 @@
-//! The device side's view of the layout: the generated block of `include/mesh.cuh`, and that header's text.
+//! The device side's view of the layout: the generated block of `include/mesh/detail/layout.cuh`, and the
+//! text of the CUDA header `include/mesh.cuh` and its parts.
 //!
-//! `mesh.cuh` holds a block between `BEGIN GENERATED LAYOUT` and `END GENERATED
+//! `mesh/detail/layout.cuh` holds a block between `BEGIN GENERATED LAYOUT` and `END GENERATED
 //! LAYOUT` that must equal [`layout_block`]; a test fails when they differ, and
 //! `MESH_BLESS=1 cargo test -p mesh-shm` rewrites it. The struct definitions in
 //! the block carry `static_assert`s so that nvcc checks them too.
@@ -10,8 +11,29 @@ use std::fmt::Write;
 
 use crate::layout::*;
 
-/// The text of `include/mesh.cuh`, as shipped in this crate.
+/// The text of `include/mesh.cuh`, the umbrella header that includes every part, as shipped in this crate.
 pub const MESH_CUH: &str = include_str!("../include/mesh.cuh");
+
+/// Every file of the CUDA header, by its path under `include/`: the umbrella, the public parts
+/// (`mesh/*.cuh`) and their internals (`mesh/detail/*.cuh`).
+pub const PARTS: &[(&str, &str)] = &[
+    ("mesh.cuh", MESH_CUH),
+    ("mesh/core.cuh", include_str!("../include/mesh/core.cuh")),
+    ("mesh/channel.cuh", include_str!("../include/mesh/channel.cuh")),
+    ("mesh/bulk.cuh", include_str!("../include/mesh/bulk.cuh")),
+    ("mesh/service.cuh", include_str!("../include/mesh/service.cuh")),
+    ("mesh/detail/layout.cuh", include_str!("../include/mesh/detail/layout.cuh")),
+    ("mesh/detail/removed.cuh", include_str!("../include/mesh/detail/removed.cuh")),
+    ("mesh/detail/ptx.cuh", include_str!("../include/mesh/detail/ptx.cuh")),
+    ("mesh/detail/core.cuh", include_str!("../include/mesh/detail/core.cuh")),
+    ("mesh/detail/channel.cuh", include_str!("../include/mesh/detail/channel.cuh")),
+    ("mesh/detail/bulk.cuh", include_str!("../include/mesh/detail/bulk.cuh")),
+    ("mesh/detail/fanin.cuh", include_str!("../include/mesh/detail/fanin.cuh")),
+    ("mesh/detail/group.cuh", include_str!("../include/mesh/detail/group.cuh")),
+];
+
+/// The part that holds the generated block.
+pub const LAYOUT_PART: &str = "mesh/detail/layout.cuh";
 
 /// Start marker of the generated block.
 pub const BEGIN: &str = "// BEGIN GENERATED LAYOUT";
@@ -95,19 +117,20 @@ mod tests {
     #[test]
     fn mesh_cuh_matches_the_rust_layout() {
         let expected = layout_block();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/mesh.cuh");
-        let text = std::fs::read_to_string(path).expect("read mesh.cuh");
-        let current = block_in(&text).expect("mesh.cuh lacks its generated-layout markers").to_string();
+        let path = format!("{}/include/{LAYOUT_PART}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).expect("read the layout part");
+        let current = block_in(&text).expect("the layout part lacks its generated-layout markers").to_string();
         if current != expected {
             if std::env::var_os("MESH_BLESS").is_some() {
-                std::fs::write(path, text.replace(&current, &expected)).expect("rewrite mesh.cuh");
+                std::fs::write(&path, text.replace(&current, &expected)).expect("rewrite the layout part");
                 return;
             }
             panic!(
-                "mesh.cuh's layout block differs from layout.rs; run MESH_BLESS=1 cargo test -p mesh-shm\n--- expected\n{expected}\n--- found\n{current}"
+                "{LAYOUT_PART}'s layout block differs from layout.rs; run MESH_BLESS=1 cargo test -p mesh-shm\n--- expected\n{expected}\n--- found\n{current}"
             );
         }
-        assert_eq!(block_in(MESH_CUH), Some(expected.as_str()), "the embedded copy is stale: rebuild");
+        let embedded = PARTS.iter().find(|(name, _)| *name == LAYOUT_PART).expect("the layout part is listed").1;
+        assert_eq!(block_in(embedded), Some(expected.as_str()), "the embedded copy is stale: rebuild");
     }
 
     #[test]
@@ -115,8 +138,8 @@ mod tests {
         // The device functions must address the layout through the generated names, never literals.
         for line in layout_block().lines().filter(|l| l.starts_with("#define ")) {
             let name = line.split_whitespace().nth(1).expect("a name");
-            let uses = MESH_CUH.matches(name).count();
-            assert!(uses >= 2, "{name} is generated but mesh.cuh never uses it");
+            let uses: usize = PARTS.iter().map(|(_, text)| text.matches(name).count()).sum();
+            assert!(uses >= 2, "{name} is generated but no part of mesh.cuh uses it");
         }
     }
 }

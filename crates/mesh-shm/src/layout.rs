@@ -15,8 +15,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// `"MESHSHM1"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MESHSHM1");
 /// Bumped on any change to a structure in this file.
-/// Version 4 = bulk parts (issue 24) + fan-in channels and channel groups (issue 26: [`PROTOCOL_FANIN`],
-/// [`PROTOCOL_GROUP`]).
+/// Version 4 = bulk parts + fan-in channels and channel groups ([`PROTOCOL_FANIN`], [`PROTOCOL_GROUP`]).
 pub const LAYOUT_VERSION: u32 = 4;
 /// The header page; the tables start after it.
 pub const HEADER_SIZE: u64 = 4096;
@@ -175,7 +174,7 @@ pub struct ChannelDesc {
     /// protocol. Carved out of what was zeroed padding in layout version 3; a 0 reads as 1, which is
     /// the format such a descriptor's ring has (bit for bit today's bulk format). For a channel of
     /// [`PROTOCOL_GROUP`] this word is the group's entry count (its client slots, 1 to
-    /// [`crate::group::MAX_ENTRIES`]), the second number its size needs, as parts are for bulk. For a
+    /// [`MAX_GROUP_ENTRIES`]), the second number its size needs, as parts are for bulk. For a
     /// channel of [`PROTOCOL_FANIN`] it is the shard count (a power of two, 1 to [`MAX_FANIN_SHARDS`]:
     /// that many whole fan-in rings, see [`fanin_shard_offset`]); a build before shards refuses a
     /// fan-in descriptor whose word is above 1, and so the whole file.
@@ -197,7 +196,7 @@ pub const PROTOCOL_BULK: u32 = 1;
 /// opens refuse any protocol but their own, and meshd refuses the load). Up to [`MAX_MSG_SIZE`].
 pub const PROTOCOL_INDEX: u32 = 2;
 
-/// [`ChannelDesc::protocol`]: a fan-in ring (issue 26, see `fanin` and `docs/design/many-clients.md`):
+/// [`ChannelDesc::protocol`]: a fan-in ring (see `fanin` and `docs/explanation/services.md`):
 /// any number of host producers, one consumer, every message carrying its sender. Its slots region
 /// (host placement only) is the owner table, host only (`capacity` 8-byte ownership words), then, on
 /// the next page, the LL slots of `2 + msg_size / 4` tagged words each ([`fanin_slots_offset`],
@@ -208,9 +207,9 @@ pub const PROTOCOL_INDEX: u32 = 2;
 /// ([`fanin_shard_offset`], [`fanin_region_bytes`]).
 pub const PROTOCOL_FANIN: u32 = 3;
 
-/// [`ChannelDesc::protocol`]: a channel group (issue 26, see `group`): a `GroupHeader`, `entries`
+/// [`ChannelDesc::protocol`]: a channel group (see `group`): a `GroupHeader`, `entries`
 /// `GroupEntry` lines (client slots) and one LL reply ring per entry, laid out as
-/// `crate::group::GroupMemory` says, in the channel's slots region (host placement only; the entry
+/// [`group_ring_position`] says, in the channel's slots region (host placement only; the entry
 /// count is the descriptor's `parts` word). Reply `msg_size` and `capacity` are the descriptor's.
 /// The [`RingHeader`] in front holds only claims: its producer claim is the replying server's.
 pub const PROTOCOL_GROUP: u32 = 4;
@@ -391,22 +390,36 @@ pub const fn index_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
     msg_size as u64 * capacity as u64
 }
 
+/// Words in front of every fan-in slot's LL body: the sender (word 0, the commit) and the kind (word 1).
+pub const FANIN_HEADER_WORDS: u64 = 2;
+
+/// Bytes of a fan-in ring's owner table: one 8-byte ownership word per slot (host only).
+pub const fn fanin_owner_bytes(capacity: u64) -> u64 {
+    8 * capacity
+}
+
+/// Bytes of a fan-in ring's LL slots: `capacity` slots of [`FANIN_HEADER_WORDS`] 8-byte words, then
+/// the body at [`RING_WIRE_FACTOR`] bytes per payload byte.
+pub const fn fanin_ll_bytes(msg_size: u32, capacity: u64) -> u64 {
+    (8 * FANIN_HEADER_WORDS + RING_WIRE_FACTOR * msg_size as u64) * capacity
+}
+
 /// Where a fan-in ring's LL slots start, from the start of its slots region: after its owner table
 /// (`capacity` 8-byte words), on a page of their own.
 pub const fn fanin_slots_offset(capacity: u32) -> u64 {
-    crate::fanin::FanInMemory::owner_bytes(capacity as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
+    fanin_owner_bytes(capacity as u64).div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN
 }
 
 /// Bytes of a fan-in ring's slots region: its owner table (page-rounded), then `capacity` slots of
 /// `16 + 2 × msg_size` bytes (the sender and kind words, then the LL body).
 pub const fn fanin_slot_bytes(msg_size: u32, capacity: u32) -> u64 {
-    fanin_slots_offset(capacity) + crate::fanin::FanInMemory::slot_bytes(msg_size, capacity as u64)
+    fanin_slots_offset(capacity) + fanin_ll_bytes(msg_size, capacity as u64)
 }
 
 /// Most shards a fan-in channel may have ([`ChannelDesc::parts`] of a channel of [`PROTOCOL_FANIN`]).
 /// One warp's end on the GPU serves at most 32 of them (a lane each: the most its one-round-trip peek
 /// covers), so a channel of 64 is served by two warps or more, each its part of the shards (mesh.cuh,
-/// `mesh_fanin_open_part`): a warp for every client or two of a 64- to 128-client service.
+/// `mesh_fanin_open`): a warp for every client or two of a 64- to 128-client service.
 pub const MAX_FANIN_SHARDS: u32 = 64;
 
 // A fan-in channel of P shards (P a power of two, 1 to `MAX_FANIN_SHARDS`, in the descriptor's
@@ -475,10 +488,29 @@ pub const fn fanin_shard_of(sender: u32, shards: u32) -> u32 {
     (sender & 0xffff) % shards
 }
 
+/// The most entries (client slots) a channel group can have: a client id keeps its slot in 16 bits.
+pub const MAX_GROUP_ENTRIES: u32 = 1 << 16;
+/// Bytes of a channel group's header (`GroupHeader`, meshd's line).
+pub const GROUP_HEADER_BYTES: u64 = LINE;
+/// Bytes of one entry of a channel group's table (`GroupEntry`: meshd's line, then the program's).
+pub const GROUP_ENTRY_BYTES: u64 = 2 * LINE;
+
+/// Bytes from one reply ring of a channel group to the next: a [`RingHeader`] and its LL slots,
+/// rounded up to a line.
+pub const fn group_ring_stride(msg_size: u32, capacity: u32) -> u64 {
+    size_of::<RingHeader>() as u64 + slot_bytes(msg_size, capacity).div_ceil(LINE) * LINE
+}
+
+/// Where entry `slot`'s reply ring starts, from the group's header: after the header and the table
+/// of `entries` entries, `slot` strides in.
+pub const fn group_ring_position(entries: u32, msg_size: u32, capacity: u32, slot: u32) -> u64 {
+    GROUP_HEADER_BYTES + entries as u64 * GROUP_ENTRY_BYTES + slot as u64 * group_ring_stride(msg_size, capacity)
+}
+
 /// Bytes of a channel group's region: its header line, `entries` entries of two lines, and
-/// `entries` reply rings of `capacity` replies of `msg_size` bytes (`crate::group::GroupMemory::bytes`).
+/// `entries` reply rings of `capacity` replies of `msg_size` bytes.
 pub const fn group_bytes(entries: u32, msg_size: u32, capacity: u32) -> u64 {
-    crate::group::GroupMemory::bytes(entries, msg_size, capacity)
+    group_ring_position(entries, msg_size, capacity, entries)
 }
 
 /// Bytes of a ring's slots in the format `protocol` names; `parts` is a bulk channel's parts, a

@@ -8,11 +8,20 @@
 //! * [`BulkProducer`] / [`BulkConsumer`]: claimed ends of channels of protocol bulk, for large
 //!   messages ([`bulk`] is their format, [`copy`] how they copy).
 //! * [`FanInSender`] / [`FanInReceiver`], [`GroupServer`] / [`GroupClient`], [`ServiceOwner`]: the
-//!   ends of a service's fan-in channel and channel group, many clients to one server (issue 26;
-//!   [`service`] is the mailbox's side, [`fanin`] and [`group`] the formats and cores).
+//!   ends of a service's fan-in channel and channel group, many clients to one server ([`service`]
+//!   is the mailbox's side, [`fanin`] and [`group`] the formats and cores).
 //! * [`device_header`]: `mesh.cuh`, the same layout for CUDA programs.
-//! * [`PollPause`]: how every blocking call of these ends waits between polls (spin, yield, sleep),
-//!   public so that other bindings (the Python package) wait the same way.
+//! * [`WaitConfig`]: how every blocking call of these ends waits between polls (spin, then yield,
+//!   then sleep), a setting of each end and of the [`Mailbox`] handle they are claimed from, whose
+//!   default the environment variable `MESH_SPIN_US` may set for a whole process ([`wait`]);
+//!   [`PollPause`] is one wait's pauses, public so that other bindings (the Python package) wait
+//!   the same way.
+//!
+//! Modules depend on one another in one direction, from the bytes up: [`layout`] (sizes and
+//! offsets, numbers only), [`indices`], the ring formats ([`ring`], [`index_ring`], [`bulk`]), the
+//! service formats ([`fanin`], then [`group`]), the [`Mailbox`] that lays them out in the file, and
+//! the host ends on top ([`channel`], [`bulk_channel`], [`service`]). `tests/module_graph.rs` fails
+//! on any circle between the source files.
 //!
 //! # A host client
 //!
@@ -52,6 +61,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod arena;
 pub mod bulk;
 pub mod bulk_channel;
 pub mod channel;
@@ -72,10 +82,11 @@ mod protocol;
 mod queue_model;
 pub mod ring;
 pub mod service;
+pub mod wait;
 pub mod window;
 
 pub use bulk_channel::{BulkConsumer, BulkProducer, Peeked, Reserved};
-pub use channel::{Consumer, EndClaim, PollPause, Producer};
+pub use channel::{Consumer, EndClaim, Producer};
 pub use copy::CopyConfig;
 pub use error::{End, Result, ShmError};
 pub use fanin::{Completion, Taken};
@@ -85,4 +96,5 @@ pub use mailbox::{
     ChannelInfo, CreateMode, Geometry, Mailbox, MailboxConfig, Placement, Protocol, SlotRef, SlotStatusSnapshot,
 };
 pub use service::{FanInProbe, FanInReceiver, FanInSender, GroupClient, GroupServer, ServiceOwner};
+pub use wait::{PollPause, WaitConfig};
 pub use window::ReplyWindow;

@@ -16,12 +16,12 @@ pub enum Protocol {
     /// rtrb's format): both ends host processes; the fastest host↔host (8 messages of 8 B per cache
     /// line against LL's 4); GPU programs cannot bind it. Messages of 8 B to 64 KiB, multiples of 8.
     Index,
-    /// A fan-in ring (issue 26): any number of host producers, each sending as the id meshd gave
+    /// A fan-in ring: any number of host producers, each sending as the id meshd gave
     /// it, and one consumer (a GPU program or a host server); a dead or stopped producer's slot is
     /// completed as a skip. Host placement only. Messages of 8 B to 64 KiB, multiples of 8. Ends:
     /// [`crate::FanInSender`], [`crate::FanInReceiver`].
     FanIn,
-    /// A channel group (issue 26): one SPSC LL reply ring per client slot, handed to a client by meshd
+    /// A channel group: one SPSC LL reply ring per client slot, handed to a client by meshd
     /// and taken back once the replying program acknowledged its departure. Host placement only.
     /// Replies of 8 B to 64 KiB, multiples of 8. Ends: [`crate::GroupServer`], [`crate::GroupClient`];
     /// meshd's side is [`crate::ServiceOwner`].

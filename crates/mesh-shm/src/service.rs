@@ -1,4 +1,4 @@
-//! Host ends of a fan-in channel and a channel group in the mailbox (issue 26): a client's request sender, a host server's request receiver and reply sender, a client's reply receiver, and meshd's side of a service.
+//! Host ends of a fan-in channel and a channel group in the mailbox: a client's request sender, a host server's request receiver and reply sender, a client's reply receiver, and meshd's side of a service.
 //!
 //! Thin: each end is the layout-free core of `fanin` or `group` over the mailbox's mapping (which it
 //! keeps alive), with its channel's name on every error and the same claim rules as the other ends.
@@ -46,13 +46,14 @@
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use crate::channel::{EndClaim, PollPause, poll_until, poll_until_pausing};
+use crate::channel::EndClaim;
 use crate::claim::{self, ClaimRefused, Holder};
 use crate::error::{End, Result, ShmError};
 use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, Hold, SendOp, ShardedConsumer, Step, Taken};
 use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
 use crate::group::{ServiceMemory, ServiceMeshd};
 use crate::mailbox::{ChannelInfo, Mailbox};
+use crate::wait::{PollPause, WaitConfig, poll_until, poll_until_pausing};
 use crate::window::ReplyWindow;
 
 fn fanin_err(info: &ChannelInfo, corrupt: FanInCorrupt) -> ShmError {
@@ -87,6 +88,7 @@ pub struct FanInSender {
     core: FanInProducer,
     shard: u32,
     info: ChannelInfo,
+    wait: WaitConfig,
     _mailbox: Mailbox,
 }
 
@@ -97,7 +99,8 @@ impl FanInSender {
         let info = mailbox.channel(name)?;
         let shards = mailbox.fanin_memory(&info)?;
         let shard = shards.shard_of(id.0);
-        Ok(Self { core: shards.producer(id.0), shard, info, _mailbox: mailbox.clone() })
+        let wait = mailbox.wait_config();
+        Ok(Self { core: shards.producer(id.0), shard, info, wait, _mailbox: mailbox.clone() })
     }
 
     /// The shard it sends into: its client slot modulo the channel's shards (0 for one shard).
@@ -108,6 +111,17 @@ impl FanInSender {
     /// The channel as it was when opened.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was opened, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// The sender id every message carries.
@@ -128,7 +142,7 @@ impl FanInSender {
     /// Sends one message, waiting for room up to `timeout`.
     pub fn send(&mut self, msg: &[u8], timeout_after: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout_after;
-        match poll_until(deadline, || Ok(self.try_send(msg)?.then_some(())))? {
+        match poll_until(deadline, self.wait, || Ok(self.try_send(msg)?.then_some(())))? {
             Some(()) => Ok(()),
             None => Err(timeout(&self.info, "send", timeout_after)),
         }
@@ -155,6 +169,7 @@ impl FanInSender {
 pub struct FanInReceiver {
     core: ShardedConsumer,
     info: ChannelInfo,
+    wait: WaitConfig,
     _claim: EndClaim,
 }
 
@@ -165,12 +180,23 @@ impl FanInReceiver {
         let info = mailbox.channel(name)?;
         let shards = mailbox.fanin_memory(&info)?;
         let claim = EndClaim::take(mailbox, name, End::Consumer)?;
-        Ok(Self { core: ShardedConsumer::new(&shards), info, _claim: claim })
+        Ok(Self { core: ShardedConsumer::new(&shards), info, wait: mailbox.wait_config(), _claim: claim })
     }
 
     /// The channel as it was when claimed.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// Slots taken over the channel's life: for one shard the sequence number of the next slot to
@@ -207,7 +233,8 @@ impl FanInReceiver {
     /// Takes the next slot, waiting up to `timeout`.
     pub fn take(&mut self, out: &mut [u8], timeout_after: Duration) -> Result<Taken> {
         let deadline = Instant::now() + timeout_after;
-        poll_until(deadline, || self.try_take(out))?.ok_or_else(|| timeout(&self.info, "take", timeout_after))
+        poll_until(deadline, self.wait, || self.try_take(out))?
+            .ok_or_else(|| timeout(&self.info, "take", timeout_after))
     }
 }
 
@@ -263,6 +290,7 @@ impl GroupServer {
 pub struct GroupClient {
     core: ReplyReceiver,
     info: ChannelInfo,
+    wait: WaitConfig,
     mailbox: Mailbox,
     ring_offset: u64,
     holder: Holder,
@@ -280,7 +308,9 @@ impl GroupClient {
             .ok_or_else(|| group_err(&info, GroupError::UnknownClient { id: id.0, entries: group.entries() }))?;
         let holder = Holder::current();
         match claim::claim(Self::word_at(mailbox, ring_offset), holder) {
-            Ok(_) => Ok(Self { core, info, mailbox: mailbox.clone(), ring_offset, holder }),
+            Ok(_) => {
+                Ok(Self { core, info, wait: mailbox.wait_config(), mailbox: mailbox.clone(), ring_offset, holder })
+            }
             Err(ClaimRefused::HeldBy(h)) => {
                 Err(ShmError::Claimed { channel: format!("{name}[{}]", id.slot()), end: End::Consumer, pid: h.pid })
             }
@@ -295,6 +325,17 @@ impl GroupClient {
     /// The group as it was when claimed.
     pub fn info(&self) -> &ChannelInfo {
         &self.info
+    }
+
+    /// How this end's blocking calls wait: its mailbox handle's setting when it was claimed, unless
+    /// set since ([`set_wait_config`](Self::set_wait_config)).
+    pub fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Sets how this end's blocking calls wait from now on (how long they spin before they yield).
+    pub fn set_wait_config(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// The client's id.
@@ -312,15 +353,17 @@ impl GroupClient {
 
     /// Receives one reply, waiting up to `timeout`.
     pub fn recv(&mut self, out: &mut [u8], timeout_after: Duration) -> Result<()> {
-        self.recv_pausing(out, timeout_after, PollPause::new())
+        let pause = self.wait.pause();
+        self.recv_pausing(out, timeout_after, pause)
     }
 
     /// [`recv`](Self::recv) for a client that keeps `window` (requests sent, replies received):
-    /// waiting as [`PollPause::for_replies`] says for the requests it has in flight (a spin for its
+    /// waiting as [`WaitConfig::pause_for_replies`] says for the requests it has in flight (a spin for its
     /// only one, a yield at once when it is streaming), and counting the reply in the window. What
     /// the clients of meshd's API (Rust and C) use.
     pub fn recv_in_window(&mut self, out: &mut [u8], timeout_after: Duration, window: &mut ReplyWindow) -> Result<()> {
-        self.recv_pausing(out, timeout_after, PollPause::for_replies(window.unanswered()))?;
+        let pause = self.wait.pause_for_replies(window.unanswered());
+        self.recv_pausing(out, timeout_after, pause)?;
         window.received();
         Ok(())
     }

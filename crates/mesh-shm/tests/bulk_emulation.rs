@@ -4,7 +4,7 @@
 //! `MESH_HOST_EMULATION` (warp_emu.h swaps its PTX primitives for atomics): the program checks what
 //! the calls compute, for one block of 1, 2 and 8 warps serving a share of a channel of 1 to 32 parts
 //! against a driver that plays the far end and the other blocks, not the GPU's memory model or speed
-//! (tests/tests/large.rs and parts.rs do that on the H200). Without a C++20 compiler (`$CXX`, `c++` or
+//! (tests/tests/large.rs and parts.rs do that on a GPU). Without a C++20 compiler (`$CXX`, `c++` or
 //! `g++`) the tests say SKIPPED and pass.
 
 use std::path::{Path, PathBuf};
@@ -74,8 +74,8 @@ fn a_peek_looking_one_message_ahead_takes_every_message_once() {
 
 /// A producer block resuming where a launch of more blocks left its parts apart, with a part behind
 /// whose consumer is a full ring behind: the open completes that part as its consumer frees slots, and
-/// both parts' consumers get every message (mesh.cuh deadlocked here before session 10: the part's
-/// flags between were never written, and its head was published past them).
+/// both parts' consumers get every message (without that completion the part's flags between would
+/// never be written, and its head would be published past them: a deadlock).
 #[test]
 fn a_producer_resuming_with_a_full_part_behind_completes_it_as_room_comes() {
     if let Some(exe) = built("bulk_blocks_emu", &[]) {

@@ -1,4 +1,4 @@
-//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu, echo_poll.cu, echo_x_stagger.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
+//! mesh.cuh's LL channel calls run inside whole echo programs of tests/programs (echo_header.cu, echo_warp.cu, echo.cu) on the CPU (`tests/emu/ll_channels.cpp`), against a driver playing mesh-shm's host ends.
 //!
 //! The device code is the shipped header and the shipped programs, compiled by the host's C++
 //! compiler with `MESH_HOST_EMULATION` (warp_emu.h swaps its PTX primitives for atomics): channels of
@@ -70,37 +70,6 @@ fn the_batch_echo_without_publication_on_drain_keeps_the_producer_going() {
 #[test]
 fn the_one_thread_echo_returns_every_message_once_in_order_across_a_relaunch() {
     if let Some(exe) = built("echo.cu", &["-DEMU_ONE_THREAD=1"]) {
-        passes(&exe);
-    }
-}
-
-/// The poll stream: mesh_poll_start, mesh_poll_serve (MESH_POLLERS warps polling in turn, the claim,
-/// the hand-off through the shared box), mesh_poll_try_recv and mesh_poll_stop (a claimed message
-/// handed over at the stop, an armed one left in the ring), in a block of MESH_POLLERS + 1 warps
-/// across a stop and a relaunch; and exit code 2 in a block of one warp.
-#[test]
-fn the_poll_stream_echo_returns_every_message_once_in_order_across_a_relaunch() {
-    if let Some(exe) = built("echo_poll.cu", &["-DEMU_POLL=1"]) {
-        passes(&exe);
-    }
-}
-
-/// echo_x_stagger.cu (issue 24 item 1, a benchmark variant): one warp with two polls of the input ring
-/// in flight, each used only for the position it loaded (a mutation that takes a poll of a position
-/// already taken as the next message fails here). Messages up to 1 KiB, what the variant serves.
-#[test]
-fn the_staggered_poll_echo_returns_every_message_once_in_order_across_a_relaunch() {
-    if let Some(exe) = built("echo_x_stagger.cu", &["-DEMU_MAX_MSG=1024u"]) {
-        passes(&exe);
-    }
-}
-
-/// The header's loop with its phase lock on (`MESH_PHASE_LOCK=1`, echo_x_phase.cu; off by default until
-/// it has run on a GPU): after a message no poll until the learned wait has passed, in trials with and
-/// without it. The wait delays polls only: every message once and in order across a stop and a relaunch.
-#[test]
-fn the_headers_warp_echo_with_the_phase_lock_returns_every_message_once_in_order() {
-    if let Some(exe) = built("echo_header.cu", &["-DMESH_PHASE_LOCK=1"]) {
         passes(&exe);
     }
 }

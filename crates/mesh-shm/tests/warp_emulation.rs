@@ -31,15 +31,15 @@ fn the_fanin_consumer_calls_take_every_request_once_in_order_one_ring_and_sharde
 /// plays the clients (numbered requests, every reply checked, a quarter departing with requests in
 /// flight, each departed slot then bound to a new client at the next epoch, whose replies must never
 /// include the departed one's) and meshd (departures, the rebinding, the stop): `service.cu` (the
-/// header's batched loop, every warp serving its part of the shards: mesh_fanin_open_part and
-/// mesh_group_open_part) and `service_x_serial.cu` (one request at a time: the take and the commit),
+/// header's batched loop, every warp serving its part of the shards: mesh_fanin_open(ctx, 0, warps) and
+/// mesh_group_open from that end) and `service_x_serial.cu` (one request at a time: the take and the commit),
 /// each over one ring and over shards, with one warp, a warp a shard, several shards a warp (32 over 8),
 /// more warps than shards, a count of warps that is not a power of two (the extra ones idle), and 64
 /// shards (more than one warp's lanes hold) over 2 and 8 warps.
 /// Arguments: shards, warps.
 #[test]
 fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures() {
-    let cases: [(&str, &[[&str; 2]]); 2] = [
+    let cases: [(&str, &[[&str; 2]]); 3] = [
         (
             "service.cu",
             &[
@@ -58,6 +58,7 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
             ],
         ),
         ("service_x_serial.cu", &[["1", "1"], ["8", "1"], ["8", "8"], ["4", "2"], ["64", "2"]]),
+        ("service_x_simple.cu", &[["1", "1"], ["8", "1"], ["32", "4"]]),
     ];
     for (program, runs) in cases {
         let name = format!("service_emu_{}", program.trim_end_matches(".cu"));
@@ -69,7 +70,7 @@ fn the_service_programs_answer_every_client_in_order_and_acknowledge_departures(
     }
 }
 
-/// Every whole program in mesh.cuh's comments (`//     extern "C" __global__ void mesh_main` to its
+/// Every whole program in the comments of mesh.cuh and its parts (`//     extern "C" __global__ void mesh_main` to its
 /// closing brace) and in the README's CUDA blocks compiles against the header as it is: what a user
 /// copies cannot name a call, field or macro that is gone. Compiled by the host's C++ compiler with the
 /// emulation's definitions of CUDA's built-ins (syntax and types only; `work` and `use`, the
@@ -90,15 +91,22 @@ fn the_batched_service_answers_requests_of_1_and_4_kib() {
 /// The service programs over a grid (`meshd load --grid`): blocks of warps at once, each block its own
 /// copy of the program (its own shared memory) and every block the program's device-memory counters,
 /// `service_emu SHARDS WARPS BLOCKS`. Warp w of block b serves part b x WARPS + w; the last block out
-/// reports the exact counts and zeroes the counters.
+/// reports the exact counts and zeroes the counters. `service_x_simple.cu` is the header's one-warp
+/// example, which looks block-local (`if (threadIdx.x >= 32) return;` and `mesh_fanin_open(ctx, 0)`):
+/// over a grid its blocks' warps must split the shards, one consumer each (with one shard, block 0's
+/// warp serves and the others are spare), or replies would come twice or out of order.
 #[test]
 fn the_service_programs_over_a_grid_answer_every_client_and_count_every_block() {
-    let cases: [(&str, &[[&str; 3]]); 2] = [
+    let cases: [(&str, &[[&str; 3]]); 3] = [
         (
             "service.cu",
             &[["8", "2", "2"], ["8", "2", "4"], ["32", "2", "4"], ["2", "1", "4"], ["8", "1", "3"], ["64", "2", "4"]],
         ),
         ("service_x_serial.cu", &[["8", "2", "2"], ["4", "1", "4"]]),
+        (
+            "service_x_simple.cu",
+            &[["1", "1", "4"], ["8", "1", "4"], ["8", "2", "4"], ["2", "1", "4"], ["64", "1", "4"], ["4", "1", "2"]],
+        ),
     ];
     for (program, runs) in cases {
         let name = format!("service_grid_emu_{}", program.trim_end_matches(".cu"));
@@ -121,7 +129,18 @@ fn the_example_programs_in_the_header_and_the_readme_compile() {
         return;
     };
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let header = std::fs::read_to_string(manifest.join("include/mesh.cuh")).unwrap();
+    // The umbrella and its public parts: the examples live in the parts' opening comments.
+    let mut header = std::fs::read_to_string(manifest.join("include/mesh.cuh")).unwrap();
+    let mut parts: Vec<_> = std::fs::read_dir(manifest.join("include/mesh"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    parts.sort();
+    for part in parts {
+        header.push('\n');
+        header.push_str(&std::fs::read_to_string(part).unwrap());
+    }
     let readme = std::fs::read_to_string(manifest.join("../../README.md")).unwrap();
     let mut examples = Vec::new();
     let mut current: Option<Vec<&str>> = None;

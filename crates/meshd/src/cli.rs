@@ -73,6 +73,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a program's user words: the 32 words its kernel stores with mesh_user_store (0 where it
+    /// stored none), read from its slot now, one `INDEX VALUE` line each (`ps --json` has them too).
+    User {
+        /// Program name.
+        name: String,
+        /// A JSON array of the 32 words instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Channels of the mailbox.
     #[command(subcommand)]
     Channel(ChannelCommand),
@@ -149,9 +158,11 @@ pub enum ChannelCommand {
         /// protocol index, a multiple of 8 up to 65536 (the ring takes this alone).
         #[arg(long, default_value_t = 64)]
         msg_size: u32,
-        /// Messages the ring holds (a power of two, at most 2^24).
-        #[arg(long, default_value_t = 1024)]
-        capacity: u32,
+        /// Messages the ring holds (a power of two, at most 2^24). Default: 1024 for ll and index; for
+        /// bulk, as many as fit in 16 MiB of slots, rounded down to a power of two, 2 to 1024 (2 of
+        /// 16 MiB, 16 of 1 MiB, 1024 of 16 KiB).
+        #[arg(long)]
+        capacity: Option<u32>,
         /// Where the ring's slots live: host (the mailbox: host processes and GPU programs) or device
         /// (GPU memory that meshd owns: between GPU programs only, blink mode).
         #[arg(long, default_value = "host", value_parser = clap::builder::PossibleValuesParser::new(["host", "device"]))]
@@ -168,8 +179,8 @@ pub enum ChannelCommand {
         /// Protocol bulk: split every message into this many equal parts (a power of two, 1 to 32;
         /// --msg-size a multiple of 16 × parts), each with its own flag per slot and its own head and
         /// tail, so that up to this many GPU blocks serve each end of the one channel (block p moves
-        /// part p: mesh.cuh's mesh_bulk_open_part). Host ends serve every part. 1: the format of
-        /// every bulk channel before parts existed.
+        /// part p: mesh.cuh's mesh_bulk_open_part). Host ends serve every part. 1: one part, moved
+        /// whole.
         #[arg(long, default_value_t = 1)]
         parts: u32,
     },
@@ -188,19 +199,23 @@ pub enum ServiceCommand {
     /// attach through the control socket (Rust: meshd::ServiceClient; Python: meshd.Service; C:
     /// mesh_service_connect): each gets a slot of its own until it detaches or its process ends,
     /// kill -9 included.
-    #[command(after_help = "Example: meshd service create kv --clients 8 --msg-size 64\n\
-                            then:    meshd load kv-server tests/programs/service.ptx --bind kv --bind kv.replies")]
+    #[command(after_help = "Example:\n  meshd service create kv --clients 8 --msg-size 64\n  \
+                            meshd load kv-server kv_server.ptx --bind kv --bind kv.replies")]
     Create {
         /// The service's name, at most 40 bytes (its reply group's channel is NAME.replies).
         name: String,
         /// How many clients may be attached at once (client slots, 1 to 65536). A slot a client
-        /// left is reused once the serving program has acknowledged the departure.
+        /// left is reused once the serving program has acknowledged the departure. While every slot
+        /// is taken, a client that replaces one that died may be refused until meshd has noticed the
+        /// death (it watches each client's process, so this is brief): such a client should retry.
         #[arg(long)]
         clients: u32,
         /// Bytes per request: a multiple of 8 from 8 to 65536 (a shorter request is zero-padded).
         #[arg(long)]
         msg_size: u32,
-        /// Requests in flight over all clients together: the fan-in ring's slots (a power of two).
+        /// Requests the fan-in ring holds (a power of two). With --shards S each shard is a ring of
+        /// its own with this many slots, so the service holds S × this many requests in flight over
+        /// all its clients, and the clients of one shard share that shard's slots.
         #[arg(long, default_value_t = 256)]
         capacity: u32,
         /// Bytes per reply: a multiple of 8 from 8 to 65536 (default: --msg-size).
@@ -214,14 +229,12 @@ pub enum ServiceCommand {
         /// Fan-in shards, for more clients sending in parallel: the request channel becomes this
         /// many rings (a power of two, 1 to 64) of --capacity requests each, every one with its own
         /// cursor, and each client sends into shard (its slot mod shards), so clients contend only
-        /// with the clients of their shard (one shared cursor caps the senders near 3 M requests/s),
-        /// and a program can serve the shards with a warp each (tests/programs/service.cu loaded with
-        /// --block 256 serves 8: 12.6 M requests/s from 16 clients on the H200, against 3.3 M for one
-        /// warp). A client's requests stay in order; across clients of different shards there is no order.
-        /// 1: one ring, the format of every service before shards. One GPU warp serves at most 32
-        /// shards, so 64 need two serving warps or more. A program built before shards refuses the
-        /// binding (an unknown protocol), as does a meshd or client built before them (and one built
-        /// before 64 were allowed refuses more than 32).
+        /// with the clients of their shard (one shared cursor limits how fast many senders go), and a
+        /// program can serve the shards with a warp each (tests/programs/service.cu loaded with
+        /// --block 256 serves 8; BENCHMARKS.md has the figures). A client's requests stay in order;
+        /// across clients of different shards there is no order. 1: one ring. One GPU warp serves at
+        /// most 32 shards, so 64 need two serving warps or more. A program, meshd or client built
+        /// before shards existed refuses the binding (an unknown protocol).
         #[arg(long, default_value_t = 1)]
         shards: u32,
     },
@@ -269,17 +282,17 @@ pub struct RunArgs {
     #[arg(long)]
     pub pool_grow: bool,
     /// MPS: idle workers of a standby MPS server, made at start beside the pool, that take the
-    /// programs over after a GPU fault (on the H200, 8 programs' longest stall 51-53 ms). Default:
-    /// as many as --pool (one per program the pool can hold). 0 turns it off, and every GPU fault
-    /// then stalls every program until the faulted server has torn its clients down (1.5-1.7 s on
-    /// the H200). The pool and the standby together must fit the device's MPS client limit.
+    /// programs over after a GPU fault, so that the other programs stall for milliseconds rather
+    /// than seconds (BENCHMARKS.md has the figures). Default: as many as --pool (one per program
+    /// the pool can hold). 0 turns it off, and every GPU fault then stalls every program until the
+    /// faulted server has torn its clients down. The pool and the standby together must fit the
+    /// device's MPS client limit.
     #[arg(long, value_name = "N")]
     pub standby: Option<u32>,
     /// MPS: how often each worker checks its running kernel's stream, µs (50 to 200000): the trade
     /// between how soon a fault is noticed (this bounds the detection part of a recovery) and each
-    /// worker's CPU use (a worker with a running kernel wakes once per check). Default 5000 (at most
-    /// 5 ms added to a recovery; a 1 ms loop cost about 2% of a core per worker on a CPU-only
-    /// container). Not yet verified on a GPU.
+    /// worker's CPU use (a worker with a running kernel wakes once per check). Default 5000: at most
+    /// 5 ms added to a recovery, for a small fraction of a core per worker.
     #[arg(long, value_name = "US", default_value_t = 5000,
           value_parser = clap::value_parser!(u64)
               .range(*mesh_mps::KERNEL_CHECK_RANGE_US.start()..=*mesh_mps::KERNEL_CHECK_RANGE_US.end()))]

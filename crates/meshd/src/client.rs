@@ -13,7 +13,7 @@ use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::start;
 
 use crate::cli::{ChannelCommand, Command, ServiceCommand};
-use crate::{Exit, refused};
+use crate::exit::{Exit, refused};
 
 /// A client's socket: --socket or MESHD_SOCKET; else, with --device, the GPU's (a whole UUID names
 /// it without the driver; an ordinal or a prefix is looked up: cuInit, cuDeviceGet, cuDeviceGetUuid,
@@ -44,6 +44,7 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Upgrade { name, image } => upgrade(socket, name, &image),
         Command::Unload { name } => unload(socket, &name),
         Command::Ps { json } => ps(socket, json),
+        Command::User { name, json } => user(socket, &name, json),
         Command::Channel(ChannelCommand::Create { name, msg_size, capacity, placement, protocol, parts }) => {
             channel_create(socket, &name, msg_size, capacity, placement, protocol.unwrap_or_default(), parts)
         }
@@ -162,6 +163,20 @@ fn print_pool(pool: &meshd::protocol::PoolRow) {
         if pool.grow { "allowed (--pool-grow)" } else { "refused (no --pool-grow)" },
         pool.stalls
     );
+}
+
+/// `meshd user NAME`: the program's user words from `ps`'s row.
+fn user(socket: &Path, name: &str, json: bool) -> Result<(), Exit> {
+    let rows = call(socket, &Request::Ps, &[])?.programs.unwrap_or_default();
+    let words = meshd::protocol::user_words(&rows, name).map_err(refused)?;
+    if json {
+        println!("{}", serde_json::to_string(&words).map_err(|e| refused(anyhow!(e)))?);
+    } else {
+        for (i, w) in words.iter().enumerate() {
+            println!("{i} {w}");
+        }
+    }
+    Ok(())
 }
 
 fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
@@ -335,12 +350,13 @@ fn channel_create(
     socket: &Path,
     name: &str,
     msg_size: u32,
-    capacity: u32,
+    capacity: Option<u32>,
     placement: String,
     protocol: String,
     parts: u32,
 ) -> Result<(), Exit> {
     let shown = meshd::placement::protocol(&protocol, msg_size).map_err(refused)?;
+    let capacity = capacity.unwrap_or_else(|| meshd::protocol::default_capacity(msg_size, shown));
     let req = Request::ChannelCreate {
         name: name.to_string(),
         msg_size,
@@ -390,15 +406,15 @@ fn service_create(
     );
     if clients > MESH_GROUP_MAX_ENTRIES {
         println!(
-            "note: mesh.cuh's mesh_group_open(ctx, b) keeps state for at most {MESH_GROUP_MAX_ENTRIES} clients (and \
+            "note: mesh.cuh's mesh_group_open(ctx, b, in) keeps state for at most {MESH_GROUP_MAX_ENTRIES} clients (and \
              refuses a larger group: every reply then GONE); a program for {clients} needs \
-             mesh_group_open(ctx, b, state, {clients}) with its own array of mesh_reply_state"
+             mesh_group_open(ctx, b, in, state, {clients}) with its own array of mesh_reply_state"
         );
     }
     Ok(())
 }
 
-/// mesh.cuh's MESH_GROUP_MAX_ENTRIES: the clients its two-argument mesh_group_open serves.
+/// mesh.cuh's MESH_GROUP_MAX_ENTRIES: the clients its three-argument mesh_group_open serves.
 const MESH_GROUP_MAX_ENTRIES: u32 = 1024;
 
 /// `meshd service request`: attaches as a client, sends each message and prints its reply, detaches.
@@ -623,7 +639,11 @@ mod tests {
     #[test]
     fn the_group_entries_note_quotes_the_headers_limit() {
         // The note's twin of mesh.cuh's macro: the header is C, so the value is checked, not shared.
-        let header = include_str!("../../mesh-shm/include/mesh.cuh");
+        // As mesh-shm ships it: a path into the tree would not exist in meshd's own package.
+        let (_, header) = mesh_shm::device_header::PARTS
+            .iter()
+            .find(|(path, _)| *path == "mesh/service.cuh")
+            .expect("mesh-shm ships mesh/service.cuh");
         let define = format!("#define MESH_GROUP_MAX_ENTRIES {MESH_GROUP_MAX_ENTRIES}u");
         assert!(header.contains(&define), "mesh.cuh no longer says `{define}`");
     }

@@ -6,20 +6,14 @@
 mod cli;
 mod client;
 mod daemon;
+mod exit;
 
 use std::process::ExitCode;
 
 use meshd::start;
 
 use cli::{Cli, Command};
-
-/// A failure with the exit code it maps to.
-#[derive(Debug)]
-struct Exit(u8, anyhow::Error);
-
-fn refused(e: impl Into<anyhow::Error>) -> Exit {
-    Exit(1, e.into())
-}
+use exit::{Exit, refused};
 
 fn main() -> ExitCode {
     meshd::replace::mark_process_start();

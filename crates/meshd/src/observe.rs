@@ -111,6 +111,7 @@ mod tests {
             last_fault_unix_ms: None,
             stopped_why: None,
             recovery: None,
+            user: Vec::new(),
         }
     }
 

@@ -94,7 +94,7 @@ pub enum Request {
     },
     /// The Prometheus exposition (`GET /metrics`'s text), from the snapshot.
     Metrics,
-    /// Create a service (issue 26): its fan-in channel `name` (requests from every client, with the
+    /// Create a service: its fan-in channel `name` (requests from every client, with the
     /// sender's id) and its group `name.replies` (one reply ring per client slot). A program serves
     /// it by binding the two, in that order. Refused, naming the reason, before anything is made.
     ServiceCreate {
@@ -141,6 +141,28 @@ pub const REPLIES_SUFFIX: &str = ".replies";
 /// A `service_create` without `capacity`: 256 requests in flight over all clients.
 pub fn default_service_capacity() -> u32 {
     256
+}
+
+/// The capacity of a channel created without one, for ll and index channels (and the most a bulk
+/// channel gets by default).
+pub const DEFAULT_CAPACITY: u32 = 1024;
+
+/// The slot bytes a bulk channel created without a capacity is sized to: its capacity is as many
+/// messages as fit in this, so that a default bulk ring fits a default (64 MiB) mailbox.
+pub const BULK_CAPACITY_BUDGET: u64 = 16 << 20;
+
+/// The capacity of a channel created without one (the CLI's `--capacity`, Python's and C's
+/// `capacity` left out): [`DEFAULT_CAPACITY`] for ll and index; for bulk the largest power of two
+/// at most `min(1024, max(2, BULK_CAPACITY_BUDGET / msg_size))`, so 2 messages of 16 MiB (32 MiB of
+/// slots), 16 of 1 MiB, 1024 of 16 KiB or less. Two is the least that lets a producer fill one slot
+/// while the consumer reads the other.
+pub fn default_capacity(msg_size: u32, protocol: mesh_shm::Protocol) -> u32 {
+    if protocol != mesh_shm::Protocol::Bulk {
+        return DEFAULT_CAPACITY;
+    }
+    let fit = (BULK_CAPACITY_BUDGET / u64::from(msg_size.max(1))).clamp(2, u64::from(DEFAULT_CAPACITY));
+    // `fit` is 2 to 1024: the shift keeps its highest bit, a power of two no larger.
+    1 << (63 - fit.leading_zeros())
 }
 
 /// A `service_create` without `reply_capacity`: 16 replies per client.
@@ -304,6 +326,34 @@ pub struct ProgramRow {
     /// The recovery in place under way that holds it (state `recovering`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryRow>,
+    /// Its user words: the [`USER_WORDS`] words its kernel stores with `mesh_user_store` (0 where it
+    /// stored none), read from its slot when `ps` answered. Absent for a program held back (it has
+    /// no slot), in the answers to `load` and `upgrade`, and from a meshd before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user: Vec<u32>,
+}
+
+/// How many user words a program slot holds (mesh.cuh's `MESH_SLOT_USER_WORDS`).
+pub const USER_WORDS: usize = 32;
+
+/// Program `name`'s user words from `ps`'s `rows`; refused, saying why, when no row has that name,
+/// or when its row carries none (a program held back has no slot, and a meshd before user words
+/// does not send them).
+pub fn user_words<'a>(rows: &'a [ProgramRow], name: &str) -> Result<&'a [u32]> {
+    let Some(row) = rows.iter().find(|p| p.name == name) else {
+        let known: Vec<&str> = rows.iter().map(|p| p.name.as_str()).collect();
+        bail!(
+            "program {name:?}: not loaded (loaded: {})",
+            if known.is_empty() { "none".into() } else { known.join(", ") }
+        );
+    };
+    if row.user.is_empty() {
+        if row.slot == HELD_SLOT {
+            bail!("program {name:?}: held back, it holds no slot and so no user words");
+        }
+        bail!("program {name:?}: meshd sent no user words (a meshd older than `meshd user`)");
+    }
+    Ok(&row.user)
 }
 
 /// A recovery in place as `ps` shows it on each program it holds.
@@ -335,6 +385,7 @@ impl From<&ProgramStatus> for ProgramRow {
             last_fault_unix_ms: s.last_fault_unix_ms,
             stopped_why: s.stopped_why.clone(),
             recovery: None,
+            user: Vec::new(),
         }
     }
 }
@@ -670,6 +721,42 @@ pub fn read_response(r: &mut impl BufRead) -> Result<Response> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bulk_channel_without_a_capacity_gets_one_that_fits_the_budget() {
+        use mesh_shm::Protocol;
+        let cases =
+            [(16 << 20, 2), (8 << 20, 2), (4 << 20, 4), (1 << 20, 16), (65_552, 128), (16 << 10, 1024), (16, 1024)];
+        for (msg_size, want) in cases {
+            let got = default_capacity(msg_size, Protocol::Bulk);
+            assert_eq!(got, want, "bulk of {msg_size} bytes");
+            assert!(got.is_power_of_two());
+            // The rule's promise: within the budget, except the two-message floor.
+            assert!(u64::from(got) * u64::from(msg_size) <= BULK_CAPACITY_BUDGET.max(2 * u64::from(msg_size)));
+        }
+        assert_eq!(default_capacity(64, Protocol::Ll), 1024);
+        assert_eq!(default_capacity(64, Protocol::Index), 1024);
+    }
+
+    #[test]
+    fn user_words_are_found_by_name_and_refused_with_the_reason() {
+        let mut row: ProgramRow = serde_json::from_str(
+            r#"{"name": "a", "slot": 0, "state": "running", "generation": 1, "heartbeat": 0, "worker_pid": null,
+                "sms": null, "kind": "ptx", "grid": [1, 1, 1], "block": [32, 1, 1]}"#,
+        )
+        .unwrap();
+        row.user = (0..32).collect();
+        let mut held = row.clone();
+        held.name = "held".into();
+        held.slot = HELD_SLOT;
+        held.user.clear();
+        let rows = [row, held];
+        assert_eq!(user_words(&rows, "a").unwrap()[5], 5);
+        let e = user_words(&rows, "b").unwrap_err().to_string();
+        assert!(e.contains("\"b\": not loaded (loaded: a, held)"), "{e}");
+        let e = user_words(&rows, "held").unwrap_err().to_string();
+        assert!(e.contains("held back"), "{e}");
+    }
 
     #[test]
     fn requests_round_trip_with_their_image() {

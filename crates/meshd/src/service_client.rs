@@ -1,4 +1,4 @@
-//! The Rust client of a meshd service (issue 26): attached over the control socket, requests into the service's fan-in channel, replies from a reply ring of its own.
+//! The Rust client of a meshd service: attached over the control socket, requests into the service's fan-in channel, replies from a reply ring of its own.
 //!
 //! A service `NAME` (made by `meshd service create`) is a fan-in channel `NAME` that every client
 //! sends its requests into, each carrying the client's id, and a group `NAME.replies` holding one

@@ -84,7 +84,7 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
             json!({"op": "channel_create", "name": "h2h", "msg_size": 8, "capacity": 1024, "protocol": "index"}),
             b"",
         ),
-        // A bulk channel of 32 parts (issue 24): `parts` is sent only above 1.
+        // A bulk channel of 32 parts: `parts` is sent only above 1.
         (
             "channel_create_parts",
             json!({"op": "channel_create", "name": "wide", "msg_size": 1048576, "capacity": 4, "parts": 32}),
@@ -103,7 +103,7 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
             b"",
         ),
         ("stop", json!({"op": "stop", "name": "worker"}), b""),
-        // A service (issue 26) as the client sends it: `capacity` and `reply_capacity` always (their
+        // A service as the client sends it: `capacity` and `reply_capacity` always (their
         // defaults when not given), `reply_size` only when given (absent: the request size).
         (
             "service_create",
@@ -152,6 +152,16 @@ fn recovering(name: &str, slot: u32) -> Value {
     row["state"] = json!("recovering");
     row["recovery"] = json!({"reason": "the worker of bystander2 died (signal 9)",
                              "since_unix_ms": 1_764_748_800_000_u64, "elapsed_ms": 812});
+    row
+}
+
+/// A running program that stored 7 in user word 0 and 0xdeadbeef in word 1.
+fn user_row(name: &str, slot: u32) -> Value {
+    let mut row = program(name, slot, false);
+    let mut words = vec![0_u32; meshd::protocol::USER_WORDS];
+    words[0] = 7;
+    words[1] = 0xdead_beef;
+    row["user"] = json!(words);
     row
 }
 
@@ -240,6 +250,8 @@ fn response_cases() -> Vec<(&'static str, Value)> {
                    "natives": [native("worker")]}),
         ),
         ("ps_empty", json!({"ok": true, "programs": [], "natives": []})),
+        // A program's user words (what its kernel stored with mesh_user_store), all 32 of them.
+        ("ps_user", json!({"ok": true, "programs": [user_row("counter", 2)], "natives": []})),
         (
             "ps_recovering",
             json!({"ok": true, "programs": [recovering("echo", 0), program("bystander2", 1, false)], "natives": []}),
@@ -282,6 +294,32 @@ fn responses_match_the_golden_files() {
         assert_eq!(back, resp, "{name} does not survive its own encoding");
         golden(&format!("{name}.response"), &bytes, &mut differ);
     }
+    assert_none_differ(differ);
+}
+
+/// The capacity a channel created without one gets, by message size and protocol: the Python
+/// client computes the same (`meshd.control.default_capacity`), checked against this file.
+#[test]
+fn default_capacities_match_the_golden_file() {
+    use mesh_shm::Protocol;
+    let mut rows = Vec::new();
+    for msg_size in [16, 4096, 16 << 10, 65_536, 65_552, 100_000, 1 << 20, 3 << 20, 4 << 20, 8 << 20, 16 << 20] {
+        for (protocol, name) in [(Protocol::Bulk, "bulk"), (Protocol::Ll, "ll"), (Protocol::Index, "index")] {
+            if protocol != Protocol::Bulk && msg_size > mesh_shm::layout::MAX_MSG_SIZE {
+                continue;
+            }
+            rows.push(json!([msg_size, name, meshd::protocol::default_capacity(msg_size, protocol)]));
+        }
+    }
+    // Left out, the protocol goes by size: what the client must pick too.
+    for msg_size in [64_u32, 65_536, 65_552, 16 << 20] {
+        let protocol = meshd::placement::protocol("", msg_size).unwrap();
+        rows.push(json!([msg_size, null, meshd::protocol::default_capacity(msg_size, protocol)]));
+    }
+    let mut bytes = serde_json::to_vec(&rows).unwrap();
+    bytes.push(b'\n');
+    let mut differ = Vec::new();
+    golden("default_capacity.json", &bytes, &mut differ);
     assert_none_differ(differ);
 }
 

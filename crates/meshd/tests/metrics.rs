@@ -763,6 +763,7 @@ fn everything() -> Exposition {
         last_fault_unix_ms: Some(1_700_000_000_000),
         stopped_why: None,
         recovery: None,
+        user: Vec::new(),
     };
     let info = Info {
         mode: "mps".into(),
@@ -882,5 +883,18 @@ fn every_family_renders_with_dcgm_labels_and_the_dashboard_asks_only_for_those()
     for name in asked {
         let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(&name);
         assert!(m.types.contains_key(family), "the dashboard asks for {name}, which meshd does not export");
+    }
+}
+
+#[test]
+fn the_metrics_reference_page_names_every_family_and_no_other() {
+    let m = everything();
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reference/metrics.md")).unwrap();
+    let missing: Vec<&String> = m.types.keys().filter(|f| !page.contains(&format!("`{f}`"))).collect();
+    assert!(missing.is_empty(), "docs/reference/metrics.md does not document {missing:?}");
+    for (i, _) in page.match_indices("`meshd_") {
+        let name: String = page[i + 1..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        assert!(m.types.contains_key(&name), "docs/reference/metrics.md documents {name}, which meshd does not export");
     }
 }

@@ -1,4 +1,4 @@
-//! Services (issue 26) over meshd's real control socket and mailbox, around the stand-in backend: a host program thread serving many clients (threads and processes), clients killed with -9 mid-stream, detach and reattach, refusals, the wire contract, and a restarted meshd that adopts a live client.
+//! Services over meshd's real control socket and mailbox, around the stand-in backend: a host program thread serving many clients (threads and processes), clients killed with -9 mid-stream, detach and reattach, refusals, the wire contract, and a restarted meshd that adopts a live client.
 //!
 //! The "program" is a host thread with the service's host ends (`FanInReceiver`, `GroupServer`),
 //! playing what a GPU program binding `svc` and `svc.replies` does: it takes each request, checks

@@ -41,8 +41,7 @@ fn refused_run(socket: &Path, mailbox: &Path, extra: &[&std::ffi::OsStr]) -> Str
 /// One test at a time in this binary: a test's child (`spawn_child`, `refused_run`) forked while
 /// another test thread had a lock file open shares that open file, and so its flock, until its exec
 /// closes it; the other test's next claim of its own mailbox was then refused naming this very
-/// process (session 18: 9 of 60 runs under load, and CI once; waiting only around `meshd run`, as
-/// before, missed the claims made in the test itself).
+/// process (waiting only around `meshd run` missed the claims made in the test itself).
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

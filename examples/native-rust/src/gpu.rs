@@ -152,7 +152,7 @@ impl Drop for Kernel {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: `module` was loaded by `load` and is unloaded once, here; no launch of it is
-            // pending (the caller synchronizes before dropping, and unload waits otherwise).
+            // still in flight (the caller synchronizes before dropping, and unload waits otherwise).
             let _ = unsafe { result::module::unload(self.module) };
         }
     }

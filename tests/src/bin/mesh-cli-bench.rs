@@ -4,7 +4,7 @@
 //! is timed 50 times, then `unload p7` + `load p7` (the image cached by the JIT) 20 times. Each
 //! figure is a whole `meshd` client process: spawn, connect, request, answer, exit.
 //!
-//! Then what scraping costs (issue 18): a meshd with `--metrics-addr`, eight heartbeat programs
+//! Then what scraping costs: a meshd with `--metrics-addr`, eight heartbeat programs
 //! and the echo program; host→GPU→host round trips and heartbeat rates measured in windows of 2 s,
 //! alternately without and with a scraper asking `/metrics` every 100 ms (three of each, in one run).
 

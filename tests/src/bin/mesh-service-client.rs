@@ -1,4 +1,4 @@
-//! `mesh-service-client`: one client process of a meshd service (issue 26), for the GPU test
+//! `mesh-service-client`: one client process of a meshd service, for the GPU test
 //! (`tests/service.rs`) and the benchmark (`mesh-gpu-bench service`). Every reply is checked
 //! (`mesh_gpu_tests::service`: word 0 its request's sequence number, word 1 the sent value + 1, words 2-3
 //! this client's pid and nonce, the body as sent); a mismatch is printed on stderr and the exit code is 1.

@@ -1,5 +1,6 @@
 //! A program's load, upgrade and unload: its image linked and probed in a worker, launched, stopped.
 
+use super::device_rings::map_channels;
 use super::*;
 
 impl MpsBackend {
@@ -14,6 +15,7 @@ impl MpsBackend {
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
         let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;
+        slots::check_declared(&self.mailbox, &spec.name, &spec.bindings, &cubin)?;
         let mut worker = self.take_worker(spec.sms.or(self.config.sms), &spec.name, "load")?;
         let prepared = self.prepare(&mut worker, &spec.name, cubin, &spec.shape, None);
         let (share, cubin) =
@@ -57,6 +59,8 @@ impl MpsBackend {
         };
         // The new image is linked first, then loaded and probed in another worker while the old one runs.
         let cubin = self.link_checked(name, image, kind)?;
+        let slot = self.lock().programs[i].core.slot;
+        slots::check_declared_in(&self.mailbox, name, slot, &cubin)?;
         let mut fresh = self.take_worker(sms, name, "upgrade")?;
         let (share, cubin) = match self.prepare(&mut fresh, name, cubin, &shape, Some(name)) {
             Ok(s) => s,

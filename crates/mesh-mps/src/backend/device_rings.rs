@@ -3,17 +3,6 @@
 
 use super::*;
 
-/// Why device channels are refused in MPS mode, if they are: meshd's own plain context, which owns
-/// every device ring, could not be made when the backend opened (a compute mode that allows one
-/// context per device, another MPS server in meshd's environment). `None` while no MPS backend has
-/// opened, and when they are served.
-static DEVICE_CHANNELS_REFUSED: Mutex<Option<String>> = Mutex::new(None);
-
-/// Why a device channel is refused in MPS mode now (see `DEVICE_CHANNELS_REFUSED`), else `None`.
-pub fn device_channels_refusal() -> Option<String> {
-    DEVICE_CHANNELS_REFUSED.lock().clone()
-}
-
 /// The device rings' owner, made before the MPS daemon exists so that it cannot become its client;
 /// without it MPS mode still starts, and only device channels are refused, saying why (see
 /// [`device_channels_refusal`]).

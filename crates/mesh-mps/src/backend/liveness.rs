@@ -1,6 +1,7 @@
 //! Worker liveness: the watchdog's tick, silent workers broken off and replaced alone, kernels given
 //! their stop deadline, clients cut off before their kill, killed workers reaped later.
 
+use super::workers::{start_many, take_idle};
 use super::*;
 
 impl MpsBackend {
@@ -219,27 +220,6 @@ fn await_stops(slots: &[u32], deadline: Instant, state_of: impl Fn(u32) -> u32) 
         // A kernel reads its stop word every 100 µs (MESH_STOP_PERIOD_NS) and sees it within two.
         std::thread::sleep(Duration::from_micros(200));
     }
-}
-
-/// After `terminate_client` of `w`, before its SIGKILL: gives the server [`CUT_OFF`] to cut it off
-/// (gpu.md: within 0.1 s; a SIGKILL of a client whose kernel still runs fails every other client's
-/// kernel). A worker that still answers says when its kernel ended, often sooner; one spoken to no
-/// more (silent, wedged, past a deadline) cannot, and its `wait` would fail at once, so the whole
-/// time is waited.
-pub(super) fn await_cut_off(w: &mut Worker) {
-    let started = Instant::now();
-    let answered = w.broken().is_none() && w.wait(CUT_OFF, CUT_OFF).is_ok();
-    if !answered {
-        std::thread::sleep(CUT_OFF.saturating_sub(started.elapsed()));
-    }
-}
-
-/// Whether `w`'s process lives and a kernel of it may still run: busy as it last said, or broken
-/// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
-/// `terminate_client` before any SIGKILL.
-pub(super) fn may_run_a_kernel(w: &Worker) -> bool {
-    // One whose output ended is dying (a SIGKILLed client lingers in D state): no cut-off can help it.
-    w.alive() && !w.output_ended() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
 }
 
 /// SIGKILLs `w` and reaps it on a thread of its own: the driver can take up to 2 s to tear a

@@ -21,18 +21,20 @@
 //! (`terminate_client`), it is killed, and its program relaunched in a fresh worker (an idle one of
 //! its size if the pool has one, else a new client). An idle worker silent that long is discarded.
 //! Silence is not judged while a fault is being recovered from, nor until meshd has run 3 s since
-//! its own last stall ([`SilenceClock`]). Not yet verified on a GPU.
+//! its own last stall ([`SilenceClock`]).
 //!
-//! **Device channels** (opt-in, `MESH_MPS_DEVICE_CHANNELS=1`, not yet verified on a GPU): meshd's
+//! **Device channels** (on by default): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
 //! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
 //! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
 //! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
 //!
 //! **Layout.** This file owns the shared state (`Shared`, behind the one lock every job takes), the
-//! backend's options and the [`Backend`] impl; each job has a file of its own: `workers` (the pool),
-//! `changes` (load, upgrade, unload), `recovery` (after a GPU fault), `takeover` (the standby's part),
-//! `liveness` (the watchdog's tick, silent workers) and `device_rings` (device channels).
+//! backend's options and the helpers every job uses; `api` opens the backend and implements
+//! [`Backend`]; each job has a file of its own: `workers` (the pool), `changes` (load, upgrade,
+//! unload), `recovery` (after a GPU fault), `takeover` (the standby's part), `liveness` (the
+//! watchdog's tick, silent workers) and `device_rings` (device channels). Imports go one way: the
+//! job files build on this one and on each other without a loop, and only `api` sits above them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,6 +62,7 @@ use crate::control::MpsControl;
 use crate::standby::Standby;
 use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
+mod api;
 mod changes;
 mod device_rings;
 mod liveness;
@@ -68,12 +71,6 @@ mod recovery;
 mod stand_in;
 mod takeover;
 mod workers;
-
-pub use device_rings::device_channels_refusal;
-use device_rings::{map_channels, open_rings};
-use liveness::{await_cut_off, may_run_a_kernel, reap_later};
-use takeover::{start_standby, take_over};
-use workers::{start_all, start_many, start_pool, take_idle};
 
 /// How long a program relaunched after a GPU fault is watched before it is trusted: on the H200 a
 /// fault reached the clients about 150 ms after the faulting launch.
@@ -279,116 +276,9 @@ fn illegal(name: &str, e: mesh_backend::life::IllegalTransition) -> BackendError
     BackendError::Invalid { what: format!("program {name:?}"), reason: e.to_string() }
 }
 
+/// What every job's file shares of the backend: its lock, its control daemon, its readiness, a
+/// program's status, and cutting a worker off.
 impl MpsBackend {
-    /// Starts the private daemon and the pool (each worker checked to be our client) before any program runs.
-    pub fn open(mailbox: &Mailbox, config: MpsConfig) -> Result<Self> {
-        let (client_limit, limit_source) = crate::pool::client_limit(mesh_cuda::driver::init().ok().map(|d| d.version));
-        if config.pool > client_limit {
-            return Err(BackendError::ClientLimit { asked: config.pool, limit: client_limit });
-        }
-        let standby = config.standby_size();
-        if config.pool + standby > client_limit {
-            return Err(BackendError::Invalid {
-                what: format!("--pool {} with --standby {standby}", config.pool),
-                reason: format!(
-                    "the pool and the standby would be {} MPS clients, more than this device's {client_limit} \
-                     ({limit_source}); lower --standby (it needs one worker per program that runs) or --pool",
-                    config.pool + standby
-                ),
-            });
-        }
-        let growth = client_limit - config.pool - standby;
-        tracing::info!(
-            "MPS clients: the pool uses {} and the standby {standby} of this device's {client_limit} ({limit_source}); \
-             up to {} program(s) run without creating a client, {}",
-            config.pool,
-            config.pool,
-            if config.pool_grow {
-                format!("and --pool-grow may create {growth} more (each stalls the running programs once)")
-            } else {
-                format!("{growth} more with --pool-grow")
-            }
-        );
-        let check_us = u64::try_from(config.kernel_check.as_micros()).unwrap_or(u64::MAX);
-        if !mesh_mps_worker::KERNEL_CHECK_RANGE_US.contains(&check_us) {
-            return Err(BackendError::Invalid {
-                what: format!("the MPS workers' kernel check period {check_us} µs"),
-                reason: format!(
-                    "must be {} to {} µs",
-                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.start(),
-                    mesh_mps_worker::KERNEL_CHECK_RANGE_US.end()
-                ),
-            });
-        }
-        tracing::info!(
-            "MPS workers check a running kernel's stream every {check_us} µs (how soon a fault is heard, against each \
-             worker's CPU use); a worker silent for {} ms is replaced",
-            SILENCE_LIMIT.as_millis()
-        );
-        let device = Device::get(0)?;
-        // Every worker looks its GPU up by UUID (under MPS a client sees the server's devices renumbered).
-        let uuid = match device.uuid() {
-            Ok(uuid) => Some(uuid),
-            Err(e) => {
-                tracing::warn!("the GPU's UUID: {e}; workers open the server's device 0");
-                None
-            }
-        };
-        let pool = PoolFigures::default();
-        pool.open(config.pool, config.pool_grow, client_limit, limit_source);
-        if let Some(n) = config.sms {
-            device.sm_partitioning()?.check(n)?;
-        }
-        // Before the MPS daemon exists, so that it cannot become its client.
-        // MPS mode still starts without it: only device channels are then refused, saying why.
-        let rings = open_rings(&device);
-        let control = Arc::new(
-            MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid).with_kernel_check(config.kernel_check),
-        );
-        let (news, news_rx) = NewsSender::channel();
-        let shared = Arc::new(Mutex::new(Shared {
-            control: Some(control.clone()),
-            news: Some(news_rx),
-            rings,
-            ..Shared::default()
-        }));
-        let for_cleanup = shared.clone();
-        let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
-        *ACTIVE.lock() = Some(control.clone());
-        let cubins = control.root().join("cubins");
-        let built = std::fs::create_dir_all(&cubins)
-            .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
-            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
-            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
-            .and_then(|()| Jit::start(&device.arch()));
-        let jit = match built {
-            Ok(j) => j,
-            Err(e) => {
-                cleanup::run_one(cleanup_id);
-                pool.close();
-                return Err(e);
-            }
-        };
-        pool.publish(shared.lock().idle.len(), 0);
-        Ok(Self {
-            shared,
-            mailbox: mailbox.clone(),
-            jit,
-            device,
-            config,
-            cleanup_id,
-            cubins,
-            next_cubin: AtomicU64::new(0),
-            shut_down: false,
-            client_limit,
-            pool,
-            news,
-            silence: SilenceClock::new(),
-            board: RecoveryBoard::new(),
-            cutting: Arc::default(),
-        })
-    }
-
     /// Cuts `w` off its server on meshd's own account (bounded by [`TERMINATE_WITHIN`]), gives the
     /// server its time, then kills and reaps it. Its kernel's failure, which follows, is not a GPU
     /// fault: the reader hook marks no recovery for it (a `/readyz` 503 until the next tick).
@@ -451,6 +341,19 @@ impl MpsBackend {
     }
 }
 
+/// After `terminate_client` of `w`, before its SIGKILL: gives the server [`CUT_OFF`] to cut it off
+/// (gpu.md: within 0.1 s; a SIGKILL of a client whose kernel still runs fails every other client's
+/// kernel). A worker that still answers says when its kernel ended, often sooner; one spoken to no
+/// more (silent, wedged, past a deadline) cannot, and its `wait` would fail at once, so the whole
+/// time is waited.
+pub(super) fn await_cut_off(w: &mut Worker) {
+    let started = Instant::now();
+    let answered = w.broken().is_none() && w.wait(CUT_OFF, CUT_OFF).is_ok();
+    if !answered {
+        std::thread::sleep(CUT_OFF.saturating_sub(started.elapsed()));
+    }
+}
+
 /// Whether the watchdog watches program `p`'s kernel: launched, not left stopped, not ended by itself.
 fn on_watch(p: &Program) -> bool {
     relaunchable(p) && p.core.life.phase() == &Phase::Running
@@ -466,6 +369,14 @@ fn fault_pending(s: &mut Shared) -> bool {
 /// Whether a recovery relaunches `p`: not left stopped, not ended by itself (`mesh_exit`).
 fn relaunchable(p: &Program) -> bool {
     p.core.life.relaunchable() && p.core.health.exited.is_none()
+}
+
+/// Whether `w`'s process lives and a kernel of it may still run: busy as it last said, or broken
+/// (it stopped answering, so what its kernel does is unknown). Such a worker is cut off with
+/// `terminate_client` before any SIGKILL.
+fn may_run_a_kernel(w: &Worker) -> bool {
+    // One whose output ended is dying (a SIGKILLed client lingers in D state): no cut-off can help it.
+    w.alive() && !w.output_ended() && (w.broken().is_some() || w.kernel() == KernelState::Busy)
 }
 
 /// The error of a worker whose kernel failed or that is gone, as it last said (see [`absorb`]).
@@ -494,88 +405,15 @@ fn failure_hook(
     })
 }
 
-impl Backend for MpsBackend {
-    fn mode(&self) -> IsolationMode {
-        IsolationMode::Mps
-    }
+/// Why device channels are refused in MPS mode, if they are: meshd's own plain context, which owns
+/// every device ring, could not be made when the backend opened (a compute mode that allows one
+/// context per device, another MPS server in meshd's environment). `None` while no MPS backend has
+/// opened, and when they are served.
+static DEVICE_CHANNELS_REFUSED: Mutex<Option<String>> = Mutex::new(None);
 
-    fn pool(&self) -> Option<PoolFigures> {
-        Some(self.pool.clone())
-    }
-
-    fn load(&mut self, spec: ProgramSpec) -> Result<ProgramStatus> {
-        self.load_program(spec)
-    }
-
-    fn upgrade(&mut self, name: &str, image: Vec<u8>) -> Result<ProgramStatus> {
-        self.upgrade_program(name, image)
-    }
-
-    fn unload(&mut self, name: &str) -> Result<()> {
-        self.unload_program(name)
-    }
-
-    fn status(&self) -> Vec<ProgramStatus> {
-        let mut s = self.lock();
-        absorb(&mut s);
-        let states: Vec<KernelState> = s
-            .programs
-            .iter()
-            // A program left stopped has no kernel to speak of.
-            .map(|p| if on_watch(p) { p.worker.kernel() } else { KernelState::Idle })
-            .collect();
-        self.pool.publish(s.idle.len(), s.programs.len());
-        s.programs.iter().zip(states).map(|(p, state)| self.status_of(p, state)).collect()
-    }
-
-    fn watch(&mut self) -> Vec<String> {
-        self.watch_tick()
-    }
-
-    fn set_recovery_board(&mut self, board: RecoveryBoard) {
-        self.news.set_on_failure(failure_hook(board.clone(), self.cutting.clone()));
-        self.board = board;
-    }
-
-    fn set_waker(&mut self, wake: mesh_backend::Waker) {
-        self.news.set_wake(wake);
-    }
-
-    fn take_events(&mut self) -> Vec<BackendEvent> {
-        std::mem::take(&mut self.lock().events)
-    }
-
-    fn shutdown(&mut self) -> Result<()> {
-        if self.shut_down {
-            return Ok(());
-        }
-        self.shut_down = true;
-        let programs: Vec<Program> = self.lock().programs.drain(..).collect();
-        for p in programs {
-            // A program that will not stop is cut off inside `stop`: nothing runs on afterwards.
-            if let Some(w) = self.stop(&p.core.name, p.core.slot, p.worker) {
-                w.exit();
-            }
-            let _ = slots::release(&self.mailbox, p.core.slot);
-        }
-        let idle: Vec<Worker> = self.lock().idle.drain(..).collect();
-        for w in idle {
-            w.exit();
-        }
-        cleanup::run_one(self.cleanup_id);
-        self.pool.close();
-        Ok(())
-    }
-
-    fn host_atomics(&self) -> bool {
-        self.device.host_atomics
-    }
-}
-
-impl Drop for MpsBackend {
-    fn drop(&mut self) {
-        let _ = self.shutdown();
-    }
+/// Why a device channel is refused in MPS mode now (see `DEVICE_CHANNELS_REFUSED`), else `None`.
+pub fn device_channels_refusal() -> Option<String> {
+    DEVICE_CHANNELS_REFUSED.lock().clone()
 }
 
 #[cfg(test)]

@@ -1,6 +1,10 @@
 //! Recovery from a GPU fault: every client ended (or abandoned to the standby), the culprit named or
 //! searched by halves, the others relaunched in fresh workers.
 
+use super::device_rings::map_channels;
+use super::liveness::reap_later;
+use super::takeover::take_over;
+use super::workers::start_many;
 use super::*;
 
 /// The MPS backend as a recovery drives it, under its lock: a reset ends every client, a relaunch

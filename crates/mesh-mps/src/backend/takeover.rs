@@ -1,6 +1,7 @@
 //! The standby server's part in the backend: started at open, whether it can take a recovery (the one
 //! reason it cannot), and its takeover.
 
+use super::workers::start_all;
 use super::*;
 
 /// The standby daemon (`<mps dir>/standby`) and its workers (`--standby`, by default as many as

@@ -6,8 +6,9 @@
   ``recv_into`` fills a writable one; blocking calls release the GIL and wake for Ctrl-C;
   ``await consumer.arecv()`` is the asyncio form. Bulk channels also lend a slot in place
   (``send_view``, ``recv_view``: a :class:`SlotView`), and copy as a :class:`CopyConfig` says.
-* :class:`Client`: the control socket (load, upgrade, unload, ps, info, channel create, service
-  create, spawn, stop, shutdown, metrics), speaking the same protocol as the ``meshd`` command line.
+* :class:`Client`: the control socket (load, upgrade, unload, ps, a program's user words, info,
+  channel create, service create, spawn, stop, shutdown, metrics), speaking the same protocol as the
+  ``meshd`` command line.
 * :class:`Service`: a client of a service (many clients, one server): ``Service.connect(name)``
   attaches through the control socket (the connection stays open as the client's lease), then
   ``request``/``send``/``recv`` go through the mailbox (a fan-in channel of requests, a reply ring of

@@ -17,8 +17,9 @@ MAX_BULK_MSG_SIZE: Final[int]
 
 class CopyConfig:
     """How a bulk end copies messages (mesh-shm's ``CopyConfig``); a field left out takes
-    ``CopyConfig.default()``'s value. ``threads`` is 1 to 64 (ValueError otherwise). A consumer claimed without one uses ``for_msg_size``, a producer
-    ``for_producer`` (the Rust host ends' choices by message size)."""
+    ``CopyConfig.default()``'s value. ``threads`` is 1 to 64 (ValueError otherwise). An end claimed
+    without one uses the Rust host end's choice by message size: a producer ``for_producer``, a
+    consumer ``for_msg_size``."""
 
     def __init__(
         self, threads: int | None = None, min_part: int | None = None, non_temporal: bool | None = None
@@ -44,8 +45,9 @@ class CopyConfig:
         """Streaming stores into the ring (the producer's copy)."""
 
 class SlotView:
-    """A bulk ring's slot lent to Python: ``with`` gives a memoryview of it (writable for a producer's,
-    read-only for a consumer's). Given back when the block ends: a producer's published (discarded
+    """A bulk ring's slot lent to Python: ``with`` gives a memoryview of it, writable for a
+    producer's slot (which holds whatever a message a lap ago left there, not zeros) and read-only
+    for a consumer's message. Given back when the block ends: a producer's published (discarded
     when the block raises), a consumer's released. Giving it back while an export of the view lives
     (an array from ``numpy.frombuffer``, another memoryview) raises BufferError and keeps it lent;
     drop them, then call ``publish``/``discard``/``release``. Dropped without being given back: a
@@ -70,9 +72,11 @@ class SlotView:
     def seq(self) -> int:
         """The message's sequence number in its channel."""
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes in the slot: the channel's ``msg_size``."""
     @property
-    def readonly(self) -> bool: ...
+    def readonly(self) -> bool:
+        """True for a consumer's message (read-only), False for a producer's slot."""
     @property
     def done(self) -> bool:
         """Whether the slot was given back."""
@@ -84,21 +88,29 @@ class ChannelInfo:
     """A channel as the mailbox's table describes it, with a snapshot of its indices and claims."""
 
     @property
-    def index(self) -> int: ...
+    def index(self) -> int:
+        """Its index in the mailbox's channel table (what a program binds)."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The channel's name."""
     @property
-    def msg_size(self) -> int: ...
+    def msg_size(self) -> int:
+        """Bytes per message."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Messages the ring holds (a power of two)."""
     @property
-    def head(self) -> int: ...
+    def head(self) -> int:
+        """Messages ever sent, when this snapshot was taken."""
     @property
-    def tail(self) -> int: ...
+    def tail(self) -> int:
+        """Messages ever received, when this snapshot was taken."""
     @property
-    def producer_pid(self) -> int | None: ...
+    def producer_pid(self) -> int | None:
+        """The live process holding the producer end, or None."""
     @property
-    def consumer_pid(self) -> int | None: ...
+    def consumer_pid(self) -> int | None:
+        """The live process holding the consumer end, or None."""
 
 class Mailbox:
     """A mapped mailbox file."""
@@ -107,11 +119,15 @@ class Mailbox:
     def open(path: str | PathLike[str]) -> Mailbox:
         """Maps the mailbox at ``path`` after validating it; LayoutVersionError names --fresh."""
     @property
-    def path(self) -> Path: ...
+    def path(self) -> Path:
+        """The mailbox file."""
     @property
-    def owner_pid(self) -> int | None: ...
-    def channels(self) -> list[ChannelInfo]: ...
-    def channel(self, name: str) -> ChannelInfo: ...
+    def owner_pid(self) -> int | None:
+        """The meshd that owns the mailbox (its pid), or None when none is recorded."""
+    def channels(self) -> list[ChannelInfo]:
+        """Every live channel, in table order."""
+    def channel(self, name: str) -> ChannelInfo:
+        """The live channel called ``name`` (NoSuchChannelError when none is)."""
     def producer(self, name: str, copy_config: CopyConfig | None = None) -> Producer:
         """The producer end of ``name``, whatever its protocol."""
     def consumer(self, name: str, copy_config: CopyConfig | None = None) -> Consumer:
@@ -134,17 +150,24 @@ class Producer:
     def copy_config(self) -> CopyConfig | None:
         """A bulk end's copy settings (None for ll and index)."""
     def send_view(self, timeout: float | None = None) -> SlotView:
-        """Bulk channels: the next slot in place, waiting for room; published when its ``with`` ends."""
+        """Bulk channels: the next slot in place, waiting for room (MeshTimeoutError after ``timeout``
+        seconds); published when its ``with`` ends, discarded when the block raises. The slot holds
+        whatever a message a lap ago left there, not zeros: write every byte the consumer reads."""
     def try_send_view(self) -> SlotView | None:
-        """``send_view`` without waiting: None when full."""
+        """``send_view`` without waiting: None when full. The slot holds whatever a message a lap ago
+        left there."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The channel's name."""
     @property
-    def msg_size(self) -> int: ...
+    def msg_size(self) -> int:
+        """Bytes per message: a message may be shorter (it is zero-padded), not longer."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Messages the ring holds."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the end was closed (every call but ``close`` then raises ValueError)."""
     def try_send(self, msg: Buffer) -> bool:
         """One message of at most ``msg_size`` bytes (zero-padded); False when full. Keeps the GIL."""
     def send(self, msg: Buffer, timeout: float | None = None) -> None:
@@ -176,20 +199,27 @@ class Consumer:
     def try_recv_view(self) -> SlotView | None:
         """``recv_view`` without waiting: None when no message is whole."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The channel's name."""
     @property
-    def msg_size(self) -> int: ...
+    def msg_size(self) -> int:
+        """Bytes per message: every message received is exactly this long."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Messages the ring holds."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the end was closed (every call but ``close`` then raises ValueError)."""
     def try_recv(self) -> bytes | None:
         """One message, or None when none is waiting. Keeps the GIL."""
     def recv(self, timeout: float | None = None) -> bytes:
         """One message, waiting (GIL released); MeshTimeoutError after ``timeout`` seconds."""
     def try_recv_into(self, buffer: Buffer) -> bool:
         """One message into a writable ``msg_size``-byte buffer; False when none is waiting."""
-    def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None: ...
+    def recv_into(self, buffer: Buffer, timeout: float | None = None) -> None:
+        """One message into a writable buffer of exactly ``msg_size`` bytes, waiting (GIL released);
+        MeshTimeoutError after ``timeout`` seconds (None: no limit). No bytes object is made: the
+        fastest receive of large messages into a reused buffer (a bytearray, a numpy array)."""
     def try_recv_batch(self, buffer: Buffer) -> int:
         """As many messages as wait and fit in ``buffer`` (a non-zero multiple of ``msg_size``, else
         MessageSizeError); how many."""
@@ -197,7 +227,8 @@ class Consumer:
         """At least one message into ``buffer``, waiting; how many."""
     def arecv(self, timeout: float | None = None) -> Awaitable[bytes]:
         """``recv`` for asyncio: polled from the event loop, no thread."""
-    def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]: ...
+    def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]:
+        """``recv_into`` for asyncio: polled from the event loop, no thread."""
     def close(self) -> None:
         """Releases the claim; BufferError while a view it lent is exported."""
     def __enter__(self) -> Self: ...
@@ -211,21 +242,26 @@ class FanInSender:
 
     def __init__(self, mailbox: Mailbox, name: str, id: int) -> None: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The service's fan-in channel."""
     @property
-    def msg_size(self) -> int: ...
+    def msg_size(self) -> int:
+        """Bytes per request: a request may be shorter (it is zero-padded), not longer."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Requests the fan-in ring holds (each shard's, with shards)."""
     @property
     def id(self) -> int:
         """The client id (``slot | epoch << 16``) every request carries."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the end was closed."""
     def try_send(self, msg: Buffer) -> bool:
         """One request of at most ``msg_size`` bytes (zero-padded); False when full. Keeps the GIL."""
     def send(self, msg: Buffer, timeout: float | None = None) -> None:
         """One request, waiting for room (GIL released); MeshTimeoutError after ``timeout`` seconds."""
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Closes the end (nothing is claimed, so nothing is released)."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
@@ -237,25 +273,35 @@ class GroupClient:
 
     def __init__(self, mailbox: Mailbox, name: str, id: int) -> None: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The service's reply group."""
     @property
-    def msg_size(self) -> int: ...
+    def msg_size(self) -> int:
+        """Bytes per reply: every reply received is exactly this long."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Replies the client's ring holds."""
     @property
-    def id(self) -> int: ...
+    def id(self) -> int:
+        """The client id (``slot | epoch << 16``) the replies are addressed to."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the end was closed."""
     def try_recv(self) -> bytes | None:
         """One reply, or None when none is waiting. Keeps the GIL."""
     def recv(self, timeout: float | None = None, *, unanswered: int = 1) -> bytes:
         """One reply, waiting (GIL released); MeshTimeoutError after ``timeout`` seconds.
         ``unanswered``: the caller's requests in flight; above 1 the wait yields the CPU from the first
         poll instead of spinning first (it is streaming)."""
-    def try_recv_into(self, buffer: Buffer) -> bool: ...
-    def recv_into(self, buffer: Buffer, timeout: float | None = None, *, unanswered: int = 1) -> None: ...
-    def arecv(self, timeout: float | None = None) -> Awaitable[bytes]: ...
-    def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]: ...
+    def try_recv_into(self, buffer: Buffer) -> bool:
+        """One reply into a writable ``msg_size``-byte buffer; False when none is waiting."""
+    def recv_into(self, buffer: Buffer, timeout: float | None = None, *, unanswered: int = 1) -> None:
+        """One reply into a writable ``msg_size``-byte buffer, waiting (GIL released);
+        ``unanswered`` as for ``recv``."""
+    def arecv(self, timeout: float | None = None) -> Awaitable[bytes]:
+        """``recv`` for asyncio: polled from the event loop, no thread."""
+    def arecv_into(self, buffer: Buffer, timeout: float | None = None) -> Awaitable[None]:
+        """``recv_into`` for asyncio: polled from the event loop, no thread."""
     def close(self) -> None:
         """Releases the ring's claim."""
     def __enter__(self) -> Self: ...

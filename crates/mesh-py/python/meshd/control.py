@@ -18,13 +18,10 @@ import math
 import os
 import socket as _socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, TypedDict, Union
+from typing import Any, Callable, Sequence, TypedDict, Union
 
 from ._errors import MeshdProtocolError, MeshdRefused, MeshdTimeout, MeshdUnreachable
 from ._meshd import Consumer, CopyConfig, Mailbox, Producer, _default_socket
-
-if TYPE_CHECKING:
-    from .service import Service
 
 __all__ = [
     "Client",
@@ -50,6 +47,11 @@ DEFAULT_SOCKET = "/tmp/meshd.sock"
 #: The longest response line read (as the CLI: a broken peer cannot make the client grow without end).
 MAX_RESPONSE = 64 << 20
 
+#: What :meth:`Client.service` attaches with: ``Service._attach``, set by ``meshd.service`` when it is
+#: imported (``import meshd`` imports it). service.py builds on this module, so this module names
+#: nothing of it: the package's imports go one way.
+_service_attach: Callable[[Client, str], Any] | None = None
+
 Image = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 
@@ -57,6 +59,33 @@ Image = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 #: recovery in place (after a GPU fault or a dead MPS worker) has stopped it and not yet relaunched
 #: it; its row's ``recovery`` then says from what and for how long.
 PROGRAM_STATES = ("running", "recovering", "stopped", "exited", "faulted")
+
+
+#: The ``slot`` a program held back shows in ``ps`` (it holds none).
+HELD_SLOT = 0xFFFF_FFFF
+#: How many user words a program slot holds (mesh.cuh's ``MESH_SLOT_USER_WORDS``).
+USER_WORDS = 32
+#: The capacity of a channel created without one, for ll and index (and the most bulk gets).
+DEFAULT_CAPACITY = 1024
+#: The slot bytes a bulk channel created without a capacity is sized to (16 MiB).
+BULK_CAPACITY_BUDGET = 16 << 20
+#: Above this message size a channel whose protocol is not given is bulk (64 KiB).
+_LL_MAX = 64 << 10
+
+
+def default_capacity(msg_size: int, protocol: str | None = None) -> int:
+    """The capacity :meth:`Client.channel_create` (and ``meshd channel create``) gives a channel
+    created without one: :data:`DEFAULT_CAPACITY` (1024) for ll and index; for bulk, as many
+    messages as fit in :data:`BULK_CAPACITY_BUDGET` (16 MiB) of slots, rounded down to a power of
+    two, at least 2 and at most 1024: 2 of 16 MiB, 16 of 1 MiB, 1024 of 16 KiB or less. Two is the
+    least that lets a producer fill one slot while the consumer reads the other. ``protocol`` None
+    goes by size, as meshd does: bulk above 64 KiB."""
+    if protocol is None:
+        protocol = "bulk" if msg_size > _LL_MAX else "ll"
+    if protocol != "bulk":
+        return DEFAULT_CAPACITY
+    fit = min(max(BULK_CAPACITY_BUDGET // max(msg_size, 1), 2), DEFAULT_CAPACITY)
+    return 1 << (fit.bit_length() - 1)
 
 
 def state_name(state: str) -> str:
@@ -94,6 +123,9 @@ class ProgramRow(TypedDict, total=False):
     last_fault_unix_ms: int
     stopped_why: str
     recovery: RecoveryRow
+    #: The :data:`USER_WORDS` words the program's kernel stored with ``mesh_user_store`` (0 where it
+    #: stored none), read from its slot when ``ps`` answered; absent for a program held back (no slot).
+    user: list[int]
 
 
 class NativeRow(TypedDict):
@@ -439,6 +471,25 @@ class Client:
         resp = self.call({"op": "ps"})
         return {"programs": resp.get("programs") or [], "natives": resp.get("natives") or []}
 
+    def user_words(self, name: str) -> list[int]:
+        """Program ``name``'s :data:`USER_WORDS` user words: what its kernel stored with
+        ``mesh_user_store`` (0 where it stored none), read from its slot now (``meshd user NAME``).
+        MeshdRefused when no program has that name, or when it is held back (it holds no slot)."""
+        name = _name(name, "program name")
+        programs = self.ps()["programs"]
+        row = next((p for p in programs if p.get("name") == name), None)
+        # The texts are the CLI's (meshd's `protocol::user_words`).
+        quoted = json.dumps(name, ensure_ascii=False)
+        if row is None:
+            loaded = ", ".join(str(p.get("name")) for p in programs) or "none"
+            raise MeshdRefused(f"program {quoted}: not loaded (loaded: {loaded})")
+        words = row.get("user")
+        if not words:
+            if row.get("slot") == HELD_SLOT:
+                raise MeshdRefused(f"program {quoted}: held back, it holds no slot and so no user words")
+            raise MeshdRefused(f"program {quoted}: meshd sent no user words (a meshd older than `meshd user`)")
+        return [int(w) for w in words]
+
     @staticmethod
     def _program(resp: dict[str, Any]) -> ProgramRow:
         programs = resp.get("programs") or []
@@ -461,13 +512,19 @@ class Client:
         self,
         name: str,
         msg_size: int = 64,
-        capacity: int = 1024,
+        capacity: int | None = None,
         *,
         placement: str | None = None,
         protocol: str | None = None,
         parts: int | None = None,
     ) -> None:
         """Creates a channel of ``capacity`` messages of ``msg_size`` bytes (the CLI's defaults).
+
+        ``capacity``: a power of two up to 2**24. Left out, :func:`default_capacity` picks it: 1024
+        for ll and index, and for bulk as many as fit in 16 MiB of slots (2 to 1024: 2 messages of
+        16 MiB, 16 of 1 MiB), so that a default bulk ring fits a default (64 MiB) mailbox. A ring
+        the mailbox has no room for is refused (MeshdRefused: "mailbox full", with the bytes it needs
+        and the bytes free).
 
         ``placement`` (``"host"`` or ``"device"``), where the meshd has it: sent only when given.
         ``protocol`` (``"ll"``, ``"bulk"`` or ``"index"``; meshd picks by size when not given: ll up
@@ -489,7 +546,9 @@ class Client:
             "op": "channel_create",
             "name": _name(name, "channel name"),
             "msg_size": _u32(msg_size, "msg_size"),
-            "capacity": _u32(capacity, "capacity"),
+            "capacity": _u32(
+                default_capacity(msg_size, protocol) if capacity is None else capacity, "capacity"
+            ),
         }
         if placement:
             req["placement"] = _name(placement, "placement")
@@ -519,7 +578,7 @@ class Client:
         requests each, every one with its own reservation cursor, and a client sends into shard
         (its slot mod ``shards``), so clients contend only with the clients of their shard (one
         shared cursor caps the senders near 3 M requests/s), and a program can serve them a warp
-        each (``tests/programs/service.ptx`` loaded with ``block=256`` serves 8 shards with 8 warps:
+        each (``tests/programs/service.cu`` loaded with ``block=256`` serves 8 shards with 8 warps:
         12.6 M requests/s from 16 clients on the H200). A client's requests stay in order;
         across clients of different shards there is no order. Clients attach and send as to any
         service. Sent only when not 1: one ring is the format of every service before shards. A
@@ -541,12 +600,12 @@ class Client:
             req["shards"] = _u32(shards, "shards")  # absent means one ring, which any meshd reads
         self.call(req)
 
-    def service(self, name: str) -> Service:
-        """Attaches to service ``name`` as a new client (see :class:`meshd.Service`): the
+    def service(self, name: str) -> Any:
+        """Attaches to service ``name`` as a new client: a :class:`meshd.Service`, whose
         connection stays open as the client's lease until its ``close``."""
-        from .service import Service
-
-        return Service._attach(self, _name(name, "service name"))
+        if _service_attach is None:
+            raise RuntimeError("meshd.service is not imported (`import meshd` imports it)")
+        return _service_attach(self, _name(name, "service name"))
 
     def metrics(self) -> str:
         """meshd's Prometheus exposition (what its ``/metrics`` endpoint serves), from its snapshot."""

@@ -1,4 +1,4 @@
-"""A client of a service (issue 26): requests into the service's fan-in channel, replies on a ring of its own.
+"""A client of a service: requests into the service's fan-in channel, replies on a ring of its own.
 
 A *service* ``NAME`` is a fan-in channel ``NAME`` (requests from any number of host clients, each
 carrying its sender's id) and a channel group ``NAME.replies`` (one reply ring per client). meshd
@@ -20,7 +20,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _aio, _meshd
+from . import _aio, _meshd, control
 from ._errors import MeshdProtocolError, MessageSizeError, WindowFullError
 from ._meshd import FanInSender, GroupClient, Mailbox
 from .control import Client, _connect, decode_response, encode_request
@@ -427,3 +427,7 @@ class Service:
         lease = getattr(self, "_lease", None)
         if lease is not None:
             lease.close()
+
+
+# `Client.service` attaches through this: control.py, beneath this module, does not import it.
+control._service_attach = Service._attach

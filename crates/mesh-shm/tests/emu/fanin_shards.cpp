@@ -73,7 +73,7 @@ uint64_t* slot_words(uint32_t k, uint64_t seq) {
 // `torn`: one body word keeps its old tag (still arriving); `finish` writes the whole again.
 void write_request(uint32_t k, const Request& r, bool torn) {
     uint64_t* w = slot_words(k, r.seq);
-    const uint64_t tag = (uint64_t)mesh_tag(r.seq) << 32;
+    const uint64_t tag = (uint64_t)mesh_detail_tag(r.seq) << 32;
     const uint32_t body = g.msg_size / 4;
     for (uint32_t i = 0; i < body; i++)
         if (!(torn && i == body / 2)) emu_st(&w[2 + i], tag | payload(r.seed, i));
@@ -249,7 +249,7 @@ void run(uint32_t shards, uint32_t capacity, uint32_t msg_size, uint32_t rounds)
 
 // A channel of 64 shards, more than one warp's 32 lanes hold: mesh_fanin_open refuses it (msg_size 0)
 // and so does a part that would serve more than 32; mesh_fanin_parts gives 1, 2, 64 and 64 for 1, 2,
-// 64 and 128 warps; warp p of 2 (mesh_fanin_open_part) serves shards p, p + 2, ..., lane i shard
+// 64 and 128 warps; warp p of 2 (mesh_detail_fanin_open_part) serves shards p, p + 2, ..., lane i shard
 // p + 2i at that shard's published tail; warp 5 of 64 is a one-ring end over shard 5.
 void check_64_shards() {
     g = {64, 4, 64};
@@ -263,9 +263,9 @@ void check_64_shards() {
     ctx.bindings[0] = {kRingOffset, (uint64_t)(uintptr_t)(base + g.shard_slots(0)), 64, 4, MESH_PLACEMENT_HOST,
                        MESH_PROTOCOL_FANIN | 64u << MESH_BULK_PARTS_SHIFT};
     emu_run_block(1, [&](uint32_t) {
-        const uint32_t lane = mesh_lane();
+        const uint32_t lane = mesh_detail_lane();
         const mesh_fanin whole = mesh_fanin_open(ctx, 0);
-        const mesh_fanin too_many = mesh_fanin_open_part(ctx, 0, 0, 1);
+        const mesh_fanin too_many = mesh_detail_fanin_open_part(ctx, 0, 0, 1);
         if (lane == 0 && (whole.ch.msg_size != 0 || too_many.ch.msg_size != 0))
             fail("one warp opened 64 shards", whole.ch.msg_size, too_many.ch.msg_size);
         const uint32_t parts[4] = {mesh_fanin_parts(ctx, 0, 1), mesh_fanin_parts(ctx, 0, 2), mesh_fanin_parts(ctx, 0, 64),
@@ -273,13 +273,13 @@ void check_64_shards() {
         if (lane == 0 && (parts[0] != 1 || parts[1] != 2 || parts[2] != 64 || parts[3] != 64))
             fail("mesh_fanin_parts for 1 / 2 warps, 64 / 128 warps", parts[1], parts[3]);
         for (uint32_t p = 0; p < 2; p++) {
-            const mesh_fanin f = mesh_fanin_open_part(ctx, 0, p, 2);
+            const mesh_fanin f = mesh_detail_fanin_open_part(ctx, 0, p, 2);
             const uint32_t k = p + 2u * lane;
             if (lane == 0 && (f.ch.msg_size != 64 || f.shards != 32)) fail("part of 2: size, shards", f.ch.msg_size, f.shards);
             if (f.s_ring != base + g.shard_header(k) || f.s_slots != base + g.shard_slots(k)) fail("part of 2: a lane's shard", p, k);
             if (f.s_mine != 1000u + k || f.s_published != 1000u + k) fail("part of 2: a lane's tail", k, (long)f.s_mine);
         }
-        const mesh_fanin one = mesh_fanin_open_part(ctx, 0, 5, 64);
+        const mesh_fanin one = mesh_detail_fanin_open_part(ctx, 0, 5, 64);
         if (lane == 0 && (one.shards != 1 || one.ch.ring != base + g.shard_header(5) ||
                           one.ch.slots != base + g.shard_slots(5) || one.ch.mine != 1005u || one.ch.other != 1005u))
             fail("part 5 of 64: the one-ring end over shard 5", one.shards, (long)one.ch.mine);
@@ -287,8 +287,61 @@ void check_64_shards() {
     std::printf("64 shards: one warp refused, parts of 2 and 64 checked\n");
 }
 
+// mesh_fanin_open numbers its part over the grid: under a grid of 4 blocks of 2 serving warps (8 of
+// 64 shards each), warp w of block b is part b x 2 + w of 8 and its lane i holds shard part + 8i, so
+// no two warps of the grid hold one shard; the same program's one-warp-a-block open over one shard
+// gives block 0's warp the shard, the others spare ends (parts 0, nothing to take).
+// Every shard is held by exactly one warp either way. A warp past the serving warps of
+// its block is refused.
+void check_grid_numbering() {
+    g = {64, 4, 64};
+    memory.assign(g.bytes() / 8, 0);
+    base = (char*)memory.data();
+    for (uint32_t k = 0; k < 64; k++) *(uint64_t*)(base + g.shard_header(k) + MESH_RING_TAIL) = 1000u + k;
+    mesh_ctx ctx;
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.base = (uint64_t)(uintptr_t)base;
+    ctx.binding_count = 1;
+    ctx.bindings[0] = {kRingOffset, (uint64_t)(uintptr_t)(base + g.shard_slots(0)), 64, 4, MESH_PLACEMENT_HOST,
+                       MESH_PROTOCOL_FANIN | 64u << MESH_BULK_PARTS_SHIFT};
+    std::atomic<uint32_t> holders[64] = {};
+    emu_run_grid(4, 2, [&](uint32_t b, uint32_t t) {
+        const uint32_t lane = t % 32u, w = t / 32u;
+        const mesh_fanin f = mesh_fanin_open(ctx, 0, 2);
+        if (lane == 0 && (f.part != b * 2u + w || f.parts != 8u || f.shards != 8u || f.ch.msg_size != 64))
+            fail("grid part of warp b x 2 + w", (long)(b * 2u + w), (long)f.part * 1000 + f.parts);
+        if (lane < f.shards) {
+            const uint32_t k = f.part + 8u * lane;
+            if (f.s_ring != base + g.shard_header(k) || f.s_mine != 1000u + k) fail("grid part: a lane's shard", f.part, k);
+            holders[k]++;
+        }
+    });
+    for (uint32_t k = 0; k < 64; k++)
+        if (holders[k] != 1u) fail("a shard held by other than exactly one warp of the grid", k, holders[k]);
+    ctx.bindings[0].protocol = MESH_PROTOCOL_FANIN;  // one shard: one warp of the grid serves it
+    std::atomic<uint32_t> served{0}, spare{0};
+    emu_run_grid(4, 1, [&](uint32_t b, uint32_t t) {
+        if (t >= 32u) return;
+        const mesh_fanin f = mesh_fanin_open(ctx, 0);
+        if (t != 0) return;
+        if (b == 0 && (f.parts != 1u || f.part != 0u || f.ch.msg_size != 64)) fail("one shard: block 0 serves it", f.parts, f.ch.msg_size);
+        if (b != 0 && (f.parts != 0u || f.ch.msg_size != 0 || f.shards != 0u)) fail("one shard: a spare end", b, f.parts);
+        (f.parts != 0u ? served : spare)++;
+    });
+    if (served != 1u || spare != 3u) fail("one shard over 4 blocks: served, spare", served, spare);
+    // A warp past the `warps` it was told opens (both warps of a block call mesh_fanin_open(ctx, 0)):
+    // refused, with part 1 of 1, so that a group opened from it names no entry.
+    emu_run_grid(1, 2, [&](uint32_t, uint32_t t) {
+        const mesh_fanin f = mesh_fanin_open(ctx, 0);
+        if (t == 32u && (f.ch.msg_size != 0 || f.parts != 1u || f.part != 1u)) fail("a warp past `warps`: refused", f.part, f.parts);
+        if (t == 0u && (f.ch.msg_size != 64 || f.parts != 1u || f.part != 0u)) fail("warp 0 of one serving warp", f.part, f.parts);
+    });
+    std::printf("grid numbering: 64 shards over 8 warps of 4 blocks, one shard over 4 blocks\n");
+}
+
 int main() {
     check_64_shards();
+    check_grid_numbering();
     run(1, 16, 64, 120);
     run(2, 16, 64, 120);
     run(8, 8, 64, 150);

@@ -1,6 +1,5 @@
-// ll_channels.cpp: an echo program of tests/programs (PROGRAM: echo_header.cu, echo_warp.cu, echo.cu
-// with EMU_ONE_THREAD, or echo_poll.cu with EMU_POLL: the poll stream, a block of MESH_POLLERS + 1
-// warps, half the messages, and a block too small for it ending with exit code 2) run whole on the CPU
+// ll_channels.cpp: an echo program of tests/programs (PROGRAM: echo_header.cu, echo_warp.cu, or echo.cu
+// with EMU_ONE_THREAD) run whole on the CPU
 // (warp_emu.h) against two LL channels laid out as mesh-shm lays them out (a ring header with head /
 // tail lines, the slots in their own page-aligned region, each message msg_size * MESH_RING_WIRE_FACTOR
 // bytes of (tag << 32 | payload) words). A driver thread plays the host: it sends numbered messages
@@ -26,21 +25,7 @@
 // and pass different `max` to mesh_warp_try_recv_batch: the emulation's lanes then fall apart, not the
 // GPU's. The n-th load of a watched word by every lane returns one value, read by the first lane there.
 uint64_t ll_warp_ld_u64(const volatile void* p);
-#define mesh_ld_volatile_u64 ll_warp_ld_u64
-
-// echo_poll.cu (EMU_POLL, a block of MESH_POLLERS + 1 warps): the server, warp 0, spins between two
-// hand-offs on mesh_should_stop, mesh_chan_room and mesh_poll_try_recv's load of `ready` without a
-// warp intrinsic, so warp_emu.h's clock and stop word (sampled at barriers) would stay frozen there and
-// the stop never be seen; a ticker moving them instead would hand the lanes different values mid-loop,
-// and lanes loading `ready` each for itself disagree on the hand-off (some take the message, some
-// poll again) and meet at different barriers. On a GPU the converged warp reads %globaltimer and
-// `ready` once per instruction for all its lanes: here warp 0's reads of both are lane 0's, shuffled.
-#ifdef EMU_POLL
-uint64_t ll_poll_ld_acquire(const unsigned long long* p);
-uint64_t ll_globaltimer();
-#define mesh_poll_ld_acquire ll_poll_ld_acquire
-#define mesh_globaltimer ll_globaltimer
-#endif
+#define mesh_detail_ld_volatile_u64 ll_warp_ld_u64
 
 #include PROGRAM
 
@@ -50,13 +35,6 @@ namespace {
 constexpr bool kOneThread = true;
 #else
 constexpr bool kOneThread = false;
-#endif
-#ifdef EMU_POLL
-constexpr uint32_t kWarps = MESH_POLLERS + 1u;  // echo_poll.cu: the server and its pollers
-constexpr uint32_t kLess = 2;                   // its 96 threads on a 2-core machine: half the messages
-#else
-constexpr uint32_t kWarps = 1;
-constexpr uint32_t kLess = 1;
 #endif
 
 constexpr uint32_t kLockstepWindow = 4096;  // loads a lane may run ahead of the slowest
@@ -107,21 +85,6 @@ uint64_t ll_warp_ld_u64(const volatile void* p) {
     }
 }
 
-#ifdef EMU_POLL
-// Warp 0 calls these on all its lanes at once (mesh_should_stop and mesh_poll_try_recv in its loop,
-// mesh_poll_stop): lane 0's read shuffled to every lane, a warp barrier as the GPU's one instruction
-// for the converged warp; the barrier also moves the warp's clock and stop word (warp_emu.h). The
-// pollers (their loops shuffle on every iteration) keep warp_emu.h's.
-uint64_t ll_poll_ld_acquire(const unsigned long long* p) {
-    if (emu_warp != 0) return emu_ld(p);
-    return __shfl_sync(0xffffffffu, emu_lane == 0 ? emu_ld(p) : 0u, 0);
-}
-uint64_t ll_globaltimer() {
-    if (emu_warp != 0) return emu_warp_clock[emu_warp].load(std::memory_order_relaxed);
-    return __shfl_sync(0xffffffffu, emu_lane == 0 ? emu_steady_ns() : 0u, 0);
-}
-#endif
-
 namespace {
 
 constexpr uint64_t kPage = 4096;
@@ -169,21 +132,13 @@ struct Run {
     // ring.rs's producer: room from the published tail, every word but the first pair, then the first
     // pair (a receiver decides "empty" on word 0), head published. A torn message holds one word back.
     void send(uint64_t seq) {
-        const uint64_t t = (uint64_t)mesh_tag(seq) << 32;
+        const uint64_t t = (uint64_t)mesh_detail_tag(seq) << 32;
         const uint32_t n = words();
         if (cfg.torn && seq % 3 == 1) {
             const uint32_t late = (uint32_t)(seq / 3) % n;  // word 0, the last, and ones between
             for (uint32_t i = 0; i < n; i++)
                 if (i != late) emu_st(in_word(seq, i), t | value(seq, i, cfg.msg));
-            // echo_poll.cu's 96 threads hand a message over in a millisecond or two here: held until
-            // its server consumed the ones before (the tail it publishes as it arms this one, or 20 ms),
-            // and 2 ms more, so that its pollers poll this one while it is torn.
-            if (kWarps > 1) {
-                const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-                while (ld(kInRing + MESH_RING_TAIL) < seq && std::chrono::steady_clock::now() < until)
-                    std::this_thread::yield();
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(kWarps > 1 ? 2000 : 300));  // > MESH_PARTIAL_WAIT_NS
+            std::this_thread::sleep_for(std::chrono::microseconds(300));  // > MESH_PARTIAL_WAIT_NS
             emu_st(in_word(seq, late), t | value(seq, late, cfg.msg));
             torn_sent++;
         } else {
@@ -197,8 +152,8 @@ struct Run {
     // ring.rs's consumer: message `read` taken when every word carries its tag; a word with a tag of
     // neither this lap nor the last (nor 0, never written) is a stray.
     bool try_read() {
-        const uint32_t want = mesh_tag(read);
-        const uint32_t old = read >= cfg.capacity ? mesh_tag(read - cfg.capacity) : 0u;
+        const uint32_t want = mesh_detail_tag(read);
+        const uint32_t old = read >= cfg.capacity ? mesh_detail_tag(read - cfg.capacity) : 0u;
         bool whole = true;
         for (uint32_t i = 0; i < words(); i++) {
             const uint32_t tag = (uint32_t)(emu_ld(out_word(read, i)) >> 32);
@@ -229,7 +184,7 @@ struct Run {
         while (written < tail) {
             bool whole = true;
             for (uint32_t i = 0; i < words() && whole; i++)
-                whole = (uint32_t)(emu_ld(out_word(written, i)) >> 32) == mesh_tag(written);
+                whole = (uint32_t)(emu_ld(out_word(written, i)) >> 32) == mesh_detail_tag(written);
             if (!whole) break;
             written++;
         }
@@ -287,9 +242,9 @@ void check_launch(Run& r, uint32_t launch, uint64_t* beat, uint64_t* in_flight) 
     const uint64_t cap = r.cfg.capacity;
     for (uint64_t s = out_head >= cap ? out_head - cap : 0; s < out_head; s++)
         for (uint32_t i = 0; i < r.words(); i++)
-            if ((uint32_t)(emu_ld(r.out_word(s, i)) >> 32) != mesh_tag(s)) fail("a message before the published head is not whole", (long)s, i);
+            if ((uint32_t)(emu_ld(r.out_word(s, i)) >> 32) != mesh_detail_tag(s)) fail("a message before the published head is not whole", (long)s, i);
     for (uint32_t i = 0; i < r.words(); i++)
-        if ((uint32_t)(emu_ld(r.out_word(out_head, i)) >> 32) == mesh_tag(out_head))
+        if ((uint32_t)(emu_ld(r.out_word(out_head, i)) >> 32) == mesh_detail_tag(out_head))
             fail("a word written past the published head", (long)out_head, i);
     if (launch == 2) {
         if (in_tail != r.cfg.count) fail("final in tail", (long)in_tail, r.cfg.count);
@@ -311,9 +266,8 @@ mesh_ctx make_ctx(const Run& r) {
 }
 
 // One program run for one launch: a block of one warp (echo.cu's lanes 1-31 leave at once, so its
-// lane 0 meets no barrier: a ticker moves its clock and stop word as the warp's barriers would), or of
-// MESH_POLLERS + 1 warps for echo_poll.cu.
-void launch_block(mesh_ctx ctx, uint32_t warps = kWarps) {
+// lane 0 meets no barrier: a ticker moves its clock and stop word as the warp's barriers would).
+void launch_block(mesh_ctx ctx) {
     std::atomic<bool> done{false};
     std::thread ticker;
     if (kOneThread)
@@ -323,7 +277,7 @@ void launch_block(mesh_ctx ctx, uint32_t warps = kWarps) {
                 std::this_thread::sleep_for(std::chrono::microseconds(20));
             }
         });
-    emu_run_block(warps, [&](uint32_t) { mesh_main(ctx); });
+    emu_run_block(1, [&](uint32_t) { mesh_main(ctx); });
     done = true;
     if (ticker.joinable()) ticker.join();
 }
@@ -366,8 +320,7 @@ uint64_t run(const Config& cfg) {
 // A producer's resume after a crash (no close): the published head is 2, message 2 was written whole,
 // message 3 has its first and last words but not one between (a warp's lanes store at once, and the
 // launch died mid-send). mesh_chan_open must resume at 3 and write it again; judging by the first and
-// last words alone (the header before session 10) it resumed at 4, and the consumer waited at 3 for
-// good.
+// last words alone it would resume at 4, and the consumer would wait at 3 for good.
 void check_producer_resume() {
     scenario = "producer resume after a crash, a message torn between its ends";
     const uint32_t msg = 64, capacity = 4, words = msg / 4;
@@ -383,7 +336,7 @@ void check_producer_resume() {
     for (uint64_t seq = 0; seq < 4; seq++)
         for (uint32_t i = 0; i < words; i++) {
             if (seq == 3 && i == words / 2) continue;  // the word the crash lost
-            *r.out_word(seq, i) = (uint64_t)mesh_tag(seq) << 32 | value(seq, i, msg);
+            *r.out_word(seq, i) = (uint64_t)mesh_detail_tag(seq) << 32 | value(seq, i, msg);
         }
     const mesh_ctx ctx = make_ctx(r);
     std::atomic<uint64_t> mine{0};
@@ -395,29 +348,6 @@ void check_producer_resume() {
     std::printf("%s: %s: resumed at %llu\n", PROGRAM, scenario, (unsigned long long)mine.load());
 }
 
-#ifdef EMU_POLL
-// echo_poll.cu in a block of one warp, smaller than its pollers need: mesh_poll_start is false on
-// every thread, the program exits with code 2 and touches neither ring.
-void check_small_block() {
-    scenario = "a block of one warp";
-    Run r;
-    r.cfg = {64, 4, 0, false};
-    r.in_slots = kInSlots;
-    r.out_slots = kInSlots + kPage;
-    memory.assign((r.out_slots + 2 * kPage) / 8, 0);
-    base = (char*)memory.data();
-    emu_watch_stop(base + kSlot + MESH_SLOT_STOP);
-    const void* const watched[4] = {base + kInRing + MESH_RING_HEAD, base + kInRing + MESH_RING_TAIL,
-                                    base + kOutRing + MESH_RING_HEAD, base + kOutRing + MESH_RING_TAIL};
-    lockstep_watch(watched);
-    launch_block(make_ctx(r), 1);
-    const uint32_t state = emu_ld32(base + kSlot + MESH_SLOT_STATE);
-    const int32_t code = (int32_t)emu_ld32(base + kSlot + MESH_SLOT_EXIT_CODE);
-    if (state != MESH_STATE_EXITED || code != 2) fail("a block of one warp: state, exit code (want EXITED, 2)", state, code);
-    std::printf("%s: %s: state %u, exit code %d\n", PROGRAM, scenario, state, code);
-}
-#endif
-
 }  // namespace
 
 int main() {
@@ -427,25 +357,22 @@ int main() {
         std::_Exit(3);
     }).detach();
 #ifdef EMU_MAX_MSG
-    const uint32_t max_msg = EMU_MAX_MSG;  // a program serving smaller messages only (echo_x_stagger.cu: 1 KiB)
+    const uint32_t max_msg = EMU_MAX_MSG;  // a program serving smaller messages only
 #else
     const uint32_t max_msg = kOneThread ? 256u : 4096u;  // echo.cu's buffer holds 256 bytes
 #endif
     uint64_t in_flight = 0;
     for (uint32_t msg : {8u, 64u, 256u, 1024u, 4096u}) {
         if (msg > max_msg) continue;
-        const uint32_t count = (msg >= 1024 ? 300 : 600) / kLess;  // capacity 4: 75 to 150 laps of the ring
+        const uint32_t count = (msg >= 1024 ? 300 : 600);  // capacity 4: 75 to 150 laps of the ring
         in_flight += run({msg, 4, count, false});
         in_flight += run({msg, 16, count, false});
-        in_flight += run({msg, 4, 60 / kLess, true});
-        in_flight += run({msg, 16, 120 / kLess, true});  // whole messages in front of a torn one: one poll takes them
+        in_flight += run({msg, 4, 60, true});
+        in_flight += run({msg, 16, 120, true});  // whole messages in front of a torn one: one poll takes them
         if (failures) break;
     }
     if (in_flight == 0) fail("no launch stopped with messages in flight: the relaunch was not put to the test");
     check_producer_resume();
-#ifdef EMU_POLL
-    check_small_block();
-#endif
     if (failures) {
         std::fprintf(stderr, "%d failures\n", failures);
         return 1;

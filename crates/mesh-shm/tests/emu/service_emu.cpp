@@ -89,8 +89,15 @@ void drive() {
     uint32_t departures = 0;
     for (uint32_t c = 0; c < kClients; c++) epoch[c] = 1;
     uint64_t replies_read = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    // Stuck means no reply for 60 s, not a slow run: a loaded CI machine starves the warps' threads
+    // for seconds at a time, so the deadline moves with every reply read.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    uint64_t replies_at_deadline = 0;
     for (;;) {
+        if (replies_read != replies_at_deadline) {
+            replies_at_deadline = replies_read;
+            deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        }
         bool done = true;
         for (uint32_t c = 0; c < kClients; c++) {
             const bool leaves = c % 4 == 3 && !rebound[c];  // each such slot once: its next client stays
@@ -100,7 +107,7 @@ void drive() {
                    produced[k] - ld(shard_header(k) + MESH_RING_TAIL) < kCapacity) {
                 const uint64_t seq = produced[k]++;
                 uint64_t* w = (uint64_t*)(base + shard_slots(k) + (seq & (kCapacity - 1)) * stride_of_fanin());
-                const uint64_t tag = (uint64_t)mesh_tag(seq) << 32;
+                const uint64_t tag = (uint64_t)mesh_detail_tag(seq) << 32;
                 emu_st(&w[2], tag | sent[c]);                      // request word 0: its number
                 emu_st(&w[3], tag | (sent[c] * 3u + 1u));          // word 1: the service adds one
                 for (uint32_t i = 2; i < kWords; i++) emu_st(&w[2 + i], tag | body_word(c, epoch[c], sent[c], i));
@@ -122,7 +129,7 @@ void drive() {
                     const uint64_t t = reply_tail[c];
                     const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS + (t & (kReplyCapacity - 1)) * kMsg * 2);
                     bool whole = true;
-                    for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_tag(t);
+                    for (uint32_t i = 0; i < kWords; i++) whole &= (uint32_t)(emu_ld(&r[i]) >> 32) == mesh_detail_tag(t);
                     if (!whole) break;
                     const uint32_t n = (uint32_t)emu_ld(&r[0]);
                     if (n != got[c]) fail("reply out of order", c, n);
@@ -169,7 +176,7 @@ void drive() {
     for (uint32_t c = 0; c < kClients; c++) {  // a last look: no reply past the last one asked for
         const uint64_t* r = (const uint64_t*)(base + ring_at(c) + MESH_RING_SLOTS +
                                               (reply_tail[c] & (kReplyCapacity - 1)) * kMsg * 2);
-        if ((uint32_t)(emu_ld(&r[0]) >> 32) == mesh_tag(reply_tail[c])) fail("a reply past the last request", c);
+        if ((uint32_t)(emu_ld(&r[0]) >> 32) == mesh_detail_tag(reply_tail[c])) fail("a reply past the last request", c);
     }
     st(kSlot + MESH_SLOT_STOP, 1);  // meshd: stop
     uint64_t expected_sent = replies_read;

@@ -165,44 +165,38 @@ inline uint64_t emu_ld(const volatile void* p) { return __atomic_load_n((const u
 inline void emu_st(volatile void* p, uint64_t v) { __atomic_store_n((uint64_t*)p, v, __ATOMIC_SEQ_CST); }
 inline uint32_t emu_ld32(const void* p) { return __atomic_load_n((const uint32_t*)p, __ATOMIC_SEQ_CST); }
 inline void emu_st32(void* p, uint32_t v) { __atomic_store_n((uint32_t*)p, v, __ATOMIC_SEQ_CST); }
-static inline uint64_t mesh_ld_acquire_u64(const void* p) { return emu_ld(p); }
-static inline uint32_t mesh_ld_acquire_u32(const void* p) { return emu_ld32(p); }
-static inline uint32_t mesh_ld_relaxed_u32(const void* p) {
+static inline uint64_t mesh_detail_ld_acquire_u64(const void* p) { return emu_ld(p); }
+static inline uint32_t mesh_detail_ld_acquire_u32(const void* p) { return emu_ld32(p); }
+static inline uint32_t mesh_detail_ld_relaxed_u32(const void* p) {
     return p == emu_stop_word ? emu_warp_stop[emu_warp].load(std::memory_order_relaxed) : emu_ld32(p);
 }
-static inline void mesh_st_release_u64(void* p, uint64_t v) { emu_st(p, v); }
-static inline void mesh_st_release_u32(void* p, uint32_t v) { emu_st32(p, v); }
+static inline void mesh_detail_st_release_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_detail_st_release_u32(void* p, uint32_t v) { emu_st32(p, v); }
 static inline uint64_t mesh_globaltimer(void) { return emu_warp_clock[emu_warp].load(std::memory_order_relaxed); }
-// The SM clock (clock64) is the same clock here; a macro, so that a program's own %globaltimer stand-in
-// (ll_channels.cpp's EMU_POLL) serves both.
-#define mesh_clock() mesh_globaltimer()
 static inline uint32_t mesh_smid(void) { return 0; }
-static inline uint64_t mesh_ld_volatile_u64(const volatile void* p) { return emu_ld(p); }
-static inline void mesh_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {
+static inline uint64_t mesh_detail_ld_volatile_u64(const volatile void* p) { return emu_ld(p); }
+static inline void mesh_detail_ld_volatile_v2(const volatile void* p, uint64_t* a, uint64_t* b) {
     *a = emu_ld(p);
     *b = emu_ld((const volatile char*)p + 8);
 }
-static inline void mesh_st_volatile_u64(volatile void* p, uint64_t v) { emu_st(p, v); }
-static inline void mesh_st_volatile_v2(volatile void* p, uint64_t a, uint64_t b) {
+static inline void mesh_detail_st_volatile_u64(volatile void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_detail_st_volatile_v2(volatile void* p, uint64_t a, uint64_t b) {
     emu_st(p, a);
     emu_st((volatile char*)p + 8, b);
 }
-static inline uint32_t mesh_lane(void) { return emu_lane; }
-static inline uint64_t mesh_poll_ld_relaxed(const unsigned long long* p) { return emu_ld(p); }
-static inline uint64_t mesh_poll_ld_acquire(const unsigned long long* p) { return emu_ld(p); }
-static inline void mesh_poll_st_release(unsigned long long* p, uint64_t v) { emu_st(p, v); }
-static inline uint64_t mesh_group_ld_relaxed_u64(const void* p) { return emu_ld(p); }
-static inline uint64_t mesh_ld_acquire_gpu_u64(const void* p) { return emu_ld(p); }
-static inline void mesh_st_release_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
-static inline uint4 mesh_ld_volatile_v4(const void* p) {
+static inline uint32_t mesh_detail_lane(void) { return emu_lane; }
+static inline uint64_t mesh_detail_group_ld_relaxed_u64(const void* p) { return emu_ld(p); }
+static inline uint64_t mesh_detail_ld_acquire_gpu_u64(const void* p) { return emu_ld(p); }
+static inline void mesh_detail_st_release_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline uint4 mesh_detail_ld_volatile_v4(const void* p) {
     uint4 v;
     std::memcpy(&v, (const void*)p, sizeof v);
     return v;
 }
-static inline void mesh_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); }
-static inline void mesh_st_relaxed_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
-static inline void mesh_fence_acq_rel_sys(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static inline void mesh_fence_acq_rel_gpu(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline void mesh_detail_st_relaxed_sys_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_detail_st_relaxed_gpu_u64(void* p, uint64_t v) { emu_st(p, v); }
+static inline void mesh_detail_fence_acq_rel_sys(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline void mesh_detail_fence_acq_rel_gpu(void) { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Runs `body(block, thread)` on `grid` blocks of `warps` x 32 threads each, all at once (blockDim.x =
 // warps x 32, gridDim.x = grid; warp w of block b is emulated warp b x warps + w). A thread that returns

@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Labels, Metrics, secs};
+use super::recorder::{Labels, Metrics, secs};
 use crate::native::NativeRow;
 use crate::observe::{Scrape, state_name};
 use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceEvents, ServiceRow};
@@ -373,4 +373,31 @@ fn render_natives(natives: &[NativeRow], reg: &mut Registry) {
         by_state.get_or_create(&vec![("state", state_name(&n.state).to_string())]).inc();
     }
     reg.register("native_workers", "Native GPU workers (meshd spawn) by state", by_state);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn changes_are_counted_by_op_and_result_and_reads_are_not() {
+        let m = Metrics::new();
+        // The labels the server gives (its `change_op`; `None` for a read, whose test is the server's).
+        m.change_done(Some("unload"), true, Duration::from_millis(2));
+        m.change_done(Some("unload"), false, Duration::from_millis(2));
+        m.change_done(None, true, Duration::ZERO);
+        let empty = Scrape {
+            programs: vec![],
+            natives: vec![],
+            info: Err("no mailbox".into()),
+            stopping: false,
+            recovery: Default::default(),
+        };
+        let text = render(&m, &empty, false);
+        assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"ok\"} 1\n"), "{text}");
+        assert!(text.contains("meshd_change_duration_seconds_count{op=\"unload\",result=\"refused\"} 1\n"));
+        assert!(!text.contains("op=\"ps\""), "a read is no change");
+    }
 }

@@ -8,14 +8,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
 use anyhow::{Context, Result, anyhow};
+use mesh_backend::BoardView;
 use mesh_backend::pool::PoolFigures;
-use mesh_backend::{BoardView, ProgramState, ProgramStatus};
-use mesh_shm::Mailbox;
-use mesh_shm::layout::STATE_EXITED;
 use rustix::event::{PollFd, PollFlags};
 
+use super::jobs::{Job, Query, Routed};
+use super::leases;
 use super::natives::native_stop;
-use super::{Job, Query, Routed, Server, Shared};
+use super::plane::Server;
+use super::shared::{Shared, fresh};
+use super::stalls;
 use crate::observe::overlay_recovery;
 use crate::protocol::{
     ChannelRow, Info, InfoExtra, PoolRow, ProgramRow, Request, RequestError, Response, read_request_within,
@@ -29,7 +31,7 @@ impl Server {
         listener.set_nonblocking(true)?;
         // Here rather than at start: a server that never runs leaves no thread behind. It ends with
         // the leases, at `services.stop()` below.
-        super::stalls::start(&self.shared.services);
+        stalls::start(&self.shared.services);
         loop {
             let (conn_ready, wake_ready) = {
                 let mut fds = [PollFd::new(&listener, PollFlags::IN), PollFd::new(&self.wake_rx, PollFlags::IN)];
@@ -109,7 +111,7 @@ fn let_answers_out(shared: &Shared, within: std::time::Duration) {
 }
 
 /// Counts a connection until dropped.
-pub(super) struct ConnectionSlot(Arc<Shared>);
+struct ConnectionSlot(Arc<Shared>);
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
@@ -151,7 +153,10 @@ fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream
         Ok((Request::ServiceAttach { service }, _)) => {
             // Bytes the client sent after its request line (a detach written at once) are the lease's.
             let early = reader.buffer().to_vec();
-            return super::services::serve_lease(shared, conn, pid, &service, slot, early);
+            // No longer a control connection: the lease has its own bound.
+            drop(slot);
+            let (max, stopping) = (shared.limits.max_leases, &*shared.stopping);
+            return leases::serve_lease(&shared.services, max, stopping, conn, pid, &service, early);
         }
         Ok((req, image)) => answer(shared, jobs, req, image),
         Err(RequestError::Closed) => {
@@ -247,28 +252,24 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
     }
 }
 
-/// The snapshot's programs with heartbeat and exit read now from their slots (plain host memory),
-/// overlaid with the recovery board `view` (a program a recovery holds shows `recovering`).
+/// The snapshot's programs with heartbeat, exit and user words read now from their slots (plain
+/// host memory), overlaid with the recovery board `view` (a program a recovery holds shows `recovering`).
 fn ps_rows(shared: &Shared, view: &BoardView) -> Vec<ProgramRow> {
     let snap = shared.snapshot();
-    let mut rows: Vec<ProgramRow> =
-        snap.programs.iter().map(|p| ProgramRow::from(&fresh(&shared.mailbox, p))).collect();
+    let mut rows: Vec<ProgramRow> = snap
+        .programs
+        .iter()
+        .map(|p| {
+            let mut row = ProgramRow::from(&fresh(&shared.mailbox, p));
+            // A program held back has no slot (HELD_SLOT fails the lookup): no words to show.
+            if let Ok(slot) = shared.mailbox.slot(p.slot) {
+                row.user = slot.user_words().to_vec();
+            }
+            row
+        })
+        .collect();
     overlay_recovery(&mut rows, view);
     rows
-}
-
-/// `p` with what its slot says now: the heartbeat, and an exit the backend has not seen yet.
-pub(super) fn fresh(mailbox: &Mailbox, p: &ProgramStatus) -> ProgramStatus {
-    let mut p = p.clone();
-    if let Ok(slot) = mailbox.slot(p.slot) {
-        let now = slot.status();
-        p.heartbeat = now.heartbeat;
-        // Only an exit is taken from the slot: a stop happens at the backend's request, and it publishes that itself.
-        if p.state == ProgramState::Running && now.state == STATE_EXITED {
-            p.state = ProgramState::Exited(now.exit_code);
-        }
-    }
-    p
 }
 
 /// A scrape reads what `ps` and `info` answer with.

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::native::NativeSpec;
 use crate::protocol::Response;
 

@@ -1,6 +1,6 @@
 //! The services' stall watcher: a client that holds its service's fan-in ring (stopped with SIGSTOP, or descheduled, in the middle of a send) is revoked after `T_stall`, or reported and, when asked, killed.
 //!
-//! The design is `docs/design/many-clients.md`, "A stopped (SIGSTOP) producer". One thread, started
+//! The design is `docs/explanation/services.md`, "Clients that stop". One thread, started
 //! when the server runs ([`start`]), wakes every few ms (a quarter of `T_stall`, at most 10 ms) and
 //! reads, for each service a client has used (its owner open: attached to, or adopted at start), and
 //! for each shard of its fan-in channel (one ring each, watched apart), three words of the ring
@@ -30,9 +30,10 @@
 //! A client that is merely slow cannot be told from a stopped one: it is revoked too, which costs
 //! the program one skip and the client one resend, never a lost or repeated request.
 
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use mesh_shm::claim::{Holder, process_dying};
@@ -41,8 +42,8 @@ use mesh_shm::group::EntryState;
 use mesh_shm::{ClientId, FanInProbe, ServiceOwner};
 use parking_lot::Mutex;
 
-use super::Limits;
-use super::services::{Services, open_pidfd, wait_readable};
+use super::limits::Limits;
+use super::waits::{open_pidfd, wait_readable};
 use crate::protocol::ServiceHold;
 
 /// The longest pause between two looks at a ring.
@@ -93,6 +94,34 @@ impl Held {
             stopped: ProcState::of(self.pid) == ProcState::Stopped,
         }
     }
+}
+
+/// What the watcher reads of meshd's table of services, and what it reports back to it (the table is
+/// `services::Services`; the watcher knows it only through this, so that it sits beneath the
+/// services and their leases).
+pub(super) trait ServiceTable: Send + Sync + 'static {
+    /// The watcher's settings; `None`: it does not run.
+    fn stall_config(&self) -> Option<StallConfig>;
+    /// Threads that may still act on the mailbox for a service: the watcher counts itself there
+    /// while it runs, so that the server's end waits for it.
+    fn active(&self) -> &AtomicUsize;
+    /// How many owners were opened so far: the watcher looks at [`ServiceTable::open_owners`]
+    /// again only when this moves.
+    fn opened(&self) -> usize;
+    /// Every service whose owner is open.
+    fn open_owners(&self) -> Vec<(String, Arc<Mutex<ServiceOwner>>)>;
+    /// Readable once the services stop.
+    fn stop_fd(&self) -> BorrowedFd<'_>;
+    /// Whether the services stop.
+    fn stopping(&self) -> bool;
+    /// Rings held between the begin and the commit of a send, by service and shard (`info`'s `holds`).
+    fn held(&self) -> &Mutex<HashMap<(String, u32), Held>>;
+    /// Client `client` of `service`: its process as meshd saw it attach, if it is bound.
+    fn attached_holder(&self, service: &str, client: ClientId) -> Option<Holder>;
+    /// Counts `requests` revoked from a stalled client of `service`.
+    fn count_revoked(&self, service: &str, requests: u64);
+    /// Counts a stalled client of `service` killed.
+    fn count_killed(&self, service: &str);
 }
 
 /// What `/proc` says of a client's process, for the log and `info`.
@@ -184,15 +213,15 @@ impl std::fmt::Display for Ring<'_> {
     }
 }
 
-/// Starts the stall watcher on its own thread, when `services` has one configured; it ends at
-/// [`Services::stop`].
-pub(super) fn start(services: &Arc<Services>) {
-    let Some(cfg) = services.stall else { return };
-    services.active.fetch_add(1, Ordering::AcqRel);
+/// Starts the stall watcher on its own thread, when `services` has one configured; it ends when
+/// the services stop ([`ServiceTable::stopping`]).
+pub(super) fn start<T: ServiceTable>(services: &Arc<T>) {
+    let Some(cfg) = services.stall_config() else { return };
+    services.active().fetch_add(1, Ordering::AcqRel);
     let for_thread = services.clone();
     let spawned = std::thread::Builder::new().name("meshd-svc-stall".into()).spawn(move || {
-        watch(&for_thread, cfg);
-        for_thread.active.fetch_sub(1, Ordering::AcqRel);
+        watch(&*for_thread, cfg);
+        for_thread.active().fetch_sub(1, Ordering::AcqRel);
     });
     match spawned {
         Ok(_) => tracing::info!(
@@ -206,20 +235,20 @@ pub(super) fn start(services: &Arc<Services>) {
             }
         ),
         Err(e) => {
-            services.active.fetch_sub(1, Ordering::AcqRel);
+            services.active().fetch_sub(1, Ordering::AcqRel);
             tracing::error!("no thread for the service stall watcher ({e}): stalled service clients are not revoked");
         }
     }
 }
 
 /// The watcher's loop: every period, each service's hold looked at and acted on; ends at stop.
-fn watch(services: &Services, cfg: StallConfig) {
+fn watch(services: &dyn ServiceTable, cfg: StallConfig) {
     let period = cfg.period();
     let mut watched: Vec<Watched> = Vec::new();
     let mut opened = usize::MAX;
     loop {
         // Services are never removed; one joins the watch as soon as a client first attaches to it.
-        let now_opened = services.opened.load(Ordering::Acquire);
+        let now_opened = services.opened();
         if now_opened != opened {
             opened = now_opened;
             for (name, owner) in services.open_owners() {
@@ -233,7 +262,7 @@ fn watch(services: &Services, cfg: StallConfig) {
         for w in &mut watched {
             w.look(services, &cfg, Instant::now());
         }
-        let ready = wait_readable(&[services.stop_rx.as_fd()], Some(period));
+        let ready = wait_readable(&[services.stop_fd()], Some(period));
         if ready[0] || services.stopping() {
             return;
         }
@@ -247,7 +276,7 @@ fn ms(d: Duration) -> u64 {
 
 impl Watched {
     /// One look at every shard: follows its hold, and acts once it has lasted long enough.
-    fn look(&mut self, services: &Services, cfg: &StallConfig, now: Instant) {
+    fn look(&mut self, services: &dyn ServiceTable, cfg: &StallConfig, now: Instant) {
         let shards = self.probe.shards();
         for (shard, seen) in (0..shards).zip(self.seen.iter_mut()) {
             let ring = Ring { name: &self.name, shard, shards };
@@ -257,11 +286,11 @@ impl Watched {
                     let held = now.saturating_duration_since(seen.since);
                     match seen.acted {
                         Acted::Waiting if held >= cfg.after => {
-                            seen.acted = act(ring, &self.owner, &self.probe, seen, held, services);
+                            seen.acted = act(ring, &self.owner, &self.probe, seen, held, services, cfg);
                         }
                         Acted::Stuck { client, holder, killed: false } if cfg.kill.is_some_and(|k| held >= k) => {
                             if kill(ring, seen.hold.seq, client, holder, held, cfg) {
-                                services.record(ring.name).stall_killed.fetch_add(1, Ordering::Relaxed);
+                                services.count_killed(ring.name);
                             }
                             seen.acted = Acted::Stuck { client, holder, killed: true };
                         }
@@ -280,9 +309,9 @@ impl Watched {
 }
 
 /// A hold that ended (the client went on, was revoked, or died): a reported one is no longer shown.
-fn ended(ring: Ring<'_>, old: &Seen, now: Instant, services: &Services) {
+fn ended(ring: Ring<'_>, old: &Seen, now: Instant, services: &dyn ServiceTable) {
     if let Acted::Stuck { client, holder, .. } = old.acted {
-        services.held.lock().remove(&(ring.name.to_string(), ring.shard));
+        services.held().lock().remove(&(ring.name.to_string(), ring.shard));
         tracing::info!(
             service = %ring.name, shard = ring.shard, client = client.0, pid = holder.map_or(0, |h| h.pid),
             seq = old.hold.seq, held_ms = ms(now.saturating_duration_since(old.since)),
@@ -298,7 +327,8 @@ fn act(
     probe: &FanInProbe,
     seen: &Seen,
     held: Duration,
-    services: &Services,
+    services: &dyn ServiceTable,
+    cfg: &StallConfig,
 ) -> Acted {
     let (name, shard) = (ring.name, ring.shard);
     let h = seen.hold;
@@ -342,7 +372,7 @@ fn act(
     };
     drop(o);
     if done.skipped > 0 {
-        services.record(name).stall_revoked.fetch_add(u64::from(done.skipped), Ordering::Relaxed);
+        services.count_revoked(name, u64::from(done.skipped));
         tracing::warn!(
             service = %name, client = client.0, pid, seq = h.seq, state, stalled_ms = ms(held), skipped = done.skipped,
             "service client revoked: it held fan-in {ring} at seq {} for {} ms, reserved and not begun ({}); the \
@@ -366,15 +396,15 @@ fn act(
             h.seq,
             ProcState::of(pid).says(),
             client.0,
-            if services.stall.and_then(|c| c.kill).is_some() { " (it is killed after --client-stall-kill-ms)" } else { "" }
+            if cfg.kill.is_some() { " (it is killed after --client-stall-kill-ms)" } else { "" }
         );
         services
-            .held
+            .held()
             .lock()
             .insert((name.to_string(), shard), Held { client, pid, shard, seq: h.seq, since: seen.since });
         // The process to kill, if it comes to that, is the one meshd saw attach, never the entry's
         // holder word (shared memory any process of the uid can rewrite to name another process).
-        let recorded = services.record(name).holder(client);
+        let recorded = services.attached_holder(name, client);
         if recorded.is_some() && recorded != entry.holder {
             tracing::warn!(
                 service = %name, client = client.0, pid, recorded_pid = recorded.map_or(0, |h| h.pid),

@@ -10,11 +10,33 @@ use anyhow::{Context, Result};
 use mesh_backend::{Backend, ImageKind, IsolationMode, LaunchShape, ProgramSpec, ProgramState, ProgramStatus};
 use mesh_shm::Mailbox;
 
+use super::jobs::{Change, Job};
 use super::natives::native_spawn;
-use super::{Change, HELD_SLOT, Job, Opened, Replacer, Shared, Snapshot};
-use crate::protocol::{ProgramRow, Response};
+use super::services;
+use super::shared::{Shared, Snapshot};
+use crate::protocol::{HELD_SLOT, ProgramRow, Response};
 use crate::replace::{Search, mono_ns};
 use crate::state::{Recorded, RecordedNative, StateStore};
+
+/// What replaces the process ([`crate::replace::exec_self`]); returns only when that failed, with why.
+pub type Replacer = Box<dyn FnMut() -> std::io::Error + Send>;
+
+/// What opening a backend yields.
+pub struct Opened {
+    /// The backend.
+    pub backend: Box<dyn Backend>,
+    /// The GPU's name, for `info`.
+    pub device: String,
+    /// The GPU's architecture (`sm_90`): the key of the linked images stored for a replacement of
+    /// the process; `None`: none are stored or used.
+    pub arch: Option<String>,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Opened({} on {})", self.backend.mode(), self.device)
+    }
+}
 
 pub(super) type Ready = mpsc::SyncSender<Result<(usize, usize)>>;
 
@@ -447,7 +469,7 @@ impl BackendWorker<'_> {
                 Ok(Response::ok())
             }
             Change::ServiceCreate(spec) => {
-                let made = super::services::create(&self.shared.mailbox, &spec);
+                let made = services::create(&self.shared.mailbox, &spec);
                 // Recorded whatever the outcome: a group that failed after its fan-in channel was
                 // made leaves that channel, which the desired state must list like any other.
                 let mailbox = self.shared.mailbox.clone();

@@ -204,6 +204,8 @@ impl Bulk {
 /// `mesh-gpu-bench bulk MODE`.
 pub fn bulk_benches(mps: bool) {
     let mode = if mps { "mps" } else { "blink" };
+    // (size, host→device GB/s, device→host GB/s) of the raw copies: the limit beside the host ends.
+    let mut raws: Vec<(u32, f64, f64)> = Vec::new();
     if !mps {
         println!();
         println!("Raw: back-to-back cuMemcpy*Async, 200 on one stream, pinned host memory, µs per copy (GB/s):");
@@ -212,6 +214,7 @@ pub fn bulk_benches(mps: bool) {
         println!("|-----:|------------:|------------:|--------------:|");
         for size in SIZES.into_iter().chain([BIG]) {
             let (h2d, d2h, d2d) = raw_copies(size as usize);
+            raws.push((size, gbs(size, h2d), gbs(size, d2h)));
             println!(
                 "| {size} | {h2d:.2} ({:.1}) | {d2h:.2} ({:.1}) | {d2d:.2} ({:.1}) |",
                 gbs(size, h2d),
@@ -228,7 +231,7 @@ pub fn bulk_benches(mps: bool) {
     println!("|-----:|------------------:|--------|---------:|---------:|");
     for size in SIZES {
         let n = if size <= 64 << 10 { 20_000 } else { 2_000 };
-        host_rows(&mut b, size, n, &[1, 2, 4]);
+        host_rows(&mut b, size, n, &[1, 2, 4], (mode, &raws));
     }
     println!();
     println!("Bulk channels, {mode} mode, GPU→GPU streaming (blocks of {BLOCK} threads, a channel per block), GB/s:");
@@ -257,13 +260,14 @@ pub fn bulk_benches(mps: bool) {
     println!();
     println!("| size | host copy threads | stores | host→GPU | GPU→host |");
     println!("|-----:|------------------:|--------|---------:|---------:|");
-    host_rows(&mut big, BIG, 200, &[1, 2, 4, 8]);
+    host_rows(&mut big, BIG, 200, &[1, 2, 4, 8], (mode, &raws));
     big.b.shutdown();
 }
 
 /// The host ↔ GPU rows of one size: the default end (with its first lap over the fresh ring), then
-/// every `threads` count with plain and streaming stores.
-fn host_rows(b: &mut Bulk, size: u32, n: u64, threads: &[usize]) {
+/// every `threads` count with plain and streaming stores. The default end's figures go to the results
+/// beside `raws`' copies of the same size (blink mode measures them; MPS mode has none).
+fn host_rows(b: &mut Bulk, size: u32, n: u64, threads: &[usize], (mode, raws): (&str, &[(u32, f64, f64)])) {
     // The producer's default (host→GPU) and the consumer's (GPU→host) differ from 256 KiB to 4 MiB.
     let (tx, rx) = (CopyConfig::for_producer(size as usize), CopyConfig::for_msg_size(size as usize));
     let (first, to) = b.host_to_gpu(size, None, n);
@@ -272,6 +276,18 @@ fn host_rows(b: &mut Bulk, size: u32, n: u64, threads: &[usize]) {
     let both =
         if tx.threads == rx.threads { tx.threads.to_string() } else { format!("{} / {}", tx.threads, rx.threads) };
     println!("| {size} | default ({both}) | {stores} | {to:.2} (first lap {first:.2}) | {from:.2} |");
+    let raw = raws.iter().find(|r| r.0 == size);
+    let to_raw = raw.map(|r| ("cuMemcpyAsync host→device", r.1));
+    let from_raw = raw.map(|r| ("cuMemcpyAsync device→host", r.2));
+    crate::results::record("bulk", &format!("host→GPU, default host end, {mode}, {size} B"), to, "GB/s", to_raw, None);
+    crate::results::record(
+        "bulk",
+        &format!("GPU→host, default host end, {mode}, {size} B"),
+        from,
+        "GB/s",
+        from_raw,
+        None,
+    );
     for &threads in threads {
         for non_temporal in [false, true] {
             let config = CopyConfig { threads, non_temporal, min_part: 64 << 10 };

@@ -5,16 +5,14 @@
 //! warm-up, and each sender's mean time per `try_send` that succeeded. No GPU: it separates what the
 //! host protocol (the shared cursor, the owner table's compare-and-swaps) costs from what the GPU's
 //! polling of the same memory adds in `mesh-gpu-bench service`, which tops out near 2 M requests/s
-//! from 8 clients on. On the H200 machine's 16 CPUs (session 8, calls 7-8) the host side alone tops
-//! out there too, and falls as senders are added: 2.2-2.5 M/s from one sender, 1.9-2.2 M/s from 8
-//! (3.6-4.2 µs a send): the shared reservation cursor and the owner table's lines, not the GPU.
+//! from 8 clients on with one shard: the host side alone tops out there too, and falls as senders are
+//! added (the shared reservation cursor and the owner table's lines, not the GPU).
 //!
-//! A second table measures fan-in shards (docs/design/many-clients.md, "fan-in shards"): the same
+//! A second table measures fan-in shards (docs/explanation/services.md, "Shards"): the same
 //! senders into one fan-in channel of P = 1, 2, 4, 8 shards (`Mailbox::create_fanin`'s last
 //! argument), each shard a whole ring of the same capacity with its own cursor; sender s (client slot
 //! s + 1) sends into shard (s + 1) % P, and the one consumer thread (`FanInReceiver`) takes from the
-//! shards round-robin. It replaces the stand-in of session 8 (P separate fan-in channels), which
-//! measured 5.5-6 M/s at P = 2-8 against 2.0-2.8 M/s for one cursor on the H200 machine.
+//! shards round-robin.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -104,10 +102,10 @@ pub fn fanin_host() {
     let mailbox = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).expect("a mailbox");
     let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
     // Sender counts that leave a CPU for the consumer (one sender whatever the machine);
-    // MESH_FANIN_SENDERS (space-separated, each 1 to 64) overrides them, oversubscribed or not.
-    let given: Vec<u16> = std::env::var("MESH_FANIN_SENDERS")
+    // `--senders` (comma-separated, each 1 to 64) overrides them, oversubscribed or not.
+    let given: Vec<u16> = crate::opt_list("senders")
         .unwrap_or_default()
-        .split_whitespace()
+        .iter()
         .filter_map(|w| w.parse().ok())
         .filter(|n| (1..=64).contains(n))
         .collect();

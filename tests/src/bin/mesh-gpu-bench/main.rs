@@ -14,6 +14,11 @@
 //!   latency and aggregate rate with 1, 8 and 64 client processes beside the SPSC round trip through
 //!   `echo_warp`, all through one meshd;
 //! * nvJitLink: cold (library start-up, paid once by `Jit::start`), warm, cached.
+//!
+//! Every figure also goes to a results file, one JSON line each (`results` module, bench/README.md):
+//! `--results FILE`, else `target/bench-results/DATE-GPU.jsonl`. Variants are options of the benchmark
+//! (`rt-ab blink --variants echo:8 --host-delay-ns 0-1500`; `--help` lists them), not environment
+//! variables.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,7 @@ mod bulk;
 mod channels;
 mod fanin_host;
 mod parts;
+mod results;
 mod roundtrip;
 mod service;
 use channels::channel_benches;
@@ -40,13 +46,148 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// Each benchmark's options (`--NAME VALUE`), with what they say; anything else is refused.
+const OPTIONS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "rt-ab",
+        &[
+            (
+                "variants",
+                "echo programs beside the header's loop, comma-separated PROGRAM[:MAX_BYTES[:THREADS]], word:PROGRAM, ll:PROGRAM, llring:PROGRAM",
+            ),
+            ("host-delay-ns", "the client's untimed turnaround: N, or LO-HI drawn for each request"),
+        ],
+    ),
+    (
+        "parts",
+        &[
+            ("variant", "_x_NAME: bulk_parts_source_x_NAME and bulk_parts_sink_x_NAME instead"),
+            ("blocks", "the B of every row, comma-separated (default 1,2,4,8,16,32)"),
+            ("sizes", "1M and/or 16M, comma-separated (default both)"),
+        ],
+    ),
+    (
+        "service",
+        &[
+            ("clients", "client counts of the rows, comma-separated (default 1,8,64)"),
+            ("programs", "service programs measured, comma-separated (default service,service_x_serial)"),
+            ("shards", "fan-in shards, a power of two 1-64 (default 32)"),
+            ("grid", "blocks the service is loaded with (default 4)"),
+            ("block", "threads a block (default 256)"),
+            ("reply-capacity", "each client's reply ring, a power of two 1-1024 (default 16)"),
+        ],
+    ),
+    ("fanin-host", &[("senders", "sender counts, comma-separated, each 1-64")]),
+];
+
+const USAGE: &str = "usage: mesh-gpu-bench [--results FILE] [--commit SHA] [BENCH [MODE] [--OPTION VALUE]...]
+  BENCH: none (channels, JIT, blink), mps, rt|rt-ab|g2g|g2g-lean|bulk|parts blink|mps, service [blink|mps], fanin-host
+  --results FILE: where the figures go, one JSON line each (default target/bench-results/DATE-GPU.jsonl)
+  --commit SHA: the commit the binaries were built from (default: git's HEAD here)";
+
+static OPTS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// The value of the benchmark option `--name`, if it was given.
+pub fn opt(name: &str) -> Option<String> {
+    OPTS.get()?.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+}
+
+/// The list option `--name` split at commas (and spaces), if it was given.
+pub fn opt_list(name: &str) -> Option<Vec<String>> {
+    opt(name).map(|v| v.split([',', ' ']).filter(|s| !s.is_empty()).map(str::to_string).collect())
+}
+
+fn usage_exit(why: &str, code: i32) -> ! {
+    eprintln!("mesh-gpu-bench: {why}\n{USAGE}");
+    for (bench, opts) in OPTIONS {
+        for (name, what) in *opts {
+            eprintln!("  {bench} --{name}: {what}");
+        }
+    }
+    std::process::exit(code);
+}
+
+/// The command line, split.
+#[derive(Debug, PartialEq)]
+struct Args {
+    /// `--results FILE`.
+    results: Option<std::path::PathBuf>,
+    /// `--commit SHA`.
+    commit: Option<String>,
+    /// The benchmark and its mode.
+    words: Vec<String>,
+    /// The benchmark's `--NAME VALUE` options.
+    opts: Vec<(String, String)>,
+    /// The arguments less `--results` and `--commit`: what reproduces the run.
+    bench_args: Vec<String>,
+}
+
+/// Splits the command line into the results file, the commit, the benchmark's words and its options;
+/// an option the benchmark does not have, or one without its value, is refused, naming it.
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let (mut results, mut commit, mut words, mut opts, mut bench_args) =
+        (None, None, Vec::new(), Vec::new(), Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(name) = a.strip_prefix("--") else {
+            words.push(a.clone());
+            bench_args.push(a.clone());
+            continue;
+        };
+        let (name, value) = match name.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None => {
+                let v = it.next().filter(|v| !v.starts_with("--")).ok_or(format!("--{name} needs a value"))?;
+                (name.to_string(), v.clone())
+            }
+        };
+        match name.as_str() {
+            "results" => results = Some(value.into()),
+            "commit" => commit = Some(value),
+            _ => {
+                bench_args.extend([format!("--{name}"), value.clone()]);
+                opts.push((name, value));
+            }
+        }
+    }
+    let bench = words.first().map_or("", String::as_str);
+    let known: &[(&str, &str)] = OPTIONS.iter().find(|(b, _)| *b == bench).map_or(&[], |(_, o)| o);
+    if let Some((name, _)) = opts.iter().find(|(name, _)| !known.iter().any(|(k, _)| k == name)) {
+        let of = if bench.is_empty() { "the default run" } else { bench };
+        return Err(format!("--{name} is not an option of {of}"));
+    }
+    Ok(Args { results, commit, words, opts, bench_args })
+}
+
+/// The service helpers shared with the GPU test read their shape from the environment (the test
+/// binary has no other way to take it): the bench's options are handed on that way.
+fn service_shape_to_env() {
+    for (option, var) in
+        [("shards", "MESH_SERVICE_SHARDS"), ("grid", "MESH_SERVICE_GRID"), ("block", "MESH_SERVICE_BLOCK")]
+    {
+        if let Some(v) = opt(option) {
+            // SAFETY: called from main before any thread is started; nothing reads the environment concurrently.
+            unsafe { std::env::set_var(var, v) };
+        }
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        usage_exit("the GPU benchmarks", 0);
+    }
+    // Bad arguments are refused before the GPU gate, so that a typo shows on any machine.
+    let Args { results: results_path, commit, words, opts, bench_args } =
+        parse_args(&args).unwrap_or_else(|why| usage_exit(&why, 2));
     if !mesh_gpu_tests::gpu_enabled("mesh-gpu-bench") {
         return;
     }
+    let _ = OPTS.set(opts);
+    service_shape_to_env();
+    results::init(results_path, commit, &bench_args);
     // MPS in a process of its own: this one's plain context would otherwise share the GPU with the server.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match words.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["mps"] => return mps_benches(),
         ["rt", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips(*mode == "mps"),
         ["rt-ab", mode @ ("blink" | "mps")] => return roundtrip::host_round_trips_interleaved(*mode == "mps"),
@@ -58,12 +199,7 @@ fn main() {
         ["fanin-host"] => return fanin_host::fanin_host(),
         ["service", mode @ ("blink" | "mps")] => return service::service_benches(*mode == "mps"),
         [] => {}
-        other => {
-            eprintln!(
-                "mesh-gpu-bench: unknown arguments {other:?}; expected none, `mps`, `rt blink|mps`, `rt-ab blink|mps`, `g2g blink|mps`, `g2g-lean blink|mps`, `bulk blink|mps`, `parts blink|mps` or `service [blink|mps]`"
-            );
-            std::process::exit(2);
-        }
+        other => usage_exit(&format!("unknown arguments {other:?}"), 2),
     }
     let f = Fixture::new();
     println!("device: {} ({}), {} SMs", f.device.name, f.device.arch(), f.device.sm_count);
@@ -79,6 +215,7 @@ fn main() {
         "JIT cold: library start + first link",
         f.jit.warmup.as_secs_f64() * 1e3
     );
+    results::record("jit", "cold: library start + first link", f.jit.warmup.as_secs_f64() * 1e3, "ms", None, None);
     for name in ["echo", "heartbeat"] {
         // A fresh image (a comment changes its hash) so that the link is warm, not cached.
         let mut image = program(name);
@@ -98,6 +235,8 @@ fn main() {
             format!("JIT cached: {name}.ptx"),
             cached_time.as_secs_f64() * 1e3
         );
+        results::record("jit", &format!("warm link: {name}.ptx"), warm.link_time.as_secs_f64() * 1e3, "ms", None, None);
+        results::record("jit", &format!("cached: {name}.ptx"), cached_time.as_secs_f64() * 1e3, "ms", None, None);
     }
     blink_benches(&f);
 }
@@ -145,7 +284,7 @@ fn blink_benches(f: &Fixture) {
         while streams.iter().any(|s| s.state() == StreamState::Busy) {}
         drop(streams);
         drop(module);
-        stats_row(&format!("raw driver blink, N={n}"), &raw);
+        let raw_mean = stats_row(&format!("raw driver blink, N={n}"), &raw);
 
         // meshd's blink backend, in its own mailbox: upgrades of one program with a cached image.
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
@@ -165,7 +304,9 @@ fn blink_benches(f: &Fixture) {
             backend.upgrade("p0", program("heartbeat")).unwrap();
             ours.push(backend.last_blink().total);
         }
-        stats_row(&format!("meshd blink backend (upgrade), N={n}"), &ours);
+        let ours_mean = stats_row(&format!("meshd blink backend (upgrade), N={n}"), &ours);
+        let figure = format!("blink pause (upgrade), N={n}, mean");
+        results::record("blink", &figure, ours_mean, "µs", Some(("raw driver-API blink", raw_mean)), None);
         let t = backend.last_blink();
         println!(
             "| {:<44} | stop {:>6.0} µs, change {:>6.0} µs, relaunch {:>6.0} µs |",
@@ -183,18 +324,21 @@ fn blink_benches(f: &Fixture) {
                 loads.push(t.elapsed());
                 let _ = k;
             }
-            stats_row("load, request to running (cached cubin, N=8)", &loads);
+            let mean = stats_row("load, request to running (cached cubin, N=8)", &loads);
+            results::record("blink", "load, request to running, cached cubin, N=8, mean", mean, "µs", None, None);
         }
         backend.shutdown().unwrap();
         f.ctx.bind().unwrap();
     }
 }
 
-fn stats_row(name: &str, v: &[Duration]) {
+/// Prints one row of mean, min and max; returns the mean, µs.
+fn stats_row(name: &str, v: &[Duration]) -> f64 {
     let mean = v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap();
     let min = *v.iter().min().unwrap();
     let max = *v.iter().max().unwrap();
     println!("| {name:<44} | {:>7.0} µs | {:>7.0} µs | {:>7.0} µs |", us(mean), us(min), us(max));
+    us(mean)
 }
 
 /// MPS mode: load latency (request to running, cached cubin) with a warm pool and with an empty one.
@@ -228,8 +372,10 @@ fn mps_benches() {
         b.unload("p").unwrap();
         unloads.push(t.elapsed());
     }
-    stats_row("load, warm pool, cached cubin (1 running)", &loads);
-    stats_row("unload (stop + module unload)", &unloads);
+    let load = stats_row("load, warm pool, cached cubin (1 running)", &loads);
+    let unload = stats_row("unload (stop + module unload)", &unloads);
+    results::record("mps", "load, warm pool, cached cubin, mean", load, "µs", None, None);
+    results::record("mps", "unload (stop + module unload), mean", unload, "µs", None, None);
     b.shutdown().unwrap();
     drop(b);
     // An empty pool: every load beyond the running ones starts a worker (a new MPS client).
@@ -250,6 +396,37 @@ fn mps_benches() {
             cold.push(took);
         }
     }
-    stats_row("load, empty pool (new MPS client each)", &cold);
+    let cold_mean = stats_row("load, empty pool (new MPS client each)", &cold);
+    results::record("mps", "load, empty pool (a new MPS client each), mean", cold_mean / 1e3, "ms", None, None);
     b.shutdown().unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn results_and_commit_are_taken_out_of_the_command_that_reproduces_the_run() {
+        let a = parse_args(&args("--results /tmp/r.jsonl rt-ab blink --host-delay-ns 0-1500 --commit=abc")).unwrap();
+        assert_eq!(a.results, Some("/tmp/r.jsonl".into()));
+        assert_eq!(a.commit.as_deref(), Some("abc"));
+        assert_eq!(a.words, ["rt-ab", "blink"]);
+        assert_eq!(a.opts, [("host-delay-ns".to_string(), "0-1500".to_string())]);
+        assert_eq!(a.bench_args.join(" "), "rt-ab blink --host-delay-ns 0-1500");
+    }
+
+    #[test]
+    fn an_option_of_another_benchmark_or_without_a_value_is_refused_by_name() {
+        let why = parse_args(&args("rt-ab blink --blocks 16")).unwrap_err();
+        assert!(why.contains("--blocks") && why.contains("rt-ab"), "{why}");
+        let why = parse_args(&args("parts blink --blocks")).unwrap_err();
+        assert!(why.contains("--blocks needs a value"), "{why}");
+        let why = parse_args(&args("--variants echo")).unwrap_err();
+        assert!(why.contains("the default run"), "{why}");
+        assert!(parse_args(&args("parts mps --blocks 16,32 --sizes 1M")).is_ok());
+    }
 }

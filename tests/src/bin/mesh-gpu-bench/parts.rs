@@ -13,8 +13,8 @@
 //!   pattern) and `check_blocks` (B blocks checking another's, loading through L2 as a sink must)
 //!   running side by side, the same 2B blocks, the same per-word work and together the same memory
 //!   as the fill+check path, without the ring; its rate is the slower side's. The fill+check path's
-//!   baseline (session 5 put it beside the plain copy, the wrong work; session 7's re-read one share
-//!   from L1, faster than any transfer between SMs);
+//!   baseline (not the plain copy, which is other work; not a re-read of one share, which L1 serves
+//!   faster than any transfer between SMs);
 //! * device channels in blink mode (ring and copy buffers in GPU memory), host channels in MPS mode.
 //!
 //! Each measurement: warm-up, then about a second of the programs' per-block counts (user word b,
@@ -107,9 +107,9 @@ impl Parts {
             sink_binds.push(self.fixed_knob());
             source_binds.push(self.fixed_knob());
         }
-        // MESH_PARTS_VARIANT=_x_NAME: bulk_parts_sink_x_NAME / bulk_parts_source_x_NAME instead (the
-        // same programs built with another of mesh.cuh's knobs).
-        let variant = std::env::var("MESH_PARTS_VARIANT").unwrap_or_default();
+        // `--variant _x_NAME`: bulk_parts_sink_x_NAME / bulk_parts_source_x_NAME instead (the same
+        // programs built with another of mesh.cuh's knobs).
+        let variant = crate::opt("variant").unwrap_or_default();
         let slot = self.load("sink", &format!("bulk_parts_sink{variant}"), blocks, &sink_binds);
         self.load("source", &format!("bulk_parts_source{variant}"), blocks, &source_binds);
         self.warm(slot, blocks, 4 * capacity, &what);
@@ -183,33 +183,36 @@ fn rows(p: &mut Parts, size: u32, capacity: u32) {
             let gbs = p.channel_rate(size, capacity, blocks, fixed);
             let path = if fixed { "copy" } else { "fill+check" };
             println!("| {size} | {blocks} | {path} | {gbs:.1} | {baseline} | {plain:.1} | {:.2} |", gbs / plain);
+            let variant = crate::opt("variant").map_or(String::new(), |v| format!(" ({v})"));
+            let figure = format!("{path}{variant}, {}, {size} B, {blocks} blocks", p.b.mode);
+            crate::results::record("parts", &figure, gbs, "GB/s", Some((baseline, plain)), None);
         }
     }
 }
 
-/// The B of every row: MESH_PARTS_BLOCKS (say "16 32", for a short device call) else BLOCKS.
+/// The B of every row: `--blocks` (say "16,32", for a short run) else BLOCKS.
 fn bench_blocks() -> Vec<u32> {
-    std::env::var("MESH_PARTS_BLOCKS").map_or_else(
-        |_| BLOCKS.to_vec(),
+    crate::opt_list("blocks").map_or_else(
+        || BLOCKS.to_vec(),
         |v| {
-            v.split_whitespace()
+            v.iter()
                 .map(|b| {
                     b.parse()
                         .ok()
                         .filter(|b| BLOCKS.contains(b))
-                        .unwrap_or_else(|| panic!("MESH_PARTS_BLOCKS={v:?}: {b:?} is not one of {BLOCKS:?}"))
+                        .unwrap_or_else(|| panic!("--blocks: {b:?} is not one of {BLOCKS:?}"))
                 })
                 .collect()
         },
     )
 }
 
-/// Whether MESH_PARTS_SIZES (say "1M", for a short device call; "1M 16M" when unset) names `label`.
+/// Whether `--sizes` (say "1M", for a short run; "1M,16M" when not given) names `label`.
 fn bench_size(label: &str) -> bool {
-    std::env::var("MESH_PARTS_SIZES").map_or(true, |v| v.split_whitespace().any(|s| s == label))
+    crate::opt_list("sizes").is_none_or(|v| v.iter().any(|s| s == label))
 }
 
-/// `mesh-gpu-bench parts MODE` (MESH_PARTS_VARIANT, MESH_PARTS_BLOCKS and MESH_PARTS_SIZES narrow it).
+/// `mesh-gpu-bench parts MODE [--variant _x_NAME] [--blocks B,...] [--sizes 1M,16M]`.
 pub fn parts_benches(mps: bool) {
     let mode = if mps { "mps" } else { "blink" };
     let placement = if mps { Placement::Host } else { Placement::Device };
@@ -217,7 +220,7 @@ pub fn parts_benches(mps: bool) {
     println!(
         "Bulk channels of P parts, {mode} mode, {placement} channels: B = P blocks of {BLOCK} threads each end on ONE channel, each path beside the same work without the ring, with the same blocks, in {placement} memory, GB/s of payload:"
     );
-    if let Ok(variant) = std::env::var("MESH_PARTS_VARIANT") {
+    if let Some(variant) = crate::opt("variant") {
         println!("(programs: bulk_parts_source{variant} and bulk_parts_sink{variant})");
     }
     println!();

@@ -89,7 +89,7 @@ fn raw(b: &mut Bench) -> (f64, f64) {
 }
 
 /// The client's own work between a reply and its next request, spun before each request and not timed:
-/// MESH_RT_AB_HOST_DELAY_NS `N` (N ns every time; default 0, the next request at once) or `LO-HI` (a
+/// `--host-delay-ns N` (N ns every time; default 0, the next request at once) or `LO-HI` (a
 /// delay drawn uniformly from LO..=HI ns for each request). A one-warp loop's round trip depends on
 /// where the request lands between its polls: a fixed delay moves that phase (the sawtooth), a range
 /// at least one poll wide (`0-1500`) averages every path over it, as a client whose own time varies.
@@ -99,8 +99,8 @@ fn client_turnaround() {
         static DRAW: std::cell::Cell<u64> = const { std::cell::Cell::new(0x9e37_79b9_7f4a_7c15) };
     }
     let (lo, hi) = *DELAY.get_or_init(|| {
-        std::env::var("MESH_RT_AB_HOST_DELAY_NS").map_or((0, 0), |v| {
-            parse_delay(&v).unwrap_or_else(|| panic!("MESH_RT_AB_HOST_DELAY_NS: {v:?} is neither N nor LO-HI (ns)"))
+        crate::opt("host-delay-ns").map_or((0, 0), |v| {
+            parse_delay(&v).unwrap_or_else(|| panic!("--host-delay-ns {v:?}: neither N nor LO-HI (ns)"))
         })
     });
     let ns = if hi > lo {
@@ -127,7 +127,7 @@ fn client_turnaround() {
     }
 }
 
-/// MESH_RT_AB_HOST_DELAY_NS's value: `N` as (N, N), `LO-HI` as (LO, HI) with LO <= HI.
+/// `--host-delay-ns`'s value: `N` as (N, N), `LO-HI` as (LO, HI) with LO <= HI.
 fn parse_delay(v: &str) -> Option<(u64, u64)> {
     match v.split_once('-') {
         None => v.trim().parse().ok().map(|n| (n, n)),
@@ -143,7 +143,7 @@ fn raw_times(b: &mut Bench, rounds: usize, warmup: usize) -> Vec<Duration> {
     word_times(b, "raw_pingpong", rounds, warmup)
 }
 
-/// [`raw_times`] through `program`, a loop of raw_pingpong's contract (raw_pingpong_x_phase.cu).
+/// [`raw_times`] through `program`, a loop of raw_pingpong's contract.
 fn word_times(b: &mut Bench, program: &str, rounds: usize, warmup: usize) -> Vec<Duration> {
     let scratch = b.channel(8, 2, Placement::Host);
     let info = b.mb.channel(&scratch).unwrap();
@@ -184,7 +184,7 @@ fn echo(b: &mut Bench, echo: &str, size: u32) -> (f64, f64) {
 fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup: usize) -> Vec<Duration> {
     let (echo, threads) = echo;
     let (to, from) = (b.channel(size, 64, Placement::Host), b.channel(size, 64, Placement::Host));
-    let slot = b.load_block("echo", echo, &[&to, &from], threads);
+    b.load_block("echo", echo, &[&to, &from], threads);
     let mut tx = Producer::claim(&b.mb, &to).unwrap();
     let mut rx = Consumer::claim(&b.mb, &from).unwrap();
     let (mut msg, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
@@ -204,14 +204,6 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
         }
     }
     drop((tx, rx));
-    if echo.contains("phase") {
-        // echo_x_phase.cu's report of mesh.cuh's phase lock, at its last heartbeat.
-        let w = b.mb.slot(slot).unwrap().user_words();
-        println!(
-            "PHASE|{}|{echo}|{size}|wait {} clocks|{} taken|last trials, capped gaps summed: {} clocks free, {} locked",
-            b.mode, w[0], w[1], w[2], w[3]
-        );
-    }
     b.backend.unload("echo").unwrap();
     times
 }
@@ -221,7 +213,7 @@ fn echo_times(b: &mut Bench, echo: (&str, u32), size: u32, rounds: usize, warmup
 /// the GPU's warp once all of them arrived, each reply's payload checked. No ring, no index, no
 /// protocol: the fastest one warp moves that many bytes there and back (tests/probes/ll_roundtrip.cu).
 /// With `ll.ring` it walks 32 request / reply pairs of slots instead of one (faster at 4 KiB on the H200;
-/// `raw_ll_ring` in the tables); `ll.program` is raw_ll or a variant of it (`raw_ll_x_v2`); with
+/// `raw_ll_ring` in the tables); `ll.program` is raw_ll or a variant of it; with
 /// `ll.head_last` the request's first two words are stored last, as mesh-shm's producer stores a
 /// message, instead of in order.
 fn raw_ll_times(b: &mut Bench, size: u32, ll: &LlRun, rounds: usize, warmup: usize) -> Vec<Duration> {
@@ -349,16 +341,16 @@ impl TurnPath {
     }
 }
 
-/// The echo programs `rt-ab` puts beside the header's loop: MESH_RT_AB_VARIANTS, space-separated
+/// The echo programs `rt-ab` puts beside the header's loop: `--variants`, comma-separated
 /// `PROGRAM[:MAX_BYTES[:THREADS]]` (a program serving messages up to MAX_BYTES, default 4096, in a
-/// block of THREADS, default 32), e.g. `echo_x_stagger:1024` or `echo_poll:4096:96` (the header's poll
-/// stream: MESH_POLLERS + 1 warps), or `word:PROGRAM`, a raw-word loop beside `raw_pingpong`
-/// (`word:raw_pingpong_x_phase`), or an LL probe run `ll:PROGRAM` (one pair of slots), `llring:PROGRAM`
+/// block of THREADS, default 32), e.g. `echo_x_nodrain` or `echo_x_rarestop:4096:32`, or
+/// `word:PROGRAM`, a raw-word loop beside `raw_pingpong`, or an LL probe run `ll:PROGRAM` (one pair of slots), `llring:PROGRAM`
 /// (32 pairs), either with `-headlast` before the colon (the request's first two words stored last, as
-/// mesh-shm stores a message): `llring:raw_ll_x_v2`, `llring-headlast:raw_ll`.
+/// mesh-shm stores a message): `llring-headlast:raw_ll`.
 fn rt_ab_variants() -> Vec<TurnPath> {
-    let spec = std::env::var("MESH_RT_AB_VARIANTS").unwrap_or_default();
-    spec.split_whitespace()
+    crate::opt_list("variants")
+        .unwrap_or_default()
+        .iter()
         .map(|v| {
             if let Some(program) = v.strip_prefix("word:") {
                 return TurnPath::Word { label: v.to_string(), program: program.to_string() };
@@ -371,9 +363,9 @@ fn rt_ab_variants() -> Vec<TurnPath> {
             let mut fields = v.split(':');
             let program = fields.next().unwrap_or_default().to_string();
             let mut number = |default: u32, what: &str| {
-                fields.next().map_or(default, |n| {
-                    n.parse().unwrap_or_else(|_| panic!("MESH_RT_AB_VARIANTS: {v:?}: {n:?} is not {what}"))
-                })
+                fields
+                    .next()
+                    .map_or(default, |n| n.parse().unwrap_or_else(|_| panic!("--variants {v:?}: {n:?} is not {what}")))
             };
             let (max, threads) = (number(4096, "a byte count"), number(32, "a thread count"));
             TurnPath::Echo { program, max, threads }
@@ -381,7 +373,7 @@ fn rt_ab_variants() -> Vec<TurnPath> {
         .collect()
 }
 
-/// The LL probe run MESH_RT_AB_VARIANTS's `KIND:PROGRAM` names, if KIND is one (see [`rt_ab_variants`]).
+/// The LL probe run `--variants`' `KIND:PROGRAM` names, if KIND is one (see [`rt_ab_variants`]).
 fn ll_run(kind: &str, program: &str) -> Option<LlRun> {
     let (ring, head_last) = match kind {
         "ll" => (false, false),
@@ -393,12 +385,12 @@ fn ll_run(kind: &str, program: &str) -> Option<LlRun> {
     Some(LlRun { program: program.to_string(), ring, head_last })
 }
 
-/// `mesh-gpu-bench rt-ab MODE` (issue 24 item 1's verdict): the header's loop (`echo_header`) and the
-/// echo variants MESH_RT_AB_VARIANTS names beside their two raw limits, the relaxed mapped word
+/// `mesh-gpu-bench rt-ab MODE [--variants ...] [--host-delay-ns N|LO-HI]`: the header's loop (`echo_header`) and the
+/// echo variants `--variants` names beside their two raw limits, the relaxed mapped word
 /// (`raw_pingpong`) and the one-warp LL probe at one slot (`raw_ll`) and walking 32 pairs of slots
 /// (`raw_ll` over a ring, `raw_ll_ring` in the tables), measured in turns: TURNS turns, in each of them
 /// for each size every path, TURN_ROUNDS round trips each, one after the other. A drift of the
-/// machine within the run (session 12's raw word moved 10% between the start and the end of `rt`) then
+/// machine within the run (the raw word can move 10% between the start and the end of `rt`) then
 /// falls on every path alike. Printed for each echo: the medians and p99s over every turn's round
 /// trips, their ratios, and the range of the ratio of each turn's own medians; then each turn's median
 /// (`TURNS|` lines) and mean (`MEANS|`) of every path.
@@ -431,7 +423,8 @@ pub fn host_round_trips_interleaved(mps: bool) {
          (after {TURN_WARMUP} warm-up), the paths one after the other in every turn; median / p99 µs over all turns."
     );
     println!("ratio [lo, hi]: of the medians over all turns, [lowest, highest] of each turn's own medians.");
-    if let Ok(ns) = std::env::var("MESH_RT_AB_HOST_DELAY_NS") {
+    let delay = crate::opt("host-delay-ns");
+    if let Some(ns) = &delay {
         println!(
             "The client spins {ns} ns (a range: drawn for each request) after each reply before its next request (not timed)."
         );
@@ -476,12 +469,21 @@ pub fn host_round_trips_interleaved(mps: bool) {
                 ring.1,
                 echo.0 / ring.0,
             );
+            let client = delay.as_ref().map_or(String::new(), |ns| format!(", client {ns} ns"));
+            crate::results::record(
+                "rt-ab",
+                &format!("{program}, {mode}, {size} B{client}"),
+                echo.0,
+                "µs",
+                Some(("raw LL exchange (raw_ll)", ll.0)),
+                crate::results::spread(&turn_medians[s][k]),
+            );
         }
     }
     // Each turn's own median of every path: the phase of a one-warp loop against the host can flip
     // between turns (a lost race costs one empty poll), which the pooled medians above hide. And each
-    // turn's mean: a wait that splits the round trips into two modes (the phase lock with a slow
-    // client, session 18) can move the median and leave the mean, or the reverse.
+    // turn's mean: a wait that splits the round trips into two modes (a loop that waits for a slow
+    // client) can move the median and leave the mean, or the reverse.
     for (tag, what, per_turn) in [("TURNS", "median", &turn_medians), ("MEANS", "mean", &turn_means)] {
         println!();
         println!("Each turn's {what} µs, by size and path:");
@@ -527,6 +529,8 @@ pub fn host_round_trips(mps: bool) {
             h.1 / h.0,
             cells.join(" | ")
         );
+        let figure = format!("echo_header, {mode}, {size} B, client at once");
+        crate::results::record("rt", &figure, h.0, "µs", Some(("raw mapped word", raw_median)), None);
     }
     let (raw2, _) = raw(&mut b);
     println!("Raw word again at the end: {raw2:.2} µs median (drift check)");
@@ -597,6 +601,11 @@ pub fn gpu_round_trips(mps: bool) {
         let nodrain =
             device.then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_nodrain", "echo_x_nodrain")));
         let errors: u32 = [dev, Some(host), rare, nodrain].iter().flatten().map(|r| r.3).sum();
+        // The raw two-kernel limit is tests/probes/g2g.cu, a CUDA runtime program the bundle's `run` times beside.
+        if let Some((mean, ..)) = dev {
+            crate::results::record("g2g", &format!("device channels, {mode}, {size} B, mean"), mean, "µs", None, None);
+        }
+        crate::results::record("g2g", &format!("host channels, {mode}, {size} B, mean"), host.0, "µs", None, None);
         println!(
             "| {mode} | {size} | {} | {} | {} | {} | {errors} |",
             cell(dev),
@@ -608,7 +617,7 @@ pub fn gpu_round_trips(mps: bool) {
     b.shutdown();
 }
 
-/// `mesh-gpu-bench g2g-lean MODE` (issue 24 item 2, docs/design/speed.md): on device channels, `ping` ↔
+/// `mesh-gpu-bench g2g-lean MODE` (docs/explanation/channels.md): on device channels, `ping` ↔
 /// `echo_header` beside `ping_x_lean` ↔ `echo_x_lean` (tests/programs/x_lean.cuh: one-pair receive, loop-free
 /// send) at capacity 4, 16, 64, 256 (the credit read crosses PCIe once per ~capacity messages), 8 to 1024 B.
 /// Needs the variants' PTX: the bundle's `run` compiles every program first (`./run lean` does all of it).

@@ -1,4 +1,4 @@
-//! A service of many clients (issue 26, `mesh-gpu-bench service [blink|mps]`) beside the single-client
+//! A service of many clients (`mesh-gpu-bench service [blink|mps]`) beside the single-client
 //! SPSC round trip, in one meshd and one run.
 //!
 //! * baseline: `echo_warp` on two LL host channels of 64-byte messages (capacity 64), this process the
@@ -14,10 +14,11 @@
 //!     min(16, 256 / clients) (send the window, then receive it; the fan-in ring holds 256, a reply
 //!     ring 16): the sum of the replies over the longest client's time.
 //!
-//! `MESH_SERVICE_SHARDS=P` makes the service's fan-in channel P shards (`--shards P`, each of the same
-//! capacity; the windows stay as for one); the heading and every service row say so.
-//! `MESH_SERVICE_SHARDS` (default 32), `MESH_SERVICE_BLOCK` (default 256) and `MESH_SERVICE_GRID`
-//! (default 4: the README's 64-client recipe) are the service's shards and the block and grid every program is loaded with: service.cu
+//! `--shards P` makes the service's fan-in channel P shards (each of the same capacity; the windows stay
+//! as for one); the heading and every service row say so. `--shards` (default 32), `--block` (default
+//! 256) and `--grid` (default 4: the README's 64-client recipe) are the service's shards and the block
+//! and grid every program is loaded with (handed to the helpers shared with the GPU test through
+//! MESH_SERVICE_SHARDS, MESH_SERVICE_BLOCK and MESH_SERVICE_GRID, which that test reads): service.cu
 //! serves with every warp of every block, each warp its part of the shards (8 shards and 256 threads: a
 //! warp a shard; a block of 32: one warp serves all; 32 shards and a grid of 4: 32 warps, a shard each).
 //!
@@ -26,7 +27,7 @@
 //!   median and p99 with as many processes as each latency row has clients, before the service is made;
 //!   the true limit beside the N-client rows, where the SPSC row is one process alone.
 //!
-//! The issue's goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
+//! The goals, for reading the table (not asserted): 64-client p99 ≤ 3× the SPSC round trip;
 //! 64 streaming clients ≥ 8× one client's rate. More client processes than cores share the CPUs: the
 //! machine's count is printed.
 
@@ -43,13 +44,11 @@ use crate::{percentiles, us};
 const SIZE: u32 = 64;
 const ROUNDS: usize = 20_000;
 const WARMUP: usize = 1_000;
-/// Client counts of the rows (the issue's 1, 8 and 64); MESH_SERVICE_CLIENTS overrides them
-/// (space-separated, each 1-64: the service is created for 64), e.g. "1 8 16 32 64" to see where the
-/// host's 16 CPUs stop keeping up.
+/// Client counts of the rows (1, 8 and 64); `--clients` overrides them (comma-separated, each 1-64: the
+/// service is created for 64), e.g. "1,8,16,32,64" to see where the host's CPUs stop keeping up.
 fn client_counts() -> Vec<usize> {
-    let given = std::env::var("MESH_SERVICE_CLIENTS").unwrap_or_default();
-    let counts: Vec<usize> =
-        given.split_whitespace().filter_map(|w| w.parse().ok()).filter(|n| (1..=64).contains(n)).collect();
+    let given = crate::opt_list("clients").unwrap_or_default();
+    let counts: Vec<usize> = given.iter().filter_map(|w| w.parse().ok()).filter(|n| (1..=64).contains(n)).collect();
     if counts.is_empty() { vec![1, 8, 64] } else { counts }
 }
 const FANIN_CAPACITY: usize = 256;
@@ -57,14 +56,13 @@ const FANIN_CAPACITY: usize = 256;
 /// words for each of 64 clients, 128 bytes apart.
 const RAW_CHANNEL: &str = "raw-many";
 /// Clients the raw baseline serves at most: `raw_pingpong_many`'s block, a thread each (the most
-/// `MESH_SERVICE_CLIENTS` asks for).
+/// `--clients` asks for).
 const RAW_CLIENTS: u64 = 64;
-/// Each client's reply ring: `MESH_SERVICE_REPLY_CAPACITY` (a power of two, 1-1024), else 16. The program
+/// Each client's reply ring: `--reply-capacity` (a power of two, 1-1024), else 16. The program
 /// reads a client's tail once per this many of its replies (a PCIe round trip inside the batch's reply),
 /// so a larger ring makes that read rarer; the streaming windows stay min(16, 256 / clients).
 fn reply_capacity() -> usize {
-    std::env::var("MESH_SERVICE_REPLY_CAPACITY")
-        .ok()
+    crate::opt("reply-capacity")
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|c| c.is_power_of_two() && *c <= 1024)
         .unwrap_or(16)
@@ -274,7 +272,7 @@ pub fn service_benches(mps: bool) {
     let raw = raw_many(&d, dir.path());
 
     let size = SIZE.to_string();
-    // MESH_SERVICE_SHARDS=P: the fan-in channel in P shards of FANIN_CAPACITY each (the windows stay
+    // `--shards P`: the fan-in channel in P shards of FANIN_CAPACITY each (the windows stay
     // as for one, so that the rows compare).
     let shards = service_shards();
     let shards_arg = shards.to_string();
@@ -297,12 +295,12 @@ pub fn service_benches(mps: bool) {
     ]);
     // Both loops of the header on the same service, one after the other: the batched one (service.cu)
     // and the one-request-at-a-time one (service_x_serial.cu), each warmed up by one client's stream.
-    // MESH_SERVICE_PROGRAMS (names in programs/, space-separated) measures others the same way.
-    let programs = std::env::var("MESH_SERVICE_PROGRAMS").unwrap_or_else(|_| "service service_x_serial".into());
+    // `--programs` (names in programs/, comma-separated) measures others the same way.
+    let programs = crate::opt_list("programs").unwrap_or_else(|| vec!["service".into(), "service_x_serial".into()]);
     let shape = service_shape();
     let grid = service_grid();
     let mut loops = Vec::new();
-    for program in programs.split_whitespace() {
+    for program in programs.iter().map(String::as_str) {
         let path = match program {
             "service" => "service".to_string(),
             "service_x_serial" => "service, one at a time".to_string(),
@@ -331,8 +329,8 @@ pub fn service_benches(mps: bool) {
 
     println!();
     println!(
-        "Service (issue 26), {mode} mode, {SIZE}-byte requests and replies, {cores} host cores, {shards} fan-in \
-         shard(s) (MESH_SERVICE_SHARDS): service.cu loaded with `{}` (MESH_SERVICE_GRID, MESH_SERVICE_BLOCK), with",
+        "Service, {mode} mode, {SIZE}-byte requests and replies, {cores} host cores, {shards} fan-in \
+         shard(s) (--shards): service.cu loaded with `{}` (--grid, --block), with",
         shape.join(" ")
     );
     println!(
@@ -345,7 +343,7 @@ pub fn service_benches(mps: bool) {
     println!("Latency: one request in flight per client, µs over every client's requests. Streaming: {STREAM_SECS} s,");
     println!(
         "windows of min({REPLY_CAPACITY}, {FANIN_CAPACITY} / clients) per client; aggregate replies/s. Reply rings of \
-         {} (MESH_SERVICE_REPLY_CAPACITY).",
+         {} (--reply-capacity).",
         reply_capacity()
     );
     println!();
@@ -377,6 +375,12 @@ pub fn service_benches(mps: bool) {
                 p99 / spsc_median,
                 rate / one
             );
+            let spsc = Some(("SPSC echo_warp median", spsc_median));
+            let figure = |what: &str| format!("{path}, {mode}, {n} clients, {what}");
+            crate::results::record("service", &figure("median"), *median, "µs", spsc, None);
+            crate::results::record("service", &figure("p99"), *p99, "µs", spsc, None);
+            let alone = (*n > 1).then_some(("the same, 1 client", one));
+            crate::results::record("service", &figure("streaming"), *rate, "requests/s", alone, None);
         }
     }
     if let Some((_, lat, _)) = loops.first() {

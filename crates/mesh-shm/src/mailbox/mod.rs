@@ -1,0 +1,20 @@
+//! The mailbox file: creation, validation on open, the channel table and the program slots.
+//!
+//! [`Mailbox`] is a handle to one mapping; its calls are spread over this module's files by job:
+//! `file` creates and opens, `table` reads and checks the channel table, `channels` creates
+//! channels, `services` the fan-in channels and groups of a service, `rings` hands the host ends
+//! their ring memory, `slots` holds the program slots and the kernel's argument.
+
+mod channels;
+mod file;
+mod geometry;
+mod handle;
+mod rings;
+mod services;
+mod slots;
+mod table;
+
+pub use crate::protocol::Protocol;
+pub use geometry::{Geometry, MailboxConfig};
+pub use handle::{ChannelInfo, CreateMode, Mailbox, Placement};
+pub use slots::{SlotRef, SlotStatusSnapshot};

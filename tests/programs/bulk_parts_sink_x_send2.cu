@@ -1,3 +1,0 @@
-// bulk_parts_sink_x_send2: bulk_parts_sink.cu as it is, the sink of `MESH_PARTS_VARIANT=_x_send2
-// mesh-gpu-bench parts` (which loads bulk_parts_sink{VARIANT} beside bulk_parts_source{VARIANT}).
-#include "bulk_parts_sink.cu"
