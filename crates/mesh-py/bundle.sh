@@ -12,7 +12,7 @@ mkdir -p "$DIR/python" "$DIR/bin"
 rm -f "$DIR"/python/meshd-*.whl
 (cd "$HERE" && maturin build --release --quiet --out "$DIR/python")
 (cd "$ROOT" && cargo build --release --quiet -p mesh-py --example peer)
-cp "$ROOT/target/release/examples/peer" "$DIR/bin/peer"
+cp "${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/peer" "$DIR/bin/peer"
 rm -rf "$DIR/python/tests" "$DIR/python/bench"
 cp -r "$HERE/tests" "$DIR/python/tests"
 cp -r "$HERE/bench" "$DIR/python/bench"

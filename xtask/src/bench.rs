@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::{cargo, run};
+use crate::cmd::{cargo, run};
 
 /// The gate the GPU test crate's binaries check before touching a GPU.
 const GPU_GATE: &str = "MESH_GPU_TESTS";
@@ -71,8 +71,7 @@ pub fn commit() -> String {
 
 /// `cargo xtask bench` (the suite) or `cargo xtask bench ARGS...` (one `mesh-gpu-bench` run, say
 /// `rt-ab blink --host-delay-ns 0-1500`): every figure into one new results file, named at the end.
-pub fn bench(args: &[&str]) -> Result<()> {
-    let programs = crate::build_programs()?;
+pub fn bench(args: &[&str], programs: &Path) -> Result<()> {
     // meshd, the MPS worker and the service's client processes run beside the benchmark binary.
     run(cargo().args([
         "build",
@@ -96,11 +95,11 @@ pub fn bench(args: &[&str]) -> Result<()> {
             .args(["--results", &results.display().to_string(), "--commit", &commit])
             .args(*bench_args)
             .env(GPU_GATE, "1")
-            .env("MESH_PROGRAMS", &programs))?;
+            .env("MESH_PROGRAMS", programs))?;
     }
     if args.is_empty() {
         // The control plane through the CLI (meshd beside the benchmark binary); its figures are printed.
-        run(Command::new(target.join("release/mesh-cli-bench")).env(GPU_GATE, "1").env("MESH_PROGRAMS", &programs))?;
+        run(Command::new(target.join("release/mesh-cli-bench")).env(GPU_GATE, "1").env("MESH_PROGRAMS", programs))?;
     }
     say_results(&results);
     Ok(())

@@ -2,6 +2,7 @@
 //! `bench-report`, `ptx`, `demo`.
 
 mod bench;
+mod cmd;
 mod report;
 mod results;
 
@@ -13,6 +14,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
+
+use cmd::{cargo, run};
 
 const USAGE: &str = "usage: cargo xtask <command>
   test                    every CPU test of the workspace (what CI runs); GPU tests report themselves skipped
@@ -44,7 +47,7 @@ fn main() -> Result<()> {
         ["gpu-test", "--bundle", dir] | ["bench", "--bundle", dir] => {
             bundle(Path::new(dir)).and_then(|()| bench::stamp_bundle(Path::new(dir)))
         }
-        ["bench", rest @ ..] => bench::bench(rest),
+        ["bench", rest @ ..] => build_programs().and_then(|programs| bench::bench(rest, &programs)),
         ["bench-report", "--compare", old, new] => report::compare_files(Path::new(old), Path::new(new)),
         ["bench-report", rest @ ..] => report::bench_report(rest),
         ["ptx"] => ptx(),
@@ -66,19 +69,6 @@ fn main() -> Result<()> {
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("$ {cmd:?}");
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 /// CPU tests: the whole workspace (its doc examples too), then the GPU test crate again with its skip notices shown and

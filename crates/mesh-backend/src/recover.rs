@@ -156,7 +156,7 @@ fn search<R: Recovery>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ImageKind, LaunchShape};
+    use crate::spec::{ImageKind, LaunchShape};
 
     /// Programs that run once relaunched, but those named in `refuse`; a reset fails when asked to.
     struct Fake {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket as _socket
@@ -13,9 +14,32 @@ from typing import Callable, Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-GOLDEN = Path(__file__).resolve().parent / "golden"
+#: The control protocol's golden file (crates/meshd/tests/golden_protocol.rs writes it): each case's
+#: exact bytes as a string, by name (``load.request``, ``ps.response``, ``default_capacity.json``, ...).
+GOLDEN_FILE = Path(__file__).resolve().parent / "golden" / "protocol.json"
 #: A deadline for things that take milliseconds (never a measurement).
 DEADLINE = 30.0
+
+
+@functools.cache
+def _golden_cases() -> dict[str, str]:
+    cases = json.loads(GOLDEN_FILE.read_text(encoding="utf-8"))
+    if not isinstance(cases, dict) or not all(isinstance(v, str) for v in cases.values()):
+        raise ValueError(f"{GOLDEN_FILE}: not a JSON object of strings")
+    return cases
+
+
+def golden(name: str) -> bytes:
+    """The exact bytes of golden case ``name`` (``load.request``, ``ps.response``, ...)."""
+    cases = _golden_cases()
+    if name not in cases:
+        raise KeyError(f"{GOLDEN_FILE}: no case {name!r} (crates/meshd/tests/golden_protocol.rs writes them)")
+    return cases[name].encode("utf-8")
+
+
+def golden_names(suffix: str) -> list[str]:
+    """The golden cases whose names end in ``suffix`` (``.request``), without it, sorted."""
+    return sorted(n.removesuffix(suffix) for n in _golden_cases() if n.endswith(suffix))
 
 
 def _find_peer() -> Path:

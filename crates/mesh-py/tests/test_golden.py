@@ -1,4 +1,4 @@
-"""The client against the golden files meshd's Rust test writes (crates/meshd/tests/golden_protocol.rs): the same request bytes, every answer parsed."""
+"""The client against the golden file (tests/golden/protocol.json) that meshd's Rust test writes (crates/meshd/tests/golden_protocol.rs): the same request bytes, every answer parsed."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from meshd.control import (
     encode_request,
     state_name,
 )
-from conftest import DEADLINE, GOLDEN, Peer, StandInMeshd
+from conftest import DEADLINE, Peer, StandInMeshd, golden, golden_names
 
 IMAGE = b".version 8.0\n.target sm_90\n"
 
@@ -39,7 +39,7 @@ class Recorder(meshd.Client):
 
     def call(self, request: dict[str, Any], image: bytes = b"") -> dict[str, Any]:
         self.sent = encode_request(request, image)
-        return decode_response((GOLDEN / f"{self.answer}.response").read_bytes())
+        return decode_response(golden(f"{self.answer}.response"))
 
 
 REQUESTS = {
@@ -82,11 +82,11 @@ ANSWERS = {
     "service_create_replies": "service_create",
     "service_create_shards": "service_create",
 }
-CASES = sorted(p.name.removesuffix(".request") for p in GOLDEN.glob("*.request"))
+CASES = golden_names(".request")
 
 
 def test_every_golden_request_has_a_client_call() -> None:
-    assert len(CASES) >= 11, "the golden files are missing (crates/meshd/tests/golden_protocol.rs writes them)"
+    assert len(CASES) >= 11, "the golden cases are missing (crates/meshd/tests/golden_protocol.rs writes them)"
     missing = set(CASES) - set(REQUESTS) - set(LEASE_REQUESTS)
     assert not missing, f"requests meshd has and the Python client cannot send: {sorted(missing)}"
     assert set(LEASE_REQUESTS) <= set(CASES), "the lease's golden requests are missing"
@@ -96,7 +96,7 @@ def test_every_golden_request_has_a_client_call() -> None:
 def test_requests_are_byte_for_byte_the_clis(case: str) -> None:
     client = Recorder(ANSWERS.get(case, "ok"))
     REQUESTS[case](client)
-    assert client.sent == (GOLDEN / f"{case}.request").read_bytes()
+    assert client.sent == golden(f"{case}.request")
 
 
 def keys(t: type) -> set[str]:
@@ -118,13 +118,13 @@ def test_answers_parse_into_the_typed_rows() -> None:
     client = Recorder("load")
     row = client.load("echo", IMAGE)
     assert (row["name"], row["worker_pid"], client.last_backend_us) == ("echo", 4242, None)
-    assert decode_response((GOLDEN / "load.response").read_bytes())["backend_us"] == 125000
+    assert decode_response(golden("load.response"))["backend_us"] == 125000
     assert Recorder("spawn").spawn("worker", ["x"])["pid"] == 31337
 
 
 def test_service_answers_parse_into_the_typed_rows() -> None:
     assert Recorder("service_create").service_create("kv", clients=8, msg_size=64) is None
-    assert decode_response((GOLDEN / "service_create.response").read_bytes())["backend_us"] == 1830
+    assert decode_response(golden("service_create.response"))["backend_us"] == 1830
     info = Recorder("info_services").info()
     assert set(info) <= keys(Info), f"fields the client does not describe: {set(info) - keys(Info)}"
     for channel in info["channels"]:
@@ -181,7 +181,7 @@ class LeaseRecorder(StandInMeshd):
     ANSWERS = {"service_attach": "service_attach", "detach": "ok"}
 
     def answer(self, op: str | None, n: int) -> bytes | None:
-        return (GOLDEN / f"{self.ANSWERS.get(op or '', 'refused')}.response").read_bytes()
+        return golden(f"{self.ANSWERS.get(op or '', 'refused')}.response")
 
 
 def test_the_lease_requests_are_byte_for_byte_the_clis(tmp_path: Path, peer: Peer) -> None:
@@ -202,8 +202,8 @@ def test_the_lease_requests_are_byte_for_byte_the_clis(tmp_path: Path, peer: Pee
     finally:
         fake.close()
     info, lease = fake.connections
-    assert info == [(GOLDEN / "info.request").read_bytes()]
-    assert lease == [(GOLDEN / f"{case}.request").read_bytes() for case in LEASE_REQUESTS]
+    assert info == [golden("info.request")]
+    assert lease == [golden(f"{case}.request") for case in LEASE_REQUESTS]
 
 
 def test_a_program_held_by_a_recovery_in_place_reads_as_recovering() -> None:

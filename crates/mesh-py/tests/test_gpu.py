@@ -1,4 +1,4 @@
-"""On the GPU: meshd started from Python, the echo program loaded through the control client and driven from Python (numpy arrays byte for byte, a sequence-checked stream through the GPU), and bulk_echo driven through bulk channels (64 KiB to 16 MiB, copying and in place) in blink and MPS mode. Needs MESH_GPU_TESTS=1, a GPU, meshd (MESHD_BIN or on PATH) and echo.ptx, bulk_echo.ptx (MESH_PROGRAMS, else tests/programs)."""
+"""On the GPU: meshd started from Python, the echo program loaded through the control client and driven from Python (numpy arrays byte for byte, a sequence-checked stream through the GPU), and bulk_echo driven through bulk channels (64 KiB to 16 MiB, copying and in place) in blink and MPS mode. Needs MESH_GPU_TESTS=1, a GPU, meshd (MESHD_BIN or on PATH) and echo.ptx, bulk_echo.ptx (MESH_PROGRAMS, else target/programs, where `cargo xtask ptx` builds them)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def meshd_bin() -> str:
 
 
 def echo_ptx(name: str = "echo") -> Path:
-    return Path(os.environ.get("MESH_PROGRAMS", REPO / "tests" / "programs")) / f"{name}.ptx"
+    # `cargo xtask ptx` builds the test programs' PTX there; a bundle's ./run sets MESH_PROGRAMS.
+    return Path(os.environ.get("MESH_PROGRAMS", REPO / "target" / "programs")) / f"{name}.ptx"
 
 
 @pytest.fixture

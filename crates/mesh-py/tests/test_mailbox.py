@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import meshd
-from conftest import DEADLINE, GOLDEN, Peer, python_ran_while
+from conftest import DEADLINE, Peer, golden, python_ran_while
 
 
 def numbered(first: int, count: int, msg_size: int) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_another_layout_version_is_refused_with_meshds_own_error(mailbox_path: P
     assert found == meshd.LAYOUT_VERSION + 1
     with pytest.raises(meshd.LayoutVersionError) as e:
         meshd.Mailbox.open(mailbox_path)
-    template = (GOLDEN / "layout_version_error.txt").read_text().rstrip("\n")
+    template = golden("layout_version_error.txt").decode().rstrip("\n")
     expected = template.replace("{path}", str(mailbox_path)).replace("{found}", str(found))
     assert str(e.value) == expected.replace("{expected}", str(meshd.LAYOUT_VERSION))
     assert "--fresh" in str(e.value)

@@ -1,4 +1,4 @@
-"""A program's user words (``Client.user_words``) and a channel's default capacity (``channel_create`` without one), against meshd's control plane over the stand-in backend (the peer's ``serve``) and the golden files."""
+"""A program's user words (``Client.user_words``) and a channel's default capacity (``channel_create`` without one), against meshd's control plane over the stand-in backend (the peer's ``serve``) and the golden file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import meshd
 from meshd.control import BULK_CAPACITY_BUDGET, USER_WORDS, decode_response, default_capacity
-from conftest import DEADLINE, GOLDEN, Peer
+from conftest import DEADLINE, Peer, golden
 
 PTX = b".version 8.0\n.target sm_90\n"
 
@@ -45,14 +45,14 @@ def test_a_programs_user_words_are_read_from_its_slot(daemon: tuple[meshd.Client
 
 
 class Answering(meshd.Client):
-    """A client whose every request is answered with the golden file ``answer``."""
+    """A client whose every request is answered with the golden answer ``answer``."""
 
     def __init__(self, answer: str) -> None:
         super().__init__("/nonexistent")
         self.answer = answer
 
     def call(self, request: dict[str, Any], image: bytes = b"") -> dict[str, Any]:
-        return decode_response((GOLDEN / f"{self.answer}.response").read_bytes())
+        return decode_response(golden(f"{self.answer}.response"))
 
 
 def test_user_words_parse_from_the_golden_answer_and_a_held_program_has_none() -> None:
@@ -63,7 +63,7 @@ def test_user_words_parse_from_the_golden_answer_and_a_held_program_has_none() -
 
 
 def test_the_default_capacity_is_meshds_by_message_size_and_protocol() -> None:
-    table = json.loads((GOLDEN / "default_capacity.json").read_text())
+    table = json.loads(golden("default_capacity.json"))
     assert len(table) >= 10, "crates/meshd/tests/golden_protocol.rs writes the table"
     for msg_size, protocol, capacity in table:
         assert default_capacity(msg_size, protocol) == capacity, (msg_size, protocol)

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use mesh_shm::{ClientId, FanInSender, GroupClient, Mailbox, ReplyWindow};
 use serde_json::Value;
 
-use crate::{
-    MESH_EMPTY, MESH_ERR_ARG, MESH_ERR_ENV, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, c_str, fail, guard,
-    msg_slice, out_slice, shm_fail,
+use crate::args::{c_str, msg_slice, out_slice};
+use crate::status::{
+    MESH_EMPTY, MESH_ERR_ARG, MESH_ERR_ENV, MESH_ERR_NULL, MESH_FULL, MESH_OK, MeshStatus, fail, guard, shm_fail,
 };
 
 /// meshd refused the request (a service that does not exist, every client slot bound, …); the

@@ -4,10 +4,10 @@ use std::ffi::c_char;
 
 use serde_json::Value;
 
+use crate::args::c_str;
+use crate::handles::MeshMailbox;
 use crate::service::{Failed, MESH_ERR_PROTOCOL, MESH_ERR_REFUSED, ask, dial};
-use crate::{
-    MESH_ERR_ARG, MESH_ERR_ENV, MESH_ERR_NULL, MESH_OK, MeshMailbox, MeshStatus, c_str, fail, guard, shm_fail,
-};
+use crate::status::{MESH_ERR_ARG, MESH_ERR_ENV, MESH_ERR_NULL, MESH_OK, MeshStatus, fail, guard, shm_fail};
 
 /// How many user words a program slot holds (mesh.cuh's `MESH_SLOT_USER_WORDS`).
 pub const MESH_USER_WORDS: u32 = 32;

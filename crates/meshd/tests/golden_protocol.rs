@@ -1,11 +1,15 @@
-//! Golden files of the control protocol for the Python client: every request kind and the answers' shapes, byte for byte as meshd writes them, plus meshd's refusal of a mailbox of another layout version.
+//! The control protocol's golden file for the Python client: every request kind and the answers' shapes, byte for byte as meshd writes them, plus meshd's refusal of a mailbox of another layout version.
 //!
-//! The files live in `crates/mesh-py/tests/golden/`; the Python package's tests build the same
-//! requests with its client and compare bytes, and parse the answers. This test fails when the
-//! protocol's encoding changes without the files; `MESH_GOLDEN_WRITE=1 cargo test -p meshd --test
-//! golden_protocol` rewrites them (then run the Python tests, which say what the client must follow).
+//! The file is `crates/mesh-py/tests/golden/protocol.json`: one JSON object whose keys name the cases
+//! (`load.request`, `ps.response`, `default_capacity.json`, ...) and whose values are each case's exact
+//! bytes as a string. The Python package's tests build the same requests with its client and compare
+//! bytes, and parse the answers. This test fails when the protocol's encoding changes without the file;
+//! `MESH_GOLDEN_WRITE=1 cargo test -p meshd --test golden_protocol` rewrites it (then run the Python
+//! tests, which say what the client must follow).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 use meshd::protocol::{Request, Response, write_request, write_response};
@@ -15,35 +19,65 @@ use serde_json::{Value, json};
 /// The image bytes every load and upgrade case carries.
 const IMAGE: &[u8] = b".version 8.0\n.target sm_90\n";
 
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mesh-py/tests/golden")
+fn golden_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mesh-py/tests/golden/protocol.json")
 }
 
-/// Compares `bytes` with the golden file `name`, or writes it when `MESH_GOLDEN_WRITE` is set.
+/// Held while the golden file is read and rewritten: the tests run on threads of one process.
+static GOLDEN_FILE: Mutex<()> = Mutex::new(());
+
+/// The golden file's cases by name; empty when there is no file yet (before a first write).
+fn read_golden() -> BTreeMap<String, String> {
+    let path = golden_path();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{}: not a JSON object of strings: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+/// Rewrites the golden file with `change` applied to its cases.
+fn write_golden(change: impl FnOnce(&mut BTreeMap<String, String>)) {
+    let _held = GOLDEN_FILE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cases = read_golden();
+    change(&mut cases);
+    let mut text = serde_json::to_string_pretty(&cases).unwrap();
+    text.push('\n');
+    std::fs::create_dir_all(golden_path().parent().unwrap()).unwrap();
+    std::fs::write(golden_path(), text).unwrap();
+}
+
+fn writing() -> bool {
+    std::env::var_os("MESH_GOLDEN_WRITE").is_some()
+}
+
+/// Compares `bytes` with the golden case `name`, or writes it when `MESH_GOLDEN_WRITE` is set.
 /// Returns the names that differ instead of failing at the first, so one run lists them all.
 fn golden(name: &str, bytes: &[u8], differ: &mut Vec<String>) {
-    let path = golden_dir().join(name);
-    if std::env::var_os("MESH_GOLDEN_WRITE").is_some() {
-        std::fs::create_dir_all(golden_dir()).unwrap();
-        std::fs::write(&path, bytes).unwrap();
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        differ.push(format!("{name}: not UTF-8, so not a JSON string: {}", String::from_utf8_lossy(bytes)));
+        return;
+    };
+    if writing() {
+        write_golden(|cases| {
+            cases.insert(name.to_string(), text.to_string());
+        });
         return;
     }
-    match std::fs::read(&path) {
-        Ok(old) if old == bytes => {}
-        Ok(old) => differ.push(format!(
-            "{name}:\n  file: {}\n  now:  {}",
-            String::from_utf8_lossy(&old).trim_end(),
-            String::from_utf8_lossy(bytes).trim_end()
-        )),
-        Err(e) => differ.push(format!("{name}: {e}")),
+    match read_golden().get(name) {
+        Some(old) if old == text => {}
+        Some(old) => differ.push(format!("{name}:\n  file: {}\n  now:  {}", old.trim_end(), text.trim_end())),
+        None => differ.push(format!("{name}: not in {}", golden_path().display())),
     }
 }
 
 fn assert_none_differ(differ: Vec<String>) {
     assert!(
         differ.is_empty(),
-        "the control protocol no longer matches the Python client's golden files (crates/mesh-py/tests/golden):\n{}\n\
-         If the change is meant, rewrite them with MESH_GOLDEN_WRITE=1 cargo test -p meshd --test golden_protocol \
+        "the control protocol no longer matches the Python client's golden file \
+         (crates/mesh-py/tests/golden/protocol.json):\n{}\n\
+         If the change is meant, rewrite it with MESH_GOLDEN_WRITE=1 cargo test -p meshd --test golden_protocol \
          and update the Python client (crates/mesh-py/python/meshd/control.py) until its tests pass",
         differ.join("\n")
     );
@@ -270,7 +304,7 @@ fn response_cases() -> Vec<(&'static str, Value)> {
 }
 
 #[test]
-fn requests_match_the_golden_files() {
+fn requests_match_the_golden_file() {
     let mut differ = Vec::new();
     for (name, req, image) in request_cases() {
         let req: Request =
@@ -283,7 +317,7 @@ fn requests_match_the_golden_files() {
 }
 
 #[test]
-fn responses_match_the_golden_files() {
+fn responses_match_the_golden_file() {
     let mut differ = Vec::new();
     for (name, resp) in response_cases() {
         let resp: Response = serde_json::from_value(resp).unwrap_or_else(|e| panic!("the {name} answer: {e}"));
@@ -346,4 +380,26 @@ fn other_layout_version_refusal_matches_the_golden_file() {
     let mut differ = Vec::new();
     golden("layout_version_error.txt", format!("{text}\n").as_bytes(), &mut differ);
     assert_none_differ(differ);
+}
+
+/// The golden file holds exactly the cases these tests make: a case no test makes any more would
+/// pin the Python client to bytes meshd no longer writes. Rewriting drops such a case.
+#[test]
+fn the_golden_file_holds_every_case_and_no_other() {
+    let mut made: Vec<String> = request_cases().into_iter().map(|(name, ..)| format!("{name}.request")).collect();
+    made.extend(response_cases().into_iter().map(|(name, _)| format!("{name}.response")));
+    made.extend(["default_capacity.json".to_string(), "layout_version_error.txt".to_string()]);
+    if writing() {
+        write_golden(|cases| cases.retain(|name, _| made.contains(name)));
+        return;
+    }
+    let cases = read_golden();
+    let stale: Vec<&String> = cases.keys().filter(|name| !made.contains(name)).collect();
+    let missing: Vec<&String> = made.iter().filter(|name| !cases.contains_key(*name)).collect();
+    assert!(
+        stale.is_empty() && missing.is_empty(),
+        "{}: cases no test makes: {stale:?}; cases missing: {missing:?} (MESH_GOLDEN_WRITE=1 rewrites it)",
+        golden_path().display()
+    );
+    assert_eq!(cases.len(), made.len(), "a case made twice");
 }

@@ -3,8 +3,8 @@
 One request per connection, as the CLI does: a JSON line (plus the image's bytes for ``load`` and
 ``upgrade``), then one JSON line back (but ``service_attach``, whose connection stays open as the
 client's lease: :class:`meshd.Service`). The encoding is byte for byte the CLI's (serde_json's
-compact form, fields in the protocol's order); golden files written by meshd's Rust tests keep
-the two in step (``tests/golden``). A refusal raises :class:`MeshdRefused` with meshd's reason; no
+compact form, fields in the protocol's order); a golden file written by meshd's Rust tests keeps
+the two in step (``tests/golden/protocol.json``). A refusal raises :class:`MeshdRefused` with meshd's reason; no
 meshd on the socket raises :class:`MeshdUnreachable`.
 
 Messages do not go through the socket: :meth:`Client.producer` and :meth:`Client.consumer` ask
