@@ -1,4 +1,5 @@
-//! No module circles in this crate: the files under `src/` never import each other through a loop.
+//! No module circles in any crate of the workspace: the files under each crate's `src/` never import
+//! each other through a loop; and no source file outside tests is over 800 lines.
 //!
 //! An edge `a.rs -> b.rs` is any path in `a.rs` that names a module of `b.rs` or an item in it:
 //! `use crate::…`, `use super::…`, `use self::…`, a child module's name, and the same paths written
@@ -450,27 +451,75 @@ fn cycles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<(Vec<PathBuf>, Ve
     loops
 }
 
-fn crate_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
 /// `files` relative to `src`, joined by `sep`.
 fn show(files: &[PathBuf], src: &Path, sep: &str) -> String {
     files.iter().map(|p| p.strip_prefix(src).unwrap_or(p).display().to_string()).collect::<Vec<_>>().join(sep)
 }
 
-#[test]
-fn no_two_files_of_the_crate_import_each_other_through_any_path() {
-    let src = crate_src();
-    let tree = Tree::load(&src).unwrap_or_else(|e| panic!("reading the crate's modules: {e}"));
-    let edges = tree.edges();
-    assert!(edges.len() > 1, "found only {} file(s) under {}", edges.len(), src.display());
-    let loops = cycles(&edges);
-    let shown: Vec<String> = loops
-        .iter()
-        .map(|(l, group)| format!("{}  (the circle's files: {})", show(l, &src, " -> "), show(group, &src, ", ")))
+/// Every workspace member's `src/`: the crates, the GPU test crate, xtask and the native Rust example.
+fn workspace_sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .expect("the crates folder")
+        .filter_map(|e| e.ok().map(|e| e.path().join("src")))
+        .filter(|p| p.is_dir())
         .collect();
-    assert!(shown.is_empty(), "module circles under {}:\n  {}", src.display(), shown.join("\n  "));
+    dirs.extend(["tests/src", "xtask/src", "examples/native-rust/src"].map(|d| root.join(d)));
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn no_two_files_of_a_crate_import_each_other_through_any_path() {
+    let mut shown = Vec::new();
+    let dirs = workspace_sources();
+    assert!(dirs.len() >= 10, "found only {} crates: {dirs:?}", dirs.len());
+    for src in &dirs {
+        let tree = Tree::load(src).unwrap_or_else(|e| panic!("reading the modules under {}: {e}", src.display()));
+        let edges = tree.edges();
+        assert!(!edges.is_empty(), "found no file under {}", src.display());
+        for (l, group) in cycles(&edges) {
+            shown.push(format!(
+                "{}: {}  (the circle's files: {})",
+                src.display(),
+                show(&l, src, " -> "),
+                show(&group, src, ", ")
+            ));
+        }
+    }
+    assert!(shown.is_empty(), "module circles:\n  {}", shown.join("\n  "));
+}
+
+/// Rust files under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_source_file_outside_tests_is_over_800_lines() {
+    let mut long = Vec::new();
+    for src in workspace_sources() {
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            // A `tests.rs` holds one crate's `#[cfg(test)]` module: tests, which may be long.
+            if f.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let lines = std::fs::read_to_string(&f).map(|t| t.lines().count()).unwrap_or(0);
+            if lines > 800 {
+                long.push(format!("{} ({lines} lines)", f.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these by job: {long:?}");
 }
 
 #[test]
