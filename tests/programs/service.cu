@@ -3,7 +3,9 @@
 // mesh_fanin_consume), plus a heartbeat and counters: every request taken from the fan-in channel
 // (binding 0) goes back to its sender's reply ring in the channel group (binding 1) with payload word 1
 // incremented, every other word as it came. Lines added to the header's loop are marked `// +`.
-// service_x_serial.cu is the same program with the one-request-at-a-time loop.
+// Built with SERVICE_SERIAL defined (service_x_serial.cu), each serving warp runs the header's
+// one-request-at-a-time loop instead (mesh_fanin_take_deferred, mesh_reply, mesh_fanin_commit): one
+// request per round trip, which gives a lone client, and the tail of many clients, a shorter wait.
 //
 // meshd: `meshd service create NAME --clients N --msg-size B --shards 8` (reply size = request size, at
 // most 4 KiB here), then `meshd load svc PROGRAM.ptx --bind NAME --bind NAME.replies --block 256`:
@@ -24,7 +26,11 @@
 #include "mesh.cuh"
 
 #define SERVICE_WARPS 8u        // warps serving at most (a block of 256 threads)
+#ifdef SERVICE_SERIAL
+#define SERVICE_BUF_WORDS 1024u  // a warp's request: SERVICE_MAX_BYTES
+#else
 #define SERVICE_BUF_WORDS 1088u  // a warp's batch: at least the bodies one peek's round trip loads
+#endif
 #define SERVICE_MAX_BYTES 4096u  // request size served at most: one request a round trip
 #define SERVICE_WORDS 8u
 
@@ -53,7 +59,9 @@ static __device__ void service_report(const mesh_ctx& ctx) {                    
 
 extern "C" __global__ void mesh_main(mesh_ctx ctx) {
     __shared__ uint32_t reqs[SERVICE_WARPS][SERVICE_BUF_WORDS];                             // each warp's batch
+#ifndef SERVICE_SERIAL
     __shared__ uint32_t from[SERVICE_WARPS][MESH_FANIN_BATCH_MAX];                           // their senders
+#endif
     const uint32_t lane = threadIdx.x % 32u;
     const uint32_t warps = blockDim.x / 32u < SERVICE_WARPS ? blockDim.x / 32u : SERVICE_WARPS;
     const uint32_t w = threadIdx.x / 32u;             // this block's warp (the open numbers it over the grid)
@@ -70,10 +78,16 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
         mesh_group out = mesh_group_open(ctx, 1, in);    // binding 1: its clients' reply rings
         ok = in.parts == 0 ||                         // spare: every shard is another warp's
              (in.ch.msg_size != 0 && out.msg_size == in.ch.msg_size && in.ch.msg_size <= SERVICE_MAX_BYTES);
+#ifdef SERVICE_SERIAL
+        uint32_t* req = reqs[w];
+        bool held = false;                            // a request taken, its reply waiting for room
+        uint32_t client = 0;
+#else
         // Requests a peek may return: as many as the warp's buffer holds (32 up to 136 bytes, 4 at 1
         // KiB, 1 at 4 KiB: what one round trip loads anyway).
         const uint32_t fit = ok && in.ch.msg_size != 0 ? SERVICE_BUF_WORDS * 4u / in.ch.msg_size : 1u;
         const uint32_t most = fit < MESH_FANIN_BATCH_MAX ? fit : MESH_FANIN_BATCH_MAX;
+#endif
         uint32_t n[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                    // + this warp's counts
         uint32_t added[SERVICE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0};                // + and what it added
         uint32_t iter = 0;                                                       // +
@@ -89,6 +103,25 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             }
             uint32_t gone;
             while (mesh_group_departed(&out, &gone)) n[4]++;  // this warp's clients; drop their state here
+#ifdef SERVICE_SERIAL
+            if (!held) {
+                const int k = mesh_fanin_take_deferred(&in, req, &client);
+                if (k == MESH_TAKE_NONE) continue;    // nothing whole yet
+                if (k == MESH_TAKE_SKIP) {            // a send cut off (death, revocation): nothing to answer
+                    n[1]++;                                                      // +
+                    mesh_fanin_commit(&in);
+                    continue;
+                }
+                if (lane == 0) req[1] += 1;           // f(client, request)
+                __syncwarp();
+            }
+            const int r = mesh_reply(&out, client, req);  // SENT; GONE: its client left, dropped;
+            held = r == MESH_REPLY_FULL;              // FULL: a slow client, tried again next time
+            if (r == MESH_REPLY_SENT) n[0]++;                                    // +
+            else if (r == MESH_REPLY_GONE) n[2]++;                               // +
+            else n[3]++;                                                         // +
+            if (!held) mesh_fanin_commit(&in);        // answered (or dropped): the request is done
+#else
             uint32_t skipped, dropped;
             const uint32_t k = mesh_fanin_peek(&in, reqs[w], from[w], &skipped, most);
             if (k == 0) continue;                     // nothing whole at the position yet
@@ -102,6 +135,7 @@ extern "C" __global__ void mesh_main(mesh_ctx ctx) {
             n[1] += (uint32_t)__popc(skipped & kept);                              // +
             n[2] += (uint32_t)__popc(dropped & kept);                              // +
             if (done < k) n[3]++;                                                  // +
+#endif
         }
         mesh_fanin_close(&in);                        // exact positions for the next launch
         mesh_group_close(&out);

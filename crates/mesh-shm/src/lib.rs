@@ -20,8 +20,8 @@
 //! Modules depend on one another in one direction, from the bytes up: [`layout`] (sizes and
 //! offsets, numbers only), [`indices`], the ring formats ([`ring`], [`index_ring`], [`bulk`]), the
 //! service formats ([`fanin`], then [`group`]), the [`Mailbox`] that lays them out in the file, and
-//! the host ends on top ([`channel`], [`bulk_channel`], [`service`]). `tests/module_graph.rs` fails
-//! on any circle between the source files.
+//! the host ends on top ([`channel`], [`bulk_channel`], [`service`]). The workspace's
+//! `xtask/tests/module_cycles.rs` fails on any circle between the source files.
 //!
 //! # A host client
 //!
