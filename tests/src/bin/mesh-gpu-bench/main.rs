@@ -30,6 +30,7 @@ mod bulk;
 mod channels;
 mod fanin_host;
 mod parts;
+mod probe;
 mod results;
 mod roundtrip;
 mod service;

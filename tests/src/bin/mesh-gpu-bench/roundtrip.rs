@@ -571,9 +571,28 @@ fn ping_pong_cap(
 
 /// `mesh-gpu-bench g2g MODE`: GPU↔GPU round trips by placement.
 pub fn gpu_round_trips(mps: bool) {
+    // The raw limit first, in a process of its own, before this one opens the GPU (in MPS mode the
+    // probe is then a plain context beside no server of ours).
+    let raw = crate::probe::raw_g2g();
     let mut b = Bench::open(mps);
     let mode = b.mode;
     println!();
+    match &raw {
+        Ok(r) => {
+            println!("Raw limit (tests/probes/g2g.cu, two plain kernels, this run), µs:");
+            for ((memory, size), us) in r {
+                println!("  {memory:?} {size} B: {us:.3}");
+            }
+        }
+        Err(e) => println!("Raw limit (tests/probes/g2g.cu) not measured: {e}"),
+    }
+    let raw_at = |memory, size| {
+        let name = match memory {
+            crate::probe::Memory::Device => "two kernels on device memory (tests/probes/g2g.cu)",
+            crate::probe::Memory::MappedHost => "two kernels on mapped host memory (tests/probes/g2g.cu)",
+        };
+        raw.as_ref().ok().and_then(|r| r.get(&(memory, size))).map(|&us| (name, us))
+    };
     println!("GPU↔GPU round trip, {mode} mode: ping ↔ echo_header (both the header's loop), timed by the GPU");
     println!("(%globaltimer), µs: mean [fastest, slowest] over ≥ 100,000 round trips after 1,000 warm-up.");
     println!();
@@ -601,11 +620,13 @@ pub fn gpu_round_trips(mps: bool) {
         let nodrain =
             device.then(|| ping_pong(&mut b, size, Placement::Device, n, ("ping_x_nodrain", "echo_x_nodrain")));
         let errors: u32 = [dev, Some(host), rare, nodrain].iter().flatten().map(|r| r.3).sum();
-        // The raw two-kernel limit is tests/probes/g2g.cu, a CUDA runtime program the bundle's `run` times beside.
+        use crate::probe::Memory;
         if let Some((mean, ..)) = dev {
-            crate::results::record("g2g", &format!("device channels, {mode}, {size} B, mean"), mean, "µs", None, None);
+            let figure = format!("device channels, {mode}, {size} B, mean");
+            crate::results::record("g2g", &figure, mean, "µs", raw_at(Memory::Device, size), None);
         }
-        crate::results::record("g2g", &format!("host channels, {mode}, {size} B, mean"), host.0, "µs", None, None);
+        let figure = format!("host channels, {mode}, {size} B, mean");
+        crate::results::record("g2g", &figure, host.0, "µs", raw_at(Memory::MappedHost, size), None);
         println!(
             "| {mode} | {size} | {} | {} | {} | {} | {errors} |",
             cell(dev),
