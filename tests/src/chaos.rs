@@ -1,9 +1,15 @@
 //! The chaos test's pieces (tests/tests/chaos.rs): its seed and schedule generator, meshd started by
-//! the systemd unit's command and killed with -9, the host ends of its sequence-checked streams, and
-//! the process, descriptor and GPU-memory accounting it ends with.
+//! the systemd unit's command and killed with -9, the host ends of its sequence-checked streams, the
+//! channels and services it makes and deletes under traffic, and the process, descriptor and
+//! GPU-memory accounting it ends with.
 
 mod accounting;
 pub use accounting::*;
+
+mod churn;
+pub use churn::*;
+
+mod deletes;
 
 mod failure;
 pub use failure::*;

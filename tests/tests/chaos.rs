@@ -17,14 +17,19 @@
 //! within the bound meshd logged for pp-a and pp-b plus the requests in flight), and in blink mode
 //! `dsource`→`dsink` on a device channel. Events: upgrades of stream programs, heartbeat bystanders
 //! loaded, upgraded and unloaded, the `fault` program, `kill -9` of meshd, in MPS mode `kill -9` of a
-//! bystander's worker, and native workers spawned and stopped. After every event the test waits
+//! bystander's worker, native workers spawned and stopped, and channels and services created and
+//! deleted under traffic (churn channels in the mailbox and, in blink mode, in device memory, some
+//! left holding messages; a delete of a stream's channel refused naming who holds it; a service's
+//! delete refused while a client is attached, done once it detached). After every event the test waits
 //! until every program runs again and every stream has moved on (the event's recovery gap), then
 //! checks: no stream lost, tore or reordered a message ever; a repeat only after a crash (kill -9,
 //! fault, a worker killed), at most what meshd logged for that crash ("may receive again up to N")
 //! or, where it logs nothing (an MPS recovery in place), the ring's capacity; a device ring's loss
 //! only after a crash, at most its capacity. At the end: every host message delivered, no meshd, MPS
 //! worker, MPS daemon or native worker left, meshd's descriptors and threads no more than after the
-//! setup, the GPU's memory in use grown by no more than 1% (plus a few MiB; less is fine).
+//! setup, the GPU's memory in use grown by no more than 1% (plus a few MiB; less is fine), both
+//! over the whole run and, in blink mode, from the setup to the end with every churn channel deleted
+//! (a device ring's delete frees its GPU memory).
 //!
 //! A killed MPS worker (`KillWorker`, a busy bystander's): meshd relaunches every program, the killed
 //! worker's included, in new workers; the test waits until every program runs again and the
@@ -42,7 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mesh_gpu_tests::chaos::{self, HostEnd, Rng, Scraper, Tally, UnitMeshd};
+use mesh_gpu_tests::chaos::{self, Churn, HostEnd, Rng, Scraper, Tally, UnitMeshd};
 use mesh_gpu_tests::stress::{self, user};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 use mesh_shm::{Mailbox, Producer};
@@ -87,6 +92,10 @@ enum Kind {
     KillWorker,
     Spawn,
     Stop,
+    ChannelCreate,
+    ChannelDelete,
+    ServiceCreate,
+    ServiceDelete,
 }
 
 impl Kind {
@@ -96,7 +105,7 @@ impl Kind {
     }
 }
 
-const WEIGHTS: [(Kind, u64); 9] = [
+const WEIGHTS: [(Kind, u64); 13] = [
     (Kind::UpgradeStream, 14),
     (Kind::LoadBystander, 10),
     (Kind::UpgradeBystander, 6),
@@ -106,6 +115,10 @@ const WEIGHTS: [(Kind, u64); 9] = [
     (Kind::KillWorker, 4),
     (Kind::Spawn, 4),
     (Kind::Stop, 4),
+    (Kind::ChannelCreate, 5),
+    (Kind::ChannelDelete, 5),
+    (Kind::ServiceCreate, 2),
+    (Kind::ServiceDelete, 2),
 ];
 
 fn draw(rng: &mut Rng) -> Kind {
@@ -170,6 +183,8 @@ struct Chaos {
     stop: Arc<AtomicBool>,
     /// `/metrics` and `/readyz`, scraped all run long.
     scraper: Option<Scraper>,
+    /// Channels and services made and deleted under traffic.
+    churn: Churn,
 }
 
 /// The stream positions that must move on after every event.
@@ -251,6 +266,7 @@ impl Chaos {
             echo,
             stop,
             scraper: None,
+            churn: Churn::default(),
         };
         for p in c.streams() {
             Self::load(&c.d, p);
@@ -538,6 +554,10 @@ impl Chaos {
                     assert!(!text.contains("errors=") || text.contains("errors=0"), "native worker {name}: {text}");
                 }
             }
+            Kind::ChannelCreate => self.churn.create_channel(&self.d, &self.mb, &mut self.rng, !self.mps)?,
+            Kind::ChannelDelete => self.churn.delete_channel(&self.d, &mut self.rng)?,
+            Kind::ServiceCreate => self.churn.create_service(&self.d)?,
+            Kind::ServiceDelete => self.churn.delete_service(&self.d, &mut self.rng)?,
         }
         Some(began)
     }
@@ -605,6 +625,7 @@ fn run(mode: &str, mps: bool) {
     let base_pid = c.d.child.id();
     let base_counts = chaos::settled_counts(base_pid);
     let base_workers = c.workers();
+    let memory_setup = chaos::gpu_memory_mib();
     eprintln!("chaos {mode}: set up; meshd pid {base_pid}: (descriptors, threads) {base_counts:?}");
 
     let mut figures: BTreeMap<Kind, Figures> = BTreeMap::new();
@@ -677,6 +698,7 @@ fn run(mode: &str, mps: bool) {
         }
     }
     c.natives.clear();
+    c.churn.delete_all(&c.d);
     let now = c.progress().expect("progress");
     c.recovered(&now, "the end");
     std::thread::sleep(Duration::from_millis(500));
@@ -684,6 +706,10 @@ fn run(mode: &str, mps: bool) {
     let pid = c.d.child.id();
     let end_counts = chaos::settled_counts(pid);
     let end_workers = c.workers();
+    let memory_end = match (mps, memory_setup) {
+        (false, Some(setup)) => chaos::memory_settled(setup, Duration::from_secs(30)),
+        _ => chaos::gpu_memory_mib(),
+    };
     c.stop.store(true, Ordering::Relaxed);
     let h2g_sent = {
         for t in std::mem::take(&mut c.h2g.threads) {
@@ -768,6 +794,17 @@ fn run(mode: &str, mps: bool) {
     let extra = usize::try_from(end_workers.saturating_sub(base_workers)).unwrap_or(usize::MAX / 8);
     let (fd_allowed, thread_allowed) = (base_counts.0 + 4 * extra, base_counts.1 + extra);
     eprintln!("MPS workers: after the setup {base_workers}, at the end {end_workers}");
+    eprintln!("GPU memory in use with meshd running: after the setup {memory_setup:?}, at the end {memory_end:?} MiB");
+    // Blink mode holds one context whatever happened: what the run's device rings took must be back.
+    // (MPS mode's pool may have grown, each worker a context of its own.)
+    if let (false, Some(a), Some(b)) = (mps, memory_setup, memory_end) {
+        assert!(
+            !chaos::memory_leaked(a, b),
+            "chaos {mode}: GPU memory in use with meshd running grew {a} -> {b} MiB over the run (more than 1% + {} \
+             MiB): device rings deleted but not freed?",
+            chaos::MEMORY_SLACK_MIB
+        );
+    }
     assert!(
         end_counts.0 <= fd_allowed && end_counts.1 <= thread_allowed,
         "chaos {mode}: meshd's descriptors or threads grew: {base_counts:?} -> {end_counts:?} ({extra} workers more)"

@@ -89,6 +89,13 @@ pub trait Backend: Send {
         None
     }
 
+    /// Channel `index` of the mailbox was deleted (no program bound it): the backend lets go of
+    /// what it held for it, a device ring's GPU memory, so that the memory is not held for ever and a
+    /// channel created later at that index gets a ring of its own size. Called on meshd's control
+    /// thread right after the mailbox unpublished the channel, before any later change. The default
+    /// holds nothing per channel.
+    fn channel_deleted(&mut self, _index: u32) {}
+
     /// Stops every program and releases the GPU; later calls are refused.
     fn shutdown(&mut self) -> Result<()>;
 

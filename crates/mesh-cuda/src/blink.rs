@@ -277,6 +277,11 @@ impl BlinkBackend {
         // One binding for every launch: each launch then finds the context current.
         self.ctx.bind()?;
         let mut first_err = None;
+        // Deleted channels' rings are freed while no kernel runs (a free waits for every kernel of
+        // the context): after a blink's stop, not beside a program that would not stop.
+        if !self.any_busy() {
+            self.device_rings.free_released();
+        }
         // Device rings before any kernel runs again (those skipped now too, which may be launched
         // beside running ones later): an allocation may wait for the work before it.
         for i in 0..self.programs.len() {
@@ -705,6 +710,15 @@ impl Backend for BlinkBackend {
 
     fn take_events(&mut self) -> Vec<BackendEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    fn channel_deleted(&mut self, index: u32) {
+        self.device_rings.release(index);
+        // A free waits for every kernel of the context, and resident kernels do not end: freed now
+        // only when none runs, else by the next blink (which stops them all first).
+        if !self.any_busy() {
+            self.device_rings.free_released();
+        }
     }
 
     fn host_atomics(&self) -> bool {

@@ -5,7 +5,10 @@
 //! memory is allocated when the first program bound to the channel is launched and lives as long as
 //! the context: blinks, upgrades, unloads and reloads leave it (and the messages in it) untouched.
 //! A new context (meshd started, or a reset after a fault) starts every ring empty: the mailbox's
-//! indices are moved together and the messages they still counted are reported as lost.
+//! indices are moved together and the messages they still counted are reported as lost. A deleted
+//! channel's ring is released at once and freed as soon as no kernel of the context runs
+//! (`cuMemFree` waits for the context's work, and resident kernels never end on their own): at
+//! once when none runs, else at the next blink.
 
 use std::collections::HashMap;
 
@@ -85,6 +88,8 @@ pub struct RingLoss {
 #[derive(Debug, Default)]
 pub struct DeviceRings {
     rings: HashMap<u32, DeviceSlots>,
+    /// Deleted channels' rings, freed by [`DeviceRings::free_released`] once no kernel runs.
+    released: Vec<DeviceSlots>,
     losses: Vec<RingLoss>,
 }
 
@@ -132,6 +137,24 @@ impl DeviceRings {
         for (_, slots) in self.rings.drain() {
             std::mem::forget(slots);
         }
+        for slots in self.released.drain(..) {
+            std::mem::forget(slots);
+        }
+    }
+
+    /// Channel `index` was deleted: its ring leaves the table at once (a channel created later at
+    /// that index gets a new one, of its own size) and waits in the released list until
+    /// [`DeviceRings::free_released`]. A channel with no ring here (never bound) holds nothing.
+    pub fn release(&mut self, index: u32) {
+        if let Some(slots) = self.rings.remove(&index) {
+            self.released.push(slots);
+        }
+    }
+
+    /// Frees the released rings' device memory. Call it while no kernel of the context runs (a
+    /// blink's change, or no program running): a free waits for the context's work.
+    pub fn free_released(&mut self) {
+        self.released.clear();
     }
 
     /// Rings renewed with messages in them since the last call, for the log.
@@ -139,7 +162,7 @@ impl DeviceRings {
         std::mem::take(&mut self.losses)
     }
 
-    /// Bytes of device memory held.
+    /// Bytes of device memory held by live channels' rings.
     pub fn bytes(&self) -> usize {
         self.rings.values().map(|r| r.bytes).sum()
     }

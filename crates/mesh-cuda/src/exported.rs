@@ -354,6 +354,13 @@ impl SharedRings {
         Ok(())
     }
 
+    /// Channel `channel` was deleted: its allocation is released (the physical memory goes once no
+    /// worker maps it: every program that bound the channel was unloaded first, and an unload unmaps
+    /// its worker's rings), so that a channel created later at that index gets its own.
+    pub fn release(&mut self, channel: u32) {
+        self.rings.remove(&channel);
+    }
+
     /// Channel `channel`'s ring was zeroed by the worker that mapped it.
     pub fn zeroed(&mut self, channel: u32) {
         if let Some(r) = self.rings.get_mut(&channel) {

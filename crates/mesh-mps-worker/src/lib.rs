@@ -19,15 +19,23 @@
 //! **Device channels** (MPS mode, opt-in): meshd owns each device ring's memory and hands a worker a
 //! descriptor of it ([`Command::Map`]) over a second, inherited unix socket (`--fd-socket N`,
 //! `SCM_RIGHTS`), sent just before the command; the worker maps it and gives programs the address.
+//!
+//! **Orphans** (`--orphan-grace-ms`, see [`orphan`]): a worker whose stdin ends while its kernel
+//! runs (meshd died) keeps the kernel running and waits for a meshd at a rendezvous socket. A meshd
+//! that connects says [`Command::Hello`] with its version; the worker answers [`Reply::Orphan`]
+//! (what it runs) or a refusal naming both versions, then takes commands on that socket as it did
+//! on stdin; [`Command::Retire`] stops its program in order and ends it.
 
 pub mod fdpass;
+pub mod orphan;
 
 use mesh_cuda::{KernelFigures, KernelRun, StreamState};
 use serde::{Deserialize, Serialize};
 
 /// The protocol's version, said in `ready`; meshd refuses a worker that speaks another.
-/// Version 3 added [`Event::Alive`] and `ready`'s `kernel_check_us`.
-pub const PROTOCOL: u32 = 3;
+/// Version 3 added [`Event::Alive`] and `ready`'s `kernel_check_us`; version 4 the orphan's
+/// rendezvous ([`Command::Hello`], [`Command::Retire`], [`Reply::Orphan`]).
+pub const PROTOCOL: u32 = 4;
 
 /// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read) by
 /// default: the bound on how late meshd hears that a kernel ended or failed, whatever the number of
@@ -87,6 +95,15 @@ pub enum Command {
     },
     /// Leave.
     Exit,
+    /// The first line on an orphan's rendezvous socket: the connecting meshd's protocol version.
+    /// Answered with [`Reply::Orphan`], or refused naming both versions when they differ.
+    Hello {
+        /// The version meshd speaks ([`PROTOCOL`]).
+        protocol: u32,
+    },
+    /// Stop the program in order and leave: the stop asked through its slot, the kernel given the
+    /// stop deadline, else the worker cut off its server; answered with `done` just before the exit.
+    Retire,
 }
 
 /// What travels with a descriptor on the fd socket (16 bytes, little-endian): which channel's ring it
@@ -219,6 +236,8 @@ pub enum RefusalKind {
     NoEntry,
     /// Anything else the driver or the file system refused.
     Failed,
+    /// A hello of another protocol version (both named in the message).
+    Version,
 }
 
 /// A refusal: its kind and the reason in words.
@@ -254,6 +273,29 @@ pub enum Reply {
     Done,
     /// The command, or the start, failed.
     Refused(Refusal),
+    /// An orphan's answer to [`Command::Hello`]: what it runs.
+    Orphan(Orphan),
+}
+
+/// What an orphaned worker runs, as it answers a meshd's [`Command::Hello`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Orphan {
+    /// The protocol it speaks ([`PROTOCOL`]).
+    pub protocol: u32,
+    /// Its pid.
+    pub pid: u32,
+    /// The slot of its last launch, if it launched one.
+    pub slot: Option<u32>,
+    /// That slot's generation as the mailbox says now.
+    pub generation: Option<u32>,
+    /// Launches so far.
+    pub launches: u64,
+    /// Its kernel now.
+    pub kernel: KernelState,
+    /// How long it has been without a meshd, ms.
+    pub orphaned_ms: u64,
+    /// How long it waits in all before it retires by itself, ms.
+    pub grace_ms: u64,
 }
 
 impl Reply {
@@ -379,6 +421,19 @@ mod tests {
         }
         assert_eq!(encode(&Reply::State { state: KernelState::Busy }), r#"{"reply":"state","state":"busy"}"#);
         assert!(serde_json::from_str::<Command>(r#"{"op":"dance"}"#).is_err());
+        assert_eq!(encode(&Command::Hello { protocol: 4 }), r#"{"op":"hello","protocol":4}"#);
+        assert_eq!(encode(&Command::Retire), r#"{"op":"retire"}"#);
+        let orphan = Reply::Orphan(Orphan {
+            protocol: PROTOCOL,
+            pid: 9,
+            slot: Some(2),
+            generation: Some(5),
+            launches: 1,
+            kernel: KernelState::Busy,
+            orphaned_ms: 120,
+            grace_ms: 60_000,
+        });
+        assert_eq!(decode(&encode(&orphan)).unwrap(), Incoming::Reply(orphan));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID] [--fd-socket N] [--kernel-check-us N]`: one MPS client of meshd's server, running one program at a time.
+//! `mesh-mps-worker --mailbox PATH [--sms N] [--device ORDINAL|UUID] [--fd-socket N] [--kernel-check-us N] [--orphan-grace-ms N --rendezvous-dir DIR]`: one MPS client of meshd's server, running one program at a time; or, with `--keep ROOT`, the keeper of an MPS directory.
 //!
 //! Started by meshd with `CUDA_MPS_PIPE_DIRECTORY` set to its private server. It creates its context
 //! (checking that it really is an MPS client), maps and registers the mailbox, takes a green context
@@ -7,6 +7,10 @@
 //! between commands and says, once per launch, when the kernel ended or failed (an event meshd did
 //! not ask for); idle or not, the same loop says `alive` every [`ALIVE_EVERY`]. Every failure is a
 //! reply with its kind and reason, never a panic.
+//!
+//! With `--orphan-grace-ms N` (N > 0) an end of input while the kernel runs does not end the
+//! worker: it waits up to N ms at its rendezvous for a meshd (see `mesh_mps_worker::orphan`), then
+//! takes commands on that socket, or retires by itself when nobody came.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -20,8 +24,9 @@ use mesh_cuda::CudaError;
 use mesh_cuda::exported::ImportedMemory;
 use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
 use mesh_mps_worker::fdpass::recv_fd;
+use mesh_mps_worker::orphan::{self, Grace, KeepPlan, Kept};
 use mesh_mps_worker::{
-    ALIVE_EVERY, Command, Event, FdTag, KERNEL_CHECK, KERNEL_CHECK_RANGE_US, PROTOCOL, Probe, Ready, Refusal,
+    ALIVE_EVERY, Command, Event, FdTag, KERNEL_CHECK, KERNEL_CHECK_RANGE_US, Orphan, PROTOCOL, Probe, Ready, Refusal,
     RefusalKind, Reply, encode,
 };
 use mesh_shm::{Mailbox, ShmError};
@@ -29,11 +34,15 @@ use mesh_shm::{Mailbox, ShmError};
 /// The command line. Every error, usage included, is the first line on stdout as a refusal, since
 /// that line is what meshd reads.
 #[derive(Debug, Parser)]
-#[command(name = "mesh-mps-worker", about = "One MPS client of meshd's server, running one program at a time")]
+#[command(
+    name = "mesh-mps-worker",
+    about = "One MPS client of meshd's server, running one program at a time",
+    override_usage = "mesh-mps-worker --mailbox <PATH> [OPTIONS]\n       mesh-mps-worker --keep <ROOT> --pipe-dir <DIR>... [OPTIONS]"
+)]
 struct Args {
     /// The mailbox file to map and register.
-    #[arg(long, value_name = "PATH")]
-    mailbox: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "keep")]
+    mailbox: Option<PathBuf>,
     /// A green context of this many SMs instead of the whole GPU.
     #[arg(long, value_name = "N")]
     sms: Option<u32>,
@@ -49,6 +58,30 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = KERNEL_CHECK.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(*KERNEL_CHECK_RANGE_US.start()..=*KERNEL_CHECK_RANGE_US.end()))]
     kernel_check_us: u64,
+    /// At the end of input while a kernel runs (meshd died): keep it running and wait this long at
+    /// the rendezvous for a meshd, then stop it in order and exit. 0: exit at once, as the kernel
+    /// then dies with the process.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    orphan_grace_ms: u64,
+    /// Where an orphan binds its rendezvous socket (`<DIR>/<pid>.sock`).
+    #[arg(long, value_name = "DIR")]
+    rendezvous_dir: Option<PathBuf>,
+    /// How long an orphan's program gets to stop before the worker has the server cut it off.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    stop_deadline_ms: u64,
+    /// `nvidia-cuda-mps-control`, for an orphan that must cut itself off and for the keeper.
+    #[arg(long, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
+    mps_control: PathBuf,
+    /// Be the keeper of MPS directory ROOT instead of a worker: at the end of input (meshd died),
+    /// wait until no worker of the `--pipe-dir`s lives, then quit their daemons.
+    #[arg(long, value_name = "ROOT")]
+    keep: Option<PathBuf>,
+    /// The keeper's pipe directories (one per daemon).
+    #[arg(long, value_name = "DIR", requires = "keep")]
+    pipe_dir: Vec<PathBuf>,
+    /// The keeper removes ROOT at the end (meshd made it).
+    #[arg(long, requires = "keep")]
+    remove_root: bool,
 }
 
 struct Worker {
@@ -66,6 +99,8 @@ struct Worker {
     channels: HashMap<u32, ImportedMemory>,
     /// Where meshd sends their descriptors.
     fd_socket: Option<UnixStream>,
+    /// The slot of the last launch.
+    slot: Option<u32>,
 }
 
 /// Where the protocol's lines go: the descriptor that was stdout when the worker started, before
@@ -138,7 +173,8 @@ enum StartError {
 }
 
 fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
-    let (mailbox_path, sms, selector) = (args.mailbox.as_path(), args.sms, args.device.as_str());
+    let (mailbox_path, sms, selector) =
+        (args.mailbox.as_deref().unwrap_or(Path::new("")), args.sms, args.device.as_str());
     let fd_socket = args.fd_socket.map(fd_socket).transpose()?;
     let device = Device::find(selector).map_err(|source| StartError::Device { selector: selector.into(), source })?;
     let started = Instant::now();
@@ -175,6 +211,7 @@ fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
         reported: true,
         channels: HashMap::new(),
         fd_socket,
+        slot: None,
     };
     Ok((worker, ready))
 }
@@ -189,7 +226,8 @@ impl Worker {
             Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms, pulse).into() }),
             Command::Unload => self.unload().map(|()| Reply::Done),
             Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
-            Command::Exit => Ok(Reply::Done),
+            Command::Exit | Command::Retire => Ok(Reply::Done),
+            Command::Hello { .. } => Err(Refusal::new(RefusalKind::Malformed, "hello is said on a rendezvous only")),
         };
         answer.unwrap_or_else(Reply::Refused)
     }
@@ -238,6 +276,7 @@ impl Worker {
             })
             .map_err(|e| failed(&e))?;
         func.launch(shape, &self.stream, &ctx).map_err(|e| failed(&e))?;
+        self.slot = Some(slot);
         self.launches += 1;
         self.reported = false;
         Ok(())
@@ -297,6 +336,215 @@ impl Worker {
         self.channels.clear();
         Ok(())
     }
+
+    /// What it runs, as an orphan answers a hello.
+    fn orphan_state(&self, grace: &Grace, grace_ms: u64) -> Orphan {
+        let generation = self.slot.and_then(|i| self.mailbox.slot(i).ok()).map(|s| s.generation());
+        Orphan {
+            protocol: PROTOCOL,
+            pid: std::process::id(),
+            slot: self.slot,
+            generation,
+            launches: self.launches,
+            kernel: self.stream.state().into(),
+            orphaned_ms: u64::try_from(grace.orphaned(Instant::now()).as_millis()).unwrap_or(u64::MAX),
+            grace_ms,
+        }
+    }
+
+    /// meshd is gone and the kernel runs: waits at the rendezvous for a meshd, up to the grace.
+    /// Returns once one said a hello of this version (its socket is then stdin and the protocol's
+    /// output); retires, which exits, when the grace passes or the kernel ends by itself.
+    fn orphan(&mut self, dir: &Path, args: &Args) {
+        let grace = Grace::new(Instant::now(), Duration::from_millis(args.orphan_grace_ms));
+        let path = orphan::rendezvous(dir, std::process::id());
+        let listener = match bind_rendezvous(dir, &path) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("mesh-mps-worker {}: rendezvous {}: {e}", std::process::id(), path.display());
+                self.retire(args, "its rendezvous could not be made");
+            }
+        };
+        eprintln!(
+            "mesh-mps-worker {}: meshd is gone; the kernel runs on, waiting up to {} ms for a meshd at {}",
+            std::process::id(),
+            args.orphan_grace_ms,
+            path.display()
+        );
+        loop {
+            let now = Instant::now();
+            if grace.passed(now) {
+                self.retire(args, "no meshd came within the grace");
+            }
+            if self.stream.state() != StreamState::Busy {
+                self.retire(args, "its kernel ended");
+            }
+            let wait = grace.left(now).min(Duration::from_millis(50));
+            let mut fds = [rustix::event::PollFd::new(&listener, rustix::event::PollFlags::IN)];
+            let timeout = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: i64::try_from(wait.as_nanos()).unwrap_or(999_999_999).min(999_999_999),
+            };
+            if !matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
+                continue;
+            }
+            let Ok((stream, _)) = listener.accept() else { continue };
+            if self.greet(&stream, &grace, args.orphan_grace_ms) {
+                // The socket stands in for the pipes from now on (the rendezvous is no longer needed).
+                let _ = std::fs::remove_file(&path);
+                let _ = rustix::stdio::dup2_stdin(&stream);
+                match rustix::io::fcntl_dupfd_cloexec(&stream, 3) {
+                    Ok(fd) => speak_on(fd),
+                    Err(e) => eprintln!("mesh-mps-worker: the rendezvous socket as output: {e}"),
+                }
+                eprintln!(
+                    "mesh-mps-worker {}: a meshd connected after {:?}",
+                    std::process::id(),
+                    grace.orphaned(Instant::now())
+                );
+                return;
+            }
+        }
+    }
+
+    /// Reads a connecting meshd's first line (within 2 s) and answers it: its state after a hello
+    /// of this version (true), a refusal naming both versions, or a refusal of anything else.
+    fn greet(&self, stream: &UnixStream, grace: &Grace, grace_ms: u64) -> bool {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let answer = |reply: &Reply| {
+            let mut s = stream;
+            let _ = writeln!(s, "{}", encode(reply));
+        };
+        let Some(line) = read_line(stream) else { return false };
+        match serde_json::from_str::<Command>(&line) {
+            Ok(Command::Hello { protocol }) => match orphan::check_hello(protocol) {
+                Ok(()) => {
+                    let _ = stream.set_read_timeout(None);
+                    answer(&Reply::Orphan(self.orphan_state(grace, grace_ms)));
+                    true
+                }
+                Err(why) => {
+                    answer(&Reply::refused(RefusalKind::Version, why));
+                    false
+                }
+            },
+            _ => {
+                answer(&Reply::refused(
+                    RefusalKind::Malformed,
+                    format!("the first line at a rendezvous must be a hello: {line:?}"),
+                ));
+                false
+            }
+        }
+    }
+
+    /// Stops the program in order and exits: its stop asked through its slot (once), the stop
+    /// deadline given, else this client cut off its server (so that its exit cannot fail the other
+    /// clients' kernels); then `done` on the protocol's output and the exit.
+    fn retire(&mut self, args: &Args, why: &str) -> ! {
+        let pid = std::process::id();
+        let mut ended = "no kernel ran".to_string();
+        if self.stream.state() == StreamState::Busy {
+            if let Some(slot) = self.slot.and_then(|i| self.mailbox.slot(i).ok()) {
+                slot.request_stop();
+            }
+            let deadline = Instant::now() + Duration::from_millis(args.stop_deadline_ms);
+            while self.stream.state() == StreamState::Busy && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            ended = match self.stream.state() {
+                StreamState::Busy => {
+                    cut_off_self(&args.mps_control, pid);
+                    format!("its kernel did not stop within {} ms and was cut off", args.stop_deadline_ms)
+                }
+                StreamState::Idle => "its kernel stopped".to_string(),
+                StreamState::Failed(e) => format!("its kernel failed ({e})"),
+            };
+        }
+        if let Some(dir) = &args.rendezvous_dir {
+            let _ = std::fs::remove_file(orphan::rendezvous(dir, pid));
+        }
+        eprintln!("mesh-mps-worker {pid}: retires ({why}): {ended}");
+        say(&Reply::Done);
+        std::process::exit(0)
+    }
+}
+
+/// Has this client cut off its server(s) (`terminate_client`), waiting up to a second for it: a
+/// client that exits while its kernel runs fails every other client's kernel.
+fn cut_off_self(control: &Path, pid: u32) {
+    let Some(pipe) = std::env::var_os(orphan::PIPE_ENV).map(PathBuf::from) else { return };
+    let servers =
+        orphan::control_command(control, &pipe, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
+    for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        if let Err(e) =
+            orphan::control_command(control, &pipe, &format!("terminate_client {server} {pid}"), Duration::from_secs(2))
+        {
+            eprintln!("mesh-mps-worker {pid}: cutting itself off server {server}: {e}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Binds the rendezvous socket (mode 0600, in a directory of mode 0700), replacing a stale file.
+fn bind_rendezvous(dir: &Path, path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let _ = std::fs::remove_file(path);
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// One line from `stream`, read a byte at a time so that nothing after it is taken from the socket.
+fn read_line(mut stream: &UnixStream) -> Option<String> {
+    use std::io::Read;
+    let _ = stream.set_nonblocking(false);
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.len() < 4096 {
+        match stream.read(&mut b) {
+            Ok(1) if b[0] == b'\n' => return Some(String::from_utf8_lossy(&line).into_owned()),
+            Ok(1) => line.push(b[0]),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Sends the protocol's lines to `fd` from now on (an adopting meshd's socket).
+fn speak_on(fd: std::os::fd::OwnedFd) {
+    match PROTOCOL_OUT.get() {
+        Some(out) => *out.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = std::fs::File::from(fd),
+        None => {
+            let _ = PROTOCOL_OUT.set(std::sync::Mutex::new(std::fs::File::from(fd)));
+        }
+    }
+}
+
+/// `--keep ROOT`: the keeper of an MPS directory (see `mesh_mps_worker::orphan::keep`).
+fn keeper(root: &Path, args: &Args) {
+    let plan = KeepPlan {
+        root: root.to_path_buf(),
+        pipe_dirs: args.pipe_dir.clone(),
+        control: args.mps_control.clone(),
+        wedged_after: Duration::from_millis(args.orphan_grace_ms.saturating_add(args.stop_deadline_ms))
+            + orphan::WEDGED_AFTER,
+        remove_root: args.remove_root,
+        every: Duration::from_millis(100),
+    };
+    match orphan::keep(&plan, std::io::stdin()) {
+        Kept::Released => {}
+        Kept::Reaped(lines) => {
+            for line in lines {
+                eprintln!("mesh-mps-worker keeper of {}: {line}", root.display());
+            }
+        }
+    }
 }
 
 fn main() {
@@ -309,6 +557,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(root) = &args.keep {
+        keeper(root, &args);
+        return;
+    }
     let (mut worker, ready) = match start(&args) {
         Ok(w) => w,
         Err(e) => {
@@ -337,10 +589,20 @@ fn main() {
         let line = match input.next(Some(wait)) {
             Next::Line(line) => line,
             Next::Quiet => continue,
+            Next::End if args.orphan_grace_ms > 0 && !worker.reported => {
+                // meshd is gone while the kernel runs: keep it for a meshd to come.
+                if let Some(dir) = &args.rendezvous_dir {
+                    worker.orphan(dir, &args);
+                    input = Lines::default();
+                    continue;
+                }
+                break;
+            }
             Next::End => break,
         };
         let reply = match serde_json::from_str::<Command>(&line) {
             Ok(Command::Exit) => break,
+            Ok(Command::Retire) => worker.retire(&args, "meshd asked"),
             Ok(cmd) => worker.handle(cmd, &mut pulse),
             Err(e) => Reply::refused(RefusalKind::Malformed, format!("malformed command: {e}")),
         };
@@ -445,10 +707,21 @@ mod tests {
     #[test]
     fn the_arguments_parse_and_bad_ones_are_refused() {
         let a = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "/dev/shm/m", "--sms", "16"]).unwrap();
-        assert_eq!((a.mailbox, a.sms, a.device.as_str()), (PathBuf::from("/dev/shm/m"), Some(16), "0"));
+        assert_eq!((a.mailbox, a.sms, a.device.as_str()), (Some(PathBuf::from("/dev/shm/m")), Some(16), "0"));
+        assert_eq!(a.orphan_grace_ms, 0, "no orphan by default");
         let b = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--device", "GPU-5f3a0011"]).unwrap();
         assert_eq!(b.device, "GPU-5f3a0011");
         assert!(Args::try_parse_from(["mesh-mps-worker"]).is_err(), "--mailbox is required");
+        let k = Args::try_parse_from(["mesh-mps-worker", "--keep", "/tmp/r", "--pipe-dir", "/tmp/r/pipe"]).unwrap();
+        assert_eq!(
+            (k.keep, k.pipe_dir.len(), k.mailbox),
+            (Some(PathBuf::from("/tmp/r")), 1, None),
+            "a keeper needs no mailbox"
+        );
+        assert!(
+            Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--pipe-dir", "p"]).is_err(),
+            "--pipe-dir is the keeper's"
+        );
         assert!(Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--sms", "many"]).is_err());
         assert_eq!(a.kernel_check_us, 5000, "the default period is KERNEL_CHECK");
         let c = Args::try_parse_from(["mesh-mps-worker", "--mailbox", "m", "--kernel-check-us", "1000"]).unwrap();

@@ -60,3 +60,49 @@ fn what_else_writes_to_stdout_goes_to_stderr_and_leaves_the_protocol_alone() {
     assert!(out.stdout.is_empty(), "the protocol pipe got: {}", String::from_utf8_lossy(&out.stdout));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: mesh-mps-worker"));
 }
+
+/// `--keep ROOT` started as meshd starts it, stdin a pipe from the test standing in for meshd.
+fn keeper(root: &std::path::Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_mesh-mps-worker"))
+        .arg("--keep")
+        .arg(root)
+        .arg("--pipe-dir")
+        .arg(root.join("pipe"))
+        .args(["--mps-control", "/nonexistent/nvidia-cuda-mps-control", "--remove-root"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn exits_within(child: &mut std::process::Child, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    None
+}
+
+#[test]
+fn the_keeper_touches_nothing_on_exit_and_clears_the_directory_when_meshd_dies() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    std::fs::create_dir_all(root.join("pipe")).unwrap();
+    // An orderly stop: meshd says exit, and quits the daemons itself.
+    let mut k = keeper(&root);
+    writeln!(k.stdin.take().unwrap(), "exit").unwrap();
+    let status = exits_within(&mut k, std::time::Duration::from_secs(5)).expect("the keeper left at exit");
+    assert!(status.success() && root.exists(), "released: the directory stays");
+    // meshd dies (its end of the pipe closes) with no worker left: the directory goes.
+    let mut k = keeper(&root);
+    drop(k.stdin.take());
+    let status = exits_within(&mut k, std::time::Duration::from_secs(5)).expect("the keeper ended after meshd");
+    assert!(status.success(), "{status}");
+    assert!(!root.exists(), "the MPS directory meshd made is removed");
+}

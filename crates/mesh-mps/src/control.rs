@@ -1,4 +1,9 @@
 //! meshd's private MPS control daemon: its directories, its process (a foreground child), its commands.
+//!
+//! Tied to meshd by default, its output piped into meshd's log. Under `--orphan-grace-ms` it is
+//! detached instead (it must outlive a crash of meshd, for the orphans' kernels run on its server)
+//! and writes its output to `log/control-daemon.log`, which meshd follows; an orderly exit still
+//! quits it. A start first clears what a previous meshd left there ([`crate::orphans::clear_previous`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -12,7 +17,11 @@ use rustix::process::Signal;
 use shared_child::SharedChild;
 
 use crate::mps_dir::{DirClaim, PREVIOUS_TEARDOWN, remove_stale_pipes, wait_for_previous_processes};
+use crate::orphans::OrphanPolicy;
 use crate::process;
+
+/// The detached daemon's output, in its log directory.
+pub const DAEMON_OUTPUT: &str = "control-daemon.log";
 
 /// The control binary's name.
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
@@ -68,6 +77,10 @@ pub struct MpsControl {
     device: Option<String>,
     /// How often every worker checks its running kernel ([`MpsControl::with_kernel_check`]).
     kernel_check: Duration,
+    /// How its workers outlive meshd, if they do (`--orphan-grace-ms`).
+    orphans: Option<OrphanPolicy>,
+    /// Tells the thread following a detached daemon's output file to stop.
+    following: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn mkdir_private(dir: &Path) -> Result<(), BackendError> {
@@ -86,12 +99,22 @@ impl MpsControl {
     /// `control` pipe would pass for a live daemon, and a client started against it runs as a plain
     /// context); and the daemon counts as ready only once it answers a command.
     pub fn start(root: Option<&Path>) -> Result<Self, BackendError> {
-        let binary = find_control()?;
-        let owned_root = root.is_none();
+        let owned = root.is_none();
         let root =
             root.map_or_else(|| PathBuf::from(format!("/tmp/meshd-mps.{}", std::process::id())), Path::to_path_buf);
+        Self::start_in(root, owned, None)
+    }
+
+    /// [`MpsControl::start`] in `root`, removed at quit when `owned`; with `orphans`, the daemon is
+    /// detached (it outlives a crash of meshd) and its workers become orphans rather than die.
+    pub fn start_in(root: PathBuf, owned_root: bool, orphans: Option<OrphanPolicy>) -> Result<Self, BackendError> {
+        let binary = find_control()?;
         mkdir_private(&root)?;
         let claim = DirClaim::take(&root)?;
+        let stop_deadline = orphans.as_ref().map_or(Duration::from_secs(2), |o| o.stop_deadline);
+        for line in crate::orphans::clear_previous(&root, &binary, stop_deadline) {
+            tracing::info!("{}: {line}", root.display());
+        }
         let control = Self {
             binary,
             root,
@@ -101,28 +124,83 @@ impl MpsControl {
             connected: Default::default(),
             device: None,
             kernel_check: mesh_mps_worker::KERNEL_CHECK,
+            orphans,
+            following: Default::default(),
         };
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
         wait_for_previous_processes(&control.pipe_dir(), PREVIOUS_TEARDOWN)?;
         remove_stale_pipes(&control.pipe_dir())?;
         let mut cmd = Command::new(&control.binary);
-        cmd.arg("-f")
-            .env(PIPE_ENV, control.pipe_dir())
-            .env(LOG_ENV, control.log_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SIGTERM, not SIGKILL: the daemon then shuts its server down, which a SIGKILL would orphan.
-        let child = process::spawn_tied(&mut cmd, Signal::TERM)
-            .map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
-        control.forward_log(&child);
+        cmd.arg("-f").env(PIPE_ENV, control.pipe_dir()).env(LOG_ENV, control.log_dir()).stdin(Stdio::null());
+        let spawned = if control.orphans.is_some() {
+            let out_path = control.log_dir().join(DAEMON_OUTPUT);
+            let out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&out_path)
+                .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", out_path.display())))?;
+            let from = out.metadata().map_or(0, |m| m.len());
+            let err = out.try_clone().map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", out_path.display())))?;
+            cmd.stdout(out).stderr(err);
+            let child = process::spawn_detached(&mut cmd);
+            if child.is_ok() {
+                control.follow_log(out_path, from);
+            }
+            child
+        } else {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            // SIGTERM, not SIGKILL: the daemon then shuts its server down, which a SIGKILL would orphan.
+            let child = process::spawn_tied(&mut cmd, Signal::TERM);
+            if let Ok(c) = &child {
+                control.forward_log(c);
+            }
+            child
+        };
+        let child =
+            spawned.map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
         *control.child.lock() = Some(child);
         if let Err(e) = control.wait_ready(Duration::from_secs(10)) {
             control.quit();
             return Err(e);
         }
         Ok(control)
+    }
+
+    /// A detached daemon writes to a file: follow it from `from` into meshd's log, noting the
+    /// clients our servers report as connected, until [`MpsControl::quit`].
+    fn follow_log(&self, path: PathBuf, from: u64) {
+        let connected = self.connected.clone();
+        let stop = self.following.clone();
+        let _ = std::thread::Builder::new().name("mps-control-log".into()).spawn(move || {
+            use std::io::{Seek, SeekFrom};
+            let Ok(mut file) = std::fs::File::open(&path) else { return };
+            if file.seek(SeekFrom::Start(from)).is_err() {
+                return;
+            }
+            let mut reader = BufReader::new(file);
+            let mut line = String::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match reader.read_line(&mut line) {
+                    Ok(n) if n > 0 && line.ends_with('\n') => {
+                        let text = line.trim_end();
+                        if let Some(pid) = connected_client(text) {
+                            connected.lock().insert(pid);
+                        }
+                        tracing::info!(target: "mps-control", "{text}");
+                        line.clear();
+                    }
+                    // At the end for now (a part of a line stays in `line` until the rest comes).
+                    Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// How its workers outlive meshd, if they do.
+    pub fn orphans(&self) -> Option<&OrphanPolicy> {
+        self.orphans.as_ref()
     }
 
     /// In the foreground the daemon logs to its standard output: forward it to meshd's log, noting
@@ -349,6 +427,7 @@ impl MpsControl {
                 tracing::warn!("the MPS control daemon ignored quit and was killed");
             }
         }
+        self.following.store(true, std::sync::atomic::Ordering::Relaxed);
         if self.owned_root {
             let _ = std::fs::remove_dir_all(&self.root);
         }

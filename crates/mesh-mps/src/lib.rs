@@ -8,6 +8,17 @@
 //! * [`standby`]: a second MPS server whose idle workers take the programs over after a fault
 //!   (`meshd run --standby N`, by default as many as the pool).
 //! * [`MpsBackend`]: the backend; [`native_pipe_dir`] and [`check_native`] for native GPU workers.
+//! * [`orphans`]: workers that outlive meshd (`--orphan-grace-ms`): the keeper, the hello and retire
+//!   at an orphan's rendezvous, and a start's clearing of what a previous meshd left running.
+//!
+//! **Outliving meshd.** By default every child dies with meshd (`PR_SET_PDEATHSIG`). With an orphan
+//! grace G > 0 the daemons, the workers and a keeper are detached instead: after a crash of meshd
+//! each program's kernel runs on in its worker for up to G, waiting at a rendezvous
+//! (`<mps dir>/orphans/<pid>.sock`); then it is stopped in order (its stop, once), the worker exits,
+//! and the keeper quits the daemons once the last worker is gone. A meshd started again on the same
+//! MPS directory (the default, `/tmp/meshd-mps-<uid>-<hash of the mailbox path>`, is stable) retires
+//! every orphan and waits for its exit before any program is relaunched: never two generations of
+//! one program at once. An orderly exit (`meshd shutdown`, SIGTERM) ends everything as before.
 //!
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
 //! register refuses.
@@ -16,6 +27,7 @@ pub mod backend;
 pub mod control;
 pub mod mps_dir;
 pub mod news;
+pub mod orphans;
 pub mod pool;
 pub mod process;
 pub mod standby;

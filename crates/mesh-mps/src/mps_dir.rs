@@ -45,28 +45,21 @@ impl DirClaim {
     }
 }
 
-/// A process other than this one whose environment names `pipe_dir` as its MPS pipe directory: a
-/// daemon, server or client of that directory. `(pid, command name)`.
-pub fn processes_using(pipe_dir: &Path) -> Vec<(u32, String)> {
-    let wanted = format!("{PIPE_ENV}={}", pipe_dir.display()).into_bytes();
-    let me = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut found: Vec<(u32, String)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            // Unreadable (another user's, or gone) and empty (a zombie, or past the point where the
-            // kernel dropped its memory) environments hold nothing of ours.
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == wanted.as_slice()))
-        })
-        .map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            (pid, comm.trim().to_string())
-        })
-        .collect();
-    found.sort_unstable();
-    found
+/// Processes other than this one whose environment names a pipe directory as theirs: a daemon,
+/// server or client of that directory. `(pid, command name)`.
+pub use mesh_mps_worker::orphan::processes_using;
+
+/// The default `--mps-dir` of a meshd serving `mailbox`: `/tmp/meshd-mps-<uid>-<hash>`, where the
+/// hash (FNV-1a, 64 bits, fixed by its definition so that every build of meshd computes the same)
+/// is of the mailbox's path. Stable across restarts, so that a meshd started again with the same
+/// arguments finds what the previous one left running; removed at an orderly exit.
+pub fn default_root(mailbox: &Path) -> std::path::PathBuf {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in mailbox.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    std::path::PathBuf::from(format!("/tmp/meshd-mps-{}-{hash:016x}", rustix::process::getuid().as_raw()))
 }
 
 /// Waits until no process uses `pipe_dir` (those of a meshd that died, which the driver may take
@@ -146,6 +139,21 @@ mod tests {
             assert!(Instant::now() < deadline, "a released claim (as after a crash) can be taken again: {e}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn the_default_directory_is_stable_per_mailbox_and_user() {
+        let a = default_root(Path::new("/dev/shm/meshd.mailbox"));
+        assert_eq!(a, default_root(Path::new("/dev/shm/meshd.mailbox")), "the same every start");
+        assert_ne!(a, default_root(Path::new("/dev/shm/other.mailbox")));
+        let name = a.file_name().unwrap().to_str().unwrap().to_string();
+        let uid = rustix::process::getuid().as_raw();
+        assert!(
+            name.starts_with(&format!("meshd-mps-{uid}-")) && name.len() == format!("meshd-mps-{uid}-").len() + 16,
+            "{name}"
+        );
+        // FNV-1a of the empty path is its offset basis: the definition, not this build's hasher.
+        assert!(default_root(Path::new("")).ends_with(format!("meshd-mps-{uid}-cbf29ce484222325")));
     }
 
     #[test]

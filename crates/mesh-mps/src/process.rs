@@ -1,4 +1,9 @@
-//! The one place mesh-mps starts child processes: every child dies with meshd (`PR_SET_PDEATHSIG`).
+//! The one place mesh-mps starts child processes: tied children die with meshd (`PR_SET_PDEATHSIG`); detached ones outlive it.
+//!
+//! Tied is the default. Under `--orphan-grace-ms` the MPS control daemons, the workers and the
+//! keeper are *detached* instead ([`spawn_detached`]): no death signal, and a session of their own,
+//! so that neither meshd's crash nor a signal to its process group (a terminal's Ctrl-C) reaches
+//! them; an orderly exit still ends each of them itself.
 //!
 //! PDEATHSIG fires when the *thread* that spawned the child exits, so children are spawned from
 //! meshd's control thread, which lives as long as the process. A child whose parent is already gone
@@ -30,6 +35,21 @@ pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<SharedChild> 
     // (prctl, getppid, _exit) and takes no lock and makes no allocation.
     unsafe { cmd.pre_exec(tie) };
     SharedChild::spawn(cmd)
+}
+
+/// Spawns `cmd` in a session of its own, with no death signal: it outlives this process.
+pub fn spawn_detached(cmd: &mut Command) -> io::Result<SharedChild> {
+    use std::os::unix::process::CommandExt;
+    let detach = || rustix::process::setsid().map(|_| ()).map_err(io::Error::from);
+    // SAFETY: `detach` runs between fork and exec and makes one async-signal-safe system call
+    // (setsid); it takes no lock and makes no allocation.
+    unsafe { cmd.pre_exec(detach) };
+    SharedChild::spawn(cmd)
+}
+
+/// Spawns `cmd` tied (SIGKILL at meshd's death) or, with `detached`, as [`spawn_detached`].
+pub fn spawn_child(cmd: &mut Command, detached: bool) -> io::Result<SharedChild> {
+    if detached { spawn_detached(cmd) } else { spawn_tied(cmd, Signal::KILL) }
 }
 
 /// Makes `cmd`'s child inherit descriptor `fd` (close-on-exec here, as std opens everything, so no
@@ -85,9 +105,45 @@ pub fn dying(pid: u32) -> bool {
     mesh_shm::claim::process_dying(pid)
 }
 
+/// The worker binary: `MESH_MPS_WORKER`, beside the running executable, or on `PATH` (else the bare
+/// name, so that the spawn's error names what was missing).
+pub fn worker_binary() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("MESH_MPS_WORKER") {
+        return std::path::PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            let c = dir.join("mesh-mps-worker");
+            if c.is_file() {
+                return c;
+            }
+        }
+    }
+    which::which("mesh-mps-worker").unwrap_or_else(|_| std::path::PathBuf::from("mesh-mps-worker"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detached_child_leads_its_own_session_and_a_tied_one_does_not() {
+        let sid = |pid: u32| -> String {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            // After the command name: state, ppid, pgrp, session.
+            stat.rsplit_once(')').unwrap().1.split_whitespace().nth(3).unwrap().to_string()
+        };
+        let detached = spawn_detached(Command::new("/bin/sleep").arg("30")).unwrap();
+        let tied = spawn_tied(Command::new("/bin/sleep").arg("30"), Signal::KILL).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sid(detached.id()) != detached.id().to_string() {
+            assert!(std::time::Instant::now() < deadline, "the detached child never led a session");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_ne!(sid(tied.id()), tied.id().to_string(), "a tied child stays in meshd's session");
+        kill(&detached);
+        kill(&tied);
+    }
 
     #[test]
     fn a_live_process_is_not_dying_a_killed_or_vanished_one_is() {

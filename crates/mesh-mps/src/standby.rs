@@ -9,7 +9,7 @@
 //! standby workers at once, leaves the faulted server's workers to be reaped here as they exit, and
 //! swaps the roles; a new standby is then made on the faulted server, without blocking the backend
 //! thread, once it takes clients again (each such worker counted like a pool growth). Anything
-//! else recovers the usual way, and the log names the one reason. On the H200 (2026-12-03) 8
+//! else recovers the usual way, and the log names the one reason. On the H200 8
 //! programs recovered in 15.3 ms with the standby against 1.35-1.63 s without; see
 //! docs/explanation/modes.md ("The standby server") for its cost to the running programs (an idle standby's server is a second
 //! context, which time-slices only when both have work).

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,35 +28,18 @@ use mesh_mps_worker::{
     ALIVE_EVERY, Command as WorkerCommand, FdTag, KERNEL_CHECK, KernelState, PROTOCOL, Probe, Ready, Refusal,
     RefusalKind, Reply, encode,
 };
-use rustix::process::Signal;
 use shared_child::SharedChild;
 
 use crate::control::{LOG_ENV, MpsControl, PIPE_ENV};
 use crate::news::{Heard, read_output};
 pub use crate::news::{News, NewsSender, OnFailure, SilenceClock, Wake, WorkerNews};
 use crate::process;
+pub use crate::process::worker_binary;
 
 /// A worker's first answer may take this long: its context creation also starts the MPS server.
 pub const WORKER_LOAD: Duration = Duration::from_millis(30_000);
 /// A launch's answer.
 pub const WORKER_LAUNCH: Duration = Duration::from_millis(2_000);
-
-/// The worker binary: `MESH_MPS_WORKER`, beside the running executable, or on `PATH` (else the bare
-/// name, so that the spawn's error names what was missing).
-pub fn worker_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("MESH_MPS_WORKER") {
-        return PathBuf::from(p);
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        for dir in exe.ancestors().skip(1).take(2) {
-            let c = dir.join("mesh-mps-worker");
-            if c.is_file() {
-                return c;
-            }
-        }
-    }
-    which::which("mesh-mps-worker").unwrap_or_else(|_| PathBuf::from("mesh-mps-worker"))
-}
 
 /// One worker process.
 #[derive(Debug)]
@@ -138,7 +121,18 @@ impl Worker {
         if let Some(uuid) = control.device() {
             cmd.arg("--device").arg(uuid);
         }
-        let mut worker = Self::spawn_command(&mut cmd, news)
+        let detached = control.orphans().is_some();
+        if let Some(o) = control.orphans() {
+            cmd.arg("--orphan-grace-ms")
+                .arg(o.grace.as_millis().to_string())
+                .arg("--rendezvous-dir")
+                .arg(&o.rendezvous_dir)
+                .arg("--stop-deadline-ms")
+                .arg(o.stop_deadline.as_millis().to_string())
+                .arg("--mps-control")
+                .arg(&o.control);
+        }
+        let mut worker = Self::spawn_command_with(&mut cmd, news, detached)
             .map_err(|e| BackendError::Worker { pid: 0, detail: format!("starting {}: {e}", binary.display()) })?;
         worker.asked_sms = sms;
         Ok(worker)
@@ -147,6 +141,12 @@ impl Worker {
     /// Spawns `cmd` as a worker (a real one from [`Worker::spawn`], or a stand-in speaking the
     /// protocol, in tests): `--fd-socket N` appended, stdin and stdout piped, its reader started.
     pub fn spawn_command(cmd: &mut Command, news: &NewsSender) -> std::io::Result<Self> {
+        Self::spawn_command_with(cmd, news, false)
+    }
+
+    /// [`Worker::spawn_command`], the child tied to meshd (it dies with meshd) or, with `detached`,
+    /// in a session of its own that outlives meshd (an orphan grace).
+    pub fn spawn_command_with(cmd: &mut Command, news: &NewsSender, detached: bool) -> std::io::Result<Self> {
         let (fds, child_end) = UnixStream::pair()?;
         // At 3 or above: the child's stdio setup overwrites 0 to 2 (which a daemon started with
         // stdin closed could have handed the socket).
@@ -157,8 +157,9 @@ impl Worker {
         // that no other child inherits it); changed in the child only, after the fork.
         process::inherit_fd(cmd, n, n);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-        // A worker must not outlive meshd; SIGKILL is only reached when meshd itself is gone.
-        let child = process::spawn_tied(cmd, Signal::KILL)?;
+        // Tied, a worker does not outlive meshd (SIGKILL is only reached when meshd itself is gone);
+        // detached, it keeps its kernel for the orphan grace.
+        let child = process::spawn_child(cmd, detached)?;
         drop(child_end);
         let pid = child.id();
         let (Some(stdin), Some(stdout)) = (child.take_stdin(), child.take_stdout()) else {

@@ -4,8 +4,10 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 use mesh_mps::MpsControl;
+use mesh_mps::orphans::OrphanPolicy;
 
 const FAKE_CONTROL: &str = r#"#!/bin/sh
 # Stand-in for nvidia-cuda-mps-control: `-f` is the daemon, otherwise one command on stdin.
@@ -89,4 +91,38 @@ fn the_control_daemon_is_driven_through_its_command_protocol() {
     assert!(dir.ends_with(format!("meshd-mps.{}", std::process::id())));
     owned.quit();
     assert!(!dir.exists(), "{} removed at quit", dir.display());
+
+    // Under an orphan grace the daemon is detached: a session of its own (a crash of meshd, or a
+    // signal to its process group, does not reach it), its output in a file of its log directory.
+    let survives = root.path().join("survives");
+    let policy = |dir: &Path| OrphanPolicy {
+        grace: Duration::from_secs(3),
+        stop_deadline: Duration::ZERO,
+        rendezvous_dir: dir.join("orphans"),
+        control: fake.clone(),
+    };
+    let detached = MpsControl::start_in(survives.clone(), false, Some(policy(&survives))).unwrap();
+    let pid = detached.pid().unwrap();
+    assert_eq!(session_of(pid), pid, "the detached daemon leads its own session");
+    let output = detached.log_dir().join(mesh_mps::control::DAEMON_OUTPUT);
+    assert!(std::fs::read_to_string(&output).unwrap().contains("stand-in control daemon starting"));
+    // meshd "dies" without quitting it: the next start on the directory quits it before its own.
+    drop(detached);
+    assert!(process_runs(pid), "the daemon outlived its meshd");
+    let next = MpsControl::start_in(survives.clone(), false, Some(policy(&survives))).unwrap();
+    assert!(!process_runs(pid), "the previous daemon was quit first");
+    assert!(next.alive() && next.pid() != Some(pid));
+    next.quit();
+    assert!(std::fs::read_to_string(&output).unwrap().contains("stand-in control daemon quitting"));
+}
+
+/// The session id of process `pid`.
+fn session_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')').unwrap().1.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn process_runs(pid: u32) -> bool {
+    mesh_mps_worker::orphan::process_alive(pid)
 }

@@ -35,7 +35,7 @@ if [ -e "$CUDA_MPS_PIPE_DIRECTORY/refuse" ]; then
   echo '{"reply":"refused","kind":"start","message":"creating the context: CUDA_ERROR_MPS_SERVER_NOT_READY"}'; exit 1
 fi
 echo $$ >> "$CUDA_MPS_PIPE_DIRECTORY/clients"
-printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
 while read -r line; do
   case "$line" in
     *'"op":"exit"'*) exit 0 ;;

@@ -29,12 +29,12 @@ if [ ! -S "/proc/self/fd/$last" ]; then
 fi
 case "$MODE" in
   silent) while read -r line; do :; done; exit 0 ;;
-  mute) printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+  mute) printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
         while read -r line; do :; done; exit 0 ;;
-  alive) printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+  alive) printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
          while :; do echo '{"event":"alive"}' || exit 0; sleep 0.02; done ;;
   noproto) printf '{"reply":"ready","pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$ ;;
-  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-3}" $$ ;;
+  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-4}" $$ ;;
 esac
 while read -r line; do
   case "$line" in
@@ -249,11 +249,15 @@ fn a_worker_of_another_protocol_or_silent_is_refused_naming_it() {
     let w = bench.spawn(&news, &[("PROTO", "1")]);
     let pid = w.pid();
     let e = w.handshake(READY).unwrap_err().to_string();
-    assert!(e.contains(&pid.to_string()) && e.contains("speaks protocol 1 where meshd speaks 3"), "{e}");
-    // The last version's worker (no `alive`, no kernel_check_us in its ready) is refused for its version.
-    let w = bench.spawn(&news, &[("PROTO", "2")]);
-    let e = w.handshake(READY).unwrap_err().to_string();
-    assert!(e.contains("speaks protocol 2 where meshd speaks 3"), "{e}");
+    let now = mesh_mps_worker::PROTOCOL;
+    assert!(e.contains(&pid.to_string()) && e.contains(&format!("speaks protocol 1 where meshd speaks {now}")), "{e}");
+    // An older version's worker (version 2: no `alive`, no kernel_check_us in its ready; version 3:
+    // no orphan rendezvous) is refused for its version.
+    for old in ["2", "3"] {
+        let w = bench.spawn(&news, &[("PROTO", old)]);
+        let e = w.handshake(READY).unwrap_err().to_string();
+        assert!(e.contains(&format!("speaks protocol {old} where meshd speaks {now}")), "{e}");
+    }
 
     let w = bench.spawn(&news, &[("MODE", "noproto")]);
     let e = w.handshake(READY).unwrap_err().to_string();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -114,3 +115,35 @@ def test_the_default_socket_follows_the_cli(monkeypatch: pytest.MonkeyPatch) -> 
         meshd.Client()
     monkeypatch.setenv("MESHD_SOCKET", "/run/x.sock")
     assert str(meshd.Client().socket) == "/run/x.sock"
+
+
+def test_a_deleted_channel_or_service_frees_its_room_and_its_name(
+    daemon: tuple[meshd.Client, subprocess.Popen[str]],
+) -> None:
+    client, _ = daemon
+    empty = client.info()["arena"]
+    client.channel_create("jobs", msg_size=64, capacity=16)
+    assert client.info()["arena"]["descriptors_in_use"] == empty["descriptors_in_use"] + 1
+    with client.producer("jobs") as tx:
+        with pytest.raises(meshd.MeshdRefused) as e:
+            client.channel_delete("jobs", discard=True)
+        assert "producer" in e.value.reason, e.value.reason
+        tx.send(b"one", timeout=DEADLINE)
+        tx.send(b"two", timeout=DEADLINE)
+    with pytest.raises(meshd.MeshdRefused, match="2 message"):
+        client.channel_delete("jobs")
+    assert client.channel_delete("jobs", discard=True) == 2
+    assert client.info()["arena"] == empty
+    client.channel_create("jobs", msg_size=4096, capacity=4)  # the name again, another size
+    assert client.channel_delete("jobs") == 0
+
+    client.service_create("kv", clients=2, msg_size=64)
+    with client.service("kv") as svc:
+        with pytest.raises(meshd.MeshdRefused) as refused:
+            client.service_delete("kv")
+        assert f"pid {os.getpid()}" in refused.value.reason and "attached" in refused.value.reason
+        assert svc.id >= 0
+    assert client.service_delete("kv") == 0
+    assert client.info()["arena"] == empty
+    with pytest.raises(meshd.MeshdRefused, match="kv"):
+        client.service_delete("kv")

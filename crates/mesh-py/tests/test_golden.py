@@ -11,6 +11,7 @@ import pytest
 import meshd
 from meshd.control import (
     PROGRAM_STATES,
+    ArenaRow,
     ChannelRow,
     Info,
     NativeRow,
@@ -65,6 +66,10 @@ REQUESTS = {
         "kv", clients=4, msg_size=64, capacity=64, reply_size=256, reply_capacity=4
     ),
     "service_create_shards": lambda c: c.service_create("kv", clients=8, msg_size=64, shards=4),
+    "channel_delete": lambda c: c.channel_delete("to-gpu"),
+    "channel_delete_discard": lambda c: c.channel_delete("to-gpu", discard=True),
+    "service_delete": lambda c: c.service_delete("kv"),
+    "service_delete_discard": lambda c: c.service_delete("kv", discard=True),
 }
 #: The requests a :class:`meshd.Service` sends on its lease (its own connection, not ``Client.call``):
 #: checked against a stand-in meshd by ``test_the_lease_requests_are_byte_for_byte_the_clis``.
@@ -81,6 +86,10 @@ ANSWERS = {
     "service_create": "service_create",
     "service_create_replies": "service_create",
     "service_create_shards": "service_create",
+    "channel_delete": "delete",
+    "channel_delete_discard": "delete",
+    "service_delete": "delete",
+    "service_delete_discard": "delete",
 }
 CASES = golden_names(".request")
 
@@ -261,3 +270,13 @@ def test_metrics_and_the_optional_fields_newer_meshds_take() -> None:
     assert c.sent.split(b"\n")[0].endswith(b',"sms":null,"no_readiness":true}')
     c.channel_create("d", msg_size=8, capacity=2, placement="device")
     assert c.sent == b'{"op":"channel_create","name":"d","msg_size":8,"capacity":2,"placement":"device"}\n'
+
+
+def test_a_delete_returns_the_count_meshd_answers_and_refuses_a_discard_that_is_no_bool() -> None:
+    assert Recorder("delete").channel_delete("to-gpu", discard=True) == 3
+    assert Recorder("delete").service_delete("kv") == 3
+    assert Recorder("ok").channel_delete("to-gpu") == 0, "a meshd that sends no count dropped nothing"
+    with pytest.raises(TypeError, match="discard"):
+        Recorder("delete").channel_delete("to-gpu", discard=1)  # type: ignore[arg-type]
+    info = Recorder("info").info()
+    assert set(info["arena"]) == keys(ArenaRow), info["arena"]

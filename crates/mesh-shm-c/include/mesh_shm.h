@@ -465,6 +465,45 @@ MeshStatus mesh_shm_user_words(const struct MeshMailbox *mb,
                                uint32_t *words,
                                uint32_t count);
 
+// Deletes channel `name` through the meshd listening on `socket_path` (NULL: the path in
+// `MESHD_SOCKET`, else `MESHD_DEVICE`'s meshd, else `/tmp/meshd.sock`, as [`mesh_service_connect`]
+// finds it): its ring's bytes are reused by the next channel created (a device ring's GPU memory
+// is freed), and the name can be created again at once, with any size. With `discard` non-zero the
+// messages it holds are dropped; `*discarded` (when not NULL) gets how many.
+//
+// Returns [`MESH_ERR_REFUSED`](crate::MESH_ERR_REFUSED), meshd's reason in
+// `mesh_shm_last_error()`, while a program binds the channel, a process holds one of its ends (a
+// producer or consumer claimed, this process's included: release it first), or it holds messages
+// and `discard` is 0; and for a service's channel (deleted with [`mesh_service_delete`]).
+// [`MESH_ERR_UNREACHABLE`](crate::MESH_ERR_UNREACHABLE) when no meshd answers there.
+//
+// [`mesh_service_connect`]: crate::mesh_service_connect
+//
+// # Safety
+// `socket_path` is NULL or NUL-terminated; `name` is NULL (refused) or NUL-terminated;
+// `discarded` is NULL or writable.
+MeshStatus mesh_channel_delete(const char *socket_path,
+                               const char *name,
+                               int discard,
+                               uint64_t *discarded);
+
+// Deletes service `name`, its fan-in channel `name` and its group `name.replies`, through the
+// meshd at `socket_path` (NULL: as [`mesh_channel_delete`] finds it). With `discard` non-zero the
+// requests and replies it holds are dropped; `*discarded` (when not NULL) gets how many.
+//
+// Returns [`MESH_ERR_REFUSED`](crate::MESH_ERR_REFUSED), meshd's reason in
+// `mesh_shm_last_error()`, while a client is attached (a `MeshService` of any process, this one's
+// included: close it first), while a program binds either channel, or while requests or replies
+// are queued and `discard` is 0.
+//
+// # Safety
+// `socket_path` is NULL or NUL-terminated; `name` is NULL (refused) or NUL-terminated;
+// `discarded` is NULL or writable.
+MeshStatus mesh_service_delete(const char *socket_path,
+                               const char *name,
+                               int discard,
+                               uint64_t *discarded);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

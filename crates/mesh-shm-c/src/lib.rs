@@ -15,7 +15,8 @@
 //!
 //! A program's user words (what its kernel stores with `mesh_user_store`) are read by the program's
 //! name through meshd (`mesh_program_user_words`, [`user`]), or by its slot from a mapped mailbox
-//! (`mesh_shm_user_words`).
+//! (`mesh_shm_user_words`). A channel or a service is deleted through meshd too
+//! (`mesh_channel_delete`, `mesh_service_delete`, [`control`]).
 //!
 //! Conventions: every call returns a [`MeshStatus`]: [`MESH_OK`], a positive "not now"
 //! ([`MESH_FULL`], [`MESH_EMPTY`], [`MESH_TIMEOUT`]) or a negative error, whose text
@@ -48,3 +49,6 @@ pub use service::*;
 
 pub mod user;
 pub use user::*;
+
+pub mod control;
+pub use control::*;

@@ -205,7 +205,7 @@ impl BulkProducer {
     pub fn claim_with(mailbox: &Mailbox, name: &str, config: CopyConfig) -> Result<Self> {
         let info = mailbox.channel(name)?;
         let ring = mailbox.bulk_memory(&info)?;
-        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Producer)?;
         let copier = copier(mailbox, config)?;
         prefault(&ring);
         let wait = mailbox.wait_config();
@@ -380,7 +380,7 @@ impl BulkConsumer {
     pub fn claim_with(mailbox: &Mailbox, name: &str, config: CopyConfig) -> Result<Self> {
         let info = mailbox.channel(name)?;
         let ring = mailbox.bulk_memory(&info)?;
-        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Consumer)?;
         let core = BulkConsumerCore::new(ring).map_err(|c| corrupt(&info, c))?;
         let copier = copier(mailbox, config)?;
         prefault(&ring);

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use crate::claim::{self, ClaimRefused, Holder};
+use crate::claim::{self, Holder};
 use crate::error::{End, Result, ShmError};
 use crate::index_ring::{IndexConsumerCore, IndexProducerCore};
 use crate::mailbox::{ChannelInfo, Mailbox, Protocol};
@@ -23,23 +23,22 @@ pub struct EndClaim {
 impl EndClaim {
     /// Claims `end` of channel `name` for this process. A live holder refuses; a dead one is replaced.
     pub fn take(mailbox: &Mailbox, name: &str, end: End) -> Result<Self> {
-        let info = mailbox.channel(name)?;
+        Self::take_of(mailbox, &mailbox.channel(name)?, end)
+    }
+
+    /// Claims `end` of channel `info` as it was looked up: refused ([`ShmError::Deleted`]) if it
+    /// has been deleted or replaced since, so that an end built over `info`'s ring claims that ring.
+    pub(crate) fn take_of(mailbox: &Mailbox, info: &ChannelInfo, end: End) -> Result<Self> {
         let me = Holder::current();
         let ring = mailbox.ring_header(info.ring_offset);
         let word = match end {
             End::Producer => &ring.claims.producer,
             End::Consumer => &ring.claims.consumer,
         };
-        match claim::claim(word, me) {
-            Ok(_) => Ok(Self {
-                mailbox: mailbox.clone(),
-                ring_offset: info.ring_offset,
-                end,
-                holder: me,
-                channel: info.name,
-            }),
-            Err(ClaimRefused::HeldBy(h)) => Err(ShmError::Claimed { channel: name.to_string(), end, pid: h.pid }),
-        }
+        // Under the table lock, the descriptor read again first: never a claim on a deleted ring.
+        mailbox.claim_word(info, word, me, &info.name, end)?;
+        let channel = info.name.clone();
+        Ok(Self { mailbox: mailbox.clone(), ring_offset: info.ring_offset, end, holder: me, channel })
     }
 
     fn word(&self) -> &AtomicU64 {
@@ -121,7 +120,7 @@ impl Producer {
         let info = mailbox.channel(name)?;
         let memory = Memory::of(mailbox, &info)?;
         // Claimed before the core resumes: a live holder must refuse before this end publishes a head.
-        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Producer)?;
         let core = match memory {
             Memory::Ll(ring) => ProducerRing::Ll(ProducerCore::new(ring)),
             Memory::Index(ring) => ProducerRing::Index(IndexProducerCore::new(ring)),
@@ -238,7 +237,7 @@ impl Consumer {
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
         let memory = Memory::of(mailbox, &info)?;
-        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Consumer)?;
         let core = match memory {
             Memory::Ll(ring) => ConsumerCore::new(ring).map(ConsumerRing::Ll),
             Memory::Index(ring) => IndexConsumerCore::new(ring).map(ConsumerRing::Index),

@@ -5,12 +5,12 @@
 //! does not pass for the process that died. The word is host-only: CPU
 //! compare-and-swap is fine here, unlike on words the GPU shares.
 //!
-//! A zombie holds nothing (it runs no code), and a holder that is exiting (a SIGKILL pending, or the
-//! kernel's exit begun: a process killed inside a CUDA driver call sits in D state for up to seconds
-//! while the driver tears its context down) is waited for, up to [`DYING_HOLDER_WAIT`], rather than
-//! refused: a process restarted right after its predecessor was killed (a native worker after
-//! `kill -9` of meshd, whose PDEATHSIG killed the old one) would otherwise be refused for an end no
-//! live code holds.
+//! A zombie holds nothing (it runs no code), and a holder that is exiting (a SIGKILL sent and not
+//! yet delivered, or the kernel's exit begun: a process killed inside a CUDA driver call sits in D
+//! state for up to seconds while the driver tears its context down) is waited for, up to
+//! [`DYING_HOLDER_WAIT`], rather than refused: a process restarted right after its predecessor was
+//! killed (a native worker after `kill -9` of meshd, whose PDEATHSIG killed the old one) would
+//! otherwise be refused for an end no live code holds.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,8 +108,8 @@ fn start_time(pid: u32) -> Option<u32> {
 }
 
 /// Whether process `pid` is dying: it has exited (a zombie) or is gone, the kernel began its exit
-/// (`PF_EXITING`), or a SIGKILL is pending for it (`SigPnd`/`ShdPnd` in `/proc/PID/status`: one
-/// sent while it sat in an uninterruptible driver call). Such a process runs no more user code.
+/// (`PF_EXITING`), or a SIGKILL waits to be delivered to it (`SigPnd`/`ShdPnd` in
+/// `/proc/PID/status`: one sent while it sat in an uninterruptible driver call). Such a process runs no more user code.
 pub fn process_dying(pid: u32) -> bool {
     /// SIGKILL's bit in a signal mask (signal 9: bit 8).
     const SIGKILL_BIT: u64 = 1 << 8;
@@ -132,31 +132,55 @@ pub enum ClaimRefused {
     HeldBy(Holder),
 }
 
-/// Claims `word` for `me`, taking it over from a holder that has died (waiting up to
-/// [`DYING_HOLDER_WAIT`] for one that is exiting). Returns the dead holder that was replaced, if any.
-pub fn claim(word: &AtomicU64, me: Holder) -> Result<Option<Holder>, ClaimRefused> {
+/// What one attempt at a claim found ([`claim_once`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// Claimed; the dead holder replaced, if there was one.
+    Claimed(Option<Holder>),
+    /// A live process holds it and is not exiting: refused.
+    Held(Holder),
+    /// A live process holds it but is exiting: worth trying again shortly, up to [`DYING_HOLDER_WAIT`].
+    Dying(Holder),
+}
+
+/// One attempt to claim `word` for `me`: a free end or a dead holder's is taken (a CAS, retried
+/// while the word moves); a live holder's is not, and whether it is exiting is said. What a caller
+/// that must check something under a lock before each try (the mailbox: that the channel is still
+/// the one looked up) uses; [`claim`] is this in a loop.
+pub fn claim_once(word: &AtomicU64, me: Holder) -> Attempt {
     let mut current = word.load(Ordering::Acquire);
-    let mut dying_since: Option<Instant> = None;
     loop {
         let replaced = match Holder::from_word(current) {
             None => None,
             Some(h) if h.alive() => {
-                let since = *dying_since.get_or_insert_with(Instant::now);
-                if h != me && process_dying(h.pid) && since.elapsed() < DYING_HOLDER_WAIT {
-                    std::thread::sleep(Duration::from_millis(2));
-                    current = word.load(Ordering::Acquire);
-                    continue;
-                }
-                return Err(ClaimRefused::HeldBy(h));
+                return if h != me && process_dying(h.pid) { Attempt::Dying(h) } else { Attempt::Held(h) };
             }
             Some(h) => Some(h),
         };
-        match word.compare_exchange(current, me.word(), Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Ok(replaced),
+        match word.compare_exchange(current, me.word(), Ordering::SeqCst, Ordering::Acquire) {
+            Ok(_) => return Attempt::Claimed(replaced),
             Err(now) => current = now,
         }
     }
 }
+
+/// Claims `word` for `me`, taking it over from a holder that has died (waiting up to
+/// [`DYING_HOLDER_WAIT`] for one that is exiting). Returns the dead holder that was replaced, if any.
+pub fn claim(word: &AtomicU64, me: Holder) -> Result<Option<Holder>, ClaimRefused> {
+    let mut dying_since: Option<Instant> = None;
+    loop {
+        match claim_once(word, me) {
+            Attempt::Claimed(replaced) => return Ok(replaced),
+            Attempt::Dying(_) if dying_since.get_or_insert_with(Instant::now).elapsed() < DYING_HOLDER_WAIT => {
+                std::thread::sleep(DYING_HOLDER_POLL);
+            }
+            Attempt::Dying(h) | Attempt::Held(h) => return Err(ClaimRefused::HeldBy(h)),
+        }
+    }
+}
+
+/// How often a claim looks again at an exiting holder.
+pub const DYING_HOLDER_POLL: Duration = Duration::from_millis(2);
 
 /// Releases `word` if `me` still holds it (a reclaimed end is left to its new holder).
 pub fn release(word: &AtomicU64, me: Holder) {

@@ -68,13 +68,40 @@ pub enum ShmError {
         /// Which parameter, its value and the allowed range.
         reason: String,
     },
-    /// The channel table or the ring arena has no room left.
-    #[error("channel {name:?}: mailbox full: {reason}")]
+    /// The channel table or the ring arena has no room for the channel: `reason` starts with "full:"
+    /// when too little is left (descriptors, or bytes in all), with "fragmented:" when enough bytes
+    /// are free in all but no free run is long enough.
+    #[error("channel {name:?}: mailbox {reason}")]
     Full {
         /// The channel being created.
         name: String,
         /// What ran out, with the numbers.
         reason: String,
+        /// The arena's refusal, with its figures; `None` when the channel table is what is full.
+        room: Option<crate::arena::Refusal>,
+    },
+    /// No service of that name: neither its fan-in channel nor its group (`NAME.replies`) is live.
+    #[error("service {0:?}: no such service (no fan-in channel {0:?} and no group \"{0}.replies\")")]
+    NoSuchService(String),
+    /// A service's deletion was refused (in use, messages queued, or not a service's channels).
+    #[error("service {service:?}: {reason}")]
+    ServiceRefused {
+        /// The service's name.
+        service: String,
+        /// Who holds it, or what it holds, with the values.
+        reason: String,
+    },
+    /// The channel was deleted, or deleted and replaced by another of its name, between the moment
+    /// an end looked it up and the moment it took its claim: the claim was given back.
+    #[error(
+        "channel {channel:?}: deleted (or replaced by a new channel of that name) while its {end} end was \
+         being claimed; nothing is held (claim it again to reach the channel of that name now)"
+    )]
+    Deleted {
+        /// The channel's name.
+        channel: String,
+        /// The end that was being claimed.
+        end: End,
     },
     /// A live process already holds that end.
     #[error("channel {channel:?}: {end} end already claimed by pid {pid}")]

@@ -95,3 +95,6 @@ impl std::str::FromStr for Protocol {
         }
     }
 }
+
+/// The suffix of a service's group: service `NAME` replies through the group `NAME.replies`.
+pub const SERVICE_REPLIES_SUFFIX: &str = ".replies";

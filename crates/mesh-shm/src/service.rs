@@ -47,7 +47,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use crate::channel::EndClaim;
-use crate::claim::{self, ClaimRefused, Holder};
+use crate::claim::{self, Holder};
 use crate::error::{End, Result, ShmError};
 use crate::fanin::{Completion, FanInCorrupt, FanInProducer, FanInShards, Hold, SendOp, ShardedConsumer, Step, Taken};
 use crate::group::{ClientId, EntrySnapshot, GroupError, GroupMemory, GroupProgram, Replied, ReplyReceiver};
@@ -179,7 +179,7 @@ impl FanInReceiver {
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
         let shards = mailbox.fanin_memory(&info)?;
-        let claim = EndClaim::take(mailbox, name, End::Consumer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Consumer)?;
         Ok(Self { core: ShardedConsumer::new(&shards), info, wait: mailbox.wait_config(), _claim: claim })
     }
 
@@ -254,7 +254,7 @@ impl GroupServer {
     pub fn claim(mailbox: &Mailbox, name: &str) -> Result<Self> {
         let info = mailbox.channel(name)?;
         let group = mailbox.group_memory(&info)?;
-        let claim = EndClaim::take(mailbox, name, End::Producer)?;
+        let claim = EndClaim::take_of(mailbox, &info, End::Producer)?;
         Ok(Self { core: GroupProgram::new(group), info, _claim: claim })
     }
 
@@ -307,14 +307,11 @@ impl GroupClient {
             .reply_ring_offset(id.slot())
             .ok_or_else(|| group_err(&info, GroupError::UnknownClient { id: id.0, entries: group.entries() }))?;
         let holder = Holder::current();
-        match claim::claim(Self::word_at(mailbox, ring_offset), holder) {
-            Ok(_) => {
-                Ok(Self { core, info, wait: mailbox.wait_config(), mailbox: mailbox.clone(), ring_offset, holder })
-            }
-            Err(ClaimRefused::HeldBy(h)) => {
-                Err(ShmError::Claimed { channel: format!("{name}[{}]", id.slot()), end: End::Consumer, pid: h.pid })
-            }
-        }
+        // Under the table lock, the group's descriptor read again first: never a claim on a
+        // deleted service's ring.
+        let part = format!("{name}[{}]", id.slot());
+        mailbox.claim_word(&info, Self::word_at(mailbox, ring_offset), holder, &part, End::Consumer)?;
+        Ok(Self { core, info, wait: mailbox.wait_config(), mailbox: mailbox.clone(), ring_offset, holder })
     }
 
     fn word_at(mailbox: &Mailbox, ring_offset: u64) -> &AtomicU64 {

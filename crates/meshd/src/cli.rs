@@ -184,6 +184,21 @@ pub enum ChannelCommand {
         #[arg(long, default_value_t = 1)]
         parts: u32,
     },
+    /// Delete a channel: its ring's memory is reused by the next channel created (a device ring's GPU
+    /// memory is freed), and its name can be created again at once, with any size.
+    ///
+    /// Refused, naming the holder, while a program binds it (unload the program first) or a host
+    /// process holds one of its ends (`meshd send`, `meshd recv`, a Producer or Consumer). Refused
+    /// while it holds messages, unless --discard. A service's two channels are deleted with the
+    /// service (`meshd service delete`).
+    #[command(after_help = "Example:\n  meshd unload echo\n  meshd channel delete to-gpu --discard")]
+    Delete {
+        /// Channel name.
+        name: String,
+        /// Drop the messages it holds (the output counts them) instead of refusing.
+        #[arg(long)]
+        discard: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -260,6 +275,20 @@ pub enum ServiceCommand {
         #[arg(long, default_value_t = 5000)]
         timeout_ms: u64,
     },
+    /// Delete a service: its request channel NAME and its reply group NAME.replies, whose memory is
+    /// reused by the next channel or service created; its name can be created again at once.
+    ///
+    /// Refused, naming the client's process, while a client is attached (it detaches, or exits), and
+    /// while a program binds either channel (unload the program first). Refused while requests or
+    /// replies are queued, unless --discard.
+    #[command(after_help = "Example:\n  meshd unload kv-server\n  meshd service delete kv")]
+    Delete {
+        /// The service's name.
+        name: String,
+        /// Drop the requests and replies it holds (the output counts them) instead of refusing.
+        #[arg(long)]
+        discard: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -270,7 +299,7 @@ pub struct RunArgs {
     /// SMs for a green context (blink: all programs; mps: per worker).
     #[arg(long)]
     pub sms: Option<u32>,
-    /// MPS pipe and log directories (default /tmp/meshd-mps.PID, removed at exit; with --device, /tmp/meshd-mps-<GPU UUID>).
+    /// MPS pipe and log directories (default /tmp/meshd-mps-<uid>-<hash of the mailbox path>, removed at exit; with --device, /tmp/meshd-mps-<GPU UUID>).
     #[arg(long)]
     pub mps_dir: Option<PathBuf>,
     /// MPS workers started before any program runs. A load or upgrade that finds none idle is
@@ -297,6 +326,12 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u64)
               .range(*mesh_mps::KERNEL_CHECK_RANGE_US.start()..=*mesh_mps::KERNEL_CHECK_RANGE_US.end()))]
     pub mps_kernel_check_us: u64,
+    /// MPS: after a crash of meshd, how long each program's worker keeps its kernel running and
+    /// waits for a meshd before it stops the program in order and exits, ms; the MPS daemons are
+    /// then quit. A meshd started again meanwhile retires those workers before it relaunches the
+    /// programs. 0 (the default): every worker and the daemons die with meshd.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub orphan_grace_ms: u64,
     /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
     #[arg(long)]
     pub shm: Option<PathBuf>,

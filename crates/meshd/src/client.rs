@@ -1,7 +1,7 @@
 //! The client: one function per subcommand, each one request to the control socket (`send` and
 //! `recv` then use the mailbox directly).
 
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,8 +9,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use mesh_backend::LaunchShape;
 use mesh_shm::{BulkConsumer, BulkProducer, Consumer, Mailbox, Producer, Protocol, ShmError};
-use meshd::protocol::{Request, Response, read_response, write_request};
+use meshd::protocol::{Request, Response};
 use meshd::start;
+
+mod delete;
+mod wire;
+
+use wire::call;
 
 use crate::cli::{ChannelCommand, Command, ServiceCommand};
 use crate::exit::{Exit, refused};
@@ -60,6 +65,8 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
         Command::Service(ServiceCommand::Request { name, messages, hex, timeout_ms }) => {
             service_request(socket, &name, &messages, hex, timeout_ms)
         }
+        Command::Channel(ChannelCommand::Delete { name, discard }) => delete::channel(socket, &name, discard),
+        Command::Service(ServiceCommand::Delete { name, discard }) => delete::service(socket, &name, discard),
         Command::Send { channel, messages, hex, timeout_ms } => send(socket, &channel, &messages, hex, timeout_ms),
         Command::Recv { channel, count, hex, timeout_ms } => recv(socket, &channel, count, hex, timeout_ms),
         Command::Spawn { name, bind, ready_timeout, command } => spawn(socket, name, bind, ready_timeout, command),
@@ -184,8 +191,7 @@ fn ps(socket: &Path, json: bool) -> Result<(), Exit> {
     let natives = resp.natives.clone().unwrap_or_default();
     let rows = resp.programs.unwrap_or_default();
     if json {
-        println!("{}", ps_json(&rows, &natives).map_err(refused)?);
-        return Ok(());
+        return print_whole(&ps_json(&rows, &natives).map_err(refused)?);
     }
     println!(
         "{:<20} {:>4} {:<24} {:>5} {:>14} {:>5} {:>8} {:<6} {:<10} {:<10} {:>8} NOTE",
@@ -528,8 +534,18 @@ fn recv(socket: &Path, channel: &str, count: usize, hex: bool, timeout_ms: u64) 
 
 fn info(socket: &Path) -> Result<(), Exit> {
     let info = call(socket, &Request::Info, &[])?.info.ok_or_else(|| refused(anyhow!("meshd sent no info")))?;
-    println!("{}", serde_json::to_string_pretty(&info).map_err(refused)?);
-    Ok(())
+    print_whole(&serde_json::to_string_pretty(&info).map_err(refused)?)
+}
+
+/// Prints `text` and a newline in one write: a reader that stops at what it looks for (`grep -q`)
+/// and closes the pipe then finds it whole, and meshd does not fail on the rest (a pipe the reader
+/// closed is not meshd's error).
+fn print_whole(text: &str) -> Result<(), Exit> {
+    let line = format!("{text}\n");
+    match std::io::stdout().lock().write_all(line.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(refused(anyhow!(e))),
+        _ => Ok(()),
+    }
 }
 
 fn shm_exit(e: ShmError) -> Exit {
@@ -570,25 +586,6 @@ fn read_image(path: &Path) -> Result<Vec<u8>, Exit> {
         )));
     }
     Ok(bytes)
-}
-
-/// One request to the daemon; a refusal becomes exit 1, an unreachable daemon exit 3.
-fn call(socket: &Path, req: &Request, image: &[u8]) -> Result<Response, Exit> {
-    let conn = UnixStream::connect(socket)
-        .with_context(|| format!("cannot reach meshd at {} (is `meshd run` running?)", socket.display()))
-        .map_err(|e| Exit(3, e))?;
-    let mut writer = conn.try_clone().map_err(|e| Exit(3, e.into()))?;
-    // meshd may refuse before reading everything (a peer it does not serve, a line too long) and
-    // close: then the write fails, but its answer is there to read, and it says why.
-    let written = write_request(&mut writer, req, image);
-    let resp = match (read_response(&mut BufReader::new(conn)), written) {
-        (Ok(resp), _) => resp,
-        (Err(_), Err(e)) | (Err(e), Ok(())) => return Err(Exit(3, e)),
-    };
-    if !resp.ok {
-        return Err(refused(anyhow!(resp.error.unwrap_or_else(|| "refused".into()))));
-    }
-    Ok(resp)
 }
 
 fn open_mailbox(socket: &Path) -> Result<Mailbox, Exit> {

@@ -37,7 +37,7 @@ pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
         );
     }
     let _cleanup = cleanup::RunOnDrop;
-    let claimed = claim(args, socket, device, mode)?;
+    let claimed = claim(args, socket, device)?;
     let (server, listener) = prepare(&claimed, mode)?;
     serve(claimed, mode, server, listener)
 }
@@ -63,6 +63,9 @@ fn mps_options_given(args: &RunArgs) -> Vec<&'static str> {
     if args.mps_kernel_check_us != d.mps_kernel_check_us {
         given.push("--mps-kernel-check-us");
     }
+    if args.orphan_grace_ms != d.orphan_grace_ms {
+        given.push("--orphan-grace-ms");
+    }
     given
 }
 
@@ -83,12 +86,11 @@ struct Claimed {
 
 /// Resolves the paths (from the GPU's UUID with --device), checks the socket is free, claims the
 /// mailbox and its lock, and clears what a dead meshd of this GPU left.
-fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mode: IsolationMode) -> Result<Claimed> {
+fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<Claimed> {
     // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
     let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
     let device_id = uuid.clone().map(|uuid| DeviceId { selector: device.clone(), uuid });
     let defaults = start::default_paths(uuid.as_deref());
-    let derived_mps_dir = args.shm.is_none() && args.mps_dir.is_none() && defaults.mps_dir.is_some();
     let socket = socket.unwrap_or(defaults.socket);
     let shm = args.shm.take().unwrap_or(defaults.shm);
     args.mps_dir = args.mps_dir.take().or(defaults.mps_dir);
@@ -111,16 +113,9 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>, mod
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
     start::explain_bus_errors(&shm);
     let lock = claimed.lock;
-    if derived_mps_dir && mode == IsolationMode::Mps {
-        // Ours alone while we hold this GPU's mailbox lock: what is there a dead meshd left (a stale
-        // control pipe would pass for a live daemon).
-        if let Some(dir) = args.mps_dir.as_ref().filter(|d| d.exists()) {
-            tracing::info!("removing {} left by a previous meshd of this GPU", dir.display());
-            if let Err(e) = std::fs::remove_dir_all(dir) {
-                tracing::warn!("removing the stale MPS directory {}: {e}", dir.display());
-            }
-        }
-    }
+    // What a dead meshd left in the MPS directory (workers still running their programs under an
+    // orphan grace, its daemons, stale pipes) is cleared by the MPS backend as it opens: its orphans
+    // retired and waited for before any program is relaunched, its daemons quit.
     // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
     cleanup::register("mailbox lock", move || lock.remove());
     if args.fresh {
@@ -274,6 +269,7 @@ struct BackendArgs {
     standby: Option<u32>,
     stop_deadline: Duration,
     kernel_check: Duration,
+    orphan_grace: Duration,
 }
 
 impl From<&RunArgs> for BackendArgs {
@@ -286,6 +282,7 @@ impl From<&RunArgs> for BackendArgs {
             standby: a.standby,
             stop_deadline: Duration::from_millis(a.stop_timeout_ms),
             kernel_check: Duration::from_micros(a.mps_kernel_check_us),
+            orphan_grace: Duration::from_millis(a.orphan_grace_ms),
         }
     }
 }
@@ -319,6 +316,7 @@ fn open_backend(
                 stop_deadline: args.stop_deadline,
                 kernel_check: args.kernel_check,
                 standby: args.standby,
+                orphan_grace: args.orphan_grace,
             };
             let b = mesh_mps::MpsBackend::open(mailbox, config)?;
             let pool = b.pool().and_then(|p| p.snapshot()).unwrap_or_default();

@@ -72,6 +72,19 @@ pub enum Request {
         #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
         parts: u32,
     },
+    /// Delete a channel: its descriptor freed and its ring's memory reused by the next creation (a
+    /// device ring's GPU memory freed); the name can be created again at once, with any size.
+    /// Refused, naming the holder, while a program binds it or a host process holds one of its ends,
+    /// and while it holds messages unless `discard`. A service's two channels are deleted with the
+    /// service ([`Request::ServiceDelete`]). The answer's [`Response::discarded`] counts the messages
+    /// dropped.
+    ChannelDelete {
+        /// The channel's name.
+        name: String,
+        /// Drop the messages it holds instead of refusing (absent: false).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        discard: bool,
+    },
     /// The daemon's mode, mailbox path and channels.
     Info,
     /// Stop every program and native worker, then exit (what SIGTERM does too).
@@ -120,6 +133,17 @@ pub enum Request {
         /// `slot % shards`.
         #[serde(default = "one_part", skip_serializing_if = "is_one")]
         shards: u32,
+    },
+    /// Delete a service: its fan-in channel and its group, as [`Request::ChannelDelete`] deletes a
+    /// channel. Refused, naming the client's process, while a client is attached, and while a program
+    /// binds either channel; refused while requests are queued unless `discard`. The answer's
+    /// [`Response::discarded`] counts the requests and replies dropped.
+    ServiceDelete {
+        /// The service's name.
+        name: String,
+        /// Drop the requests and replies it holds instead of refusing (absent: false).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        discard: bool,
     },
     /// Attach to a service as a client: answered with the client's id and channel names
     /// ([`Response::client`]). The connection then stays open as the client's lease: meshd departs
@@ -461,9 +485,41 @@ pub struct Info {
     /// absent when there is none (and from an older meshd's answer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceRow>,
+    /// What the mailbox's channel table and ring arena hold (absent from an older meshd's answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arena: Option<ArenaRow>,
     /// The GPU's identity and, in MPS mode, the worker pool.
     #[serde(flatten)]
     pub extra: InfoExtra,
+}
+
+/// The mailbox's room for channels in `info`: channel descriptors, and the ring arena's bytes. A
+/// channel or service whose rings need more than `largest_free_bytes` is refused, however many
+/// bytes are free in all.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ArenaRow {
+    /// Bytes of the ring arena taken by live channels' rings (service channels included).
+    pub in_use_bytes: u64,
+    /// Bytes of the ring arena that no live ring takes.
+    pub free_bytes: u64,
+    /// Bytes of the longest free run: the largest ring that can be created now.
+    pub largest_free_bytes: u64,
+    /// Channel descriptors in use (every live channel, a service's two included).
+    pub descriptors_in_use: u32,
+    /// Channel descriptors in the mailbox (`meshd run --channels`).
+    pub descriptors_total: u32,
+}
+
+impl From<mesh_shm::arena::ArenaUsage> for ArenaRow {
+    fn from(u: mesh_shm::arena::ArenaUsage) -> Self {
+        Self {
+            in_use_bytes: u.in_use,
+            free_bytes: u.free,
+            largest_free_bytes: u.largest_free,
+            descriptors_in_use: u.descriptors_in_use,
+            descriptors_total: u.descriptors_total,
+        }
+    }
 }
 
 /// What `info` shows beyond the GPU's name and mode: the GPU's UUID and how `--device` named it,
@@ -559,7 +615,8 @@ pub struct Response {
     /// Native GPU workers (ps, spawn), beside the programs: `ps` shows them with kind `native`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub natives: Option<Vec<crate::native::NativeRow>>,
-    /// Microseconds the backend spent on the request (load, upgrade, unload, channel create),
+    /// Microseconds the backend spent on the request (load, upgrade, unload, a channel's or a
+    /// service's create or delete),
     /// queueing excluded: what the control plane adds is the client's round trip minus this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_us: Option<u64>,
@@ -569,6 +626,9 @@ pub struct Response {
     /// The client a `service_attach` bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<AttachedClient>,
+    /// Messages a `channel_delete` or `service_delete` dropped (0 when the channels were empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded: Option<u64>,
 }
 
 impl Response {
@@ -577,7 +637,7 @@ impl Response {
         Self { ok: false, error: Some(e.to_string()), ..Self::default() }
     }
 
-    /// A success with no rows (unload, shutdown, channel create).
+    /// A success with no rows (unload, shutdown, a channel's or a service's create).
     pub fn ok() -> Self {
         Self { ok: true, ..Self::default() }
     }
@@ -719,71 +779,4 @@ pub fn read_response(r: &mut impl BufRead) -> Result<Response> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bulk_channel_without_a_capacity_gets_one_that_fits_the_budget() {
-        use mesh_shm::Protocol;
-        let cases =
-            [(16 << 20, 2), (8 << 20, 2), (4 << 20, 4), (1 << 20, 16), (65_552, 128), (16 << 10, 1024), (16, 1024)];
-        for (msg_size, want) in cases {
-            let got = default_capacity(msg_size, Protocol::Bulk);
-            assert_eq!(got, want, "bulk of {msg_size} bytes");
-            assert!(got.is_power_of_two());
-            // The rule's promise: within the budget, except the two-message floor.
-            assert!(u64::from(got) * u64::from(msg_size) <= BULK_CAPACITY_BUDGET.max(2 * u64::from(msg_size)));
-        }
-        assert_eq!(default_capacity(64, Protocol::Ll), 1024);
-        assert_eq!(default_capacity(64, Protocol::Index), 1024);
-    }
-
-    #[test]
-    fn user_words_are_found_by_name_and_refused_with_the_reason() {
-        let mut row: ProgramRow = serde_json::from_str(
-            r#"{"name": "a", "slot": 0, "state": "running", "generation": 1, "heartbeat": 0, "worker_pid": null,
-                "sms": null, "kind": "ptx", "grid": [1, 1, 1], "block": [32, 1, 1]}"#,
-        )
-        .unwrap();
-        row.user = (0..32).collect();
-        let mut held = row.clone();
-        held.name = "held".into();
-        held.slot = HELD_SLOT;
-        held.user.clear();
-        let rows = [row, held];
-        assert_eq!(user_words(&rows, "a").unwrap()[5], 5);
-        let e = user_words(&rows, "b").unwrap_err().to_string();
-        assert!(e.contains("\"b\": not loaded (loaded: a, held)"), "{e}");
-        let e = user_words(&rows, "held").unwrap_err().to_string();
-        assert!(e.contains("held back"), "{e}");
-    }
-
-    #[test]
-    fn requests_round_trip_with_their_image() {
-        let req = Request::Load {
-            name: "echo".into(),
-            image_len: 5,
-            grid: [1, 1, 1],
-            block: [32, 1, 1],
-            shared_mem: 0,
-            bind: vec!["a".into(), "b".into()],
-            sms: None,
-            no_readiness: true,
-        };
-        let mut buf = Vec::new();
-        write_request(&mut buf, &req, b"hello").unwrap();
-        let (back, image) = read_request(&mut std::io::Cursor::new(buf)).unwrap();
-        assert_eq!((back, image.as_slice()), (req, &b"hello"[..]));
-    }
-
-    #[test]
-    fn bad_requests_are_errors() {
-        assert!(read_request(&mut std::io::Cursor::new(b"{\"op\":\"fly\"}\n".to_vec())).is_err());
-        assert!(read_request(&mut std::io::Cursor::new(b"".to_vec())).is_err());
-        let huge = format!("{{\"op\":\"upgrade\",\"name\":\"x\",\"image_len\":{}}}\n", MAX_IMAGE + 1);
-        let err = read_request(&mut std::io::Cursor::new(huge.into_bytes())).unwrap_err().to_string();
-        assert!(err.contains("at most"), "{err}");
-        let short = b"{\"op\":\"upgrade\",\"name\":\"x\",\"image_len\":10}\nabc".to_vec();
-        assert!(read_request(&mut std::io::Cursor::new(short)).is_err(), "a truncated image is refused");
-    }
-}
+mod tests;

@@ -5,6 +5,8 @@
 //! real path, and only the kernels are missing (a "running" program never moves a message).
 //! A [`RecoveryKnob`] makes its `watch` act out a long recovery in place, as the MPS backend's
 //! is: the board marked first, then one long call, each program relaunched, the board cleared.
+//! A [`DeletedChannels`] list records every deleted channel meshd tells the backend of (where a
+//! real backend frees a device ring's GPU memory).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +24,24 @@ pub struct StandInBackend {
     /// meshd's board ([`Backend::set_recovery_board`]); a private one until meshd gives its own.
     board: RecoveryBoard,
     knob: RecoveryKnob,
+    deleted: DeletedChannels,
+}
+
+/// The channels meshd told the stand-in were deleted ([`Backend::channel_deleted`]), by table index,
+/// in order. Cheap to clone; a test keeps one to see what the backend was told.
+#[derive(Debug, Clone, Default)]
+pub struct DeletedChannels(Arc<Mutex<Vec<u32>>>);
+
+impl DeletedChannels {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The indices recorded so far, oldest first.
+    pub fn indices(&self) -> Vec<u32> {
+        self.0.lock().clone()
+    }
 }
 
 /// What a test arms for the stand-in's next `watch`: a recovery in place that holds the backend
@@ -81,7 +101,19 @@ impl RecoveryKnob {
 impl StandInBackend {
     /// A stand-in binding programs in `mailbox`.
     pub fn new(mailbox: &Mailbox) -> Self {
-        Self { mailbox: mailbox.clone(), programs: Vec::new(), board: RecoveryBoard::new(), knob: RecoveryKnob::new() }
+        Self {
+            mailbox: mailbox.clone(),
+            programs: Vec::new(),
+            board: RecoveryBoard::new(),
+            knob: RecoveryKnob::new(),
+            deleted: DeletedChannels::new(),
+        }
+    }
+
+    /// With `deleted`, which a test keeps to see the channels meshd said were deleted.
+    pub fn with_deleted_channels(mut self, deleted: DeletedChannels) -> Self {
+        self.deleted = deleted;
+        self
     }
 
     /// With `knob`, which a test keeps to act out a long recovery in place in `watch`.
@@ -218,5 +250,9 @@ impl Backend for StandInBackend {
 
     fn host_atomics(&self) -> bool {
         false
+    }
+
+    fn channel_deleted(&mut self, index: u32) {
+        self.deleted.0.lock().push(index);
     }
 }

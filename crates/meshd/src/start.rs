@@ -190,7 +190,9 @@ pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result
 }
 
 /// Frees every slot a dead meshd left in use: its kernels died with it (blink: its context; MPS:
-/// its workers, by PR_SET_PDEATHSIG), and the backend that starts now knows none of them.
+/// its workers, by PR_SET_PDEATHSIG), or, under an orphan grace, still run in workers that the
+/// MPS backend retires, and waits for, before it relaunches anything: the stop asked here ends them
+/// sooner. The backend that starts now knows none of them.
 fn release_slots(mailbox: &Mailbox) -> Vec<u32> {
     let mut released = Vec::new();
     for i in 0..mailbox.geometry().slot_count {
@@ -313,7 +315,8 @@ pub struct DefaultPaths {
     pub socket: PathBuf,
     /// The mailbox (its lock is `<mailbox>.lock`, its default state directory derives from it).
     pub shm: PathBuf,
-    /// The MPS pipe and log directories; `None`: `/tmp/meshd-mps.PID`, removed at exit.
+    /// The MPS pipe and log directories; `None`: the MPS backend's default for the mailbox
+    /// (`/tmp/meshd-mps-<uid>-<hash of its path>`), removed at exit.
     pub mps_dir: Option<PathBuf>,
 }
 

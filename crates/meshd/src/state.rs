@@ -518,7 +518,8 @@ impl StateStore {
         Ok(())
     }
 
-    /// Records every channel of `mailbox` (after a takeover, or a channel created).
+    /// Records every channel of `mailbox` (after a takeover, or a channel or service created or
+    /// deleted: a deleted one leaves the record, so that a restart does not make it again).
     pub fn record_channels(&mut self, mailbox: &Mailbox) -> Result<()> {
         let now: Vec<RecordedChannel> = mailbox
             .channels()?

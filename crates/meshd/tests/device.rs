@@ -94,6 +94,7 @@ fn info_carries_the_device_and_the_pool_and_reads_old_answers() {
         host_atomics: false,
         channels: Vec::new(),
         services: Vec::new(),
+        arena: None,
         extra: InfoExtra {
             device_uuid: Some(UUID.into()),
             device_selector: Some("0".into()),

@@ -158,6 +158,11 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
                    "reply_capacity": 16, "shards": 4}),
             b"",
         ),
+        // Deletes: `discard` is sent only when true (absent: refused while messages are queued).
+        ("channel_delete", json!({"op": "channel_delete", "name": "to-gpu"}), b""),
+        ("channel_delete_discard", json!({"op": "channel_delete", "name": "to-gpu", "discard": true}), b""),
+        ("service_delete", json!({"op": "service_delete", "name": "kv"}), b""),
+        ("service_delete_discard", json!({"op": "service_delete", "name": "kv", "discard": true}), b""),
         // The lease's two requests: the attach that opens it, and the detach that ends it.
         ("service_attach", json!({"op": "service_attach", "service": "kv"}), b""),
         ("detach", json!({"op": "detach"}), b""),
@@ -212,6 +217,8 @@ fn response_cases() -> Vec<(&'static str, Value)> {
             {"name": "to-gpu", "msg_size": 64, "capacity": 16, "placement": "host", "lost": 0, "head": 10, "tail": 9},
             {"name": "entrée-é", "msg_size": 8, "capacity": 1024, "placement": "device", "lost": 3, "head": 0, "tail": 0},
         ],
+        "arena": {"in_use_bytes": 266_240, "free_bytes": 66_842_624, "largest_free_bytes": 66_580_480,
+                  "descriptors_in_use": 2, "descriptors_total": 256},
         "device_uuid": "GPU-00000000-1111-2222-3333-444444444444", "device_selector": "0",
         "pool": {"size": 2, "idle": 1, "in_use": 1, "client_limit": 48,
                  "client_limit_source": "CUDA 13.0 (48 clients from Volta on)", "grow": false, "stalls": 1,
@@ -297,6 +304,8 @@ fn response_cases() -> Vec<(&'static str, Value)> {
         ("info_services_shards", json!({"ok": true, "info": info_services_shards})),
         // A service created: a change, so the backend's time comes with it.
         ("service_create", json!({"ok": true, "backend_us": 1830})),
+        // A delete: a change, with the messages it dropped.
+        ("delete", json!({"ok": true, "backend_us": 412, "discarded": 3})),
         // The client bound (slot 2 at epoch 1): its id and its two channels; the sizes are the
         // channels', which the client reads in the mailbox.
         ("service_attach", json!({"ok": true, "client": {"id": 65538, "requests": "kv", "replies": "kv.replies"}})),

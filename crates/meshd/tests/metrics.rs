@@ -809,6 +809,13 @@ fn everything() -> Exposition {
                 ..ServiceRow::default()
             },
         ],
+        arena: Some(meshd::protocol::ArenaRow {
+            in_use_bytes: 4096,
+            free_bytes: 1 << 20,
+            largest_free_bytes: 1 << 19,
+            descriptors_in_use: 5,
+            descriptors_total: 256,
+        }),
         extra: InfoExtra {
             device_uuid: Some("GPU-5f3a".into()),
             device_selector: Some("GPU-5f3a".into()),
@@ -855,6 +862,11 @@ fn every_family_renders_with_dcgm_labels_and_the_dashboard_asks_only_for_those()
     let rec = [("mode", "mps"), ("method", "in_place"), ("outcome", "failed")];
     assert_eq!(m.value("meshd_recoveries_total", &rec), 1.0);
     assert_eq!(m.value("meshd_ready", &[]), 0.0);
+    assert_eq!(m.value("meshd_mailbox_channel_descriptors_in_use", &[]), 5.0);
+    assert_eq!(m.value("meshd_mailbox_channel_descriptors", &[]), 256.0);
+    assert_eq!(m.value("meshd_mailbox_arena_in_use_bytes", &[]), 4096.0);
+    assert_eq!(m.value("meshd_mailbox_arena_free_bytes", &[]), f64::from(1 << 20));
+    assert_eq!(m.value("meshd_mailbox_arena_largest_free_bytes", &[]), f64::from(1 << 19));
     let kv = [("service", "kv")];
     assert_eq!(m.value("meshd_service_client_slots", &kv), 64.0);
     assert_eq!(m.value("meshd_service_clients", &kv), 3.0);

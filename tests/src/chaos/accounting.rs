@@ -69,3 +69,15 @@ pub const MEMORY_SLACK_MIB: u64 = 16;
 pub fn memory_leaked(before: u64, after: u64) -> bool {
     after > before + before / 100 + MEMORY_SLACK_MIB
 }
+
+/// The GPU's memory in use (MiB) once it is back within [`memory_leaked`]'s bound of `before`, or
+/// the last reading when `limit` passes first (the driver frees an ended process's context a moment
+/// after it exits). `None` when nvidia-smi does not answer.
+pub fn memory_settled(before: u64, limit: Duration) -> Option<u64> {
+    let mut last = gpu_memory_mib();
+    wait_until(limit, || {
+        last = gpu_memory_mib();
+        last.is_some_and(|now| !memory_leaked(before, now))
+    });
+    last
+}

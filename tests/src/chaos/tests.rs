@@ -176,3 +176,53 @@ fn the_scraper_counts_503s_and_fails_on_other_statuses() {
     let stats = s.finish();
     assert!(stats.failed().unwrap().contains("status 500"), "{:?}", stats.failed());
 }
+
+#[test]
+fn the_count_a_delete_prints_is_read_back() {
+    assert_eq!(discarded_in("deleted channel churn3 (no message discarded)\n"), Some(0));
+    assert_eq!(discarded_in("deleted channel churn3 (1 message discarded)\n"), Some(1));
+    assert_eq!(discarded_in("deleted channel churn3 (17 messages discarded)\n"), Some(17));
+    let service = "deleted service svc4: fan-in channel svc4 and group svc4.replies (3 messages discarded)\n";
+    assert_eq!(discarded_in(service), Some(3));
+    assert_eq!(discarded_in("deleted channel churn3\n"), None, "no count: not read as 0");
+    assert_eq!(discarded_in("(many messages discarded)"), None);
+}
+
+#[test]
+fn a_delete_is_expected_refused_only_while_messages_wait_and_are_not_discarded() {
+    let mut churn = Churn::default();
+    let mut rng = Rng(7);
+    let (name, c) = churn.new_channel(&mut rng, false).expect("room for one");
+    assert_eq!(c.placement, "host", "no device ring unless allowed");
+    churn.made(name.clone(), c);
+    assert_eq!(churn.expect_delete(&name, false), Expect::Deleted(0));
+    churn.queued(&name, 3);
+    assert_eq!(churn.expect_delete(&name, false), Expect::Queued(3));
+    assert_eq!(churn.expect_delete(&name, true), Expect::Deleted(3));
+    churn.deleted(&name);
+    assert!(churn.channels.is_empty());
+    assert_eq!(churn.to_delete(&mut rng), None, "nothing left to delete");
+}
+
+#[test]
+fn the_churn_stays_within_its_bounds_and_queues_only_where_there_is_room() {
+    let mut churn = Churn::default();
+    let mut rng = Rng(42);
+    let mut device = 0;
+    while let Some((name, c)) = churn.new_channel(&mut rng, true) {
+        assert!(c.capacity.is_power_of_two() && c.msg_size.is_multiple_of(8), "{c:?}");
+        device += usize::from(c.placement == "device");
+        churn.made(name, c);
+    }
+    assert_eq!(churn.channels.len(), MAX_CHURN_CHANNELS);
+    assert!(device < MAX_CHURN_CHANNELS, "some host channels to queue on");
+    // Fill every host channel: then there is nowhere left to queue.
+    while let Some((name, room)) = churn.to_queue(&mut rng) {
+        assert!(churn.channels[&name].placement == "host" && room > 0);
+        churn.queued(&name, room);
+    }
+    assert!(churn.channels.values().all(|c| c.placement == "device" || c.queued == u64::from(c.capacity)));
+    let args = churn.channels.iter().next().map(|(n, c)| c.create_args(n)).unwrap();
+    assert_eq!(args[..3], ["channel", "create", "churn1"]);
+    assert!(args.windows(2).any(|w| w[0] == "--placement" && (w[1] == "host" || w[1] == "device")), "{args:?}");
+}

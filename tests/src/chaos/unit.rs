@@ -118,6 +118,11 @@ impl UnitMeshd {
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
+    /// The control socket it serves.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// meshd's log file (every start appends to it).
     pub fn log_path(&self) -> &Path {
         &self.log

@@ -68,8 +68,13 @@ impl MpsBackend {
         // Before the MPS daemon exists, so that it cannot become its client.
         // MPS mode still starts without it: only device channels are then refused, saying why.
         let rings = open_rings(&device);
+        let (root, owned) = match &config.mps_dir {
+            Some(dir) => (dir.clone(), false),
+            None => (crate::mps_dir::default_root(mailbox.path()), true),
+        };
+        let orphans = orphan_policy(&root, &config)?;
         let control = Arc::new(
-            MpsControl::start(config.mps_dir.as_deref())?.with_device(uuid).with_kernel_check(config.kernel_check),
+            MpsControl::start_in(root, owned, orphans)?.with_device(uuid).with_kernel_check(config.kernel_check),
         );
         let (news, news_rx) = NewsSender::channel();
         let shared = Arc::new(Mutex::new(Shared {
@@ -86,6 +91,7 @@ impl MpsBackend {
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
             .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
             .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| start_keeper(&control, owned, &shared))
             .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {
             Ok(j) => j,
@@ -114,6 +120,42 @@ impl MpsBackend {
             cutting: Arc::default(),
         })
     }
+}
+
+/// The orphan policy of `--orphan-grace-ms` on MPS directory `root`, or `None` for a grace of 0;
+/// refused when the rendezvous sockets would not fit a socket path.
+fn orphan_policy(root: &Path, config: &MpsConfig) -> Result<Option<crate::orphans::OrphanPolicy>> {
+    if config.orphan_grace.is_zero() {
+        return Ok(None);
+    }
+    let rendezvous_dir = crate::orphans::rendezvous_dir(root);
+    mesh_mps_worker::orphan::check_rendezvous_dir(&rendezvous_dir)
+        .map_err(|reason| BackendError::Invalid { what: "--orphan-grace-ms".into(), reason })?;
+    tracing::info!(
+        "MPS workers outlive meshd: after a crash each program runs on for up to {} ms, waiting at {} for a meshd, \
+         then stops in order",
+        config.orphan_grace.as_millis(),
+        rendezvous_dir.display()
+    );
+    Ok(Some(crate::orphans::OrphanPolicy {
+        grace: config.orphan_grace,
+        stop_deadline: config.stop_deadline,
+        rendezvous_dir,
+        control: crate::control::find_control()?,
+    }))
+}
+
+/// Under an orphan grace, the keeper of the MPS directory (its daemons' pipe directories: the
+/// active one and the standby's), which quits them once meshd has died and the last orphan is gone.
+fn start_keeper(control: &MpsControl, owned: bool, shared: &Mutex<Shared>) -> Result<()> {
+    let Some(policy) = control.orphans() else { return Ok(()) };
+    let mut s = shared.lock();
+    let mut pipe_dirs = vec![control.pipe_dir()];
+    pipe_dirs.extend(s.standby.as_ref().map(|sb| sb.control().pipe_dir()));
+    let keeper = crate::orphans::Keeper::start(control.root(), &pipe_dirs, policy, owned)?;
+    tracing::info!("MPS keeper {} watches {}", keeper.pid(), control.root().display());
+    s.keeper = Some(keeper);
+    Ok(())
 }
 
 impl Backend for MpsBackend {
@@ -165,6 +207,13 @@ impl Backend for MpsBackend {
 
     fn take_events(&mut self) -> Vec<BackendEvent> {
         std::mem::take(&mut self.lock().events)
+    }
+
+    fn channel_deleted(&mut self, index: u32) {
+        // meshd's own context runs no kernel, so releasing its allocation waits for nothing.
+        if let Some(rings) = self.lock().rings.as_mut() {
+            rings.release(index);
+        }
     }
 
     fn shutdown(&mut self) -> Result<()> {

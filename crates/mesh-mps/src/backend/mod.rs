@@ -93,7 +93,8 @@ const CUT_OFF: Duration = Duration::from_millis(200);
 pub struct MpsConfig {
     /// A green context of this many SMs per worker.
     pub sms: Option<u32>,
-    /// Pipe and log directories (default `/tmp/meshd-mps.PID`).
+    /// Pipe and log directories (default [`crate::mps_dir::default_root`] of the mailbox, removed
+    /// at an orderly exit).
     pub mps_dir: Option<PathBuf>,
     /// Workers started before any program runs.
     pub pool: u32,
@@ -110,6 +111,10 @@ pub struct MpsConfig {
     /// standby (a fault then stalls every program for the faulted server's teardown, 1.3-1.6 s on the
     /// H200).
     pub standby: Option<u32>,
+    /// How long a worker whose meshd died keeps its program running, waiting for a meshd, before it
+    /// stops it in order and exits (`--orphan-grace-ms`); zero: workers, daemons and all die with
+    /// meshd (`PR_SET_PDEATHSIG`).
+    pub orphan_grace: Duration,
 }
 
 impl MpsConfig {
@@ -129,6 +134,7 @@ impl Default for MpsConfig {
             stop_deadline: Duration::from_secs(2),
             kernel_check: mesh_mps_worker::KERNEL_CHECK,
             standby: None,
+            orphan_grace: Duration::ZERO,
         }
     }
 }
@@ -178,6 +184,8 @@ struct Shared {
     rings: Option<SharedRings>,
     /// The standby server (`--standby`, on by default).
     standby: Option<Standby>,
+    /// The keeper of the MPS directory, under an orphan grace.
+    keeper: Option<crate::orphans::Keeper>,
 }
 
 /// How long a recovery waits for every faulted worker to say its kernel failed before it may move
@@ -232,6 +240,10 @@ pub struct MpsBackend {
 /// Every worker killed, then the daemon quit; waits for both. Programs should have been stopped first.
 fn tear_down(shared: &Mutex<Shared>) {
     let mut s = shared.lock();
+    // An orderly stop: the keeper first, so that it quits nothing of what follows.
+    if let Some(keeper) = s.keeper.take() {
+        keeper.release();
+    }
     for mut p in s.programs.drain(..) {
         p.worker.kill();
     }

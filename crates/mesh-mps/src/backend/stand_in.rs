@@ -7,7 +7,7 @@ use std::process::Command;
 use super::*;
 
 /// Says `ready` (with `SMS` SMs), then answers `done` to every command (`MODE=gone`: exits at once).
-const STAND_IN: &str = r#"printf '{"reply":"ready","protocol":3,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}\n' $$ "${SMS:-132}"
+const STAND_IN: &str = r#"printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}\n' $$ "${SMS:-132}"
 [ "$MODE" = gone ] && exit 0
 while read -r line; do
   case "$line" in *'"op":"exit"'*) exit 0 ;; *) echo '{"reply":"done"}' ;; esac

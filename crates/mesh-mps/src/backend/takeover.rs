@@ -24,7 +24,7 @@ pub(super) fn start_standby(
     }
     let started = Instant::now();
     let sb_control = Arc::new(
-        MpsControl::start(Some(&control.root().join("standby")))?
+        MpsControl::start_in(control.root().join("standby"), false, control.orphans().cloned())?
             .with_device(control.device().map(String::from))
             .with_kernel_check(control.kernel_check()),
     );

@@ -220,9 +220,21 @@ class ServiceRow(TypedDict, total=False):
     events: ServiceEvents
 
 
+class ArenaRow(TypedDict):
+    """The mailbox's room for channels in ``info``: the ring arena's bytes in use, free, and in the
+    longest free run (a channel whose ring is longer is refused as fragmented, however many bytes
+    are free in all), and the channel descriptors in use out of the total (a service takes two)."""
+
+    in_use_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+    descriptors_in_use: int
+    descriptors_total: int
+
+
 class Info(TypedDict, total=False):
-    """The daemon's description of itself (``info``); ``pool`` in MPS mode; ``services`` where the
-    meshd has them."""
+    """The daemon's description of itself (``info``); ``pool`` in MPS mode; ``services`` and
+    ``arena`` where the meshd has them."""
 
     mode: str
     mailbox: str
@@ -230,6 +242,7 @@ class Info(TypedDict, total=False):
     host_atomics: bool
     channels: list[ChannelRow]
     services: list[ServiceRow]
+    arena: ArenaRow
     device_uuid: str
     device_selector: str
     pool: dict[str, Any]
@@ -599,6 +612,40 @@ class Client:
         if shards != 1:
             req["shards"] = _u32(shards, "shards")  # absent means one ring, which any meshd reads
         self.call(req)
+
+    def channel_delete(self, name: str, discard: bool = False) -> int:
+        """Deletes channel ``name`` (``meshd channel delete``): its ring's bytes are reused by the
+        next channel created (a device ring's GPU memory is freed), and the name can be created
+        again at once, with any size. Returns how many messages it held that were dropped.
+
+        Refused (MeshdRefused, naming the holder) while a program binds the channel (unload it
+        first) or a process holds one of its ends (a :meth:`producer` or :meth:`consumer` open,
+        ``meshd send``, ``meshd recv``), and while it holds messages unless ``discard``. A service's
+        two channels are deleted with the service (:meth:`service_delete`).
+        """
+        return self._delete("channel_delete", _name(name, "channel name"), discard)
+
+    def service_delete(self, name: str, discard: bool = False) -> int:
+        """Deletes service ``name`` (``meshd service delete``): its fan-in channel ``name`` and its
+        group ``name.replies``, whose bytes are reused by the next channel created; the name can be
+        created again at once. Returns how many requests and replies were dropped.
+
+        Refused (MeshdRefused, naming the client's process) while a client is attached (a
+        :class:`meshd.Service` open), while a program binds either channel, and while requests or
+        replies are queued unless ``discard``.
+        """
+        return self._delete("service_delete", _name(name, "service name"), discard)
+
+    def _delete(self, op: str, name: str, discard: bool) -> int:
+        if not isinstance(discard, bool):
+            raise TypeError(f"discard {discard!r}: expected a bool, got {type(discard).__name__}")
+        req: dict[str, Any] = {"op": op, "name": name}
+        if discard:
+            req["discard"] = True  # absent means false, which any meshd reads
+        discarded = self.call(req).get("discarded", 0)
+        if isinstance(discarded, bool) or not isinstance(discarded, int):
+            raise MeshdProtocolError(f"meshd answered {op} with discarded {discarded!r}, not a count")
+        return discarded
 
     def service(self, name: str) -> Any:
         """Attaches to service ``name`` as a new client: a :class:`meshd.Service`, whose

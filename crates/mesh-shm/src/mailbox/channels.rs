@@ -3,6 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::crash::crash_point;
 use super::handle::{ChannelInfo, Mailbox, Placement, in_map};
 use super::table::{check_channel_params, check_parts, check_placement};
 use crate::arena::{Arena, ArenaUsage, Refusal};
@@ -104,6 +105,7 @@ impl Mailbox {
         check_parts(msg_size, protocol, parts).map_err(cfg)?;
         check_placement(protocol, placement).map_err(cfg)?;
         let _lock = TableLock::take(&self.header().table_lock);
+        crash_point("create:locked");
         if self.find_channel(name)?.is_some() {
             return Err(ShmError::ChannelExists(name.to_string()));
         }
@@ -112,7 +114,8 @@ impl Mailbox {
             (0..g.channel_count).find(|&i| self.desc(i).state.load(Ordering::Acquire) == 0).ok_or_else(|| {
                 ShmError::Full {
                     name: name.into(),
-                    reason: format!("all {} channel descriptors are in use", g.channel_count),
+                    reason: format!("full: all {} channel descriptors are in use", g.channel_count),
+                    room: None,
                 }
             })?;
         let used = self.header().arena_used.load(Ordering::Acquire);
@@ -125,11 +128,12 @@ impl Mailbox {
         let (ring_offset, ring_end) = arena.place(&self.live_ranges(used).0, ring_size).map_err(|refusal| {
             let reason = match refusal {
                 Refusal::Full { asked, free } => {
-                    format!("its ring needs {asked} bytes, {free} of the {}-byte arena are free", g.arena_size)
+                    format!("full: its ring needs {asked} bytes, {free} of the {}-byte arena are free", g.arena_size)
                 }
+                // "fragmented: X free in all, largest free run Y, asked Z".
                 Refusal::Fragmented { .. } => refusal.to_string(),
             };
-            ShmError::Full { name: name.into(), reason }
+            ShmError::Full { name: name.into(), reason, room: Some(refusal) }
         })?;
         let slots_offset = match placement {
             Placement::Host => host_slots_offset(ring_offset),
@@ -139,6 +143,7 @@ impl Mailbox {
         // the live rings) and belongs to no ring; the table lock keeps any other creator out. Zeroed
         // so that a reused file starts with empty indices and claims.
         unsafe { std::ptr::write_bytes(self.base().add(in_map(ring_offset)), 0, size_of::<RingHeader>()) };
+        crash_point("create:header-zeroed");
         // Below the high-water mark the bytes may be a freed ring's: stale LL tags or bulk flags there
         // would read as messages. Past it the arena was never handed out and is still the file's
         // zeroes, so a mailbox whose channels were never freed zeroes nothing more than it did.
@@ -147,6 +152,7 @@ impl Mailbox {
             // SAFETY: `ring_offset..dirty_end` lies inside the free range just placed, as above.
             unsafe { std::ptr::write_bytes(self.base().add(in_map(ring_offset)), 0, in_map(dirty_end - ring_offset)) };
         }
+        crash_point("create:slots-zeroed");
         if placement == Placement::Host {
             // SAFETY: the slots region lies in the range just carved out of the arena (`ring_size`
             // counts it), which no one else reaches before the descriptor is published below.
@@ -158,6 +164,7 @@ impl Mailbox {
             }
             init(region, slots_offset).map_err(cfg)?;
         }
+        crash_point("create:slots-laid-out");
         let d = self.desc(index);
         let d_ptr = std::ptr::from_ref(d).cast_mut();
         // SAFETY: the descriptor is free (state 0), so no reader looks at these fields until the
@@ -172,10 +179,13 @@ impl Mailbox {
             (&raw mut (*d_ptr).slots_offset).write(slots_offset);
             (&raw mut (*d_ptr).name).write(encoded);
         }
+        crash_point("create:descriptor-written");
         // The high-water mark: a reader that still treats it as a bump cursor starts past every ring.
         self.header().arena_used.store(used.max(ring_end - g.arena_offset), Ordering::Release);
+        crash_point("create:high-water-stored");
         d.state.store(1, Ordering::Release);
-        self.channel_info_at(index).map(|i| i.expect("just published"))
+        crash_point("create:published");
+        self.channel_info_at(index)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))
     }
 
     /// Deletes the channel called `name`: its descriptor is unpublished (one store, so a process
@@ -186,42 +196,35 @@ impl Mailbox {
     ///
     /// Refused, naming the holder, while a program slot in use binds it or a live host process holds
     /// its producer or consumer end; refused while it holds messages unless `discard`. A fan-in
-    /// channel or a channel group is refused too: it is a service's, deleted with its service, whose
-    /// clients meshd knows. A host end claimed while the delete runs is caught as the claim words
-    /// are read again after the descriptor is unpublished (the descriptor is then published again
-    /// and the delete refused). A claimer that looked the channel up before the delete and takes
-    /// its claim word after that second read is not caught here: a claiming end must read the
-    /// descriptor again after its claim and give the claim back if the channel is gone.
+    /// channel or a channel group is refused too: it is a service's, deleted with its service
+    /// ([`Mailbox::delete_service`]), whose clients meshd knows.
+    ///
+    /// A host end claimed while the delete runs cannot keep a dead ring: every claiming end reads
+    /// the descriptor again under the table lock after it took its claim word, and gives the claim
+    /// back if the channel is gone or is another channel now (`claims`); an end claimed between the
+    /// checks below and the unpublishing store is also seen by the second look at the claim words,
+    /// which publishes the descriptor again and refuses the delete.
     pub fn delete_channel(&self, name: &str, discard: bool) -> Result<u64> {
         let refuse = |reason: String| ShmError::ChannelConfig { name: name.to_string(), reason };
         let _lock = TableLock::take(&self.header().table_lock);
         let index = self.find_channel(name)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))?;
         let info = self.channel_info_at(index)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))?;
         if matches!(info.protocol, Protocol::FanIn | Protocol::Group) {
+            let service = match info.protocol {
+                Protocol::Group => name.strip_suffix(crate::protocol::SERVICE_REPLIES_SUFFIX).unwrap_or(name),
+                _ => name,
+            };
             return Err(refuse(format!(
-                "protocol {}: a service's channel is deleted with its service, not on its own",
+                "protocol {}: a service's channel is deleted with its service, not on its own: use service \
+                 delete {service:?}",
                 info.protocol
             )));
         }
-        for slot in 0..self.inner.geometry.slot_count {
-            let slot = self.slot(slot)?;
-            if slot.in_use() && slot.bindings().contains(&index) {
-                return Err(refuse(format!(
-                    "in use: the program in slot {} binds it (unload the program first)",
-                    slot.index()
-                )));
-            }
+        if let Some(slot) = self.binding_slot(&[index])? {
+            return Err(refuse(format!("in use: the program in slot {slot} binds it (unload the program first)")));
         }
         let ring = self.ring_header(info.ring_offset);
-        let holders = || {
-            [("producer", &ring.claims.producer), ("consumer", &ring.claims.consumer)].into_iter().find_map(
-                |(end, w)| {
-                    crate::claim::Holder::from_word(w.load(Ordering::SeqCst))
-                        .filter(|h| h.alive())
-                        .map(|h| (end, h.pid))
-                },
-            )
-        };
+        let holders = || live_holder(ring);
         if let Some((end, pid)) = holders() {
             return Err(refuse(format!("in use: pid {pid} holds its {end} end")));
         }
@@ -229,8 +232,10 @@ impl Mailbox {
         if queued > 0 && !discard {
             return Err(refuse(format!("it holds {queued} message(s): delete it with discard to drop them")));
         }
+        crash_point("delete:checked");
         let d = self.desc(index);
         d.state.store(0, Ordering::SeqCst);
+        crash_point("delete:unpublished");
         // A claim that read the descriptor live before the store above and took its end meanwhile
         // is seen here (both sides use SeqCst): the channel stays, and the claimer keeps it.
         if let Some((end, pid)) = holders() {
@@ -238,6 +243,17 @@ impl Mailbox {
             return Err(refuse(format!("in use: pid {pid} took its {end} end while it was being deleted")));
         }
         Ok(queued)
+    }
+
+    /// The first program slot in use that binds any of the descriptors `indices`.
+    pub(super) fn binding_slot(&self, indices: &[u32]) -> Result<Option<u32>> {
+        for slot in 0..self.inner.geometry.slot_count {
+            let slot = self.slot(slot)?;
+            if slot.in_use() && slot.bindings().iter().any(|b| indices.contains(b)) {
+                return Ok(Some(slot.index()));
+            }
+        }
+        Ok(None)
     }
 
     /// The ranges of the arena that live rings take, `(start, end)`, and the descriptors published.
@@ -339,11 +355,18 @@ impl Mailbox {
     }
 }
 
+/// The end of `ring` that a live process holds, and its pid (a claim word whose process died holds nothing).
+pub(super) fn live_holder(ring: &RingHeader) -> Option<(&'static str, u32)> {
+    [("producer", &ring.claims.producer), ("consumer", &ring.claims.consumer)].into_iter().find_map(|(end, w)| {
+        crate::claim::Holder::from_word(w.load(Ordering::SeqCst)).filter(|h| h.alive()).map(|h| (end, h.pid))
+    })
+}
+
 /// The host-only spin lock over the channel table; a holder that died leaves it taken for 1 s at most.
-struct TableLock<'a>(&'a AtomicU32);
+pub(super) struct TableLock<'a>(&'a AtomicU32);
 
 impl<'a> TableLock<'a> {
-    fn take(word: &'a AtomicU32) -> Self {
+    pub(super) fn take(word: &'a AtomicU32) -> Self {
         let me = std::process::id();
         let start = std::time::Instant::now();
         loop {

@@ -192,7 +192,11 @@ impl Mailbox {
     /// The live channel called `name`.
     pub fn channel(&self, name: &str) -> Result<ChannelInfo> {
         let index = self.find_channel(name)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))?;
-        self.channel_info_at(index)?.ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))
+        // Read without the table lock: the channel found can be deleted and its descriptor given to
+        // another name between the two reads.
+        self.channel_info_at(index)?
+            .filter(|info| info.name == name)
+            .ok_or_else(|| ShmError::NoSuchChannel(name.to_string()))
     }
 
     /// Every live channel, in table order; the first descriptor that fails validation fails the whole.

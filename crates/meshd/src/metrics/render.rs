@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use super::recorder::{Labels, Metrics, secs};
 use crate::native::NativeRow;
 use crate::observe::{Scrape, state_name};
-use crate::protocol::{ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceEvents, ServiceRow};
+use crate::protocol::{ArenaRow, ChannelRow, HELD_SLOT, Info, ProgramRow, ServiceEvents, ServiceRow};
 
 /// The `gpu` and `UUID` labels DCGM exporter puts on every series: the ordinal `--device` gave
 /// (none given: 0, the only GPU meshd sees in PCI order), and the GPU's UUID. An empty value is
@@ -62,6 +62,9 @@ pub fn render(metrics: &Metrics, scrape: &Scrape, ready: bool) -> String {
     render_programs(metrics, scrape, &mut reg);
     if let Some(i) = info {
         render_channels(&i.channels, &mut reg);
+        if let Some(a) = &i.arena {
+            render_arena(a, &mut reg);
+        }
         render_services(&i.services, &mut reg);
         render_pool(i, &mut reg);
     }
@@ -106,7 +109,8 @@ fn render_identity(metrics: &Metrics, info: Option<&Info>, ready: bool, reg: &mu
 fn register_recorded(metrics: &Metrics, reg: &mut Registry) {
     reg.register(
         "change_duration_seconds",
-        "Backend time of each change (load, upgrade, unload, channel_create), applied or refused",
+        "Backend time of each change (load, upgrade, unload, channel_create, channel_delete, service_create, \
+         service_delete), applied or refused",
         metrics.changes.clone(),
     );
     reg.register(
@@ -240,6 +244,37 @@ fn render_channels(channels: &[ChannelRow], reg: &mut Registry) {
         "channel_lost_messages",
         "Messages a device channel lost with its GPU memory (a fault or a meshd crash), from its indices",
         lost,
+    );
+}
+
+/// The mailbox's room for channels: what an operator alerts on before creations are refused
+/// (descriptors running out, or free bytes left in runs too short for the rings asked for).
+fn render_arena(a: &ArenaRow, reg: &mut Registry) {
+    let gauge = |v: u64| {
+        let g: Gauge = Gauge::default();
+        g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g
+    };
+    reg.register(
+        "mailbox_channel_descriptors_in_use",
+        "Channel descriptors in use (every live channel, a service's two included)",
+        gauge(u64::from(a.descriptors_in_use)),
+    );
+    reg.register(
+        "mailbox_channel_descriptors",
+        "Channel descriptors in the mailbox, in use or free (meshd run --channels)",
+        gauge(u64::from(a.descriptors_total)),
+    );
+    reg.register(
+        "mailbox_arena_in_use_bytes",
+        "Bytes of the ring arena taken by live channels' rings",
+        gauge(a.in_use_bytes),
+    );
+    reg.register("mailbox_arena_free_bytes", "Bytes of the ring arena no live ring takes", gauge(a.free_bytes));
+    reg.register(
+        "mailbox_arena_largest_free_bytes",
+        "Bytes of the longest free run of the ring arena: the largest ring that can be created now",
+        gauge(a.largest_free_bytes),
     );
 }
 

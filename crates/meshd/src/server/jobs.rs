@@ -50,6 +50,14 @@ pub(super) enum Change {
         parts: u32,
     },
     ServiceCreate(ServiceSpec),
+    ChannelDelete {
+        name: String,
+        discard: bool,
+    },
+    ServiceDelete {
+        name: String,
+        discard: bool,
+    },
 }
 
 impl Change {
@@ -61,6 +69,8 @@ impl Change {
             Self::Unload { .. } => "unload",
             Self::ChannelCreate { .. } => "channel_create",
             Self::ServiceCreate(_) => "service_create",
+            Self::ChannelDelete { .. } => "channel_delete",
+            Self::ServiceDelete { .. } => "service_delete",
         }
     }
 }
@@ -115,6 +125,8 @@ impl From<Request> for Routed {
                     shards,
                 }))
             }
+            Request::ChannelDelete { name, discard } => Self::Change(Change::ChannelDelete { name, discard }),
+            Request::ServiceDelete { name, discard } => Self::Change(Change::ServiceDelete { name, discard }),
             Request::ServiceAttach { service } => Self::Attach { service },
             Request::Detach => Self::Query(Query::StrayDetach),
         }
@@ -153,6 +165,8 @@ mod tests {
     fn changes_have_an_op_label_and_reads_have_none() {
         assert_eq!(change_op(&Request::Unload { name: "x".into() }), Some("unload"));
         assert_eq!(change_op(&Request::Upgrade { name: "x".into(), image_len: 1 }), Some("upgrade"));
+        assert_eq!(change_op(&Request::ChannelDelete { name: "x".into(), discard: false }), Some("channel_delete"));
+        assert_eq!(change_op(&Request::ServiceDelete { name: "x".into(), discard: true }), Some("service_delete"));
         assert_eq!(change_op(&Request::Ps), None);
         assert_eq!(change_op(&Request::Metrics), None);
     }

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use mesh_shm::claim::{Holder, process_dying};
 use mesh_shm::group::GroupError;
-use mesh_shm::{ChannelInfo, ClientId, Completion, ServiceOwner, ShmError};
-use parking_lot::Mutex;
+use mesh_shm::{ChannelInfo, ClientId, Completion, ShmError};
 
 use super::services::{ServiceRecord, Services, replies_name, service_names};
+use super::stalls::SharedOwner;
 use super::waits::{open_pidfd, wait_readable};
 use crate::protocol::{AttachedClient, MAX_LINE, Request, Response, parse_request, write_response};
 
@@ -64,7 +64,7 @@ impl Drop for LeaseSlot<'_> {
 /// A bound client as meshd watches it.
 struct Client {
     service: String,
-    owner: Arc<Mutex<ServiceOwner>>,
+    owner: SharedOwner,
     id: ClientId,
     holder: Holder,
     pidfd: Option<OwnedFd>,
@@ -247,7 +247,14 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
     }
     let start = Instant::now();
     let id = loop {
-        let tried = owner.lock().connect(holder);
+        let tried = {
+            let mut o = owner.lock();
+            // Deleted since this attach found it: its rings may be another channel's now.
+            if o.deleted {
+                bail!("service {service:?}: no such service (it was deleted)");
+            }
+            o.connect(holder)
+        };
         match tried {
             Ok(id) => break id,
             Err(ShmError::Group { error: GroupError::AwaitingAck { .. }, .. }) if start.elapsed() < ACK_WAIT => {

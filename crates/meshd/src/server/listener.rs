@@ -321,6 +321,7 @@ fn info(shared: &Shared) -> Response {
             host_atomics: snap.host_atomics,
             channels,
             services: shared.services.rows(),
+            arena: Some(shared.mailbox.arena_usage().into()),
             extra: InfoExtra {
                 device_uuid: shared.device_id.get().map(|d| d.uuid.clone()),
                 device_selector: shared.device_id.get().and_then(|d| d.selector.clone()),

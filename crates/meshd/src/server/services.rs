@@ -30,7 +30,7 @@ use mesh_shm::layout::{MAX_CAPACITY, MAX_FANIN_SHARDS, MAX_MSG_SIZE, PLACEMENT_H
 use mesh_shm::{ChannelInfo, ClientId, Mailbox, Protocol, ServiceOwner, ShmError};
 use parking_lot::Mutex;
 
-use super::stalls::{Held, ServiceTable, StallConfig};
+use super::stalls::{Held, ServiceHandle, ServiceTable, SharedOwner, StallConfig};
 use crate::protocol::{REPLIES_SUFFIX, SERVICE_NAME_MAX, ServiceClientRow, ServiceEvents, ServiceHold, ServiceRow};
 
 /// A `service_create` as the backend thread applies it (the defaults filled in).
@@ -102,44 +102,51 @@ fn channel(mailbox: &Mailbox, name: &str) -> Result<Option<ChannelInfo>> {
 /// A ring still to be made: its message size, capacity, protocol and `parts` word.
 type Ring = (u32, u32, Protocol, u32);
 
-/// Checks that the mailbox has room for `rings`, made one after the other: free descriptors, and
-/// ring arena bytes from the end of the last ring made (channels are never deleted, so the arena's
-/// used part ends where the furthest ring ends). A check, not a reservation: meshd makes channels on
-/// its one backend thread, and a host process that makes channels itself meanwhile can still take
-/// the room (the creation then fails, and says so).
+/// Checks that the mailbox has room for `rings`: free descriptors, and arena bytes
+/// ([`Mailbox::arena_usage`]): as many free in all as the rings take together, and a free run as
+/// long as the largest of them (a deleted channel's ring leaves a gap that only rings of its size or
+/// less fit). A check, not a reservation: meshd makes channels on its one backend thread, and a host
+/// process that makes channels itself meanwhile can still take the room (the creation then fails,
+/// and says so); and two rings that each fit a run may not fit side by side, which the creation
+/// finds too.
 fn check_room(mailbox: &Mailbox, service: &str, rings: &[Ring]) -> Result<()> {
     let g = mailbox.geometry();
-    let channels = mailbox.channels()?;
-    let free = (g.channel_count as usize).saturating_sub(channels.len());
+    let usage = mailbox.arena_usage();
+    let free = usage.descriptors_total.saturating_sub(usage.descriptors_in_use) as usize;
     if free < rings.len() {
         bail!(
             "service {service:?}: mailbox full: it needs {} channel descriptor(s) and {free} of the {} are free \
-             (`meshd run --channels` sets how many a new mailbox has)",
+             (`meshd run --channels` sets how many a new mailbox has; `meshd channel delete` and \
+             `meshd service delete` free some)",
             rings.len(),
-            g.channel_count
+            usage.descriptors_total
         );
     }
-    let end = channels
-        .iter()
-        .map(|c| {
-            let bytes =
-                ring_bytes_at(c.ring_offset, c.msg_size, c.capacity, c.placement.code(), c.protocol.code(), c.parts);
-            c.ring_offset + bytes.unwrap_or(0)
-        })
-        .fold(g.arena_offset, u64::max);
-    let free_bytes = (g.arena_offset + g.arena_size).saturating_sub(end);
-    let mut need = 0u64;
+    let (mut need, mut largest) = (0u64, 0u64);
     for &(msg_size, capacity, protocol, parts) in rings {
-        let bytes = ring_bytes_at(end + need, msg_size, capacity, PLACEMENT_HOST, protocol.code(), parts)
+        // Sized where the arena starts: a ring's size varies by its padding to a page with where it
+        // starts, which the creation accounts for exactly.
+        let bytes = ring_bytes_at(g.arena_offset, msg_size, capacity, PLACEMENT_HOST, protocol.code(), parts)
             .ok_or_else(|| anyhow!("service {service:?}: protocol {protocol} has no size in this build"))?;
         need = need.saturating_add(bytes);
+        largest = largest.max(bytes);
     }
-    if need > free_bytes {
+    let fix = "fewer --clients, a smaller --reply-capacity, --reply-size or --capacity, deleting channels or services \
+               no longer used, or a larger `meshd run --shm-size` for a new mailbox";
+    if need > usage.free {
         bail!(
-            "service {service:?}: mailbox full: its channels need {need} bytes of the ring arena and {free_bytes} of its \
-             {} are free (fewer --clients, a smaller --reply-capacity, --reply-size or --capacity, or a larger \
-             `meshd run --shm-size` for a new mailbox)",
+            "service {service:?}: mailbox full: its channels need {need} bytes of the ring arena and {} of its {} \
+             are free ({fix})",
+            usage.free,
             g.arena_size
+        );
+    }
+    if largest > usage.largest_free {
+        bail!(
+            "service {service:?}: mailbox fragmented: its largest ring needs {largest} bytes, and the longest free \
+             run of the ring arena is {} bytes ({} free in all, in runs left by deleted channels; {fix})",
+            usage.largest_free,
+            usage.free
         );
     }
     Ok(())
@@ -147,9 +154,9 @@ fn check_room(mailbox: &Mailbox, service: &str, rings: &[Ring]) -> Result<()> {
 
 /// Makes service `spec.name`: its fan-in channel, then its group. Everything that can be checked is
 /// checked first, so that a refusal leaves the mailbox as it was. Should the group still fail after
-/// the fan-in channel was made (another process took the room in between), the fan-in channel
-/// stays (channels cannot be deleted) and the error says so; a `service_create` of that name with
-/// the same request size and capacity then makes only the group, completing the service.
+/// the fan-in channel was made (another process took the room in between), the fan-in channel stays
+/// and the error says so; a `service_create` of that name with the same request size and capacity
+/// then makes only the group, completing the service (or `service_delete` removes what was made).
 pub(super) fn create(mailbox: &Mailbox, spec: &ServiceSpec) -> Result<()> {
     check_spec(spec)?;
     let ServiceSpec { name, clients, msg_size, capacity, reply_size, reply_capacity, shards } = spec.clone();
@@ -195,10 +202,17 @@ pub(super) fn create(mailbox: &Mailbox, spec: &ServiceSpec) -> Result<()> {
     check_room(mailbox, &name, &[(msg_size, capacity, Protocol::FanIn, shards), group])?;
     mailbox.create_fanin(&name, msg_size, capacity, shards)?;
     if let Err(e) = mailbox.create_group(&replies, clients, reply_size, reply_capacity) {
+        // Each ring fitted a free run (check_room), yet not both side by side: undone, so that the
+        // refusal leaves the mailbox as it was.
+        if mailbox.delete_service(&name, true).is_ok() {
+            bail!(
+                "service {name:?}: {e} (its fan-in channel fitted the ring arena, its group then did not; neither is kept)"
+            );
+        }
         bail!(
             "service {name:?}: its fan-in channel {name:?} was made, but its group {replies:?} could not be: {e}; the \
-             fan-in channel stays (channels cannot be deleted), and a `service create` of {name:?} with the same \
-             --msg-size, --capacity and --shards completes the service once there is room"
+             fan-in channel stays: a `service create` of {name:?} with the same --msg-size, --capacity and \
+             --shards completes the service once there is room, and `meshd service delete {name}` removes it"
         );
     }
     tracing::info!(
@@ -268,7 +282,7 @@ impl ServiceRecord {
 /// watcher's settings and findings.
 pub(super) struct Services {
     pub(super) mailbox: Mailbox,
-    owners: Mutex<HashMap<String, Arc<Mutex<ServiceOwner>>>>,
+    owners: Mutex<HashMap<String, SharedOwner>>,
     /// Owners opened so far (bumped after each joins `owners`): the stall watcher looks at `owners`
     /// again when it moves, and at nothing else the rest of the time.
     opened: AtomicUsize,
@@ -342,7 +356,7 @@ impl Services {
     }
 
     /// The owner of service `service`, opened on first use.
-    pub(super) fn owner(&self, service: &str) -> Result<Arc<Mutex<ServiceOwner>>> {
+    pub(super) fn owner(&self, service: &str) -> Result<SharedOwner> {
         let mut owners = self.owners.lock();
         if let Some(o) = owners.get(service) {
             return Ok(o.clone());
@@ -364,15 +378,55 @@ impl Services {
             }
             Some(_) => {}
         }
-        let owner = Arc::new(Mutex::new(ServiceOwner::open(&self.mailbox, service, &replies)?));
+        let owner = Arc::new(Mutex::new(ServiceHandle::new(ServiceOwner::open(&self.mailbox, service, &replies)?)));
         owners.insert(service.to_string(), owner.clone());
         self.opened.fetch_add(1, Ordering::Release);
         Ok(owner)
     }
 
+    /// Deletes service `name`, its fan-in channel and its group (the mailbox's `delete_service`,
+    /// which refuses while a program binds either, and while they hold messages unless `discard`);
+    /// returns the messages dropped. Refused, naming the client and its process, while a client is
+    /// attached. Done under the service's handle lock (the handle opened here if no client used the
+    /// service yet), so that no attach binds a client between the check and the delete; the handle
+    /// is then marked deleted, and the service's handle, record and holds are forgotten.
+    pub(super) fn delete(&self, name: &str, discard: bool) -> Result<u64> {
+        // No handle for what is not a whole service (no such name, a plain channel, a fan-in channel
+        // whose group was never made): the mailbox's delete says what it is, or removes the part made.
+        let handle = self.owner(name).ok();
+        let mut guard = handle.as_ref().map(|h| h.lock());
+        if let Some(o) = &guard {
+            let (bound, _) = o.bound_each();
+            if let Some((id, holder)) = bound.first() {
+                // The process meshd saw attach, else the entry's word.
+                let pid = self.record(name).holder(*id).or(*holder).map_or(0, |h| h.pid);
+                let more = match bound.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more client(s))", n - 1),
+                };
+                bail!(
+                    "service {name:?}: in use: client {:#x} of pid {pid} is attached{more}; a service is deleted \
+                     once its clients have detached or exited",
+                    id.0
+                );
+            }
+        }
+        let discarded = self.mailbox.delete_service(name, discard)?;
+        if let Some(o) = guard.as_mut() {
+            o.deleted = true;
+        }
+        drop(guard);
+        self.owners.lock().remove(name);
+        self.records.lock().remove(name);
+        self.held.lock().retain(|(service, _), _| service != name);
+        // The stall watcher looks at its list again, and drops the deleted service.
+        self.opened.fetch_add(1, Ordering::Release);
+        Ok(discarded)
+    }
+
     /// Every service whose owner is open (each one a client attached to, or adopted at start, at
     /// least once: a service no client ever used has nothing to watch).
-    pub(super) fn open_owners(&self) -> Vec<(String, Arc<Mutex<ServiceOwner>>)> {
+    pub(super) fn open_owners(&self) -> Vec<(String, SharedOwner)> {
         self.owners.lock().iter().map(|(name, o)| (name.clone(), o.clone())).collect()
     }
 
@@ -461,7 +515,7 @@ impl ServiceTable for Services {
         self.opened.load(Ordering::Acquire)
     }
 
-    fn open_owners(&self) -> Vec<(String, Arc<Mutex<ServiceOwner>>)> {
+    fn open_owners(&self) -> Vec<(String, SharedOwner)> {
         Services::open_owners(self)
     }
 

@@ -46,6 +46,39 @@ use super::limits::Limits;
 use super::waits::{open_pidfd, wait_readable};
 use crate::protocol::ServiceHold;
 
+/// meshd's handle on one service (it derefs to mesh-shm's [`ServiceOwner`]) and whether the
+/// service was deleted. A thread that took the handle before the delete (an attach, this watcher)
+/// finds `deleted` under the handle's lock and leaves the mailbox alone: by then the service's ring
+/// bytes may be another channel's.
+#[derive(Debug)]
+pub(super) struct ServiceHandle {
+    owner: ServiceOwner,
+    /// Set, under the lock, by the delete that removed the service from the mailbox.
+    pub(super) deleted: bool,
+}
+
+impl ServiceHandle {
+    pub(super) fn new(owner: ServiceOwner) -> Self {
+        Self { owner, deleted: false }
+    }
+}
+
+impl std::ops::Deref for ServiceHandle {
+    type Target = ServiceOwner;
+    fn deref(&self) -> &ServiceOwner {
+        &self.owner
+    }
+}
+
+impl std::ops::DerefMut for ServiceHandle {
+    fn deref_mut(&mut self) -> &mut ServiceOwner {
+        &mut self.owner
+    }
+}
+
+/// A service's handle as the threads share it.
+pub(super) type SharedOwner = Arc<Mutex<ServiceHandle>>;
+
 /// The longest pause between two looks at a ring.
 const MAX_PERIOD: Duration = Duration::from_millis(10);
 
@@ -109,7 +142,7 @@ pub(super) trait ServiceTable: Send + Sync + 'static {
     /// again only when this moves.
     fn opened(&self) -> usize;
     /// Every service whose owner is open.
-    fn open_owners(&self) -> Vec<(String, Arc<Mutex<ServiceOwner>>)>;
+    fn open_owners(&self) -> Vec<(String, SharedOwner)>;
     /// Readable once the services stop.
     fn stop_fd(&self) -> BorrowedFd<'_>;
     /// Whether the services stop.
@@ -193,7 +226,7 @@ impl Seen {
 /// One service as the watcher follows it: each shard's hold apart.
 struct Watched {
     name: String,
-    owner: Arc<Mutex<ServiceOwner>>,
+    owner: SharedOwner,
     probe: FanInProbe,
     seen: Vec<Option<Seen>>,
 }
@@ -247,10 +280,12 @@ fn watch(services: &dyn ServiceTable, cfg: StallConfig) {
     let mut watched: Vec<Watched> = Vec::new();
     let mut opened = usize::MAX;
     loop {
-        // Services are never removed; one joins the watch as soon as a client first attaches to it.
+        // A service joins the watch as soon as a client first attaches to it, and leaves it when it
+        // is deleted (which moves the count too).
         let now_opened = services.opened();
         if now_opened != opened {
             opened = now_opened;
+            watched.retain(|w| !w.owner.lock().deleted);
             for (name, owner) in services.open_owners() {
                 if !watched.iter().any(|w| w.name == name) {
                     let probe = owner.lock().stall_probe();
@@ -323,7 +358,7 @@ fn ended(ring: Ring<'_>, old: &Seen, now: Instant, services: &dyn ServiceTable) 
 /// Applies the design's rule to a hold that lasted `T_stall`: what it did.
 fn act(
     ring: Ring<'_>,
-    owner: &Mutex<ServiceOwner>,
+    owner: &Mutex<ServiceHandle>,
     probe: &FanInProbe,
     seen: &Seen,
     held: Duration,
@@ -335,7 +370,8 @@ fn act(
     // Under the owner's lock no connect or departure changes the entries, and no other completer
     // runs; the ring is looked at again there, so that a client that went on meanwhile is left alone.
     let mut o = owner.lock();
-    if !probe.hold(shard).is_some_and(|now| seen.is(&now)) {
+    // A deleted service's ring may be another channel's by now: nothing of it is touched.
+    if o.deleted || !probe.hold(shard).is_some_and(|now| seen.is(&now)) {
         return Acted::Done;
     }
     let entry = match o.entry(h.owner) {

@@ -477,7 +477,65 @@ impl BackendWorker<'_> {
                 made?;
                 Ok(Response::ok())
             }
+            Change::ChannelDelete { name, discard } => {
+                self.refuse_unseen_binders(&name)?;
+                let index = self.shared.mailbox.channel(&name)?.index;
+                let discarded = self.shared.mailbox.delete_channel(&name, discard)?;
+                // Before any later change: a channel created at that index gets a ring of its own.
+                self.backend.channel_deleted(index);
+                tracing::info!(channel = %name, discarded, "channel deleted");
+                let mailbox = self.shared.mailbox.clone();
+                self.record(move |s| s.record_channels(&mailbox));
+                Ok(Response { ok: true, discarded: Some(discarded), ..Response::default() })
+            }
+            Change::ServiceDelete { name, discard } => {
+                for part in [name.clone(), services::replies_name(&name)] {
+                    self.refuse_unseen_binders(&part)?;
+                }
+                let indices: Vec<u32> = [name.clone(), services::replies_name(&name)]
+                    .iter()
+                    .filter_map(|c| self.shared.mailbox.channel(c).ok().map(|c| c.index))
+                    .collect();
+                let deleted = self.shared.services.delete(&name, discard);
+                // Recorded whatever the outcome, as a creation is: the desired state lists what the
+                // mailbox holds.
+                let mailbox = self.shared.mailbox.clone();
+                self.record(move |s| s.record_channels(&mailbox));
+                let discarded = deleted?;
+                for index in indices {
+                    self.backend.channel_deleted(index);
+                }
+                tracing::info!(service = %name, discarded, "service deleted");
+                Ok(Response { ok: true, discarded: Some(discarded), ..Response::default() })
+            }
         }
+    }
+
+    /// Refuses to delete channel `name` while something meshd runs names it that no mailbox slot
+    /// shows: a program left stopped (recorded, not in the backend: its relaunch would find the
+    /// channel gone), or a native worker told of it (`MESH_CHANNELS`), which may not have claimed
+    /// its end yet. A program in the backend binds it in its slot, which the mailbox checks.
+    fn refuse_unseen_binders(&self, name: &str) -> Result<()> {
+        let recorded = self.state.as_ref().map(|s| &s.recorded().programs);
+        let binds = |program: &str| {
+            recorded
+                .and_then(|r| r.iter().find(|p| p.name == program))
+                .is_some_and(|p| p.bindings.iter().any(|b| b == name))
+        };
+        if let Some(h) = self.held.iter().find(|h| binds(&h.name)) {
+            anyhow::bail!(
+                "channel {name:?}: in use: program {:?}, left stopped, binds it (unload the program first)",
+                h.name
+            );
+        }
+        if let Some(n) = self.shared.natives.wanted().into_iter().find(|n| n.bind.iter().any(|b| b == name)) {
+            anyhow::bail!(
+                "channel {name:?}: in use: native worker {:?} was started bound to it (`meshd stop {}` first)",
+                n.name,
+                n.name
+            );
+        }
+        Ok(())
     }
 
     /// Writes a change to the state directory; a failure is logged, the change stands (the GPU has it).
@@ -498,6 +556,8 @@ fn describe(change: &Change) -> String {
         Change::Unload { name } => format!("unload {name:?}"),
         Change::ChannelCreate { name, .. } => format!("channel create {name:?}"),
         Change::ServiceCreate(spec) => format!("service create {:?}", spec.name),
+        Change::ChannelDelete { name, .. } => format!("channel delete {name:?}"),
+        Change::ServiceDelete { name, .. } => format!("service delete {name:?}"),
     }
 }
 

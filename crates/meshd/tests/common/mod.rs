@@ -12,7 +12,7 @@ use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramSta
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig};
 use meshd::protocol::{Request, Response, read_response, write_request};
 use meshd::server::Opened;
-use meshd::stand_in::{RecoveryKnob, StandInBackend};
+use meshd::stand_in::{DeletedChannels, RecoveryKnob, StandInBackend};
 
 /// meshd's [`StandInBackend`] with two hooks for the tests: a program whose name starts with `slow`
 /// waits in `load` until the test sends on `gate`; one named `degraded` is refused as a degraded
@@ -42,6 +42,12 @@ impl ListBackend {
     /// With `knob`: the test arms a long recovery in place that the next watchdog tick acts out.
     pub fn with_knob(mut self, knob: RecoveryKnob) -> Self {
         self.inner = self.inner.with_recovery_knob(knob);
+        self
+    }
+
+    /// With `deleted`: the test sees every channel meshd told the backend was deleted.
+    pub fn with_deleted(mut self, deleted: DeletedChannels) -> Self {
+        self.inner = self.inner.with_deleted_channels(deleted);
         self
     }
 
@@ -100,6 +106,9 @@ impl Backend for ListBackend {
     }
     fn host_atomics(&self) -> bool {
         self.inner.host_atomics()
+    }
+    fn channel_deleted(&mut self, index: u32) {
+        self.inner.channel_deleted(index);
     }
 }
 

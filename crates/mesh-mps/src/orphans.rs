@@ -1,0 +1,356 @@
+//! meshd's side of workers that outlive it (`--orphan-grace-ms`): the keeper it starts, the hello and retire it says at an orphan's rendezvous, and the clearing of what a previous meshd left on its MPS directory.
+//!
+//! The design is in `mesh_mps_worker::orphan`. The rule above all: two generations of one program
+//! never run at once. A meshd that starts on an MPS directory first ends the previous keeper (so
+//! that it quits no daemon of ours), then retires every orphan at a rendezvous and waits until each
+//! has exited, forces one that cannot be retired (another protocol version, no answer: cut off its
+//! server, then killed), and quits the previous daemons; only then are daemons started and
+//! programs relaunched.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mesh_backend::BackendError;
+use mesh_mps_worker::orphan::{self, KEEPER_PID, ORPHAN_DIR, process_alive, processes_using};
+use mesh_mps_worker::{Command as WorkerCommand, Incoming, Orphan, PROTOCOL, Reply, decode, encode};
+use parking_lot::Mutex;
+use shared_child::SharedChild;
+
+use crate::process;
+
+/// How workers outlive meshd (`--orphan-grace-ms`).
+#[derive(Debug, Clone)]
+pub struct OrphanPolicy {
+    /// How long an orphan waits for a meshd before it stops its program.
+    pub grace: Duration,
+    /// How long its program gets to stop.
+    pub stop_deadline: Duration,
+    /// Where orphans bind their rendezvous (`<mps dir>/orphans`).
+    pub rendezvous_dir: PathBuf,
+    /// `nvidia-cuda-mps-control`.
+    pub control: PathBuf,
+}
+
+/// Where the orphans of MPS directory `root` wait.
+pub fn rendezvous_dir(root: &Path) -> PathBuf {
+    root.join(ORPHAN_DIR)
+}
+
+/// Connects to the orphan at `path` and says hello: its answer (what it runs) and the socket,
+/// which from then on carries the worker protocol; else why not (a refusal names both versions).
+pub fn hello(path: &Path, within: Duration) -> Result<(UnixStream, Orphan), String> {
+    let stream = UnixStream::connect(path).map_err(|e| format!("connecting: {e}"))?;
+    stream.set_read_timeout(Some(within)).map_err(|e| e.to_string())?;
+    let mut w = &stream;
+    w.write_all(format!("{}\n", encode(&WorkerCommand::Hello { protocol: PROTOCOL })).as_bytes())
+        .map_err(|e| format!("saying hello: {e}"))?;
+    match read_reply(&stream)? {
+        Reply::Orphan(o) => Ok((stream, o)),
+        Reply::Refused(r) => Err(format!("refused the hello: {}", r.message)),
+        other => Err(format!("answered {other:?} to a hello")),
+    }
+}
+
+/// The next reply on `stream` (events skipped), within its read timeout.
+fn read_reply(stream: &UnixStream) -> Result<Reply, String> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => return Err("the socket closed".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("no answer: {e}")),
+        }
+        match decode(line.trim_end()) {
+            Ok(Incoming::Reply(r)) => return Ok(r),
+            Ok(Incoming::Event(_)) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Asks an orphan greeted on `stream` to stop its program in order and exit; waits for its `done`.
+pub fn retire(stream: &UnixStream, within: Duration) -> Result<(), String> {
+    stream.set_read_timeout(Some(within)).map_err(|e| e.to_string())?;
+    let mut w = stream;
+    w.write_all(format!("{}\n", encode(&WorkerCommand::Retire)).as_bytes())
+        .map_err(|e| format!("asking it to retire: {e}"))?;
+    match read_reply(stream)? {
+        Reply::Done => Ok(()),
+        other => Err(format!("answered {other:?} to retire")),
+    }
+}
+
+/// Waits up to `within` for `pid` to be gone.
+fn gone_within(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while process_alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+fn kill(pid: u32) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Ends worker `pid` that could not be retired in order: cut off every server of `pipe_dirs`
+/// first (a SIGKILL of a client whose kernel runs fails the others'), then killed; waits for it.
+fn force(pid: u32, control: &Path, pipe_dirs: &[PathBuf]) -> bool {
+    for dir in pipe_dirs.iter().filter(|d| d.join("control").exists()) {
+        let servers =
+            orphan::control_command(control, dir, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
+        for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            let _ = orphan::control_command(
+                control,
+                dir,
+                &format!("terminate_client {server} {pid}"),
+                Duration::from_secs(1),
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    kill(pid);
+    gone_within(pid, Duration::from_secs(5))
+}
+
+/// One pass over the rendezvous sockets in `dir`: each live orphan greeted, retired and waited for
+/// (or forced), each stale socket removed.
+fn retire_at_rendezvous(
+    dir: &Path,
+    control: &Path,
+    pipe_dirs: &[PathBuf],
+    stop_deadline: Duration,
+    log: &mut Vec<String>,
+) {
+    let mut sockets: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| orphan::rendezvous_pid(p).is_some()).collect())
+        .unwrap_or_default();
+    sockets.sort();
+    for path in sockets {
+        let Some(pid) = orphan::rendezvous_pid(&path) else { continue };
+        if !process_alive(pid) {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        let retired = hello(&path, Duration::from_secs(2)).and_then(|(stream, o)| {
+            if o.pid != pid {
+                return Err(format!("says it is pid {}", o.pid));
+            }
+            retire(&stream, stop_deadline + Duration::from_secs(5)).map(|()| o)
+        });
+        match retired {
+            Ok(o) if gone_within(pid, Duration::from_secs(5)) => log.push(format!(
+                "retired the previous meshd's worker {pid} (slot {}, generation {}, orphaned {} ms)",
+                o.slot.map_or("-".into(), |s| s.to_string()),
+                o.generation.map_or("-".into(), |g| g.to_string()),
+                o.orphaned_ms
+            )),
+            Ok(_) => {
+                let ended = force(pid, control, pipe_dirs);
+                log.push(format!("the previous meshd's worker {pid} retired but did not exit; killed: {ended}"));
+            }
+            Err(why) => {
+                let ended = force(pid, control, pipe_dirs);
+                log.push(format!(
+                    "the previous meshd's worker {pid} could not be retired ({why}); cut off and killed: {ended}"
+                ));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Clears what a previous meshd left running on MPS directory `root`, before anything of this
+/// meshd starts there: its keeper ended, every orphan at a rendezvous retired (or forced) and
+/// waited for, its daemons told to quit (their end is then waited for with the usual teardown
+/// wait). Returns lines for the log. `stop_deadline` is what each orphan's program gets to stop.
+pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> Vec<String> {
+    let mut log = Vec::new();
+    let keeper_file = root.join(KEEPER_PID);
+    if let Some(pid) = std::fs::read_to_string(&keeper_file).ok().and_then(|s| s.trim().parse::<u32>().ok())
+        && process_alive(pid)
+        && orphan::is_keeper(pid)
+    {
+        kill(pid);
+        let _ = gone_within(pid, Duration::from_secs(2));
+        log.push(format!("ended the previous meshd's keeper {pid}"));
+    }
+    let _ = std::fs::remove_file(&keeper_file);
+    let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+    let dir = rendezvous_dir(root);
+    // A worker busy with a command when meshd died reaches its rendezvous a moment later, and an
+    // idle one is still exiting: pass again while workers of these directories live, up to a bound
+    // (past it, the caller's wait for the previous processes refuses the start, naming them).
+    let bound = Instant::now() + stop_deadline + Duration::from_secs(5);
+    loop {
+        retire_at_rendezvous(&dir, control, &pipe_dirs, stop_deadline, &mut log);
+        let workers_left = pipe_dirs.iter().flat_map(|d| processes_using(d)).any(|(_, comm)| orphan::is_client(&comm));
+        if !workers_left || Instant::now() >= bound {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for dir in pipe_dirs {
+        let daemon_there = processes_using(&dir).iter().any(|(_, comm)| !orphan::is_client(comm));
+        if daemon_there && dir.join("control").exists() {
+            match orphan::control_command(control, &dir, "quit", Duration::from_secs(10)) {
+                Ok(_) => log.push(format!("asked the previous meshd's MPS daemon of {} to quit", dir.display())),
+                Err(e) => log.push(format!("quitting the previous meshd's MPS daemon of {}: {e}", dir.display())),
+            }
+        }
+    }
+    log
+}
+
+/// The keeper of an MPS directory (`mesh-mps-worker --keep`): detached, reading meshd's pipe, it
+/// quits the daemons once meshd has died and the last orphan is gone.
+#[derive(Debug)]
+pub struct Keeper {
+    child: SharedChild,
+    stdin: Mutex<Option<ChildStdin>>,
+    pid_file: PathBuf,
+}
+
+impl Keeper {
+    /// Starts the keeper of `root` for the daemons of `pipe_dirs`; `remove_root` when meshd made it.
+    pub fn start(
+        root: &Path,
+        pipe_dirs: &[PathBuf],
+        policy: &OrphanPolicy,
+        remove_root: bool,
+    ) -> Result<Self, BackendError> {
+        let binary = crate::process::worker_binary();
+        let mut cmd = Command::new(&binary);
+        cmd.arg("--keep").arg(root);
+        for d in pipe_dirs {
+            cmd.arg("--pipe-dir").arg(d);
+        }
+        cmd.arg("--mps-control")
+            .arg(&policy.control)
+            .arg("--orphan-grace-ms")
+            .arg(policy.grace.as_millis().to_string())
+            .arg("--stop-deadline-ms")
+            .arg(policy.stop_deadline.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if remove_root {
+            cmd.arg("--remove-root");
+        }
+        let child = process::spawn_detached(&mut cmd)
+            .map_err(|e| BackendError::MpsDaemon(format!("starting the keeper {}: {e}", binary.display())))?;
+        let pid_file = root.join(KEEPER_PID);
+        if let Err(e) = std::fs::write(&pid_file, child.id().to_string()) {
+            process::kill(&child);
+            return Err(BackendError::MpsDaemon(format!("{}: {e}", pid_file.display())));
+        }
+        let stdin = Mutex::new(child.take_stdin());
+        Ok(Self { child, stdin, pid_file })
+    }
+
+    /// The keeper's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// An orderly stop: the keeper is told `exit` (it then touches nothing) and waited for.
+    pub fn release(&self) {
+        if let Some(mut stdin) = self.stdin.lock().take() {
+            let _ = writeln!(stdin, "exit");
+        }
+        process::wait_or_kill(&self.child, Duration::from_secs(2));
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mesh_mps_worker::{KernelState, RefusalKind};
+    use std::os::unix::net::UnixListener;
+
+    /// A stand-in orphan: a `sleep` child for its pid, and a thread answering at its rendezvous as
+    /// `answer` says, ending the `sleep` once it is asked to retire.
+    fn orphan_at(dir: &Path, answer: &'static str) -> (std::process::Child, std::thread::JoinHandle<Vec<String>>) {
+        let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        std::fs::create_dir_all(dir).unwrap();
+        let listener = UnixListener::bind(orphan::rendezvous(dir, pid)).unwrap();
+        let t = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let (stream, _) = listener.accept().unwrap();
+            let mut heard = Vec::new();
+            let mut reader = std::io::BufReader::new(&stream);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                heard.push(line.trim_end().to_string());
+                let reply = match (answer, heard.len()) {
+                    ("old", 1) => Reply::refused(RefusalKind::Version, "this worker speaks protocol 3"),
+                    (_, 1) => Reply::Orphan(Orphan {
+                        protocol: PROTOCOL,
+                        pid,
+                        slot: Some(1),
+                        generation: Some(7),
+                        launches: 1,
+                        kernel: KernelState::Busy,
+                        orphaned_ms: 40,
+                        grace_ms: 60_000,
+                    }),
+                    _ => {
+                        kill(pid);
+                        Reply::Done
+                    }
+                };
+                let mut s = &stream;
+                writeln!(s, "{}", encode(&reply)).unwrap();
+                line.clear();
+            }
+            heard
+        });
+        (child, t)
+    }
+
+    #[test]
+    fn a_previous_orphan_is_greeted_retired_and_waited_for_and_a_stale_socket_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = rendezvous_dir(root.path());
+        let (mut child, t) = orphan_at(&dir, "ours");
+        let pid = child.id();
+        // A socket file whose worker is gone (a pid that cannot exist).
+        std::fs::write(orphan::rendezvous(&dir, 4_000_000), b"").unwrap();
+        let log = clear_previous(root.path(), Path::new("/nonexistent/control"), Duration::from_secs(1));
+        assert!(
+            log.iter().any(|l| l.contains(&format!("retired the previous meshd's worker {pid} (slot 1, generation 7"))),
+            "{log:?}"
+        );
+        let heard = t.join().unwrap();
+        assert_eq!(heard, [format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#), r#"{"op":"retire"}"#.to_string()]);
+        assert!(child.try_wait().unwrap().is_some(), "gone before clear_previous returned");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "both sockets removed");
+    }
+
+    #[test]
+    fn an_orphan_of_another_version_is_not_retired_but_ended_by_force() {
+        let root = tempfile::tempdir().unwrap();
+        let (mut child, t) = orphan_at(&rendezvous_dir(root.path()), "old");
+        let pid = child.id();
+        let log = clear_previous(root.path(), Path::new("/nonexistent/control"), Duration::from_secs(1));
+        let line = log.iter().find(|l| l.contains(&format!("worker {pid}"))).unwrap();
+        assert!(
+            line.contains("could not be retired") && line.contains("protocol 3") && line.ends_with("killed: true"),
+            "{line}"
+        );
+        let _ = child.wait();
+        assert_eq!(t.join().unwrap().len(), 1, "only the hello was said");
+    }
+}

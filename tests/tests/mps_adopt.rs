@@ -1,0 +1,163 @@
+//! MPS programs outliving meshd (`--orphan-grace-ms`): after a kill -9 of meshd each program's kernel
+//! runs on in its worker; with no meshd back within the grace, each is stopped in order (its stop,
+//! once) and nothing is left (no worker, no MPS daemon or server); a meshd started again within the
+//! grace retires the orphans, and waits for their exit, before it relaunches the programs, so that
+//! two generations of a program never run at once; an orderly shutdown still ends everything.
+//! Each test prints what it measured.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mesh_gpu_tests::harness::Meshd;
+use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
+use mesh_mps::mps_dir::processes_using;
+use mesh_shm::Mailbox;
+use mesh_shm::layout::STATE_STOPPED;
+
+const UP: Duration = Duration::from_secs(30);
+
+/// (name, slot, worker pid) of every running program.
+fn programs(d: &Meshd) -> Vec<(String, u32, u32)> {
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
+    rows.iter()
+        .filter(|r| r["state"] == "running")
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                u32::try_from(r["slot"].as_u64().unwrap()).unwrap(),
+                u32::try_from(r["pid"].as_u64().unwrap_or(0)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Starts meshd in MPS mode with `grace_ms` on MPS directory `mps`, and programs `a` and `b` of the
+/// images `a` and `b` beating; returns it, the mailbox (mapped here) and the programs.
+fn two_programs(mps: &Path, grace_ms: &str, images: [&str; 2]) -> (Meshd, Mailbox, Vec<(String, u32, u32)>) {
+    let d = Meshd::start(&[
+        "--isolation",
+        "mps",
+        "--pool",
+        "2",
+        "--standby",
+        "0",
+        "--mps-dir",
+        mps.to_str().unwrap(),
+        "--orphan-grace-ms",
+        grace_ms,
+    ]);
+    for (name, image) in ["a", "b"].into_iter().zip(images) {
+        let image = programs_dir().join(format!("{image}.ptx"));
+        d.ok(&["load", name, image.to_str().unwrap()]);
+    }
+    assert!(wait_until(UP, || programs(&d).len() == 2), "both programs run: {}", d.ok(&["ps"]));
+    let mb = d.mailbox();
+    let progs = programs(&d);
+    let beating = wait_until(UP, || progs.iter().all(|(_, slot, _)| mb.slot(*slot).unwrap().status().heartbeat > 0));
+    assert!(beating, "both beat");
+    (d, mb, progs)
+}
+
+/// Every process of MPS directory `mps` (its daemon, server, workers).
+fn mps_processes(mps: &Path) -> Vec<(u32, String)> {
+    [mps.join("pipe"), mps.join("standby").join("pipe")].iter().flat_map(|p| processes_using(p)).collect()
+}
+
+fn heartbeat(mb: &Mailbox, slot: u32) -> u64 {
+    mb.slot(slot).unwrap().status().heartbeat
+}
+
+/// How long the heartbeats of `slots` kept rising, sampled every millisecond for up to `within`.
+fn kept_beating(mb: &Mailbox, slots: &[u32], within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut last: Vec<u64> = slots.iter().map(|&s| heartbeat(mb, s)).collect();
+    let mut last_rise = started;
+    while started.elapsed() < within {
+        std::thread::sleep(Duration::from_millis(1));
+        let now: Vec<u64> = slots.iter().map(|&s| heartbeat(mb, s)).collect();
+        if now.iter().zip(&last).all(|(n, l)| n > l) {
+            last_rise = Instant::now();
+        }
+        last = now;
+    }
+    last_rise - started
+}
+
+#[test]
+fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
+    require_gpu!("orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing");
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    let (mut d, mb, progs) = two_programs(&mps, "3000", ["heartbeat", "heartbeat"]);
+    let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
+    let workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
+    let killed = Instant::now();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    // The kernels run on while meshd is gone: every heartbeat rises for the first second.
+    let ran = kept_beating(&mb, &slots, Duration::from_secs(1));
+    assert!(ran >= Duration::from_millis(900), "the programs stopped with meshd: they beat for {ran:?} after the kill");
+    let sockets = std::fs::read_dir(mps.join("orphans")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(sockets, 2, "each orphan waits at its rendezvous");
+    // grace 3 s + 5 s: no worker, no MPS daemon or server; each program stopped in order.
+    let gone = wait_until(Duration::from_secs(8), || mps_processes(&mps).is_empty());
+    let all_gone = killed.elapsed();
+    assert!(gone, "left behind {:?} after {all_gone:?}", mps_processes(&mps));
+    for (&slot, &pid) in slots.iter().zip(&workers) {
+        let st = mb.slot(slot).unwrap().status();
+        assert_eq!(st.state, STATE_STOPPED, "slot {slot}: the program stopped in order, not failed: {st:?}");
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "worker {pid} is gone");
+    }
+    let h: Vec<u64> = slots.iter().map(|&s| heartbeat(&mb, s)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(h, slots.iter().map(|&s| heartbeat(&mb, s)).collect::<Vec<_>>(), "nothing beats any more");
+    eprintln!(
+        "orphan grace 3000 ms: the programs beat on for {ran:?} of the first second after the kill; every worker, \
+         the MPS server and the daemon gone {all_gone:?} after the kill"
+    );
+}
+
+#[test]
+fn a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all() {
+    require_gpu!("a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all");
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    // `b` ignores its stop: the takeover's stop request does not end it, so the new meshd must
+    // retire its orphan (which has the server cut it off) before `b` runs again.
+    let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "ignore_stop"]);
+    let old_workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
+    let generations: Vec<u32> = progs.iter().map(|p| mb.slot(p.1).unwrap().generation()).collect();
+    let restarted = Instant::now();
+    d.kill9_and_restart();
+    let up = restarted.elapsed();
+    let log = d.log_text();
+    let stubborn = old_workers[1];
+    assert!(log.contains(&format!("retired the previous meshd's worker {stubborn}")), "{stubborn} retired:\n{log}");
+    for pid in &old_workers {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "old worker {pid} is gone");
+    }
+    // Retired before anything was relaunched.
+    let retired_at = log.find(&format!("retired the previous meshd's worker {stubborn}")).unwrap();
+    assert!(log[retired_at..].contains("relaunched"), "the programs are relaunched after the retirement:\n{log}");
+    assert!(wait_until(UP, || programs(&d).len() == 2), "both relaunched: {}", d.ok(&["ps"]));
+    let now = programs(&d);
+    for ((name, old_slot, _), old_gen) in progs.iter().zip(generations) {
+        let (_, slot, pid) = now.iter().find(|p| &p.0 == name).unwrap_or_else(|| panic!("{name} relaunched"));
+        assert!(!old_workers.contains(pid), "{name} runs in a new worker");
+        let generation = mb.slot(*slot).unwrap().generation();
+        if slot == old_slot {
+            assert_ne!(generation, old_gen, "{name}: a new generation in its slot");
+        }
+    }
+    let beats: Vec<u64> = now.iter().map(|p| heartbeat(&mb, p.1)).collect();
+    assert!(wait_until(UP, || now.iter().zip(&beats).all(|(p, b)| heartbeat(&mb, p.1) > *b)), "both beat again");
+    let gap_ms = f64::from(mb.slot(now.iter().find(|p| p.0 == "a").unwrap().1).unwrap().user_words()[0]) / 1e6;
+    eprintln!(
+        "restart within the grace: meshd answered {up:?} after the kill; the stubborn orphan was retired (cut off) \
+         before the relaunch; program a's largest gap by its own timer {gap_ms:.1} ms"
+    );
+    d.ok(&["shutdown"]);
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    assert!(!mps.join("keeper.pid").exists(), "the keeper was released");
+}
