@@ -265,6 +265,11 @@ if { [ "$WHAT" = all ] || [ "$WHAT" = bench ]; } && [ -x bin/mesh-gpu-bench ]; t
     timeout -k 10 300 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
     ROWS+=("mesh-gpu-bench $a|rc=$?")
   done
+  # A bystander's round trips while channels and services are created and deleted beside it.
+  for a in "churn blink" "churn mps"; do
+    timeout -k 10 120 "${BENCH[@]}" $a >>"$OUT/bench.log" 2>&1
+    ROWS+=("mesh-gpu-bench $a|rc=$?")
+  done
   # (MPS device channels are on by default: "g2g mps" above measures them.)
   [ -x bin/mesh-cli-bench ] && { timeout -k 10 200 bin/mesh-cli-bench >>"$OUT/bench.log" 2>&1; ROWS+=("mesh-cli-bench|rc=$?"); }
   cat "$OUT/bench.log"

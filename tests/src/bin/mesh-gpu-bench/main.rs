@@ -13,6 +13,8 @@
 //! * a service of many clients (`service` module, `mesh-gpu-bench service [blink|mps]`): request → reply
 //!   latency and aggregate rate with 1, 8 and 64 client processes beside the SPSC round trip through
 //!   `echo_warp`, all through one meshd;
+//! * channels created and deleted beside a running program (`churn` module, `mesh-gpu-bench churn blink|mps`):
+//!   a bystander's round trips while another thread churns the mailbox, beside its quiet windows;
 //! * nvJitLink: cold (library start-up, paid once by `Jit::start`), warm, cached.
 //!
 //! Every figure also goes to a results file, one JSON line each (`results` module, bench/README.md):
@@ -28,6 +30,7 @@ use mesh_gpu_tests::{Fixture, program};
 
 mod bulk;
 mod channels;
+mod churn;
 mod fanin_host;
 mod parts;
 mod probe;
@@ -79,10 +82,11 @@ const OPTIONS: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     ("fanin-host", &[("senders", "sender counts, comma-separated, each 1-64")]),
+    ("churn", &[("cycles", "create/delete cycles while the bystander runs (default 1000)")]),
 ];
 
 const USAGE: &str = "usage: mesh-gpu-bench [--results FILE] [--commit SHA] [BENCH [MODE] [--OPTION VALUE]...]
-  BENCH: none (channels, JIT, blink), mps, rt|rt-ab|g2g|g2g-lean|bulk|parts blink|mps, service [blink|mps], fanin-host
+  BENCH: none (channels, JIT, blink), mps, rt|rt-ab|g2g|g2g-lean|bulk|parts|churn blink|mps, service [blink|mps], fanin-host
   --results FILE: where the figures go, one JSON line each (default target/bench-results/DATE-GPU.jsonl)
   --commit SHA: the commit the binaries were built from (default: git's HEAD here)";
 
@@ -197,6 +201,7 @@ fn main() {
         ["bulk", mode @ ("blink" | "mps")] => return bulk::bulk_benches(*mode == "mps"),
         ["parts", mode @ ("blink" | "mps")] => return parts::parts_benches(*mode == "mps"),
         ["service"] => return service::service_benches(false),
+        ["churn", mode @ ("blink" | "mps")] => return churn::churn_bench(*mode == "mps"),
         ["fanin-host"] => return fanin_host::fanin_host(),
         ["service", mode @ ("blink" | "mps")] => return service::service_benches(*mode == "mps"),
         [] => {}

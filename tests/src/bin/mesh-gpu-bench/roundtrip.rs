@@ -52,7 +52,7 @@ impl Bench {
         Self { mb, backend, mode: if mps { "mps" } else { "blink" }, next: 0, _dir: dir }
     }
 
-    fn channel(&mut self, size: u32, capacity: u32, placement: Placement) -> String {
+    pub(crate) fn channel(&mut self, size: u32, capacity: u32, placement: Placement) -> String {
         self.next += 1;
         let name = format!("b{}", self.next);
         self.mb.create_channel_placed(&name, size, capacity, placement).unwrap();
@@ -65,7 +65,7 @@ impl Bench {
     }
 
     /// [`Bench::load`] with a block of `threads`.
-    fn load_block(&mut self, name: &str, program_name: &str, channels: &[&str], threads: u32) -> u32 {
+    pub(crate) fn load_block(&mut self, name: &str, program_name: &str, channels: &[&str], threads: u32) -> u32 {
         let mut spec = ProgramSpec::new(name, program(program_name)).unwrap();
         spec.shape.block = [threads, 1, 1];
         spec.bindings = channels.iter().map(|c| c.to_string()).collect();
