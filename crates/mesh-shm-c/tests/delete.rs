@@ -1,5 +1,7 @@
 //! Deleting channels and services from C: `mesh_channel_delete` and `mesh_service_delete` against meshd's own control plane (a stand-in backend, in this process), through the extern "C" functions and from a C program compiled against `mesh_shm.h`.
 
+mod common;
+
 use std::ffi::{CStr, CString};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -140,27 +142,7 @@ fn channels_and_services_are_deleted_and_refusals_carry_meshds_reason() {
 #[test]
 fn a_c_program_deletes_a_channel_and_a_service() {
     let dir = tempfile::tempdir().unwrap();
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // The test binary is target/<profile>/deps/delete-HASH; `cargo test` builds the static library beside it.
-    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libmesh_shm_c.a");
-    assert!(lib.exists(), "{} was not built with the tests", lib.display());
-    let exe = dir.path().join("delete");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/delete.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .status();
-    match built {
-        Ok(s) => assert!(s.success(), "{cc} failed on tests/c/delete.c"),
-        Err(e) => {
-            println!("SKIPPED: no C compiler ({cc}: {e})");
-            return;
-        }
-    }
+    let Some(exe) = common::build_c_program("delete", dir.path()) else { return };
     let meshd = Meshd::start(dir.path());
     meshd.channel_create("jobs");
     meshd.fill("jobs", 2);

@@ -1,5 +1,7 @@
 //! The service client's C calls (`mesh_service_*`) against meshd's own control plane (over a stand-in backend, in this process) and a host server thread: round trips through the extern "C" functions, every refusal as its code, and a C program compiled against `mesh_shm.h` (two streaming to the end, one killed with -9 mid-stream and taken back by meshd).
 
+mod common;
+
 use std::ffi::{CStr, CString, c_char};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -411,39 +413,10 @@ fn close_after_meshd_has_gone_is_ok() {
     assert_eq!(unsafe { mesh_service_close(svc) }, MESH_OK, "{}", last_error());
 }
 
-/// Compiles tests/c/service_client.c against the header and this build's static library; None
-/// where there is no C compiler.
-fn build_c_client(out: &Path) -> Option<PathBuf> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // The test binary is target/<profile>/deps/service-HASH; `cargo test` builds the static library beside it.
-    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libmesh_shm_c.a");
-    assert!(lib.exists(), "{} was not built with the tests", lib.display());
-    let exe = out.join("service_client");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/service_client.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .status();
-    match status {
-        Ok(s) => {
-            assert!(s.success(), "{cc} failed on tests/c/service_client.c");
-            Some(exe)
-        }
-        Err(e) => {
-            println!("SKIPPED: no C compiler ({cc}: {e})");
-            None
-        }
-    }
-}
-
 #[test]
 fn a_c_program_streams_and_one_killed_with_sigkill_is_taken_back() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_c_client(dir.path()) else { return };
+    let Some(exe) = common::build_c_program("service_client", dir.path()) else { return };
     let meshd = Meshd::start(dir.path());
     meshd.service_create("kv", 4, 64, 64);
     let server = Server::start(&meshd.mailbox, "kv");

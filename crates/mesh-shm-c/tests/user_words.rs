@@ -1,5 +1,7 @@
 //! A program's user words from C: `mesh_program_user_words` by name through meshd's own control plane (a stand-in backend, in this process) and `mesh_shm_user_words` by slot from the mapped mailbox, through the extern "C" functions and from a C program compiled against `mesh_shm.h`.
 
+mod common;
+
 use std::ffi::{CStr, CString};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
@@ -147,27 +149,7 @@ fn user_words_are_read_by_name_through_meshd_and_by_slot_from_the_mailbox() {
 #[test]
 fn a_c_program_reads_a_programs_user_words() {
     let dir = tempfile::tempdir().unwrap();
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // The test binary is target/<profile>/deps/user_words-HASH; `cargo test` builds the static library beside it.
-    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libmesh_shm_c.a");
-    assert!(lib.exists(), "{} was not built with the tests", lib.display());
-    let exe = dir.path().join("user_words");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/user_words.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .status();
-    match built {
-        Ok(s) => assert!(s.success(), "{cc} failed on tests/c/user_words.c"),
-        Err(e) => {
-            println!("SKIPPED: no C compiler ({cc}: {e})");
-            return;
-        }
-    }
+    let Some(exe) = common::build_c_program("user_words", dir.path()) else { return };
     let meshd = Meshd::start(dir.path());
     let slot = meshd.load("counter");
     meshd.store(slot, 0, 41);
