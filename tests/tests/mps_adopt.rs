@@ -25,7 +25,10 @@ fn programs(d: &Meshd) -> Vec<(String, u32, u32)> {
             (
                 r["name"].as_str().unwrap().to_string(),
                 u32::try_from(r["slot"].as_u64().unwrap()).unwrap(),
-                u32::try_from(r["pid"].as_u64().unwrap_or(0)).unwrap(),
+                u32::try_from(
+                    r["worker_pid"].as_u64().unwrap_or_else(|| panic!("a running MPS program has a worker: {r}")),
+                )
+                .unwrap(),
             )
         })
         .collect()

@@ -29,6 +29,10 @@ from conftest import DEADLINE, REPO, Peer
 
 PTX = b".version 8.0\n.target sm_80\n.address_size 64\n"
 
+if not (REPO / "README.md").is_file():
+    # A GPU bundle carries the package's tests without the repository's docs; they run from a checkout.
+    pytest.skip(f"no docs here ({REPO / 'README.md'} is missing): the docs' Python runs from a checkout", allow_module_level=True)
+
 
 #: The package's own page (meshd's docs test reads README.md and docs/ only): its Python blocks run
 #: here with the others, and every block on it must be one of them or an include (checked below).
