@@ -1,8 +1,9 @@
 //! Deleting channels and services from C: `mesh_channel_delete` and `mesh_service_delete` against meshd's own control plane (a stand-in backend, in this process), through the extern "C" functions and from a C program compiled against `mesh_shm.h`.
 
 mod common;
+use common::last_error;
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -17,11 +18,6 @@ use serde_json::{Value, json};
 
 /// A deadline for what takes milliseconds (never a measurement).
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn last_error() -> String {
-    // SAFETY: mesh_shm_last_error returns a NUL-terminated string valid until the next call on this thread.
-    unsafe { CStr::from_ptr(mesh_shm_last_error()) }.to_string_lossy().into_owned()
-}
 
 /// meshd's control plane over a stand-in backend, on a socket in `dir`, served by a thread of this process.
 struct Meshd {

@@ -1,6 +1,7 @@
 //! The service client's C calls (`mesh_service_*`) against meshd's own control plane (over a stand-in backend, in this process) and a host server thread: round trips through the extern "C" functions, every refusal as its code, and a C program compiled against `mesh_shm.h` (two streaming to the end, one killed with -9 mid-stream and taken back by meshd).
 
 mod common;
+use common::last_error;
 
 use std::ffi::{CStr, CString, c_char};
 use std::io::{BufRead, BufReader, Write};
@@ -19,11 +20,6 @@ use serde_json::Value;
 
 /// A deadline for what takes milliseconds (never a measurement).
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn last_error() -> String {
-    // SAFETY: mesh_shm_last_error returns a NUL-terminated string valid until the next call on this thread.
-    unsafe { CStr::from_ptr(mesh_shm_last_error()) }.to_string_lossy().into_owned()
-}
 
 /// meshd's control plane over a stand-in backend, on a socket in `dir`, served by a thread of this process.
 struct Meshd {

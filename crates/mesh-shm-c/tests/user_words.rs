@@ -1,6 +1,7 @@
 //! A program's user words from C: `mesh_program_user_words` by name through meshd's own control plane (a stand-in backend, in this process) and `mesh_shm_user_words` by slot from the mapped mailbox, through the extern "C" functions and from a C program compiled against `mesh_shm.h`.
 
 mod common;
+use common::last_error;
 
 use std::ffi::{CStr, CString};
 use std::io::{BufRead, BufReader, Write};
@@ -21,11 +22,6 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A tiny PTX image (enough for the stand-in backend's load).
 const PTX: &[u8] = b".version 8.0\n.target sm_90\n";
-
-fn last_error() -> String {
-    // SAFETY: mesh_shm_last_error returns a NUL-terminated string valid until the next call on this thread.
-    unsafe { CStr::from_ptr(mesh_shm_last_error()) }.to_string_lossy().into_owned()
-}
 
 /// meshd's control plane over a stand-in backend, on a socket in `dir`, served by a thread of this process.
 struct Meshd {

@@ -1,7 +1,16 @@
-//! What the C-program tests share: compiling one of tests/c/*.c against the header and this build's static library.
+//! What the tests against meshd's control plane share: the C API's last error, and compiling one of tests/c/*.c against the header and this build's static library.
 
+use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use mesh_shm_c::mesh_shm_last_error;
+
+/// The message of this thread's last failed call of the C API.
+pub fn last_error() -> String {
+    // SAFETY: mesh_shm_last_error returns a NUL-terminated string valid until the next call on this thread.
+    unsafe { CStr::from_ptr(mesh_shm_last_error()) }.to_string_lossy().into_owned()
+}
 
 /// Compiles `tests/c/NAME.c` into `out/NAME` against `include/mesh_shm.h` and the static library
 /// `cargo test` builds beside the test binary; `None`, after saying SKIPPED, where there is no C
