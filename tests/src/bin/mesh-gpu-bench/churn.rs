@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mesh_gpu_tests::stress;
+use mesh_shm::mailbox::SERVICE_REPLIES_SUFFIX;
 use mesh_shm::{Consumer, Mailbox, Placement, Producer, Protocol, ShmError};
 
 use crate::roundtrip::Bench;
@@ -63,23 +64,18 @@ struct Tally {
 /// One create (of a kind and size drawn from `rng`) and, beyond [`LIVE`], one delete of the oldest.
 fn cycle(mb: &Mailbox, rng: &mut Rng, live: &mut VecDeque<(String, Made)>, n: u64, tally: &mut Tally) {
     let name = format!("churn{n}");
+    let channel = |protocol, size, capacity| {
+        mb.create_channel_with(&name, size, capacity, Placement::Host, protocol).map(|_| Made::Channel)
+    };
+    // Each draw's size first, then its capacity.
     let made = match rng.below(4) {
-        0 => {
-            let size = rng.pow2(3, 16).min(65_536);
-            mb.create_channel_with(&name, size, rng.pow2(1, 6), Placement::Host, Protocol::Ll).map(|_| Made::Channel)
-        }
-        1 => {
-            let size = rng.pow2(4, 24);
-            mb.create_channel_with(&name, size, rng.pow2(1, 2), Placement::Host, Protocol::Bulk).map(|_| Made::Channel)
-        }
-        2 => {
-            let size = rng.pow2(3, 16);
-            mb.create_channel_with(&name, size, rng.pow2(1, 6), Placement::Host, Protocol::Index).map(|_| Made::Channel)
-        }
+        0 => channel(Protocol::Ll, rng.pow2(3, 16), rng.pow2(1, 6)),
+        1 => channel(Protocol::Bulk, rng.pow2(4, 24), rng.pow2(1, 2)),
+        2 => channel(Protocol::Index, rng.pow2(3, 16), rng.pow2(1, 6)),
         _ => {
             let (size, clients) = (rng.pow2(3, 10), rng.pow2(0, 3));
             match mb.create_fanin(&name, size, 16, 4) {
-                Ok(_) => match mb.create_group(&format!("{name}.replies"), clients, size, 16) {
+                Ok(_) => match mb.create_group(&format!("{name}{SERVICE_REPLIES_SUFFIX}"), clients, size, 16) {
                     Ok(_) => Ok(Made::Service),
                     Err(e) => {
                         // The fan-in channel made alone goes as the service it was to be.
