@@ -123,6 +123,9 @@ mod tests {
         (&meshd).write_all(&[1, 2, 3]).unwrap();
         let e = recv_fd(&worker, tag).unwrap_err().to_string();
         assert!(e.contains("a 3-byte tag"), "{e}");
+        // Shut down, not only dropped: a process another test spawns at this moment holds a copy of
+        // the descriptor until its exec closes it, and the socket closes only with the last copy.
+        meshd.shutdown(std::net::Shutdown::Both).unwrap();
         drop(meshd);
         assert!(matches!(recv_fd(&worker, tag), Err(FdError::Closed)));
     }
