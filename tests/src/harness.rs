@@ -111,6 +111,12 @@ impl Meshd {
         self.wait_up();
     }
 
+    /// [`Meshd::kill9_and_restart`] with `extra` as its options from now on.
+    pub fn kill9_and_restart_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.kill9_and_restart();
+    }
+
     /// After the daemon has ended (a `shutdown`, say), starts it again with the same options, mailbox,
     /// socket and state directory; waits until it answers.
     pub fn restart(&mut self) {

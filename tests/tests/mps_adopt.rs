@@ -1,9 +1,11 @@
 //! MPS programs outliving meshd (`--orphan-grace-ms`): after a kill -9 of meshd each program's kernel
 //! runs on in its worker; with no meshd back within the grace, each is stopped in order (its stop,
 //! once) and nothing is left (no worker, no MPS daemon or server); a meshd started again within the
-//! grace retires the orphans, and waits for their exit, before it relaunches the programs, so that
-//! two generations of a program never run at once; an orderly shutdown still ends everything.
-//! Each test prints what it measured.
+//! grace adopts the programs (same workers, same generations, kernels never stopped), and upgrades,
+//! unloads and shuts them down as its own; a meshd started again without a grace retires the
+//! orphans, and waits for their exit, before it relaunches the programs, so that two generations of
+//! a program never run at once; an orderly shutdown still ends everything. Each test prints what it
+//! measured.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -120,9 +122,71 @@ fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
     );
 }
 
+/// Program `name`'s largest gap between two iterations so far, by its own `%globaltimer`, ms.
+fn largest_gap_ms(mb: &Mailbox, slot: u32) -> f64 {
+    f64::from(mb.slot(slot).unwrap().user_words()[0]) / 1e6
+}
+
 #[test]
-fn a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all() {
-    require_gpu!("a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all");
+fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
+    require_gpu!("a_restart_within_the_grace_adopts_the_programs_which_never_stop");
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
+    let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
+    // A second of running first: the gaps a program sees without any kill.
+    std::thread::sleep(Duration::from_secs(1));
+    let gaps_before: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
+    let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    let restarted = Instant::now();
+    // Sampled while meshd is killed and started again: the heartbeats never stop rising.
+    let watcher = {
+        let mb = d.mailbox();
+        let slots = slots.clone();
+        std::thread::spawn(move || kept_beating(&mb, &slots, Duration::from_secs(4)))
+    };
+    d.kill9_and_restart();
+    let up = restarted.elapsed();
+    let beat_for = watcher.join().unwrap();
+    let log = d.log_text();
+    for (name, slot, pid) in &progs {
+        assert!(
+            log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")),
+            "{name} adopted:\n{log}"
+        );
+    }
+    assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the restart:\n{log}");
+    let now = programs(&d);
+    assert_eq!(now, progs, "the same programs, in the same slots and workers");
+    let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    assert_eq!(after, generations, "no new generation: nothing was launched again");
+    let gaps_after: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
+    eprintln!(
+        "adoption: meshd answered {up:?} after the kill; the heartbeats rose throughout ({beat_for:?} of 4 s); \
+         largest gap by the programs' own timers before the kill {gaps_before:?} ms, after the restart {gaps_after:?} ms"
+    );
+    // The adopted workers are this meshd's now: an upgrade moves `a` to a fresh worker, an unload
+    // stops `b` in order, and a shutdown ends everything.
+    let image = programs_dir().join("heartbeat.ptx");
+    d.ok(&["upgrade", "a", image.to_str().unwrap()]);
+    assert!(
+        wait_until(UP, || programs(&d).iter().any(|p| p.0 == "a" && p.2 != progs[0].2)),
+        "a upgraded into a new worker: {}",
+        d.ok(&["ps"])
+    );
+    d.ok(&["unload", "b"]);
+    assert_eq!(mb.slot(progs[1].1).unwrap().status().state, STATE_STOPPED, "b stopped in order");
+    d.ok(&["shutdown"]);
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    for (_, _, pid) in &progs {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "adopted worker {pid} is gone after the shutdown");
+    }
+}
+
+#[test]
+fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all() {
+    require_gpu!("a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all");
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
     // `b` ignores its stop: the takeover's stop request does not end it, so the new meshd must
@@ -131,7 +195,17 @@ fn a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutd
     let old_workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
     let generations: Vec<u32> = progs.iter().map(|p| mb.slot(p.1).unwrap().generation()).collect();
     let restarted = Instant::now();
-    d.kill9_and_restart();
+    // The operator turned the grace off: nothing is adopted, everything relaunched.
+    d.kill9_and_restart_with(&[
+        "--isolation",
+        "mps",
+        "--pool",
+        "2",
+        "--standby",
+        "0",
+        "--mps-dir",
+        mps.to_str().unwrap(),
+    ]);
     let up = restarted.elapsed();
     let log = d.log_text();
     let stubborn = old_workers[1];
@@ -156,7 +230,7 @@ fn a_restart_within_the_grace_retires_the_orphans_before_it_relaunches_and_shutd
     assert!(wait_until(UP, || now.iter().zip(&beats).all(|(p, b)| heartbeat(&mb, p.1) > *b)), "both beat again");
     let gap_ms = f64::from(mb.slot(now.iter().find(|p| p.0 == "a").unwrap().1).unwrap().user_words()[0]) / 1e6;
     eprintln!(
-        "restart within the grace: meshd answered {up:?} after the kill; the stubborn orphan was retired (cut off) \
+        "restart without a grace: meshd answered {up:?} after the kill; the stubborn orphan was retired (cut off) \
          before the relaunch; program a's largest gap by its own timer {gap_ms:.1} ms"
     );
     d.ok(&["shutdown"]);

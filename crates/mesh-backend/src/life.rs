@@ -66,6 +66,12 @@ impl Life {
         Self { phase: Phase::Loaded, generation: 0 }
     }
 
+    /// A program whose kernel a previous meshd launched as `generation` and which runs on: adopted
+    /// by this one without a launch (running; the next launch is `generation + 1`).
+    pub fn adopted(generation: u32) -> Self {
+        Self { phase: Phase::Running, generation }
+    }
+
     /// The phase.
     pub fn phase(&self) -> &Phase {
         &self.phase
@@ -165,6 +171,12 @@ mod tests {
         life.request_stop();
         assert!(life.launch().is_err(), "still stopping: its kernel may run");
         assert_eq!(life.generation(), 1, "a refused launch bumps nothing");
+        let mut adopted = Life::adopted(7);
+        assert_eq!((adopted.phase(), adopted.generation()), (&Phase::Running, 7));
+        assert!(adopted.launch().is_err(), "an adopted kernel runs: no second launch in its slot");
+        adopted.request_stop();
+        adopted.returned();
+        assert_eq!(adopted.launch(), Ok(8), "its next launch follows the previous meshd's generation");
     }
 
     #[test]

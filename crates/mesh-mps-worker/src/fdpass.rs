@@ -5,6 +5,11 @@
 //! on stdin; the worker reads the command, then takes the descriptor without waiting (it is queued
 //! already: a unix stream socket's send completes into the receiver's queue) and checks that its tag
 //! names the command's channel and size.
+//!
+//! An adoption passes one descriptor the other way round the usual plumbing: the new fd socket rides
+//! on the `adopt` line itself ([`send_line_with_fd`]), on the rendezvous socket that becomes the
+//! worker's input; the worker reads that one line with `recvmsg` ([`recv_line_with_fd`]) before it
+//! reads lines as usual.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -92,6 +97,62 @@ pub fn recv_fd(socket: impl AsFd, want: FdTag) -> Result<OwnedFd, FdError> {
     Ok(fds.remove(0))
 }
 
+/// Sends `line` and a newline on `socket`, with `fd` riding on its first byte.
+pub fn send_line_with_fd(socket: impl AsFd, line: &str, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let payload = format!("{line}\n");
+    let fds = [fd];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("the descriptor does not fit the control buffer"));
+    }
+    let socket = socket.as_fd();
+    let mut sent =
+        rustix::net::sendmsg(socket, &[io::IoSlice::new(payload.as_bytes())], &mut control, SendFlags::NOSIGNAL)?;
+    // The descriptor went with the first bytes; the rest of a long line follows plainly.
+    while sent < payload.len() {
+        sent += rustix::net::send(socket, &payload.as_bytes()[sent..], SendFlags::NOSIGNAL)?;
+    }
+    Ok(())
+}
+
+/// Reads one line (up to `max` bytes, its newline dropped) from `socket`, and the descriptors that
+/// rode on it, waiting as the socket's read timeout says. Reads byte by byte past the first message,
+/// so that nothing after the newline is taken from the socket.
+pub fn recv_line_with_fd(socket: impl AsFd, max: usize) -> Result<(String, Vec<OwnedFd>), FdError> {
+    let socket = socket.as_fd();
+    let mut line = Vec::new();
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    while line.len() < max {
+        let mut byte = [0u8; 1];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = match rustix::net::recvmsg(
+            socket,
+            &mut [io::IoSliceMut::new(&mut byte)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(FdError::Io(e.into())),
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = msg {
+                fds.extend(rights);
+            }
+        }
+        if got.bytes == 0 {
+            return Err(FdError::Closed);
+        }
+        if byte[0] == b'\n' {
+            return Ok((String::from_utf8_lossy(&line).into_owned(), fds));
+        }
+        line.push(byte[0]);
+    }
+    Err(FdError::Malformed(format!("no newline within {max} bytes")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +189,29 @@ mod tests {
         meshd.shutdown(std::net::Shutdown::Both).unwrap();
         drop(meshd);
         assert!(matches!(recv_fd(&worker, tag), Err(FdError::Closed)));
+    }
+
+    #[test]
+    fn a_line_carries_a_descriptor_and_what_follows_it_stays_on_the_socket() {
+        let (meshd, worker) = UnixStream::pair().unwrap();
+        let (mut r, w) = std::io::pipe().unwrap();
+        send_line_with_fd(&meshd, r#"{"op":"adopt"}"#, w.as_fd()).unwrap();
+        (&meshd).write_all(b"{\"op\":\"wait\"}\n").unwrap();
+        let (line, fds) = recv_line_with_fd(&worker, 4096).unwrap();
+        assert_eq!((line.as_str(), fds.len()), (r#"{"op":"adopt"}"#, 1));
+        drop(w);
+        let mut copy = std::fs::File::from(fds.into_iter().next().unwrap());
+        copy.write_all(b"fd").unwrap();
+        drop(copy);
+        let mut s = String::new();
+        r.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "fd", "the descriptor that arrived is the pipe's write end");
+        let (next, none) = recv_line_with_fd(&worker, 4096).unwrap();
+        assert_eq!((next.as_str(), none.len()), (r#"{"op":"wait"}"#, 0), "the next line, untouched");
+        (&meshd).write_all(b"0123456789").unwrap();
+        let e = recv_line_with_fd(&worker, 4).unwrap_err().to_string();
+        assert!(e.contains("no newline within 4 bytes"), "{e}");
+        meshd.shutdown(std::net::Shutdown::Both).unwrap();
+        assert!(matches!(recv_line_with_fd(&worker, 4096), Err(FdError::Closed)));
     }
 }

@@ -23,8 +23,10 @@
 //! **Orphans** (`--orphan-grace-ms`, see [`orphan`]): a worker whose stdin ends while its kernel
 //! runs (meshd died) keeps the kernel running and waits for a meshd at a rendezvous socket. A meshd
 //! that connects says [`Command::Hello`] with its version; the worker answers [`Reply::Orphan`]
-//! (what it runs) or a refusal naming both versions, then takes commands on that socket as it did
-//! on stdin; [`Command::Retire`] stops its program in order and ends it.
+//! (what it runs) or a refusal naming both versions. meshd then says [`Command::Adopt`], with a
+//! new fd socket riding on that line (`SCM_RIGHTS`): the worker takes commands on the rendezvous
+//! socket from then on, as it did on stdin, and its kernel never stopped. Or meshd says
+//! [`Command::Retire`], which stops its program in order and ends it.
 
 pub mod fdpass;
 pub mod orphan;
@@ -34,8 +36,9 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol's version, said in `ready`; meshd refuses a worker that speaks another.
 /// Version 3 added [`Event::Alive`] and `ready`'s `kernel_check_us`; version 4 the orphan's
-/// rendezvous ([`Command::Hello`], [`Command::Retire`], [`Reply::Orphan`]).
-pub const PROTOCOL: u32 = 4;
+/// rendezvous ([`Command::Hello`], [`Command::Retire`], [`Reply::Orphan`]); version 5 the
+/// adoption ([`Command::Adopt`], and what [`Orphan`] says of its program).
+pub const PROTOCOL: u32 = 5;
 
 /// How often a worker checks its running kernel's stream (`cuStreamQuery`, a host-side read) by
 /// default: the bound on how late meshd hears that a kernel ended or failed, whatever the number of
@@ -104,6 +107,10 @@ pub enum Command {
     /// Stop the program in order and leave: the stop asked through its slot, the kernel given the
     /// stop deadline, else the worker cut off its server; answered with `done` just before the exit.
     Retire,
+    /// Said after a hello: the connecting meshd adopts this orphan. The line carries the worker's
+    /// new fd socket (`SCM_RIGHTS`, [`fdpass::send_line_with_fd`]); answered with `done`, after
+    /// which the rendezvous socket carries the protocol and the kernel runs on, untouched.
+    Adopt,
 }
 
 /// What travels with a descriptor on the fd socket (16 bytes, little-endian): which channel's ring it
@@ -296,6 +303,46 @@ pub struct Orphan {
     pub orphaned_ms: u64,
     /// How long it waits in all before it retires by itself, ms.
     pub grace_ms: u64,
+    /// What it said when it started (its SMs, its device).
+    pub ready: Ready,
+    /// The `--sms` it was started with (`None`: the whole GPU).
+    pub asked_sms: Option<u32>,
+    /// The mailbox file it maps, by identity: a meshd adopts only the orphans of its own mailbox.
+    pub mailbox: FileId,
+    /// The module it has loaded, with the shape it was probed for and kcheck's figures.
+    pub loaded: Option<Loaded>,
+    /// Device channels whose rings it has mapped, by index.
+    pub mapped: Vec<u32>,
+}
+
+/// A loaded module, as an orphan describes it: the launch shape and kcheck's figures.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Loaded {
+    /// `mesh_main`'s grid, in blocks.
+    pub grid: [u32; 3],
+    /// `mesh_main`'s block, in threads.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block.
+    pub shared_mem: u32,
+    /// What the load's probe said.
+    pub probe: Probe,
+}
+
+/// A file's identity: its device and inode numbers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity of the file at `path` (symbolic links followed).
+    pub fn of(path: &std::path::Path) -> std::io::Result<Self> {
+        let st = rustix::fs::stat(path)?;
+        Ok(Self { dev: st.st_dev, ino: st.st_ino })
+    }
 }
 
 impl Reply {
@@ -423,7 +470,14 @@ mod tests {
         assert!(serde_json::from_str::<Command>(r#"{"op":"dance"}"#).is_err());
         assert_eq!(encode(&Command::Hello { protocol: 4 }), r#"{"op":"hello","protocol":4}"#);
         assert_eq!(encode(&Command::Retire), r#"{"op":"retire"}"#);
-        let orphan = Reply::Orphan(Orphan {
+        assert_eq!(encode(&Command::Adopt), r#"{"op":"adopt"}"#);
+        let orphan = Reply::Orphan(sample_orphan());
+        assert_eq!(decode(&encode(&orphan)).unwrap(), Incoming::Reply(orphan));
+    }
+
+    /// An orphan running a loaded program in slot 2.
+    fn sample_orphan() -> Orphan {
+        Orphan {
             protocol: PROTOCOL,
             pid: 9,
             slot: Some(2),
@@ -432,8 +486,38 @@ mod tests {
             kernel: KernelState::Busy,
             orphaned_ms: 120,
             grace_ms: 60_000,
-        });
-        assert_eq!(decode(&encode(&orphan)).unwrap(), Incoming::Reply(orphan));
+            ready: Ready {
+                protocol: PROTOCOL,
+                pid: 9,
+                device: "H100".into(),
+                mps_enabled: true,
+                sms: 132,
+                context_ms: 40,
+                kernel_check_us: 5000,
+            },
+            asked_sms: None,
+            mailbox: FileId { dev: 64, ino: 1234 },
+            loaded: Some(Loaded {
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                shared_mem: 0,
+                probe: Probe { registers: 16, shared_bytes: 0, max_threads_per_block: 1024, per_sm: 32, sms: 132 },
+            }),
+            mapped: vec![3],
+        }
+    }
+
+    #[test]
+    fn a_files_identity_tells_two_files_apart_and_follows_the_same_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::write(&b, b"x").unwrap();
+        assert_eq!(FileId::of(&a).unwrap(), FileId::of(&a).unwrap());
+        assert_ne!(FileId::of(&a).unwrap(), FileId::of(&b).unwrap());
+        std::fs::rename(&b, &a).unwrap();
+        assert_ne!(FileId::of(&a).unwrap().ino, 0);
+        assert!(FileId::of(&dir.path().join("gone")).is_err());
     }
 
     #[test]

@@ -23,12 +23,16 @@ use clap::Parser;
 use mesh_cuda::CudaError;
 use mesh_cuda::exported::ImportedMemory;
 use mesh_cuda::{Context, Device, Function, LaunchShape, Module, RegisteredMailbox, Stream, StreamState};
-use mesh_mps_worker::fdpass::recv_fd;
+use mesh_mps_worker::fdpass::{self, recv_fd};
 use mesh_mps_worker::orphan::{self, Grace, KeepPlan, Kept};
 use mesh_mps_worker::{
-    ALIVE_EVERY, Command, Event, FdTag, KERNEL_CHECK, KERNEL_CHECK_RANGE_US, Orphan, PROTOCOL, Probe, Ready, Refusal,
-    RefusalKind, Reply, encode,
+    ALIVE_EVERY, Command, Event, FdTag, FileId, KERNEL_CHECK, KERNEL_CHECK_RANGE_US, Loaded, Orphan, PROTOCOL, Probe,
+    Ready, Refusal, RefusalKind, Reply, encode,
 };
+
+/// How long an orphan waits, after answering a hello, for the meshd to say adopt or retire: its
+/// checks take a control command or two (tens of ms), well under this.
+const ADOPT_DECISION: Duration = Duration::from_secs(10);
 use mesh_shm::{Mailbox, ShmError};
 
 /// The command line. Every error, usage included, is the first line on stdout as a refusal, since
@@ -101,6 +105,22 @@ struct Worker {
     fd_socket: Option<UnixStream>,
     /// The slot of the last launch.
     slot: Option<u32>,
+    /// What it said at start, the `--sms` it was given and its mailbox file, for an orphan's hello.
+    ready: Ready,
+    asked_sms: Option<u32>,
+    mailbox_file: FileId,
+    /// The last load's probe (with `loaded`'s shape, what an orphan says it runs).
+    probe: Option<Probe>,
+}
+
+/// What a connecting meshd asked of an orphan after its hello.
+enum Greeting {
+    /// It adopts the worker: the socket carries the protocol from now on.
+    Adopted,
+    /// It asked the worker to stop its program and leave.
+    Retire,
+    /// No hello of this version, or nothing sensible after it: the orphan waits on.
+    Not,
 }
 
 /// Where the protocol's lines go: the descriptor that was stdout when the worker started, before
@@ -190,6 +210,8 @@ fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
         return Err(StartError::NotMpsClient);
     }
     let mailbox = Mailbox::open(mailbox_path)?;
+    let mailbox_file = FileId::of(mailbox_path)
+        .map_err(|e| StartError::Mailbox(ShmError::Io { path: mailbox_path.to_path_buf(), op: "stat", source: e }))?;
     let registered = RegisteredMailbox::register(&ctx, &mailbox)?;
     let stream = ctx.stream()?;
     let ready = Ready {
@@ -212,6 +234,10 @@ fn start(args: &Args) -> Result<(Worker, Ready), StartError> {
         channels: HashMap::new(),
         fd_socket,
         slot: None,
+        ready: ready.clone(),
+        asked_sms: sms,
+        mailbox_file,
+        probe: None,
     };
     Ok((worker, ready))
 }
@@ -227,7 +253,9 @@ impl Worker {
             Command::Unload => self.unload().map(|()| Reply::Done),
             Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
             Command::Exit | Command::Retire => Ok(Reply::Done),
-            Command::Hello { .. } => Err(Refusal::new(RefusalKind::Malformed, "hello is said on a rendezvous only")),
+            Command::Hello { .. } | Command::Adopt => {
+                Err(Refusal::new(RefusalKind::Malformed, "hello and adopt are said on a rendezvous only"))
+            }
         };
         answer.unwrap_or_else(Reply::Refused)
     }
@@ -259,6 +287,7 @@ impl Worker {
             sms: self.ctx.sms(),
         };
         self.loaded = Some((func, shape));
+        self.probe = Some(probe);
         Ok(probe)
     }
 
@@ -349,6 +378,20 @@ impl Worker {
             kernel: self.stream.state().into(),
             orphaned_ms: u64::try_from(grace.orphaned(Instant::now()).as_millis()).unwrap_or(u64::MAX),
             grace_ms,
+            ready: self.ready.clone(),
+            asked_sms: self.asked_sms,
+            mailbox: self.mailbox_file,
+            loaded: self.loaded.as_ref().zip(self.probe).map(|((_, shape), probe)| Loaded {
+                grid: shape.grid,
+                block: shape.block,
+                shared_mem: shape.shared_mem,
+                probe,
+            }),
+            mapped: {
+                let mut m: Vec<u32> = self.channels.keys().copied().collect();
+                m.sort_unstable();
+                m
+            },
         }
     }
 
@@ -389,51 +432,83 @@ impl Worker {
                 continue;
             }
             let Ok((stream, _)) = listener.accept() else { continue };
-            if self.greet(&stream, &grace, args.orphan_grace_ms) {
-                // The socket stands in for the pipes from now on (the rendezvous is no longer needed).
-                let _ = std::fs::remove_file(&path);
-                let _ = rustix::stdio::dup2_stdin(&stream);
-                match rustix::io::fcntl_dupfd_cloexec(&stream, 3) {
-                    Ok(fd) => speak_on(fd),
-                    Err(e) => eprintln!("mesh-mps-worker: the rendezvous socket as output: {e}"),
-                }
-                eprintln!(
-                    "mesh-mps-worker {}: a meshd connected after {:?}",
-                    std::process::id(),
-                    grace.orphaned(Instant::now())
-                );
-                return;
+            let greeting = self.greet(&stream, &grace, args.orphan_grace_ms);
+            if matches!(greeting, Greeting::Not) {
+                continue;
             }
+            // The socket stands in for the pipes from now on (the rendezvous is no longer needed).
+            let _ = std::fs::remove_file(&path);
+            let _ = rustix::stdio::dup2_stdin(&stream);
+            match rustix::io::fcntl_dupfd_cloexec(&stream, 3) {
+                Ok(fd) => speak_on(fd),
+                Err(e) => eprintln!("mesh-mps-worker: the rendezvous socket as output: {e}"),
+            }
+            if matches!(greeting, Greeting::Retire) {
+                self.retire(args, "the connecting meshd asked");
+            }
+            eprintln!(
+                "mesh-mps-worker {}: adopted by the meshd that connected after {:?}; the kernel ran on",
+                std::process::id(),
+                grace.orphaned(Instant::now())
+            );
+            return;
         }
     }
 
     /// Reads a connecting meshd's first line (within 2 s) and answers it: its state after a hello
-    /// of this version (true), a refusal naming both versions, or a refusal of anything else.
-    fn greet(&self, stream: &UnixStream, grace: &Grace, grace_ms: u64) -> bool {
+    /// of this version, a refusal naming both versions, or a refusal of anything else. After its
+    /// state, the meshd's next line says what it wants: `adopt` (with the new fd socket riding on
+    /// it; answered `done` here) or `retire` (answered by the retire itself).
+    fn greet(&mut self, stream: &UnixStream, grace: &Grace, grace_ms: u64) -> Greeting {
         let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
         let answer = |reply: &Reply| {
             let mut s = stream;
             let _ = writeln!(s, "{}", encode(reply));
         };
-        let Some(line) = read_line(stream) else { return false };
+        let Some(line) = read_line(stream) else { return Greeting::Not };
         match serde_json::from_str::<Command>(&line) {
-            Ok(Command::Hello { protocol }) => match orphan::check_hello(protocol) {
-                Ok(()) => {
-                    let _ = stream.set_read_timeout(None);
-                    answer(&Reply::Orphan(self.orphan_state(grace, grace_ms)));
-                    true
-                }
-                Err(why) => {
+            Ok(Command::Hello { protocol }) => {
+                if let Err(why) = orphan::check_hello(protocol) {
                     answer(&Reply::refused(RefusalKind::Version, why));
-                    false
+                    return Greeting::Not;
                 }
-            },
+                answer(&Reply::Orphan(self.orphan_state(grace, grace_ms)));
+            }
             _ => {
                 answer(&Reply::refused(
                     RefusalKind::Malformed,
                     format!("the first line at a rendezvous must be a hello: {line:?}"),
                 ));
-                false
+                return Greeting::Not;
+            }
+        }
+        // meshd checks what this worker said (its server's client list, the mailbox's slot) first.
+        let _ = stream.set_read_timeout(Some(ADOPT_DECISION));
+        let next = fdpass::recv_line_with_fd(stream, 4096);
+        let _ = stream.set_read_timeout(None);
+        match next.map(|(line, fds)| (serde_json::from_str::<Command>(&line), line, fds)) {
+            Ok((Ok(Command::Adopt), _, fds)) => {
+                match fds.into_iter().next() {
+                    Some(fd) => self.fd_socket = Some(UnixStream::from(fd)),
+                    None => eprintln!(
+                        "mesh-mps-worker {}: adopted without a new fd socket: device channels cannot be mapped",
+                        std::process::id()
+                    ),
+                }
+                answer(&Reply::Done);
+                Greeting::Adopted
+            }
+            Ok((Ok(Command::Retire), _, _)) => Greeting::Retire,
+            Ok((_, line, _)) => {
+                answer(&Reply::refused(
+                    RefusalKind::Malformed,
+                    format!("after a hello a rendezvous takes adopt or retire: {line:?}"),
+                ));
+                Greeting::Not
+            }
+            Err(e) => {
+                eprintln!("mesh-mps-worker {}: a meshd said hello, then: {e}", std::process::id());
+                Greeting::Not
             }
         }
     }

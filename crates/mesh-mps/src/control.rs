@@ -17,8 +17,8 @@ use rustix::process::Signal;
 use shared_child::SharedChild;
 
 use crate::mps_dir::{DirClaim, PREVIOUS_TEARDOWN, remove_stale_pipes, wait_for_previous_processes};
-use crate::orphans::OrphanPolicy;
-use crate::process;
+use crate::orphans::{Greeted, OrphanPolicy};
+use crate::process::{self, Held};
 
 /// The detached daemon's output, in its log directory.
 pub const DAEMON_OUTPUT: &str = "control-daemon.log";
@@ -67,7 +67,10 @@ pub struct MpsControl {
     binary: PathBuf,
     root: PathBuf,
     owned_root: bool,
-    child: Mutex<Option<SharedChild>>,
+    child: Mutex<Option<Held>>,
+    /// The previous meshd's orphans greeted for adoption when this daemon was adopted from it
+    /// ([`MpsControl::take_greeted`]).
+    greeted: Mutex<Vec<Greeted>>,
     /// This meshd's claim on `root` (an flock the kernel drops when meshd dies), held while the daemon runs.
     _claim: DirClaim,
     /// Pids our servers have logged as connected clients (from the daemon's own output), so that a
@@ -112,7 +115,22 @@ impl MpsControl {
         mkdir_private(&root)?;
         let claim = DirClaim::take(&root)?;
         let stop_deadline = orphans.as_ref().map_or(Duration::from_secs(2), |o| o.stop_deadline);
-        for line in crate::orphans::clear_previous(&root, &binary, stop_deadline) {
+        let mut log = Vec::new();
+        // Under an orphan grace, a previous meshd's daemon and its orphans are adopted if they
+        // are there; else (or when the daemon cannot be held) everything of it is cleared.
+        let mut previous =
+            orphans.as_ref().and_then(|_| crate::orphans::greet_previous(&root, &binary, stop_deadline, &mut log));
+        let adopted_daemon = previous.as_ref().map(|(daemon, _)| Held::adopt(*daemon));
+        if let Some(Err(e)) = &adopted_daemon {
+            let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+            for g in previous.take().map(|(_, g)| g).unwrap_or_default() {
+                log.push(g.retire(&binary, &pipe_dirs, stop_deadline, &format!("its MPS daemon cannot be held ({e})")));
+            }
+        }
+        if previous.is_none() {
+            log.extend(crate::orphans::clear_previous(&root, &binary, stop_deadline));
+        }
+        for line in log {
             tracing::info!("{}: {line}", root.display());
         }
         let control = Self {
@@ -120,6 +138,7 @@ impl MpsControl {
             root,
             owned_root,
             child: Mutex::new(None),
+            greeted: Mutex::new(Vec::new()),
             _claim: claim,
             connected: Default::default(),
             device: None,
@@ -127,6 +146,19 @@ impl MpsControl {
             orphans,
             following: Default::default(),
         };
+        if let (Some((_, greeted)), Some(Ok(daemon))) = (previous, adopted_daemon) {
+            let out_path = control.log_dir().join(DAEMON_OUTPUT);
+            let from = std::fs::read_to_string(&out_path).map_or(0, |text| {
+                // The clients our server logged before this meshd came count as ours.
+                control.connected.lock().extend(text.lines().filter_map(connected_client));
+                text.len() as u64
+            });
+            control.follow_log(out_path, from);
+            tracing::info!("adopted the previous meshd's MPS control daemon {}", daemon.id());
+            *control.child.lock() = Some(daemon);
+            *control.greeted.lock() = greeted;
+            return Ok(control);
+        }
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
         wait_for_previous_processes(&control.pipe_dir(), PREVIOUS_TEARDOWN)?;
@@ -159,7 +191,7 @@ impl MpsControl {
         };
         let child =
             spawned.map_err(|e| BackendError::MpsDaemon(format!("starting {}: {e}", control.binary.display())))?;
-        *control.child.lock() = Some(child);
+        *control.child.lock() = Some(Held::Child(child));
         if let Err(e) = control.wait_ready(Duration::from_secs(10)) {
             control.quit();
             return Err(e);
@@ -254,8 +286,19 @@ impl MpsControl {
         }
     }
 
-    fn exited(&self) -> Option<std::process::ExitStatus> {
-        self.child.lock().as_ref().and_then(|c| c.try_wait().ok().flatten())
+    fn exited(&self) -> Option<String> {
+        self.child.lock().as_ref().filter(|c| !c.alive()).map(Held::status)
+    }
+
+    /// The previous meshd's orphans greeted when its daemon was adopted (taken once): the backend
+    /// adopts each that its mailbox confirms, and retires the others.
+    pub fn take_greeted(&self) -> Vec<Greeted> {
+        std::mem::take(&mut *self.greeted.lock())
+    }
+
+    /// Whether this daemon was adopted from a previous meshd.
+    pub fn adopted(&self) -> bool {
+        matches!(*self.child.lock(), Some(Held::Adopted { .. }))
     }
 
     /// Names the GPU (its UUID) that every worker started from now on opens. A worker looks it up by
@@ -287,12 +330,12 @@ impl MpsControl {
 
     /// Whether the daemon process still runs.
     pub fn alive(&self) -> bool {
-        self.child.lock().as_ref().is_some_and(process::alive)
+        self.child.lock().as_ref().is_some_and(Held::alive)
     }
 
     /// The daemon's pid.
     pub fn pid(&self) -> Option<u32> {
-        self.child.lock().as_ref().map(SharedChild::id)
+        self.child.lock().as_ref().map(Held::id)
     }
 
     /// The directory holding the control pipe: what a client's `CUDA_MPS_PIPE_DIRECTORY` must be.
@@ -420,10 +463,10 @@ impl MpsControl {
     pub fn quit(&self) {
         let mut guard = self.child.lock();
         if let Some(child) = guard.take()
-            && process::alive(&child)
+            && child.alive()
         {
             let _ = self.command("quit");
-            if !process::wait_or_kill(&child, Duration::from_secs(10)) {
+            if !child.wait_or_kill(Duration::from_secs(10)) {
                 tracing::warn!("the MPS control daemon ignored quit and was killed");
             }
         }

@@ -130,6 +130,7 @@ fn retire_at_rendezvous(
     control: &Path,
     pipe_dirs: &[PathBuf],
     stop_deadline: Duration,
+    skip: &[u32],
     log: &mut Vec<String>,
 ) {
     let mut sockets: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -138,6 +139,9 @@ fn retire_at_rendezvous(
     sockets.sort();
     for path in sockets {
         let Some(pid) = orphan::rendezvous_pid(&path) else { continue };
+        if skip.contains(&pid) {
+            continue;
+        }
         if !process_alive(pid) {
             let _ = std::fs::remove_file(&path);
             continue;
@@ -170,12 +174,8 @@ fn retire_at_rendezvous(
     }
 }
 
-/// Clears what a previous meshd left running on MPS directory `root`, before anything of this
-/// meshd starts there: its keeper ended, every orphan at a rendezvous retired (or forced) and
-/// waited for, its daemons told to quit (their end is then waited for with the usual teardown
-/// wait). Returns lines for the log. `stop_deadline` is what each orphan's program gets to stop.
-pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> Vec<String> {
-    let mut log = Vec::new();
+/// Ends the previous meshd's keeper of `root`, if one runs (so that it quits no daemon of ours).
+fn end_previous_keeper(root: &Path, log: &mut Vec<String>) {
     let keeper_file = root.join(KEEPER_PID);
     if let Some(pid) = std::fs::read_to_string(&keeper_file).ok().and_then(|s| s.trim().parse::<u32>().ok())
         && process_alive(pid)
@@ -186,30 +186,192 @@ pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> V
         log.push(format!("ended the previous meshd's keeper {pid}"));
     }
     let _ = std::fs::remove_file(&keeper_file);
-    let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+}
+
+/// Retires the orphans at the rendezvous of `root` (but those in `skip`), passing again while
+/// other clients of `pipe_dirs` live, up to the stop deadline and 5 s: a worker busy with a
+/// command when meshd died reaches its rendezvous a moment later, and an idle one is still exiting
+/// (past the bound, the caller's wait for the previous processes refuses the start, naming them).
+fn retire_all_but(
+    root: &Path,
+    control: &Path,
+    pipe_dirs: &[PathBuf],
+    stop_deadline: Duration,
+    skip: &[u32],
+    log: &mut Vec<String>,
+) {
     let dir = rendezvous_dir(root);
-    // A worker busy with a command when meshd died reaches its rendezvous a moment later, and an
-    // idle one is still exiting: pass again while workers of these directories live, up to a bound
-    // (past it, the caller's wait for the previous processes refuses the start, naming them).
     let bound = Instant::now() + stop_deadline + Duration::from_secs(5);
     loop {
-        retire_at_rendezvous(&dir, control, &pipe_dirs, stop_deadline, &mut log);
-        let workers_left = pipe_dirs.iter().flat_map(|d| processes_using(d)).any(|(_, comm)| orphan::is_client(&comm));
+        retire_at_rendezvous(&dir, control, pipe_dirs, stop_deadline, skip, log);
+        let workers_left = pipe_dirs
+            .iter()
+            .flat_map(|d| processes_using(d))
+            .any(|(pid, comm)| orphan::is_client(&comm) && !skip.contains(&pid));
         if !workers_left || Instant::now() >= bound {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Tells the daemon of `dir`, if one runs there, to quit.
+fn quit_daemon(control: &Path, dir: &Path, log: &mut Vec<String>) {
+    let daemon_there = processes_using(dir).iter().any(|(_, comm)| !orphan::is_client(comm));
+    if daemon_there && dir.join("control").exists() {
+        match orphan::control_command(control, dir, "quit", Duration::from_secs(10)) {
+            Ok(_) => log.push(format!("asked the previous meshd's MPS daemon of {} to quit", dir.display())),
+            Err(e) => log.push(format!("quitting the previous meshd's MPS daemon of {}: {e}", dir.display())),
+        }
+    }
+}
+
+/// Clears what a previous meshd left running on MPS directory `root`, before anything of this
+/// meshd starts there: its keeper ended, every orphan at a rendezvous retired (or forced) and
+/// waited for, its daemons told to quit (their end is then waited for with the usual teardown
+/// wait). Returns lines for the log. `stop_deadline` is what each orphan's program gets to stop.
+pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> Vec<String> {
+    let mut log = Vec::new();
+    end_previous_keeper(root, &mut log);
+    let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+    retire_all_but(root, control, &pipe_dirs, stop_deadline, &[], &mut log);
     for dir in pipe_dirs {
-        let daemon_there = processes_using(&dir).iter().any(|(_, comm)| !orphan::is_client(comm));
-        if daemon_there && dir.join("control").exists() {
-            match orphan::control_command(control, &dir, "quit", Duration::from_secs(10)) {
-                Ok(_) => log.push(format!("asked the previous meshd's MPS daemon of {} to quit", dir.display())),
-                Err(e) => log.push(format!("quitting the previous meshd's MPS daemon of {}: {e}", dir.display())),
+        quit_daemon(control, &dir, &mut log);
+    }
+    log
+}
+
+/// An orphan of the previous meshd that said hello and passed the checks made here (its pid, a
+/// kernel that runs, a client of the adopted daemon's server). The backend checks it against the
+/// mailbox, then adopts it ([`crate::worker::Worker::adopt`]) or retires it ([`Greeted::retire`]).
+#[derive(Debug)]
+pub struct Greeted {
+    /// The rendezvous socket, its hello answered.
+    pub stream: UnixStream,
+    /// What it said it runs.
+    pub orphan: Orphan,
+    /// Its process, by a pidfd opened before the checks.
+    pub held: crate::process::Held,
+    /// The server it is a client of.
+    pub server: u32,
+}
+
+impl Greeted {
+    /// Retires it: its program stopped in order, the process waited for, forced if need be (cut
+    /// off every server of `pipe_dirs`, then killed). Returns the line for the log.
+    pub fn retire(self, control: &Path, pipe_dirs: &[PathBuf], stop_deadline: Duration, why: &str) -> String {
+        let pid = self.held.id();
+        let (slot, generation) = (self.orphan.slot, self.orphan.generation);
+        match retire(&self.stream, stop_deadline + Duration::from_secs(5)) {
+            Ok(()) if self.held.exited_within(Duration::from_secs(5)) => format!(
+                "not adopted: the previous meshd's worker {pid} (slot {}, generation {}): {why}; retired",
+                slot.map_or("-".into(), |s| s.to_string()),
+                generation.map_or("-".into(), |g| g.to_string()),
+            ),
+            outcome => {
+                let ended = force(pid, control, pipe_dirs);
+                format!(
+                    "not adopted: the previous meshd's worker {pid}: {why}; it did not retire in order ({}), cut off \
+                     and killed: {ended}",
+                    outcome.err().unwrap_or_else(|| "it did not exit".into())
+                )
             }
         }
     }
-    log
+}
+
+/// The pid of the MPS control daemon (`nvidia-cuda-mps-control -f`) of pipe directory `dir`.
+fn daemon_of(dir: &Path) -> Option<u32> {
+    processes_using(dir).into_iter().map(|(pid, _)| pid).find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            let mut args = c.split(|&b| b == 0);
+            args.next().is_some_and(|a| a.ends_with(crate::control::MPS_CONTROL.as_bytes())) && args.any(|a| a == b"-f")
+        })
+    })
+}
+
+/// Whether client `pid` is in the client list of one of the servers of the daemon of `dir`;
+/// the server if so.
+fn server_of(control: &Path, dir: &Path, pid: u32) -> Option<u32> {
+    let list = |line: &str| -> Vec<u32> {
+        orphan::control_command(control, dir, line, Duration::from_secs(2))
+            .map(|out| out.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    };
+    list("get_server_list").into_iter().find(|server| list(&format!("get_client_list {server}")).contains(&pid))
+}
+
+/// What a previous meshd left on `root` that this one may adopt: its daemon of `root/pipe` (still
+/// running and answering) and the orphans greeted at the rendezvous that run a kernel as its
+/// clients. Everything else of the previous meshd is retired, waited for, or told to quit here:
+/// its keeper, the orphans that failed a check, those of another daemon (a standby that had taken
+/// the programs over), and the standby's daemon. `None` when there is nothing to adopt (then
+/// [`clear_previous`] clears all as before). Lines for the log go to `log`.
+pub fn greet_previous(
+    root: &Path,
+    control: &Path,
+    stop_deadline: Duration,
+    log: &mut Vec<String>,
+) -> Option<(u32, Vec<Greeted>)> {
+    let pipe = root.join("pipe");
+    let daemon = daemon_of(&pipe)?;
+    let dir = rendezvous_dir(root);
+    let mut sockets: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| orphan::rendezvous_pid(p).is_some()).collect())
+        .unwrap_or_default();
+    sockets.sort();
+    let pipe_dirs = [root.join("standby").join("pipe"), pipe.clone()];
+    end_previous_keeper(root, log);
+    let mut greeted = Vec::new();
+    for path in sockets {
+        let Some(pid) = orphan::rendezvous_pid(&path) else { continue };
+        // The pidfd first: every check below is then of this process, whatever happens to the pid.
+        let Ok(held) = crate::process::Held::adopt(pid) else {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        let (stream, o) = match hello(&path, Duration::from_secs(2)) {
+            Ok(answer) => answer,
+            Err(why) => {
+                let ended = force(pid, control, &pipe_dirs);
+                log.push(format!("not adopted: the previous meshd's worker {pid}: {why}; cut off and killed: {ended}"));
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+        };
+        let why_not = if o.pid != pid {
+            Some(format!("its rendezvous names pid {pid} and it says it is pid {}", o.pid))
+        } else if o.kernel != mesh_mps_worker::KernelState::Busy {
+            Some(format!("its kernel is not running ({:?})", o.kernel))
+        } else {
+            None
+        };
+        let server = if why_not.is_none() { server_of(control, &pipe, pid) } else { None };
+        let g = Greeted { stream, orphan: o, held, server: server.unwrap_or(0) };
+        match (why_not, server) {
+            (None, Some(_)) => greeted.push(g),
+            (Some(why), _) => log.push(g.retire(control, &pipe_dirs, stop_deadline, &why)),
+            (None, None) => log.push(g.retire(
+                control,
+                &pipe_dirs,
+                stop_deadline,
+                &format!("it is not a client of the MPS daemon of {}", pipe.display()),
+            )),
+        }
+    }
+    if greeted.is_empty() {
+        return None;
+    }
+    // Nothing else of the previous meshd may run on: late orphans retired, idle workers gone, and
+    // the standby's daemon (a new standby is made) told to quit.
+    let adopting: Vec<u32> = greeted.iter().map(|g| g.held.id()).collect();
+    retire_all_but(root, control, &pipe_dirs, stop_deadline, &adopting, log);
+    quit_daemon(control, &pipe_dirs[0], log);
+    log.push(format!(
+        "adopting the previous meshd's MPS daemon {daemon} and {} orphan(s) running a kernel: {adopting:?}",
+        greeted.len()
+    ));
+    Some((daemon, greeted))
 }
 
 /// The keeper of an MPS directory (`mesh-mps-worker --keep`): detached, reading meshd's pipe, it
@@ -305,6 +467,19 @@ mod tests {
                         kernel: KernelState::Busy,
                         orphaned_ms: 40,
                         grace_ms: 60_000,
+                        ready: mesh_mps_worker::Ready {
+                            protocol: PROTOCOL,
+                            pid,
+                            device: "stand-in".into(),
+                            mps_enabled: true,
+                            sms: 132,
+                            context_ms: 0,
+                            kernel_check_us: 5000,
+                        },
+                        asked_sms: None,
+                        mailbox: mesh_mps_worker::FileId { dev: 0, ino: 0 },
+                        loaded: None,
+                        mapped: Vec::new(),
                     }),
                     _ => {
                         kill(pid);

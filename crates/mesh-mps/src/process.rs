@@ -96,6 +96,109 @@ pub fn alive(child: &SharedChild) -> bool {
     child.try_wait().is_ok_and(|s| s.is_none())
 }
 
+/// A worker's process as meshd holds it: its own child, or one adopted from a previous meshd. An
+/// adopted one is not our child, so it is watched and signalled through a pidfd, which (unlike a
+/// pid) can never name a process that took a recycled pid.
+#[derive(Debug)]
+pub enum Held {
+    /// Started by this meshd.
+    Child(SharedChild),
+    /// Adopted: its pid, and a pidfd opened while it was checked to be the worker it claimed.
+    Adopted {
+        /// Its pid.
+        pid: u32,
+        /// Readable once it has exited.
+        pidfd: std::os::fd::OwnedFd,
+    },
+}
+
+impl Held {
+    /// Holds process `pid`, not a child of this one, by a pidfd.
+    pub fn adopt(pid: u32) -> io::Result<Self> {
+        let p = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| io::Error::other(format!("{pid} is no pid")))?;
+        let pidfd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())?;
+        Ok(Self::Adopted { pid, pidfd })
+    }
+
+    /// Its pid.
+    pub fn id(&self) -> u32 {
+        match self {
+            Self::Child(c) => c.id(),
+            Self::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    /// Whether it has exited within `within` (zero: now), without reaping anything but our child.
+    pub fn exited_within(&self, within: Duration) -> bool {
+        match self {
+            Self::Child(c) if within.is_zero() => c.try_wait().is_ok_and(|s| s.is_some()),
+            Self::Child(c) => matches!(c.wait_timeout(within), Ok(Some(_))),
+            Self::Adopted { pidfd, .. } => {
+                let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
+                let t = rustix::event::Timespec {
+                    tv_sec: i64::try_from(within.as_secs()).unwrap_or(i64::MAX),
+                    tv_nsec: i64::from(within.subsec_nanos()),
+                };
+                matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+            }
+        }
+    }
+
+    /// Whether it still runs.
+    pub fn alive(&self) -> bool {
+        !self.exited_within(Duration::ZERO)
+    }
+
+    /// How it ended, in words ("still running" while it runs).
+    pub fn status(&self) -> String {
+        match self {
+            Self::Child(c) => c.try_wait().ok().flatten().map_or("still running".to_string(), |s| s.to_string()),
+            Self::Adopted { .. } if self.alive() => "still running".to_string(),
+            // Its status went to its parent (init, or a subreaper), not to us.
+            Self::Adopted { .. } => "exited".to_string(),
+        }
+    }
+
+    /// SIGKILL, without waiting.
+    pub fn signal_kill(&self) {
+        match self {
+            Self::Child(c) => {
+                let _ = c.kill();
+            }
+            Self::Adopted { pidfd, .. } => {
+                let _ = rustix::process::pidfd_send_signal(pidfd, Signal::KILL);
+            }
+        }
+    }
+
+    /// SIGKILL and wait for its end (an adopted one: up to [`ADOPTED_KILL_WAIT`]).
+    pub fn kill(&self) {
+        match self {
+            Self::Child(c) => kill(c),
+            Self::Adopted { .. } => {
+                self.signal_kill();
+                let _ = self.exited_within(ADOPTED_KILL_WAIT);
+            }
+        }
+    }
+
+    /// Waits for its end up to `timeout`; kills it if it is still there. Whether it left by itself.
+    pub fn wait_or_kill(&self, timeout: Duration) -> bool {
+        if self.exited_within(timeout) {
+            return true;
+        }
+        self.kill();
+        false
+    }
+}
+
+/// How long [`Held::kill`] waits for an adopted process: a SIGKILLed MPS client lingers while the
+/// driver tears its context down (up to 2 s seen on the H200).
+pub const ADOPTED_KILL_WAIT: Duration = Duration::from_secs(5);
+
 /// Whether process `pid` is dying: the kernel began its exit (`PF_EXITING` in `/proc/PID/stat`'s
 /// flags), a SIGKILL is pending for it (`SigPnd`/`ShdPnd` in `/proc/PID/status`: one sent while it
 /// sat in an uninterruptible driver call), or it is gone. A SIGKILLed MPS client lingers in D state
@@ -143,6 +246,26 @@ mod tests {
         assert_ne!(sid(tied.id()), tied.id().to_string(), "a tied child stays in meshd's session");
         kill(&detached);
         kill(&tied);
+    }
+
+    #[test]
+    fn an_adopted_process_is_watched_and_killed_through_its_pidfd() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let held = Held::adopt(child.id()).unwrap();
+        assert_eq!(held.id(), child.id());
+        assert!(held.alive());
+        assert_eq!(held.status(), "still running");
+        assert!(!held.exited_within(Duration::from_millis(20)), "a sleeping process does not exit");
+        held.signal_kill();
+        // Our own child here, so it turns zombie rather than vanishing: the pidfd is readable then.
+        assert!(held.exited_within(Duration::from_secs(5)), "killed through the pidfd");
+        assert!(!held.alive());
+        assert_eq!(held.status(), "exited");
+        child.wait().unwrap();
+        assert!(Held::adopt(4_000_000).is_err(), "no such process");
+        let tied = Held::Child(spawn_tied(Command::new("/bin/sleep").arg("30"), Signal::KILL).unwrap());
+        assert!(!tied.wait_or_kill(Duration::from_millis(20)), "it did not leave by itself");
+        assert!(!tied.alive());
     }
 
     #[test]

@@ -28,13 +28,12 @@ use mesh_mps_worker::{
     ALIVE_EVERY, Command as WorkerCommand, FdTag, KERNEL_CHECK, KernelState, PROTOCOL, Probe, Ready, Refusal,
     RefusalKind, Reply, encode,
 };
-use shared_child::SharedChild;
 
 use crate::control::{LOG_ENV, MpsControl, PIPE_ENV};
 use crate::news::{Heard, read_output};
 pub use crate::news::{News, NewsSender, OnFailure, SilenceClock, Wake, WorkerNews};
-use crate::process;
 pub use crate::process::worker_binary;
+use crate::process::{self, Held};
 
 /// A worker's first answer may take this long: its context creation also starts the MPS server.
 pub const WORKER_LOAD: Duration = Duration::from_millis(30_000);
@@ -44,8 +43,8 @@ pub const WORKER_LAUNCH: Duration = Duration::from_millis(2_000);
 /// One worker process.
 #[derive(Debug)]
 pub struct Worker {
-    child: SharedChild,
-    stdin: ChildStdin,
+    child: Held,
+    stdin: Input,
     replies: Receiver<Result<Reply, String>>,
     /// Its news, as its reader handed it over.
     events: Receiver<News>,
@@ -179,8 +178,8 @@ impl Worker {
             return Err(e);
         }
         Ok(Self {
-            child,
-            stdin,
+            child: Held::Child(child),
+            stdin: Input::Pipe(stdin),
             replies,
             events,
             fds,
@@ -204,6 +203,60 @@ impl Worker {
             heard,
             silenced: None,
         })
+    }
+
+    /// Adopts an orphan of a previous meshd, greeted on `stream` (its hello answered with `orphan`)
+    /// and checked by the caller to be `held` (a pidfd opened before the checks) and a client of
+    /// `server`: its reader started on the socket, then `adopt` said with a new fd socket riding
+    /// on the line, and its `done` awaited. Its kernel runs on throughout; from then on it is
+    /// spoken to like any worker.
+    pub fn adopt(
+        stream: UnixStream,
+        held: Held,
+        orphan: &mesh_mps_worker::Orphan,
+        server: u32,
+        news: &NewsSender,
+    ) -> Result<Self, BackendError> {
+        let pid = held.id();
+        let err = |detail: String| BackendError::Worker { pid, detail };
+        let (fds, worker_end) = UnixStream::pair().map_err(|e| err(format!("a new fd socket: {e}")))?;
+        let out = stream.try_clone().map_err(|e| err(format!("its socket: {e}")))?;
+        let (tx, replies) = crossbeam_channel::unbounded();
+        let (own, events) = crossbeam_channel::unbounded();
+        let news = news.clone();
+        let heard = Heard::now();
+        let heard_by_reader = heard.clone();
+        std::thread::Builder::new()
+            .name(format!("mps-worker-{pid}"))
+            .spawn(move || read_output(pid, out, &tx, &own, &news, &heard_by_reader))
+            .map_err(|e| err(format!("its reader: {e}")))?;
+        let _ = stream.set_read_timeout(None);
+        mesh_mps_worker::fdpass::send_line_with_fd(&stream, &encode(&WorkerCommand::Adopt), worker_end.as_fd())
+            .map_err(|e| err(format!("saying adopt: {e}")))?;
+        drop(worker_end);
+        let mut worker = Self {
+            child: held,
+            stdin: Input::Socket(stream),
+            replies,
+            events,
+            fds,
+            ready: orphan.ready.clone(),
+            server,
+            asked_sms: orphan.asked_sms,
+            launches: orphan.launches,
+            kernel: orphan.kernel.clone(),
+            broken: None,
+            output_ended: false,
+            failed_at: None,
+            mapped: orphan.mapped.iter().copied().collect(),
+            heard,
+            silenced: None,
+        };
+        match worker.read(WORKER_LAUNCH)? {
+            Reply::Done => Ok(worker),
+            Reply::Refused(r) => Err(refused(pid, r)),
+            other => Err(worker.break_off(unexpected("done", &other))),
+        }
     }
 
     /// Waits for a spawned worker's `ready` and checks that it is our client; kills it if not.
@@ -255,7 +308,7 @@ impl Worker {
 
     /// Whether the process has exited (and been reaped).
     pub fn exited(&self) -> bool {
-        self.child.try_wait().is_ok_and(|s| s.is_some())
+        !self.child.alive()
     }
 
     /// Marks the worker broken (no longer spoken to; its kernel counts as failed) and returns the error.
@@ -273,8 +326,7 @@ impl Worker {
                 Err(self.break_off(format!("no answer within {} ms", timeout.as_millis())))
             }
             Err(RecvTimeoutError::Disconnected) => {
-                let status =
-                    self.child.try_wait().ok().flatten().map_or("still running".to_string(), |s| s.to_string());
+                let status = self.child.status();
                 Err(self.break_off(format!("the worker is gone ({status})")))
             }
         }
@@ -469,26 +521,54 @@ impl Worker {
 
     /// Whether the process still runs.
     pub fn alive(&self) -> bool {
-        process::alive(&self.child)
+        self.child.alive()
     }
 
     /// Asks the worker to leave; kills it if it does not within a second.
     pub fn exit(mut self) {
         let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Exit));
         let _ = self.stdin.flush();
-        process::wait_or_kill(&self.child, Duration::from_secs(1));
+        self.child.wait_or_kill(Duration::from_secs(1));
     }
 
     /// SIGKILL without reaping (many workers are signalled first, then reaped by [`Worker::kill`],
     /// so that the driver tears their contexts down side by side). Same caveat as `kill`.
     pub fn signal_kill(&self) {
-        let _ = self.child.kill();
+        self.child.signal_kill();
     }
 
     /// SIGKILL and reap. Only for a worker whose kernel is not running, or that was cut off first
     /// (`terminate_client`): on the H200 a SIGKILL of a busy client failed every other client's kernel.
     pub fn kill(&mut self) {
-        process::kill(&self.child);
+        self.child.kill();
+    }
+
+    /// Whether this meshd adopted the worker from a previous one (it is not our child).
+    pub fn adopted(&self) -> bool {
+        matches!(self.child, Held::Adopted { .. })
+    }
+}
+
+/// Where commands to a worker go: its stdin pipe, or an adopted orphan's rendezvous socket.
+#[derive(Debug)]
+enum Input {
+    Pipe(ChildStdin),
+    Socket(UnixStream),
+}
+
+impl Write for Input {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Pipe(p) => p.write(buf),
+            Self::Socket(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Pipe(p) => p.flush(),
+            Self::Socket(s) => s.flush(),
+        }
     }
 }
 

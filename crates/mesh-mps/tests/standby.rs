@@ -35,7 +35,7 @@ if [ -e "$CUDA_MPS_PIPE_DIRECTORY/refuse" ]; then
   echo '{"reply":"refused","kind":"start","message":"creating the context: CUDA_ERROR_MPS_SERVER_NOT_READY"}'; exit 1
 fi
 echo $$ >> "$CUDA_MPS_PIPE_DIRECTORY/clients"
-printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+printf '{"reply":"ready","protocol":@PROTOCOL@,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
 while read -r line; do
   case "$line" in
     *'"op":"exit"'*) exit 0 ;;
@@ -67,7 +67,11 @@ fn tick_until(standby: &mut Standby, news: &NewsSender, mut done: impl FnMut(&St
 fn the_standby_is_filled_taken_swapped_and_made_again_without_blocking() {
     let bin = tempfile::tempdir().unwrap();
     let control_bin = script(bin.path(), "nvidia-cuda-mps-control", FAKE_CONTROL);
-    let worker_bin = script(bin.path(), "mesh-mps-worker", FAKE_WORKER);
+    let worker_bin = script(
+        bin.path(),
+        "mesh-mps-worker",
+        &FAKE_WORKER.replace("@PROTOCOL@", &mesh_mps_worker::PROTOCOL.to_string()),
+    );
     // SAFETY: this test binary has this one test; nothing else reads the environment concurrently.
     unsafe {
         std::env::set_var("MESH_MPS_CONTROL", &control_bin);

@@ -20,7 +20,7 @@ use mesh_mps_worker::{Event, KernelState, encode};
 /// once), `waits` (says `EVENT` once `FLAG` exists), `dies` (exits), `garbles` (answers the launch
 /// with a line that is no JSON), `binary` (with a line that is not UTF-8), `spews` (answers it with 2000 such lines, then exits); `silent`
 /// never says `ready`; `PROTO` overrides its protocol
-/// version, `noproto` leaves it out. It refuses to start unless its last argument names an open
+/// version (`@PROTOCOL@`, this protocol's, is filled in when the script is written), `noproto` leaves it out. It refuses to start unless its last argument names an open
 /// unix socket (the `--fd-socket N` meshd appends).
 const STAND_IN: &str = r#"#!/bin/sh
 for a in "$@"; do last=$a; done
@@ -29,12 +29,12 @@ if [ ! -S "/proc/self/fd/$last" ]; then
 fi
 case "$MODE" in
   silent) while read -r line; do :; done; exit 0 ;;
-  mute) printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+  mute) printf '{"reply":"ready","protocol":@PROTOCOL@,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
         while read -r line; do :; done; exit 0 ;;
-  alive) printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
+  alive) printf '{"reply":"ready","protocol":@PROTOCOL@,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$
          while :; do echo '{"event":"alive"}' || exit 0; sleep 0.02; done ;;
   noproto) printf '{"reply":"ready","pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' $$ ;;
-  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-4}" $$ ;;
+  *) printf '{"reply":"ready","protocol":%s,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":132,"context_ms":0}\n' "${PROTO:-@PROTOCOL@}" $$ ;;
 esac
 while read -r line; do
   case "$line" in
@@ -65,7 +65,7 @@ impl Bench {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("stand-in-worker");
-        std::fs::write(&script, STAND_IN).unwrap();
+        std::fs::write(&script, STAND_IN.replace("@PROTOCOL@", &mesh_mps_worker::PROTOCOL.to_string())).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         Self { dir, script }
     }
@@ -252,8 +252,8 @@ fn a_worker_of_another_protocol_or_silent_is_refused_naming_it() {
     let now = mesh_mps_worker::PROTOCOL;
     assert!(e.contains(&pid.to_string()) && e.contains(&format!("speaks protocol 1 where meshd speaks {now}")), "{e}");
     // An older version's worker (version 2: no `alive`, no kernel_check_us in its ready; version 3:
-    // no orphan rendezvous) is refused for its version.
-    for old in ["2", "3"] {
+    // no orphan rendezvous; version 4: no adoption) is refused for its version.
+    for old in ["2", "3", "4"] {
         let w = bench.spawn(&news, &[("PROTO", old)]);
         let e = w.handshake(READY).unwrap_err().to_string();
         assert!(e.contains(&format!("speaks protocol {old} where meshd speaks {now}")), "{e}");

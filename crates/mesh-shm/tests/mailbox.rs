@@ -141,6 +141,7 @@ fn slots_carry_control_status_and_the_kernel_context() {
     let slot = mb.slot(3).unwrap();
     assert!(!slot.in_use());
     slot.bind("echo", &[a.index, b.index]).unwrap();
+    assert_eq!(slot.name(), "echo");
     slot.arm(7);
     assert!(slot.in_use() && !slot.stop_requested());
     assert_eq!(slot.generation(), 7);
@@ -159,6 +160,7 @@ fn slots_carry_control_status_and_the_kernel_context() {
     assert!(matches!(mb.slot(8), Err(ShmError::NoSuchSlot { index: 8, count: 8 })));
     assert!(matches!(slot.bind("x", &[0; MAX_BINDINGS + 1]), Err(ShmError::TooManyBindings { .. })));
     slot.bind("bad", &[NO_CHANNEL - 1]).unwrap();
+    assert_eq!(slot.name(), "bad", "a shorter name leaves none of the longer one behind");
     assert!(mb.mesh_ctx(3, 0).is_err(), "a binding to no live channel is refused");
 }
 

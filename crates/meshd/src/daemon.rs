@@ -109,13 +109,20 @@ fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> 
     let state_dir = args.state_dir.clone().unwrap_or_else(|| state::default_dir(&shm));
     // Before the mailbox is made: a directory of other files is refused with nothing made or removed.
     StateStore::check_dir(&state_dir)?;
-    let claimed = start::claim_mailbox(&shm, &config, args.fresh)?;
+    // Under an orphan grace (MPS mode only) the previous meshd's programs may run on: their slots
+    // are left for the MPS backend, which adopts them or stops them before anything is relaunched.
+    let claimed = if args.orphan_grace_ms > 0 {
+        start::claim_mailbox_for_adoption(&shm, &config, args.fresh)?
+    } else {
+        start::claim_mailbox(&shm, &config, args.fresh)?
+    };
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
     start::explain_bus_errors(&shm);
     let lock = claimed.lock;
     // What a dead meshd left in the MPS directory (workers still running their programs under an
-    // orphan grace, its daemons, stale pipes) is cleared by the MPS backend as it opens: its orphans
-    // retired and waited for before any program is relaunched, its daemons quit.
+    // orphan grace, its daemons, stale pipes) is the MPS backend's as it opens: the orphans that
+    // run what the mailbox says are adopted with their daemon, the others retired and waited for
+    // before any program is relaunched, and a daemon nothing is adopted from told to quit.
     // Registered first, so it runs last: the mailbox and state are gone before another meshd can lock.
     cleanup::register("mailbox lock", move || lock.remove());
     if args.fresh {

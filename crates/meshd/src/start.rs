@@ -155,6 +155,17 @@ pub struct Claimed {
 /// mailbox is taken over as it is (`config` is then ignored: the file's geometry wins), a missing
 /// one created, and with `fresh` whatever is there replaced by an empty one.
 pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
+    claim(path, config, fresh, true)
+}
+
+/// [`claim_mailbox`] for a meshd that may adopt its predecessor's programs (MPS mode under an
+/// orphan grace): a mailbox taken over keeps its slots as they are, for the MPS backend frees
+/// those of programs it does not adopt once it has retired their workers.
+pub fn claim_mailbox_for_adoption(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
+    claim(path, config, fresh, false)
+}
+
+fn claim(path: &Path, config: &MailboxConfig, fresh: bool, release: bool) -> Result<Claimed, StartError> {
     let Some(lock) = MailboxLock::try_take(path)? else {
         // The header's pid first (what the holder serves), the lock file's as a fallback.
         let pid = Mailbox::open(path)
@@ -182,7 +193,7 @@ pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result
         let previous_pid = mailbox.owner_pid();
         let channels = mailbox.channels().map_err(|error| StartError::Invalid { error })?.len();
         let replay = replay_windows(&mailbox);
-        let released_slots = release_slots(&mailbox);
+        let released_slots = if release { release_slots(&mailbox) } else { Vec::new() };
         (mailbox, Origin::TakenOver { previous_pid, channels, released_slots, replay })
     };
     mailbox.set_owner_pid(std::process::id());
@@ -190,9 +201,8 @@ pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result
 }
 
 /// Frees every slot a dead meshd left in use: its kernels died with it (blink: its context; MPS:
-/// its workers, by PR_SET_PDEATHSIG), or, under an orphan grace, still run in workers that the
-/// MPS backend retires, and waits for, before it relaunches anything: the stop asked here ends them
-/// sooner. The backend that starts now knows none of them.
+/// its workers, by PR_SET_PDEATHSIG), and the backend that starts now knows none of them. (Under an
+/// orphan grace, [`claim_mailbox_for_adoption`] leaves them to the MPS backend instead.)
 fn release_slots(mailbox: &Mailbox) -> Vec<u32> {
     let mut released = Vec::new();
     for i in 0..mailbox.geometry().slot_count {

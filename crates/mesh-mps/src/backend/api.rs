@@ -85,6 +85,19 @@ impl MpsBackend {
         }));
         let for_cleanup = shared.clone();
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
+        // Before the pool: a previous meshd's programs that run on are adopted, the rest of its
+        // slots freed, before any new client of the server exists.
+        let (adopted, lines) = super::adoption::adopt_greeted(&control, mailbox, &news);
+        for line in lines {
+            tracing::warn!("{line}");
+        }
+        if !adopted.is_empty() {
+            tracing::info!(
+                "{} program(s) of the previous meshd run on, adopted; the relaunch claims them by name",
+                adopted.len()
+            );
+        }
+        shared.lock().adopted = adopted;
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
@@ -220,6 +233,7 @@ impl Backend for MpsBackend {
         if self.shut_down {
             return Ok(());
         }
+        self.retire_unclaimed();
         self.shut_down = true;
         let programs: Vec<Program> = self.lock().programs.drain(..).collect();
         for p in programs {

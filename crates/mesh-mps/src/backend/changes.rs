@@ -12,6 +12,9 @@ impl MpsBackend {
         if let Some(n) = spec.sms {
             self.device.sm_partitioning()?.check(n)?;
         }
+        if let Some(status) = self.adopt_program(&spec) {
+            return Ok(status);
+        }
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
         let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
         let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;

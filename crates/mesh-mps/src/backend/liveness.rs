@@ -12,6 +12,8 @@ impl MpsBackend {
         if self.shut_down {
             return Vec::new();
         }
+        // The relaunch is over by the first tick: an adopted program it did not claim stops now.
+        self.retire_unclaimed();
         let now = Instant::now();
         let mut standby_spawned = 0;
         // Not while meshd itself may have been stopped or starved, with the readers that note the

@@ -33,7 +33,8 @@
 //! backend's options and the helpers every job uses; `api` opens the backend and implements
 //! [`Backend`]; each job has a file of its own: `workers` (the pool), `changes` (load, upgrade,
 //! unload), `recovery` (after a GPU fault), `takeover` (the standby's part), `liveness` (the
-//! watchdog's tick, silent workers) and `device_rings` (device channels). Imports go one way: the
+//! watchdog's tick, silent workers), `device_rings` (device channels) and `adoption` (programs
+//! adopted from a previous meshd under an orphan grace). Imports go one way: the
 //! job files build on this one and on each other without a loop, and only `api` sits above them.
 
 use std::collections::BTreeMap;
@@ -62,6 +63,7 @@ use crate::control::MpsControl;
 use crate::standby::Standby;
 use crate::worker::{NewsSender, SilenceClock, WORKER_LAUNCH, WORKER_LOAD, Worker, WorkerNews};
 
+mod adoption;
 mod api;
 mod changes;
 mod device_rings;
@@ -186,6 +188,8 @@ struct Shared {
     standby: Option<Standby>,
     /// The keeper of the MPS directory, under an orphan grace.
     keeper: Option<crate::orphans::Keeper>,
+    /// Workers adopted from a previous meshd whose programs the relaunch has not claimed yet.
+    adopted: Vec<adoption::Adoptee>,
 }
 
 /// How long a recovery waits for every faulted worker to say its kernel failed before it may move
@@ -249,6 +253,9 @@ fn tear_down(shared: &Mutex<Shared>) {
     }
     for mut w in s.idle.drain(..) {
         w.kill();
+    }
+    for a in s.adopted.drain(..) {
+        a.kill();
     }
     let mut controls: Vec<Arc<MpsControl>> = s.control.take().into_iter().collect();
     if let Some(mut standby) = s.standby.take() {

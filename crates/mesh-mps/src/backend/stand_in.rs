@@ -6,13 +6,19 @@ use std::process::Command;
 
 use super::*;
 
-/// Says `ready` (with `SMS` SMs), then answers `done` to every command (`MODE=gone`: exits at once).
-const STAND_IN: &str = r#"printf '{"reply":"ready","protocol":4,"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}\n' $$ "${SMS:-132}"
+/// Says `ready` in this protocol's version (with `SMS` SMs), then answers `done` to every command
+/// (`MODE=gone`: exits at once).
+fn stand_in() -> String {
+    let protocol = mesh_mps_worker::PROTOCOL;
+    format!(
+        r#"printf '{{"reply":"ready","protocol":{protocol},"pid":%s,"device":"stand-in","mps_enabled":true,"sms":%s,"context_ms":0}}\n' $$ "${{SMS:-132}}"
 [ "$MODE" = gone ] && exit 0
 while read -r line; do
-  case "$line" in *'"op":"exit"'*) exit 0 ;; *) echo '{"reply":"done"}' ;; esac
+  case "$line" in *'"op":"exit"'*) exit 0 ;; *) echo '{{"reply":"done"}}' ;; esac
 done
-"#;
+"#
+    )
+}
 
 pub(super) struct Bench {
     _dir: tempfile::TempDir,
@@ -24,7 +30,7 @@ impl Bench {
     pub(super) fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("stand-in-worker");
-        std::fs::write(&script, STAND_IN).unwrap();
+        std::fs::write(&script, stand_in()).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
         Self { _dir: dir, script, news: NewsSender::channel().0 }
     }

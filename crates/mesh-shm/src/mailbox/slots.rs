@@ -196,6 +196,27 @@ impl SlotRef<'_> {
         Ok(())
     }
 
+    /// The name `bind` wrote (cut to the field's bytes; a cut inside a character is dropped).
+    pub fn name(&self) -> String {
+        let p = self.ptr();
+        let mut bytes = Vec::with_capacity(NAME_LEN);
+        for i in 0..NAME_LEN / 4 {
+            // SAFETY: `i < NAME_LEN / 4`, inside the name field; host reads are atomic loads.
+            let word =
+                unsafe { self.word32((&raw mut (*p).control.name).cast::<u32>().add(i)) }.load(Ordering::Relaxed);
+            bytes.extend_from_slice(&word.to_ne_bytes());
+        }
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        bytes.truncate(end);
+        match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let valid = e.utf8_error().valid_up_to();
+                String::from_utf8_lossy(&e.as_bytes()[..valid]).into_owned()
+            }
+        }
+    }
+
     /// Frees the slot.
     pub fn release(&self) {
         // SAFETY: as in `request_stop`.
