@@ -280,12 +280,14 @@ impl Greeted {
     }
 }
 
-/// The pid of the MPS control daemon (`nvidia-cuda-mps-control -f`) of pipe directory `dir`.
+/// The pid of the MPS control daemon (`nvidia-cuda-mps-control -f`) of pipe directory `dir`: by
+/// its arguments, one naming the control binary (the first, or an interpreter's script) and `-f`.
 fn daemon_of(dir: &Path) -> Option<u32> {
     processes_using(dir).into_iter().map(|(pid, _)| pid).find(|pid| {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-            let mut args = c.split(|&b| b == 0);
-            args.next().is_some_and(|a| a.ends_with(crate::control::MPS_CONTROL.as_bytes())) && args.any(|a| a == b"-f")
+            let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+            args.iter().take(2).any(|a| a.ends_with(crate::control::MPS_CONTROL.as_bytes()))
+                && args.iter().any(|a| *a == b"-f")
         })
     })
 }

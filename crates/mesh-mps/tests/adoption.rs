@@ -1,0 +1,152 @@
+//! A previous meshd's daemon and orphans adopted, against stand-ins (CI has no MPS): a control daemon as a shell script, orphans as `sleep` processes whose rendezvous a test thread answers.
+//!
+//! The daemon that still runs on the MPS directory is adopted rather than quit; an orphan running a
+//! kernel as its server's client is greeted and handed to the backend, which adopts it with a new fd
+//! socket riding on the `adopt` line; an orphan whose kernel is not running is retired, not adopted.
+//! The GPU side (programs that never stop across a kill -9 of meshd) is tests/tests/mps_adopt.rs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use mesh_mps::MpsControl;
+use mesh_mps::orphans::OrphanPolicy;
+use mesh_mps::process::Held;
+use mesh_mps::worker::{NewsSender, Worker};
+use mesh_mps_worker::fdpass::recv_line_with_fd;
+use mesh_mps_worker::orphan::{PIPE_ENV, rendezvous};
+use mesh_mps_worker::{FileId, KernelState, Orphan, PROTOCOL, Ready, Reply, encode};
+
+/// `-f` is the daemon (until `quit`); else one command: one server, whose clients `pipe/clients` lists.
+const FAKE_CONTROL: &str = r#"#!/bin/sh
+if [ "$1" = "-f" ]; then
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  while [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.02; done
+  exit 0
+fi
+read cmd arg rest
+case "$cmd" in
+  get_server_list) echo 4242 ;;
+  get_client_list) cat "$CUDA_MPS_PIPE_DIRECTORY/clients" 2>/dev/null ;;
+  terminate_client) : ;;
+  quit) : > "$CUDA_MPS_PIPE_DIRECTORY/quit" ;;
+  *) echo "unknown command $cmd" >&2; exit 1 ;;
+esac
+"#;
+
+/// A stand-in orphan: a `sleep` of `pipe`'s environment for its pid, and a thread answering at its
+/// rendezvous in `dir`: its hello with an orphan whose kernel is `kernel`; then `adopt` (its fd
+/// taken) or `retire` (the sleep ended). The thread returns what it heard and the fds that came.
+fn orphan(dir: &Path, pipe: &Path, kernel: KernelState) -> (Child, std::thread::JoinHandle<(Vec<String>, usize)>) {
+    let child = Command::new("/bin/sleep").arg("30").env(PIPE_ENV, pipe).spawn().unwrap();
+    let pid = child.id();
+    let listener = UnixListener::bind(rendezvous(dir, pid)).unwrap();
+    let t = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut heard = Vec::new();
+        let mut hello = String::new();
+        BufReader::new(&stream).read_line(&mut hello).unwrap();
+        heard.push(hello.trim_end().to_string());
+        let answer = |r: &Reply| writeln!(&stream, "{}", encode(r)).unwrap();
+        answer(&Reply::Orphan(Orphan {
+            protocol: PROTOCOL,
+            pid,
+            slot: Some(1),
+            generation: Some(3),
+            launches: 1,
+            kernel,
+            orphaned_ms: 25,
+            grace_ms: 60_000,
+            ready: Ready {
+                protocol: PROTOCOL,
+                pid,
+                device: "stand-in".into(),
+                mps_enabled: true,
+                sms: 132,
+                context_ms: 0,
+                kernel_check_us: 5000,
+            },
+            asked_sms: None,
+            mailbox: FileId { dev: 1, ino: 2 },
+            loaded: None,
+            mapped: Vec::new(),
+        }));
+        let (line, fds) = recv_line_with_fd(&stream, 4096).unwrap();
+        heard.push(line.clone());
+        if line.contains("retire") {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+        answer(&Reply::Done);
+        // The protocol goes on over the socket: an exit ends it.
+        let mut rest = String::new();
+        if BufReader::new(&stream).read_line(&mut rest).unwrap_or(0) > 0 {
+            heard.push(rest.trim_end().to_string());
+        }
+        (heard, fds.len())
+    });
+    (child, t)
+}
+
+fn script(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retired() {
+    let bin = tempfile::tempdir().unwrap();
+    let control = script(bin.path(), "nvidia-cuda-mps-control", FAKE_CONTROL);
+    // SAFETY: the only test of this binary; set before any thread reads the environment.
+    unsafe { std::env::set_var("MESH_MPS_CONTROL", &control) };
+    let root = tempfile::tempdir_in("/tmp").unwrap();
+    let root = root.path().to_path_buf();
+    let pipe = root.join("pipe");
+    let orphans = root.join("orphans");
+    std::fs::create_dir_all(&pipe).unwrap();
+    std::fs::create_dir_all(&orphans).unwrap();
+    // The previous meshd's daemon, still running.
+    let mut daemon = Command::new(&control).arg("-f").env(PIPE_ENV, &pipe).spawn().unwrap();
+    let (mut busy, busy_thread) = orphan(&orphans, &pipe, KernelState::Busy);
+    let (mut idle, idle_thread) = orphan(&orphans, &pipe, KernelState::Idle);
+    std::fs::write(pipe.join("clients"), format!("{}\n{}\n", busy.id(), idle.id())).unwrap();
+    let policy = OrphanPolicy {
+        grace: Duration::from_secs(60),
+        stop_deadline: Duration::from_millis(500),
+        rendezvous_dir: orphans.clone(),
+        control: control.clone(),
+    };
+    let c = MpsControl::start_in(root.clone(), false, Some(policy)).unwrap();
+    assert!(c.adopted(), "the running daemon is adopted, not quit");
+    assert_eq!(c.pid(), Some(daemon.id()));
+    assert!(!pipe.join("quit").exists(), "nobody told it to quit");
+
+    // The idle orphan was retired (its sleep ended), the busy one greeted.
+    let (heard, _) = idle_thread.join().unwrap();
+    assert_eq!(heard[1], r#"{"op":"retire"}"#, "{heard:?}");
+    assert!(idle.wait().is_ok());
+    let greeted = c.take_greeted();
+    assert_eq!(greeted.len(), 1);
+    let g = greeted.into_iter().next().unwrap();
+    assert_eq!((g.orphan.pid, g.server, g.orphan.slot), (busy.id(), 4242, Some(1)));
+    assert!(matches!(g.held, Held::Adopted { pid, .. } if pid == busy.id()));
+
+    // The backend's part: the adopt line, with a new fd socket, answered `done`.
+    let (news, _rx) = NewsSender::channel();
+    let w = Worker::adopt(g.stream, g.held, &g.orphan, g.server, &news).unwrap();
+    assert!(w.adopted() && w.alive());
+    assert_eq!((w.pid(), w.kernel(), w.ready.sms), (busy.id(), KernelState::Busy, 132));
+    w.signal_kill();
+    w.exit();
+    let (heard, fds) = busy_thread.join().unwrap();
+    assert_eq!(heard[..2], [format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#), r#"{"op":"adopt"}"#.to_string()]);
+    assert_eq!(fds, 1, "the new fd socket rode on the adopt line");
+    let _ = busy.wait();
+
+    c.quit();
+    assert!(daemon.wait().unwrap().success(), "the adopted daemon quits when asked");
+}
