@@ -328,8 +328,9 @@ pub struct RunArgs {
     pub mps_kernel_check_us: u64,
     /// MPS: after a crash of meshd, how long each program's worker keeps its kernel running and
     /// waits for a meshd before it stops the program in order and exits, ms; the MPS daemons are
-    /// then quit. A meshd started again meanwhile retires those workers before it relaunches the
-    /// programs. 0 (the default): every worker and the daemons die with meshd.
+    /// then quit. A meshd started again meanwhile adopts the programs, which never stop (one it
+    /// cannot adopt is stopped first, naming why, then relaunched). 0 (the default): every worker
+    /// and the daemons die with meshd.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub orphan_grace_ms: u64,
     /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
