@@ -1,4 +1,4 @@
-//! What a backend did that meshd counts for its metrics (blink pauses, recoveries from GPU faults), handed over once through [`crate::Backend::take_events`].
+//! What a backend did that meshd counts for its metrics (blink pauses, recoveries from GPU faults, programs adopted from a previous meshd), handed over once through [`crate::Backend::take_events`].
 
 use std::time::Duration;
 
@@ -20,6 +20,14 @@ pub enum BackendEvent {
         outcome: RecoveryOutcome,
         /// From the fault noticed to the programs relaunched.
         took: Duration,
+    },
+    /// A program a previous meshd had launched, still running, was taken over by this one
+    /// (`adopted`), or stopped because it could not be (`adopted` false), without a new launch.
+    Adoption {
+        /// The program's name.
+        program: String,
+        /// Whether it was adopted.
+        adopted: bool,
     },
 }
 

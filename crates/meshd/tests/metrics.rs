@@ -323,6 +323,9 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
             outcome: RecoveryOutcome::Recovered,
             took: Duration::from_millis(40),
         },
+        BackendEvent::Adoption { program: "a".into(), adopted: true },
+        BackendEvent::Adoption { program: "b".into(), adopted: true },
+        BackendEvent::Adoption { program: "c".into(), adopted: false },
     ]);
     // The backend thread hands events over between jobs (every watchdog tick).
     assert!(wait_until(DEADLINE, || scrape(&d).has("meshd_recoveries_total")), "the recovery reached the metrics");
@@ -341,6 +344,7 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
         ("meshd_blink_pause_duration_seconds", "histogram"),
         ("meshd_recovery_duration_seconds", "histogram"),
         ("meshd_recoveries_total", "counter"),
+        ("meshd_programs_adopted_total", "counter"),
         ("meshd_build_info", "gauge"),
         ("meshd_gpu_info", "gauge"),
         ("meshd_native_workers", "gauge"),
@@ -383,6 +387,8 @@ fn a_scrape_over_loopback_follows_ps_and_info() {
     let rec = [("mode", "blink"), ("method", "in_place"), ("outcome", "recovered")];
     assert_eq!(m.value("meshd_recoveries_total", &rec), 1.0);
     assert!((m.value("meshd_recovery_duration_seconds_sum", &rec) - 0.040).abs() < 1e-9);
+    assert_eq!(m.value("meshd_programs_adopted_total", &[("outcome", "adopted")]), 2.0);
+    assert_eq!(m.value("meshd_programs_adopted_total", &[("outcome", "stopped")]), 1.0);
     assert_eq!(m.value("meshd_build_info", &[("mode", "blink")]), 1.0);
     assert_eq!(m.value("meshd_gpu_info", &[("modelName", "test double")]), 1.0);
     assert_eq!(m.value("meshd_ready", &[]), 1.0);
@@ -744,6 +750,7 @@ fn everything() -> Exposition {
                 outcome: RecoveryOutcome::Failed,
                 took: Duration::from_millis(9),
             },
+            BackendEvent::Adoption { program: "a".into(), adopted: true },
         ],
     );
     m.backend_pass();

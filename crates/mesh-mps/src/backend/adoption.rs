@@ -60,9 +60,15 @@ fn check(g: &Greeted, mailbox: &Mailbox) -> std::result::Result<(String, u32, u3
 /// Checks each orphan greeted by `control` against `mailbox` and adopts those it confirms; retires
 /// the others (their programs stopped in order). Then frees every slot of the mailbox that no
 /// adopted program holds (a takeover under an orphan grace leaves them as they were). Returns the
-/// adopted workers and lines for the log.
-pub(super) fn adopt_greeted(control: &MpsControl, mailbox: &Mailbox, news: &NewsSender) -> (Vec<Adoptee>, Vec<String>) {
+/// adopted workers and lines for the log; each program not adopted is counted in `events`.
+pub(super) fn adopt_greeted(
+    control: &MpsControl,
+    mailbox: &Mailbox,
+    news: &NewsSender,
+    events: &mut Vec<BackendEvent>,
+) -> (Vec<Adoptee>, Vec<String>) {
     let mut log = Vec::new();
+    let name_in = |slot: Option<u32>| slot.and_then(|i| mailbox.slot(i).ok()).map(|s| s.name()).unwrap_or_default();
     let mut adopted = Vec::new();
     let (binary, pipe_dirs, stop_deadline) = match control.orphans() {
         Some(o) => {
@@ -74,6 +80,7 @@ pub(super) fn adopt_greeted(control: &MpsControl, mailbox: &Mailbox, news: &News
         let (name, slot, generation, loaded) = match check(&g, mailbox) {
             Ok(what) => what,
             Err(why) => {
+                events.push(BackendEvent::Adoption { program: name_in(g.orphan.slot), adopted: false });
                 log.push(g.retire(&binary, &pipe_dirs, stop_deadline, &why));
                 continue;
             }
@@ -82,6 +89,7 @@ pub(super) fn adopt_greeted(control: &MpsControl, mailbox: &Mailbox, news: &News
         match Worker::adopt(g.stream, g.held, &g.orphan, server, news) {
             Ok(worker) => adopted.push(Adoptee { name, slot, generation, loaded, worker, orphaned_ms }),
             Err(e) => {
+                events.push(BackendEvent::Adoption { program: name, adopted: false });
                 // What it does now is unknown: cut off its server before it is killed.
                 let _ = control.terminate_client(server, pid, TERMINATE_WITHIN);
                 std::thread::sleep(CUT_OFF);
@@ -137,7 +145,10 @@ impl MpsBackend {
                 );
                 let program = Program { core, worker: a.worker, cubin, deaths: Vec::new() };
                 let status = self.status_of(&program, KernelState::Busy);
-                self.lock().programs.push(program);
+                let mut s = self.lock();
+                s.programs.push(program);
+                s.events.push(BackendEvent::Adoption { program: spec.name.clone(), adopted: true });
+                drop(s);
                 self.publish_pool();
                 Some(status)
             }
@@ -191,6 +202,7 @@ impl MpsBackend {
             w.exit();
         }
         let _ = slots::release(&self.mailbox, a.slot);
+        self.lock().events.push(BackendEvent::Adoption { program: a.name, adopted: false });
     }
 
     /// Stops every adoptee that no recorded program claimed (after the relaunch).

@@ -87,7 +87,8 @@ impl MpsBackend {
         let cleanup_id = cleanup::register("MPS workers and control daemon", move || tear_down(&for_cleanup));
         // Before the pool: a previous meshd's programs that run on are adopted, the rest of its
         // slots freed, before any new client of the server exists.
-        let (adopted, lines) = super::adoption::adopt_greeted(&control, mailbox, &news);
+        let mut events = Vec::new();
+        let (adopted, lines) = super::adoption::adopt_greeted(&control, mailbox, &news, &mut events);
         for line in lines {
             tracing::warn!("{line}");
         }
@@ -98,6 +99,7 @@ impl MpsBackend {
             );
         }
         shared.lock().adopted = adopted;
+        shared.lock().events = events;
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = std::fs::create_dir_all(&cubins)

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub(super) recoveries: Family<Labels, Counter>,
     pub(super) recovery_seconds: Family<Labels, Histogram>,
     pub(super) blink_pauses: Histogram,
+    /// Programs of a previous meshd taken over by outcome (`adopted`, `stopped`).
+    pub(super) adoptions: Family<Labels, Counter>,
     /// Relaunches by blinks, by program (only programs still present are shown).
     pub(super) blink_relaunches: Mutex<HashMap<String, u64>>,
     beats: Mutex<HashMap<String, Beat>>,
@@ -66,6 +68,7 @@ impl Metrics {
             recoveries: Family::default(),
             recovery_seconds: Family::new_with_constructor(recoveries),
             blink_pauses: Histogram::new(steps(1e-5, 2.5)),
+            adoptions: Family::default(),
             blink_relaunches: Mutex::new(HashMap::new()),
             beats: Mutex::new(HashMap::new()),
             exempt: Mutex::new(HashSet::new()),
@@ -110,6 +113,10 @@ impl Metrics {
                     }
                 }
                 BackendEvent::Recovery { method, outcome, took } => self.recovery(mode, method, outcome, took),
+                BackendEvent::Adoption { adopted, .. } => {
+                    let outcome = if adopted { "adopted" } else { "stopped" };
+                    self.adoptions.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+                }
             }
         }
     }

@@ -128,6 +128,12 @@ fn register_recorded(metrics: &Metrics, reg: &mut Registry) {
         "Time from a GPU fault noticed to the programs relaunched",
         metrics.recovery_seconds.clone(),
     );
+    reg.register(
+        "programs_adopted",
+        "MPS programs of a previous meshd still running at start (an orphan grace), by outcome: adopted (never \
+         stopped) or stopped (it could not be adopted, and was relaunched if recorded)",
+        metrics.adoptions.clone(),
+    );
 }
 
 /// The per-program families of one scrape, filled a program at a time.
