@@ -8,9 +8,22 @@ x``. Reading the sources needs no built extension.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "meshd"
+
+def package_dir() -> Path:
+    """The package's sources: the repository's, else (a bundle, a wheel installed alone) those of
+    the installed package, which are the same files."""
+    here = Path(__file__).resolve().parents[1] / "python" / "meshd"
+    if here.is_dir():
+        return here
+    spec = importlib.util.find_spec("meshd")
+    assert spec is not None and spec.origin is not None, "meshd is neither beside these tests nor installed"
+    return Path(spec.origin).parent
+
+
+PACKAGE = package_dir()
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
