@@ -401,7 +401,7 @@ impl Worker {
     fn orphan(&mut self, dir: &Path, args: &Args) {
         let grace = Grace::new(Instant::now(), Duration::from_millis(args.orphan_grace_ms));
         let path = orphan::rendezvous(dir, std::process::id());
-        let listener = match bind_rendezvous(dir, &path) {
+        let listener = match orphan::bind_rendezvous(dir, &path) {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("mesh-mps-worker {}: rendezvous {}: {e}", std::process::id(), path.display());
@@ -465,7 +465,7 @@ impl Worker {
             let mut s = stream;
             let _ = writeln!(s, "{}", encode(reply));
         };
-        let Some(line) = read_line(stream) else { return Greeting::Not };
+        let Ok((line, _)) = fdpass::recv_line_with_fd(stream, 4096) else { return Greeting::Not };
         match serde_json::from_str::<Command>(&line) {
             Ok(Command::Hello { protocol }) => {
                 if let Err(why) = orphan::check_hello(protocol) {
@@ -529,7 +529,7 @@ impl Worker {
             }
             ended = match self.stream.state() {
                 StreamState::Busy => {
-                    cut_off_self(&args.mps_control, pid);
+                    orphan::cut_off_self(&args.mps_control, pid);
                     format!("its kernel did not stop within {} ms and was cut off", args.stop_deadline_ms)
                 }
                 StreamState::Idle => "its kernel stopped".to_string(),
@@ -543,52 +543,6 @@ impl Worker {
         say(&Reply::Done);
         std::process::exit(0)
     }
-}
-
-/// Has this client cut off its server(s) (`terminate_client`), waiting up to a second for it: a
-/// client that exits while its kernel runs fails every other client's kernel.
-fn cut_off_self(control: &Path, pid: u32) {
-    let Some(pipe) = std::env::var_os(orphan::PIPE_ENV).map(PathBuf::from) else { return };
-    let servers =
-        orphan::control_command(control, &pipe, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
-    for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-        if let Err(e) =
-            orphan::control_command(control, &pipe, &format!("terminate_client {server} {pid}"), Duration::from_secs(2))
-        {
-            eprintln!("mesh-mps-worker {pid}: cutting itself off server {server}: {e}");
-        }
-    }
-    std::thread::sleep(Duration::from_millis(200));
-}
-
-/// Binds the rendezvous socket (mode 0600, in a directory of mode 0700), replacing a stale file.
-fn bind_rendezvous(dir: &Path, path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    let _ = std::fs::remove_file(path);
-    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let bound = std::os::unix::net::UnixListener::bind(path);
-    rustix::process::umask(old);
-    let listener = bound?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
-}
-
-/// One line from `stream`, read a byte at a time so that nothing after it is taken from the socket.
-fn read_line(mut stream: &UnixStream) -> Option<String> {
-    use std::io::Read;
-    let _ = stream.set_nonblocking(false);
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while line.len() < 4096 {
-        match stream.read(&mut b) {
-            Ok(1) if b[0] == b'\n' => return Some(String::from_utf8_lossy(&line).into_owned()),
-            Ok(1) => line.push(b[0]),
-            _ => return None,
-        }
-    }
-    None
 }
 
 /// Sends the protocol's lines to `fd` from now on (an adopting meshd's socket).

@@ -187,6 +187,35 @@ pub fn control_command(binary: &Path, pipe_dir: &Path, line: &str, within: Durat
     }
 }
 
+/// Has this client cut off its server(s) (`terminate_client`), waiting up to a second for it: a
+/// client that exits while its kernel runs fails every other client's kernel.
+pub fn cut_off_self(control: &Path, pid: u32) {
+    let Some(pipe) = std::env::var_os(PIPE_ENV).map(PathBuf::from) else { return };
+    let servers = control_command(control, &pipe, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
+    for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        if let Err(e) =
+            control_command(control, &pipe, &format!("terminate_client {server} {pid}"), Duration::from_secs(2))
+        {
+            eprintln!("mesh-mps-worker {pid}: cutting itself off server {server}: {e}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Binds the rendezvous socket (mode 0600, in a directory of mode 0700), replacing a stale file.
+pub fn bind_rendezvous(dir: &Path, path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let _ = std::fs::remove_file(path);
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
 /// SIGKILL to `pid` (gone already: nothing happens).
 fn kill_pid(pid: u32) {
     if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {

@@ -23,8 +23,8 @@ use crate::process::{self, Held};
 /// The detached daemon's output, in its log directory.
 pub const DAEMON_OUTPUT: &str = "control-daemon.log";
 
-/// The control binary's name.
-pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+/// The control binary's name (its home is [`crate::mps_dir`]).
+pub use crate::mps_dir::MPS_CONTROL;
 /// The variable naming the pipe directory of an MPS server (its home is [`crate::mps_dir`]).
 pub use crate::mps_dir::PIPE_ENV;
 /// The variable naming its log directory.

@@ -15,6 +15,9 @@ use mesh_backend::pid_lock::PidLock;
 /// The variable naming the pipe directory of an MPS server.
 pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 
+/// The control binary's name.
+pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+
 /// The file in an MPS directory whose flock says which meshd holds the directory; it holds that pid.
 pub const CLAIM_FILE: &str = "meshd.lock";
 

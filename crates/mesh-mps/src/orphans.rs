@@ -286,7 +286,7 @@ fn daemon_of(dir: &Path) -> Option<u32> {
     processes_using(dir).into_iter().map(|(pid, _)| pid).find(|pid| {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
             let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-            args.iter().take(2).any(|a| a.ends_with(crate::control::MPS_CONTROL.as_bytes()))
+            args.iter().take(2).any(|a| a.ends_with(crate::mps_dir::MPS_CONTROL.as_bytes()))
                 && args.iter().any(|a| *a == b"-f")
         })
     })

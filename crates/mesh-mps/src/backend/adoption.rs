@@ -11,18 +11,7 @@ use super::*;
 use crate::orphans::Greeted;
 use mesh_mps_worker::{FileId, Loaded};
 
-/// A worker adopted from a previous meshd, whose program the relaunch has not claimed yet.
-#[derive(Debug)]
-pub(super) struct Adoptee {
-    /// The program's name, as its slot says.
-    name: String,
-    slot: u32,
-    generation: u32,
-    loaded: Loaded,
-    worker: Worker,
-    /// How long it ran without a meshd.
-    orphaned_ms: u64,
-}
+use super::Adoptee;
 
 /// Why orphan `g` cannot be adopted into `mailbox`, or what it runs: its slot's name, slot,
 /// generation and loaded module.

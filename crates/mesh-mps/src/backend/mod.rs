@@ -189,7 +189,20 @@ struct Shared {
     /// The keeper of the MPS directory, under an orphan grace.
     keeper: Option<crate::orphans::Keeper>,
     /// Workers adopted from a previous meshd whose programs the relaunch has not claimed yet.
-    adopted: Vec<adoption::Adoptee>,
+    adopted: Vec<Adoptee>,
+}
+
+/// A worker adopted from a previous meshd, whose program the relaunch has not claimed yet.
+#[derive(Debug)]
+struct Adoptee {
+    /// The program's name, as its slot says.
+    name: String,
+    slot: u32,
+    generation: u32,
+    loaded: mesh_mps_worker::Loaded,
+    worker: Worker,
+    /// How long it ran without a meshd.
+    orphaned_ms: u64,
 }
 
 /// How long a recovery waits for every faulted worker to say its kernel failed before it may move
