@@ -220,6 +220,9 @@ impl Worker {
         let pid = held.id();
         let err = |detail: String| BackendError::Worker { pid, detail };
         let (fds, worker_end) = UnixStream::pair().map_err(|e| err(format!("a new fd socket: {e}")))?;
+        // Before the reader starts: a read timeout is the socket's, which the reader's clone shares,
+        // and the reader waits on it for as long as the worker lives.
+        stream.set_read_timeout(None).map_err(|e| err(format!("its socket: {e}")))?;
         let out = stream.try_clone().map_err(|e| err(format!("its socket: {e}")))?;
         let (tx, replies) = crossbeam_channel::unbounded();
         let (own, events) = crossbeam_channel::unbounded();
@@ -230,7 +233,6 @@ impl Worker {
             .name(format!("mps-worker-{pid}"))
             .spawn(move || read_output(pid, out, &tx, &own, &news, &heard_by_reader))
             .map_err(|e| err(format!("its reader: {e}")))?;
-        let _ = stream.set_read_timeout(None);
         mesh_mps_worker::fdpass::send_line_with_fd(&stream, &encode(&WorkerCommand::Adopt), worker_end.as_fd())
             .map_err(|e| err(format!("saying adopt: {e}")))?;
         drop(worker_end);
@@ -529,6 +531,15 @@ impl Worker {
         let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Exit));
         let _ = self.stdin.flush();
         self.child.wait_or_kill(Duration::from_secs(1));
+    }
+
+    /// Asks the worker to stop its kernel in order and leave (`retire`: the stop through its slot,
+    /// its stop deadline, else it cuts itself off its server); kills it if it is not gone within
+    /// `within`.
+    pub fn retire(mut self, within: Duration) {
+        let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Retire));
+        let _ = self.stdin.flush();
+        self.child.wait_or_kill(within);
     }
 
     /// SIGKILL without reaping (many workers are signalled first, then reaped by [`Worker::kill`],

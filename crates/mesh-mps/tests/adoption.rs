@@ -80,10 +80,13 @@ fn orphan(dir: &Path, pipe: &Path, kernel: KernelState) -> (Child, std::thread::
             let _ = Command::new("kill").arg(pid.to_string()).status();
         }
         answer(&Reply::Done);
-        // The protocol goes on over the socket: an exit ends it.
+        // The protocol goes on over the socket: a retire ends it (the worker stops and leaves).
         let mut rest = String::new();
         if BufReader::new(&stream).read_line(&mut rest).unwrap_or(0) > 0 {
             heard.push(rest.trim_end().to_string());
+            if rest.contains("retire") {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+            }
         }
         (heard, fds.len())
     });
@@ -140,12 +143,15 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
     let w = Worker::adopt(g.stream, g.held, &g.orphan, g.server, &news).unwrap();
     assert!(w.adopted() && w.alive());
     assert_eq!((w.pid(), w.kernel(), w.ready.sms), (busy.id(), KernelState::Busy, 132));
-    w.signal_kill();
-    w.exit();
+    // Ended as the backend's teardown ends an adoptee no program claimed: asked to retire.
+    w.retire(Duration::from_secs(10));
     let (heard, fds) = busy_thread.join().unwrap();
-    assert_eq!(heard[..2], [format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#), r#"{"op":"adopt"}"#.to_string()]);
+    let hello = format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#);
+    assert_eq!(heard, [hello.as_str(), r#"{"op":"adopt"}"#, r#"{"op":"retire"}"#]);
     assert_eq!(fds, 1, "the new fd socket rode on the adopt line");
-    let _ = busy.wait();
+    use std::os::unix::process::ExitStatusExt;
+    let status = busy.wait().unwrap();
+    assert_eq!(status.signal(), Some(15), "it left when asked (SIGTERM, by the stand-in), not killed at the bound");
 
     c.quit();
     assert!(daemon.wait().unwrap().success(), "the adopted daemon quits when asked");

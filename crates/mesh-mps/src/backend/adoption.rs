@@ -102,9 +102,10 @@ pub(super) fn adopt_greeted(
 }
 
 impl Adoptee {
-    /// Kills its worker (the backend's teardown: cut off first if it may run a kernel).
-    pub(super) fn kill(mut self) {
-        self.worker.kill();
+    /// Ends its worker where the backend cannot stop it itself (its teardown, or an open that
+    /// failed): the worker stops its kernel in order and leaves, or is killed past the bound.
+    pub(super) fn end(self) {
+        self.worker.retire(Duration::from_secs(10));
     }
 }
 

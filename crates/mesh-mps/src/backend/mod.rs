@@ -268,7 +268,7 @@ fn tear_down(shared: &Mutex<Shared>) {
         w.kill();
     }
     for a in s.adopted.drain(..) {
-        a.kill();
+        a.end();
     }
     let mut controls: Vec<Arc<MpsControl>> = s.control.take().into_iter().collect();
     if let Some(mut standby) = s.standby.take() {
