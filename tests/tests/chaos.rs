@@ -39,7 +39,9 @@
 //! kill); stopped or faulted for any other reason (named the culprit) fails.
 //!
 //! The seed is printed first; `MESH_CHAOS_SEED=N` replays the schedule (the timing of a real GPU
-//! differs run to run; the events and their order do not).
+//! differs run to run; the events and their order do not). `MESH_CHAOS_ORPHAN_GRACE_MS=N` runs MPS
+//! mode with `--orphan-grace-ms N`: each `kill -9` of meshd then leaves the programs running, and the
+//! restart adopts them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -218,8 +220,12 @@ impl Chaos {
         // --pool-grow: a worker killed by the test is not replaced without it, and a pool run dry would
         // refuse the loads that follow.
         let mut args = vec!["--metrics-addr", "127.0.0.1:0"];
+        let grace = chaos::orphan_grace_ms().map(|ms| ms.to_string());
         if mps {
             args.extend(["--isolation", "mps", "--pool", MPS_POOL, "--pool-grow"]);
+            if let Some(g) = &grace {
+                args.extend(["--orphan-grace-ms", g.as_str()]);
+            }
         }
         let d = UnitMeshd::start(dir.path(), &args);
         let knobs = stress::knobs(0, 64, false);

@@ -47,6 +47,16 @@ pub fn seed() -> u64 {
     }
 }
 
+/// The MPS run's `--orphan-grace-ms`: `MESH_CHAOS_ORPHAN_GRACE_MS`, none by default. With one, a
+/// `kill -9` of meshd leaves the programs running and the restart adopts them.
+pub fn orphan_grace_ms() -> Option<u64> {
+    std::env::var("MESH_CHAOS_ORPHAN_GRACE_MS").ok().map(|s| {
+        s.trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("MESH_CHAOS_ORPHAN_GRACE_MS={s}: not a whole number of ms ({e})"))
+    })
+}
+
 /// How long each mode runs: `MESH_CHAOS_SECS`, default 240 (4 minutes).
 pub fn duration() -> Duration {
     let secs = std::env::var("MESH_CHAOS_SECS").ok().map(|s| {
