@@ -138,6 +138,7 @@ fn limits(args: &RunArgs) -> Limits {
     Limits {
         client_stall: (args.client_stall_ms > 0).then(|| Duration::from_millis(args.client_stall_ms)),
         client_stall_kill: args.client_stall_kill_ms.map(Duration::from_millis),
+        natives_outlive_meshd: args.orphan_grace_ms > 0,
         ..Limits::default()
     }
 }

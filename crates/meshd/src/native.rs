@@ -15,6 +15,13 @@
 //! * **Stop**: SIGTERM to the group, then (after the grace period; in MPS mode after
 //!   `terminate_client`) SIGKILL. A worker that has ended stays listed with its exit until it is
 //!   stopped (removed) or a new one takes its name.
+//! * **Outliving meshd** (`meshd run --orphan-grace-ms` > 0, MPS mode): workers are started in
+//!   sessions of their own instead, with no death signal, and the desired state records each one's
+//!   pid and start time. A restarted meshd adopts a recorded worker that still runs (the same pid
+//!   with the same start time, a client of the adopted MPS server) instead of starting it again:
+//!   it is held by a pidfd from then on, and its exit status, which goes to its new parent, shows
+//!   as `exited`. One that fails a check is ended before a new one starts. A worker whose meshd does
+//!   not come back is killed by the MPS directory's keeper once the grace has passed.
 
 mod ready;
 
@@ -152,15 +159,78 @@ enum Life {
     Starting,
     Running,
     Stopping,
-    Ended(ExitStatus),
+    /// Ended, with its status when meshd is its parent (an adopted worker's goes elsewhere).
+    Ended(Option<ExitStatus>),
 }
 
-fn describe_exit(s: ExitStatus) -> String {
-    match (s.code(), s.signal()) {
-        (Some(c), _) => format!("exited({c})"),
-        (None, Some(sig)) => format!("killed(signal {sig})"),
-        _ => "ended".into(),
+fn describe_exit(s: Option<ExitStatus>) -> String {
+    match s.map(|s| (s.code(), s.signal())) {
+        Some((Some(c), _)) => format!("exited({c})"),
+        Some((None, Some(sig))) => format!("killed(signal {sig})"),
+        Some(_) => "ended".into(),
+        None => "exited".into(),
     }
+}
+
+/// A native worker's process: meshd's child, or one a previous meshd started that this one adopted.
+#[derive(Debug)]
+enum Proc {
+    Child(SharedChild),
+    /// Held by a pidfd: not our child, so its status is not ours to read.
+    Adopted(mesh_mps::process::Held),
+}
+
+impl Proc {
+    fn id(&self) -> u32 {
+        match self {
+            Self::Child(c) => c.id(),
+            Self::Adopted(h) => h.id(),
+        }
+    }
+
+    fn running(&self) -> bool {
+        match self {
+            Self::Child(c) => c.try_wait().is_ok_and(|s| s.is_none()),
+            Self::Adopted(h) => h.alive(),
+        }
+    }
+
+    /// Waits up to `within` (`None`: for as long as it runs) for its end: `Some` once it ended,
+    /// with its status when it is our child.
+    fn wait_for(&self, within: Option<Duration>) -> Option<Option<ExitStatus>> {
+        match (self, within) {
+            (Self::Child(c), None) => c.wait().ok().map(Some),
+            (Self::Child(c), Some(d)) => c.wait_timeout(d).ok().flatten().map(Some),
+            (Self::Adopted(h), Some(d)) => h.exited_within(d).then_some(None),
+            (Self::Adopted(h), None) => {
+                while !h.exited_within(Duration::from_secs(3600)) {}
+                Some(None)
+            }
+        }
+    }
+
+    /// SIGKILL to the process itself.
+    fn kill(&self) {
+        match self {
+            Self::Child(c) => {
+                let _ = c.kill();
+            }
+            Self::Adopted(h) => h.signal_kill(),
+        }
+    }
+}
+
+/// The start time of process `pid` (`/proc/PID/stat`'s 22nd field, clock ticks after boot), unless
+/// it is gone or a zombie: with the pid, what names one process for good.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` begins at the 3rd field (the state).
+    if matches!(fields.first(), Some(&"Z" | &"X")) {
+        return None;
+    }
+    fields.get(22 - 3)?.parse().ok()
 }
 
 impl std::fmt::Display for Life {
@@ -194,7 +264,7 @@ pub struct NativeRow {
 struct Entry {
     /// What it was started from: what a restarted meshd starts again.
     spec: NativeSpec,
-    child: Arc<SharedChild>,
+    child: Arc<Proc>,
     life: Life,
     bind: Vec<String>,
     command: String,
@@ -210,6 +280,8 @@ pub struct Natives {
     table: Table,
     membership: Arc<Mutex<Option<Arc<dyn Membership>>>>,
     grace: Duration,
+    /// Started detached and adopted by a restarted meshd ([`Natives::outliving_meshd`]).
+    outlive: bool,
 }
 
 impl std::fmt::Debug for Natives {
@@ -218,18 +290,18 @@ impl std::fmt::Debug for Natives {
     }
 }
 
-/// Signals the worker's process group while its leader is not reaped (so that the group id is still
-/// ours), then the leader itself through its handle.
-fn signal_group(child: &SharedChild, sig: Signal) {
-    // The group is the worker's own (process_group(0) at spawn) and its leader is not reaped, so
-    // the id is not reused.
-    if child.try_wait().is_ok_and(|s| s.is_none())
+/// Signals the worker's process group while its leader runs (so that the group id is still its),
+/// then the leader itself through its handle.
+fn signal_group(child: &Proc, sig: Signal) {
+    // The group is the worker's own (process_group(0), or its own session, at spawn) and its
+    // leader still runs, so the id is not reused.
+    if child.running()
         && let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw)
     {
         let _ = rustix::process::kill_process_group(group, sig);
     }
     if sig == Signal::KILL {
-        let _ = child.kill();
+        child.kill();
     }
 }
 
@@ -241,7 +313,21 @@ impl Natives {
             table: Arc::default(),
             membership: Arc::new(Mutex::new(None)),
             grace: DEFAULT_STOP_GRACE,
+            outlive: false,
         }
+    }
+
+    /// With `outlive`, workers are started in sessions of their own (no death signal: they
+    /// outlive a crash of meshd) and a restarted meshd may [`Natives::adopt`] them.
+    #[must_use]
+    pub fn outliving_meshd(mut self, outlive: bool) -> Self {
+        self.outlive = outlive;
+        self
+    }
+
+    /// Whether workers outlive meshd.
+    pub fn outlive(&self) -> bool {
+        self.outlive
     }
 
     /// How long a stop waits between SIGTERM and SIGKILL.
@@ -282,6 +368,61 @@ impl Natives {
             .collect()
     }
 
+    /// The workers meshd wants running, each with its pid and start time once it runs, when workers
+    /// outlive meshd (what a restarted meshd checks before it adopts one).
+    pub fn wanted_with_process(&self) -> Vec<(NativeSpec, Option<(u32, u64)>)> {
+        self.table
+            .lock()
+            .values()
+            .filter(|e| matches!(e.life, Life::Starting | Life::Running))
+            .map(|e| {
+                let running = self.outlive && e.life == Life::Running;
+                let process = running.then(|| start_ticks(e.child.id()).map(|t| (e.child.id(), t))).flatten();
+                (e.spec.clone(), process)
+            })
+            .collect()
+    }
+
+    /// Adopts worker `spec` that a previous meshd started as `pid` at `ticks` (see
+    /// [`start_ticks`]) and that still runs: checked to be that process (and in MPS mode a client
+    /// of meshd's server), then held by a pidfd, running. A process that is not that one is left
+    /// alone; one that is, but fails the server's check, is ended. Either way the caller starts
+    /// the worker anew, and the reason is returned.
+    pub fn adopt(&self, spec: &NativeSpec, pid: u32, ticks: u64) -> Result<NativeRow, String> {
+        let name = &spec.name;
+        self.check(spec).map_err(|e| e.to_string())?;
+        if start_ticks(pid) != Some(ticks) {
+            return Err(format!("its recorded process {pid} is gone (or the pid names another process now)"));
+        }
+        let held = mesh_mps::process::Held::adopt(pid).map_err(|e| format!("holding its process {pid}: {e}"))?;
+        // The pidfd first: from here on the pid cannot come to name another process.
+        if start_ticks(pid) != Some(ticks) {
+            return Err(format!("its recorded process {pid} ended meanwhile"));
+        }
+        let child = Arc::new(Proc::Adopted(held));
+        let membership = self.membership.lock().clone();
+        if let Some(m) = &membership
+            && let Err(why) = m.check(pid)
+        {
+            self.end(&child, self.grace);
+            return Err(format!("process {pid} is not a client of meshd's MPS server ({why}): ended"));
+        }
+        self.table.lock().insert(
+            name.clone(),
+            Entry {
+                spec: spec.clone(),
+                child: child.clone(),
+                life: Life::Running,
+                bind: spec.bind.clone(),
+                command: spec.command.join(" "),
+                isolation: if membership.is_some() { "mps" } else { "blink" }.into(),
+            },
+        );
+        self.reap_in_background(name.clone(), child);
+        tracing::info!(native = %name, pid, "native worker adopted from the previous meshd: it ran on");
+        self.rows().into_iter().find(|r| &r.name == name).ok_or_else(|| format!("{name} vanished"))
+    }
+
     /// Starts `spec` (call on the thread that lives as long as meshd: PDEATHSIG watches it) and
     /// hands the outcome to `reply` from a thread of its own once the worker is ready or refused.
     pub fn spawn(&self, spec: NativeSpec, reply: impl FnOnce(Result<NativeRow, NativeError>) + Send + 'static) {
@@ -300,7 +441,7 @@ impl Natives {
     }
 
     /// Checks `spec`, spawns the worker and records it as starting; returns it and the ready pipe's read end.
-    fn start(&self, spec: &NativeSpec) -> Result<(Arc<SharedChild>, OwnedFd), NativeError> {
+    fn start(&self, spec: &NativeSpec) -> Result<(Arc<Proc>, OwnedFd), NativeError> {
         let program = self.check(spec)?;
         let name = &spec.name;
         let membership = self.membership.lock().clone();
@@ -312,8 +453,12 @@ impl Natives {
             .env(ENV_CHANNELS, spec.bind.join(","))
             .env(ENV_READY_FD, READY_FD.to_string())
             .env(ENV_NAME, name)
-            .stdin(Stdio::null())
-            .process_group(0);
+            .stdin(Stdio::null());
+        // A group of its own, so that a stop reaches its children too; outliving meshd, a session
+        // of its own (which makes it a group leader: setsid refuses a process that already is one).
+        if !self.outlive {
+            cmd.process_group(0);
+        }
         let isolation = match &membership {
             Some(m) => {
                 let dir = m.pipe_dir().ok_or_else(|| NativeError::NoMpsPipe(name.clone()))?;
@@ -330,11 +475,16 @@ impl Natives {
         // Descriptor READY_FD in the worker, whatever its number here: a one-digit number that every
         // shell's `>&3` takes (dash reads `>&10` as descriptor 1 and `0`).
         mesh_mps::process::inherit_fd(&mut cmd, fd, READY_FD);
-        let child = mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
-            .map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
+        let spawned = if self.outlive {
+            mesh_mps::process::spawn_detached(&mut cmd)
+        } else {
+            mesh_mps::process::spawn_tied(&mut cmd, rustix::process::Signal::KILL)
+        };
+        let child =
+            spawned.map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
         // Only the worker holds the write end now: its exit closes the pipe.
         drop(write_end);
-        let child = Arc::new(child);
+        let child = Arc::new(Proc::Child(child));
         tracing::info!(native = %name, pid = child.id(), "native worker started: {}", spec.command.join(" "));
         self.table.lock().insert(
             name.clone(),
@@ -373,10 +523,10 @@ impl Natives {
     }
 
     /// One thread per worker waits for its exit and records it (the one place it is reaped).
-    fn reap_in_background(&self, name: String, child: Arc<SharedChild>) {
+    fn reap_in_background(&self, name: String, child: Arc<Proc>) {
         let table = self.table.clone();
         let spawned = std::thread::Builder::new().name("meshd-native-reap".into()).spawn(move || {
-            if let Ok(status) = child.wait() {
+            if let Some(status) = child.wait_for(None) {
                 tracing::info!(native = %name, pid = child.id(), "native worker {}", describe_exit(status));
                 if let Some(e) = table.lock().get_mut(&name).filter(|e| Arc::ptr_eq(&e.child, &child)) {
                     e.life = Life::Ended(status);
@@ -389,12 +539,7 @@ impl Natives {
     }
 
     /// Waits for `ready\n` on `read_end` until the spec's timeout; in MPS mode checks membership.
-    fn await_ready(
-        &self,
-        spec: &NativeSpec,
-        child: &Arc<SharedChild>,
-        read_end: OwnedFd,
-    ) -> Result<NativeRow, NativeError> {
+    fn await_ready(&self, spec: &NativeSpec, child: &Arc<Proc>, read_end: OwnedFd) -> Result<NativeRow, NativeError> {
         let (name, pid) = (&spec.name, child.id());
         let outcome =
             wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match self.membership.lock().clone() {
@@ -417,9 +562,9 @@ impl Natives {
                     .find(|r| &r.name == name)
                     .ok_or_else(|| NativeError::Vanished(name.clone()));
             }
-            Err(Why::Eof) => match child.wait_timeout(Duration::from_secs(2)) {
-                Ok(Some(s)) => format!("{} before it reported ready", describe_exit(s)),
-                _ => "closed its ready descriptor without reporting ready".to_string(),
+            Err(Why::Eof) => match child.wait_for(Some(Duration::from_secs(2))) {
+                Some(s) => format!("{} before it reported ready", describe_exit(s)),
+                None => "closed its ready descriptor without reporting ready".to_string(),
             },
             Err(Why::Timeout) => format!(
                 "did not report ready within {:.1} s (it must write \"ready\\n\" to the descriptor {ENV_READY_FD} names)",
@@ -436,20 +581,20 @@ impl Natives {
     }
 
     /// SIGTERM to the worker's group; SIGKILL after `grace` (MPS: after cutting it off the server).
-    fn end(&self, child: &SharedChild, grace: Duration) {
+    fn end(&self, child: &Proc, grace: Duration) {
         if !grace.is_zero() {
             signal_group(child, Signal::TERM);
-            if let Ok(Some(_)) = child.wait_timeout(grace) {
+            if child.wait_for(Some(grace)).is_some() {
                 return;
             }
         }
         if let Some(m) = self.membership.lock().clone()
-            && child.try_wait().is_ok_and(|s| s.is_none())
+            && child.running()
         {
             m.terminate(child.id());
         }
         signal_group(child, Signal::KILL);
-        let _ = child.wait();
+        let _ = child.wait_for(Some(Duration::from_secs(10)));
     }
 
     /// Ends worker `name` (SIGTERM, SIGKILL after the grace period) and forgets it; returns its last
@@ -472,7 +617,7 @@ impl Natives {
         };
         let started = Instant::now();
         self.end(&child, self.grace);
-        let how = child.try_wait().ok().flatten().map_or_else(|| "ended".to_string(), describe_exit);
+        let how = child.wait_for(Some(Duration::ZERO)).map_or_else(|| "ended".to_string(), describe_exit);
         let mut row = self.rows().into_iter().find(|r| r.name == name);
         let mut table = self.table.lock();
         if table.get(name).is_some_and(|e| Arc::ptr_eq(&e.child, &child)) {

@@ -59,6 +59,10 @@ pub struct RecordedNative {
     pub command: Vec<String>,
     /// How long it may take to say `ready`, ms.
     pub ready_timeout_ms: u64,
+    /// Its process and that process's start time (clock ticks after boot), while it runs outliving
+    /// meshd (`--orphan-grace-ms`): what a restarted meshd checks before it adopts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<(u32, u64)>,
 }
 
 impl RecordedNative {
@@ -69,7 +73,13 @@ impl RecordedNative {
             bind: spec.bind.clone(),
             command: spec.command.clone(),
             ready_timeout_ms: u64::try_from(spec.ready_timeout.as_millis()).unwrap_or(u64::MAX),
+            process: None,
         }
+    }
+
+    /// The record of `spec` running as `process` (pid, start time), if it is known.
+    pub fn running(spec: &crate::native::NativeSpec, process: Option<(u32, u64)>) -> Self {
+        Self { process, ..Self::of(spec) }
     }
 
     /// The spec to start it from.

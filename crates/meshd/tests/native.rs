@@ -322,3 +322,112 @@ fn a_posix_sh_worker_says_ready_on_descriptor_3_even_when_meshd_has_many_open() 
     assert_eq!(natives(&r)[0].state, "running");
     assert!(ask(&d.socket, &Request::Stop { name: "dash".into() }, &[]).ok);
 }
+
+/// The session a process leads, from `/proc/PID/stat` (the 6th field).
+fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[test]
+fn outliving_meshd_a_worker_leads_its_own_session_and_is_adopted_only_as_the_process_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = mailbox(dir.path());
+    let spec = NativeSpec {
+        name: "lasting".into(),
+        bind: vec!["to-gpu".into()],
+        command: sh("echo ready >&$MESH_READY_FD; exec sleep 600"),
+        ready_timeout: Duration::from_secs(10),
+    };
+    let first = Natives::new(&mb).outliving_meshd(true).with_grace(Duration::from_millis(200));
+    let row = spawn_direct(&first, spec.clone()).unwrap();
+    assert_eq!(session_of(row.pid), Some(row.pid), "a session of its own: meshd's death signals it nothing");
+    let wanted = first.wanted_with_process();
+    let (_, process) = wanted.iter().find(|(s, _)| s.name == "lasting").unwrap();
+    let (pid, ticks) = process.expect("its pid and start time are recorded");
+    assert_eq!(pid, row.pid);
+
+    // The next meshd: another start time is another process, left alone.
+    let next = Natives::new(&mb).outliving_meshd(true).with_grace(Duration::from_millis(200));
+    let e = next.adopt(&spec, pid, ticks + 1).unwrap_err();
+    assert!(e.contains(&format!("process {pid} is gone (or the pid names another process now)")), "{e}");
+    assert!(alive(pid) && next.rows().is_empty());
+    // An MPS server that does not list it: it is ended, for a new one to start.
+    let outsider = Arc::new(StandIn { dir: "/tmp/our-pipes".into(), ours: false, terminated: Default::default() });
+    let strict = Natives::new(&mb).outliving_meshd(true).with_grace(Duration::from_millis(200));
+    strict.set_membership(outsider);
+    let other = spawn_direct(&first, NativeSpec { name: "other".into(), ..spec.clone() }).unwrap();
+    let other_ticks = meshd::native::start_ticks(other.pid).unwrap();
+    let e = strict.adopt(&NativeSpec { name: "other".into(), ..spec.clone() }, other.pid, other_ticks).unwrap_err();
+    assert!(e.contains("not a client of meshd's MPS server") && e.contains("ended"), "{e}");
+    assert!(wait_until(DEADLINE, || !alive(other.pid)), "ended before a new one may start");
+
+    // The process it was: adopted, running, the same pid; a stop ends it through its pidfd.
+    let adopted = next.adopt(&spec, pid, ticks).unwrap();
+    assert_eq!(
+        (adopted.pid, adopted.state.as_str(), adopted.bind.as_slice()),
+        (pid, "running", &["to-gpu".to_string()][..])
+    );
+    let e = next.adopt(&spec, pid, ticks).unwrap_err();
+    assert!(e.contains("already runs"), "one name, one worker: {e}");
+    let stopped = next.stop("lasting").unwrap();
+    assert!(!alive(pid), "stopped: {stopped:?}");
+    assert_eq!(stopped.state, "exited", "its status went to its parent, not to the meshd that adopted it");
+    first.stop_all();
+}
+
+#[test]
+fn a_restarted_meshd_adopts_the_native_workers_that_outlived_the_last_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = mailbox(dir.path());
+    let limits = Limits { natives_outlive_meshd: true, ..Limits::default() };
+    let start = |mb: &Mailbox| {
+        let socket =
+            dir.path().join(format!("sock-{}", std::time::SystemTime::now().elapsed().map_or(0, |d| d.as_nanos())));
+        let store = meshd::state::StateStore::open(&dir.path().join("state")).unwrap();
+        let server = Server::start(mb.clone(), limits, Some(store), |mb| ListBackend::new(mb).opened()).unwrap();
+        let listener = bind_socket(&socket).unwrap();
+        let stop = server.stop_handle();
+        (socket, stop, std::thread::spawn(move || server.run(listener).unwrap()))
+    };
+    let (socket, stop, server) = start(&mb);
+    let r =
+        ask(&socket, &spawn_req("lasting", &["to-gpu"], "echo ready >&$MESH_READY_FD; exec sleep 600", 10_000), &[]);
+    assert!(r.ok, "{r:?}");
+    let pid = natives(&r)[0].pid;
+    let recorded = || -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.path().join("state/state.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["natives"].as_array()?.first().map(|n| n["process"].clone())
+    };
+    assert!(
+        wait_until(DEADLINE, || recorded().is_some_and(|p| p[0] == pid)),
+        "its process is recorded: {:?}",
+        recorded()
+    );
+    // A crash of meshd ends no worker: here the server's record is left as a crash leaves it (the
+    // state as it was), and the worker, which leads its own session, is not stopped.
+    let state = std::fs::read(dir.path().join("state/state.json")).unwrap();
+    stop.stop();
+    assert!(server.join().unwrap());
+    let natives_left_running = Natives::new(&mb).outliving_meshd(true);
+    let spec = NativeSpec {
+        name: "lasting".into(),
+        bind: vec!["to-gpu".into()],
+        command: sh("echo ready >&$MESH_READY_FD; exec sleep 600"),
+        ready_timeout: Duration::from_secs(10),
+    };
+    let survivor = spawn_direct(&natives_left_running, spec).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&state).unwrap();
+    let ticks = meshd::native::start_ticks(survivor.pid).unwrap();
+    v["natives"][0]["process"] = serde_json::json!([survivor.pid, ticks]);
+    std::fs::write(dir.path().join("state/state.json"), serde_json::to_vec(&v).unwrap()).unwrap();
+
+    let (socket, stop, server) = start(&mb);
+    let rows = natives(&ask(&socket, &Request::Ps, &[]));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0].pid, rows[0].state.as_str()), (survivor.pid, "running"), "adopted, not started again");
+    stop.stop();
+    assert!(server.join().unwrap());
+    assert!(!alive(survivor.pid), "an orderly stop ends an adopted worker too");
+}

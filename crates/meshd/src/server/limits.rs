@@ -30,6 +30,10 @@ pub struct Limits {
     /// begin and the commit of a send (what cannot be revoked while it lives); its death completes
     /// the slot. `None` (the default): never.
     pub client_stall_kill: Option<Duration>,
+    /// Native workers (`meshd spawn`) are started in sessions of their own, outliving a crash of
+    /// meshd, and a restarted meshd adopts those still running (`meshd run --orphan-grace-ms` > 0).
+    /// Off: they die with meshd.
+    pub natives_outlive_meshd: bool,
 }
 
 impl Default for Limits {
@@ -43,6 +47,7 @@ impl Default for Limits {
             max_leases: 4096,
             client_stall: None,
             client_stall_kill: None,
+            natives_outlive_meshd: false,
         }
     }
 }

@@ -82,7 +82,7 @@ impl Server {
             own_uid: rustix::process::getuid().as_raw(),
             connections: AtomicUsize::new(0),
             waker: Waker(Arc::new(wake_tx)),
-            natives: Natives::new(&mailbox),
+            natives: Natives::new(&mailbox).outliving_meshd(limits.natives_outlive_meshd),
             metrics: Arc::new(Metrics::new()),
             board: RecoveryBoard::new(),
             services: Arc::new(Services::new(&mailbox, StallConfig::of(&limits))?),

@@ -181,7 +181,13 @@ impl BackendWorker<'_> {
         if self.shared.stopping.load(Ordering::Acquire) || !self.natives_restarted {
             return;
         }
-        let mut wanted: Vec<RecordedNative> = self.shared.natives.wanted().iter().map(RecordedNative::of).collect();
+        let mut wanted: Vec<RecordedNative> = self
+            .shared
+            .natives
+            .wanted_with_process()
+            .iter()
+            .map(|(spec, process)| RecordedNative::running(spec, *process))
+            .collect();
         wanted.sort_by(|a, b| a.name.cmp(&b.name));
         self.record(|s| s.record_natives(wanted));
     }
@@ -190,6 +196,15 @@ impl BackendWorker<'_> {
     /// so that their channels' GPU ends run); each outcome goes to the log.
     fn respawn_natives(&mut self, recorded: Vec<RecordedNative>) {
         for n in recorded {
+            // Outliving meshd, one that still runs is adopted rather than started twice.
+            if let Some((pid, ticks)) = n.process.filter(|_| self.shared.natives.outlive()) {
+                match self.shared.natives.adopt(&n.spec(), pid, ticks) {
+                    Ok(_) => continue,
+                    Err(why) => {
+                        tracing::warn!(native = %n.name, "native worker not adopted: {why}; started again")
+                    }
+                }
+            }
             let (reply, outcome) = mpsc::sync_channel(1);
             native_spawn(self.shared, n.spec(), reply);
             let name = n.name.clone();
