@@ -204,10 +204,12 @@ fn retire_all_but(
     let bound = Instant::now() + stop_deadline + Duration::from_secs(5);
     loop {
         retire_at_rendezvous(&dir, control, pipe_dirs, stop_deadline, skip, log);
+        // Workers only: a native worker (`meshd spawn`) outlives meshd by design and never comes
+        // to a rendezvous.
         let workers_left = pipe_dirs
             .iter()
             .flat_map(|d| processes_using(d))
-            .any(|(pid, comm)| orphan::is_client(&comm) && !skip.contains(&pid));
+            .any(|(pid, comm)| comm == orphan::WORKER_COMM && !skip.contains(&pid));
         if !workers_left || Instant::now() >= bound {
             break;
         }
@@ -235,6 +237,18 @@ pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> V
     end_previous_keeper(root, &mut log);
     let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
     retire_all_but(root, control, &pipe_dirs, stop_deadline, &[], &mut log);
+    // A native worker that outlived its meshd runs on a daemon that is quit now: cut off and
+    // killed, for the new meshd starts it again from the desired state.
+    for (pid, comm) in pipe_dirs.iter().flat_map(|d| processes_using(d)) {
+        // Not a worker (past the bound, the start is refused naming it) nor one being torn down
+        // (a client killed with its meshd lingers while the driver ends its context).
+        if orphan::is_client(&comm) && comm != orphan::WORKER_COMM && !crate::process::dying(pid) {
+            let ended = force(pid, control, &pipe_dirs);
+            log.push(format!(
+                "the previous meshd's MPS client {pid} ({comm}) is on a daemon that quits: cut off and killed: {ended}"
+            ));
+        }
+    }
     for dir in pipe_dirs {
         quit_daemon(control, &dir, &mut log);
     }
@@ -514,6 +528,29 @@ mod tests {
         assert_eq!(heard, [format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#), r#"{"op":"retire"}"#.to_string()]);
         assert!(child.try_wait().unwrap().is_some(), "gone before clear_previous returned");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "both sockets removed");
+    }
+
+    #[test]
+    fn a_native_worker_left_on_a_daemon_that_quits_is_ended_and_named() {
+        let root = tempfile::tempdir().unwrap();
+        let pipe = root.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        let mut native = Command::new("/bin/sleep").arg("30").env(orphan::PIPE_ENV, &pipe).spawn().unwrap();
+        let pid = native.id();
+        // Until its environment shows: the exec may not have happened yet.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !processes_using(&pipe).iter().any(|(p, _)| *p == pid) {
+            assert!(Instant::now() < deadline, "the stand-in never showed its pipe directory");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let log = clear_previous(root.path(), Path::new("/nonexistent/control"), Duration::from_secs(1));
+        assert!(
+            log.iter()
+                .any(|l| l.contains(&format!("MPS client {pid} (sleep) is on a daemon that quits"))
+                    && l.ends_with("true")),
+            "{log:?}"
+        );
+        assert!(native.try_wait().unwrap().is_some(), "ended before clear_previous returned");
     }
 
     #[test]
