@@ -159,6 +159,43 @@ impl Drop for Mapping {
     }
 }
 
+/// A new POSIX descriptor of allocation `handle`.
+fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd, CudaError> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for a POSIX descriptor the out-parameter is an int; a live, exportable handle.
+    check("cuMemExportToShareableHandle", unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    if fd < 0 {
+        return Err(unsupported(format!("cuMemExportToShareableHandle returned descriptor {fd}")));
+    }
+    // SAFETY: the driver just opened this descriptor for us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The allocation handle that descriptor `fd` (consumed) exports; release it once.
+fn import_handle(fd: OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, CudaError> {
+    let raw = fd.into_raw_fd();
+    let mut handle = 0;
+    // SAFETY: for a POSIX descriptor the OS handle is the descriptor's value cast to a pointer.
+    let imported = check("cuMemImportFromShareableHandle", unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            raw as usize as *mut std::ffi::c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    });
+    // SAFETY: ours since `into_raw_fd`; the imported handle does not need it.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    imported?;
+    Ok(handle)
+}
+
 /// Device memory that meshd allocates (its own context current) and exports: the physical
 /// allocation's handle, released on drop (the memory goes once every importer has unmapped it too).
 #[derive(Debug)]
@@ -184,21 +221,19 @@ impl ExportedMemory {
 
     /// A new descriptor of the allocation (each call exports one; the receiver's copy is its own).
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: for a POSIX descriptor the out-parameter is an int; a live, exportable handle.
-        check("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&raw mut fd).cast(),
-                self.handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
-        if fd < 0 {
-            return Err(unsupported(format!("cuMemExportToShareableHandle returned descriptor {fd}")));
+        export_handle(self.handle)
+    }
+
+    /// Takes hold of the allocation that `fd` (consumed) describes, `bytes` long, as this
+    /// process's own: what a meshd that adopts a worker holds of a ring the worker had mapped, so
+    /// that the ring, and the messages in it, outlive that worker too.
+    pub fn import(ctx: &Context, fd: OwnedFd, bytes: usize) -> Result<Self, CudaError> {
+        ctx.bind()?;
+        if bytes == 0 || rounded(ctx.device(), bytes)? != bytes {
+            return Err(unsupported(format!("{bytes} bytes is not a multiple of the allocation granularity")));
         }
-        // SAFETY: the driver just opened this descriptor for us; nobody else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let handle = import_handle(fd)?;
+        Ok(Self { handle, ctx: ctx.clone(), bytes })
     }
 
     /// Bytes allocated (granularity-rounded).
@@ -234,19 +269,7 @@ impl ImportedMemory {
         if bytes == 0 || rounded(ctx.device(), bytes)? != bytes {
             return Err(unsupported(format!("{bytes} bytes is not a multiple of the allocation granularity")));
         }
-        let raw = fd.into_raw_fd();
-        let mut handle = 0;
-        // SAFETY: for a POSIX descriptor the OS handle is the descriptor's value cast to a pointer.
-        let imported = check("cuMemImportFromShareableHandle", unsafe {
-            sys::cuMemImportFromShareableHandle(
-                &mut handle,
-                raw as usize as *mut std::ffi::c_void,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        });
-        // SAFETY: ours since `into_raw_fd`; the imported handle does not need it.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        imported?;
+        let handle = import_handle(fd)?;
         let mapped = Mapping::new(ctx, handle, bytes);
         // The mapping holds the memory now; our handle is released whatever happened.
         // SAFETY: imported above, released once.
@@ -257,6 +280,26 @@ impl ImportedMemory {
     /// The mapped address in this context.
     pub fn address(&self) -> u64 {
         self.mapping.ptr
+    }
+
+    /// Bytes mapped.
+    pub fn bytes(&self) -> usize {
+        self.mapping.bytes
+    }
+
+    /// A new descriptor of the mapped allocation (the same physical memory), for another process to
+    /// hold: what an adopted worker hands the meshd that adopts it.
+    pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
+        self.mapping.ctx.bind()?;
+        let mut handle = 0;
+        // SAFETY: a valid out-pointer; the address is the start of this mapping.
+        check("cuMemRetainAllocationHandle", unsafe {
+            sys::cuMemRetainAllocationHandle(&mut handle, self.mapping.ptr as usize as *mut std::ffi::c_void)
+        })?;
+        let fd = export_handle(handle);
+        // SAFETY: retained just above, released once; the mapping keeps the memory.
+        unsafe { sys::cuMemRelease(handle) };
+        fd
     }
 
     /// Zeroes the whole mapping (no tag in any word: every slot of a ring reads as empty) on
@@ -352,6 +395,28 @@ impl SharedRings {
         self.renew(mailbox, info)?;
         self.rings.insert(info.index, Ring { memory: ring, dirty: true });
         Ok(())
+    }
+
+    /// Holds, as channel `channel`'s ring, the allocation `fd` describes (`bytes` long), which an
+    /// adopted worker had mapped: nothing is renewed or zeroed, so the messages in it stay. A ring
+    /// held already (another adopted worker mapped the same channel) is kept as it is.
+    pub fn adopt(&mut self, channel: u32, fd: OwnedFd, bytes: usize) -> Result<(), CudaError> {
+        if self.rings.contains_key(&channel) {
+            return Ok(());
+        }
+        let memory = ExportedMemory::import(&self.ctx, fd, bytes)?;
+        self.rings.insert(channel, Ring { memory, dirty: false });
+        Ok(())
+    }
+
+    /// Whether channel `channel`'s ring is held.
+    pub fn holds(&self, channel: u32) -> bool {
+        self.rings.contains_key(&channel)
+    }
+
+    /// The device this context is on.
+    pub fn device(&self) -> &Device {
+        self.ctx.device()
     }
 
     /// Channel `channel` was deleted: its allocation is released (the physical memory goes once no

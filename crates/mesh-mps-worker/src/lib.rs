@@ -107,6 +107,15 @@ pub enum Command {
     /// Stop the program in order and leave: the stop asked through its slot, the kernel given the
     /// stop deadline, else the worker cut off its server; answered with `done` just before the exit.
     Retire,
+    /// Send a new descriptor of device channel `channel`'s ring, as mapped here, on the fd socket
+    /// (worker to meshd, with [`FdTag`] `{channel, bytes}`), then answer `done`: how a meshd that
+    /// adopted this worker comes to hold the ring, and the messages in it.
+    Export {
+        /// The channel's index.
+        channel: u32,
+        /// The mapping's size, as meshd's `map` gave it.
+        bytes: u64,
+    },
     /// Said after a hello: the connecting meshd adopts this orphan. The line carries the worker's
     /// new fd socket (`SCM_RIGHTS`, [`fdpass::send_line_with_fd`]); answered with `done`, after
     /// which the rendezvous socket carries the protocol and the kernel runs on, untouched.
@@ -471,6 +480,10 @@ mod tests {
         assert_eq!(encode(&Command::Hello { protocol: 4 }), r#"{"op":"hello","protocol":4}"#);
         assert_eq!(encode(&Command::Retire), r#"{"op":"retire"}"#);
         assert_eq!(encode(&Command::Adopt), r#"{"op":"adopt"}"#);
+        assert_eq!(
+            encode(&Command::Export { channel: 3, bytes: 2 << 20 }),
+            r#"{"op":"export","channel":3,"bytes":2097152}"#
+        );
         let orphan = Reply::Orphan(sample_orphan());
         assert_eq!(decode(&encode(&orphan)).unwrap(), Incoming::Reply(orphan));
     }

@@ -252,6 +252,7 @@ impl Worker {
             Command::Wait { timeout_ms } => Ok(Reply::State { state: self.wait(timeout_ms, pulse).into() }),
             Command::Unload => self.unload().map(|()| Reply::Done),
             Command::Map { channel, bytes, zero } => self.map(channel, bytes, zero).map(|()| Reply::Done),
+            Command::Export { channel, bytes } => self.export(channel, bytes).map(|()| Reply::Done),
             Command::Exit | Command::Retire => Ok(Reply::Done),
             Command::Hello { .. } | Command::Adopt => {
                 Err(Refusal::new(RefusalKind::Malformed, "hello and adopt are said on a rendezvous only"))
@@ -342,6 +343,19 @@ impl Worker {
         }
         self.channels.insert(channel, mapped);
         Ok(())
+    }
+
+    /// Sends meshd a new descriptor of device channel `channel`'s ring as mapped here (the kernel
+    /// may run: the ring is not touched).
+    fn export(&self, channel: u32, bytes: u64) -> Result<(), Refusal> {
+        let failed = |e: &dyn std::fmt::Display| Refusal::new(RefusalKind::Failed, format!("channel #{channel}: {e}"));
+        let mapped = self.channels.get(&channel).ok_or_else(|| failed(&"its ring is not mapped in this worker"))?;
+        if mapped.bytes() as u64 != bytes {
+            return Err(failed(&format!("its ring is mapped as {} bytes here, not {bytes}", mapped.bytes())));
+        }
+        let socket = self.fd_socket.as_ref().ok_or_else(|| failed(&"the worker has no fd socket"))?;
+        let fd = mapped.export_fd().map_err(|e| failed(&e))?;
+        fdpass::send_fd(socket, fd.as_fd(), FdTag { channel, bytes }).map_err(|e| failed(&e))
     }
 
     /// The stream's state once the kernel returned, or after `timeout_ms` (0: at once). Says

@@ -457,6 +457,15 @@ impl Worker {
         Ok(())
     }
 
+    /// A new descriptor of device channel `channel`'s ring as the worker maps it (`bytes` long):
+    /// the command, then the descriptor it sent before its `done`, checked against the tag.
+    pub fn export_ring(&mut self, channel: u32, bytes: usize) -> Result<OwnedFd, BackendError> {
+        let bytes = bytes as u64;
+        self.done(&WorkerCommand::Export { channel, bytes }, WORKER_LAUNCH)?;
+        mesh_mps_worker::fdpass::recv_fd(&self.fds, FdTag { channel, bytes })
+            .map_err(|e| self.break_off(format!("channel #{channel}'s descriptor from the worker: {e}")))
+    }
+
     /// Whether device channel `channel`'s ring is mapped in the worker.
     pub fn has_mapped(&self, channel: u32) -> bool {
         self.mapped.contains(&channel)

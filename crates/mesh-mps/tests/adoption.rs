@@ -18,7 +18,7 @@ use mesh_mps::process::Held;
 use mesh_mps::worker::{NewsSender, Worker};
 use mesh_mps_worker::fdpass::recv_line_with_fd;
 use mesh_mps_worker::orphan::{PIPE_ENV, rendezvous};
-use mesh_mps_worker::{FileId, KernelState, Orphan, PROTOCOL, Ready, Reply, encode};
+use mesh_mps_worker::{FdTag, FileId, KernelState, Orphan, PROTOCOL, Ready, Reply, encode};
 
 /// `-f` is the daemon (until `quit`); else one command: one server, whose clients `pipe/clients` lists.
 const FAKE_CONTROL: &str = r#"#!/bin/sh
@@ -80,15 +80,30 @@ fn orphan(dir: &Path, pipe: &Path, kernel: KernelState) -> (Child, std::thread::
             let _ = Command::new("kill").arg(pid.to_string()).status();
         }
         answer(&Reply::Done);
-        // The protocol goes on over the socket: a retire ends it (the worker stops and leaves).
-        let mut rest = String::new();
-        if BufReader::new(&stream).read_line(&mut rest).unwrap_or(0) > 0 {
+        let got = fds.len();
+        let fd_socket = fds.into_iter().next().map(std::os::unix::net::UnixStream::from);
+        // The protocol goes on over the socket: an export sends a descriptor (a pipe's write end
+        // here, with the asked tag) on the new fd socket; a retire ends it.
+        let mut reader = BufReader::new(&stream);
+        loop {
+            let mut rest = String::new();
+            if reader.read_line(&mut rest).unwrap_or(0) == 0 {
+                break;
+            }
             heard.push(rest.trim_end().to_string());
+            if let Ok(mesh_mps_worker::Command::Export { channel, bytes }) = serde_json::from_str(rest.trim_end()) {
+                let (_, w) = std::io::pipe().unwrap();
+                let socket = fd_socket.as_ref().expect("the fd socket came with the adopt");
+                mesh_mps_worker::fdpass::send_fd(socket, std::os::fd::AsFd::as_fd(&w), FdTag { channel, bytes })
+                    .unwrap();
+                answer(&Reply::Done);
+            }
             if rest.contains("retire") {
                 let _ = Command::new("kill").arg(pid.to_string()).status();
+                break;
             }
         }
-        (heard, fds.len())
+        (heard, got)
     });
     (child, t)
 }
@@ -140,14 +155,19 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
 
     // The backend's part: the adopt line, with a new fd socket, answered `done`.
     let (news, _rx) = NewsSender::channel();
-    let w = Worker::adopt(g.stream, g.held, &g.orphan, g.server, &news).unwrap();
+    let mut w = Worker::adopt(g.stream, g.held, &g.orphan, g.server, &news).unwrap();
     assert!(w.adopted() && w.alive());
+    // A device ring it maps, handed over on the fd socket that came with the adopt.
+    let ring = w.export_ring(3, 2 << 20).unwrap();
+    let mode = rustix::fs::fstat(&ring).unwrap().st_mode;
+    assert_eq!(rustix::fs::FileType::from_raw_mode(mode), rustix::fs::FileType::Fifo, "the descriptor it sent");
     assert_eq!((w.pid(), w.kernel(), w.ready.sms), (busy.id(), KernelState::Busy, 132));
     // Ended as the backend's teardown ends an adoptee no program claimed: asked to retire.
     w.retire(Duration::from_secs(10));
     let (heard, fds) = busy_thread.join().unwrap();
     let hello = format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#);
-    assert_eq!(heard, [hello.as_str(), r#"{"op":"adopt"}"#, r#"{"op":"retire"}"#]);
+    let export = r#"{"op":"export","channel":3,"bytes":2097152}"#;
+    assert_eq!(heard, [hello.as_str(), r#"{"op":"adopt"}"#, export, r#"{"op":"retire"}"#]);
     assert_eq!(fds, 1, "the new fd socket rode on the adopt line");
     use std::os::unix::process::ExitStatusExt;
     let status = busy.wait().unwrap();

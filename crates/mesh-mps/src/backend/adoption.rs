@@ -36,13 +36,6 @@ fn check(g: &Greeted, mailbox: &Mailbox) -> std::result::Result<(String, u32, u3
         ));
     }
     let loaded = o.loaded.clone().ok_or("it has no module loaded")?;
-    if !o.mapped.is_empty() {
-        return Err(format!(
-            "it maps the rings of device channel(s) {:?}, which this meshd cannot hold; its program is relaunched \
-             with the rings renewed",
-            o.mapped
-        ));
-    }
     Ok((slot.name(), index, generation, loaded))
 }
 
@@ -54,6 +47,7 @@ pub(super) fn adopt_greeted(
     control: &MpsControl,
     mailbox: &Mailbox,
     news: &NewsSender,
+    rings: &mut Option<SharedRings>,
     events: &mut Vec<BackendEvent>,
 ) -> (Vec<Adoptee>, Vec<String>) {
     let mut log = Vec::new();
@@ -76,7 +70,17 @@ pub(super) fn adopt_greeted(
         };
         let (pid, server, orphaned_ms) = (g.held.id(), g.server, g.orphan.orphaned_ms);
         match Worker::adopt(g.stream, g.held, &g.orphan, server, news) {
-            Ok(worker) => adopted.push(Adoptee { name, slot, generation, loaded, worker, orphaned_ms }),
+            Ok(mut worker) => match hold_rings(&mut worker, &g.orphan.mapped, mailbox, rings) {
+                Ok(()) => adopted.push(Adoptee { name, slot, generation, loaded, worker, orphaned_ms }),
+                Err(why) => {
+                    events.push(BackendEvent::Adoption { program: name, adopted: false });
+                    log.push(format!(
+                        "not adopted: the previous meshd's worker {pid} (slot {slot}): {why}; asked to retire, its \
+                         program is relaunched with the rings renewed"
+                    ));
+                    worker.retire(stop_deadline + Duration::from_secs(5));
+                }
+            },
             Err(e) => {
                 events.push(BackendEvent::Adoption { program: name, adopted: false });
                 // What it does now is unknown: cut off its server before it is killed.
@@ -107,6 +111,43 @@ impl Adoptee {
     pub(super) fn end(self) {
         self.worker.retire(Duration::from_secs(10));
     }
+}
+
+/// Holds, as this meshd's, the device rings that adopted `worker` maps (`mapped`): each one's
+/// descriptor taken from the worker and imported into meshd's own context, its messages kept. A
+/// ring held already (another adopted worker maps it too) is the same memory and is kept.
+fn hold_rings(
+    worker: &mut Worker,
+    mapped: &[u32],
+    mailbox: &Mailbox,
+    rings: &mut Option<SharedRings>,
+) -> std::result::Result<(), String> {
+    if mapped.is_empty() {
+        return Ok(());
+    }
+    let rings = rings.as_mut().ok_or_else(|| {
+        format!(
+            "it maps device channel(s) {mapped:?}, and this meshd holds no device rings ({:?})",
+            device_channels_refusal()
+        )
+    })?;
+    let channels = mailbox.channels().map_err(|e| e.to_string())?;
+    for &index in mapped {
+        if rings.holds(index) {
+            continue;
+        }
+        let info = channels
+            .iter()
+            .find(|c| c.index == index)
+            .ok_or_else(|| format!("it maps channel #{index}, which the mailbox no longer has"))?;
+        let bytes = mesh_cuda::device_ring::ring_bytes(info)
+            .and_then(|b| mesh_cuda::exported::rounded(rings.device(), b))
+            .map_err(|e| e.to_string())?;
+        let fd = worker.export_ring(index, bytes).map_err(|e| e.to_string())?;
+        rings.adopt(index, fd, bytes).map_err(|e| format!("holding channel {:?}'s ring: {e}", info.name))?;
+        tracing::info!(channel = %info.name, "device ring held from the adopted worker {}, its messages kept", worker.pid());
+    }
+    Ok(())
 }
 
 /// Takes the adoptee running program `name`, if one does.

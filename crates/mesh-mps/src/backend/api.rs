@@ -88,7 +88,10 @@ impl MpsBackend {
         // Before the pool: a previous meshd's programs that run on are adopted, the rest of its
         // slots freed, before any new client of the server exists.
         let mut events = Vec::new();
-        let (adopted, lines) = super::adoption::adopt_greeted(&control, mailbox, &news, &mut events);
+        let (adopted, lines) = {
+            let mut s = shared.lock();
+            super::adoption::adopt_greeted(&control, mailbox, &news, &mut s.rings, &mut events)
+        };
         for line in lines {
             tracing::warn!("{line}");
         }
