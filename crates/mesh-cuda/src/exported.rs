@@ -291,10 +291,13 @@ impl ImportedMemory {
     /// hold: what an adopted worker hands the meshd that adopts it.
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
         self.mapping.ctx.bind()?;
+        // A device address as the driver's `void*`: on the 64-bit hosts CUDA runs on, the same bits.
+        let addr = usize::try_from(self.mapping.ptr)
+            .map_err(|_| unsupported("a device address wider than this host's pointers"))?;
         let mut handle = 0;
         // SAFETY: a valid out-pointer; the address is the start of this mapping.
         check("cuMemRetainAllocationHandle", unsafe {
-            sys::cuMemRetainAllocationHandle(&mut handle, self.mapping.ptr as usize as *mut std::ffi::c_void)
+            sys::cuMemRetainAllocationHandle(&mut handle, addr as *mut std::ffi::c_void)
         })?;
         let fd = export_handle(handle);
         // SAFETY: retained just above, released once; the mapping keeps the memory.
