@@ -2,7 +2,7 @@
 //! runs on in its worker; with no meshd back within the grace, each is stopped in order (its stop,
 //! once) and nothing is left (no worker, no MPS daemon or server); a meshd started again within the
 //! grace adopts the programs (same workers, same generations, kernels never stopped), and upgrades,
-//! unloads and shuts them down as its own; a meshd started again without a grace retires the
+//! unloads and shuts them down as its own, a device channel's ring kept with every message in it; a meshd started again without a grace retires the
 //! orphans, and waits for their exit, before it relaunches the programs, so that two generations of
 //! a program never run at once; an orderly shutdown still ends everything. Each test prints what it
 //! measured.
@@ -239,4 +239,64 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
     let _ = d.child.wait();
     assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
     assert!(!mps.join("keeper.pid").exists(), "the keeper was released");
+}
+
+/// A source and a sink in two workers over a device channel, meshd killed and started again within
+/// the grace: both adopted, the ring held by the new meshd from the adopted workers (messages and
+/// all), the stream exactly once throughout (every message sequence-checked and checksummed by the
+/// sink), and an upgrade afterwards maps the same ring in a fresh worker.
+#[test]
+fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
+    require_gpu!("a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message");
+    use mesh_gpu_tests::stress::{self, user};
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    let mut d = Meshd::start(&[
+        "--isolation",
+        "mps",
+        "--pool",
+        "3",
+        "--standby",
+        "0",
+        "--mps-dir",
+        mps.to_str().unwrap(),
+        "--orphan-grace-ms",
+        "30000",
+    ]);
+    d.ok(&["channel", "create", "data", "--msg-size", "256", "--capacity", "16", "--placement", "device"]);
+    for knob in ["sink-knob", "source-knob"] {
+        d.ok(&["channel", "create", knob, "--msg-size", "8", "--capacity", "2"]);
+        mesh_shm::Producer::claim(&d.mailbox(), knob)
+            .unwrap()
+            .send(&stress::knobs(0, 64, false), Duration::from_secs(1))
+            .unwrap();
+    }
+    let ptx = |name: &str| programs_dir().join(format!("{name}.ptx")).display().to_string();
+    d.ok(&["load", "sink", &ptx("sink"), "--block", "32", "--bind", "data", "--bind", "sink-knob"]);
+    d.ok(&["load", "source", &ptx("source"), "--block", "32", "--bind", "data", "--bind", "source-knob"]);
+    let mb = d.mailbox();
+    let sink_slot = programs(&d).iter().find(|p| p.0 == "sink").unwrap().1;
+    let count = || user::count(&mb.slot(sink_slot).unwrap().user_words());
+    assert!(wait_until(UP, || count() > 10_000), "traffic before the kill: {}", count());
+    let before = programs(&d);
+    d.kill9_and_restart();
+    let log = d.log_text();
+    for (name, slot, pid) in &before {
+        assert!(log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")), "{name}:\n{log}");
+    }
+    assert!(log.contains("device ring held from the adopted worker"), "the ring is held:\n{log}");
+    let at_restart = count();
+    assert!(wait_until(UP, || count() > at_restart + 10_000), "traffic after the restart: {}", count());
+    d.ok(&["upgrade", "source", &ptx("source")]);
+    let upgraded = count();
+    assert!(wait_until(UP, || count() > upgraded + 10_000), "traffic after the upgrade: {}", count());
+    let w = mb.slot(sink_slot).unwrap().user_words();
+    assert_eq!((w[user::ERRORS], w[user::FIRST_BAD]), (0, 0), "lost, repeated, reordered or torn messages");
+    let info: serde_json::Value = serde_json::from_str(&d.ok(&["info"])).unwrap();
+    let data = info["channels"].as_array().unwrap().iter().find(|c| c["name"] == "data").cloned().unwrap();
+    assert_eq!(data["lost"], 0, "nothing lost: {data}");
+    eprintln!("adoption with a device channel: {} messages checked, exactly once across the restart", user::count(&w));
+    d.ok(&["shutdown"]);
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
 }
