@@ -236,6 +236,20 @@ impl MpsBackend {
         self.lock().events.push(BackendEvent::Adoption { program: a.name, adopted: false });
     }
 
+    /// A slot for a new program: one no program holds and no adoptee's kernel runs in (the
+    /// relaunch may load another program before it claims an adoptee).
+    pub(super) fn free_slot(&self) -> Result<u32> {
+        let s = self.lock();
+        let count = self.mailbox.geometry().slot_count;
+        (0..count)
+            .find(|i| s.programs.iter().all(|p| p.core.slot != *i) && s.adopted.iter().all(|a| a.slot != *i))
+            .ok_or_else(|| {
+                BackendError::Mailbox(format!(
+                    "all {count} program slots are in use (create the mailbox with more slots)"
+                ))
+            })
+    }
+
     /// Stops every adoptee that no recorded program claimed (after the relaunch).
     pub(super) fn retire_unclaimed(&mut self) {
         let left: Vec<Adoptee> = std::mem::take(&mut self.lock().adopted);

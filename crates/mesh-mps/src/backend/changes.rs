@@ -16,7 +16,7 @@ impl MpsBackend {
             return Ok(status);
         }
         let bindings = slots::channel_indices(&self.mailbox, &spec.bindings)?;
-        let slot = slots::free_slot(&self.mailbox, &self.lock().programs)?;
+        let slot = self.free_slot()?;
         let cubin = self.link_checked(&spec.name, spec.image, spec.kind)?;
         slots::check_declared(&self.mailbox, &spec.name, &spec.bindings, &cubin)?;
         let mut worker = self.take_worker(spec.sms.or(self.config.sms), &spec.name, "load")?;
