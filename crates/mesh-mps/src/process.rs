@@ -131,20 +131,25 @@ impl Held {
         }
     }
 
-    /// Whether it has exited within `within` (zero: now), without reaping anything but our child.
-    pub fn exited_within(&self, within: Duration) -> bool {
-        match self {
-            Self::Child(c) if within.is_zero() => c.try_wait().is_ok_and(|s| s.is_some()),
-            Self::Child(c) => matches!(c.wait_timeout(within), Ok(Some(_))),
-            Self::Adopted { pidfd, .. } => {
-                let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
-                let t = rustix::event::Timespec {
-                    tv_sec: i64::try_from(within.as_secs()).unwrap_or(i64::MAX),
-                    tv_nsec: i64::from(within.subsec_nanos()),
-                };
-                matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+    /// Waits up to `within` (`None`: for as long as it runs) for its end: `Some` once it has ended,
+    /// holding its exit status when it is our child (an adopted one's goes to its parent). Reaps
+    /// nothing but our child.
+    pub fn wait_for(&self, within: Option<Duration>) -> Option<Option<std::process::ExitStatus>> {
+        match (self, within) {
+            (Self::Child(c), None) => c.wait().ok().map(Some),
+            (Self::Child(c), Some(d)) if d.is_zero() => c.try_wait().ok().flatten().map(Some),
+            (Self::Child(c), Some(d)) => c.wait_timeout(d).ok().flatten().map(Some),
+            (Self::Adopted { pidfd, .. }, Some(d)) => pidfd_readable(pidfd, d).then_some(None),
+            (Self::Adopted { pidfd, .. }, None) => {
+                while !pidfd_readable(pidfd, Duration::from_secs(3600)) {}
+                Some(None)
             }
         }
+    }
+
+    /// Whether it has exited within `within` (zero: now), without reaping anything but our child.
+    pub fn exited_within(&self, within: Duration) -> bool {
+        self.wait_for(Some(within)).is_some()
     }
 
     /// Whether it still runs.
@@ -193,6 +198,16 @@ impl Held {
         self.kill();
         false
     }
+}
+
+/// Whether pidfd `pidfd` turns readable (its process exited) within `within`.
+fn pidfd_readable(pidfd: &std::os::fd::OwnedFd, within: Duration) -> bool {
+    let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
+    let t = rustix::event::Timespec {
+        tv_sec: i64::try_from(within.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(within.subsec_nanos()),
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
 }
 
 /// How long [`Held::kill`] waits for an adopted process: a SIGKILLed MPS client lingers while the

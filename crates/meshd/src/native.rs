@@ -33,7 +33,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_mps::SharedChild;
+use mesh_mps::process::Held;
 use mesh_shm::Mailbox;
 use parking_lot::Mutex;
 use rustix::process::{Pid, Signal};
@@ -172,54 +172,6 @@ fn describe_exit(s: Option<ExitStatus>) -> String {
     }
 }
 
-/// A native worker's process: meshd's child, or one a previous meshd started that this one adopted.
-#[derive(Debug)]
-enum Proc {
-    Child(SharedChild),
-    /// Held by a pidfd: not our child, so its status is not ours to read.
-    Adopted(mesh_mps::process::Held),
-}
-
-impl Proc {
-    fn id(&self) -> u32 {
-        match self {
-            Self::Child(c) => c.id(),
-            Self::Adopted(h) => h.id(),
-        }
-    }
-
-    fn running(&self) -> bool {
-        match self {
-            Self::Child(c) => c.try_wait().is_ok_and(|s| s.is_none()),
-            Self::Adopted(h) => h.alive(),
-        }
-    }
-
-    /// Waits up to `within` (`None`: for as long as it runs) for its end: `Some` once it ended,
-    /// with its status when it is our child.
-    fn wait_for(&self, within: Option<Duration>) -> Option<Option<ExitStatus>> {
-        match (self, within) {
-            (Self::Child(c), None) => c.wait().ok().map(Some),
-            (Self::Child(c), Some(d)) => c.wait_timeout(d).ok().flatten().map(Some),
-            (Self::Adopted(h), Some(d)) => h.exited_within(d).then_some(None),
-            (Self::Adopted(h), None) => {
-                while !h.exited_within(Duration::from_secs(3600)) {}
-                Some(None)
-            }
-        }
-    }
-
-    /// SIGKILL to the process itself.
-    fn kill(&self) {
-        match self {
-            Self::Child(c) => {
-                let _ = c.kill();
-            }
-            Self::Adopted(h) => h.signal_kill(),
-        }
-    }
-}
-
 /// The start time of process `pid` (`/proc/PID/stat`'s 22nd field, clock ticks after boot), unless
 /// it is gone or a zombie: with the pid, what names one process for good.
 pub fn start_ticks(pid: u32) -> Option<u64> {
@@ -264,7 +216,7 @@ pub struct NativeRow {
 struct Entry {
     /// What it was started from: what a restarted meshd starts again.
     spec: NativeSpec,
-    child: Arc<Proc>,
+    child: Arc<Held>,
     life: Life,
     bind: Vec<String>,
     command: String,
@@ -292,16 +244,16 @@ impl std::fmt::Debug for Natives {
 
 /// Signals the worker's process group while its leader runs (so that the group id is still its),
 /// then the leader itself through its handle.
-fn signal_group(child: &Proc, sig: Signal) {
+fn signal_group(child: &Held, sig: Signal) {
     // The group is the worker's own (process_group(0), or its own session, at spawn) and its
     // leader still runs, so the id is not reused.
-    if child.running()
+    if child.alive()
         && let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw)
     {
         let _ = rustix::process::kill_process_group(group, sig);
     }
     if sig == Signal::KILL {
-        child.kill();
+        child.signal_kill();
     }
 }
 
@@ -394,12 +346,12 @@ impl Natives {
         if start_ticks(pid) != Some(ticks) {
             return Err(format!("its recorded process {pid} is gone (or the pid names another process now)"));
         }
-        let held = mesh_mps::process::Held::adopt(pid).map_err(|e| format!("holding its process {pid}: {e}"))?;
+        let held = Held::adopt(pid).map_err(|e| format!("holding its process {pid}: {e}"))?;
         // The pidfd first: from here on the pid cannot come to name another process.
         if start_ticks(pid) != Some(ticks) {
             return Err(format!("its recorded process {pid} ended meanwhile"));
         }
-        let child = Arc::new(Proc::Adopted(held));
+        let child = Arc::new(held);
         let membership = self.membership.lock().clone();
         if let Some(m) = &membership
             && let Err(why) = m.check(pid)
@@ -441,7 +393,7 @@ impl Natives {
     }
 
     /// Checks `spec`, spawns the worker and records it as starting; returns it and the ready pipe's read end.
-    fn start(&self, spec: &NativeSpec) -> Result<(Arc<Proc>, OwnedFd), NativeError> {
+    fn start(&self, spec: &NativeSpec) -> Result<(Arc<Held>, OwnedFd), NativeError> {
         let program = self.check(spec)?;
         let name = &spec.name;
         let membership = self.membership.lock().clone();
@@ -484,7 +436,7 @@ impl Natives {
             spawned.map_err(|source| NativeError::Start { name: name.clone(), program: program.clone(), source })?;
         // Only the worker holds the write end now: its exit closes the pipe.
         drop(write_end);
-        let child = Arc::new(Proc::Child(child));
+        let child = Arc::new(Held::Child(child));
         tracing::info!(native = %name, pid = child.id(), "native worker started: {}", spec.command.join(" "));
         self.table.lock().insert(
             name.clone(),
@@ -523,7 +475,7 @@ impl Natives {
     }
 
     /// One thread per worker waits for its exit and records it (the one place it is reaped).
-    fn reap_in_background(&self, name: String, child: Arc<Proc>) {
+    fn reap_in_background(&self, name: String, child: Arc<Held>) {
         let table = self.table.clone();
         let spawned = std::thread::Builder::new().name("meshd-native-reap".into()).spawn(move || {
             if let Some(status) = child.wait_for(None) {
@@ -539,7 +491,7 @@ impl Natives {
     }
 
     /// Waits for `ready\n` on `read_end` until the spec's timeout; in MPS mode checks membership.
-    fn await_ready(&self, spec: &NativeSpec, child: &Arc<Proc>, read_end: OwnedFd) -> Result<NativeRow, NativeError> {
+    fn await_ready(&self, spec: &NativeSpec, child: &Arc<Held>, read_end: OwnedFd) -> Result<NativeRow, NativeError> {
         let (name, pid) = (&spec.name, child.id());
         let outcome =
             wait_for_ready(&read_end, spec.ready_timeout).and_then(|()| match self.membership.lock().clone() {
@@ -581,7 +533,7 @@ impl Natives {
     }
 
     /// SIGTERM to the worker's group; SIGKILL after `grace` (MPS: after cutting it off the server).
-    fn end(&self, child: &Proc, grace: Duration) {
+    fn end(&self, child: &Held, grace: Duration) {
         if !grace.is_zero() {
             signal_group(child, Signal::TERM);
             if child.wait_for(Some(grace)).is_some() {
@@ -589,7 +541,7 @@ impl Natives {
             }
         }
         if let Some(m) = self.membership.lock().clone()
-            && child.running()
+            && child.alive()
         {
             m.terminate(child.id());
         }
