@@ -187,12 +187,18 @@ pub fn control_command(binary: &Path, pipe_dir: &Path, line: &str, within: Durat
     }
 }
 
+/// The pids of an MPS server or client list (`get_server_list`, `get_client_list`): one number per
+/// line; any other line (an error message) is no pid.
+pub fn pids(text: &str) -> Vec<u32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
 /// Has this client cut off its server(s) (`terminate_client`), waiting up to a second for it: a
 /// client that exits while its kernel runs fails every other client's kernel.
 pub fn cut_off_self(control: &Path, pid: u32) {
     let Some(pipe) = std::env::var_os(PIPE_ENV).map(PathBuf::from) else { return };
     let servers = control_command(control, &pipe, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
-    for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+    for server in pids(&servers) {
         if let Err(e) =
             control_command(control, &pipe, &format!("terminate_client {server} {pid}"), Duration::from_secs(2))
         {

@@ -19,6 +19,7 @@ use shared_child::SharedChild;
 use crate::mps_dir::{DirClaim, PREVIOUS_TEARDOWN, remove_stale_pipes, wait_for_previous_processes};
 use crate::orphans::{Greeted, OrphanPolicy};
 use crate::process::{self, Held};
+use mesh_mps_worker::orphan::pids;
 
 /// The detached daemon's output, in its log directory.
 pub const DAEMON_OUTPUT: &str = "control-daemon.log";
@@ -122,7 +123,7 @@ impl MpsControl {
             orphans.as_ref().and_then(|_| crate::orphans::greet_previous(&root, &binary, stop_deadline, &mut log));
         let adopted_daemon = previous.as_ref().map(|(daemon, _)| Held::adopt(*daemon));
         if let Some(Err(e)) = &adopted_daemon {
-            let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+            let pipe_dirs = crate::orphans::pipe_dirs(&root);
             for g in previous.take().map(|(_, g)| g).unwrap_or_default() {
                 log.push(g.retire(&binary, &pipe_dirs, stop_deadline, &format!("its MPS daemon cannot be held ({e})")));
             }
@@ -482,11 +483,6 @@ fn connected_client(line: &str) -> Option<u32> {
     let rest = &line[line.find("Client {PID: ")? + "Client {PID: ".len()..];
     let (pid, tail) = rest.split_once(',')?;
     tail.trim_end().ends_with("} connected").then(|| pid.trim().parse().ok()).flatten()
-}
-
-/// The pids of a server or client list: one number per line; any other line (an error message) is no pid.
-fn pids(text: &str) -> Vec<u32> {
-    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 #[cfg(test)]

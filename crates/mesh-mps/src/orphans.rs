@@ -39,6 +39,21 @@ pub fn rendezvous_dir(root: &Path) -> PathBuf {
     root.join(ORPHAN_DIR)
 }
 
+/// The pipe directories of MPS directory `root`'s daemons: the standby's (nested, so first: it is
+/// quit first, while its pipes still exist) and the active one's.
+pub fn pipe_dirs(root: &Path) -> [PathBuf; 2] {
+    [root.join("standby").join("pipe"), root.join("pipe")]
+}
+
+/// The orphans' rendezvous sockets in `dir`, by path, sorted (nothing when there is no `dir`).
+fn rendezvous_sockets(dir: &Path) -> Vec<PathBuf> {
+    let mut sockets: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| orphan::rendezvous_pid(p).is_some()).collect())
+        .unwrap_or_default();
+    sockets.sort();
+    sockets
+}
+
 /// Connects to the orphan at `path` and says hello: its answer (what it runs) and the socket,
 /// which from then on carries the worker protocol; else why not (a refusal names both versions).
 pub fn hello(path: &Path, within: Duration) -> Result<(UnixStream, Orphan), String> {
@@ -109,7 +124,7 @@ fn force(pid: u32, control: &Path, pipe_dirs: &[PathBuf]) -> bool {
     for dir in pipe_dirs.iter().filter(|d| d.join("control").exists()) {
         let servers =
             orphan::control_command(control, dir, "get_server_list", Duration::from_secs(2)).unwrap_or_default();
-        for server in servers.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        for server in orphan::pids(&servers) {
             let _ = orphan::control_command(
                 control,
                 dir,
@@ -133,11 +148,7 @@ fn retire_at_rendezvous(
     skip: &[u32],
     log: &mut Vec<String>,
 ) {
-    let mut sockets: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| orphan::rendezvous_pid(p).is_some()).collect())
-        .unwrap_or_default();
-    sockets.sort();
-    for path in sockets {
+    for path in rendezvous_sockets(dir) {
         let Some(pid) = orphan::rendezvous_pid(&path) else { continue };
         if skip.contains(&pid) {
             continue;
@@ -235,7 +246,7 @@ fn quit_daemon(control: &Path, dir: &Path, log: &mut Vec<String>) {
 pub fn clear_previous(root: &Path, control: &Path, stop_deadline: Duration) -> Vec<String> {
     let mut log = Vec::new();
     end_previous_keeper(root, &mut log);
-    let pipe_dirs = [root.join("standby").join("pipe"), root.join("pipe")];
+    let pipe_dirs = pipe_dirs(root);
     retire_all_but(root, control, &pipe_dirs, stop_deadline, &[], &mut log);
     // A native worker that outlived its meshd runs on a daemon that is quit now: cut off and
     // killed, for the new meshd starts it again from the desired state.
@@ -311,7 +322,7 @@ fn daemon_of(dir: &Path) -> Option<u32> {
 fn server_of(control: &Path, dir: &Path, pid: u32) -> Option<u32> {
     let list = |line: &str| -> Vec<u32> {
         orphan::control_command(control, dir, line, Duration::from_secs(2))
-            .map(|out| out.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .map(|out| orphan::pids(&out))
             .unwrap_or_default()
     };
     list("get_server_list").into_iter().find(|server| list(&format!("get_client_list {server}")).contains(&pid))
@@ -329,14 +340,10 @@ pub fn greet_previous(
     stop_deadline: Duration,
     log: &mut Vec<String>,
 ) -> Option<(u32, Vec<Greeted>)> {
-    let pipe = root.join("pipe");
-    let daemon = daemon_of(&pipe)?;
-    let dir = rendezvous_dir(root);
-    let mut sockets: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| orphan::rendezvous_pid(p).is_some()).collect())
-        .unwrap_or_default();
-    sockets.sort();
-    let pipe_dirs = [root.join("standby").join("pipe"), pipe.clone()];
+    let pipe_dirs = pipe_dirs(root);
+    let pipe = &pipe_dirs[1];
+    let daemon = daemon_of(pipe)?;
+    let sockets = rendezvous_sockets(&rendezvous_dir(root));
     end_previous_keeper(root, log);
     let mut greeted = Vec::new();
     for path in sockets {
@@ -362,7 +369,7 @@ pub fn greet_previous(
         } else {
             None
         };
-        let server = if why_not.is_none() { server_of(control, &pipe, pid) } else { None };
+        let server = if why_not.is_none() { server_of(control, pipe, pid) } else { None };
         let g = Greeted { stream, orphan: o, held, server: server.unwrap_or(0) };
         match (why_not, server) {
             (None, Some(_)) => greeted.push(g),

@@ -101,8 +101,11 @@ impl MpsBackend {
                 adopted.len()
             );
         }
-        shared.lock().adopted = adopted;
-        shared.lock().events = events;
+        {
+            let mut s = shared.lock();
+            s.adopted = adopted;
+            s.events = events;
+        }
         *ACTIVE.lock() = Some(control.clone());
         let cubins = control.root().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
