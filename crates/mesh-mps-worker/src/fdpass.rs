@@ -21,16 +21,21 @@ use rustix::net::{
 
 use crate::FdTag;
 
-/// Sends `fd` with `tag` on `socket`.
-pub fn send_fd(socket: impl AsFd, fd: BorrowedFd<'_>, tag: FdTag) -> io::Result<()> {
-    let payload = tag.encode();
+/// One `sendmsg` of `payload` with `fd` riding on it; the bytes it sent.
+fn send_with_fd(socket: BorrowedFd<'_>, payload: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
     let fds = [fd];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(io::Error::other("the descriptor does not fit the control buffer"));
     }
-    let sent = rustix::net::sendmsg(socket, &[io::IoSlice::new(&payload)], &mut control, SendFlags::NOSIGNAL)?;
+    Ok(rustix::net::sendmsg(socket, &[io::IoSlice::new(payload)], &mut control, SendFlags::NOSIGNAL)?)
+}
+
+/// Sends `fd` with `tag` on `socket`.
+pub fn send_fd(socket: impl AsFd, fd: BorrowedFd<'_>, tag: FdTag) -> io::Result<()> {
+    let payload = tag.encode();
+    let sent = send_with_fd(socket.as_fd(), &payload, fd)?;
     if sent != payload.len() {
         return Err(io::Error::other(format!("sent {sent} of the tag's {} bytes", payload.len())));
     }
@@ -100,15 +105,8 @@ pub fn recv_fd(socket: impl AsFd, want: FdTag) -> Result<OwnedFd, FdError> {
 /// Sends `line` and a newline on `socket`, with `fd` riding on its first byte.
 pub fn send_line_with_fd(socket: impl AsFd, line: &str, fd: BorrowedFd<'_>) -> io::Result<()> {
     let payload = format!("{line}\n");
-    let fds = [fd];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("the descriptor does not fit the control buffer"));
-    }
     let socket = socket.as_fd();
-    let mut sent =
-        rustix::net::sendmsg(socket, &[io::IoSlice::new(payload.as_bytes())], &mut control, SendFlags::NOSIGNAL)?;
+    let mut sent = send_with_fd(socket, payload.as_bytes(), fd)?;
     // The descriptor went with the first bytes; the rest of a long line follows plainly.
     while sent < payload.len() {
         sent += rustix::net::send(socket, &payload.as_bytes()[sent..], SendFlags::NOSIGNAL)?;
