@@ -37,21 +37,20 @@ fn programs(d: &Meshd) -> Vec<(String, u32, u32)> {
         .collect()
 }
 
+/// `meshd run`'s options of these tests: MPS mode on directory `mps`, a pool of `pool`, no standby,
+/// and `--orphan-grace-ms` when given.
+fn mps_args<'a>(mps: &'a Path, pool: &'a str, grace_ms: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec!["--isolation", "mps", "--pool", pool, "--standby", "0", "--mps-dir", mps.to_str().unwrap()];
+    if let Some(g) = grace_ms {
+        args.extend(["--orphan-grace-ms", g]);
+    }
+    args
+}
+
 /// Starts meshd in MPS mode with `grace_ms` on MPS directory `mps`, and programs `a` and `b` of the
 /// images `a` and `b` beating; returns it, the mailbox (mapped here) and the programs.
 fn two_programs(mps: &Path, grace_ms: &str, images: [&str; 2]) -> (Meshd, Mailbox, Vec<(String, u32, u32)>) {
-    let d = Meshd::start(&[
-        "--isolation",
-        "mps",
-        "--pool",
-        "2",
-        "--standby",
-        "0",
-        "--mps-dir",
-        mps.to_str().unwrap(),
-        "--orphan-grace-ms",
-        grace_ms,
-    ]);
+    let d = Meshd::start(&mps_args(mps, "2", Some(grace_ms)));
     for (name, image) in ["a", "b"].into_iter().zip(images) {
         let image = programs_dir().join(format!("{image}.ptx"));
         d.ok(&["load", name, image.to_str().unwrap()]);
@@ -198,16 +197,7 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
     let generations: Vec<u32> = progs.iter().map(|p| mb.slot(p.1).unwrap().generation()).collect();
     let restarted = Instant::now();
     // The operator turned the grace off: nothing is adopted, everything relaunched.
-    d.kill9_and_restart_with(&[
-        "--isolation",
-        "mps",
-        "--pool",
-        "2",
-        "--standby",
-        "0",
-        "--mps-dir",
-        mps.to_str().unwrap(),
-    ]);
+    d.kill9_and_restart_with(&mps_args(&mps, "2", None));
     let up = restarted.elapsed();
     let log = d.log_text();
     let stubborn = old_workers[1];
@@ -251,18 +241,7 @@ fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     use mesh_gpu_tests::stress::{self, user};
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
-    let mut d = Meshd::start(&[
-        "--isolation",
-        "mps",
-        "--pool",
-        "3",
-        "--standby",
-        "0",
-        "--mps-dir",
-        mps.to_str().unwrap(),
-        "--orphan-grace-ms",
-        "30000",
-    ]);
+    let mut d = Meshd::start(&mps_args(&mps, "3", Some("30000")));
     d.ok(&["channel", "create", "data", "--msg-size", "256", "--capacity", "16", "--placement", "device"]);
     for knob in ["sink-knob", "source-knob"] {
         d.ok(&["channel", "create", knob, "--msg-size", "8", "--capacity", "2"]);

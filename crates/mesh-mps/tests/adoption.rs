@@ -6,12 +6,14 @@
 //! The GPU side (programs that never stop across a kill -9 of meshd) is tests/tests/mps_adopt.rs.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+mod common;
+
+use common::{FAKE_CONTROL, script};
 use mesh_mps::MpsControl;
 use mesh_mps::orphans::OrphanPolicy;
 use mesh_mps::process::Held;
@@ -19,23 +21,6 @@ use mesh_mps::worker::{NewsSender, Worker};
 use mesh_mps_worker::fdpass::recv_line_with_fd;
 use mesh_mps_worker::orphan::{PIPE_ENV, rendezvous};
 use mesh_mps_worker::{FdTag, FileId, KernelState, Orphan, PROTOCOL, Ready, Reply, encode};
-
-/// `-f` is the daemon (until `quit`); else one command: one server, whose clients `pipe/clients` lists.
-const FAKE_CONTROL: &str = r#"#!/bin/sh
-if [ "$1" = "-f" ]; then
-  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
-  while [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.02; done
-  exit 0
-fi
-read cmd arg rest
-case "$cmd" in
-  get_server_list) echo 4242 ;;
-  get_client_list) cat "$CUDA_MPS_PIPE_DIRECTORY/clients" 2>/dev/null ;;
-  terminate_client) : ;;
-  quit) : > "$CUDA_MPS_PIPE_DIRECTORY/quit" ;;
-  *) echo "unknown command $cmd" >&2; exit 1 ;;
-esac
-"#;
 
 /// A stand-in orphan: a `sleep` of `pipe`'s environment for its pid, and a thread answering at its
 /// rendezvous in `dir`: its hello with an orphan whose kernel is `kernel`; then `adopt` (its fd
@@ -106,13 +91,6 @@ fn orphan(dir: &Path, pipe: &Path, kernel: KernelState) -> (Child, std::thread::
         (heard, got)
     });
     (child, t)
-}
-
-fn script(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
 }
 
 #[test]

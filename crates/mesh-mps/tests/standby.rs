@@ -3,30 +3,16 @@
 //! server's workers reaped without waiting, the roles swapped, and a new standby made tick by tick on
 //! a server that refuses clients for a while, without blocking; a silent standby worker replaced. The GPU side is docs/explanation/modes.md's ("The standby server").
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{FAKE_CONTROL, script};
 use mesh_mps::MpsControl;
 use mesh_mps::standby::Standby;
 use mesh_mps::worker::NewsSender;
-
-const FAKE_CONTROL: &str = r#"#!/bin/sh
-if [ "$1" = "-f" ]; then
-  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
-  while [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.02; done
-  exit 0
-fi
-read cmd arg rest
-case "$cmd" in
-  get_server_list) echo 4242 ;;
-  get_client_list) cat "$CUDA_MPS_PIPE_DIRECTORY/clients" 2>/dev/null ;;
-  terminate_client) : ;;
-  quit) : > "$CUDA_MPS_PIPE_DIRECTORY/quit" ;;
-  *) echo "unknown command $cmd" >&2; exit 1 ;;
-esac
-"#;
 
 /// A worker that is a client of the server its pipe directory names, unless that server refuses
 /// clients (`refuse` in the pipe directory: a server whose old clients are not yet gone).
@@ -43,13 +29,6 @@ while read -r line; do
   esac
 done
 "#;
-
-fn script(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
 
 /// Ticks `standby` until `done` holds (or 20 s pass); returns its log lines.
 fn tick_until(standby: &mut Standby, news: &NewsSender, mut done: impl FnMut(&Standby) -> bool) -> Vec<String> {
