@@ -758,6 +758,17 @@ fn run(mode: &str, mps: bool) {
         "max recovery gap after a crash (event to every program running and every stream moving): {:.0} ms",
         max_gap.as_secs_f64() * 1e3
     );
+    if mps && let Some(grace) = chaos::orphan_grace_ms() {
+        // meshd's log says each adoption, and why a program was not adopted.
+        let log = c.d.log_text();
+        let adopted = log.matches("adopted from the previous meshd").count();
+        let not_adopted: Vec<&str> = log.lines().filter(|l| l.contains("not adopted:")).collect();
+        eprintln!(
+            "adoption (--orphan-grace-ms {grace}): {adopted} program(s) adopted after the kill -9s, {} not adopted{}",
+            not_adopted.len(),
+            not_adopted.first().map(|l| format!(" (the first: {l})")).unwrap_or_default()
+        );
+    }
     eprintln!("| stream | sent | received | repeated (bound) | lost |");
     eprintln!("|---|---:|---:|---:|---:|");
     eprintln!(

@@ -68,6 +68,18 @@ fn mps_processes(mps: &Path) -> Vec<(u32, String)> {
     [mps.join("pipe"), mps.join("standby").join("pipe")].iter().flat_map(|p| processes_using(p)).collect()
 }
 
+/// Kills every process left on MPS directory `.0` when a test ends, passed or failed: orphans
+/// outlive meshd by design, and one left running a kernel would time-slice with the next test's.
+struct Reap(PathBuf);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for (pid, _) in mps_processes(&self.0) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
 fn heartbeat(mb: &Mailbox, slot: u32) -> u64 {
     mb.slot(slot).unwrap().status().heartbeat
 }
@@ -93,6 +105,7 @@ fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
     require_gpu!("orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing");
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
     let (mut d, mb, progs) = two_programs(&mps, "3000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     let workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
@@ -133,6 +146,7 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     require_gpu!("a_restart_within_the_grace_adopts_the_programs_which_never_stop");
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
     let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     // A second of running first: the gaps a program sees without any kill.
@@ -190,6 +204,7 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
     require_gpu!("a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all");
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
     // `b` ignores its stop: the takeover's stop request does not end it, so the new meshd must
     // retire its orphan (which has the server cut it off) before `b` runs again.
     let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "ignore_stop"]);
@@ -241,6 +256,7 @@ fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     use mesh_gpu_tests::stress::{self, user};
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
     let mut d = Meshd::start(&mps_args(&mps, "3", Some("30000")));
     d.ok(&["channel", "create", "data", "--msg-size", "256", "--capacity", "16", "--placement", "device"]);
     for knob in ["sink-knob", "source-knob"] {

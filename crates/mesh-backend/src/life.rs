@@ -66,6 +66,12 @@ impl Life {
         Self { phase: Phase::Loaded, generation: 0 }
     }
 
+    /// A program just loaded whose launches go on from `generation` (its slot's, when a restarted
+    /// meshd relaunches it): never launched by this process; the next launch is `generation + 1`.
+    pub fn after(generation: u32) -> Self {
+        Self { phase: Phase::Loaded, generation }
+    }
+
     /// A program whose kernel a previous meshd launched as `generation` and which runs on: adopted
     /// by this one without a launch (running; the next launch is `generation + 1`).
     pub fn adopted(generation: u32) -> Self {

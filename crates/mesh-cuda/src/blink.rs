@@ -588,10 +588,12 @@ impl Backend for BlinkBackend {
         self.blink(|me| {
             let module = Module::load(&me.ctx, &linked.cubin)?;
             let (share, entry) = me.kcheck(&name, &module, &linked.cubin, &shape, None)?;
-            slots::prepare(&me.mailbox, slot, &name, &bindings)?;
+            let previous = slots::prepare(&me.mailbox, slot, &name, &bindings)?;
             let cubin = linked.cubin.clone();
             let gpu = Some(Gpu { entry, stream });
-            me.programs.push(Program { core: ProgramCore::new(name, slot, kind, shape, share), cubin, gpu });
+            let mut core = ProgramCore::new(name, slot, kind, shape, share);
+            core.life = mesh_backend::life::Life::after(previous);
+            me.programs.push(Program { core, cubin, gpu });
             Ok(())
         })?;
         let p = self.programs.last().expect("just pushed");

@@ -15,7 +15,7 @@
 //! `tests/tests/mps_device.rs` is its GPU test.
 
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 use mesh_shm::{ChannelInfo, Mailbox, Placement};
@@ -178,9 +178,10 @@ fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd, C
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The allocation handle that descriptor `fd` (consumed) exports; release it once.
-fn import_handle(fd: OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, CudaError> {
-    let raw = fd.into_raw_fd();
+/// The allocation handle that descriptor `fd` exports; release it once. The descriptor stays the
+/// caller's: the driver keeps a reference of its own.
+fn import_handle(fd: &OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, CudaError> {
+    let raw = fd.as_raw_fd();
     let mut handle = 0;
     // SAFETY: for a POSIX descriptor the OS handle is the descriptor's value cast to a pointer.
     let imported = check("cuMemImportFromShareableHandle", unsafe {
@@ -190,10 +191,13 @@ fn import_handle(fd: OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, CudaE
             sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         )
     });
-    // SAFETY: ours since `into_raw_fd`; the imported handle does not need it.
-    drop(unsafe { OwnedFd::from_raw_fd(raw) });
     imported?;
     Ok(handle)
+}
+
+/// A copy of descriptor `fd`, close-on-exec, for another process to receive.
+fn duplicate(fd: &OwnedFd) -> Result<OwnedFd, CudaError> {
+    fd.try_clone().map_err(|e| unsupported(format!("duplicating the allocation's descriptor: {e}")))
 }
 
 /// Device memory that meshd allocates (its own context current) and exports: the physical
@@ -203,6 +207,9 @@ pub struct ExportedMemory {
     handle: sys::CUmemGenericAllocationHandle,
     ctx: Context,
     bytes: usize,
+    /// The descriptor it was imported from, if it was: the driver refuses to export an imported
+    /// handle again (`CUDA_ERROR_INVALID_VALUE`), so copies of this descriptor are handed out.
+    imported_from: Option<OwnedFd>,
 }
 
 impl ExportedMemory {
@@ -216,24 +223,27 @@ impl ExportedMemory {
         let mut handle = 0;
         // SAFETY: valid out-pointer and property; a granularity multiple.
         check("cuMemCreate", unsafe { sys::cuMemCreate(&mut handle, bytes, &p, 0) })?;
-        Ok(Self { handle, ctx: ctx.clone(), bytes })
+        Ok(Self { handle, ctx: ctx.clone(), bytes, imported_from: None })
     }
 
-    /// A new descriptor of the allocation (each call exports one; the receiver's copy is its own).
+    /// A new descriptor of the allocation (each call makes one; the receiver's copy is its own).
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
-        export_handle(self.handle)
+        match &self.imported_from {
+            Some(fd) => duplicate(fd),
+            None => export_handle(self.handle),
+        }
     }
 
-    /// Takes hold of the allocation that `fd` (consumed) describes, `bytes` long, as this
-    /// process's own: what a meshd that adopts a worker holds of a ring the worker had mapped, so
-    /// that the ring, and the messages in it, outlive that worker too.
+    /// Takes hold of the allocation that `fd` (kept, for [`Self::export_fd`]) describes, `bytes`
+    /// long, as this process's own: what a meshd that adopts a worker holds of a ring the worker had
+    /// mapped, so that the ring, and the messages in it, outlive that worker too.
     pub fn import(ctx: &Context, fd: OwnedFd, bytes: usize) -> Result<Self, CudaError> {
         ctx.bind()?;
         if bytes == 0 || rounded(ctx.device(), bytes)? != bytes {
             return Err(unsupported(format!("{bytes} bytes is not a multiple of the allocation granularity")));
         }
-        let handle = import_handle(fd)?;
-        Ok(Self { handle, ctx: ctx.clone(), bytes })
+        let handle = import_handle(&fd)?;
+        Ok(Self { handle, ctx: ctx.clone(), bytes, imported_from: Some(fd) })
     }
 
     /// Bytes allocated (granularity-rounded).
@@ -257,24 +267,27 @@ unsafe impl Send for ExportedMemory {}
 #[derive(Debug)]
 pub struct ImportedMemory {
     mapping: Mapping,
+    /// The descriptor it was imported from: copies of it are what [`Self::export_fd`] hands out,
+    /// since the driver exports no handle this process imported.
+    fd: OwnedFd,
 }
 
 // SAFETY: as `ExportedMemory`.
 unsafe impl Send for ImportedMemory {}
 
 impl ImportedMemory {
-    /// Imports `fd` (consumed: the driver keeps its own reference) of `bytes` bytes and maps it in `ctx`.
+    /// Imports `fd` (kept, for [`Self::export_fd`]) of `bytes` bytes and maps it in `ctx`.
     pub fn import(ctx: &Context, fd: OwnedFd, bytes: usize) -> Result<Self, CudaError> {
         ctx.bind()?;
         if bytes == 0 || rounded(ctx.device(), bytes)? != bytes {
             return Err(unsupported(format!("{bytes} bytes is not a multiple of the allocation granularity")));
         }
-        let handle = import_handle(fd)?;
+        let handle = import_handle(&fd)?;
         let mapped = Mapping::new(ctx, handle, bytes);
         // The mapping holds the memory now; our handle is released whatever happened.
         // SAFETY: imported above, released once.
         unsafe { sys::cuMemRelease(handle) };
-        Ok(Self { mapping: mapped? })
+        Ok(Self { mapping: mapped?, fd })
     }
 
     /// The mapped address in this context.
@@ -288,21 +301,12 @@ impl ImportedMemory {
     }
 
     /// A new descriptor of the mapped allocation (the same physical memory), for another process to
-    /// hold: what an adopted worker hands the meshd that adopts it.
+    /// hold: what an adopted worker hands the meshd that adopts it. A copy of the descriptor it was
+    /// imported from: the driver refuses `cuMemExportToShareableHandle` on an imported allocation
+    /// (`CUDA_ERROR_INVALID_VALUE`, seen on an H100 with driver 580), while a passed-on descriptor
+    /// imports in a third process and sees the same memory.
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
-        self.mapping.ctx.bind()?;
-        // A device address as the driver's `void*`: on the 64-bit hosts CUDA runs on, the same bits.
-        let addr = usize::try_from(self.mapping.ptr)
-            .map_err(|_| unsupported("a device address wider than this host's pointers"))?;
-        let mut handle = 0;
-        // SAFETY: a valid out-pointer; the address is the start of this mapping.
-        check("cuMemRetainAllocationHandle", unsafe {
-            sys::cuMemRetainAllocationHandle(&mut handle, addr as *mut std::ffi::c_void)
-        })?;
-        let fd = export_handle(handle);
-        // SAFETY: retained just above, released once; the mapping keeps the memory.
-        unsafe { sys::cuMemRelease(handle) };
-        fd
+        duplicate(&self.fd)
     }
 
     /// Zeroes the whole mapping (no tag in any word: every slot of a ring reads as empty) on

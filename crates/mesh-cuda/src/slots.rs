@@ -50,12 +50,17 @@ pub fn free_slot<P: HasCore>(mailbox: &Mailbox, programs: &[P]) -> Result<u32> {
     roster::free_slot(programs, mailbox.geometry().slot_count)
 }
 
-/// Gives `slot` to program `name` with its channel `bindings`, its status zeroed (no kernel runs there).
-pub fn prepare(mailbox: &Mailbox, slot: u32, name: &str, bindings: &[u32]) -> Result<()> {
+/// Gives `slot` to program `name` with its channel `bindings`, its status zeroed (no kernel runs
+/// there). Returns the generation the program goes on from: the one it last ran as when the slot
+/// last held a program of this name (a relaunch by a restarted meshd), else 0. So a generation
+/// names one launch even across restarts of meshd, and a late kernel of the previous process can
+/// never pass for the new one.
+pub fn prepare(mailbox: &Mailbox, slot: u32, name: &str, bindings: &[u32]) -> Result<u32> {
     let s = mailbox.slot(slot).map_err(BackendError::mailbox)?;
+    let previous = if s.name() == name { s.generation() } else { 0 };
     s.bind(name, bindings).map_err(BackendError::mailbox)?;
     s.reset_status();
-    Ok(())
+    Ok(previous)
 }
 
 /// Arms `slot` for a launch of `generation` (stop request cleared; no kernel runs there).
@@ -82,4 +87,26 @@ pub fn reading(mailbox: &Mailbox, slot: u32) -> SlotReading {
     let Ok(s) = mailbox.slot(slot) else { return SlotReading::default() };
     let status = s.status();
     SlotReading { heartbeat: status.heartbeat, exit_code: (status.state == STATE_EXITED).then_some(status.exit_code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mesh_shm::{CreateMode, MailboxConfig};
+
+    #[test]
+    fn a_program_relaunched_into_its_slot_goes_on_from_its_generation_and_a_new_one_starts_at_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = MailboxConfig { size: 1 << 20, slots: 4, channels: 4 };
+        let mailbox = Mailbox::create(dir.path().join("mb"), &config, CreateMode::Exclusive).unwrap();
+        assert_eq!(prepare(&mailbox, 0, "a", &[]).unwrap(), 0, "a slot never used");
+        arm(&mailbox, 0, 3).unwrap();
+        // What a killed meshd leaves and the next one's takeover releases: the slot, its words kept.
+        release(&mailbox, 0).unwrap();
+        assert_eq!(prepare(&mailbox, 0, "a", &[]).unwrap(), 3, "the same program in the same slot");
+        assert_eq!(mailbox.slot(0).unwrap().generation(), 0, "the slot is reset until the launch arms it");
+        arm(&mailbox, 0, 4).unwrap();
+        release(&mailbox, 0).unwrap();
+        assert_eq!(prepare(&mailbox, 0, "b", &[]).unwrap(), 0, "another program starts afresh");
+    }
 }

@@ -183,14 +183,16 @@ impl Backend for StandInBackend {
             .map(|c| self.mailbox.channel_for_program(c).map(|c| c.index).map_err(mailbox_err))
             .collect::<Result<Vec<_>, _>>()?;
         let s = self.mailbox.slot(slot).map_err(mailbox_err)?;
+        // As the GPU backends do: a program relaunched into its slot goes on from its generation.
+        let generation = if s.name() == spec.name { s.generation() } else { 0 } + 1;
         s.bind(&spec.name, &bindings).map_err(mailbox_err)?;
         s.reset_status();
-        s.arm(1);
+        s.arm(generation);
         let status = ProgramStatus {
             name: spec.name,
             slot,
             state: ProgramState::Running,
-            generation: 1,
+            generation,
             heartbeat: 0,
             worker_pid: None,
             sms: None,

@@ -21,8 +21,8 @@ impl MpsBackend {
         slots::check_declared(&self.mailbox, &spec.name, &spec.bindings, &cubin)?;
         let mut worker = self.take_worker(spec.sms.or(self.config.sms), &spec.name, "load")?;
         let prepared = self.prepare(&mut worker, &spec.name, cubin, &spec.shape, None);
-        let (share, cubin) =
-            match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|()| p)) {
+        let ((share, cubin), previous) =
+            match prepared.and_then(|p| slots::prepare(&self.mailbox, slot, &spec.name, &bindings).map(|g| (p, g))) {
                 Ok(p) => p,
                 Err(e) => {
                     self.give_back(worker);
@@ -30,6 +30,7 @@ impl MpsBackend {
                 }
             };
         let mut core = ProgramCore::new(spec.name, slot, spec.kind, spec.shape, share);
+        core.life = mesh_backend::life::Life::after(previous);
         let launched = core
             .life
             .launch()

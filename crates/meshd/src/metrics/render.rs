@@ -211,7 +211,11 @@ impl Programs {
             self.relaunches,
         );
         reg.register("program_sms", "SMs the program's context holds (absent: the whole GPU)", self.sms);
-        reg.register("program_generation", "The program's launches so far in this process", self.generation);
+        reg.register(
+            "program_generation",
+            "The program's launches so far, counted on across restarts of meshd",
+            self.generation,
+        );
         reg.register("program_readiness_exempt", "1 when the program was loaded with --no-readiness", self.exempt);
     }
 }
