@@ -295,3 +295,52 @@ fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     let _ = d.child.wait();
     assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
 }
+
+#[test]
+fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_stops_them() {
+    require_gpu!("a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_stops_them");
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
+    let (d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
+    let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let gaps_before: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
+    let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    let pid = d.child.id();
+    let watcher = {
+        let mb = d.mailbox();
+        let slots = slots.clone();
+        std::thread::spawn(move || kept_beating(&mb, &slots, Duration::from_secs(4)))
+    };
+    // `systemctl reload`'s command: the same build, from the file meshd was started from.
+    let started = Instant::now();
+    let out = d.cli(&["handoff"]);
+    let took = started.elapsed();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let beat_for = watcher.join().unwrap();
+    let log = d.log_text();
+    assert!(out.status.success(), "handoff: {}\n{said}\n{log}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("2 program(s) run on for it to adopt") && said.contains("answers"), "{said}");
+    assert!(process_alive(pid) && d.child.id() == pid, "the same process, a new image");
+    for (name, slot, worker) in &progs {
+        assert!(
+            log.contains(&format!("adopted from the previous meshd: worker {worker}, slot {slot}")),
+            "{name} adopted:\n{log}"
+        );
+    }
+    assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the handoff:\n{log}");
+    assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
+    let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    assert_eq!(after, generations, "no new generation: nothing was launched again");
+    let gaps_after: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
+    eprintln!(
+        "handoff: `meshd handoff` returned after {took:?} (the new image answering); the heartbeats rose throughout \
+         ({beat_for:?} of 4 s); largest gap by the programs' own timers before {gaps_before:?} ms, after \
+         {gaps_after:?} ms\n{said}"
+    );
+    d.ok(&["shutdown"]);
+    let mut d = d;
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+}

@@ -128,3 +128,30 @@ fn kill_9_under_traffic_loses_nothing_mps() {
     require_gpu!("kill_9_under_traffic_loses_nothing_mps");
     kill_9_under_traffic("mps", &["--isolation", "mps", "--pool", "2"]);
 }
+
+/// `meshd handoff` in blink mode: the same process executes the new image, which relaunches the
+/// program once (its next generation), and it beats again.
+#[test]
+fn a_handoff_in_blink_mode_relaunches_each_program_once_in_the_same_process() {
+    require_gpu!("a_handoff_in_blink_mode_relaunches_each_program_once_in_the_same_process");
+    let d = Meshd::start(&[]);
+    let image = programs_dir().join("heartbeat.ptx");
+    d.ok(&["load", "hb", image.to_str().unwrap()]);
+    let mb = d.mailbox();
+    let slot = 0;
+    assert!(wait_until(Duration::from_secs(30), || mb.slot(slot).unwrap().status().heartbeat > 0), "it beats");
+    let generation = mb.slot(slot).unwrap().generation();
+    let pid = d.child.id();
+    let started = Instant::now();
+    let out = d.cli(&["handoff"]);
+    let took = started.elapsed();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "handoff: {}\n{said}\n{}", String::from_utf8_lossy(&out.stderr), d.log_text());
+    assert!(said.contains("1 program(s) stopped in order") && said.contains("1 of 1 program(s) running"), "{said}");
+    assert_eq!(d.child.id(), pid, "the same process");
+    assert_eq!(mb.slot(slot).unwrap().generation(), generation + 1, "relaunched once, at its next generation");
+    let beat = mb.slot(slot).unwrap().status().heartbeat;
+    assert!(wait_until(Duration::from_secs(10), || mb.slot(slot).unwrap().status().heartbeat > beat), "it beats again");
+    eprintln!("blink handoff: `meshd handoff` returned after {took:?} (the new image answering)\n{said}");
+    d.ok(&["shutdown"]);
+}

@@ -16,6 +16,7 @@
 pub mod cleanup;
 mod error;
 pub mod event;
+mod handover;
 pub mod life;
 pub mod pid_lock;
 pub mod pool;
@@ -28,6 +29,7 @@ pub mod watch;
 
 pub use error::{BackendError, Result};
 pub use event::{BackendEvent, RecoveryMethod, RecoveryOutcome};
+pub use handover::Handover;
 pub use life::{Life, Phase};
 pub use recover::Recovery;
 pub use recovering::{BoardView, InProgress, RecoveryBoard};
@@ -98,6 +100,15 @@ pub trait Backend: Send {
 
     /// Stops every program and releases the GPU; later calls are refused.
     fn shutdown(&mut self) -> Result<()>;
+
+    /// Readies the programs for a new image of meshd that replaces this process (`meshd handoff`):
+    /// later calls are refused. The default stops every program in order ([`Backend::shutdown`]),
+    /// and the new image relaunches them from the state directory: one blink. A backend whose
+    /// programs can outlive meshd's process lets them run on for the new image to adopt.
+    fn hand_over(&mut self) -> Result<Handover> {
+        self.shutdown()?;
+        Ok(Handover::Stopped)
+    }
 
     /// Whether host and device may share atomics on one word (`HOST_NATIVE_ATOMIC_SUPPORTED`).
     fn host_atomics(&self) -> bool;

@@ -39,7 +39,7 @@ pub use backend::{
 };
 pub use control::MpsControl;
 /// The workers' default kernel check period and the range a worker accepts (meshd's `--mps-kernel-check-us`).
-pub use mesh_mps_worker::{KERNEL_CHECK, KERNEL_CHECK_RANGE_US};
+pub use mesh_mps_worker::{KERNEL_CHECK, KERNEL_CHECK_RANGE_US, PROTOCOL as WORKER_PROTOCOL};
 /// The child handle [`process::spawn_tied`] returns (for meshd's native workers).
 pub use shared_child::SharedChild;
 

@@ -202,12 +202,23 @@ impl Held {
 
 /// Whether pidfd `pidfd` turns readable (its process exited) within `within`.
 fn pidfd_readable(pidfd: &std::os::fd::OwnedFd, within: Duration) -> bool {
+    use std::os::fd::AsFd;
     let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
     let t = rustix::event::Timespec {
         tv_sec: i64::try_from(within.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(within.subsec_nanos()),
     };
-    matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+    let ended = matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0);
+    if ended {
+        // An adopted worker is our child after all when meshd handed over to a new image of itself
+        // (`meshd handoff` executes it in the same process): reaped here, or it would stay a zombie.
+        // Another process's child is not ours to reap, and the call says so (ECHILD).
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+        );
+    }
+    ended
 }
 
 /// How long [`Held::kill`] waits for an adopted process: a SIGKILLed MPS client lingers while the

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "meshd",
-    version,
+    version = meshd::handoff::version_line(),
     about = "Hosts GPU programs as resident kernels that talk through a shared-memory mailbox"
 )]
 pub struct Cli {
@@ -144,6 +144,19 @@ pub enum Command {
     Metrics,
     /// Stop every program and the daemon.
     Shutdown,
+    /// Replace meshd's process with a new build of meshd, keeping its pid: an upgrade of meshd
+    /// itself (systemd's `systemctl reload meshd@N`). The new binary is checked first (it must run
+    /// and read this state directory and mailbox; else refused, nothing changed). In MPS mode under
+    /// --orphan-grace-ms the programs run on and the new image adopts them; otherwise each program
+    /// is stopped in order and relaunched by the new image (one blink). Waits until it answers.
+    Handoff {
+        /// The new build (default: the file meshd was started from, which a package upgrade replaces).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// How long to wait for the new image to answer, ms.
+        #[arg(long, default_value_t = 120_000)]
+        timeout_ms: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]

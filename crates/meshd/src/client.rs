@@ -13,6 +13,7 @@ use meshd::protocol::{Request, Response};
 use meshd::start;
 
 mod delete;
+mod handoff;
 mod wire;
 
 use wire::call;
@@ -82,6 +83,7 @@ pub fn dispatch(socket: &Path, command: Command) -> Result<(), Exit> {
             println!("meshd is shutting down");
             Ok(())
         }
+        Command::Handoff { binary, timeout_ms } => handoff::handoff(socket, binary, timeout_ms),
     }
 }
 

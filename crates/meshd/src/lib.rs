@@ -4,6 +4,7 @@
 //! everything but the GPU is tested on any machine.
 
 pub mod control;
+pub mod handoff;
 pub mod health;
 pub mod http;
 pub mod metrics;

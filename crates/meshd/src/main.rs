@@ -17,6 +17,7 @@ use exit::{Exit, refused};
 
 fn main() -> ExitCode {
     meshd::replace::mark_process_start();
+    meshd::handoff::mark_started_from();
     let cli = parse_cli();
     // SAFETY: nothing but this thread runs yet (clap spawns none), and the driver is not loaded.
     unsafe { start::select_device_env(cli.device.as_deref()) };

@@ -89,6 +89,18 @@ pub enum Request {
     Info,
     /// Stop every program and native worker, then exit (what SIGTERM does too).
     Shutdown,
+    /// Replace meshd's process with a new build of meshd, its pid kept (an upgrade of meshd itself).
+    /// `binary` (absent: the file meshd was started from, which a package upgrade replaces) is run
+    /// with `--version` first: it must read this state directory's format and mailbox layout and,
+    /// where programs run on for it, speak the MPS workers' protocol; else refused, nothing changed.
+    /// Then the programs are handed over: in MPS mode under `--orphan-grace-ms` they run on and the
+    /// new image adopts them; otherwise each is stopped in order and the new image relaunches it.
+    /// Answered ([`Response::handoff`]) just before the process executes the new binary.
+    Handoff {
+        /// The new build, an absolute path (absent: the file meshd was started from).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        binary: Option<String>,
+    },
     /// Start a native GPU worker (a process of its own, meshd's child); answered once it is ready or refused.
     Spawn {
         /// Its name in `ps`.
@@ -535,6 +547,33 @@ pub struct InfoExtra {
     /// The MPS worker pool (MPS mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolRow>,
+    /// meshd's version line, as `meshd --version` prints it after "meshd " (absent from an older meshd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// meshd's pid (absent from an older meshd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// When this process image started, ms since the Unix epoch: a handoff (or a replacement after a
+    /// GPU fault) keeps the pid and changes this (absent from an older meshd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_ms: Option<u64>,
+}
+
+/// What a handoff hands over, in its answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HandoffRow {
+    /// The binary the process executes next.
+    pub binary: String,
+    /// Its version line, as its `--version` printed it.
+    pub version: String,
+    /// Programs that run on for the new image to adopt (MPS mode under `--orphan-grace-ms`).
+    pub running_on: usize,
+    /// Programs stopped in order for the new image to relaunch.
+    pub stopped: usize,
+    /// Programs whose worker was not seen waiting for the new image in time, each with its worker:
+    /// the new image stops and relaunches them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub late: Vec<String>,
 }
 
 /// The MPS worker pool in `info`.
@@ -629,6 +668,9 @@ pub struct Response {
     /// Messages a `channel_delete` or `service_delete` dropped (0 when the channels were empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discarded: Option<u64>,
+    /// `handoff`: the binary executed next and what it is handed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<HandoffRow>,
 }
 
 impl Response {

@@ -182,15 +182,27 @@ pub fn mono_ns() -> u64 {
 }
 
 static PROCESS_START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+static PROCESS_START_UNIX_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
-/// Records when this process image started (`main` calls it first), for the recovery's log.
+/// Records when this process image started (`main` calls it first), for the recovery's log and
+/// `info` (which tells a new image from the one it replaced by it: the pid is the same).
 pub fn mark_process_start() {
     PROCESS_START.get_or_init(mono_ns);
+    PROCESS_START_UNIX_MS.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    });
 }
 
 /// When this process image started (`CLOCK_MONOTONIC` ns), if `main` said.
 pub fn process_start() -> Option<u64> {
     PROCESS_START.get().copied()
+}
+
+/// When this process image started, ms since the Unix epoch, if `main` said.
+pub fn process_start_unix_ms() -> Option<u64> {
+    PROCESS_START_UNIX_MS.get().copied()
 }
 
 /// Marks every descriptor above stderr close-on-exec, so that the new image inherits none: the
@@ -218,11 +230,17 @@ pub fn close_on_exec_all() -> std::io::Result<usize> {
 /// Replaces this process with a new image of meshd: `/proc/self/exe` with [`reexec_args`]. Returns
 /// only when the exec failed, with its error.
 pub fn exec_self() -> std::io::Error {
+    exec(std::path::Path::new("/proc/self/exe"))
+}
+
+/// Replaces this process with `binary`, given this process's arguments ([`reexec_args`]) and
+/// environment: what `meshd handoff` executes. Returns only when the exec failed, with its error.
+pub fn exec(binary: &std::path::Path) -> std::io::Error {
     if let Err(e) = close_on_exec_all() {
         tracing::warn!("marking descriptors close-on-exec: {e}");
     }
     let args = reexec_args(std::env::args_os());
-    let mut cmd = std::process::Command::new("/proc/self/exe");
+    let mut cmd = std::process::Command::new(binary);
     if let Some(arg0) = args.first() {
         cmd.arg0(arg0);
     }

@@ -108,6 +108,9 @@ fn info_carries_the_device_and_the_pool_and_reads_old_answers() {
                 stalls: 1,
                 recent: vec![GrowthRow { seq: 1, program: "p".into(), op: "load".into(), stalled: 2, unix_ms: 5 }],
             }),
+            version: Some("0.1.0 (state 1, mailbox layout 4, worker protocol 5)".into()),
+            pid: Some(4242),
+            started_unix_ms: Some(1_765_000_000_000),
         },
     };
     let json = serde_json::to_value(&info).unwrap();

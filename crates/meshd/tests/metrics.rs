@@ -827,6 +827,7 @@ fn everything() -> Exposition {
             device_uuid: Some("GPU-5f3a".into()),
             device_selector: Some("GPU-5f3a".into()),
             pool: Some(PoolRow { size: 2, idle: 1, in_use: 1, client_limit: 48, stalls: 3, ..PoolRow::default() }),
+            ..InfoExtra::default()
         },
     };
     let native = meshd::native::NativeRow {

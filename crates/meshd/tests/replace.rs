@@ -104,7 +104,7 @@ impl Image {
             mailbox.clone(),
             Limits::default(),
             Some(store),
-            Box::new(move || {
+            Box::new(move |_| {
                 let _ = tx.send(());
                 std::io::Error::other("a test does not exec")
             }),

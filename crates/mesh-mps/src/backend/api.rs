@@ -260,6 +260,10 @@ impl Backend for MpsBackend {
         Ok(())
     }
 
+    fn hand_over(&mut self) -> Result<mesh_backend::Handover> {
+        self.hand_over_programs()
+    }
+
     fn host_atomics(&self) -> bool {
         self.device.host_atomics
     }

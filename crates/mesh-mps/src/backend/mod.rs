@@ -33,8 +33,9 @@
 //! backend's options and the helpers every job uses; `api` opens the backend and implements
 //! [`Backend`]; each job has a file of its own: `workers` (the pool), `changes` (load, upgrade,
 //! unload), `recovery` (after a GPU fault), `takeover` (the standby's part), `liveness` (the
-//! watchdog's tick, silent workers), `device_rings` (device channels) and `adoption` (programs
-//! adopted from a previous meshd under an orphan grace). Imports go one way: the
+//! watchdog's tick, silent workers), `device_rings` (device channels), `adoption` (programs
+//! adopted from a previous meshd under an orphan grace) and `handover` (programs left running for
+//! the new image of `meshd handoff`). Imports go one way: the
 //! job files build on this one and on each other without a loop, and only `api` sits above them.
 
 use std::collections::BTreeMap;
@@ -67,6 +68,7 @@ mod adoption;
 mod api;
 mod changes;
 mod device_rings;
+mod handover;
 mod liveness;
 mod recovery;
 #[cfg(test)]

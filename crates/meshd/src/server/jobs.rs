@@ -18,6 +18,10 @@ pub(super) enum Query {
         name: String,
     },
     Shutdown,
+    /// Replace the process with a new build (on the backend thread, as a [`Job::Handoff`]).
+    Handoff {
+        binary: Option<String>,
+    },
     /// A `detach` on a connection that attached nothing.
     StrayDetach,
 }
@@ -103,6 +107,7 @@ impl From<Request> for Routed {
             Request::Metrics => Self::Query(Query::Metrics),
             Request::Stop { name } => Self::Query(Query::Stop { name }),
             Request::Shutdown => Self::Query(Query::Shutdown),
+            Request::Handoff { binary } => Self::Query(Query::Handoff { binary }),
             Request::Load { name, grid, block, shared_mem, bind, sms, no_readiness, image_len: _ } => {
                 Self::Change(Change::Load { name, grid, block, shared_mem, bind, sms, no_readiness })
             }
@@ -152,6 +157,11 @@ pub(super) enum Job {
     },
     Shutdown {
         reply: Option<mpsc::SyncSender<Response>>,
+    },
+    /// `meshd handoff`: answered just before the process executes the new binary.
+    Handoff {
+        binary: Option<String>,
+        reply: mpsc::SyncSender<Response>,
     },
     /// The backend has news it received unasked (an MPS worker's kernel ended): run the watchdog now.
     Wake,

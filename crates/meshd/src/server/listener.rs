@@ -249,6 +249,13 @@ fn query(shared: &Shared, jobs: &mpsc::Sender<Job>, query: Query) -> Response {
             // The backend thread may have ended already (a signal raced): the daemon stops either way.
             answer.recv().unwrap_or_else(|_| Response::ok())
         }
+        Query::Handoff { binary } => {
+            let (reply, answer) = mpsc::sync_channel(1);
+            if jobs.send(Job::Handoff { binary, reply }).is_err() {
+                return Response::error("handoff: meshd is shutting down");
+            }
+            answer.recv().unwrap_or_else(|_| Response::error("handoff: meshd is shutting down"))
+        }
     }
 }
 
@@ -326,6 +333,9 @@ fn info(shared: &Shared) -> Response {
                 device_uuid: shared.device_id.get().map(|d| d.uuid.clone()),
                 device_selector: shared.device_id.get().and_then(|d| d.selector.clone()),
                 pool: snap.pool.as_ref().and_then(PoolFigures::snapshot).map(|p| PoolRow::from(&p)),
+                version: Some(crate::handoff::version_line().to_string()),
+                pid: Some(std::process::id()),
+                started_unix_ms: crate::replace::process_start_unix_ms(),
             },
         }),
         ..Response::default()

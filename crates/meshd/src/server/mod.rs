@@ -33,6 +33,7 @@
 //! [`Backend::set_recovery_board`]: mesh_backend::Backend::set_recovery_board
 //! [`Backend::take_replacement`]: mesh_backend::Backend::take_replacement
 
+mod handoff;
 mod jobs;
 mod leases;
 mod limits;

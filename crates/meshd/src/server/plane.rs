@@ -50,7 +50,11 @@ impl Server {
     where
         F: FnOnce(&Mailbox) -> Result<Opened> + Send + 'static,
     {
-        Self::start_with(mailbox, limits, state, Box::new(replace::exec_self), open)
+        let replacer: Replacer = Box::new(|binary| match binary {
+            Some(binary) => replace::exec(binary),
+            None => replace::exec_self(),
+        });
+        Self::start_with(mailbox, limits, state, replacer, open)
     }
 
     /// [`Server::start`] with what replaces the process after a sticky fault (tests: a stand-in).

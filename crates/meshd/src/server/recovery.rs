@@ -372,7 +372,7 @@ impl BackendWorker<'_> {
             std::process::id(),
             ms_between(noticed, mono_ns())
         );
-        let e = (self.replacer)();
+        let e = (self.replacer)(None);
         tracing::error!("replacing the process failed: {e}; every change is refused: restart meshd");
     }
 }

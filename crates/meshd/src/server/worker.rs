@@ -18,8 +18,10 @@ use crate::protocol::{HELD_SLOT, ProgramRow, Response};
 use crate::replace::{Search, mono_ns};
 use crate::state::{Recorded, RecordedNative, StateStore};
 
-/// What replaces the process ([`crate::replace::exec_self`]); returns only when that failed, with why.
-pub type Replacer = Box<dyn FnMut() -> std::io::Error + Send>;
+/// What replaces the process: with `None` a new image of this binary ([`crate::replace::exec_self`],
+/// after a sticky fault), with a path that binary ([`crate::replace::exec`], `meshd handoff`).
+/// Returns only when that failed, with why.
+pub type Replacer = Box<dyn FnMut(Option<&std::path::Path>) -> std::io::Error + Send>;
 
 /// What opening a backend yields.
 pub struct Opened {
@@ -100,6 +102,7 @@ where
         opened_mono_ns: mono_ns(),
         natives_restarted: false,
         wake_pending,
+        handed_over: None,
     };
     // Read before the relaunch, whose publishing records the (still empty) table of native workers.
     let natives = worker.state.as_ref().map(|s| s.recorded().natives.clone()).unwrap_or_default();
@@ -152,6 +155,9 @@ pub(super) struct BackendWorker<'a> {
     pub(super) natives_restarted: bool,
     /// A Wake is queued (set by the backend's waker, cleared by the pass it brings).
     pub(super) wake_pending: Arc<AtomicBool>,
+    /// The programs were handed over to a new image that could not be executed: why every change
+    /// is refused from then on.
+    pub(super) handed_over: Option<String>,
 }
 
 pub(super) fn unix_ms() -> u64 {
@@ -344,6 +350,8 @@ impl BackendWorker<'_> {
                 Ok(Job::Change { change, image, reply }) => {
                     let response = if self.shared.stopping.load(Ordering::Acquire) {
                         Response::error("meshd is shutting down")
+                    } else if let Some(why) = &self.handed_over {
+                        Response::error(why)
                     } else if let Some((s, _)) = &self.search {
                         Response::error(format!(
                             "meshd is searching the culprit of a GPU fault by halves (question {}); try again in a \
@@ -366,6 +374,7 @@ impl BackendWorker<'_> {
                     }
                     return self.shutdown();
                 }
+                Ok(Job::Handoff { binary, reply }) => self.handoff(binary, &reply),
                 Ok(Job::Wake) => self.wake_pending.store(false, Ordering::Release),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
