@@ -283,11 +283,12 @@ mod tests {
         assert_eq!(held.status(), "still running");
         assert!(!held.exited_within(Duration::from_millis(20)), "a sleeping process does not exit");
         held.signal_kill();
-        // Our own child here, so it turns zombie rather than vanishing: the pidfd is readable then.
+        // Our own child here (as workers are after a handoff): the pidfd is readable once it is a
+        // zombie, and the watch reaps it.
         assert!(held.exited_within(Duration::from_secs(5)), "killed through the pidfd");
         assert!(!held.alive());
         assert_eq!(held.status(), "exited");
-        child.wait().unwrap();
+        assert!(child.wait().is_err(), "reaped through the pidfd: no zombie is left for us to wait for");
         assert!(Held::adopt(4_000_000).is_err(), "no such process");
         let tied = Held::Child(spawn_tied(Command::new("/bin/sleep").arg("30"), Signal::KILL).unwrap());
         assert!(!tied.wait_or_kill(Duration::from_millis(20)), "it did not leave by itself");
