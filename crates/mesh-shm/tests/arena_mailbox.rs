@@ -8,8 +8,8 @@ use mesh_shm::arena::Refusal;
 use mesh_shm::claim::Holder;
 use mesh_shm::layout::{Header, LINE, ring_bytes_at};
 use mesh_shm::{
-    Consumer, CreateMode, FanInReceiver, FanInSender, GroupClient, GroupServer, Mailbox, MailboxConfig, Placement,
-    Producer, ServiceOwner, ShmError,
+    BulkConsumer, BulkProducer, Consumer, CreateMode, FanInReceiver, FanInSender, GroupClient, GroupServer, Mailbox,
+    MailboxConfig, Placement, Producer, Protocol, ServiceOwner, ShmError,
 };
 
 fn mailbox(dir: &tempfile::TempDir, size: u64) -> Mailbox {
@@ -84,6 +84,38 @@ fn a_deleted_channels_space_and_name_are_reused_and_its_ring_starts_empty() {
     assert!(b.ring_offset >= ring_end(&mb, "c"));
     assert!(high_water(&mb) >= ring_end(&mb, "b") - mb.geometry().arena_offset);
     assert_eq!(mb.arena_usage().descriptors_in_use, 4);
+}
+
+#[test]
+fn a_reused_bulk_or_index_ring_starts_empty_though_only_its_flags_and_indices_are_zeroed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mb = mailbox(&dir, 4 << 20);
+    let msg = 64 << 10;
+    // A bulk ring written full, then deleted with its messages.
+    let old = mb.create_channel_with("old", msg, 4, Placement::Host, Protocol::Bulk).unwrap();
+    let mut tx = BulkProducer::claim(&mb, "old").unwrap();
+    for i in 0..4u8 {
+        tx.send(&vec![0xA0 | i; msg as usize], Duration::from_secs(1)).unwrap();
+    }
+    drop(tx);
+    assert_eq!(mb.delete_channel("old", true).unwrap(), 4);
+    let again = mb.create_channel_with("again", msg, 4, Placement::Host, Protocol::Bulk).unwrap();
+    assert_eq!(again.ring_offset, old.ring_offset, "the same hole");
+    let mut rx = BulkConsumer::claim(&mb, "again").unwrap();
+    let mut buf = vec![0u8; msg as usize];
+    assert!(!rx.try_recv(&mut buf).unwrap(), "its flags were zeroed: no stale message reads as sent");
+    let mut tx = BulkProducer::claim(&mb, "again").unwrap();
+    tx.send(&vec![7; msg as usize], Duration::from_secs(1)).unwrap();
+    assert!(rx.try_recv(&mut buf).unwrap() && buf.iter().all(|&b| b == 7), "a new message is whole");
+    assert!(!rx.try_recv(&mut buf).unwrap(), "and alone");
+    drop((tx, rx));
+    // An index ring: nothing in its slots says written; its head and tail start at zero.
+    mb.delete_channel("again", true).unwrap();
+    let idx = mb.create_channel_with("idx", 64, 16, Placement::Host, Protocol::Index).unwrap();
+    assert_eq!(idx.ring_offset, old.ring_offset, "the same hole again");
+    let mut rx = Consumer::claim(&mb, "idx").unwrap();
+    let mut small = [0u8; 64];
+    assert!(!rx.try_recv(&mut small).unwrap(), "a reused index ring starts empty");
 }
 
 #[test]

@@ -146,8 +146,18 @@ impl Mailbox {
         crash_point("create:header-zeroed");
         // Below the high-water mark the bytes may be a freed ring's: stale LL tags or bulk flags there
         // would read as messages. Past it the arena was never handed out and is still the file's
-        // zeroes, so a mailbox whose channels were never freed zeroes nothing more than it did.
-        let dirty_end = ring_end.min(g.arena_offset + used);
+        // zeroes, so a mailbox whose channels were never freed zeroes nothing more than it did. Only
+        // the words a format reads as state are zeroed: LL's tags sit in every line, but a bulk
+        // ring's payloads and an index ring's slots hold no tag (a message is whole by its flags or
+        // by `head`), so a reused 16 MiB bulk ring costs its flags and lines, not a 16 MiB memset
+        // that would take memory bandwidth from every running program. A payload's stale bytes are
+        // never delivered: a consumer reads only what a producer wrote after the create.
+        let tagged_end = match protocol {
+            Protocol::Bulk => slots_offset + bulk_payload_offset(capacity, parts),
+            Protocol::Index => ring_offset + size_of::<RingHeader>() as u64,
+            _ => ring_end,
+        };
+        let dirty_end = ring_end.min(tagged_end).min(g.arena_offset + used);
         if placement == Placement::Host && dirty_end > ring_offset {
             // SAFETY: `ring_offset..dirty_end` lies inside the free range just placed, as above.
             unsafe { std::ptr::write_bytes(self.base().add(in_map(ring_offset)), 0, in_map(dirty_end - ring_offset)) };
