@@ -331,6 +331,8 @@ fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_st
     }
     assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the handoff:\n{log}");
     assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
+    assert!(rows.iter().all(|r| r["adopted"] == true), "ps says each was adopted: {rows:?}");
     let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
     assert_eq!(after, generations, "no new generation: nothing was launched again");
     let gaps_after: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();

@@ -78,6 +78,7 @@ impl ProgramCore {
             last_fault: fault.map(ToString::to_string),
             last_fault_unix_ms: fault.map(|f| f.unix_ms()),
             stopped_why,
+            adopted: false,
         }
     }
 }

@@ -274,6 +274,10 @@ pub struct ProgramStatus {
     /// Why it is not running, when it is not: left stopped after a fault (and why it was named),
     /// or ended by itself (`mesh_exit`), which the watchdog reports and does not relaunch.
     pub stopped_why: Option<String>,
+    /// Its kernel runs as a previous meshd launched it, adopted by this one without a launch (MPS
+    /// mode under `--orphan-grace-ms`); false once this meshd launched it itself (an upgrade, a
+    /// recovery).
+    pub adopted: bool,
 }
 
 #[cfg(test)]

@@ -344,6 +344,9 @@ fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
     if let Some(why) = &p.stopped_why {
         return why.clone();
     }
+    if p.adopted {
+        return "adopted from the previous meshd, never stopped".into();
+    }
     match (&p.last_fault, p.last_fault_unix_ms) {
         (Some(f), Some(at)) => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());

@@ -112,6 +112,7 @@ mod tests {
             stopped_why: None,
             recovery: None,
             user: Vec::new(),
+            adopted: false,
         }
     }
 

@@ -333,7 +333,8 @@ pub struct ProgramRow {
     /// running, recovering, stopped, exited(N), faulted: …; `recovering` while a recovery in place
     /// has stopped it and not yet relaunched it (then `recovery` says from what, and for how long).
     pub state: String,
-    /// Launches so far, bumped by every relaunch (blink, upgrade, recovery).
+    /// Launches so far, bumped by every relaunch (blink, upgrade, recovery), and counted on by a
+    /// restarted meshd that relaunches it into its slot.
     pub generation: u32,
     /// The counter the kernel advances on every iteration of its loop; a still value means a stall.
     pub heartbeat: u64,
@@ -367,6 +368,10 @@ pub struct ProgramRow {
     /// no slot), in the answers to `load` and `upgrade`, and from a meshd before it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user: Vec<u32>,
+    /// Its kernel runs as the previous meshd launched it: this one adopted it without a launch (MPS
+    /// mode under `--orphan-grace-ms`, after a crash or a handoff). Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 /// How many user words a program slot holds (mesh.cuh's `MESH_SLOT_USER_WORDS`).
@@ -422,6 +427,7 @@ impl From<&ProgramStatus> for ProgramRow {
             stopped_why: s.stopped_why.clone(),
             recovery: None,
             user: Vec::new(),
+            adopted: s.adopted,
         }
     }
 }

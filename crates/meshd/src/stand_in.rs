@@ -202,6 +202,7 @@ impl Backend for StandInBackend {
             last_fault: None,
             last_fault_unix_ms: None,
             stopped_why: None,
+            adopted: false,
         };
         self.programs.push(status.clone());
         Ok(status)

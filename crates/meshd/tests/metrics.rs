@@ -771,6 +771,7 @@ fn everything() -> Exposition {
         stopped_why: None,
         recovery: None,
         user: Vec::new(),
+        adopted: false,
     };
     let info = Info {
         mode: "mps".into(),

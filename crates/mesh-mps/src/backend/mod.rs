@@ -371,7 +371,11 @@ impl MpsBackend {
 
     fn status_of(&self, p: &Program, state: KernelState) -> ProgramStatus {
         let sms = p.worker.asked_sms.map(|_| p.worker.ready.sms);
-        p.core.status(state.into(), slots::reading(&self.mailbox, p.core.slot), Some(p.worker.pid()), sms)
+        let mut status =
+            p.core.status(state.into(), slots::reading(&self.mailbox, p.core.slot), Some(p.worker.pid()), sms);
+        // An adopted worker is replaced by a fresh one at the program's next launch.
+        status.adopted = p.worker.adopted();
+        status
     }
 }
 

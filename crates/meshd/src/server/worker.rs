@@ -271,6 +271,7 @@ impl BackendWorker<'_> {
                 last_fault: c.last_fault,
                 last_fault_unix_ms: c.last_fault_unix_ms,
                 stopped_why: Some(h.why.clone()),
+                adopted: false,
             });
         }
         rows
