@@ -809,7 +809,21 @@ fn run(mode: &str, mps: bool) {
     // creates a worker, which the unload keeps): each extra worker is allowed a few descriptors (its
     // pipes) and a thread; the same number or fewer workers, none.
     let extra = usize::try_from(end_workers.saturating_sub(base_workers)).unwrap_or(usize::MAX / 8);
-    let (fd_allowed, thread_allowed) = (base_counts.0 + 4 * extra, base_counts.1 + extra);
+    // Under an orphan grace the last meshd may hold what it adopted: each adopted worker by a
+    // pidfd, and each device ring an adopted worker mapped by the descriptor it handed over.
+    let held = if mps && chaos::orphan_grace_ms().is_some() {
+        let adopted = c.ps().iter().filter(|r| r["adopted"] == true).count();
+        let device_rings =
+            c.mb.channels_each()
+                .into_iter()
+                .filter(|ch| ch.as_ref().is_ok_and(|ch| ch.placement == mesh_shm::Placement::Device))
+                .count();
+        eprintln!("held from the adoptions: {adopted} adopted worker(s), {device_rings} device ring(s) at most");
+        adopted + device_rings
+    } else {
+        0
+    };
+    let (fd_allowed, thread_allowed) = (base_counts.0 + 4 * extra + held, base_counts.1 + extra);
     eprintln!("MPS workers: after the setup {base_workers}, at the end {end_workers}");
     eprintln!("GPU memory in use with meshd running: after the setup {memory_setup:?}, at the end {memory_end:?} MiB");
     // Blink mode holds one context whatever happened: what the run's device rings took must be back.
