@@ -195,7 +195,7 @@ impl From<&PoolSnapshot> for PoolRow {
 /// A service's row in `info`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ServiceRow {
-    /// The service (its fan-in channel; its group is this name and [`REPLIES_SUFFIX`]).
+    /// The service (its fan-in channel; its group is this name and [`REPLIES_SUFFIX`](super::REPLIES_SUFFIX)).
     pub name: String,
     /// Client slots in its group.
     pub entries: u32,
