@@ -461,13 +461,16 @@ impl MpsControl {
     }
 
     /// Quits the daemon (and with it its server), waits for it, removes the directory if meshd made it.
-    pub fn quit(&self) {
+    /// Whether it left when asked (false: it ignored the quit and was killed).
+    pub fn quit(&self) -> bool {
         let mut guard = self.child.lock();
+        let mut left = true;
         if let Some(child) = guard.take()
             && child.alive()
         {
             let _ = self.command("quit");
-            if !child.wait_or_kill(Duration::from_secs(10)) {
+            left = child.wait_or_kill(Duration::from_secs(10));
+            if !left {
                 tracing::warn!("the MPS control daemon ignored quit and was killed");
             }
         }
@@ -475,6 +478,7 @@ impl MpsControl {
         if self.owned_root {
             let _ = std::fs::remove_dir_all(&self.root);
         }
+        left
     }
 }
 

@@ -544,11 +544,11 @@ impl Worker {
 
     /// Asks the worker to stop its kernel in order and leave (`retire`: the stop through its slot,
     /// its stop deadline, else it cuts itself off its server); kills it if it is not gone within
-    /// `within`.
-    pub fn retire(mut self, within: Duration) {
+    /// `within`. Whether it left by itself.
+    pub fn retire(mut self, within: Duration) -> bool {
         let _ = writeln!(self.stdin, "{}", encode(&WorkerCommand::Retire));
         let _ = self.stdin.flush();
-        self.child.wait_or_kill(within);
+        self.child.wait_or_kill(within)
     }
 
     /// SIGKILL without reaping (many workers are signalled first, then reaped by [`Worker::kill`],

@@ -124,7 +124,9 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
     // The idle orphan was retired (its sleep ended), the busy one greeted.
     let (heard, _) = idle_thread.join().unwrap();
     assert_eq!(heard[1], r#"{"op":"retire"}"#, "{heard:?}");
-    assert!(idle.wait().is_ok());
+    // Gone: reaped by the test, or already through the pidfd that held it (it is our child here).
+    let reaped = idle.wait().is_ok();
+    assert!(reaped || !mesh_mps_worker::orphan::process_alive(idle.id()), "the retired orphan is gone");
     let greeted = c.take_greeted();
     assert_eq!(greeted.len(), 1);
     let g = greeted.into_iter().next().unwrap();
@@ -141,16 +143,18 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
     assert_eq!(rustix::fs::FileType::from_raw_mode(mode), rustix::fs::FileType::Fifo, "the descriptor it sent");
     assert_eq!((w.pid(), w.kernel(), w.ready.sms), (busy.id(), KernelState::Busy, 132));
     // Ended as the backend's teardown ends an adoptee no program claimed: asked to retire.
-    w.retire(Duration::from_secs(10));
+    assert!(
+        w.retire(Duration::from_secs(10)),
+        "it left when asked (SIGTERM, by the stand-in), not killed at the bound"
+    );
     let (heard, fds) = busy_thread.join().unwrap();
     let hello = format!(r#"{{"op":"hello","protocol":{PROTOCOL}}}"#);
     let export = r#"{"op":"export","channel":3,"bytes":2097152}"#;
     assert_eq!(heard, [hello.as_str(), r#"{"op":"adopt"}"#, export, r#"{"op":"retire"}"#]);
     assert_eq!(fds, 1, "the new fd socket rode on the adopt line");
-    use std::os::unix::process::ExitStatusExt;
-    let status = busy.wait().unwrap();
-    assert_eq!(status.signal(), Some(15), "it left when asked (SIGTERM, by the stand-in), not killed at the bound");
+    // Its status went to the pidfd's watch, which reaps an adopted worker that is our child.
+    assert!(busy.wait().is_err(), "already reaped through its pidfd");
 
-    c.quit();
-    assert!(daemon.wait().unwrap().success(), "the adopted daemon quits when asked");
+    assert!(c.quit(), "the adopted daemon quits when asked, not killed at the bound");
+    assert!(daemon.wait().is_err(), "already reaped through its pidfd");
 }
