@@ -620,8 +620,10 @@ fn run(mode: &str, mps: bool) {
         length.as_secs(),
         length.as_secs()
     );
-    // An earlier test's MPS processes may still be ending (the driver takes up to ~2 s after a kill).
-    let clear = wait_until(Duration::from_secs(30), || chaos::leftovers().is_empty());
+    // An earlier test's MPS processes may still be ending (the driver takes up to ~2 s after a kill),
+    // and under an orphan grace a failed run's orphans wait out the grace before they stop.
+    let grace = Duration::from_millis(chaos::orphan_grace_ms().unwrap_or(0));
+    let clear = wait_until(Duration::from_secs(30) + grace, || chaos::leftovers().is_empty());
     assert!(clear, "meshd or MPS processes before the test: {:?}", chaos::leftovers());
     let memory_before = chaos::gpu_memory_mib();
     let mut c = Chaos::start(mps, seed);
@@ -809,8 +811,9 @@ fn run(mode: &str, mps: bool) {
     // creates a worker, which the unload keeps): each extra worker is allowed a few descriptors (its
     // pipes) and a thread; the same number or fewer workers, none.
     let extra = usize::try_from(end_workers.saturating_sub(base_workers)).unwrap_or(usize::MAX / 8);
-    // Under an orphan grace the last meshd may hold what it adopted: each adopted worker by a
-    // pidfd, and each device ring an adopted worker mapped by the descriptor it handed over.
+    // Under an orphan grace the last meshd may hold what it adopted: the MPS control daemon and
+    // each adopted worker by a pidfd, and each device ring an adopted worker mapped by the
+    // descriptor it handed over.
     let held = if mps && chaos::orphan_grace_ms().is_some() {
         let adopted = c.ps().iter().filter(|r| r["adopted"] == true).count();
         let device_rings =
@@ -818,8 +821,10 @@ fn run(mode: &str, mps: bool) {
                 .into_iter()
                 .filter(|ch| ch.as_ref().is_ok_and(|ch| ch.placement == mesh_shm::Placement::Device))
                 .count();
-        eprintln!("held from the adoptions: {adopted} adopted worker(s), {device_rings} device ring(s) at most");
-        adopted + device_rings
+        eprintln!(
+            "held from the adoptions: the daemon, {adopted} adopted worker(s), {device_rings} device ring(s) at most"
+        );
+        1 + adopted + device_rings
     } else {
         0
     };
