@@ -4,8 +4,9 @@
 //! grace adopts the programs (same workers, same generations, kernels never stopped), and upgrades,
 //! unloads and shuts them down as its own, a device channel's ring kept with every message in it; a meshd started again without a grace retires the
 //! orphans, and waits for their exit, before it relaunches the programs, so that two generations of
-//! a program never run at once; an orderly shutdown still ends everything. Each test prints what it
-//! measured.
+//! a program never run at once; an orderly shutdown still ends everything; `meshd handoff` under the
+//! grace, to the same build or to another (`meshd-next`, built beside meshd in the bundle), hands
+//! every program to the new image, which adopts it without a stop. Each test prints what it measured.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -341,6 +342,48 @@ fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_st
          ({beat_for:?} of 4 s); largest gap by the programs' own timers before {gaps_before:?} ms, after \
          {gaps_after:?} ms\n{said}"
     );
+    d.ok(&["shutdown"]);
+    let mut d = d;
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+}
+
+#[test]
+fn a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers() {
+    require_gpu!("a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers");
+    let next = mesh_gpu_tests::harness::meshd_bin().with_file_name("meshd-next");
+    if !next.is_file() {
+        eprintln!(
+            "SKIPPED a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers: no {} (the bundle of \
+             `cargo xtask gpu-test --bundle DIR` carries that second build)",
+            next.display()
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let mps: PathBuf = tmp.path().join("mps");
+    let _reap = Reap(mps.clone());
+    let (d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
+    let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
+    let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    let out = d.cli(&["handoff", "--binary", next.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "handoff: {}\n{said}\n{}", String::from_utf8_lossy(&out.stderr), d.log_text());
+    assert!(said.contains("2 program(s) run on for it to adopt"), "{said}");
+    let answered = said.lines().last().unwrap_or_default();
+    assert!(
+        answered.contains("+next (state") && answered.contains("answers"),
+        "the new build answers: {said}"
+    );
+    assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
+    let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    assert_eq!(after, generations, "no new generation: nothing was launched again");
+    let beats: Vec<u64> = slots.iter().map(|&s| heartbeat(&mb, s)).collect();
+    assert!(
+        wait_until(UP, || slots.iter().zip(&beats).all(|(&s, &b)| heartbeat(&mb, s) > b)),
+        "both beat on under the new build"
+    );
+    eprintln!("handoff to another build:\n{said}");
     d.ok(&["shutdown"]);
     let mut d = d;
     let _ = d.child.wait();

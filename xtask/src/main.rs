@@ -284,6 +284,10 @@ fn bundle(dir: &Path) -> Result<()> {
             std::fs::copy(&path, dir.join("bin").join(&name))?;
         }
     }
+    // A second build of meshd from the same source, telling itself apart in `--version`
+    // (`0.1.0+next`): what the GPU test of `meshd handoff` hands over to.
+    run(cargo().args(["build", "--release", "-p", "meshd", "--bin", "meshd"]).env("MESHD_BUILD_TAG", "next"))?;
+    std::fs::copy(target.join("release/meshd"), dir.join("bin/meshd-next"))?;
     for entry in std::fs::read_dir(PROGRAMS_DIR)? {
         let path = entry?.path();
         if path.is_file() {

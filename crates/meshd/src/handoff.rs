@@ -25,12 +25,14 @@ pub const THIS_BUILD: Versions = Versions {
     worker: mesh_mps::WORKER_PROTOCOL,
 };
 
-/// What `meshd --version` prints after "meshd ": the crate's version and [`THIS_BUILD`].
+/// What `meshd --version` prints after "meshd ": the crate's version (with `+TAG` when built with
+/// `MESHD_BUILD_TAG=TAG`, which tells two builds of one source apart) and [`THIS_BUILD`].
 pub fn version_line() -> &'static str {
     static LINE: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "{} (state {}, mailbox layout {}, worker protocol {})",
+            "{}{} (state {}, mailbox layout {}, worker protocol {})",
             env!("CARGO_PKG_VERSION"),
+            option_env!("MESHD_BUILD_TAG").map(|t| format!("+{t}")).unwrap_or_default(),
             THIS_BUILD.state,
             THIS_BUILD.layout,
             THIS_BUILD.worker
