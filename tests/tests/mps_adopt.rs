@@ -371,10 +371,7 @@ fn a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers() {
     assert!(out.status.success(), "handoff: {}\n{said}\n{}", String::from_utf8_lossy(&out.stderr), d.log_text());
     assert!(said.contains("2 program(s) run on for it to adopt"), "{said}");
     let answered = said.lines().last().unwrap_or_default();
-    assert!(
-        answered.contains("+next (state") && answered.contains("answers"),
-        "the new build answers: {said}"
-    );
+    assert!(answered.contains("+next (state") && answered.contains("answers"), "the new build answers: {said}");
     assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
     let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
     assert_eq!(after, generations, "no new generation: nothing was launched again");
