@@ -374,12 +374,20 @@ pub fn greet_previous(
         match (why_not, server) {
             (None, Some(_)) => greeted.push(g),
             (Some(why), _) => log.push(g.retire(control, &pipe_dirs, stop_deadline, &why)),
-            (None, None) => log.push(g.retire(
-                control,
-                &pipe_dirs,
-                stop_deadline,
-                &format!("it is not a client of the MPS daemon of {}", pipe.display()),
-            )),
+            (None, None) => {
+                // After a GPU fault the standby server took the programs over: its orphans are
+                // clients of the standby's daemon, which a restart does not adopt (yet).
+                let why = if server_of(control, &pipe_dirs[0], pid).is_some() {
+                    format!(
+                        "it is a client of the standby MPS daemon of {} (the programs moved there after a GPU \
+                         fault), which a restarted meshd does not adopt",
+                        pipe_dirs[0].display()
+                    )
+                } else {
+                    format!("it is not a client of the MPS daemon of {}", pipe.display())
+                };
+                log.push(g.retire(control, &pipe_dirs, stop_deadline, &why));
+            }
         }
     }
     if greeted.is_empty() {
