@@ -10,6 +10,7 @@ use anyhow::{Context, Result, anyhow};
 use mesh_backend::LaunchShape;
 use mesh_shm::{BulkConsumer, BulkProducer, Consumer, Mailbox, Producer, Protocol, ShmError};
 use meshd::protocol::{Request, Response};
+use meshd::replace::unix_ms;
 use meshd::start;
 
 mod delete;
@@ -132,12 +133,6 @@ fn unload(socket: &Path, name: &str) -> Result<(), Exit> {
     println!("unloaded {name}{}", backend_time(&resp));
     print_stalls(socket, name, since);
     Ok(())
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// MPS mode: the client creations this request of `program` caused (the pool was empty and
@@ -348,10 +343,7 @@ fn ps_note(p: &meshd::protocol::ProgramRow) -> String {
         return "adopted from the previous meshd, never stopped".into();
     }
     match (&p.last_fault, p.last_fault_unix_ms) {
-        (Some(f), Some(at)) => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            format!("last fault {:.1} s ago: {f}", now.saturating_sub(u128::from(at)) as f64 / 1000.0)
-        }
+        (Some(f), Some(at)) => format!("last fault {:.1} s ago: {f}", unix_ms().saturating_sub(at) as f64 / 1000.0),
         (Some(f), None) => format!("last fault: {f}"),
         _ => "-".into(),
     }

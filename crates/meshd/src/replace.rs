@@ -181,6 +181,13 @@ pub fn mono_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// Now, ms since the Unix epoch (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 static PROCESS_START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 static PROCESS_START_UNIX_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
@@ -188,11 +195,7 @@ static PROCESS_START_UNIX_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::ne
 /// `info` (which tells a new image from the one it replaced by it: the pid is the same).
 pub fn mark_process_start() {
     PROCESS_START.get_or_init(mono_ns);
-    PROCESS_START_UNIX_MS.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    });
+    PROCESS_START_UNIX_MS.get_or_init(unix_ms);
 }
 
 /// When this process image started (`CLOCK_MONOTONIC` ns), if `main` said.

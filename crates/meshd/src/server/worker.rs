@@ -15,6 +15,7 @@ use super::natives::native_spawn;
 use super::services;
 use super::shared::{Shared, Snapshot};
 use crate::protocol::{HELD_SLOT, ProgramRow, Response};
+pub(super) use crate::replace::unix_ms;
 use crate::replace::{Search, mono_ns};
 use crate::state::{Recorded, RecordedNative, StateStore};
 
@@ -158,12 +159,6 @@ pub(super) struct BackendWorker<'a> {
     /// The programs were handed over to a new image that could not be executed: why every change
     /// is refused from then on.
     pub(super) handed_over: Option<String>,
-}
-
-pub(super) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn ms_between(from_ns: u64, to_ns: u64) -> f64 {
