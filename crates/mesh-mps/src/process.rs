@@ -139,9 +139,16 @@ impl Held {
             (Self::Child(c), None) => c.wait().ok().map(Some),
             (Self::Child(c), Some(d)) if d.is_zero() => c.try_wait().ok().flatten().map(Some),
             (Self::Child(c), Some(d)) => c.wait_timeout(d).ok().flatten().map(Some),
-            (Self::Adopted { pidfd, .. }, Some(d)) => pidfd_readable(pidfd, d).then_some(None),
+            (Self::Adopted { pidfd, .. }, Some(d)) => {
+                let ended = pidfd_readable(pidfd, d);
+                if ended {
+                    reap_if_ours(pidfd);
+                }
+                ended.then_some(None)
+            }
             (Self::Adopted { pidfd, .. }, None) => {
                 while !pidfd_readable(pidfd, Duration::from_secs(3600)) {}
+                reap_if_ours(pidfd);
                 Some(None)
             }
         }
@@ -202,23 +209,24 @@ impl Held {
 
 /// Whether pidfd `pidfd` turns readable (its process exited) within `within`.
 fn pidfd_readable(pidfd: &std::os::fd::OwnedFd, within: Duration) -> bool {
-    use std::os::fd::AsFd;
     let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
     let t = rustix::event::Timespec {
         tv_sec: i64::try_from(within.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(within.subsec_nanos()),
     };
-    let ended = matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0);
-    if ended {
-        // An adopted worker is our child after all when meshd handed over to a new image of itself
-        // (`meshd handoff` executes it in the same process): reaped here, or it would stay a zombie.
-        // Another process's child is not ours to reap, and the call says so (ECHILD).
-        let _ = rustix::process::waitid(
-            rustix::process::WaitId::PidFd(pidfd.as_fd()),
-            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
-        );
-    }
-    ended
+    matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+}
+
+/// Reaps the ended process `pidfd` holds when it is our child after all: meshd handed over to a
+/// new image of itself (`meshd handoff` executes it in the same process), so the workers it adopts
+/// back are its children, which would otherwise stay zombies. Another process's child is not ours
+/// to reap, and the call says so (ECHILD).
+fn reap_if_ours(pidfd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsFd;
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+    );
 }
 
 /// How long [`Held::kill`] waits for an adopted process: a SIGKILLed MPS client lingers while the
