@@ -69,16 +69,34 @@ fn mps_processes(mps: &Path) -> Vec<(u32, String)> {
     [mps.join("pipe"), mps.join("standby").join("pipe")].iter().flat_map(|p| processes_using(p)).collect()
 }
 
-/// Kills every process left on MPS directory `.0` when a test ends, passed or failed: orphans
-/// outlive meshd by design, and one left running a kernel would time-slice with the next test's.
-struct Reap(PathBuf);
+/// A test's own MPS directory: every process left on it is killed when the test ends, passed or
+/// failed (orphans outlive meshd by design, and one left running a kernel would time-slice with
+/// the next test's), then the directory is removed.
+struct TestMps {
+    path: PathBuf,
+    _tmp: tempfile::TempDir,
+}
 
-impl Drop for Reap {
+impl TestMps {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir_in("/tmp").unwrap();
+        Self { path: tmp.path().join("mps"), _tmp: tmp }
+    }
+}
+
+impl Drop for TestMps {
     fn drop(&mut self) {
-        for (pid, _) in mps_processes(&self.0) {
+        for (pid, _) in mps_processes(&self.path) {
             let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
+}
+
+/// An orderly `meshd shutdown`: it ends every process of MPS directory `mps` within 10 s.
+fn shutdown_leaves_nothing(mut d: Meshd, mps: &Path) {
+    d.ok(&["shutdown"]);
+    let _ = d.child.wait();
+    assert!(wait_until(Duration::from_secs(10), || mps_processes(mps).is_empty()), "{:?}", mps_processes(mps));
 }
 
 fn heartbeat(mb: &Mailbox, slot: u32) -> u64 {
@@ -104,9 +122,8 @@ fn kept_beating(mb: &Mailbox, slots: &[u32], within: Duration) -> Duration {
 #[test]
 fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
     require_gpu!("orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing");
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     let (mut d, mb, progs) = two_programs(&mps, "3000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     let workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
@@ -145,9 +162,8 @@ fn largest_gap_ms(mb: &Mailbox, slot: u32) -> f64 {
 #[test]
 fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     require_gpu!("a_restart_within_the_grace_adopts_the_programs_which_never_stop");
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     // A second of running first: the gaps a program sees without any kill.
@@ -192,9 +208,7 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     );
     d.ok(&["unload", "b"]);
     assert_eq!(mb.slot(progs[1].1).unwrap().status().state, STATE_STOPPED, "b stopped in order");
-    d.ok(&["shutdown"]);
-    let _ = d.child.wait();
-    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    shutdown_leaves_nothing(d, &mps);
     for (_, _, pid) in &progs {
         assert!(!process_alive(*pid), "adopted worker {pid} is gone after the shutdown");
     }
@@ -203,9 +217,8 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
 #[test]
 fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all() {
     require_gpu!("a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdown_ends_all");
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     // `b` ignores its stop: the takeover's stop request does not end it, so the new meshd must
     // retire its orphan (which has the server cut it off) before `b` runs again.
     let (mut d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "ignore_stop"]);
@@ -241,9 +254,7 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
         "restart without a grace: meshd answered {up:?} after the kill; the stubborn orphan was retired (cut off) \
          before the relaunch; program a's largest gap by its own timer {gap_ms:.1} ms"
     );
-    d.ok(&["shutdown"]);
-    let _ = d.child.wait();
-    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    shutdown_leaves_nothing(d, &mps);
     assert!(!mps.join("keeper.pid").exists(), "the keeper was released");
 }
 
@@ -255,9 +266,8 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
 fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     require_gpu!("a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message");
     use mesh_gpu_tests::stress::{self, user};
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     let mut d = Meshd::start(&mps_args(&mps, "3", Some("30000")));
     d.ok(&["channel", "create", "data", "--msg-size", "256", "--capacity", "16", "--placement", "device"]);
     for knob in ["sink-knob", "source-knob"] {
@@ -292,17 +302,14 @@ fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     let data = info["channels"].as_array().unwrap().iter().find(|c| c["name"] == "data").cloned().unwrap();
     assert_eq!(data["lost"], 0, "nothing lost: {data}");
     eprintln!("adoption with a device channel: {} messages checked, exactly once across the restart", user::count(&w));
-    d.ok(&["shutdown"]);
-    let _ = d.child.wait();
-    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    shutdown_leaves_nothing(d, &mps);
 }
 
 #[test]
 fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_stops_them() {
     require_gpu!("a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_stops_them");
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     let (d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     std::thread::sleep(Duration::from_secs(1));
@@ -342,10 +349,7 @@ fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_st
          ({beat_for:?} of 4 s); largest gap by the programs' own timers before {gaps_before:?} ms, after \
          {gaps_after:?} ms\n{said}"
     );
-    d.ok(&["shutdown"]);
-    let mut d = d;
-    let _ = d.child.wait();
-    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    shutdown_leaves_nothing(d, &mps);
 }
 
 #[test]
@@ -360,9 +364,8 @@ fn a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers() {
         );
         return;
     }
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    let mps: PathBuf = tmp.path().join("mps");
-    let _reap = Reap(mps.clone());
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
     let (d, mb, progs) = two_programs(&mps, "30000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
@@ -381,8 +384,5 @@ fn a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers() {
         "both beat on under the new build"
     );
     eprintln!("handoff to another build:\n{said}");
-    d.ok(&["shutdown"]);
-    let mut d = d;
-    let _ = d.child.wait();
-    assert!(wait_until(Duration::from_secs(10), || mps_processes(&mps).is_empty()), "{:?}", mps_processes(&mps));
+    shutdown_leaves_nothing(d, &mps);
 }
