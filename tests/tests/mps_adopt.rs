@@ -6,7 +6,9 @@
 //! orphans, and waits for their exit, before it relaunches the programs, so that two generations of
 //! a program never run at once; an orderly shutdown still ends everything; `meshd handoff` under the
 //! grace, to the same build or to another (`meshd-next`, built beside meshd in the bundle), hands
-//! every program to the new image, which adopts it without a stop. Each test prints what it measured.
+//! every program to the new image, which adopts it without a stop; after a GPU fault moved the
+//! programs to the standby server, a restart adopts them on the standby's daemon and makes the new
+//! standby in the other. Each test prints what it measured.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -384,5 +386,108 @@ fn a_handoff_to_another_build_keeps_every_program_and_the_new_build_answers() {
         "both beat on under the new build"
     );
     eprintln!("handoff to another build:\n{said}");
+    shutdown_leaves_nothing(d, &mps);
+}
+
+/// `ps --json`'s row of `name`, if it is there.
+fn row_of(d: &Meshd, name: &str) -> Option<serde_json::Value> {
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
+    rows.into_iter().find(|r| r["name"] == name)
+}
+
+/// Loads `fault` (a program that faults at once) and waits until it is left faulted and `a` and
+/// `b` run again in workers other than `before`'s.
+fn fault_and_recover(d: &Meshd, fault: &str, before: &[(String, u32, u32)]) {
+    let image = programs_dir().join("fault.ptx");
+    d.ok(&["load", fault, image.to_str().unwrap()]);
+    let moved = wait_until(UP, || {
+        let faulted = row_of(d, fault).is_some_and(|r| r["state"].as_str().unwrap_or("").starts_with("faulted"));
+        let now = programs(d);
+        faulted
+            && now.len() == 2
+            && now.iter().all(|(name, _, pid)| before.iter().any(|(n, _, old)| n == name && old != pid))
+    });
+    assert!(moved, "{fault} faulted and a and b run in new workers: {}\n{}", d.ok(&["ps"]), d.log_text());
+    d.ok(&["unload", fault]);
+}
+
+#[test]
+fn after_a_fault_moved_the_programs_to_the_standby_a_restart_adopts_them_there() {
+    require_gpu!("after_a_fault_moved_the_programs_to_the_standby_a_restart_adopts_them_there");
+    let dir = TestMps::new();
+    let mps = dir.path.clone();
+    let args = [
+        "--isolation",
+        "mps",
+        "--pool",
+        "3",
+        "--standby",
+        "2",
+        "--mps-dir",
+        mps.to_str().unwrap(),
+        "--orphan-grace-ms",
+        "30000",
+    ];
+    let mut d = Meshd::start(&args);
+    let image = programs_dir().join("heartbeat.ptx");
+    for name in ["a", "b"] {
+        d.ok(&["load", name, image.to_str().unwrap()]);
+    }
+    assert!(wait_until(UP, || programs(&d).len() == 2), "both programs run: {}", d.ok(&["ps"]));
+    let first = programs(&d);
+    // The fault: the standby's server takes a and b over, and its daemon is the active one.
+    fault_and_recover(&d, "fault1", &first);
+    let log = d.log_text();
+    assert!(log.contains("MPS standby took the programs over"), "{log}");
+    let ready = wait_until(UP, || d.log_text().matches("MPS standby ready again").count() >= 1);
+    assert!(ready, "a new standby was made on the faulted server:\n{}", d.log_text());
+    let progs = programs(&d);
+    let mb = d.mailbox();
+    let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
+    let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    let watcher = {
+        let mb = d.mailbox();
+        let slots = slots.clone();
+        std::thread::spawn(move || kept_beating(&mb, &slots, Duration::from_secs(4)))
+    };
+    let restarted = Instant::now();
+    d.kill9_and_restart();
+    let up = restarted.elapsed();
+    let beat_for = watcher.join().unwrap();
+    let log = d.log_text();
+    let nested = mps.join("standby").join("pipe");
+    assert!(
+        log.contains(&format!("of {} and 2 orphan(s) running a kernel", nested.display())),
+        "the standby's daemon adopted:\n{log}"
+    );
+    for (name, slot, pid) in &progs {
+        assert!(
+            log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")),
+            "{name} adopted:\n{log}"
+        );
+    }
+    assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the restart:\n{log}");
+    assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
+    let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    assert_eq!(after, generations, "no new generation: nothing was launched again");
+    // The new standby, made in the MPS directory itself, takes the next fault as the first did.
+    assert!(
+        wait_until(UP, || d.log_text().matches("MPS standby server ready with 2 idle worker(s)").count() >= 2),
+        "the new meshd's standby is ready:\n{}",
+        d.log_text()
+    );
+    let took_over = d.log_text().matches("MPS standby took the programs over").count();
+    fault_and_recover(&d, "fault2", &progs);
+    assert_eq!(
+        d.log_text().matches("MPS standby took the programs over").count(),
+        took_over + 1,
+        "the second fault moved the programs to the new standby:\n{}",
+        d.log_text()
+    );
+    eprintln!(
+        "adoption after a fault: meshd answered {up:?} after the kill; the heartbeats rose throughout \
+         ({beat_for:?} of 4 s); a second fault moved both programs to the standby made in {}",
+        mps.display()
+    );
     shutdown_leaves_nothing(d, &mps);
 }

@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_backend::BackendError;
@@ -66,14 +67,19 @@ pub fn find_control() -> Result<PathBuf, BackendError> {
 #[derive(Debug)]
 pub struct MpsControl {
     binary: PathBuf,
+    /// Its own directory (pipe and log directories): the MPS directory or its `standby/`.
     root: PathBuf,
+    /// The MPS directory (`--mps-dir`): both daemons' directories, the rendezvous, the keeper.
+    mps_dir: PathBuf,
+    /// Whether meshd made the MPS directory (removed at quit by the daemon that runs in it).
     owned_root: bool,
     child: Mutex<Option<Held>>,
     /// The previous meshd's orphans greeted for adoption when this daemon was adopted from it
     /// ([`MpsControl::take_greeted`]).
     greeted: Mutex<Vec<Greeted>>,
-    /// This meshd's claim on `root` (an flock the kernel drops when meshd dies), held while the daemon runs.
-    _claim: DirClaim,
+    /// This meshd's claim on the MPS directory (an flock the kernel drops when meshd dies), held
+    /// while either daemon runs.
+    _claim: Arc<DirClaim>,
     /// Pids our servers have logged as connected clients (from the daemon's own output), so that a
     /// client that has already exited can still be told apart from a stranger.
     connected: std::sync::Arc<Mutex<std::collections::HashSet<u32>>>,
@@ -109,34 +115,41 @@ impl MpsControl {
         Self::start_in(root, owned, None)
     }
 
-    /// [`MpsControl::start`] in `root`, removed at quit when `owned`; with `orphans`, the daemon is
-    /// detached (it outlives a crash of meshd) and its workers become orphans rather than die.
-    pub fn start_in(root: PathBuf, owned_root: bool, orphans: Option<OrphanPolicy>) -> Result<Self, BackendError> {
+    /// [`MpsControl::start`] in MPS directory `mps_dir`, removed at quit when `owned`; with
+    /// `orphans`, the daemon is detached (it outlives a crash of meshd) and its workers become
+    /// orphans rather than die.
+    ///
+    /// Under an orphan grace, the daemon a previous meshd's programs run on is adopted with them
+    /// ([`MpsControl::take_greeted`]): that of `mps_dir`, or of its `standby/` when a GPU fault had
+    /// moved them to the standby server (this control's [`MpsControl::root`] is then that nested
+    /// directory, and [`MpsControl::start_standby`] makes the standby in `mps_dir`). Else, or when
+    /// that daemon cannot be held, everything of the previous meshd is cleared.
+    pub fn start_in(mps_dir: PathBuf, owned_root: bool, orphans: Option<OrphanPolicy>) -> Result<Self, BackendError> {
         let binary = find_control()?;
-        mkdir_private(&root)?;
-        let claim = DirClaim::take(&root)?;
+        mkdir_private(&mps_dir)?;
+        let claim = Arc::new(DirClaim::take(&mps_dir)?);
         let stop_deadline = orphans.as_ref().map_or(Duration::from_secs(2), |o| o.stop_deadline);
         let mut log = Vec::new();
-        // Under an orphan grace, a previous meshd's daemon and its orphans are adopted if they
-        // are there; else (or when the daemon cannot be held) everything of it is cleared.
         let mut previous =
-            orphans.as_ref().and_then(|_| crate::orphans::greet_previous(&root, &binary, stop_deadline, &mut log));
-        let adopted_daemon = previous.as_ref().map(|(daemon, _)| Held::adopt(*daemon));
+            orphans.as_ref().and_then(|_| crate::orphans::greet_previous(&mps_dir, &binary, stop_deadline, &mut log));
+        let adopted_daemon = previous.as_ref().map(|p| Held::adopt(p.daemon));
         if let Some(Err(e)) = &adopted_daemon {
-            let pipe_dirs = crate::orphans::pipe_dirs(&root);
-            for g in previous.take().map(|(_, g)| g).unwrap_or_default() {
+            let pipe_dirs = crate::orphans::pipe_dirs(&mps_dir);
+            for g in previous.take().map(|p| p.greeted).unwrap_or_default() {
                 log.push(g.retire(&binary, &pipe_dirs, stop_deadline, &format!("its MPS daemon cannot be held ({e})")));
             }
         }
         if previous.is_none() {
-            log.extend(crate::orphans::clear_previous(&root, &binary, stop_deadline));
+            log.extend(crate::orphans::clear_previous(&mps_dir, &binary, stop_deadline));
         }
         for line in log {
-            tracing::info!("{}: {line}", root.display());
+            tracing::info!("{}: {line}", mps_dir.display());
         }
+        let root = previous.as_ref().map_or_else(|| mps_dir.clone(), |p| p.dir.clone());
         let control = Self {
             binary,
             root,
+            mps_dir,
             owned_root,
             child: Mutex::new(None),
             greeted: Mutex::new(Vec::new()),
@@ -147,7 +160,7 @@ impl MpsControl {
             orphans,
             following: Default::default(),
         };
-        if let (Some((_, greeted)), Some(Ok(daemon))) = (previous, adopted_daemon) {
+        if let (Some(previous), Some(Ok(daemon))) = (previous, adopted_daemon) {
             let out_path = control.log_dir().join(DAEMON_OUTPUT);
             let from = std::fs::read_to_string(&out_path).map_or(0, |text| {
                 // The clients our server logged before this meshd came count as ours.
@@ -155,11 +168,47 @@ impl MpsControl {
                 text.len() as u64
             });
             control.follow_log(out_path, from);
-            tracing::info!("adopted the previous meshd's MPS control daemon {}", daemon.id());
+            tracing::info!(
+                "adopted the previous meshd's MPS control daemon {} of {}",
+                daemon.id(),
+                control.root.display()
+            );
             *control.child.lock() = Some(daemon);
-            *control.greeted.lock() = greeted;
+            *control.greeted.lock() = previous.greeted;
             return Ok(control);
         }
+        control.launch()
+    }
+
+    /// A second daemon in the other directory of this one's MPS directory (its `standby/`, or the
+    /// MPS directory itself when this one was adopted there), for the standby server: the same
+    /// device, kernel check and orphan policy, under the same claim. Whatever a previous meshd ran
+    /// there was cleared or adopted by [`MpsControl::start_in`].
+    pub fn start_standby(&self) -> Result<Self, BackendError> {
+        let nested = self.mps_dir.join("standby");
+        let root = if self.root == nested { self.mps_dir.clone() } else { nested };
+        mkdir_private(&root)?;
+        Self {
+            binary: self.binary.clone(),
+            root,
+            mps_dir: self.mps_dir.clone(),
+            owned_root: self.owned_root,
+            child: Mutex::new(None),
+            greeted: Mutex::new(Vec::new()),
+            _claim: self._claim.clone(),
+            connected: Default::default(),
+            device: self.device.clone(),
+            kernel_check: self.kernel_check,
+            orphans: self.orphans.clone(),
+            following: Default::default(),
+        }
+        .launch()
+    }
+
+    /// Starts a new daemon in its directory, once the previous processes there are gone and the
+    /// stale pipes removed; ready once it answers.
+    fn launch(self) -> Result<Self, BackendError> {
+        let control = self;
         mkdir_private(&control.pipe_dir())?;
         mkdir_private(&control.log_dir())?;
         wait_for_previous_processes(&control.pipe_dir(), PREVIOUS_TEARDOWN)?;
@@ -349,9 +398,14 @@ impl MpsControl {
         self.root.join("log")
     }
 
-    /// The `--mps-dir`.
+    /// Its own directory: the `--mps-dir`, or its `standby/` for the other daemon of it.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The `--mps-dir` (both daemons', the rendezvous and the keeper's).
+    pub fn mps_dir(&self) -> &Path {
+        &self.mps_dir
     }
 
     /// Runs one control command (`get_server_list`, …) and returns its output, within [`COMMAND_TIMEOUT`].
@@ -475,7 +529,7 @@ impl MpsControl {
             }
         }
         self.following.store(true, std::sync::atomic::Ordering::Relaxed);
-        if self.owned_root {
+        if self.owned_root && self.root == self.mps_dir {
             let _ = std::fs::remove_dir_all(&self.root);
         }
         left

@@ -328,24 +328,36 @@ fn server_of(control: &Path, dir: &Path, pid: u32) -> Option<u32> {
     list("get_server_list").into_iter().find(|server| list(&format!("get_client_list {server}")).contains(&pid))
 }
 
-/// What a previous meshd left on `root` that this one may adopt: its daemon of `root/pipe` (still
-/// running and answering) and the orphans greeted at the rendezvous that run a kernel as its
-/// clients. Everything else of the previous meshd is retired, waited for, or told to quit here:
-/// its keeper, the orphans that failed a check, those of another daemon (a standby that had taken
-/// the programs over), and the standby's daemon. `None` when there is nothing to adopt (then
-/// [`clear_previous`] clears all as before). Lines for the log go to `log`.
-pub fn greet_previous(
-    root: &Path,
-    control: &Path,
-    stop_deadline: Duration,
-    log: &mut Vec<String>,
-) -> Option<(u32, Vec<Greeted>)> {
+/// What [`greet_previous`] found to adopt: the previous meshd's daemon that ran its programs,
+/// and its orphans greeted at the rendezvous.
+#[derive(Debug)]
+pub struct Previous {
+    /// That daemon's directory: the MPS directory itself, or its `standby/` after a GPU fault
+    /// moved the programs to the standby server (whose daemon then was the active one).
+    pub dir: PathBuf,
+    /// The daemon's pid.
+    pub daemon: u32,
+    /// Its orphans that run a kernel as its server's clients.
+    pub greeted: Vec<Greeted>,
+}
+
+/// What a previous meshd left on `root` that this one may adopt: the daemon its programs ran on
+/// (of `root/pipe`, or of `root/standby/pipe` when a GPU fault had moved them to the standby
+/// server), still running and answering, and the orphans greeted at the rendezvous that run a
+/// kernel as its clients. Everything else of the previous meshd is retired, waited for, or told
+/// to quit here: its keeper, the orphans that failed a check, those of the other daemon, and the
+/// other daemon. `None` when there is nothing to adopt (then [`clear_previous`] clears all as
+/// before). Lines for the log go to `log`.
+pub fn greet_previous(root: &Path, control: &Path, stop_deadline: Duration, log: &mut Vec<String>) -> Option<Previous> {
     let pipe_dirs = pipe_dirs(root);
-    let pipe = &pipe_dirs[1];
-    let daemon = daemon_of(pipe)?;
+    let daemons = [daemon_of(&pipe_dirs[0]), daemon_of(&pipe_dirs[1])];
+    if daemons.iter().all(Option::is_none) {
+        return None;
+    }
     let sockets = rendezvous_sockets(&rendezvous_dir(root));
     end_previous_keeper(root, log);
-    let mut greeted = Vec::new();
+    // The orphans greeted, by the daemon whose client each is (the index into `pipe_dirs`).
+    let mut on: [Vec<Greeted>; 2] = Default::default();
     for path in sockets {
         let Some(pid) = orphan::rendezvous_pid(&path) else { continue };
         // The pidfd first: every check below is then of this process, whatever happens to the pid.
@@ -369,40 +381,57 @@ pub fn greet_previous(
         } else {
             None
         };
-        let server = if why_not.is_none() { server_of(control, pipe, pid) } else { None };
-        let g = Greeted { stream, orphan: o, held, server: server.unwrap_or(0) };
-        match (why_not, server) {
-            (None, Some(_)) => greeted.push(g),
+        // The active daemon's directory first: the nested one ran programs only after a fault.
+        let client_of = || {
+            [1, 0]
+                .into_iter()
+                .filter(|&i| daemons[i].is_some())
+                .find_map(|i| server_of(control, &pipe_dirs[i], pid).map(|server| (i, server)))
+        };
+        let side = if why_not.is_none() { client_of() } else { None };
+        let mut g = Greeted { stream, orphan: o, held, server: 0 };
+        match (why_not, side) {
+            (None, Some((i, server))) => {
+                g.server = server;
+                on[i].push(g);
+            }
             (Some(why), _) => log.push(g.retire(control, &pipe_dirs, stop_deadline, &why)),
             (None, None) => {
-                // After a GPU fault the standby server took the programs over: its orphans are
-                // clients of the standby's daemon, which a restart does not adopt (yet).
-                let why = if server_of(control, &pipe_dirs[0], pid).is_some() {
-                    format!(
-                        "it is a client of the standby MPS daemon of {} (the programs moved there after a GPU \
-                         fault), which a restarted meshd does not adopt",
-                        pipe_dirs[0].display()
-                    )
-                } else {
-                    format!("it is not a client of the MPS daemon of {}", pipe.display())
-                };
+                let why = format!("it is a client of neither MPS daemon of {}", root.display());
                 log.push(g.retire(control, &pipe_dirs, stop_deadline, &why));
             }
         }
     }
+    // Every program ran on one daemon, the active one: after a GPU fault the standby's (nested)
+    // daemon took them over. Orphans of the other one (none, but for a recovery cut short by the
+    // crash) are retired, their programs relaunched.
+    let active = if on[0].len() > on[1].len() { 0 } else { 1 };
+    let other = 1 - active;
+    for g in std::mem::take(&mut on[other]) {
+        let why = format!(
+            "it is a client of the MPS daemon of {}, and the previous meshd's programs ran on that of {}",
+            pipe_dirs[other].display(),
+            pipe_dirs[active].display()
+        );
+        log.push(g.retire(control, &pipe_dirs, stop_deadline, &why));
+    }
+    let greeted = std::mem::take(&mut on[active]);
+    let daemon = daemons[active]?;
     if greeted.is_empty() {
         return None;
     }
     // Nothing else of the previous meshd may run on: late orphans retired, idle workers gone, and
-    // the standby's daemon (a new standby is made) told to quit.
+    // the other daemon (a new standby is made) told to quit.
     let adopting: Vec<u32> = greeted.iter().map(|g| g.held.id()).collect();
     retire_all_but(root, control, &pipe_dirs, stop_deadline, &adopting, log);
-    quit_daemon(control, &pipe_dirs[0], log);
+    quit_daemon(control, &pipe_dirs[other], log);
     log.push(format!(
-        "adopting the previous meshd's MPS daemon {daemon} and {} orphan(s) running a kernel: {adopting:?}",
+        "adopting the previous meshd's MPS daemon {daemon} of {} and {} orphan(s) running a kernel: {adopting:?}",
+        pipe_dirs[active].display(),
         greeted.len()
     ));
-    Some((daemon, greeted))
+    let dir = pipe_dirs[active].parent().map_or_else(|| root.to_path_buf(), Path::to_path_buf);
+    Some(Previous { dir, daemon, greeted })
 }
 
 /// The keeper of an MPS directory (`mesh-mps-worker --keep`): detached, reading meshd's pipe, it

@@ -93,12 +93,35 @@ fn orphan(dir: &Path, pipe: &Path, kernel: KernelState) -> (Child, std::thread::
     (child, t)
 }
 
+/// The stand-in control binary, named by `MESH_MPS_CONTROL` for every test of this binary.
+fn fake_control() -> std::path::PathBuf {
+    static CONTROL: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> = std::sync::OnceLock::new();
+    CONTROL
+        .get_or_init(|| {
+            let bin = tempfile::tempdir().unwrap();
+            let control = script(bin.path(), "nvidia-cuda-mps-control", FAKE_CONTROL);
+            // SAFETY: set once, inside the OnceLock's initialisation, before any test of this
+            // binary reads the environment (each first waits here for the path).
+            unsafe { std::env::set_var("MESH_MPS_CONTROL", &control) };
+            (bin, control)
+        })
+        .1
+        .clone()
+}
+
+/// The orphan policy of a test on MPS directory `orphans`' parent.
+fn policy(orphans: &Path, control: &Path) -> OrphanPolicy {
+    OrphanPolicy {
+        grace: Duration::from_secs(60),
+        stop_deadline: Duration::from_millis(500),
+        rendezvous_dir: orphans.to_path_buf(),
+        control: control.to_path_buf(),
+    }
+}
+
 #[test]
 fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retired() {
-    let bin = tempfile::tempdir().unwrap();
-    let control = script(bin.path(), "nvidia-cuda-mps-control", FAKE_CONTROL);
-    // SAFETY: the only test of this binary; set before any thread reads the environment.
-    unsafe { std::env::set_var("MESH_MPS_CONTROL", &control) };
+    let control = fake_control();
     let root = tempfile::tempdir_in("/tmp").unwrap();
     let root = root.path().to_path_buf();
     let pipe = root.join("pipe");
@@ -110,13 +133,7 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
     let (mut busy, busy_thread) = orphan(&orphans, &pipe, KernelState::Busy);
     let (mut idle, idle_thread) = orphan(&orphans, &pipe, KernelState::Idle);
     std::fs::write(pipe.join("clients"), format!("{}\n{}\n", busy.id(), idle.id())).unwrap();
-    let policy = OrphanPolicy {
-        grace: Duration::from_secs(60),
-        stop_deadline: Duration::from_millis(500),
-        rendezvous_dir: orphans.clone(),
-        control: control.clone(),
-    };
-    let c = MpsControl::start_in(root.clone(), false, Some(policy)).unwrap();
+    let c = MpsControl::start_in(root.clone(), false, Some(policy(&orphans, &control))).unwrap();
     assert!(c.adopted(), "the running daemon is adopted, not quit");
     assert_eq!(c.pid(), Some(daemon.id()));
     assert!(!pipe.join("quit").exists(), "nobody told it to quit");
@@ -157,4 +174,59 @@ fn a_running_daemon_is_adopted_with_its_busy_orphans_and_an_idle_orphan_is_retir
 
     assert!(c.quit(), "the adopted daemon quits when asked, not killed at the bound");
     assert!(daemon.wait().is_err(), "already reaped through its pidfd");
+}
+
+#[test]
+fn after_a_fault_moved_the_programs_to_the_standby_its_daemon_is_adopted_and_the_new_standby_made_in_the_other() {
+    let control = fake_control();
+    let root = tempfile::tempdir_in("/tmp").unwrap();
+    let root = root.path().to_path_buf();
+    let [nested, first] = mesh_mps::orphans::pipe_dirs(&root);
+    let orphans = root.join("orphans");
+    for d in [&nested, &first, &orphans] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    // The previous meshd's two daemons: the faulted one in the MPS directory, which runs nothing
+    // now, and the standby's, which took the programs over at the fault.
+    let mut faulted = Command::new(&control).arg("-f").env(PIPE_ENV, &first).spawn().unwrap();
+    let mut active = Command::new(&control).arg("-f").env(PIPE_ENV, &nested).spawn().unwrap();
+    let (mut busy, busy_thread) = orphan(&orphans, &nested, KernelState::Busy);
+    std::fs::write(nested.join("clients"), format!("{}\n", busy.id())).unwrap();
+    let c = MpsControl::start_in(root.clone(), true, Some(policy(&orphans, &control))).unwrap();
+    assert!(c.adopted(), "the daemon the programs run on is adopted");
+    assert_eq!(c.pid(), Some(active.id()));
+    assert_eq!(c.root(), nested.parent().unwrap(), "the adopted daemon's own directory");
+    assert_eq!(c.mps_dir(), root);
+    assert!(!nested.join("quit").exists(), "nobody told the adopted daemon to quit");
+    assert!(first.join("quit").exists(), "the faulted server's daemon was told to quit");
+    let _ = faulted.wait();
+    let greeted = c.take_greeted();
+    assert_eq!(greeted.iter().map(|g| (g.orphan.pid, g.server)).collect::<Vec<_>>(), [(busy.id(), 4242)]);
+
+    // The new standby: a daemon of its own in the MPS directory, under the same claim.
+    std::fs::remove_file(first.join("quit")).unwrap();
+    let standby = MpsControl::start_standby(&c).unwrap();
+    assert_eq!(standby.root(), root);
+    assert_eq!(standby.pipe_dir(), first);
+    assert!(standby.pid().is_some_and(|p| p != faulted.id() && p != active.id()), "a new daemon");
+    let again = MpsControl::start_in(root.clone(), false, None).unwrap_err().to_string();
+    assert!(again.contains("in use by the meshd with pid"), "{again}");
+
+    // Ended as an adoptee no program claims; then both daemons quit, the nested one first, and
+    // the MPS directory (made by "meshd" here) removed by the one that runs in it.
+    let line = greeted.into_iter().next().unwrap().retire(
+        &control,
+        &mesh_mps::orphans::pipe_dirs(&root),
+        Duration::from_millis(500),
+        "the test ends",
+    );
+    assert!(line.ends_with("retired"), "{line}");
+    let (heard, _) = busy_thread.join().unwrap();
+    assert_eq!(heard[1], r#"{"op":"retire"}"#, "{heard:?}");
+    let _ = busy.wait();
+    assert!(c.quit());
+    assert!(root.exists(), "the nested daemon leaves the MPS directory to the other");
+    assert!(standby.quit());
+    assert!(!root.exists(), "removed by the daemon that runs in it");
+    assert!(active.wait().is_err(), "already reaped through its pidfd");
 }

@@ -54,7 +54,7 @@ pub(super) fn adopt_greeted(
     let name_in = |slot: Option<u32>| slot.and_then(|i| mailbox.slot(i).ok()).map(|s| s.name()).unwrap_or_default();
     let mut adopted = Vec::new();
     let (binary, pipe_dirs, stop_deadline) = match control.orphans() {
-        Some(o) => (o.control.clone(), crate::orphans::pipe_dirs(control.root()), o.stop_deadline),
+        Some(o) => (o.control.clone(), crate::orphans::pipe_dirs(control.mps_dir()), o.stop_deadline),
         None => return (adopted, log),
     };
     for g in control.take_greeted() {

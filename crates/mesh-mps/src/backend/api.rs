@@ -107,7 +107,7 @@ impl MpsBackend {
             s.events = events;
         }
         *ACTIVE.lock() = Some(control.clone());
-        let cubins = control.root().join("cubins");
+        let cubins = control.mps_dir().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
             .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
@@ -173,8 +173,8 @@ fn start_keeper(control: &MpsControl, owned: bool, shared: &Mutex<Shared>) -> Re
     let mut s = shared.lock();
     let mut pipe_dirs = vec![control.pipe_dir()];
     pipe_dirs.extend(s.standby.as_ref().map(|sb| sb.control().pipe_dir()));
-    let keeper = crate::orphans::Keeper::start(control.root(), &pipe_dirs, policy, owned)?;
-    tracing::info!("MPS keeper {} watches {}", keeper.pid(), control.root().display());
+    let keeper = crate::orphans::Keeper::start(control.mps_dir(), &pipe_dirs, policy, owned)?;
+    tracing::info!("MPS keeper {} watches {}", keeper.pid(), control.mps_dir().display());
     s.keeper = Some(keeper);
     Ok(())
 }

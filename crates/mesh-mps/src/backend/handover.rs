@@ -25,7 +25,7 @@ impl MpsBackend {
         // Adoptees no program claimed have nothing to hand over.
         self.retire_unclaimed();
         self.shut_down = true;
-        let root = self.control()?.root().to_path_buf();
+        let root = self.control()?.mps_dir().to_path_buf();
         let dir = crate::orphans::rendezvous_dir(&root);
         let (programs, idle) = {
             let mut s = self.lock();

@@ -4,7 +4,8 @@
 use super::workers::start_all;
 use super::*;
 
-/// The standby daemon (`<mps dir>/standby`) and its workers (`--standby`, by default as many as
+/// The standby daemon (`<mps dir>/standby`, or `<mps dir>` itself when the active daemon was
+/// adopted in `standby/` after a GPU fault) and its workers (`--standby`, by default as many as
 /// the pool), started now side by side, before any program runs, into `shared` (so that the cleanup
 /// tears them down on failure). `--standby 0`: none.
 pub(super) fn start_standby(
@@ -23,11 +24,7 @@ pub(super) fn start_standby(
         return Ok(());
     }
     let started = Instant::now();
-    let sb_control = Arc::new(
-        MpsControl::start_in(control.root().join("standby"), false, control.orphans().cloned())?
-            .with_device(control.device().map(String::from))
-            .with_kernel_check(control.kernel_check()),
-    );
+    let sb_control = Arc::new(control.start_standby()?);
     shared.lock().standby = Some(Standby::new(sb_control.clone(), k as usize));
     let workers = start_all(&sb_control, mailbox.path(), config.sms, news, k as usize, "standby")?;
     if let Some(sb) = shared.lock().standby.as_mut() {
