@@ -13,7 +13,7 @@
 #   `mesh-gpu-bench service blink|mps` and `fanin-host`.
 # chaos: the chaos test alone, MESH_CHAOS_SECS (default 240) per mode: one mode at a time fits in 10
 # minutes (./run chaos blink; ./run chaos mps); MESH_CHAOS_SEED=N replays a schedule;
-# MESH_CHAOS_ORPHAN_GRACE_MS=N runs MPS mode under --orphan-grace-ms N (a kill -9 then adopts).
+# MPS mode runs under meshd's default orphan grace (a kill -9 then adopts); MESH_CHAOS_ORPHAN_GRACE_MS=N sets it (0: relaunches).
 # In ./run tests (and all) the chaos test runs 20 s per mode unless MESH_CHAOS_SECS says otherwise, and
 # the service test (32 shards over 4 blocks of 256, the README's 64-client recipe) runs a second time with
 # one warp serving 8 shards, the README's smaller service in a block of 32 (MESH_SERVICE_SECS, default 12, a mode).

@@ -23,7 +23,7 @@ pub fn meshd_bin() -> PathBuf {
     PathBuf::from("meshd")
 }
 
-/// A running `meshd run`, killed on drop.
+/// A running `meshd run`, stopped in order on drop (SIGTERM, as a service manager stops it).
 #[derive(Debug)]
 pub struct Meshd {
     /// The daemon process.
@@ -92,6 +92,15 @@ impl Meshd {
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap())
             .spawn()
             .expect("start meshd")
+    }
+
+    /// Its MPS directory: `--mps-dir`'s, else the default for its mailbox.
+    pub fn mps_dir(&self) -> PathBuf {
+        self.extra
+            .iter()
+            .position(|a| a == "--mps-dir")
+            .and_then(|i| self.extra.get(i + 1))
+            .map_or_else(|| mesh_mps::mps_dir::default_root(&self.dir.path().join("mailbox")), PathBuf::from)
     }
 
     fn wait_up(&self) {
@@ -191,9 +200,41 @@ impl Meshd {
 }
 
 impl Drop for Meshd {
+    /// An orderly stop: SIGTERM ends every program, worker and MPS daemon. A kill would leave an
+    /// MPS meshd's programs running through the orphan grace (a minute by default), time-slicing
+    /// with the next test's. Past [`STOP_WITHIN`] it is killed, and so is every process left on its
+    /// MPS directory.
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mps = self.mps_dir();
+        stop_in_order(&mut self.child, &mps);
+    }
+}
+
+/// How long a meshd a test drops gets to stop in order before it is killed.
+pub const STOP_WITHIN: Duration = Duration::from_secs(20);
+
+/// Stops the meshd `child` as a service manager does: SIGTERM, which ends every program, worker
+/// and MPS daemon; past [`STOP_WITHIN`] it is killed, and so is every process left on MPS
+/// directory `mps` (orphans would otherwise run through their grace beside the next test).
+pub fn stop_in_order(child: &mut Child, mps: &std::path::Path) {
+    let signal = |pid: u32, sig| {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    };
+    if matches!(child.try_wait(), Ok(None)) {
+        signal(child.id(), rustix::process::Signal::TERM);
+        if wait_until(STOP_WITHIN, || !matches!(child.try_wait(), Ok(None))) {
+            return;
+        }
+        eprintln!("meshd {} did not stop within {STOP_WITHIN:?} of SIGTERM: killed", child.id());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for pipe in mesh_mps::orphans::pipe_dirs(mps) {
+        for (pid, _) in mesh_mps::mps_dir::processes_using(&pipe) {
+            signal(pid, rustix::process::Signal::KILL);
+        }
     }
 }
 

@@ -39,9 +39,9 @@
 //! kill); stopped or faulted for any other reason (named the culprit) fails.
 //!
 //! The seed is printed first; `MESH_CHAOS_SEED=N` replays the schedule (the timing of a real GPU
-//! differs run to run; the events and their order do not). `MESH_CHAOS_ORPHAN_GRACE_MS=N` runs MPS
-//! mode with `--orphan-grace-ms N`: each `kill -9` of meshd then leaves the programs running, and the
-//! restart adopts them.
+//! differs run to run; the events and their order do not). MPS mode runs under meshd's default
+//! orphan grace, so each `kill -9` of meshd leaves the programs running and the restart adopts them;
+//! `MESH_CHAOS_ORPHAN_GRACE_MS=N` runs it with `--orphan-grace-ms N` (0: each kill relaunches them).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -220,12 +220,9 @@ impl Chaos {
         // --pool-grow: a worker killed by the test is not replaced without it, and a pool run dry would
         // refuse the loads that follow.
         let mut args = vec!["--metrics-addr", "127.0.0.1:0"];
-        let grace = chaos::orphan_grace_ms().map(|ms| ms.to_string());
+        let grace = chaos::orphan_grace_ms().to_string();
         if mps {
-            args.extend(["--isolation", "mps", "--pool", MPS_POOL, "--pool-grow"]);
-            if let Some(g) = &grace {
-                args.extend(["--orphan-grace-ms", g.as_str()]);
-            }
+            args.extend(["--isolation", "mps", "--pool", MPS_POOL, "--pool-grow", "--orphan-grace-ms", &grace]);
         }
         let d = UnitMeshd::start(dir.path(), &args);
         let knobs = stress::knobs(0, 64, false);
@@ -622,7 +619,7 @@ fn run(mode: &str, mps: bool) {
     );
     // An earlier test's MPS processes may still be ending (the driver takes up to ~2 s after a kill),
     // and under an orphan grace a failed run's orphans wait out the grace before they stop.
-    let grace = Duration::from_millis(chaos::orphan_grace_ms().unwrap_or(0));
+    let grace = Duration::from_millis(chaos::orphan_grace_ms());
     let clear = wait_until(Duration::from_secs(30) + grace, || chaos::leftovers().is_empty());
     assert!(clear, "meshd or MPS processes before the test: {:?}", chaos::leftovers());
     let memory_before = chaos::gpu_memory_mib();
@@ -760,7 +757,8 @@ fn run(mode: &str, mps: bool) {
         "max recovery gap after a crash (event to every program running and every stream moving): {:.0} ms",
         max_gap.as_secs_f64() * 1e3
     );
-    if mps && let Some(grace) = chaos::orphan_grace_ms() {
+    if mps && chaos::orphan_grace_ms() > 0 {
+        let grace = chaos::orphan_grace_ms();
         // meshd's log says each adoption, and why a program was not adopted.
         let log = c.d.log_text();
         let adopted = log.matches("adopted from the previous meshd").count();
@@ -814,7 +812,7 @@ fn run(mode: &str, mps: bool) {
     // Under an orphan grace the last meshd may hold what it adopted: the MPS control daemon and
     // each adopted worker by a pidfd, and each device ring an adopted worker mapped by the
     // descriptor it handed over.
-    let held = if mps && chaos::orphan_grace_ms().is_some() {
+    let held = if mps && chaos::orphan_grace_ms() > 0 {
         let adopted = c.ps().iter().filter(|r| r["adopted"] == true).count();
         let device_rings =
             c.mb.channels_each()

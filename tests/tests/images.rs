@@ -100,7 +100,9 @@ fn mailbox(dir: &tempfile::TempDir) -> mesh_shm::Mailbox {
 fn mps_half() {
     let dir = tempfile::tempdir_in("/dev/shm").expect("temp dir");
     let mb = mailbox(&dir);
-    let config = mesh_mps::MpsConfig { pool: 1, ..mesh_mps::MpsConfig::default() };
+    // No orphan grace: a failed test must not leave a program running into the next.
+    let config =
+        mesh_mps::MpsConfig { pool: 1, orphan_grace: std::time::Duration::ZERO, ..mesh_mps::MpsConfig::default() };
     let mut backend = match mesh_mps::MpsBackend::open(&mb, config) {
         Ok(b) => b,
         Err(e) => {

@@ -174,7 +174,8 @@ fn a_worker_outside_our_server_is_refused() {
 fn kill_9_of_meshd_leaves_nothing_behind() {
     require_gpu!("kill_9_of_meshd_leaves_nothing_behind");
     assert!(leftovers().is_empty(), "MPS processes before the test: {:?}", leftovers());
-    let mut d = Meshd::start(&["--isolation", "mps", "--pool", "2"]);
+    // Without an orphan grace: under one (the default) the programs run on by design (mps_adopt.rs).
+    let mut d = Meshd::start(&["--isolation", "mps", "--pool", "2", "--orphan-grace-ms", "0"]);
     d.ok(&["load", "beat", &ptx_file("heartbeat")]);
     let before = leftovers();
     eprintln!("running: {before:?}");

@@ -48,7 +48,8 @@ fn mps_dir_reused_after_shutdown_and_after_kill_9() {
     let root = tempfile::tempdir().unwrap();
     let mps = root.path().join("mps");
     let mps_arg = mps.to_str().unwrap();
-    let mut d = Meshd::start(&["--isolation", "mps", "--pool", "1", "--mps-dir", mps_arg]);
+    // Without an orphan grace: the restart after the kill clears the directory rather than adopt.
+    let mut d = Meshd::start(&["--isolation", "mps", "--pool", "1", "--mps-dir", mps_arg, "--orphan-grace-ms", "0"]);
     runs_a_program(&cli_of(&d), "--mps-dir, first start");
     d.ok(&["shutdown"]);
     d.restart();
@@ -77,7 +78,7 @@ impl DeviceMeshd {
         let child = Command::new(meshd_bin())
             .arg("--socket")
             .arg(&socket)
-            .args(["run", "--device", "0", "--isolation", "mps", "--pool", "1"])
+            .args(["run", "--device", "0", "--isolation", "mps", "--pool", "1", "--orphan-grace-ms", "0"])
             .arg("--state-dir")
             .arg(dir.join("state"))
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())

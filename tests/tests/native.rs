@@ -240,5 +240,6 @@ fn native_started_again_after_kill_9_blink() {
 #[test]
 fn native_started_again_after_kill_9_mps() {
     require_gpu!("native_started_again_after_kill_9_mps");
-    native_started_again_after_kill_9("mps", &["--isolation", "mps", "--pool", "1"]);
+    // Without an orphan grace: under one (the default) the worker runs on and is adopted instead.
+    native_started_again_after_kill_9("mps", &["--isolation", "mps", "--pool", "1", "--orphan-grace-ms", "0"]);
 }

@@ -1,6 +1,7 @@
 //! Crash-safe start on the GPU: meshd killed with SIGKILL under traffic, started again on the same
-//! mailbox and state; every program runs again from its slots and channels, and no message is lost
-//! (a message the program had taken but not yet acknowledged may come again: at-least-once after a crash).
+//! mailbox and state; every program runs again from its slots and channels (in MPS mode under the
+//! default orphan grace it never stopped: the restart adopts it), and no message is lost (a message
+//! the program had taken but not yet acknowledged may come again: at-least-once after a crash).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -126,7 +127,15 @@ fn kill_9_under_traffic_loses_nothing_blink() {
 #[test]
 fn kill_9_under_traffic_loses_nothing_mps() {
     require_gpu!("kill_9_under_traffic_loses_nothing_mps");
+    // The default orphan grace: echo runs on through the kill and the restart adopts it.
     kill_9_under_traffic("mps", &["--isolation", "mps", "--pool", "2"]);
+}
+
+#[test]
+fn kill_9_under_traffic_loses_nothing_mps_without_a_grace() {
+    require_gpu!("kill_9_under_traffic_loses_nothing_mps_without_a_grace");
+    // Echo dies with meshd and the restart relaunches it.
+    kill_9_under_traffic("mps, --orphan-grace-ms 0", &["--isolation", "mps", "--pool", "2", "--orphan-grace-ms", "0"]);
 }
 
 /// `meshd handoff` in blink mode: the same process executes the new image, which relaunches the

@@ -11,8 +11,9 @@
 //! * [`orphans`]: workers that outlive meshd (`--orphan-grace-ms`): the keeper, the hello and retire
 //!   at an orphan's rendezvous, and a start's clearing of what a previous meshd left running.
 //!
-//! **Outliving meshd.** By default every child dies with meshd (`PR_SET_PDEATHSIG`). With an orphan
-//! grace G > 0 the daemons, the workers and a keeper are detached instead: after a crash of meshd
+//! **Outliving meshd.** Under an orphan grace G > 0 ([`DEFAULT_ORPHAN_GRACE`] by default) the
+//! daemons, the workers and a keeper are detached (with G = 0 every child dies with meshd,
+//! `PR_SET_PDEATHSIG`): after a crash of meshd
 //! each program's kernel runs on in its worker for up to G, waiting at a rendezvous
 //! (`<mps dir>/orphans/<pid>.sock`); then it is stopped in order (its stop, once), the worker exits,
 //! and the keeper quits the daemons once the last worker is gone. A meshd started again on the same
@@ -34,8 +35,8 @@ pub mod standby;
 pub mod worker;
 
 pub use backend::{
-    DEATH_LIMIT, DEATH_WINDOW, MAX_CLIENTS, MpsBackend, MpsConfig, SILENCE_LIMIT, TERMINATE_WITHIN,
-    device_channels_refusal,
+    DEATH_LIMIT, DEATH_WINDOW, DEFAULT_ORPHAN_GRACE, MAX_CLIENTS, MpsBackend, MpsConfig, SILENCE_LIMIT,
+    TERMINATE_WITHIN, device_channels_refusal,
 };
 pub use control::MpsControl;
 /// The workers' default kernel check period and the range a worker accepts (meshd's `--mps-kernel-check-us`).

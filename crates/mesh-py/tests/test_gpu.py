@@ -73,9 +73,15 @@ def _meshd(tmp_path: Path, extra: list[str]) -> Iterator[meshd.Client]:
         client.shutdown()
         assert daemon.wait(timeout=DEADLINE) == 0
     finally:
+        # An orderly stop (SIGTERM) first: a killed MPS meshd would leave its programs running
+        # through the orphan grace, beside the next test's.
         if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
         log.close()
         shutil.rmtree(shm.parent, ignore_errors=True)
 

@@ -146,9 +146,10 @@ pub enum Command {
     Shutdown,
     /// Replace meshd's process with a new build of meshd, keeping its pid: an upgrade of meshd
     /// itself (systemd's `systemctl reload meshd@N`). The new binary is checked first (it must run
-    /// and read this state directory and mailbox; else refused, nothing changed). In MPS mode under
-    /// --orphan-grace-ms the programs run on and the new image adopts them; otherwise each program
-    /// is stopped in order and relaunched by the new image (one blink). Waits until it answers.
+    /// and read this state directory and mailbox; else refused, nothing changed). In MPS mode (under
+    /// an orphan grace, the default) the programs run on and the new image adopts them; in blink
+    /// mode, or MPS with --orphan-grace-ms 0, each program is stopped in order and relaunched by the
+    /// new image (one blink). Waits until it answers.
     Handoff {
         /// The new build (default: the file meshd was started from, which a package upgrade replaces).
         #[arg(long)]
@@ -341,10 +342,11 @@ pub struct RunArgs {
     pub mps_kernel_check_us: u64,
     /// MPS: after a crash of meshd, how long each program's worker keeps its kernel running and
     /// waits for a meshd before it stops the program in order and exits, ms; the MPS daemons are
-    /// then quit. A meshd started again meanwhile adopts the programs, which never stop (one it
-    /// cannot adopt is stopped first, naming why, then relaunched). 0 (the default): every worker
-    /// and the daemons die with meshd.
-    #[arg(long, value_name = "MS", default_value_t = 0)]
+    /// then quit. A meshd started again meanwhile (systemd's restart, `meshd handoff`) adopts the
+    /// programs, which never stop; one it cannot adopt is stopped first, naming why, then
+    /// relaunched. 0: every worker and the daemons die with meshd. An orderly stop (`meshd
+    /// shutdown`, SIGTERM) ends everything whatever this says.
+    #[arg(long, value_name = "MS", default_value_t = mesh_mps::DEFAULT_ORPHAN_GRACE.as_millis() as u64)]
     pub orphan_grace_ms: u64,
     /// The mailbox file (default /dev/shm/meshd.mailbox; with --device, /dev/shm/meshd-<GPU UUID>.mailbox).
     #[arg(long)]

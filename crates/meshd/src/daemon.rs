@@ -16,7 +16,7 @@ use crate::cli::RunArgs;
 
 /// `meshd run`: the mailbox and its lock first (refusal and takeover happen before any GPU work),
 /// then the backend on its own thread, then the socket; serves until shutdown or a signal.
-pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
+pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<()> {
     let mode: IsolationMode = args.isolation.parse()?;
     if mode == IsolationMode::Blink {
         let mps_only = mps_options_given(&args);
@@ -29,6 +29,8 @@ pub fn run(args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Re
                 if mps_only.len() == 1 { "it" } else { "them" }
             );
         }
+        // Blink programs are kernels of meshd's own context: nothing of them can outlive it.
+        args.orphan_grace_ms = 0;
     }
     if args.client_stall_ms == 0 && args.client_stall_kill_ms.is_some() {
         anyhow::bail!(

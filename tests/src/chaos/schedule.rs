@@ -47,14 +47,18 @@ pub fn seed() -> u64 {
     }
 }
 
-/// The MPS run's `--orphan-grace-ms`: `MESH_CHAOS_ORPHAN_GRACE_MS`, none by default. With one, a
-/// `kill -9` of meshd leaves the programs running and the restart adopts them.
-pub fn orphan_grace_ms() -> Option<u64> {
-    std::env::var("MESH_CHAOS_ORPHAN_GRACE_MS").ok().map(|s| {
-        s.trim()
-            .parse::<u64>()
-            .unwrap_or_else(|e| panic!("MESH_CHAOS_ORPHAN_GRACE_MS={s}: not a whole number of ms ({e})"))
-    })
+/// The MPS run's `--orphan-grace-ms`: `MESH_CHAOS_ORPHAN_GRACE_MS`, else meshd's default
+/// ([`mesh_mps::DEFAULT_ORPHAN_GRACE`]). Above 0, a `kill -9` of meshd leaves the programs running
+/// and the restart adopts them; 0 relaunches them.
+pub fn orphan_grace_ms() -> u64 {
+    std::env::var("MESH_CHAOS_ORPHAN_GRACE_MS").ok().map_or(
+        u64::try_from(mesh_mps::DEFAULT_ORPHAN_GRACE.as_millis()).unwrap_or(u64::MAX),
+        |s| {
+            s.trim()
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("MESH_CHAOS_ORPHAN_GRACE_MS={s}: not a whole number of ms ({e})"))
+        },
+    )
 }
 
 /// How long each mode runs: `MESH_CHAOS_SECS`, default 240 (4 minutes).

@@ -57,6 +57,16 @@ impl UnitMeshd {
         Command::new("true").spawn().expect("a placeholder child (`true`)")
     }
 
+    /// Its MPS directory: `/tmp/meshd-mps-<GPU UUID>`, which `--device 0` derives from the UUID
+    /// `meshd info` names; `/nonexistent` if it does not answer.
+    fn mps_dir(&self) -> PathBuf {
+        let info = self.cli(&["info"]);
+        serde_json::from_slice::<serde_json::Value>(&info.stdout)
+            .ok()
+            .and_then(|i| i["device_uuid"].as_str().map(|u| PathBuf::from(format!("/tmp/meshd-mps-{u}"))))
+            .unwrap_or_else(|| PathBuf::from("/nonexistent"))
+    }
+
     fn wait_up(&self) {
         let up = wait_until(Duration::from_secs(60), || self.cli(&["ps"]).status.success());
         assert!(up, "meshd did not come up:\n{}", self.log_tail(60));
@@ -142,9 +152,10 @@ impl UnitMeshd {
 }
 
 impl Drop for UnitMeshd {
+    /// An orderly stop, as the unit's `systemctl stop` (see [`crate::harness::stop_in_order`]).
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mps = self.mps_dir();
+        crate::harness::stop_in_order(&mut self.child, &mps);
     }
 }
 

@@ -116,10 +116,15 @@ pub struct MpsConfig {
     /// H200).
     pub standby: Option<u32>,
     /// How long a worker whose meshd died keeps its program running, waiting for a meshd, before it
-    /// stops it in order and exits (`--orphan-grace-ms`); zero: workers, daemons and all die with
-    /// meshd (`PR_SET_PDEATHSIG`).
+    /// stops it in order and exits (`--orphan-grace-ms`, by default [`DEFAULT_ORPHAN_GRACE`]);
+    /// zero: workers, daemons and all die with meshd (`PR_SET_PDEATHSIG`).
     pub orphan_grace: Duration,
 }
+
+/// How long the programs outlive a crash of meshd by default (`--orphan-grace-ms 60000`): long
+/// enough for systemd to start meshd again (and for an operator to), short enough that a meshd
+/// that never comes back leaves nothing for long.
+pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
 impl MpsConfig {
     /// The standby's size: as many as the pool unless set.
@@ -138,7 +143,7 @@ impl Default for MpsConfig {
             stop_deadline: Duration::from_secs(2),
             kernel_check: mesh_mps_worker::KERNEL_CHECK,
             standby: None,
-            orphan_grace: Duration::ZERO,
+            orphan_grace: DEFAULT_ORPHAN_GRACE,
         }
     }
 }

@@ -359,7 +359,9 @@ fn mps_benches() {
     let config = mesh_shm::MailboxConfig { size: 4 << 20, slots: 64, channels: 4 };
     let mb = mesh_shm::Mailbox::create(dir.path().join("warm"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
     let t = Instant::now();
-    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 2, ..MpsConfig::default() }).unwrap();
+    // No orphan grace: a bench that panics must not leave programs running into the next.
+    let mps = MpsConfig { pool: 2, orphan_grace: Duration::ZERO, ..MpsConfig::default() };
+    let mut b = MpsBackend::open(&mb, mps).unwrap();
     println!(
         "| {:<44} | {:>7.0} ms |            |            |",
         "open: daemon + 2 pool workers (server start)",
@@ -386,7 +388,8 @@ fn mps_benches() {
     drop(b);
     // An empty pool: every load beyond the running ones starts a worker (a new MPS client).
     let mb = mesh_shm::Mailbox::create(dir.path().join("cold"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
-    let mut b = MpsBackend::open(&mb, MpsConfig { pool: 0, pool_grow: true, ..MpsConfig::default() }).unwrap();
+    let mps = MpsConfig { pool: 0, pool_grow: true, orphan_grace: Duration::ZERO, ..MpsConfig::default() };
+    let mut b = MpsBackend::open(&mb, mps).unwrap();
     let mut cold = Vec::new();
     for i in 0..6 {
         let t = Instant::now();

@@ -44,7 +44,12 @@ impl Bench {
         let config = mesh_shm::MailboxConfig { size, slots: 64, channels: 1024 };
         let mb = Mailbox::create(dir.path().join("mb"), &config, mesh_shm::CreateMode::Exclusive).unwrap();
         let backend: Box<dyn Backend> = if mps {
-            let config = mesh_mps::MpsConfig { pool: 3, ..mesh_mps::MpsConfig::default() };
+            // No orphan grace: a bench that panics must not leave programs running into the next.
+            let config = mesh_mps::MpsConfig {
+                pool: 3,
+                orphan_grace: std::time::Duration::ZERO,
+                ..mesh_mps::MpsConfig::default()
+            };
             Box::new(mesh_mps::MpsBackend::open(&mb, config).unwrap())
         } else {
             Box::new(mesh_cuda::BlinkBackend::open(&mb, mesh_cuda::BlinkConfig::default()).unwrap())
