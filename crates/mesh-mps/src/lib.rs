@@ -13,13 +13,14 @@
 //!
 //! **Outliving meshd.** Under an orphan grace G > 0 ([`DEFAULT_ORPHAN_GRACE`] by default) the
 //! daemons, the workers and a keeper are detached (with G = 0 every child dies with meshd,
-//! `PR_SET_PDEATHSIG`): after a crash of meshd
-//! each program's kernel runs on in its worker for up to G, waiting at a rendezvous
-//! (`<mps dir>/orphans/<pid>.sock`); then it is stopped in order (its stop, once), the worker exits,
-//! and the keeper quits the daemons once the last worker is gone. A meshd started again on the same
-//! MPS directory (the default, `/tmp/meshd-mps-<uid>-<hash of the mailbox path>`, is stable) retires
-//! every orphan and waits for its exit before any program is relaunched: never two generations of
-//! one program at once. An orderly exit (`meshd shutdown`, SIGTERM) ends everything as before.
+//! `PR_SET_PDEATHSIG`): after a crash of meshd each program's kernel runs on in its worker for up
+//! to G, waiting at a rendezvous (`<mps dir>/orphans/<pid>.sock`); then it is stopped in order (its
+//! stop, once), the worker exits, and the keeper quits the daemons once the last worker is gone. A
+//! meshd started again on the same MPS directory (the default,
+//! `/tmp/meshd-mps-<uid>-<hash of the mailbox path>`, is stable) within G adopts the daemon the
+//! programs run on and every orphan that runs what the mailbox says ([`orphans::greet_previous`]);
+//! it retires the others, and waits for their exit, before anything runs in their slots: never two
+//! generations of one program at once. An orderly exit (`meshd shutdown`, SIGTERM) ends everything.
 //!
 //! There is no fallback to blink mode: no daemon, a worker that is not our client, or a failed
 //! register refuses.
