@@ -768,6 +768,21 @@ fn run(mode: &str, mps: bool) {
             not_adopted.len(),
             not_adopted.first().map(|l| format!(" (the first: {l})")).unwrap_or_default()
         );
+        // Where a restart's time goes until meshd answers (the programs ran on meanwhile): the
+        // milestones of the last two starts, from meshd's log.
+        const MILESTONES: [&str; 6] = [
+            "taken over from meshd",
+            "adopting the previous meshd's MPS daemon",
+            "program(s) of the previous meshd run on",
+            "MPS standby server ready",
+            "MPS mode: private daemon",
+            "ready: mps mode",
+        ];
+        let marks: Vec<&str> = log.lines().filter(|l| MILESTONES.iter().any(|m| l.contains(m))).collect();
+        eprintln!("the last two starts' milestones:");
+        for line in &marks[marks.len().saturating_sub(2 * MILESTONES.len())..] {
+            eprintln!("  {}", line.chars().take(200).collect::<String>());
+        }
     }
     eprintln!("| stream | sent | received | repeated (bound) | lost |");
     eprintln!("|---|---:|---:|---:|---:|");

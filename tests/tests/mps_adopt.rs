@@ -228,7 +228,7 @@ fn a_restart_without_a_grace_retires_the_orphans_before_it_relaunches_and_shutdo
     let generations: Vec<u32> = progs.iter().map(|p| mb.slot(p.1).unwrap().generation()).collect();
     let restarted = Instant::now();
     // The operator turned the grace off: nothing is adopted, everything relaunched.
-    d.kill9_and_restart_with(&mps_args(&mps, "2", None));
+    d.kill9_and_restart_with(&mps_args(&mps, "2", Some("0")));
     let up = restarted.elapsed();
     let log = d.log_text();
     let stubborn = old_workers[1];
@@ -398,6 +398,9 @@ fn row_of(d: &Meshd, name: &str) -> Option<serde_json::Value> {
 /// Loads `fault` (a program that faults at once) and waits until it is left faulted and `a` and
 /// `b` run again in workers other than `before`'s.
 fn fault_and_recover(d: &Meshd, fault: &str, before: &[(String, u32, u32)]) {
+    // Past the recency rule's window: the fault's image must be the only fresh one for the culprit
+    // to be named, and only a named culprit moves the others to the standby.
+    std::thread::sleep(mesh_backend::watch::FAULT_WINDOW + Duration::from_millis(500));
     let image = programs_dir().join("fault.ptx");
     d.ok(&["load", fault, image.to_str().unwrap()]);
     let moved = wait_until(UP, || {
