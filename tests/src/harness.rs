@@ -206,6 +206,10 @@ impl Drop for Meshd {
     /// MPS directory.
     fn drop(&mut self) {
         let mps = self.mps_dir();
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            // Gone already: a meshd that took its place (a blink standby) may serve the socket.
+            let _ = self.cli(&["shutdown"]);
+        }
         stop_in_order(&mut self.child, &mps);
     }
 }

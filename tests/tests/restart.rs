@@ -241,3 +241,83 @@ fn a_killed_blink_meshd_frees_its_lock_and_its_kernels_stop() {
         }
     }
 }
+
+/// The pid `meshd info` names, if meshd answers.
+fn info_pid(d: &Meshd) -> Option<u64> {
+    let out = d.cli(&["info"]);
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).ok()?["pid"].as_u64()
+}
+
+/// The blink standby (`--standby 1`): meshd killed with SIGKILL while `heartbeat` runs, and the
+/// standby, warm, takes the mailbox over and relaunches it at its next generation. Measured from
+/// the kill: when the program beats again and when meshd answers again; and the program's own
+/// largest gap (its `%globaltimer`, across the relaunch), beside the same figure before the kill.
+/// The new meshd starts a standby of its own, and an orderly shutdown ends both.
+#[test]
+fn a_blink_standby_takes_over_when_meshd_is_killed() {
+    require_gpu!("a_blink_standby_takes_over_when_meshd_is_killed");
+    let mut d = Meshd::start(&["--standby", "1"]);
+    let image = programs_dir().join("heartbeat.ptx");
+    d.ok(&["load", "hb", image.to_str().unwrap()]);
+    let mb = d.mailbox();
+    let slot = mb.slot(0).unwrap();
+    let first = d.child.id();
+    let standby_ready = |active: u64| format!("standby of meshd {active} ready");
+    assert!(
+        wait_until(Duration::from_secs(30), || d.log_text().contains(&standby_ready(u64::from(first)))),
+        "the standby is ready:\n{}",
+        d.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let gap_before_ms = f64::from(slot.user_words()[0]) / 1e6;
+    let generation = slot.generation();
+    let beat = slot.status().heartbeat;
+    let killed = Instant::now();
+    d.child.kill().unwrap();
+    let _ = d.child.wait();
+    let mut beats_again = None;
+    while killed.elapsed() < Duration::from_secs(10) && beats_again.is_none() {
+        if slot.generation() > generation && slot.status().heartbeat > beat {
+            beats_again = Some(killed.elapsed());
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    let beats_again = beats_again.unwrap_or_else(|| panic!("the program never ran again:\n{}", d.log_text()));
+    let mut answered = None;
+    while killed.elapsed() < Duration::from_secs(10) && answered.is_none() {
+        if info_pid(&d).is_some_and(|p| p != u64::from(first)) {
+            answered = Some(killed.elapsed());
+        }
+    }
+    let answered = answered.unwrap_or_else(|| panic!("no meshd answered after the kill:\n{}", d.log_text()));
+    let active = info_pid(&d).unwrap();
+    assert_eq!(slot.generation(), generation + 1, "relaunched once, at its next generation");
+    let log = d.log_text();
+    assert!(log.contains(&format!("standby: meshd {first} is gone")), "the standby took over:\n{log}");
+    // Past the relaunch the program runs on; its own largest gap includes the outage.
+    std::thread::sleep(Duration::from_millis(500));
+    let gap_after_ms = f64::from(slot.user_words()[0]) / 1e6;
+    assert!(
+        wait_until(Duration::from_secs(30), || d.log_text().contains(&standby_ready(active))),
+        "the new meshd has a standby of its own:\n{}",
+        d.log_text()
+    );
+    eprintln!(
+        "blink standby: after the kill -9 the program beat again in {beats_again:?} (its own largest gap {gap_after_ms:.2} \
+         ms, {gap_before_ms:.3} ms before the kill); meshd {active} answered in {answered:?}"
+    );
+    // The new meshd's standby, as its log names it.
+    let log = d.log_text();
+    let standby: u32 = log
+        .lines()
+        .filter_map(|l| l.split_once("standby meshd ")?.1.split_once(" started")?.0.parse().ok())
+        .next_back()
+        .expect("the log names the standby");
+    d.ok(&["shutdown"]);
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let active = u32::try_from(active).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || !alive(active) && !alive(standby)),
+        "the shutdown ended the new meshd {active} and its standby {standby}"
+    );
+}

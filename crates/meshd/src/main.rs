@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod daemon;
 mod exit;
+mod standby_run;
 
 use std::process::ExitCode;
 
