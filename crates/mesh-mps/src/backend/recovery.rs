@@ -160,8 +160,14 @@ impl MpsBackend {
                 };
             }
         }
-        // The standby takes the programs over unless one reason below holds; the log names it.
-        let to_relaunch: Vec<usize> = (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i])).collect();
+        // The standby takes the programs over unless one reason below holds; the log names it. A
+        // named culprit is left stopped: it needs no standby worker.
+        let culprit = match &verdict {
+            Verdict::Culprit { index, .. } => Some(*index),
+            _ => None,
+        };
+        let to_relaunch: Vec<usize> =
+            (0..s.programs.len()).filter(|&i| relaunchable(&s.programs[i]) && Some(i) != culprit).collect();
         let refusal = self.standby_refusal(&mut s, &verdict, &to_relaunch);
         let standby = s.standby.is_some() && refusal.is_none();
         if let Some(why) = &refusal {
