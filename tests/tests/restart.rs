@@ -250,9 +250,8 @@ fn info_pid(d: &Meshd) -> Option<u64> {
 
 /// The blink standby (`--standby 1`): meshd killed with SIGKILL while `heartbeat` runs, and the
 /// standby, warm, takes the mailbox over and relaunches it at its next generation. Measured from
-/// the kill: when the program beats again and when meshd answers again; and the program's own
-/// largest gap (its `%globaltimer`, across the relaunch), beside the same figure before the kill.
-/// The new meshd starts a standby of its own, and an orderly shutdown ends both.
+/// the kill: when the program beats again and when meshd answers again. The new meshd starts a
+/// standby of its own, and an orderly shutdown ends both.
 #[test]
 fn a_blink_standby_takes_over_when_meshd_is_killed() {
     require_gpu!("a_blink_standby_takes_over_when_meshd_is_killed");
@@ -269,7 +268,6 @@ fn a_blink_standby_takes_over_when_meshd_is_killed() {
         d.log_text()
     );
     std::thread::sleep(Duration::from_secs(1));
-    let gap_before_ms = f64::from(slot.user_words()[0]) / 1e6;
     let generation = slot.generation();
     let beat = slot.status().heartbeat;
     let killed = Instant::now();
@@ -294,17 +292,14 @@ fn a_blink_standby_takes_over_when_meshd_is_killed() {
     assert_eq!(slot.generation(), generation + 1, "relaunched once, at its next generation");
     let log = d.log_text();
     assert!(log.contains(&format!("standby: meshd {first} is gone")), "the standby took over:\n{log}");
-    // Past the relaunch the program runs on; its own largest gap includes the outage.
-    std::thread::sleep(Duration::from_millis(500));
-    let gap_after_ms = f64::from(slot.user_words()[0]) / 1e6;
     assert!(
         wait_until(Duration::from_secs(30), || d.log_text().contains(&standby_ready(active))),
         "the new meshd has a standby of its own:\n{}",
         d.log_text()
     );
     eprintln!(
-        "blink standby: after the kill -9 the program beat again in {beats_again:?} (its own largest gap {gap_after_ms:.2} \
-         ms, {gap_before_ms:.3} ms before the kill); meshd {active} answered in {answered:?}"
+        "blink standby: after the kill -9 the program beat again in {beats_again:?}; meshd {active} answered in \
+         {answered:?}"
     );
     // The new meshd's standby, as its log names it.
     let log = d.log_text();

@@ -13,6 +13,9 @@
 //! over, every recorded program relaunched at its next generation, the socket bound), and starts a
 //! standby of its own.
 //!
+//! The standby inherits none of the active's descriptors: the driver's are not close-on-exec, and a
+//! process holding them keeps the dead process's context, kernels and all, alive.
+//!
 //! The active meshd stops its standby (SIGTERM, waited for) before anything that releases the lock
 //! in order: an orderly exit, and the exec of a handoff or of a replacement after a sticky fault,
 //! whose new image starts a new standby. A standby that dies is started again after a second.
@@ -67,6 +70,11 @@ pub fn start() -> std::io::Result<u32> {
 
 fn spawn() -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
+    // The driver's descriptors are not close-on-exec: a standby that inherited them would hold this
+    // process's context, and with it its kernels, alive after this process died.
+    if let Err(e) = crate::replace::close_on_exec_all() {
+        tracing::warn!("marking descriptors close-on-exec before the standby starts: {e}");
+    }
     let args = standby_args(std::env::args_os(), std::process::id());
     let mut cmd = Command::new("/proc/self/exe");
     cmd.args(args.iter().skip(1)).stdin(Stdio::null()).process_group(0);
