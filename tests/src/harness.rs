@@ -207,7 +207,7 @@ impl Drop for Meshd {
     fn drop(&mut self) {
         let mps = self.mps_dir();
         if !matches!(self.child.try_wait(), Ok(None)) {
-            // Gone already: a meshd that took its place (a blink standby) may serve the socket.
+            // Gone already (killed by the test): whatever serves the socket now is asked to stop too.
             let _ = self.cli(&["shutdown"]);
         }
         stop_in_order(&mut self.child, &mps);

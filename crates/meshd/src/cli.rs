@@ -329,15 +329,9 @@ pub struct RunArgs {
     /// than seconds (BENCHMARKS.md has the figures). Default: as many as --pool (one per program
     /// the pool can hold). 0 turns it off, and every GPU fault then stalls every program until the
     /// faulted server has torn its clients down. The pool and the standby together must fit the
-    /// device's MPS client limit. Blink mode: 1 keeps a standby meshd process, its CUDA context
-    /// made and every image linked, that takes over the moment this one dies (kill -9, a crash),
-    /// so that the programs stop for tens of milliseconds rather than a restart's hundreds;
-    /// default 0.
+    /// device's MPS client limit.
     #[arg(long, value_name = "N")]
     pub standby: Option<u32>,
-    /// The active meshd (its pid) whose standby this process is: set by meshd itself.
-    #[arg(long = "standby-for", value_name = "PID", hide = true)]
-    pub standby_for: Option<u32>,
     /// MPS: how often each worker checks its running kernel's stream, µs (50 to 200000): the trade
     /// between how soon a fault is noticed (this bounds the detection part of a recovery) and each
     /// worker's CPU use (a worker with a running kernel wakes once per check). Default 5000: at most

@@ -31,14 +31,6 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
         }
         // Blink programs are kernels of meshd's own context: nothing of them can outlive it.
         args.orphan_grace_ms = 0;
-        if let Some(n) = args.standby.filter(|&n| n > 1) {
-            anyhow::bail!(
-                "--standby {n}: blink mode keeps one standby meshd process at most: give --standby 1, or 0 (the \
-                 default) for none"
-            );
-        }
-    } else if args.standby_for.is_some() {
-        anyhow::bail!("--standby-for: a standby meshd process is blink mode's, started by meshd itself");
     }
     if args.client_stall_ms == 0 && args.client_stall_kill_ms.is_some() {
         anyhow::bail!(
@@ -47,15 +39,7 @@ pub fn run(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -
         );
     }
     let _cleanup = cleanup::RunOnDrop;
-    let held = match args.standby_for {
-        Some(active) => match crate::standby_run::wait(&args, socket.as_deref(), device.as_deref(), active)? {
-            Some(lock) => Some(lock),
-            // Stopped by its active meshd (an orderly exit, a handoff): nothing to take over.
-            None => return Ok(()),
-        },
-        None => None,
-    };
-    let claimed = claim(args, socket, device, held)?;
+    let claimed = claim(args, socket, device)?;
     let (server, listener) = prepare(&claimed, mode)?;
     serve(claimed, mode, server, listener)
 }
@@ -74,6 +58,9 @@ fn mps_options_given(args: &RunArgs) -> Vec<&'static str> {
     }
     if args.pool_grow {
         given.push("--pool-grow");
+    }
+    if args.standby.is_some() {
+        given.push("--standby");
     }
     if args.mps_kernel_check_us != d.mps_kernel_check_us {
         given.push("--mps-kernel-check-us");
@@ -101,12 +88,7 @@ struct Claimed {
 
 /// Resolves the paths (from the GPU's UUID with --device), checks the socket is free, claims the
 /// mailbox and its lock, and clears what a dead meshd of this GPU left.
-fn claim(
-    mut args: RunArgs,
-    socket: Option<PathBuf>,
-    device: Option<String>,
-    held: Option<start::MailboxLock>,
-) -> Result<Claimed> {
+fn claim(mut args: RunArgs, socket: Option<PathBuf>, device: Option<String>) -> Result<Claimed> {
     // With --device the paths derive from the GPU's UUID, so the driver is asked first (no context).
     let uuid = device.as_deref().map(start::lookup_uuid).transpose()?;
     let device_id = uuid.clone().map(|uuid| DeviceId { selector: device.clone(), uuid });
@@ -131,11 +113,10 @@ fn claim(
     StateStore::check_dir(&state_dir)?;
     // Under an orphan grace (MPS mode only) the previous meshd's programs may run on: their slots
     // are left for the MPS backend, which adopts them or stops them before anything is relaunched.
-    let claimed = match held {
-        // A blink standby taking over: the lock it waited on.
-        Some(lock) => start::claim_mailbox_locked(lock, &shm, &config, args.fresh)?,
-        None if args.orphan_grace_ms > 0 => start::claim_mailbox_for_adoption(&shm, &config, args.fresh)?,
-        None => start::claim_mailbox(&shm, &config, args.fresh)?,
+    let claimed = if args.orphan_grace_ms > 0 {
+        start::claim_mailbox_for_adoption(&shm, &config, args.fresh)?
+    } else {
+        start::claim_mailbox(&shm, &config, args.fresh)?
     };
     let (mailbox, origin) = (claimed.mailbox, claimed.origin);
     start::explain_bus_errors(&shm);
@@ -231,16 +212,6 @@ fn serve(c: Claimed, mode: IsolationMode, server: Server, listener: UnixListener
         }
     );
     meshd::health::notify_ready();
-    if mode == IsolationMode::Blink && args.standby == Some(1) {
-        match meshd::standby::start() {
-            Ok(pid) => {
-                tracing::info!("standby meshd {pid} started: it takes over if this one dies");
-                // After the lock's own cleanup, so before it: the standby leaves first.
-                cleanup::register("standby meshd", meshd::standby::stop);
-            }
-            Err(e) => tracing::error!("starting the standby meshd: {e}; this meshd runs without one"),
-        }
-    }
     meshd::health::spawn_systemd_watchdog(move || monitor.live())?;
     let clean = server.run(listener)?;
     meshd::health::notify_stopping();

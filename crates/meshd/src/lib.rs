@@ -17,7 +17,6 @@ pub mod replace;
 pub mod server;
 pub mod service_client;
 pub mod stand_in;
-pub mod standby;
 pub mod start;
 pub mod state;
 

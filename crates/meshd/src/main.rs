@@ -7,7 +7,6 @@ mod cli;
 mod client;
 mod daemon;
 mod exit;
-mod standby_run;
 
 use std::process::ExitCode;
 

@@ -170,26 +170,9 @@ pub fn plan(
 }
 
 /// `args` (this process's, `argv[0]` first) for the new image: the same, without `--fresh` (or its
-/// old name `--replace-shm`), which would forget the mailbox and the programs being recovered, and
-/// without `--standby-for PID` (a standby that took over is an active meshd: the new image is too).
+/// old name `--replace-shm`), which would forget the mailbox and the programs being recovered.
 pub fn reexec_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let flag = crate::standby::FLAG;
-    let mut out = Vec::new();
-    let mut skip_value = false;
-    for a in args {
-        if std::mem::take(&mut skip_value) {
-            continue;
-        }
-        if a == flag {
-            skip_value = true;
-        } else if !(a == "--fresh"
-            || a == "--replace-shm"
-            || a.to_str().is_some_and(|s| s.strip_prefix(flag).is_some_and(|rest| rest.starts_with('='))))
-        {
-            out.push(a);
-        }
-    }
-    out
+    args.into_iter().filter(|a| a != "--fresh" && a != "--replace-shm").collect()
 }
 
 /// `CLOCK_MONOTONIC` now, ns: one clock for the old image and the new one.
@@ -256,8 +239,6 @@ pub fn exec_self() -> std::io::Error {
 /// Replaces this process with `binary`, given this process's arguments ([`reexec_args`]) and
 /// environment: what `meshd handoff` executes. Returns only when the exec failed, with its error.
 pub fn exec(binary: &std::path::Path) -> std::io::Error {
-    // The exec releases the mailbox lock (close-on-exec): a standby must not take that for a death.
-    crate::standby::stop();
     if let Err(e) = close_on_exec_all() {
         tracing::warn!("marking descriptors close-on-exec: {e}");
     }
@@ -370,9 +351,6 @@ mod tests {
         let args = ["meshd", "--socket", "/s", "run", "--fresh", "--shm", "/m", "--replace-shm"].map(OsString::from);
         let want = ["meshd", "--socket", "/s", "run", "--shm", "/m"].map(OsString::from);
         assert_eq!(reexec_args(args), want);
-        // A standby that took over is replaced as an active meshd.
-        let args = ["meshd", "run", "--standby-for", "7", "--keep-shm", "--standby-for=8"].map(OsString::from);
-        assert_eq!(reexec_args(args), ["meshd", "run", "--keep-shm"].map(OsString::from));
     }
 
     #[test]

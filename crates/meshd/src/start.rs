@@ -155,39 +155,18 @@ pub struct Claimed {
 /// mailbox is taken over as it is (`config` is then ignored: the file's geometry wins), a missing
 /// one created, and with `fresh` whatever is there replaced by an empty one.
 pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
-    claim(path, config, fresh, true, None)
-}
-
-/// [`claim_mailbox`] with its lock taken already: a blink standby's, which waited on it
-/// ([`MailboxLock::try_take`]) until the active meshd died.
-pub fn claim_mailbox_locked(
-    lock: MailboxLock,
-    path: &Path,
-    config: &MailboxConfig,
-    fresh: bool,
-) -> Result<Claimed, StartError> {
-    claim(path, config, fresh, true, Some(lock))
+    claim(path, config, fresh, true)
 }
 
 /// [`claim_mailbox`] for a meshd that may adopt its predecessor's programs (MPS mode under an
 /// orphan grace): a mailbox taken over keeps its slots as they are, for the MPS backend frees
 /// those of programs it does not adopt once it has retired their workers.
 pub fn claim_mailbox_for_adoption(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
-    claim(path, config, fresh, false, None)
+    claim(path, config, fresh, false)
 }
 
-fn claim(
-    path: &Path,
-    config: &MailboxConfig,
-    fresh: bool,
-    release: bool,
-    held: Option<MailboxLock>,
-) -> Result<Claimed, StartError> {
-    let taken = match held {
-        Some(lock) => Some(lock),
-        None => MailboxLock::try_take(path)?,
-    };
-    let Some(lock) = taken else {
+fn claim(path: &Path, config: &MailboxConfig, fresh: bool, release: bool) -> Result<Claimed, StartError> {
+    let Some(lock) = MailboxLock::try_take(path)? else {
         // The header's pid first (what the holder serves), the lock file's as a fallback.
         let pid = Mailbox::open(path)
             .ok()
