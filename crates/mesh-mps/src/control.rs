@@ -146,20 +146,7 @@ impl MpsControl {
             tracing::info!("{}: {line}", mps_dir.display());
         }
         let root = previous.as_ref().map_or_else(|| mps_dir.clone(), |p| p.dir.clone());
-        let control = Self {
-            binary,
-            root,
-            mps_dir,
-            owned_root,
-            child: Mutex::new(None),
-            greeted: Mutex::new(Vec::new()),
-            _claim: claim,
-            connected: Default::default(),
-            device: None,
-            kernel_check: mesh_mps_worker::KERNEL_CHECK,
-            orphans,
-            following: Default::default(),
-        };
+        let control = Self::unstarted(binary, root, mps_dir, owned_root, claim, orphans);
         if let (Some(previous), Some(Ok(daemon))) = (previous, adopted_daemon) {
             let out_path = control.log_dir().join(DAEMON_OUTPUT);
             let from = std::fs::read_to_string(&out_path).map_or(0, |text| {
@@ -188,21 +175,38 @@ impl MpsControl {
         let nested = self.mps_dir.join("standby");
         let root = if self.root == nested { self.mps_dir.clone() } else { nested };
         mkdir_private(&root)?;
+        let binary = self.binary.clone();
+        let (mps_dir, claim, orphans) = (self.mps_dir.clone(), self._claim.clone(), self.orphans.clone());
+        Self::unstarted(binary, root, mps_dir, self.owned_root, claim, orphans)
+            .with_device(self.device.clone())
+            .with_kernel_check(self.kernel_check)
+            .launch()
+    }
+
+    /// A control of directory `root` whose daemon is not started (nor adopted) yet: the default
+    /// device and kernel check, no client heard of.
+    fn unstarted(
+        binary: PathBuf,
+        root: PathBuf,
+        mps_dir: PathBuf,
+        owned_root: bool,
+        claim: Arc<DirClaim>,
+        orphans: Option<OrphanPolicy>,
+    ) -> Self {
         Self {
-            binary: self.binary.clone(),
+            binary,
             root,
-            mps_dir: self.mps_dir.clone(),
-            owned_root: self.owned_root,
+            mps_dir,
+            owned_root,
             child: Mutex::new(None),
             greeted: Mutex::new(Vec::new()),
-            _claim: self._claim.clone(),
+            _claim: claim,
             connected: Default::default(),
-            device: self.device.clone(),
-            kernel_check: self.kernel_check,
-            orphans: self.orphans.clone(),
+            device: None,
+            kernel_check: mesh_mps_worker::KERNEL_CHECK,
+            orphans,
             following: Default::default(),
         }
-        .launch()
     }
 
     /// Starts a new daemon in its directory, once the previous processes there are gone and the
