@@ -221,11 +221,6 @@ pub const STOP_WITHIN: Duration = Duration::from_secs(20);
 /// and MPS daemon; past [`STOP_WITHIN`] it is killed, and so is every process left on MPS
 /// directory `mps` (orphans would otherwise run through their grace beside the next test).
 pub fn stop_in_order(child: &mut Child, mps: &std::path::Path) {
-    let signal = |pid: u32, sig| {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
-            let _ = rustix::process::kill_process(pid, sig);
-        }
-    };
     if matches!(child.try_wait(), Ok(None)) {
         signal(child.id(), rustix::process::Signal::TERM);
         if wait_until(STOP_WITHIN, || !matches!(child.try_wait(), Ok(None))) {
@@ -235,10 +230,24 @@ pub fn stop_in_order(child: &mut Child, mps: &std::path::Path) {
     }
     let _ = child.kill();
     let _ = child.wait();
-    for pipe in mesh_mps::orphans::pipe_dirs(mps) {
-        for (pid, _) in mesh_mps::mps_dir::processes_using(&pipe) {
-            signal(pid, rustix::process::Signal::KILL);
-        }
+    kill_mps_processes(mps);
+}
+
+/// Every process of MPS directory `mps`: its daemons, servers and workers (orphans included).
+pub fn mps_processes(mps: &std::path::Path) -> Vec<(u32, String)> {
+    mesh_mps::orphans::pipe_dirs(mps).iter().flat_map(|p| mesh_mps::mps_dir::processes_using(p)).collect()
+}
+
+/// SIGKILL to every process of MPS directory `mps` ([`mps_processes`]).
+pub fn kill_mps_processes(mps: &std::path::Path) {
+    for (pid, _) in mps_processes(mps) {
+        signal(pid, rustix::process::Signal::KILL);
+    }
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
+        let _ = rustix::process::kill_process(pid, sig);
     }
 }
 

@@ -13,9 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mesh_gpu_tests::harness::Meshd;
+use mesh_gpu_tests::harness::{Meshd, kill_mps_processes, mps_processes};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
-use mesh_mps::mps_dir::processes_using;
 use mesh_mps_worker::orphan::process_alive;
 use mesh_shm::Mailbox;
 use mesh_shm::layout::STATE_STOPPED;
@@ -66,9 +65,14 @@ fn two_programs(mps: &Path, grace_ms: &str, images: [&str; 2]) -> (Meshd, Mailbo
     (d, mb, progs)
 }
 
-/// Every process of MPS directory `mps` (its daemon, server, workers).
-fn mps_processes(mps: &Path) -> Vec<(u32, String)> {
-    [mps.join("pipe"), mps.join("standby").join("pipe")].iter().flat_map(|p| processes_using(p)).collect()
+/// meshd's `log` says each of `progs` (name, slot, worker pid) was adopted: that worker, in that slot.
+fn assert_each_adopted(log: &str, progs: &[(String, u32, u32)]) {
+    for (name, slot, pid) in progs {
+        assert!(
+            log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")),
+            "{name} adopted:\n{log}"
+        );
+    }
 }
 
 /// A test's own MPS directory: every process left on it is killed when the test ends, passed or
@@ -88,9 +92,7 @@ impl TestMps {
 
 impl Drop for TestMps {
     fn drop(&mut self) {
-        for (pid, _) in mps_processes(&self.path) {
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
+        kill_mps_processes(&self.path);
     }
 }
 
@@ -183,12 +185,7 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     let up = restarted.elapsed();
     let beat_for = watcher.join().unwrap();
     let log = d.log_text();
-    for (name, slot, pid) in &progs {
-        assert!(
-            log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")),
-            "{name} adopted:\n{log}"
-        );
-    }
+    assert_each_adopted(&log, &progs);
     assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the restart:\n{log}");
     let now = programs(&d);
     assert_eq!(now, progs, "the same programs, in the same slots and workers");
@@ -289,9 +286,7 @@ fn a_restart_within_the_grace_keeps_a_device_channels_ring_and_every_message() {
     let before = programs(&d);
     d.kill9_and_restart();
     let log = d.log_text();
-    for (name, slot, pid) in &before {
-        assert!(log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")), "{name}:\n{log}");
-    }
+    assert_each_adopted(&log, &before);
     assert!(log.contains("device ring held from the adopted worker"), "the ring is held:\n{log}");
     let at_restart = count();
     assert!(wait_until(UP, || count() > at_restart + 10_000), "traffic after the restart: {}", count());
@@ -333,12 +328,7 @@ fn a_handoff_under_the_grace_hands_every_program_to_the_new_image_which_never_st
     assert!(out.status.success(), "handoff: {}\n{said}\n{log}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("2 program(s) run on for it to adopt") && said.contains("answers"), "{said}");
     assert!(process_alive(pid) && d.child.id() == pid, "the same process, a new image");
-    for (name, slot, worker) in &progs {
-        assert!(
-            log.contains(&format!("adopted from the previous meshd: worker {worker}, slot {slot}")),
-            "{name} adopted:\n{log}"
-        );
-    }
+    assert_each_adopted(&log, &progs);
     assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the handoff:\n{log}");
     assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
     let rows: Vec<serde_json::Value> = serde_json::from_str(&d.ok(&["ps", "--json"])).unwrap();
@@ -463,12 +453,7 @@ fn after_a_fault_moved_the_programs_to_the_standby_a_restart_adopts_them_there()
         log.contains(&format!("of {} and 2 orphan(s) running a kernel", nested.display())),
         "the standby's daemon adopted:\n{log}"
     );
-    for (name, slot, pid) in &progs {
-        assert!(
-            log.contains(&format!("adopted from the previous meshd: worker {pid}, slot {slot}")),
-            "{name} adopted:\n{log}"
-        );
-    }
+    assert_each_adopted(&log, &progs);
     assert!(beat_for >= Duration::from_millis(3900), "the heartbeats stopped {beat_for:?} into the restart:\n{log}");
     assert_eq!(programs(&d), progs, "the same programs, in the same slots and workers");
     let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
