@@ -16,7 +16,10 @@
 //! number: a wrong reply fails the test whenever it comes, a repeat is allowed only after a crash,
 //! within the bound meshd logged for pp-a and pp-b plus the requests in flight), and in blink mode
 //! `dsource`→`dsink` on a device channel. Events: upgrades of stream programs, heartbeat bystanders
-//! loaded, upgraded and unloaded, the `fault` program, `kill -9` of meshd, in MPS mode `kill -9` of a
+//! loaded, upgraded and unloaded, the `fault` program, `kill -9` of meshd (some while a bystander's
+//! load is on its way: answered, it runs after the restart; cut off, it runs or left nothing, and no
+//! slot stays in use without a program), `meshd handoff` (the same pid executing meshd again), in
+//! MPS mode `kill -9` of a
 //! bystander's worker, native workers spawned and stopped, and channels and services created and
 //! deleted under traffic (churn channels in the mailbox and, in blink mode, in device memory, some
 //! left holding messages; a delete of a stream's channel refused naming who holds it; a service's
@@ -91,6 +94,10 @@ enum Kind {
     UnloadBystander,
     Fault,
     Kill9,
+    /// A `kill -9` of meshd while a bystander's load is on its way.
+    Kill9DuringLoad,
+    /// `meshd handoff`: meshd executes its binary again in its own process (an upgrade of meshd).
+    Handoff,
     KillWorker,
     Spawn,
     Stop,
@@ -103,17 +110,26 @@ enum Kind {
 impl Kind {
     /// Events after which a GPU consumer may take messages again (at-least-once after a crash).
     fn crash(self) -> bool {
-        matches!(self, Self::Fault | Self::Kill9 | Self::KillWorker)
+        // A handoff in blink mode stops and relaunches every program, its device rings renewed with
+        // the context: judged as a crash (MPS mode's adopts them, and its bounds are never reached).
+        matches!(self, Self::Fault | Self::Kill9 | Self::Kill9DuringLoad | Self::Handoff | Self::KillWorker)
+    }
+
+    /// A `kill -9` of meshd itself.
+    fn kill9(self) -> bool {
+        matches!(self, Self::Kill9 | Self::Kill9DuringLoad)
     }
 }
 
-const WEIGHTS: [(Kind, u64); 13] = [
+const WEIGHTS: [(Kind, u64); 15] = [
     (Kind::UpgradeStream, 14),
     (Kind::LoadBystander, 10),
     (Kind::UpgradeBystander, 6),
     (Kind::UnloadBystander, 8),
     (Kind::Fault, 4),
     (Kind::Kill9, 5),
+    (Kind::Kill9DuringLoad, 2),
+    (Kind::Handoff, 2),
     (Kind::KillWorker, 4),
     (Kind::Spawn, 4),
     (Kind::Stop, 4),
@@ -492,6 +508,67 @@ impl Chaos {
                 self.d.kill9_and_restart();
                 self.natives_interrupted();
             }
+            Kind::Kill9DuringLoad => {
+                if self.bystanders.len() >= MAX_BYSTANDERS {
+                    return None;
+                }
+                let name = self.fresh("bystander");
+                let (socket, image, loaded) = (self.d.socket().to_path_buf(), ptx("heartbeat"), name.clone());
+                let loading = std::thread::spawn(move || {
+                    std::process::Command::new(mesh_gpu_tests::harness::meshd_bin())
+                        .arg("--socket")
+                        .arg(socket)
+                        .args(["load", &loaded, &image])
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                });
+                // A load takes tens of ms (link, module load, launch): the kill lands before, inside or after it.
+                std::thread::sleep(Duration::from_millis(self.rng.below(60)));
+                began = Instant::now();
+                self.d.kill9_and_restart();
+                self.natives_interrupted();
+                let answered = loading.join().expect("the loading client");
+                let present = self.ps().iter().any(|r| r["name"] == name.as_str());
+                assert!(
+                    present || !answered,
+                    "{name}, whose load was answered, is gone after the kill -9: {:#?}\n{}",
+                    self.ps(),
+                    self.d.log_tail(60)
+                );
+                // A program the killed meshd bound but had not recorded leaves its slot by the first
+                // tick of the new one (stopped, or its adopted worker retired).
+                let stray = |c: &Self| {
+                    let held: Vec<u64> = c.ps().iter().filter_map(|r| r["slot"].as_u64()).collect();
+                    (0..c.mb.geometry().slot_count)
+                        .filter(|&slot| c.mb.slot(slot).is_ok_and(|s| s.in_use()) && !held.contains(&u64::from(slot)))
+                        .collect::<Vec<u32>>()
+                };
+                assert!(
+                    wait_until(DEADLINE, || stray(self).is_empty()),
+                    "slots {:?} in use after a kill -9 during the load of {name}, no program in them\n{}",
+                    stray(self),
+                    self.d.log_tail(60)
+                );
+                eprintln!(
+                    "kill -9 during the load of {name}: {}",
+                    match (answered, present) {
+                        (true, _) => "answered, runs",
+                        (false, true) => "not answered, runs",
+                        (false, false) => "not answered, left nothing",
+                    }
+                );
+                if present {
+                    self.bystanders.insert(name, ());
+                }
+            }
+            Kind::Handoff => {
+                let pid = self.d.child.id();
+                let said = self.d.ok(&["handoff"]);
+                assert_eq!(self.d.child.id(), pid, "the handoff keeps meshd's pid");
+                assert!(self.d.child.try_wait().is_ok_and(|s| s.is_none()), "meshd runs after the handoff: {said}");
+                self.natives_interrupted();
+            }
             Kind::KillWorker => {
                 if !self.mps {
                     return None;
@@ -657,7 +734,7 @@ fn run(mode: &str, mps: bool) {
             let logged = chaos::logged_replay(log.get(log0..).unwrap_or_default(), "to-echo");
             let bound = match (kind, logged) {
                 (_, Some(n)) => n,
-                (Kind::Kill9, None) => 0,
+                (k, None) if k.kill9() => 0,
                 // A recovery in place (MPS) logs no bound: the ring's capacity is the most.
                 (_, None) => ECHO_CAPACITY,
             };
@@ -676,7 +753,7 @@ fn run(mode: &str, mps: bool) {
             // and the replies to what ping had in flight come to a new launch, as repeats.
             let since = log.get(log0..).unwrap_or_default();
             let pp = match (chaos::logged_replay(since, "pp-a"), chaos::logged_replay(since, "pp-b")) {
-                (None, None) if kind == Kind::Kill9 => 0,
+                (None, None) if kind.kill9() => 0,
                 (None, None) => 2 * u64::from(PP_CAPACITY),
                 (a, b) => a.unwrap_or(0) + b.unwrap_or(0),
             };
@@ -770,17 +847,21 @@ fn run(mode: &str, mps: bool) {
         );
         // Where a restart's time goes until meshd answers (the programs ran on meanwhile): the
         // milestones of the last two starts, from meshd's log.
-        const MILESTONES: [&str; 6] = [
+        const MILESTONES: [&str; 8] = [
             "taken over from meshd",
+            "their rings are owned by meshd's own plain context",
             "adopting the previous meshd's MPS daemon",
             "program(s) of the previous meshd run on",
-            "MPS standby server ready",
+            "MPS pool of",
+            "MPS standby server",
             "MPS mode: private daemon",
             "ready: mps mode",
         ];
         let marks: Vec<&str> = log.lines().filter(|l| MILESTONES.iter().any(|m| l.contains(m))).collect();
+        // From the second last start on (a start's pool and standby may be made after it answers).
+        let from = marks.iter().enumerate().filter(|(_, l)| l.contains(MILESTONES[0])).map(|(i, _)| i).rev().nth(1);
         eprintln!("the last two starts' milestones:");
-        for line in &marks[marks.len().saturating_sub(2 * MILESTONES.len())..] {
+        for line in &marks[from.unwrap_or(0)..] {
             eprintln!("  {}", line.chars().take(200).collect::<String>());
         }
     }
@@ -828,7 +909,10 @@ fn run(mode: &str, mps: bool) {
     // each adopted worker by a pidfd, and each device ring an adopted worker mapped by the
     // descriptor it handed over.
     let held = if mps && chaos::orphan_grace_ms() > 0 {
-        let adopted = c.ps().iter().filter(|r| r["adopted"] == true).count();
+        // Every worker the last start adopted may still be held, running its program or (after an
+        // upgrade or unload gave it back) idle in the pool: the count its log gives.
+        let log = c.d.log_text();
+        let adopted = adopted_at_last_start(&log).max(c.ps().iter().filter(|r| r["adopted"] == true).count());
         let device_rings =
             c.mb.channels_each()
                 .into_iter()
@@ -903,4 +987,25 @@ fn chaos_blink() {
 fn chaos_mps() {
     require_gpu!("chaos_mps");
     run("mps", true);
+}
+
+/// How many programs the last start of meshd adopted, from its log line `N program(s) of the
+/// previous meshd run on, adopted`; 0 when no start adopted any.
+fn adopted_at_last_start(log: &str) -> usize {
+    const SAID: &str = " program(s) of the previous meshd run on, adopted";
+    log.lines()
+        .rev()
+        .find_map(|l| l.find(SAID).map(|at| &l[..at]))
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_last_starts_adoptions_are_read_from_meshds_log() {
+    let log = "x INFO mesh_mps::backend::api: 10 program(s) of the previous meshd run on, adopted; the relaunch claims\n\
+               y INFO meshd::daemon: ready\n\
+               z INFO mesh_mps::backend::api: 3 program(s) of the previous meshd run on, adopted; the relaunch claims\n";
+    assert_eq!(adopted_at_last_start(log), 3);
+    assert_eq!(adopted_at_last_start("ready: mps mode"), 0);
 }

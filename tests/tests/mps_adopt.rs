@@ -50,9 +50,11 @@ fn mps_args<'a>(mps: &'a Path, pool: &'a str, grace_ms: Option<&'a str>) -> Vec<
 }
 
 /// Starts meshd in MPS mode with `grace_ms` on MPS directory `mps`, and programs `a` and `b` of the
-/// images `a` and `b` beating; returns it, the mailbox (mapped here) and the programs.
+/// images `a` and `b` beating; returns it, the mailbox (mapped here) and the programs. The pool of 3
+/// keeps one worker idle for an upgrade: after an adoption the two adopted workers are the pool's
+/// in use, and the third is made while the new meshd serves.
 fn two_programs(mps: &Path, grace_ms: &str, images: [&str; 2]) -> (Meshd, Mailbox, Vec<(String, u32, u32)>) {
-    let d = Meshd::start(&mps_args(mps, "2", Some(grace_ms)));
+    let d = Meshd::start(&mps_args(mps, "3", Some(grace_ms)));
     for (name, image) in ["a", "b"].into_iter().zip(images) {
         let image = programs_dir().join(format!("{image}.ptx"));
         d.ok(&["load", name, image.to_str().unwrap()]);
@@ -174,6 +176,7 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     std::thread::sleep(Duration::from_secs(1));
     let gaps_before: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
     let generations: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
+    let memory_before = mesh_gpu_tests::chaos::gpu_memory_mib();
     let restarted = Instant::now();
     // Sampled while meshd is killed and started again: the heartbeats never stop rising.
     let watcher = {
@@ -192,18 +195,38 @@ fn a_restart_within_the_grace_adopts_the_programs_which_never_stop() {
     let after: Vec<u32> = slots.iter().map(|&s| mb.slot(s).unwrap().generation()).collect();
     assert_eq!(after, generations, "no new generation: nothing was launched again");
     let gaps_after: Vec<f64> = slots.iter().map(|&s| largest_gap_ms(&mb, s)).collect();
+    // The killed meshd's own context is gone with it (no child holds its descriptors): the GPU's
+    // memory in use is what it was, the new meshd's context in place of the old one.
+    std::thread::sleep(Duration::from_secs(1));
+    let memory_after = mesh_gpu_tests::chaos::gpu_memory_mib();
     eprintln!(
         "adoption: meshd answered {up:?} after the kill; the heartbeats rose throughout ({beat_for:?} of 4 s); \
-         largest gap by the programs' own timers before the kill {gaps_before:?} ms, after the restart {gaps_after:?} ms"
+         largest gap by the programs' own timers before the kill {gaps_before:?} ms, after the restart {gaps_after:?} ms; \
+         GPU memory in use {memory_before:?} MiB before the kill, {memory_after:?} MiB after the adoption"
     );
-    // The adopted workers are this meshd's now: an upgrade moves `a` to a fresh worker, an unload
-    // stops `b` in order, and a shutdown ends everything.
+    if let (Some(before), Some(after)) = (memory_before, memory_after) {
+        assert!(
+            !mesh_gpu_tests::chaos::memory_leaked(before, after),
+            "the killed meshd's context still holds GPU memory: {before} MiB before, {after} MiB after"
+        );
+    }
+    // The adopted workers are this meshd's now: an upgrade moves `a` to a fresh worker (the pool's
+    // third, being made since the start, waited for), an unload stops `b` in order, and a shutdown
+    // ends everything.
     let image = programs_dir().join("heartbeat.ptx");
     d.ok(&["upgrade", "a", image.to_str().unwrap()]);
+    let log = d.log_text();
+    let pool_line = log.lines().find(|l| l.contains("MPS pool of 3:")).unwrap_or_default();
+    assert!(pool_line.contains("the 2 adopted program(s) hold workers of it, and 1 idle"), "{log}");
     assert!(
         wait_until(UP, || programs(&d).iter().any(|p| p.0 == "a" && p.2 != progs[0].2)),
         "a upgraded into a new worker: {}",
         d.ok(&["ps"])
+    );
+    assert!(
+        wait_until(UP, || d.log_text().contains("MPS pool of 3 worker(s) ready in")),
+        "the pool is full again (the old worker of a given back):\n{}",
+        d.log_text()
     );
     d.ok(&["unload", "b"]);
     assert_eq!(mb.slot(progs[1].1).unwrap().status().state, STATE_STOPPED, "b stopped in order");

@@ -16,6 +16,7 @@
 pub mod cleanup;
 mod error;
 pub mod event;
+pub mod fds;
 mod handover;
 pub mod life;
 pub mod pid_lock;

@@ -33,6 +33,7 @@ pub mod orphans;
 pub mod pool;
 pub mod process;
 pub mod standby;
+pub mod starting;
 pub mod worker;
 
 pub use backend::{

@@ -7,6 +7,7 @@
 //! server, then killed), and quits the previous daemons; only then are daemons started and
 //! programs relaunched.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -317,15 +318,22 @@ fn daemon_of(dir: &Path) -> Option<u32> {
     })
 }
 
-/// Whether client `pid` is in the client list of one of the servers of the daemon of `dir`;
-/// the server if so.
-fn server_of(control: &Path, dir: &Path, pid: u32) -> Option<u32> {
+/// The clients of every server of the daemon of `dir`, each with its server: asked once per
+/// daemon, not once per orphan (each question is a run of the control program; asked per orphan,
+/// 10 orphans took 20-40 runs before the restart could answer).
+fn clients_of(control: &Path, dir: &Path) -> BTreeMap<u32, u32> {
     let list = |line: &str| -> Vec<u32> {
         orphan::control_command(control, dir, line, Duration::from_secs(2))
             .map(|out| orphan::pids(&out))
             .unwrap_or_default()
     };
-    list("get_server_list").into_iter().find(|server| list(&format!("get_client_list {server}")).contains(&pid))
+    let mut clients = BTreeMap::new();
+    for server in list("get_server_list") {
+        for client in list(&format!("get_client_list {server}")) {
+            clients.insert(client, server);
+        }
+    }
+    clients
 }
 
 /// What [`greet_previous`] found to adopt: the previous meshd's daemon that ran its programs,
@@ -354,8 +362,13 @@ pub fn greet_previous(root: &Path, control: &Path, stop_deadline: Duration, log:
     if daemons.iter().all(Option::is_none) {
         return None;
     }
+    let began = Instant::now();
     let sockets = rendezvous_sockets(&rendezvous_dir(root));
     end_previous_keeper(root, log);
+    // Each daemon's clients, asked once (none when no orphan waits).
+    let clients: [BTreeMap<u32, u32>; 2] = [0, 1].map(|i| {
+        if sockets.is_empty() || daemons[i].is_none() { BTreeMap::new() } else { clients_of(control, &pipe_dirs[i]) }
+    });
     // The orphans greeted, by the daemon whose client each is (the index into `pipe_dirs`).
     let mut on: [Vec<Greeted>; 2] = Default::default();
     for path in sockets {
@@ -382,12 +395,7 @@ pub fn greet_previous(root: &Path, control: &Path, stop_deadline: Duration, log:
             None
         };
         // The active daemon's directory first: the nested one ran programs only after a fault.
-        let client_of = || {
-            [1, 0]
-                .into_iter()
-                .filter(|&i| daemons[i].is_some())
-                .find_map(|i| server_of(control, &pipe_dirs[i], pid).map(|server| (i, server)))
-        };
+        let client_of = || [1, 0].into_iter().find_map(|i| clients[i].get(&pid).map(|&server| (i, server)));
         let side = if why_not.is_none() { client_of() } else { None };
         let mut g = Greeted { stream, orphan: o, held, server: 0 };
         match (why_not, side) {
@@ -423,12 +431,17 @@ pub fn greet_previous(root: &Path, control: &Path, stop_deadline: Duration, log:
     // Nothing else of the previous meshd may run on: late orphans retired, idle workers gone, and
     // the other daemon (a new standby is made) told to quit.
     let adopting: Vec<u32> = greeted.iter().map(|g| g.held.id()).collect();
+    let greeted_in = began.elapsed();
     retire_all_but(root, control, &pipe_dirs, stop_deadline, &adopting, log);
+    let others_gone_in = began.elapsed() - greeted_in;
     quit_daemon(control, &pipe_dirs[other], log);
     log.push(format!(
-        "adopting the previous meshd's MPS daemon {daemon} of {} and {} orphan(s) running a kernel: {adopting:?}",
+        "adopting the previous meshd's MPS daemon {daemon} of {} and {} orphan(s) running a kernel: {adopting:?} \
+         (greeted in {greeted_in:.1?}; its other workers gone {others_gone_in:.1?} later; its other daemon told to \
+         quit {:.1?} later)",
         pipe_dirs[active].display(),
-        greeted.len()
+        greeted.len(),
+        began.elapsed() - greeted_in - others_gone_in
     ));
     let dir = pipe_dirs[active].parent().map_or_else(|| root.to_path_buf(), Path::to_path_buf);
     Some(Previous { dir, daemon, greeted })

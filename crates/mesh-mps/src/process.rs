@@ -10,6 +10,11 @@
 //! by the time it runs `pre_exec` exits at once. Children are `shared_child::SharedChild`s: any
 //! thread may kill one while another waits on it (with a timeout, woken by SIGCHLD rather than a
 //! poll), and one that is reaped already is never signalled.
+//!
+//! Every child inherits only what it is handed: meshd's descriptors are made close-on-exec before
+//! each spawn ([`mesh_backend::fds::close_on_exec_all`]). The driver opens its own without the
+//! flag, and a daemon or worker that inherited them would keep meshd's context (its device rings'
+//! memory, the context itself) alive after meshd died, for as long as that child runs.
 
 use std::io;
 use std::process::Command;
@@ -34,6 +39,7 @@ pub fn spawn_tied(cmd: &mut Command, signal: Signal) -> io::Result<SharedChild> 
     // SAFETY: `tie` runs between fork and exec; it makes only async-signal-safe system calls
     // (prctl, getppid, _exit) and takes no lock and makes no allocation.
     unsafe { cmd.pre_exec(tie) };
+    mesh_backend::fds::close_on_exec_all()?;
     SharedChild::spawn(cmd)
 }
 
@@ -44,6 +50,7 @@ pub fn spawn_detached(cmd: &mut Command) -> io::Result<SharedChild> {
     // SAFETY: `detach` runs between fork and exec and makes one async-signal-safe system call
     // (setsid); it takes no lock and makes no allocation.
     unsafe { cmd.pre_exec(detach) };
+    mesh_backend::fds::close_on_exec_all()?;
     SharedChild::spawn(cmd)
 }
 

@@ -16,30 +16,37 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::control::MpsControl;
+use crate::starting::Starting;
 use crate::worker::{NewsSender, Worker};
 
-/// How long after a refused start a new standby worker is tried again (the faulted server refuses
-/// clients until its old ones are gone).
-pub const RETRY: Duration = Duration::from_millis(250);
+pub use crate::starting::RETRY;
 
 /// The standby server and its workers: ready, starting, and the faulted server's, being reaped.
 #[derive(Debug)]
 pub struct Standby {
     control: Arc<MpsControl>,
     ready: Vec<Worker>,
-    pending: Vec<Worker>,
+    starting: Starting,
     dying: Vec<Worker>,
     want: usize,
-    next_try: Instant,
+    /// When a standby made in the background (meshd started with adopted programs running) was
+    /// begun, until it is first full.
+    filling_since: Option<Instant>,
 }
 
 impl Standby {
     /// A standby of `want` workers on `control`'s server (none started yet).
     pub fn new(control: Arc<MpsControl>, want: usize) -> Self {
-        Self { control, ready: Vec::new(), pending: Vec::new(), dying: Vec::new(), want, next_try: Instant::now() }
+        Self { control, ready: Vec::new(), starting: Starting::new(), dying: Vec::new(), want, filling_since: None }
+    }
+
+    /// A standby of `want` workers on `control`'s server made by the ticks, while meshd serves:
+    /// meshd started with adopted programs running, which its clients stall whenever they are made.
+    pub fn in_background(control: Arc<MpsControl>, want: usize) -> Self {
+        Self { filling_since: Some(Instant::now()), ..Self::new(control, want) }
     }
 
     /// Its server's control daemon.
@@ -54,7 +61,7 @@ impl Standby {
 
     /// Pids of every worker it holds (ready, starting, dying), for the log and tests.
     pub fn pids(&self) -> Vec<u32> {
-        self.ready.iter().chain(&self.pending).chain(&self.dying).map(Worker::pid).collect()
+        self.ready.iter().chain(&self.dying).map(Worker::pid).chain(self.starting.pids()).collect()
     }
 
     /// Takes `workers`, started (side by side) and checked to be clients of the standby server, at
@@ -74,7 +81,6 @@ impl Standby {
     /// than wanted are ready or starting. Returns lines for the log and how many workers it spawned
     /// (each a new MPS client, created while programs may run).
     pub fn tick(&mut self, mailbox: &Path, sms: Option<u32>, news: &NewsSender) -> (Vec<String>, usize) {
-        let mut spawned = 0;
         let mut log = Vec::new();
         self.dying.retain(|w| !w.exited());
         self.ready.retain_mut(|w| {
@@ -87,50 +93,21 @@ impl Standby {
             usable
         });
         let was_short = self.ready.len() < self.want;
-        let mut still = Vec::new();
-        for mut w in std::mem::take(&mut self.pending) {
-            match w.try_handshake() {
-                None => still.push(w),
-                Some(Ok(())) => match self.control.check_client(w.pid()) {
-                    Ok(server) => {
-                        w.server = server;
-                        self.ready.push(w);
-                    }
-                    Err(e) => {
-                        tracing::debug!("standby worker {}: {e}", w.pid());
-                        w.kill();
-                        self.next_try = Instant::now() + RETRY;
-                    }
-                },
-                Some(Err(e)) => {
-                    // The faulted server refuses clients until its old ones are gone: expected for a while.
-                    tracing::debug!("standby worker {}: {e}", w.pid());
-                    w.kill();
-                    self.next_try = Instant::now() + RETRY;
-                }
-            }
-        }
-        self.pending = still;
+        let step = self.starting.step(&self.control, self.want.saturating_sub(self.ready.len()), mailbox, sms, news);
+        self.ready.extend(step.ready);
+        log.extend(step.log);
         if was_short && self.ready.len() >= self.want {
-            log.push(format!("MPS standby ready again: {} idle worker(s) on the standby server", self.ready.len()));
+            log.push(match self.filling_since.take() {
+                Some(since) => format!(
+                    "MPS standby server ready with {} idle worker(s) in {:?}, made while meshd served: after a GPU \
+                     fault they take the programs over",
+                    self.ready.len(),
+                    since.elapsed()
+                ),
+                None => format!("MPS standby ready again: {} idle worker(s) on the standby server", self.ready.len()),
+            });
         }
-        let missing = self.want.saturating_sub(self.ready.len() + self.pending.len());
-        if missing > 0 && Instant::now() >= self.next_try {
-            for _ in 0..missing {
-                match Worker::spawn(&self.control, mailbox, sms, news) {
-                    Ok(w) => {
-                        spawned += 1;
-                        self.pending.push(w);
-                    }
-                    Err(e) => {
-                        log.push(format!("starting a standby MPS worker: {e}"));
-                        self.next_try = Instant::now() + RETRY;
-                        break;
-                    }
-                }
-            }
-        }
-        (log, spawned)
+        (log, step.spawned)
     }
 
     /// Breaks off every ready worker silent for more than `limit` at `now` (stopped or wedged: it
@@ -162,10 +139,10 @@ impl Standby {
     pub fn swap(&mut self, faulted: Arc<MpsControl>) -> (Arc<MpsControl>, Vec<Worker>) {
         let active = std::mem::replace(&mut self.control, faulted);
         let idle = std::mem::take(&mut self.ready);
-        for w in std::mem::take(&mut self.pending) {
+        for w in self.starting.take_all() {
             self.bury(w);
         }
-        self.next_try = Instant::now();
+        self.filling_since = None;
         (active, idle)
     }
 
@@ -173,7 +150,7 @@ impl Standby {
     /// directory is nested in the active one's, or the other way round after a swap: the nested one
     /// is quit first).
     pub fn tear_down(&mut self) -> Arc<MpsControl> {
-        for mut w in self.ready.drain(..).chain(self.pending.drain(..)).chain(self.dying.drain(..)) {
+        for mut w in self.ready.drain(..).chain(self.starting.take_all()).chain(self.dying.drain(..)) {
             w.kill();
         }
         self.control.clone()

@@ -1,7 +1,8 @@
 //! The standby server's bookkeeping against stand-ins (a control daemon and workers as shell scripts,
 //! CI has no MPS): filled at start and checked to be its clients, taken all or nothing, the faulted
 //! server's workers reaped without waiting, the roles swapped, and a new standby made tick by tick on
-//! a server that refuses clients for a while, without blocking; a silent standby worker replaced. The GPU side is docs/explanation/modes.md's ("The standby server").
+//! a server that refuses clients for a while, without blocking; a silent standby worker replaced; a
+//! standby made in the background (a start with adopted programs) filled by the ticks. The GPU side is docs/explanation/modes.md's ("The standby server").
 
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +118,26 @@ fn the_standby_is_filled_taken_swapped_and_made_again_without_blocking() {
     }
     let control = standby.tear_down();
     assert_eq!(control.root(), active.root());
+
+    // Made while meshd serves (it started with adopted programs running): the ticks fill it, and
+    // its first fill says the standby server is ready, as a standby made at start does.
+    let mut background = Standby::in_background(spare.clone(), 2);
+    assert_eq!(background.ready(), 0, "nothing is made before the ticks");
+    let log = tick_until(&mut background, &news, |s| s.ready() == 2);
+    let ready: Vec<&String> =
+        log.iter().filter(|l| l.contains("MPS standby server ready with 2 idle worker(s)")).collect();
+    assert_eq!(ready.len(), 1, "{log:?}");
+    assert!(ready[0].contains("made while meshd served"), "{log:?}");
+    let taken = background.take(2).unwrap();
+    let log = tick_until(&mut background, &news, |s| s.ready() == 2);
+    assert!(
+        log.iter().any(|l| l.contains("MPS standby ready again: 2 idle worker(s)")),
+        "a refill after that: {log:?}"
+    );
+    for w in taken {
+        w.exit();
+    }
+    background.tear_down();
     spare.quit();
     active.quit();
 }

@@ -317,7 +317,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub mps_dir: Option<PathBuf>,
     /// MPS workers started before any program runs. A load or upgrade that finds none idle is
-    /// refused (creating an MPS client stalls every running program), unless --pool-grow.
+    /// refused (creating an MPS client stalls every running program), unless --pool-grow. After a
+    /// restart that adopted running programs, their workers count as the pool's, and the rest is
+    /// made while meshd serves.
     #[arg(long, default_value_t = 2)]
     pub pool: u32,
     /// Let a load or upgrade past the pool create an MPS client, and discarded workers be replaced:

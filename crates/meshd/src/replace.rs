@@ -22,12 +22,10 @@
 //! cannot loop.
 
 use std::ffi::OsString;
-use std::os::fd::BorrowedFd;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use mesh_backend::watch::{self, Verdict};
-use rustix::io::FdFlags;
 use serde::{Deserialize, Serialize};
 
 /// At most this many replacements of the process within [`REEXEC_WINDOW`] relaunch programs.
@@ -209,26 +207,8 @@ pub fn process_start_unix_ms() -> Option<u64> {
 }
 
 /// Marks every descriptor above stderr close-on-exec, so that the new image inherits none: the
-/// mailbox lock (std opens it close-on-exec already; this makes sure), the control socket, and the
-/// driver's own descriptors, whose release tears the poisoned context down.
-pub fn close_on_exec_all() -> std::io::Result<usize> {
-    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&fd| fd > 2)
-        .collect();
-    let mut marked = 0;
-    for fd in fds {
-        // SAFETY: the borrow is used only for F_GETFD / F_SETFD, which touch no memory: a descriptor
-        // gone by now (the directory's own) just fails, and one reused meanwhile is marked
-        // close-on-exec, as every descriptor is about to be.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let Ok(flags) = rustix::io::fcntl_getfd(fd) else { continue };
-        if !flags.contains(FdFlags::CLOEXEC) && rustix::io::fcntl_setfd(fd, flags | FdFlags::CLOEXEC).is_ok() {
-            marked += 1;
-        }
-    }
-    Ok(marked)
-}
+/// mailbox lock, the control socket, and the driver's (which libcuda opens without the flag).
+pub use mesh_backend::fds::close_on_exec_all;
 
 /// Replaces this process with a new image of meshd: `/proc/self/exe` with [`reexec_args`]. Returns
 /// only when the exec failed, with its error.

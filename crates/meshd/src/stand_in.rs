@@ -6,12 +6,16 @@
 //! A [`RecoveryKnob`] makes its `watch` act out a long recovery in place, as the MPS backend's
 //! is: the board marked first, then one long call, each program relaunched, the board cleared.
 //! A [`DeletedChannels`] list records every deleted channel meshd tells the backend of (where a
-//! real backend frees a device ring's GPU memory).
+//! real backend frees a device ring's GPU memory). [`StandInBackend::adopting`] models MPS mode
+//! under an orphan grace: the programs a killed meshd left in their slots run on, and the
+//! relaunch takes each over by name in its slot at its generation, without a launch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_backend::{Backend, BackendError, IsolationMode, ProgramSpec, ProgramState, ProgramStatus, RecoveryBoard};
+use mesh_backend::{
+    Backend, BackendError, BackendEvent, IsolationMode, ProgramSpec, ProgramState, ProgramStatus, RecoveryBoard,
+};
 use mesh_shm::Mailbox;
 use parking_lot::{Condvar, Mutex};
 
@@ -25,6 +29,19 @@ pub struct StandInBackend {
     board: RecoveryBoard,
     knob: RecoveryKnob,
     deleted: DeletedChannels,
+    /// Programs a previous meshd left running in their slots that no relaunch has claimed yet
+    /// ([`StandInBackend::adopting`]).
+    orphans: Vec<Orphan>,
+    /// Adoptions for meshd's metrics ([`Backend::take_events`]).
+    events: Vec<BackendEvent>,
+}
+
+/// A program a previous meshd left in its slot: its name, slot and generation as the slot says.
+#[derive(Debug)]
+struct Orphan {
+    name: String,
+    slot: u32,
+    generation: u32,
 }
 
 /// The channels meshd told the stand-in were deleted ([`Backend::channel_deleted`]), by table index,
@@ -107,7 +124,29 @@ impl StandInBackend {
             board: RecoveryBoard::new(),
             knob: RecoveryKnob::new(),
             deleted: DeletedChannels::new(),
+            orphans: Vec::new(),
+            events: Vec::new(),
         }
+    }
+
+    /// Adopting what a killed meshd left (the mailbox claimed for adoption, its slots as they
+    /// were): every slot in use with a program's name and no stop asked runs on. The relaunch's
+    /// load of that name takes it over in its slot at its generation (`adopted` in `ps`, no launch);
+    /// the first watch after it stops those no load claimed and frees their slots.
+    pub fn adopting(mut self) -> Self {
+        let slots = self.mailbox.geometry().slot_count;
+        self.orphans = (0..slots)
+            .filter_map(|slot| {
+                let s = self.mailbox.slot(slot).ok()?;
+                let name = s.name();
+                (s.in_use() && !name.is_empty() && !s.stop_requested() && s.generation() > 0).then(|| Orphan {
+                    name,
+                    slot,
+                    generation: s.generation(),
+                })
+            })
+            .collect();
+        self
     }
 
     /// With `deleted`, which a test keeps to see the channels meshd said were deleted.
@@ -125,6 +164,40 @@ impl StandInBackend {
     /// The programs' statuses, to change as a backend's recovery would (tests of the watchdog).
     pub fn programs_mut(&mut self) -> &mut [ProgramStatus] {
         &mut self.programs
+    }
+
+    /// Takes `orphan` over for `spec` (its relaunch): its slot and generation as they are.
+    fn adopt(&mut self, orphan: Orphan, spec: ProgramSpec) -> ProgramStatus {
+        tracing::info!(
+            "stand-in: program {} adopted from the previous meshd: slot {}, generation {}",
+            orphan.name,
+            orphan.slot,
+            orphan.generation
+        );
+        self.events.push(BackendEvent::Adoption { program: orphan.name.clone(), adopted: true });
+        self.run(spec, orphan.slot, orphan.generation, true)
+    }
+
+    /// `spec` running in `slot` at `generation` (`adopted`, or launched here), added to the list.
+    fn run(&mut self, spec: ProgramSpec, slot: u32, generation: u32, adopted: bool) -> ProgramStatus {
+        let status = ProgramStatus {
+            name: spec.name,
+            slot,
+            state: ProgramState::Running,
+            generation,
+            heartbeat: 0,
+            worker_pid: None,
+            sms: None,
+            shape: spec.shape,
+            kind: spec.kind,
+            restarts: 0,
+            last_fault: None,
+            last_fault_unix_ms: None,
+            stopped_why: None,
+            adopted,
+        };
+        self.programs.push(status.clone());
+        status
     }
 
     fn release(&self, slot: u32) {
@@ -173,7 +246,11 @@ impl Backend for StandInBackend {
         if self.programs.iter().any(|p| p.name == spec.name) {
             return Err(BackendError::AlreadyLoaded(spec.name));
         }
-        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).collect();
+        if let Some(at) = self.orphans.iter().position(|o| o.name == spec.name) {
+            let orphan = self.orphans.swap_remove(at);
+            return Ok(self.adopt(orphan, spec));
+        }
+        let taken: Vec<u32> = self.programs.iter().map(|p| p.slot).chain(self.orphans.iter().map(|o| o.slot)).collect();
         let Some(slot) = (0..self.mailbox.geometry().slot_count).find(|s| !taken.contains(s)) else {
             return Err(BackendError::Mailbox("all program slots are in use".into()));
         };
@@ -188,24 +265,7 @@ impl Backend for StandInBackend {
         s.bind(&spec.name, &bindings).map_err(mailbox_err)?;
         s.reset_status();
         s.arm(generation);
-        let status = ProgramStatus {
-            name: spec.name,
-            slot,
-            state: ProgramState::Running,
-            generation,
-            heartbeat: 0,
-            worker_pid: None,
-            sms: None,
-            shape: spec.shape,
-            kind: spec.kind,
-            restarts: 0,
-            last_fault: None,
-            last_fault_unix_ms: None,
-            stopped_why: None,
-            adopted: false,
-        };
-        self.programs.push(status.clone());
-        Ok(status)
+        Ok(self.run(spec, slot, generation, false))
     }
 
     fn upgrade(&mut self, name: &str, _image: Vec<u8>) -> mesh_backend::Result<ProgramStatus> {
@@ -214,7 +274,12 @@ impl Backend for StandInBackend {
             .iter_mut()
             .find(|p| p.name == name)
             .ok_or_else(|| BackendError::NoSuchProgram(name.into()))?;
+        // As the GPU backends do: the new image runs at the next generation of its slot.
         p.generation += 1;
+        if let Ok(s) = self.mailbox.slot(p.slot) {
+            s.reset_status();
+            s.arm(p.generation);
+        }
         Ok(p.clone())
     }
 
@@ -234,6 +299,18 @@ impl Backend for StandInBackend {
     }
 
     fn watch(&mut self) -> Vec<String> {
+        // The relaunch is over by the first watch: an orphan it did not claim stops now.
+        let unclaimed: Vec<String> = std::mem::take(&mut self.orphans)
+            .into_iter()
+            .map(|o| {
+                self.release(o.slot);
+                self.events.push(BackendEvent::Adoption { program: o.name.clone(), adopted: false });
+                format!("stand-in: program {} in slot {} not adopted: no recorded program claimed it", o.name, o.slot)
+            })
+            .collect();
+        if !unclaimed.is_empty() {
+            return unclaimed;
+        }
         match self.knob.take() {
             Some((reason, hold)) => self.recover(reason, hold),
             None => Vec::new(),
@@ -257,5 +334,9 @@ impl Backend for StandInBackend {
 
     fn channel_deleted(&mut self, index: u32) {
         self.deleted.0.lock().push(index);
+    }
+
+    fn take_events(&mut self) -> Vec<BackendEvent> {
+        std::mem::take(&mut self.events)
     }
 }

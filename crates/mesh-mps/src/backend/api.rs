@@ -6,7 +6,9 @@ use super::workers::start_pool;
 use super::*;
 
 impl MpsBackend {
-    /// Starts the private daemon and the pool (each worker checked to be our client) before any program runs.
+    /// Starts the private daemon, adopts what a previous meshd left running (under an orphan grace),
+    /// and starts the pool and the standby (each worker checked to be our client): before any
+    /// program runs, or, with adopted programs running, while meshd serves.
     pub fn open(mailbox: &Mailbox, config: MpsConfig) -> Result<Self> {
         let (client_limit, limit_source) = crate::pool::client_limit(mesh_cuda::driver::init().ok().map(|d| d.version));
         if config.pool > client_limit {
@@ -101,6 +103,7 @@ impl MpsBackend {
                 adopted.len()
             );
         }
+        let running = adopted.len();
         {
             let mut s = shared.lock();
             s.adopted = adopted;
@@ -110,8 +113,8 @@ impl MpsBackend {
         let cubins = control.mps_dir().join("cubins");
         let built = std::fs::create_dir_all(&cubins)
             .map_err(|e| BackendError::MpsDaemon(format!("{}: {e}", cubins.display())))
-            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news))
-            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news))
+            .and_then(|()| start_pool(&control, mailbox, &config, &shared, &news, running))
+            .and_then(|()| start_standby(&control, mailbox, &config, &shared, &news, running > 0))
             .and_then(|()| start_keeper(&control, owned, &shared))
             .and_then(|()| Jit::start(&device.arch()));
         let jit = match built {

@@ -7,10 +7,14 @@ use super::*;
 /// without it MPS mode still starts, and only device channels are refused, saying why (see
 /// [`device_channels_refusal`]).
 pub(super) fn open_rings(device: &Device) -> Option<SharedRings> {
+    let began = Instant::now();
     match owner_context(device) {
         Ok(rings) => {
             *DEVICE_CHANNELS_REFUSED.lock() = None;
-            tracing::info!("device channels: their rings are owned by meshd's own plain context");
+            tracing::info!(
+                "device channels: their rings are owned by meshd's own plain context (made in {:.1?})",
+                began.elapsed()
+            );
             Some(rings)
         }
         Err(e) => {

@@ -55,17 +55,24 @@ impl MpsBackend {
                 log.extend(lines);
                 standby_spawned = spawned;
             }
-            // Each standby worker created while programs run is a new MPS client, counted as the
-            // pool's growth is (whether it stalls programs of the other server is the GPU's to say).
+            let (lines, pool_spawned) = self.fill_pool(&mut s);
+            log.extend(lines);
+            // Each standby or pool worker created while programs run is a new MPS client, counted
+            // as the pool's growth is (whether it stalls programs of the other server is the GPU's to say).
             let running = s.programs.iter().filter(|p| on_watch(p)).count();
-            if standby_spawned > 0 && running > 0 {
-                let stalled = u32::try_from(running).unwrap_or(u32::MAX);
-                for _ in 0..standby_spawned {
-                    self.pool.record_growth("standby", "refill the standby", stalled);
+            let stalled = u32::try_from(running).unwrap_or(u32::MAX);
+            for (spawned, what, op) in
+                [(standby_spawned, "standby", "refill the standby"), (pool_spawned, "pool", "fill the pool")]
+            {
+                if spawned == 0 || running == 0 {
+                    continue;
+                }
+                for _ in 0..spawned {
+                    self.pool.record_growth(what, op, stalled);
                 }
                 log.push(format!(
-                    "MPS standby: {standby_spawned} worker(s) being created while {running} program(s) run (counted as \
-                     pool growth)"
+                    "MPS {what}: {spawned} worker(s) being created while {running} program(s) run (counted as pool \
+                     growth)"
                 ));
             }
             // An idle worker that died (nothing ran in it) is replaced at the next refill.

@@ -197,6 +197,8 @@ struct Shared {
     keeper: Option<crate::orphans::Keeper>,
     /// Workers adopted from a previous meshd whose programs the relaunch has not claimed yet.
     adopted: Vec<Adoptee>,
+    /// The pool's workers still being made, when meshd started with adopted programs running.
+    pool_fill: Option<crate::starting::Filling>,
 }
 
 /// A worker adopted from a previous meshd, whose program the relaunch has not claimed yet.
@@ -272,6 +274,9 @@ fn tear_down(shared: &Mutex<Shared>) {
         p.worker.kill();
     }
     for mut w in s.idle.drain(..) {
+        w.kill();
+    }
+    for mut w in s.pool_fill.take().map(|mut f| f.starting.take_all()).unwrap_or_default() {
         w.kill();
     }
     for a in s.adopted.drain(..) {

@@ -203,6 +203,17 @@ impl MpsBackend {
             ms(times.new_clients),
             ms(times.relaunch),
         ));
+        // A pool still being made (after an adoption) was being made on the faulted server: its
+        // workers go (reaped by the standby's ticks, so as not to wait on the driver here), and the
+        // pool is now the standby's idle workers or the refill's.
+        if let Some(mut fill) = s.pool_fill.take() {
+            for mut w in fill.starting.take_all() {
+                match s.standby.as_mut() {
+                    Some(sb) => sb.bury(w),
+                    None => w.kill(),
+                }
+            }
+        }
         if standby {
             // The standby server is the active one now; its idle workers are the pool (creating more
             // would stall the programs just relaunched there), and a new standby is made on the

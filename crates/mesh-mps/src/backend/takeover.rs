@@ -7,13 +7,15 @@ use super::*;
 /// The standby daemon (`<mps dir>/standby`, or `<mps dir>` itself when the active daemon was
 /// adopted in `standby/` after a GPU fault) and its workers (`--standby`, by default as many as
 /// the pool), started now side by side, before any program runs, into `shared` (so that the cleanup
-/// tears them down on failure). `--standby 0`: none.
+/// tears them down on failure); or, `in_background` (adopted programs run already), made by the
+/// watchdog's ticks while meshd serves. `--standby 0`: none.
 pub(super) fn start_standby(
     control: &MpsControl,
     mailbox: &Mailbox,
     config: &MpsConfig,
     shared: &Mutex<Shared>,
     news: &NewsSender,
+    in_background: bool,
 ) -> Result<()> {
     let k = config.standby_size();
     if k == 0 {
@@ -25,6 +27,15 @@ pub(super) fn start_standby(
     }
     let started = Instant::now();
     let sb_control = Arc::new(control.start_standby()?);
+    if in_background {
+        shared.lock().standby = Some(Standby::in_background(sb_control.clone(), k as usize));
+        tracing::info!(
+            "MPS standby server {} started; its {k} worker(s) are made while meshd serves (clients created while \
+             programs run, counted as the pool's growth)",
+            sb_control.root().display()
+        );
+        return Ok(());
+    }
     shared.lock().standby = Some(Standby::new(sb_control.clone(), k as usize));
     let workers = start_all(&sb_control, mailbox.path(), config.sms, news, k as usize, "standby")?;
     if let Some(sb) = shared.lock().standby.as_mut() {

@@ -2,17 +2,33 @@
 //! after a recovery.
 
 use super::*;
+use crate::starting::Filling;
 
-/// Starts the pool's workers ([`start_all`]), each checked to be our client, into `shared`'s idle list.
+/// Starts the pool's workers into `shared`'s idle list, each checked to be our client: `--pool`
+/// less the `adopted` programs' workers, which are the pool's in use. With none adopted they are
+/// made now, before any program runs ([`start_all`]). With programs adopted they run already, and
+/// their clients stall them whenever they are made: the watchdog's ticks spawn and take them in
+/// ([`Filling`]) while meshd serves, rather than keeping it silent for seconds.
 pub(super) fn start_pool(
     control: &MpsControl,
     mailbox: &Mailbox,
     config: &MpsConfig,
     shared: &Mutex<Shared>,
     news: &NewsSender,
+    adopted: usize,
 ) -> Result<()> {
     let started = Instant::now();
-    let workers = start_all(control, mailbox.path(), config.sms, news, config.pool as usize, "pool")?;
+    let n = (config.pool as usize).saturating_sub(adopted);
+    if adopted > 0 {
+        tracing::info!(
+            "MPS pool of {}: the {adopted} adopted program(s) hold workers of it, and {n} idle worker(s) are made while \
+             meshd serves (each a client created while programs run, counted as the pool's growth)",
+            config.pool
+        );
+        shared.lock().pool_fill = Some(Filling::new(started));
+        return Ok(());
+    }
+    let workers = start_all(control, mailbox.path(), config.sms, news, n, "pool")?;
     if let Some(first) = workers.first() {
         tracing::info!(
             worker = first.pid(),
@@ -135,12 +151,77 @@ impl MpsBackend {
             self.publish_pool();
             return Ok(w);
         }
+        if let Some(w) = self.await_pool_fill(sms) {
+            return Ok(w);
+        }
         if !self.config.pool_grow {
             let why = crate::pool::refusal(op, program, sms, &idle_asks, in_use, self.config.pool);
             tracing::warn!("{why}");
             return Err(BackendError::Invalid { what: "MPS pool".into(), reason: why });
         }
         self.grow(sms, program, op)
+    }
+
+    /// A worker of the pool still being made ([`Filling`]) that was started with `sms`, waited for
+    /// (a load, or the relaunch of a program not adopted, before the pool was full); one started now
+    /// when none such is starting yet and the pool lacks one of the pool's size. `None` when no pool
+    /// is being made, or the worker failed.
+    fn await_pool_fill(&self, sms: Option<u32>) -> Option<Worker> {
+        let control = self.control().ok()?;
+        let starting = {
+            let mut s = self.lock();
+            let lacking = self.pool_lacking(&s);
+            let fill = s.pool_fill.as_mut()?;
+            match fill.starting.take_one(sms) {
+                Some(w) => w,
+                None if lacking > 0 && sms == self.config.sms => {
+                    match Worker::spawn(&control, self.mailbox.path(), sms, &self.news) {
+                        Ok(w) => w,
+                        Err(e) => {
+                            tracing::warn!("a worker of the pool being made: {e}");
+                            return None;
+                        }
+                    }
+                }
+                None => return None,
+            }
+        };
+        // Awaited without the lock: the workers' readers take it to file their news.
+        match starting.await_ready(&control, WORKER_LOAD) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!("a worker of the pool being made failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// How many workers the pool lacks: `--pool` less those idle and those of programs.
+    fn pool_lacking(&self, s: &Shared) -> usize {
+        (self.config.pool as usize).saturating_sub(s.idle.len() + s.programs.len())
+    }
+
+    /// The watchdog's step of a pool being made ([`Filling`]): those ready join the idle list,
+    /// what is lacking is spawned. Returns the log lines and how many clients it spawned.
+    pub(super) fn fill_pool(&self, s: &mut Shared) -> (Vec<String>, usize) {
+        let lacking = self.pool_lacking(s);
+        let (Some(fill), Some(control)) = (s.pool_fill.as_mut(), s.control.clone()) else { return (Vec::new(), 0) };
+        let step = fill.starting.step(&control, lacking, self.mailbox.path(), self.config.sms, &self.news);
+        let mut log = step.log;
+        let done = step.ready.len() >= lacking && fill.starting.is_empty();
+        let since = fill.since;
+        s.idle.extend(step.ready);
+        if done {
+            s.pool_fill = None;
+            log.push(format!(
+                "MPS pool of {} worker(s) ready in {:?}, made while meshd served: {} idle",
+                self.config.pool,
+                since.elapsed(),
+                s.idle.len()
+            ));
+            self.publish_pool_locked(s);
+        }
+        (log, step.spawned)
     }
 
     /// A new worker (a new MPS client) for `op` of `program`, growth being allowed: every running
@@ -150,7 +231,11 @@ impl MpsBackend {
             let s = self.lock();
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             let standby = s.standby.as_ref().map_or(0, |sb| sb.pids().len());
-            (count(s.idle.len() + s.programs.len() + standby), count(s.programs.iter().filter(|p| on_watch(p)).count()))
+            let filling = s.pool_fill.as_ref().map_or(0, |f| f.starting.len());
+            (
+                count(s.idle.len() + s.programs.len() + standby + filling),
+                count(s.programs.iter().filter(|p| on_watch(p)).count()),
+            )
         };
         if clients + 1 > self.client_limit {
             return Err(BackendError::ClientLimit { asked: clients + 1, limit: self.client_limit });
@@ -182,10 +267,7 @@ impl MpsBackend {
     /// replacement stalls the running programs once, counted). Workers that return from programs
     /// refill the pool by themselves.
     pub(super) fn grow_back(&self, program: &str) {
-        let missing = {
-            let s = self.lock();
-            (self.config.pool as usize).saturating_sub(s.idle.len() + s.programs.len())
-        };
+        let missing = self.pool_lacking(&self.lock());
         if missing > 0 && !self.config.pool_grow {
             tracing::info!(
                 "MPS pool: {missing} worker(s) discarded below --pool {} not replaced (creating a client stalls the \

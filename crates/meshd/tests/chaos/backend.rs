@@ -1,4 +1,4 @@
-//! The chaos test's stand-in backend: meshd's stand-in with a sticky fault on demand.
+//! The chaos test's stand-in backend: meshd's stand-in with a sticky fault on demand, adopting a killed meshd's programs when asked.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +22,11 @@ pub struct Chaotic {
 impl Chaotic {
     pub fn new(mailbox: &mesh_shm::Mailbox) -> Self {
         Self { inner: ListBackend::new(mailbox), faulting: None, replacement: None }
+    }
+
+    /// Adopting the programs a killed meshd left running ([`meshd::stand_in::StandInBackend::adopting`]).
+    pub fn adopting(mailbox: &mesh_shm::Mailbox) -> Self {
+        Self { inner: ListBackend::adopting(mailbox), faulting: None, replacement: None }
     }
 }
 
@@ -48,9 +53,10 @@ impl Backend for Chaotic {
         self.inner.status()
     }
     fn watch(&mut self) -> Vec<String> {
-        let Some(culprit) = self.faulting.take() else { return Vec::new() };
+        let mut log = self.inner.watch();
+        let Some(culprit) = self.faulting.take() else { return log };
         let programs: Vec<String> = self.inner.status().into_iter().map(|p| p.name).collect();
-        let Some(index) = programs.iter().position(|p| *p == culprit) else { return Vec::new() };
+        let Some(index) = programs.iter().position(|p| *p == culprit) else { return log };
         let linked = programs.iter().map(|p| (p.clone(), Arc::new(PTX.to_vec()))).collect();
         self.replacement = Some(Replacement {
             error: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered".into(),
@@ -60,13 +66,17 @@ impl Backend for Chaotic {
             linked,
             arch: "sm_90".into(),
         });
-        vec![format!("sticky fault by {culprit}")]
+        log.push(format!("sticky fault by {culprit}"));
+        log
     }
     fn take_replacement(&mut self) -> Option<Replacement> {
         self.replacement.take()
     }
     fn shutdown(&mut self) -> mesh_backend::Result<()> {
         self.inner.shutdown()
+    }
+    fn take_events(&mut self) -> Vec<mesh_backend::BackendEvent> {
+        self.inner.take_events()
     }
     fn host_atomics(&self) -> bool {
         false

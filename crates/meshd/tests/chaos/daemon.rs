@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use meshd::protocol::{Request, Response, read_response, write_request};
 
 use crate::common::wait_until;
-use crate::{CHILD, DEADLINE};
+use crate::{ADOPT, CHILD, DEADLINE};
 
 /// A small generator whose sequence is fixed by its seed for good (splitmix64, Steele et al. 2014):
 /// a schedule printed today replays the same in any later build, whatever RNG crates do.
@@ -64,8 +64,16 @@ pub struct Daemon {
 impl Daemon {
     /// The same command every time (what systemd's `Restart=` would run).
     fn spawn(dir: &Path) -> Child {
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_meshd", "--nocapture", "--test-threads=1"])
+        Self::spawn_adopting(dir, false)
+    }
+
+    /// [`Daemon::spawn`]; `adopt`: a start that adopts what a killed meshd left running.
+    fn spawn_adopting(dir: &Path, adopt: bool) -> Child {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if adopt {
+            cmd.env(ADOPT, "1");
+        }
+        cmd.args(["--exact", "child_meshd", "--nocapture", "--test-threads=1"])
             .env(CHILD, dir)
             // libtest's report of the child (a failed assertion's text) goes to a log beside the mailbox.
             .stdout(Self::log(dir))
@@ -110,9 +118,15 @@ impl Daemon {
     }
 
     pub fn kill9_and_restart(&mut self) {
+        self.kill9_and_restart_adopting(false);
+    }
+
+    /// `kill -9`, then the same command again; `adopt`: as MPS mode's meshd under an orphan grace,
+    /// the new one takes over the programs the killed one left running instead of relaunching them.
+    pub fn kill9_and_restart_adopting(&mut self, adopt: bool) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        self.child = Self::spawn(&self.dir);
+        self.child = Self::spawn_adopting(&self.dir, adopt);
         self.wait_up();
     }
 

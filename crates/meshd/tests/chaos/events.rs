@@ -8,8 +8,9 @@ use mesh_shm::{Consumer, Mailbox, Placement, Producer, Protocol};
 use meshd::protocol::{Request, Response};
 use meshd::service_client::ServiceClient;
 
+use crate::DEADLINE;
 use crate::backend::FAULT_PTX;
-use crate::common::{PTX, load_req};
+use crate::common::{PTX, load_req, wait_until};
 use crate::daemon::{Daemon, Rng};
 use crate::model::{Chan, Model, Room, agrees};
 use crate::streams::fill;
@@ -89,12 +90,14 @@ pub enum Kind {
     Stop,
     Fault,
     Kill9,
+    /// A `kill -9` of meshd while a load is on its way.
+    Kill9DuringLoad,
     Restart,
 }
 
 /// The schedule's weights: orderly changes most, crashes and faults now and then; as many channel
 /// and service deletes as creates, so that the table and the arena fill up, empty and fill again.
-const WEIGHTS: [(Kind, usize); 14] = [
+const WEIGHTS: [(Kind, usize); 15] = [
     (Kind::Load, 14),
     (Kind::Upgrade, 12),
     (Kind::Unload, 12),
@@ -108,6 +111,7 @@ const WEIGHTS: [(Kind, usize); 14] = [
     (Kind::Stop, 5),
     (Kind::Fault, 2),
     (Kind::Kill9, 5),
+    (Kind::Kill9DuringLoad, 2),
     (Kind::Restart, 3),
 ];
 
@@ -148,6 +152,16 @@ pub struct Chaos {
     pub faults: usize,
     /// Refusals the model called for, by reason.
     pub refusals: BTreeMap<&'static str, usize>,
+    /// Programs adopted after a `kill -9`.
+    pub adoptions: usize,
+    /// Loads a `kill -9` met: answered, run without an answer, left nothing.
+    pub loads_cut: [usize; 3],
+}
+
+/// Each running program's slot, generation and whether it was adopted, as `ps` shows them.
+fn running(d: &Daemon) -> BTreeMap<String, (u32, u32, bool)> {
+    let rows = d.ok(&Request::Ps, &[]).programs.unwrap_or_default();
+    rows.into_iter().filter(|r| r.state == "running").map(|r| (r.name, (r.slot, r.generation, r.adopted))).collect()
 }
 
 /// Whether `err` names one of `any`.
@@ -267,9 +281,73 @@ impl Chaos {
                 return Outcome::Away(t.elapsed());
             }
             Kind::Kill9 => {
+                // Half the kills are followed by a start that adopts what ran on (MPS mode under an
+                // orphan grace), half by one that relaunches it.
+                let adopt = rng.below(2) == 0;
+                let before = running(d);
                 let t = Instant::now();
-                d.kill9_and_restart();
-                return Outcome::Away(t.elapsed());
+                d.kill9_and_restart_adopting(adopt);
+                let away = t.elapsed();
+                let after = running(d);
+                for (name, (slot, generation, _)) in &before {
+                    let now = after.get(name).unwrap_or_else(|| panic!("{name} runs after the kill -9: {after:?}"));
+                    if adopt {
+                        assert_eq!(*now, (*slot, *generation, true), "{name} adopted in its slot, at its generation");
+                    } else {
+                        assert!(!now.2, "{name} relaunched, not adopted: {before:?} -> {now:?}");
+                    }
+                }
+                self.adoptions += usize::from(adopt) * before.len();
+                return Outcome::Away(away);
+            }
+            Kind::Kill9DuringLoad => {
+                if full {
+                    return Outcome::Skipped;
+                }
+                let name = m.fresh("p");
+                let socket = d.socket();
+                let req = load_req(&name, &[]);
+                let loading = std::thread::spawn(move || crate::daemon::try_ask(&socket, &req, PTX));
+                std::thread::sleep(Duration::from_micros(rng.below(3000) as u64));
+                let adopt = rng.below(2) == 0;
+                let t = Instant::now();
+                d.kill9_and_restart_adopting(adopt);
+                let away = t.elapsed();
+                let answer = loading.join().expect("the loading client");
+                let now = running(d);
+                // Answered, the load is recorded and runs after the restart; cut off, it either ran
+                // (recorded before the kill) or left nothing, never a slot without a program.
+                let answered = answer.as_ref().is_some_and(|r| r.ok);
+                if answered {
+                    assert!(
+                        now.contains_key(&name),
+                        "{name}, whose load was answered, runs after the kill -9: {now:?}"
+                    );
+                }
+                // A program the killed meshd bound but had not recorded runs on unclaimed after an
+                // adopting start, which stops it and frees its slot at its first watch.
+                let held: Vec<u32> = now.values().map(|p| p.0).collect();
+                let stray = || {
+                    (0..self.mb.geometry().slot_count)
+                        .filter(|&slot| self.mb.slot(slot).is_ok_and(|s| s.in_use()) && !held.contains(&slot))
+                        .collect::<Vec<u32>>()
+                };
+                assert!(
+                    wait_until(DEADLINE, || stray().is_empty()),
+                    "slots {:?} in use after a kill -9 during the load of {name}, and no program runs in them: {now:?}",
+                    stray()
+                );
+                let outcome = match (answered, now.contains_key(&name)) {
+                    (true, _) => 0,
+                    (false, true) => 1,
+                    (false, false) => 2,
+                };
+                self.loads_cut[outcome] += 1;
+                if now.contains_key(&name) {
+                    m.binds.insert(name.clone(), Vec::new());
+                    m.programs.insert(name, false);
+                }
+                return Outcome::Away(away);
             }
             Kind::Restart => {
                 let t = Instant::now();

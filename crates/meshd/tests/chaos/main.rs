@@ -1,7 +1,9 @@
 //! Chaos without a GPU: a seeded schedule of loads, upgrades, unloads, refused loads, channel and
 //! service creates and deletes, messages left queued, native workers spawned and stopped, sticky
 //! faults (the process replaced by exec), orderly restarts and `kill -9` of meshd started again by
-//! the same command, while host streams run through the mailbox. After every event the daemon must
+//! the same command, some while a load is on its way (half of those starts adopting the programs the killed one left running, as
+//! MPS mode's under an orphan grace: each in its slot, at its generation, `adopted` in `ps`), while
+//! host streams run through the mailbox. After every event the daemon must
 //! show exactly what the test asked for, and the mailbox must hold it: every channel's shape and
 //! queued messages, no two rings overlapping, the descriptors and arena bytes in use as `info` and
 //! the mailbox report them. The model knows the mailbox's limits (32 program slots, 64 channel
@@ -44,12 +46,14 @@ use events::{Chaos, Kind, Outcome, channel_req, draw, service_req, spawn_req};
 use mesh_shm::{Mailbox, MailboxConfig, Placement, Protocol};
 use meshd::protocol::Request;
 use meshd::server::{Limits, Opened, Server};
-use meshd::start::{bind_socket, claim_mailbox};
+use meshd::start::{bind_socket, claim_mailbox, claim_mailbox_for_adoption};
 use meshd::state::StateStore;
 use model::{Chan, Model, agrees};
 use streams::stream;
 
 const CHILD: &str = "MESHD_CHAOS_CHILD";
+/// Set on a child started after a `kill -9` that adopts the killed one's programs.
+const ADOPT: &str = "MESHD_CHAOS_ADOPT";
 /// Generous: a deadline for what takes milliseconds, never a measurement.
 const DEADLINE: Duration = Duration::from_secs(20);
 /// Another image: an upgrade changes the program's image hash in the state directory.
@@ -70,12 +74,23 @@ fn child_meshd() {
     let dir = PathBuf::from(dir);
     // meshd's log, as the daemon writes it, to stderr: the parent points it at the child's log file.
     let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).try_init();
-    let claimed = claim_mailbox(&dir.join("mb"), &config(), false).unwrap();
+    // A start that adopts (as MPS mode's under an orphan grace) what the killed meshd left running;
+    // read once and removed, so that the image a sticky fault executes relaunches instead.
+    let adopt = std::env::var_os(ADOPT).is_some();
+    // SAFETY: the child runs this one test on one thread (`--test-threads=1`), and no other
+    // thread of it reads the environment yet.
+    unsafe { std::env::remove_var(ADOPT) };
+    let claimed = if adopt {
+        claim_mailbox_for_adoption(&dir.join("mb"), &config(), false).unwrap()
+    } else {
+        claim_mailbox(&dir.join("mb"), &config(), false).unwrap()
+    };
     let mut store = StateStore::open(&dir.join("state")).unwrap();
     store.restore_channels(&claimed.mailbox).unwrap();
     store.record_channels(&claimed.mailbox).unwrap();
-    let server = Server::start(claimed.mailbox.clone(), Limits::default(), Some(store), |mb| {
-        Ok(Opened { backend: Box::new(Chaotic::new(mb)), device: "test double".into(), arch: Some("sm_90".into()) })
+    let server = Server::start(claimed.mailbox.clone(), Limits::default(), Some(store), move |mb| {
+        let backend = if adopt { Chaotic::adopting(mb) } else { Chaotic::new(mb) };
+        Ok(Opened { backend: Box::new(backend), device: "test double".into(), arch: Some("sm_90".into()) })
     })
     .unwrap();
     let listener = bind_socket(&dir.join("sock")).unwrap();
@@ -138,7 +153,16 @@ fn chaos_loses_nothing_and_leaks_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path());
     let mb = Mailbox::open(dir.path().join("mb")).unwrap();
-    let mut c = Chaos { d, m: Model::default(), mb, rng: Rng(seed), faults: 0, refusals: BTreeMap::new() };
+    let mut c = Chaos {
+        d,
+        m: Model::default(),
+        mb,
+        rng: Rng(seed),
+        faults: 0,
+        refusals: BTreeMap::new(),
+        adoptions: 0,
+        loads_cut: [0; 3],
+    };
 
     // Host streams: three sizes and capacities of LL, and one index channel, on channels meshd
     // made (and records).
@@ -183,7 +207,7 @@ fn chaos_loses_nothing_and_leaks_nothing() {
     let chaos_took = started.elapsed();
 
     // Leaks, in the meshd process that is running now: empty it, count, cycle, count again.
-    let Chaos { mut d, mut m, mb, refusals, .. } = c;
+    let Chaos { mut d, mut m, mb, refusals, adoptions, loads_cut, .. } = c;
     for name in m.names() {
         d.ok(&Request::Unload { name }, &[]);
     }
@@ -251,6 +275,11 @@ fn chaos_loses_nothing_and_leaks_nothing() {
         start_usage.in_use + start_usage.free
     );
     eprintln!("max recovery gap (meshd away: kill -9, restart, fault): {:.1} ms", max_gap.as_secs_f64() * 1e3);
+    eprintln!("programs adopted after a kill -9: {adoptions}");
+    eprintln!(
+        "loads met by a kill -9: {} answered, {} run without an answer, {} left nothing",
+        loads_cut[0], loads_cut[1], loads_cut[2]
+    );
     eprintln!("{:<8} {:>10} {:>10} {:>6} {:>8} {:>5}", "stream", "sent", "received", "lost", "repeated", "torn");
     for (name, (tally, threads)) in streams {
         for t in threads {

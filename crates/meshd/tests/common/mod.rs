@@ -29,6 +29,11 @@ impl ListBackend {
         Self { inner: StandInBackend::new(mailbox), gate: None, log: None }
     }
 
+    /// Adopting the programs a killed meshd left running ([`StandInBackend::adopting`]).
+    pub fn adopting(mailbox: &Mailbox) -> Self {
+        Self { inner: StandInBackend::new(mailbox).adopting(), gate: None, log: None }
+    }
+
     pub fn with_gate(mut self, gate: mpsc::Receiver<()>) -> Self {
         self.gate = Some(gate);
         self
@@ -97,6 +102,9 @@ impl Backend for ListBackend {
     }
     fn watch(&mut self) -> Vec<String> {
         self.inner.watch()
+    }
+    fn take_events(&mut self) -> Vec<mesh_backend::BackendEvent> {
+        self.inner.take_events()
     }
     fn set_recovery_board(&mut self, board: RecoveryBoard) {
         self.inner.set_recovery_board(board);
