@@ -19,8 +19,11 @@
 //! loaded, upgraded and unloaded, the `fault` program, `kill -9` of meshd (some while a bystander's
 //! load is on its way: answered, it runs after the restart; cut off, it runs or left nothing, and no
 //! slot stays in use without a program), `meshd handoff` (the same pid executing meshd again), in
-//! MPS mode `kill -9` of a
-//! bystander's worker, native workers spawned and stopped, and channels and services created and
+//! MPS mode `kill -9` of a bystander's worker or of an idle worker of the standby server (replaced,
+//! no program disturbed) and, once a run where the time left allows, a `kill -9`
+//! of meshd left alone past the orphan grace (every program stops in order, every MPS process exits
+//! and the GPU's memory in use comes back within the grace + 5 s; then meshd starts again and
+//! relaunches them), native workers spawned and stopped, and channels and services created and
 //! deleted under traffic (churn channels in the mailbox and, in blink mode, in device memory, some
 //! left holding messages; a delete of a stream's channel refused naming who holds it; a service's
 //! delete refused while a client is attached, done once it detached). After every event the test waits
@@ -55,6 +58,8 @@ use std::time::{Duration, Instant};
 use mesh_gpu_tests::chaos::{self, Churn, HostEnd, Rng, Scraper, Tally, UnitMeshd};
 use mesh_gpu_tests::stress::{self, user};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
+use mesh_mps_worker::orphan::WORKER_COMM;
+use mesh_shm::layout::STATE_STOPPED;
 use mesh_shm::{Mailbox, Producer};
 
 /// A deadline for a recovery, never a measurement.
@@ -99,6 +104,13 @@ enum Kind {
     /// `meshd handoff`: meshd executes its binary again in its own process (an upgrade of meshd).
     Handoff,
     KillWorker,
+    /// MPS mode: a `kill -9` of an idle worker of the standby server (the one no program runs on):
+    /// meshd discards and replaces it, and no program notices.
+    KillStandbyWorker,
+    /// MPS mode: a `kill -9` of meshd, and no restart until the orphan grace has passed: every
+    /// program stops in order, every worker, the MPS server and its daemon exit and the GPU's memory
+    /// is back where it was before meshd started; then meshd is started again and relaunches them.
+    OrphanLimit,
     Spawn,
     Stop,
     ChannelCreate,
@@ -112,16 +124,20 @@ impl Kind {
     fn crash(self) -> bool {
         // A handoff in blink mode stops and relaunches every program, its device rings renewed with
         // the context: judged as a crash (MPS mode's adopts them, and its bounds are never reached).
-        matches!(self, Self::Fault | Self::Kill9 | Self::Kill9DuringLoad | Self::Handoff | Self::KillWorker)
+        matches!(
+            self,
+            Self::Fault | Self::Kill9 | Self::Kill9DuringLoad | Self::Handoff | Self::KillWorker | Self::OrphanLimit
+        )
     }
 
-    /// A `kill -9` of meshd itself.
+    /// A `kill -9` of meshd itself: the programs it leaves are adopted, or stopped in order at the
+    /// orphan limit; neither takes a message again unless the log says so.
     fn kill9(self) -> bool {
-        matches!(self, Self::Kill9 | Self::Kill9DuringLoad)
+        matches!(self, Self::Kill9 | Self::Kill9DuringLoad | Self::OrphanLimit)
     }
 }
 
-const WEIGHTS: [(Kind, u64); 15] = [
+const WEIGHTS: [(Kind, u64); 17] = [
     (Kind::UpgradeStream, 14),
     (Kind::LoadBystander, 10),
     (Kind::UpgradeBystander, 6),
@@ -131,6 +147,8 @@ const WEIGHTS: [(Kind, u64); 15] = [
     (Kind::Kill9DuringLoad, 2),
     (Kind::Handoff, 2),
     (Kind::KillWorker, 4),
+    (Kind::KillStandbyWorker, 2),
+    (Kind::OrphanLimit, 2),
     (Kind::Spawn, 4),
     (Kind::Stop, 4),
     (Kind::ChannelCreate, 5),
@@ -203,6 +221,12 @@ struct Chaos {
     scraper: Option<Scraper>,
     /// Channels and services made and deleted under traffic.
     churn: Churn,
+    /// The GPU's memory in use before meshd started (MiB): where the orphan limit must bring it back.
+    memory_before: Option<u64>,
+    /// When the run ends: the orphan limit is waited out only where it ends well before.
+    ends: Instant,
+    /// The orphan limit passed once already (it takes the grace and more: once a run).
+    orphan_limit_passed: bool,
 }
 
 /// The stream positions that must move on after every event.
@@ -286,6 +310,9 @@ impl Chaos {
             stop,
             scraper: None,
             churn: Churn::default(),
+            memory_before: None,
+            ends: Instant::now(),
+            orphan_limit_passed: false,
         };
         for p in c.streams() {
             Self::load(&c.d, p);
@@ -610,6 +637,27 @@ impl Chaos {
                 self.bystanders.remove(&name);
                 self.natives_interrupted();
             }
+            Kind::KillStandbyWorker => {
+                if !self.mps {
+                    return None;
+                }
+                self.kill_standby_worker()?;
+            }
+            Kind::OrphanLimit => {
+                let grace = Duration::from_millis(chaos::orphan_grace_ms());
+                // MPS under a grace only, once a run, with time left to wait it out; no native worker
+                // (a client of meshd's MPS server that is the user's to stop, not an orphan).
+                let room = self.ends.checked_duration_since(Instant::now()).unwrap_or_default();
+                if !self.mps || grace.is_zero() || self.orphan_limit_passed || !self.natives.is_empty() {
+                    return None;
+                }
+                if room < grace + Duration::from_secs(20) {
+                    return None;
+                }
+                self.orphan_limit_passed = true;
+                began = self.orphan_limit(grace);
+                self.natives_interrupted();
+            }
             Kind::Spawn => {
                 if !self.spawn() {
                     return None;
@@ -677,6 +725,117 @@ impl Chaos {
             n.interrupted = true;
         }
     }
+
+    /// A `kill -9` of one idle worker of the standby server (that of the MPS directory's two pipe
+    /// directories where no program's worker runs); waits until the standby has as many live
+    /// workers as before again, none of them the killed one. `None` when
+    /// no standby worker runs (none configured, or being made).
+    fn kill_standby_worker(&mut self) -> Option<()> {
+        let busy: Vec<u64> = self.ps().iter().filter_map(|r| r["worker_pid"].as_u64()).collect();
+        let workers_on = |dir: &std::path::Path| -> Vec<u32> {
+            mesh_mps::mps_dir::processes_using(dir)
+                .into_iter()
+                .filter(|(pid, comm)| comm == WORKER_COMM && !mesh_mps::process::dying(*pid))
+                .map(|(pid, _)| pid)
+                .collect()
+        };
+        let dirs = mesh_mps::orphans::pipe_dirs(&self.d.mps_dir());
+        let standby = dirs.into_iter().find(|d| {
+            let w = workers_on(d);
+            !w.is_empty() && w.iter().all(|p| !busy.contains(&u64::from(*p)))
+        })?;
+        let before = workers_on(&standby);
+        let pid = *self.rng.pick(&before)?;
+        let log0 = self.d.log_text().len();
+        let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        assert!(killed.is_ok_and(|s| s.success()), "kill -9 of standby worker {pid}");
+        let replaced = wait_until(DEADLINE, || {
+            let now = workers_on(&standby);
+            !now.contains(&pid) && now.len() >= before.len()
+        });
+        assert!(
+            replaced,
+            "standby worker {pid} killed: not replaced within {DEADLINE:?} (standby workers before {before:?}, now \
+             {:?})\n{}",
+            workers_on(&standby),
+            self.d.log_tail(40)
+        );
+        // A ready worker's death is logged (a starting one's is a refused start, retried).
+        let log = self.d.log_text();
+        let named = format!("standby MPS worker {pid} discarded");
+        let line = log.get(log0..).unwrap_or_default().lines().find(|l| l.contains(&named));
+        eprintln!(
+            "standby worker {pid} killed and replaced; meshd said: {}",
+            line.unwrap_or("(nothing: it was starting)")
+        );
+        Some(())
+    }
+
+    /// A `kill -9` of meshd left alone past the orphan grace: within the grace + 5 s every running
+    /// program's slot says it stopped in order, no worker, MPS server or daemon is left, and the
+    /// GPU's memory in use is back within 1% of what it was before meshd started. Then meshd starts
+    /// again, finds no orphan and relaunches the recorded programs; returns when it was started,
+    /// which the event's recovery gap counts from.
+    fn orphan_limit(&mut self, grace: Duration) -> Instant {
+        let running: Vec<(String, u32)> = self
+            .ps()
+            .iter()
+            .filter(|r| r["state"] == "running" && r["native"] != true)
+            .filter_map(|r| Some((r["name"].as_str()?.to_string(), u32::try_from(r["slot"].as_u64()?).ok()?)))
+            .collect();
+        let scraper = self.scraper.as_ref().expect("the scraper");
+        scraper.meshd_down(true);
+        let killed = Instant::now();
+        self.d.kill9();
+        let limit = grace + Duration::from_secs(5);
+        let stopped = |c: &Self| {
+            running.iter().all(|(_, slot)| c.mb.slot(*slot).is_ok_and(|s| s.status().state == STATE_STOPPED))
+        };
+        let all_stopped = wait_until(limit, || stopped(self));
+        let programs_stopped = killed.elapsed();
+        let gone = wait_until(limit.saturating_sub(killed.elapsed()), || chaos::leftovers().is_empty());
+        let processes_gone = killed.elapsed();
+        let memory = match self.memory_before {
+            Some(before) => chaos::memory_settled(before, limit.saturating_sub(killed.elapsed())),
+            None => None,
+        };
+        let memory_back = killed.elapsed();
+        let states: Vec<(String, Option<u32>)> =
+            running.iter().map(|(n, slot)| (n.clone(), self.mb.slot(*slot).ok().map(|s| s.status().state))).collect();
+        assert!(
+            all_stopped,
+            "orphan limit ({grace:?}): not every program stopped in order within {limit:?} of the kill -9 (slot \
+             states, {STATE_STOPPED} = stopped): {states:?}"
+        );
+        assert!(gone, "orphan limit ({grace:?}): left behind {limit:?} after the kill -9: {:?}", chaos::leftovers());
+        if let (Some(before), Some(now)) = (self.memory_before, memory) {
+            assert!(
+                !chaos::memory_leaked(before, now),
+                "orphan limit ({grace:?}): the GPU's memory in use is {now} MiB {memory_back:?} after the kill -9, \
+                 {before} MiB before meshd started"
+            );
+        }
+        eprintln!(
+            "orphan limit (--orphan-grace-ms {}): {} program(s) stopped in order {programs_stopped:?} after the \
+             kill -9, every worker, the MPS server and daemon gone after {processes_gone:?}, GPU memory {memory:?} \
+             MiB ({:?} before meshd started) after {memory_back:?}",
+            grace.as_millis(),
+            running.len(),
+            self.memory_before
+        );
+        let log0 = self.d.log_text().len();
+        let restarted = Instant::now();
+        self.d.restart();
+        scraper.meshd_down(false);
+        let log = self.d.log_text();
+        let since = log.get(log0..).unwrap_or_default();
+        assert!(
+            !since.contains("adopted from the previous meshd"),
+            "orphan limit: the restart adopted programs whose grace had passed:\n{}",
+            self.d.log_tail(40)
+        );
+        restarted
+    }
 }
 
 /// One event's figures.
@@ -701,6 +860,7 @@ fn run(mode: &str, mps: bool) {
     assert!(clear, "meshd or MPS processes before the test: {:?}", chaos::leftovers());
     let memory_before = chaos::gpu_memory_mib();
     let mut c = Chaos::start(mps, seed);
+    c.memory_before = memory_before;
     let mailbox_path = c.mb.path().to_path_buf();
     let first = c.progress().expect("progress");
     c.recovered(&first, "the setup");
@@ -716,6 +876,7 @@ fn run(mode: &str, mps: bool) {
     let (mut ping_from, mut ping_pending, mut ping_bound) = (c.ping_repeats(), None, 0u64);
     assert_eq!(ping_from, 0, "chaos {mode}: ping dropped repeats before any event");
     let started = Instant::now();
+    c.ends = started + length;
     let mut i = 0;
     while started.elapsed() < length {
         let pause = Duration::from_millis(200 + c.rng.below(1800));

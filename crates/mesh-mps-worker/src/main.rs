@@ -641,6 +641,14 @@ fn main() {
                 }
                 break;
             }
+            // meshd died while this worker was idle (under a grace): nothing to keep. Exit at once,
+            // leaving the context to the driver's teardown at exit: the process then shows as
+            // exiting from the first moment, which a restarting meshd sees and need not wait for
+            // (an orderly drop first took the teardown's time in user space, the process alive).
+            Next::End if args.orphan_grace_ms > 0 => {
+                std::mem::forget(worker);
+                std::process::exit(0)
+            }
             Next::End => break,
         };
         let reply = match serde_json::from_str::<Command>(&line) {

@@ -201,9 +201,10 @@ fn end_previous_keeper(root: &Path, log: &mut Vec<String>) {
 }
 
 /// Retires the orphans at the rendezvous of `root` (but those in `skip`), passing again while
-/// other clients of `pipe_dirs` live, up to the stop deadline and 5 s: a worker busy with a
-/// command when meshd died reaches its rendezvous a moment later, and an idle one is still exiting
-/// (past the bound, the caller's wait for the previous processes refuses the start, naming them).
+/// workers of `pipe_dirs` live that are not exiting, up to the stop deadline and 5 s: a worker busy
+/// with a command when meshd died reaches its rendezvous a moment later, and an idle one may not
+/// have begun to exit yet (past the bound, the caller's wait for the previous processes refuses the
+/// start, naming them).
 fn retire_all_but(
     root: &Path,
     control: &Path,
@@ -217,11 +218,12 @@ fn retire_all_but(
     loop {
         retire_at_rendezvous(&dir, control, pipe_dirs, stop_deadline, skip, log);
         // Workers only: a native worker (`meshd spawn`) outlives meshd by design and never comes
-        // to a rendezvous.
+        // to a rendezvous. One already exiting (an idle worker whose meshd died, its context torn
+        // down by the driver for a second or two) will run nothing again: not waited for.
         let workers_left = pipe_dirs
             .iter()
             .flat_map(|d| processes_using(d))
-            .any(|(pid, comm)| comm == orphan::WORKER_COMM && !skip.contains(&pid));
+            .any(|(pid, comm)| comm == orphan::WORKER_COMM && !skip.contains(&pid) && !crate::process::dying(pid));
         if !workers_left || Instant::now() >= bound {
             break;
         }

@@ -59,7 +59,7 @@ impl UnitMeshd {
 
     /// Its MPS directory: `/tmp/meshd-mps-<GPU UUID>`, which `--device 0` derives from the UUID
     /// `meshd info` names; `/nonexistent` if it does not answer.
-    fn mps_dir(&self) -> PathBuf {
+    pub fn mps_dir(&self) -> PathBuf {
         let info = self.cli(&["info"]);
         serde_json::from_slice::<serde_json::Value>(&info.stdout)
             .ok()
@@ -75,8 +75,19 @@ impl UnitMeshd {
     /// `kill -9` of meshd, then the same command at once (what `Restart=on-failure` does, without
     /// its `RestartSec`); waits until it answers.
     pub fn kill9_and_restart(&mut self) {
+        self.kill9();
+        self.restart();
+    }
+
+    /// `kill -9` of meshd, reaped; nothing started in its place.
+    pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The same command again after meshd has ended (its first start's `--fresh` left out); waits
+    /// until it answers.
+    pub fn restart(&mut self) {
         self.child = self.command(false).spawn().expect("restart meshd");
         self.pids.push(self.child.id());
         self.wait_up();
