@@ -1008,10 +1008,11 @@ fn run(mode: &str, mps: bool) {
         );
         // Where a restart's time goes until meshd answers (the programs ran on meanwhile): the
         // milestones of the last two starts, from meshd's log.
-        const MILESTONES: [&str; 8] = [
+        const MILESTONES: [&str; 9] = [
             "taken over from meshd",
             "their rings are owned by meshd's own plain context",
             "adopting the previous meshd's MPS daemon",
+            "while meshd went on",
             "program(s) of the previous meshd run on",
             "MPS pool of",
             "MPS standby server",

@@ -242,6 +242,25 @@ fn quit_daemon(control: &Path, dir: &Path, log: &mut Vec<String>) {
     }
 }
 
+/// Tells the daemon of `dir`, if one runs there, to quit, on a thread of its own that logs when it
+/// answered: nothing of this meshd waits for it (the new standby made in `dir` later waits for the
+/// previous processes there to be gone, as every daemon's start does).
+fn quit_in_background(control: &Path, dir: &Path) {
+    let shown = dir.display().to_string();
+    let (control, dir) = (control.to_path_buf(), dir.to_path_buf());
+    let spawned = std::thread::Builder::new().name("mps-quit-previous".into()).spawn(move || {
+        let began = Instant::now();
+        let mut log = Vec::new();
+        quit_daemon(&control, &dir, &mut log);
+        for line in log {
+            tracing::info!("{line} (answered in {:.1?}, while meshd went on)", began.elapsed());
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("quitting the previous meshd's MPS daemon of {shown}: no thread for it ({e})");
+    }
+}
+
 /// Clears what a previous meshd left running on MPS directory `root`, before anything of this
 /// meshd starts there: its keeper ended, every orphan at a rendezvous retired (or forced) and
 /// waited for, its daemons told to quit (their end is then waited for with the usual teardown
@@ -436,14 +455,12 @@ pub fn greet_previous(root: &Path, control: &Path, stop_deadline: Duration, log:
     let greeted_in = began.elapsed();
     retire_all_but(root, control, &pipe_dirs, stop_deadline, &adopting, log);
     let others_gone_in = began.elapsed() - greeted_in;
-    quit_daemon(control, &pipe_dirs[other], log);
+    quit_in_background(control, &pipe_dirs[other]);
     log.push(format!(
         "adopting the previous meshd's MPS daemon {daemon} of {} and {} orphan(s) running a kernel: {adopting:?} \
-         (greeted in {greeted_in:.1?}; its other workers gone {others_gone_in:.1?} later; its other daemon told to \
-         quit {:.1?} later)",
+         (greeted in {greeted_in:.1?}; its other workers gone {others_gone_in:.1?} later)",
         pipe_dirs[active].display(),
         greeted.len(),
-        began.elapsed() - greeted_in - others_gone_in
     ));
     let dir = pipe_dirs[active].parent().map_or_else(|| root.to_path_buf(), Path::to_path_buf);
     Some(Previous { dir, daemon, greeted })
