@@ -3,11 +3,14 @@
 # Compiles the test programs to PTX with nvcc (none is committed: without nvcc the GPU tests fail),
 # in parallel, then runs every GPU test binary and the GPU benchmarks under timeouts, and prints a table last; exits 1, naming them,
 # when any of them failed (a row with a non-zero rc).
-# Usage: ./run [tests|bench|all|chan|lean|service|examples|chaos [blink|mps]]   (default all). Logs go to $OUT (default ./out);
+# Usage: ./run [tests|bench|all|chan|lean|service|examples|chaos [blink|mps]|only NAME[:FILTER][@SECS]...]   (default all). Logs go to $OUT (default ./out);
 # the benchmarks' figures to $OUT/results.jsonl, one JSON line each (bench/README.md), stamped with the commit in
 # ./COMMIT (written by `cargo xtask gpu-test --bundle`); `cargo xtask bench-report --compare OLD NEW` compares two.
 # lean: the g2g probe, then `mesh-gpu-bench g2g-lean blink`
 #   (ping_x_lean <-> echo_x_lean beside ping <-> echo_header, device channels, capacity 4/16/64/256).
+# only: the named test binaries alone, in order (NAME is bin/test-NAME, or bin/NAME; FILTER a test name
+#   filter as cargo's test binaries take it; SECS each one's limit, default 300): ./run only mps_adopt chaos:chaos_mps@560.
+#   Environment such as MESH_CHAOS_SECS passes through; test-images and test-native get their nvcc builds.
 # chan: the channel work alone: the raw probes, the round-trip benchmarks of both modes, test-channels.
 # service: the service alone: bin/test-service (both modes, MESH_SERVICE_SECS per mode, default 24),
 #   `mesh-gpu-bench service blink|mps` and `fanin-host`.
@@ -52,7 +55,10 @@ else
 fi
 
 # --- image kinds (tests/tests/images.rs): every form nvcc makes, from heartbeat.cu, into programs/images/ ---
-if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ]; then
+# `only` builds what its binaries need: the image kinds for test-images, native-cuda for test-native.
+ONLY_ARGS=" ${*:2} "
+needs() { [ "$WHAT" != only ] || [[ "$ONLY_ARGS" == *" $1"[:@\ ]* || "$ONLY_ARGS" == *" test-$1"[:@\ ]* ]]; }
+if [ -x "$NVCC" ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ] && needs images; then
   IMG=programs/images; mkdir -p "$IMG"; img_ok=0; img_total=0
   img() { # img FILE NVCC-ARGS...: one form; a failed build leaves no file, so the test skips that form
     local file=$1; shift; img_total=$((img_total + 1))
@@ -88,7 +94,7 @@ fi
 # --- end image kinds ---
 
 # --- native-cuda (examples/native-cuda, run by bin/test-native): nvcc against mesh-shm-c's static library ---
-if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ]; then
+if [ -x "$NVCC" ] && [ -f native/libmesh_shm_c.a ] && [ "$WHAT" != chan ] && [ "$WHAT" != chaos ] && [ "$WHAT" != lean ] && [ "$WHAT" != service ] && needs native; then
   if timeout 300 "$NVCC" -O2 -arch=sm_90 -I programs -I native -o bin/native-cuda native/native_echo.cu \
       native/libmesh_shm_c.a -lpthread -ldl -lm >"$OUT/nvcc-native.log" 2>&1; then
     ROWS+=("nvcc native-cuda|built bin/native-cuda")
@@ -159,6 +165,28 @@ if [ "$WHAT" = chaos ]; then
     ROWS+=("chaos $mode|rc=$rc $(grep -E '^test result:' "$OUT/chaos-$mode.log" | tail -1) (log: chaos-$mode.log)")
     grep -E '^chaos |^\||^max recovery|^meshd \(' "$OUT/chaos-$mode.log"
     grep -E 'panicked' -A3 "$OUT/chaos-$mode.log" | head -20
+  done
+fi
+
+if [ "$WHAT" = only ]; then
+  for spec in "${@:2}"; do
+    secs=300
+    [[ "$spec" == *@* ]] && { secs=${spec##*@}; spec=${spec%@*}; }
+    name=${spec%%:*}; filter=""
+    [[ "$spec" == *:* ]] && filter=${spec#*:}
+    t=bin/test-$name; [ -x "$t" ] || t=bin/$name
+    if [ ! -x "$t" ]; then
+      ROWS+=("$name|rc=1 no bin/test-$name nor bin/$name in this bundle")
+      continue
+    fi
+    log="$OUT/$(basename "$t")${filter:+-$filter}.log"
+    start=$(date +%s)
+    timeout -k 10 "$secs" "$t" ${filter:+"$filter"} --test-threads=1 --nocapture >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result:' "$log" | tail -1)
+    ROWS+=("$(basename "$t")${filter:+ $filter}|rc=$rc $(( $(date +%s) - start ))s ${summary:-no result line} (log: $(basename "$log"))")
+    grep -E '^test .* (FAILED|ok)$' "$log" | sed "s/^/  [$(basename "$t")] /"
+    grep -E 'panicked' -A6 "$log" | head -30
   done
 fi
 
