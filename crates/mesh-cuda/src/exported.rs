@@ -7,8 +7,9 @@
 //! The physical memory lives as long as meshd's handle, across every worker's end; a probe on the
 //! H200 found such memory shared between MPS clients of one server and between a plain context and
 //! an MPS client. [`SharedRings`] is meshd's side: one allocation per device channel, renewed in the
-//! mailbox (loss counted from its indices) when it is made and after a recovery, and marked to be
-//! zeroed by the next worker that maps it, on that worker's stream: meshd's context runs no GPU work
+//! mailbox (loss counted from its indices) when it is made and kept, messages and all, through a
+//! recovery (a fault ends the MPS clients, not meshd's context), and marked to be zeroed by the next
+//! worker that maps a new one, on that worker's stream: meshd's context runs no GPU work
 //! at all, because a plain context's work time-slices with the MPS server's (gaps up to 1.4 ms were
 //! measured between plain processes), while a worker's runs inside the server beside the others.
 //!
@@ -332,6 +333,15 @@ pub struct SharedRingLoss {
     pub lost: u64,
 }
 
+/// A device ring kept through a recovery with messages in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedRingKept {
+    /// The channel.
+    pub channel: String,
+    /// Messages in it by the published indices (`head - tail`).
+    pub held: u64,
+}
+
 /// meshd's device rings in MPS mode: one exported allocation per device channel, owned by meshd's
 /// plain context, made when the first program bound to the channel is launched.
 #[derive(Debug)]
@@ -450,14 +460,16 @@ impl SharedRings {
         Ok(())
     }
 
-    /// After a recovery ended every MPS client (none maps a ring now): every ring renewed in the
-    /// mailbox, the messages its indices still counted recorded as lost, and marked to be zeroed by
-    /// the next worker that maps it (before any program runs on it). The memory itself stays (it is
-    /// meshd's); a ring whose channel is gone is released.
-    pub fn renew_all(&mut self, mailbox: &Mailbox) -> Vec<String> {
+    /// After a recovery ended every MPS client (none maps a ring now): every ring kept as it is,
+    /// messages and indices, for the relaunched programs to go on from, as host channels do (a
+    /// producer resumes after the last whole message in the ring, a consumer at the position it last
+    /// published, taking up to a ring again). The memory is meshd's, which a fault of the MPS server
+    /// does not touch. A ring whose channel is gone is released. Returns the rings kept with messages
+    /// in them (by the published indices), for the log, and the errors.
+    pub fn keep_all(&mut self, mailbox: &Mailbox) -> (Vec<SharedRingKept>, Vec<String>) {
         let mut errors = Vec::new();
-        // Each descriptor on its own: one that a peer process damaged is reported, and every other
-        // channel's ring is renewed all the same.
+        // Each descriptor on its own: one that a peer process damaged is reported, and its ring kept
+        // (memory meshd owns) all the same.
         let mut channels = Vec::new();
         for c in mailbox.channels_each() {
             match c {
@@ -466,32 +478,21 @@ impl SharedRings {
             }
         }
         let unreadable = !errors.is_empty();
+        let mut kept = Vec::new();
         let indices: Vec<u32> = self.rings.keys().copied().collect();
         for index in indices {
-            let Some(info) = channels.iter().find(|c| c.index == index).cloned() else {
-                // Gone, unless its descriptor is one that could not be read: then its ring is kept
-                // (memory meshd owns) and marked to be zeroed, as every renewed one is.
-                if unreadable {
-                    if let Some(r) = self.rings.get_mut(&index) {
-                        r.dirty = true;
-                    }
-                } else {
-                    self.rings.remove(&index);
+            match channels.iter().find(|c| c.index == index) {
+                Some(info) if info.head > info.tail => {
+                    kept.push(SharedRingKept { channel: info.name.clone(), held: info.head - info.tail })
                 }
-                continue;
-            };
-            if let Some(r) = self.rings.get_mut(&index) {
-                r.dirty = true;
-            }
-            match self.renew(mailbox, &info) {
-                Ok(()) => {}
-                Err(e) => {
-                    errors.push(format!("device channel {:?}: renewing its ring after the recovery: {e}", info.name));
+                Some(_) => {}
+                None if unreadable => {}
+                None => {
                     self.rings.remove(&index);
                 }
             }
         }
-        errors
+        (kept, errors)
     }
 
     /// Rings renewed with messages in them since the last call, for the log.

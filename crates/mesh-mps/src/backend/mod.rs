@@ -26,8 +26,9 @@
 //! **Device channels** (on by default): meshd's
 //! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
 //! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
-//! outlives every worker; after a recovery each ring is renewed, its loss counted, and zeroed by the
-//! first worker that maps it again (meshd's own context runs no GPU work: it would time-slice).
+//! outlives every worker, and a recovery keeps each ring, messages and all, for the relaunched
+//! programs; a new ring is zeroed by the first worker that maps it (meshd's own context runs no GPU
+//! work: it would time-slice).
 //!
 //! **Layout.** This file owns the shared state (`Shared`, behind the one lock every job takes), the
 //! backend's options and the helpers every job uses; `api` opens the backend and implements

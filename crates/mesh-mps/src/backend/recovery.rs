@@ -22,7 +22,7 @@ struct Clients<'a> {
 /// Where a recovery's time went, for its log line (summed over a search by halves' rounds).
 #[derive(Debug, Default, Clone, Copy)]
 struct Breakdown {
-    /// Ending every client (and renewing the device rings).
+    /// Ending every client.
     ending: Duration,
     /// Starting the new workers (MPS clients) side by side.
     new_clients: Duration,
@@ -50,17 +50,19 @@ impl Recovery for Clients<'_> {
         } else {
             self.backend.end_all_clients(self.s, self.control);
         }
-        // No client maps a ring now: each is renewed (and marked for zeroing) before anything relaunches.
+        // No client maps a ring now: each is kept, messages and all, for the relaunched programs.
         if let Some(rings) = self.s.rings.as_mut() {
-            for e in rings.renew_all(&self.backend.mailbox) {
+            let (kept, errors) = rings.keep_all(&self.backend.mailbox);
+            for e in errors {
                 tracing::error!("{e}");
             }
-            for loss in rings.take_losses() {
-                tracing::warn!(
-                    channel = loss.channel,
-                    "channel {:?}: its device ring was renewed empty after the GPU fault: {} messages lost",
-                    loss.channel,
-                    loss.lost
+            for k in kept {
+                tracing::info!(
+                    channel = k.channel,
+                    "channel {:?}: its device ring keeps its {} message(s) through the recovery (a consumer that \
+                     had not published its position takes up to a ring of them again)",
+                    k.channel,
+                    k.held
                 );
             }
         }
