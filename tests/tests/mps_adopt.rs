@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use mesh_gpu_tests::chaos;
 use mesh_gpu_tests::harness::{Meshd, kill_mps_processes, mps_processes};
 use mesh_gpu_tests::{programs_dir, require_gpu, wait_until};
 use mesh_mps_worker::orphan::process_alive;
@@ -130,6 +131,8 @@ fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
     require_gpu!("orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing");
     let dir = TestMps::new();
     let mps = dir.path.clone();
+    // The GPU's memory in use before meshd starts: where the orphan limit must bring it back.
+    let memory_before = chaos::gpu_memory_mib();
     let (mut d, mb, progs) = two_programs(&mps, "3000", ["heartbeat", "heartbeat"]);
     let slots: Vec<u32> = progs.iter().map(|p| p.1).collect();
     let workers: Vec<u32> = progs.iter().map(|p| p.2).collect();
@@ -154,9 +157,20 @@ fn orphans_run_on_through_the_grace_then_stop_once_and_leave_nothing() {
     let h: Vec<u64> = slots.iter().map(|&s| heartbeat(&mb, s)).collect();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(h, slots.iter().map(|&s| heartbeat(&mb, s)).collect::<Vec<_>>(), "nothing beats any more");
+    // Every byte of GPU memory back within the grace + 5 s of the kill (nvidia-smi's figure).
+    let memory = memory_before
+        .and_then(|before| chaos::memory_settled(before, Duration::from_secs(8).saturating_sub(killed.elapsed())));
+    let memory_back = killed.elapsed();
+    if let (Some(before), Some(now)) = (memory_before, memory) {
+        assert!(
+            !chaos::memory_leaked(before, now),
+            "GPU memory in use {now} MiB {memory_back:?} after the kill, {before} MiB before meshd started"
+        );
+    }
     eprintln!(
         "orphan grace 3000 ms: the programs beat on for {ran:?} of the first second after the kill; every worker, \
-         the MPS server and the daemon gone {all_gone:?} after the kill"
+         the MPS server and the daemon gone {all_gone:?} after the kill; GPU memory in use {memory:?} MiB \
+         {memory_back:?} after it ({memory_before:?} before meshd started)"
     );
 }
 
