@@ -67,9 +67,16 @@ impl MpsBackend {
         if let Some(n) = config.sms {
             device.sm_partitioning()?.check(n)?;
         }
-        // Before the MPS daemon exists, so that it cannot become its client.
+        // meshd's own plain context, beside the daemon's start or adoption (neither touches the GPU,
+        // and a restart that adopts running programs answers sooner for it): it cannot become a
+        // client of our daemon, whose pipe directory only the children's environment names (a
+        // daemon that meshd's own environment leads to is refused by its check, with the reason).
         // MPS mode still starts without it: only device channels are then refused, saying why.
-        let rings = open_rings(&device);
+        let rings_device = device.clone();
+        let own_context = std::thread::Builder::new()
+            .name("mps-own-context".into())
+            .spawn(move || open_rings(&rings_device))
+            .map_err(|e| BackendError::MpsDaemon(format!("a thread for meshd's own context: {e}")))?;
         let (root, owned) = match &config.mps_dir {
             Some(dir) => (dir.clone(), false),
             None => (crate::mps_dir::default_root(mailbox.path()), true),
@@ -78,6 +85,8 @@ impl MpsBackend {
         let control = Arc::new(
             MpsControl::start_in(root, owned, orphans)?.with_device(uuid).with_kernel_check(config.kernel_check),
         );
+        // A panic there (none is expected) leaves device channels refused, as a failed context does.
+        let rings = own_context.join().unwrap_or_default();
         let (news, news_rx) = NewsSender::channel();
         let shared = Arc::new(Mutex::new(Shared {
             control: Some(control.clone()),

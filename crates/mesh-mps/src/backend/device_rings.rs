@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// The device rings' owner, made before the MPS daemon exists so that it cannot become its client;
+/// The device rings' owner, a plain context made while the MPS daemon starts (or is adopted);
 /// without it MPS mode still starts, and only device channels are refused, saying why (see
 /// [`device_channels_refusal`]).
 pub(super) fn open_rings(device: &Device) -> Option<SharedRings> {
@@ -26,9 +26,10 @@ pub(super) fn open_rings(device: &Device) -> Option<SharedRings> {
     }
 }
 
-/// meshd's own context for the device rings: a plain (non-MPS) context, made before the MPS daemon
-/// starts. A process whose environment leads it to an MPS server becomes its client instead, so the
-/// context is checked (`MPS_ENABLED` = 0) and refused with the reason otherwise.
+/// meshd's own context for the device rings: a plain (non-MPS) context. meshd's daemon is not one
+/// it can join (only the children's environment names its pipe directory), but a process whose own
+/// environment leads it to an MPS server becomes its client instead, so the context is checked
+/// (`MPS_ENABLED` = 0) and refused with the reason otherwise.
 fn owner_context(device: &Device) -> Result<SharedRings> {
     let refuse = |reason: String| BackendError::Invalid { what: "device channels in MPS mode".into(), reason };
     mesh_cuda::exported::check_support(device)?;

@@ -24,7 +24,7 @@
 //! its own last stall ([`SilenceClock`]).
 //!
 //! **Device channels** (on by default): meshd's
-//! own plain context, created before the MPS daemon, owns every device ring (mesh-cuda's
+//! own plain context, made while the MPS daemon starts, owns every device ring (mesh-cuda's
 //! `exported`); a worker maps a ring's descriptor before launching a program bound to it. The memory
 //! outlives every worker, and a recovery keeps each ring, messages and all, for the relaunched
 //! programs; a new ring is zeroed by the first worker that maps it (meshd's own context runs no GPU
