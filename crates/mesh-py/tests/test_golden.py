@@ -74,6 +74,9 @@ REQUESTS = {
 #: The requests a :class:`meshd.Service` sends on its lease (its own connection, not ``Client.call``):
 #: checked against a stand-in meshd by ``test_the_lease_requests_are_byte_for_byte_the_clis``.
 LEASE_REQUESTS = ("service_attach", "detach")
+#: What a :class:`meshd.Service` sends to take back a lease that ended with a previous meshd, on a
+#: connection of its own, before its ``detach``: checked by ``test_a_lease_taken_back_is_byte_for_byte_the_clis``.
+RESUME_REQUESTS = ("service_resume",)
 ANSWERS = {
     "load": "load",
     "load_shaped": "load",
@@ -96,12 +99,12 @@ CASES = golden_names(".request")
 
 def test_every_golden_request_has_a_client_call() -> None:
     assert len(CASES) >= 11, "the golden cases are missing (crates/meshd/tests/golden_protocol.rs writes them)"
-    missing = set(CASES) - set(REQUESTS) - set(LEASE_REQUESTS)
+    missing = set(CASES) - set(REQUESTS) - set(LEASE_REQUESTS) - set(RESUME_REQUESTS)
     assert not missing, f"requests meshd has and the Python client cannot send: {sorted(missing)}"
     assert set(LEASE_REQUESTS) <= set(CASES), "the lease's golden requests are missing"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in LEASE_REQUESTS])
+@pytest.mark.parametrize("case", [c for c in CASES if c not in LEASE_REQUESTS + RESUME_REQUESTS])
 def test_requests_are_byte_for_byte_the_clis(case: str) -> None:
     client = Recorder(ANSWERS.get(case, "ok"))
     REQUESTS[case](client)
@@ -213,6 +216,34 @@ def test_the_lease_requests_are_byte_for_byte_the_clis(tmp_path: Path, peer: Pee
     info, lease = fake.connections
     assert info == [golden("info.request")]
     assert lease == [golden(f"{case}.request") for case in LEASE_REQUESTS]
+
+
+class RestartedLeaseRecorder(LeaseRecorder):
+    """A :class:`LeaseRecorder` whose lease ends unanswered at the detach, as when meshd restarted
+    since the attach; a ``service_resume`` then gets ``service_attach.response``."""
+
+    ANSWERS = {**LeaseRecorder.ANSWERS, "service_resume": "service_attach"}
+
+    def answer(self, op: str | None, n: int) -> bytes | None:
+        if op == "detach" and len(self.connections) == 2:
+            return None  # the lease (the second connection, after `info`) died with that meshd
+        return super().answer(op, n)
+
+
+def test_a_lease_taken_back_is_byte_for_byte_the_clis(tmp_path: Path, peer: Peer) -> None:
+    daemon = peer.start("serve", tmp_path / "sock", tmp_path / "mailbox")
+    assert daemon.stdout is not None and daemon.stdout.readline().strip() == "ready"
+    REQUESTS["service_create_replies"](meshd.Client(tmp_path / "sock", timeout=DEADLINE))
+    fake = RestartedLeaseRecorder(tmp_path / "mailbox", tmp_path / "fake.sock")
+    try:
+        svc = meshd.Service.connect("kv", fake.socket, timeout=DEADLINE)
+        assert svc.id == 0x10002
+        svc.close()
+    finally:
+        fake.close()
+    _info, lease, resumed = fake.connections
+    assert lease == [golden(f"{case}.request") for case in LEASE_REQUESTS], "the detach went on the old lease first"
+    assert resumed == [golden("service_resume.request"), golden("detach.request")]
 
 
 def test_a_program_held_by_a_recovery_in_place_reads_as_recovering() -> None:

@@ -426,7 +426,8 @@ MeshStatus mesh_service_set_window(struct MeshService *s, uint32_t window);
 
 // Leaves the service and frees the client: releases its reply ring, then detaches (meshd takes
 // the client back, and the server is told of its departure). NULL is ignored. The client is freed
-// whatever this returns: [`MESH_OK`], also when meshd has gone (nothing is left to give back), or
+// whatever this returns: [`MESH_OK`], also when meshd has gone (nothing is left to give back) or
+// restarted since the connect (the lease is then taken back from the new meshd first), or
 // [`MESH_ERR_REFUSED`] when meshd refused the detach (the lease is closed all the same, which meshd
 // takes as leaving too).
 //

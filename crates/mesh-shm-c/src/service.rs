@@ -57,6 +57,9 @@ pub struct MeshService {
     rx: GroupClient,
     lease: UnixStream,
     service: String,
+    /// Where meshd listens: a lease that ended with a previous meshd is taken back there.
+    socket: String,
+    id: u32,
     window: ReplyWindow,
 }
 
@@ -160,6 +163,27 @@ fn detach(lease: &UnixStream) -> Result<(), Failed> {
     }
 }
 
+/// [`detach`], and when the lease is closed (it ended with a previous meshd, a crash, a restart or
+/// a handoff, and the client stayed bound), the lease taken back from the meshd serving `socket`
+/// now (`service_resume`) and the detach sent on it. Nothing to take back (no meshd there, the
+/// client departed already) is not an error.
+fn detach_or_resume(lease: &UnixStream, socket: &str, service: &str, id: u32) -> Result<(), Failed> {
+    let _ = lease.set_read_timeout(Some(DETACH_TIMEOUT));
+    match ask(lease, "{\"op\":\"detach\"}\n", "detach") {
+        Ok(_) => return Ok(()),
+        Err((MESH_ERR_REFUSED, reason)) => return Err((MESH_ERR_REFUSED, reason)),
+        Err(_) => {}
+    }
+    let Ok(conn) = dial(socket) else { return Ok(()) };
+    let _ = conn.set_read_timeout(Some(DETACH_TIMEOUT));
+    let name = serde_json::to_string(service).map_err(|e| (MESH_ERR_PROTOCOL, e.to_string()))?;
+    let resume = format!("{{\"op\":\"service_resume\",\"service\":{name},\"client\":{id}}}\n");
+    if ask(&conn, &resume, "service_resume").is_err() {
+        return Ok(());
+    }
+    detach(&conn)
+}
+
 /// The attach, every step of it; on any failure after meshd bound the client, its lease is given back.
 fn connect(socket: &str, service: &str) -> Result<MeshService, Failed> {
     let mailbox_path = {
@@ -191,7 +215,7 @@ fn connect(socket: &str, service: &str) -> Result<MeshService, Failed> {
             // The lease is held, not read, until the detach: no timeout on it meanwhile.
             let _ = lease.set_read_timeout(None);
             let window = ReplyWindow::new(rx.info().capacity);
-            Ok(MeshService { tx, rx, lease, service: service.to_string(), window })
+            Ok(MeshService { tx, rx, lease, service: service.to_string(), socket: socket.to_string(), id, window })
         }
         Err(e) => {
             let _ = detach(&lease);
@@ -537,7 +561,8 @@ pub unsafe extern "C" fn mesh_service_set_window(s: *mut MeshService, window: u3
 
 /// Leaves the service and frees the client: releases its reply ring, then detaches (meshd takes
 /// the client back, and the server is told of its departure). NULL is ignored. The client is freed
-/// whatever this returns: [`MESH_OK`], also when meshd has gone (nothing is left to give back), or
+/// whatever this returns: [`MESH_OK`], also when meshd has gone (nothing is left to give back) or
+/// restarted since the connect (the lease is then taken back from the new meshd first), or
 /// [`MESH_ERR_REFUSED`] when meshd refused the detach (the lease is closed all the same, which meshd
 /// takes as leaving too).
 ///
@@ -550,10 +575,10 @@ pub unsafe extern "C" fn mesh_service_close(s: *mut MeshService) -> MeshStatus {
             return MESH_OK;
         }
         // SAFETY: from Box::into_raw in mesh_service_connect, closed once by the caller's contract.
-        let MeshService { tx, rx, lease, service, .. } = *unsafe { Box::from_raw(s) };
+        let MeshService { tx, rx, lease, service, socket, id, .. } = *unsafe { Box::from_raw(s) };
         drop(rx);
         drop(tx);
-        match detach(&lease) {
+        match detach_or_resume(&lease, &socket, &service, id) {
             Ok(()) => MESH_OK,
             Err((code, text)) => fail(code, format!("service {service:?}: detach: {text}")),
         }

@@ -31,9 +31,18 @@ struct Meshd {
 
 impl Meshd {
     fn start(dir: &Path) -> Self {
-        let (socket, mailbox) = (dir.join("sock"), dir.join("mailbox"));
         let config = MailboxConfig { size: 16 << 20, slots: 8, channels: 16 };
-        let mb = Mailbox::create(&mailbox, &config, CreateMode::Exclusive).expect("mailbox");
+        let mb = Mailbox::create(dir.join("mailbox"), &config, CreateMode::Exclusive).expect("mailbox");
+        Self::serve(dir, mb)
+    }
+
+    /// A meshd started again on the mailbox a previous one in `dir` left (its clients still bound).
+    fn start_again(dir: &Path) -> Self {
+        Self::serve(dir, Mailbox::open(dir.join("mailbox")).expect("the mailbox left"))
+    }
+
+    fn serve(dir: &Path, mb: Mailbox) -> Self {
+        let (socket, mailbox) = (dir.join("sock"), dir.join("mailbox"));
         let server = meshd::server::Server::start(mb, meshd::server::Limits::default(), None, |mb| {
             Ok(meshd::server::Opened {
                 backend: Box::new(meshd::stand_in::StandInBackend::new(mb)),
@@ -396,6 +405,26 @@ fn answers_meshd_never_gives_are_protocol_errors_and_leave_nothing_open() {
         assert!(last_error().contains(text), "{answer:?}: {}", last_error());
         fake.join().unwrap();
     }
+}
+
+/// A client whose lease ended with a restart of meshd (it stayed bound) closes all the same: the
+/// close takes its lease back from the new meshd and detaches there.
+#[test]
+fn close_after_a_restart_of_meshd_takes_the_lease_back_and_detaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Meshd::start(dir.path());
+    first.service_create("kv", 2, 16, 16);
+    let svc = connect(&first, c"kv");
+    let mut id = 0u32;
+    // SAFETY: a live client and a writable out pointer.
+    assert_eq!(unsafe { mesh_service_id(svc, &mut id) }, MESH_OK);
+    drop(first);
+    let second = Meshd::start_again(dir.path());
+    assert_eq!(second.bound_ids("kv"), [u64::from(id)], "still bound after the restart");
+    // SAFETY: a live client, closed once.
+    assert_eq!(unsafe { mesh_service_close(svc) }, MESH_OK, "{}", last_error());
+    assert!(second.bound_ids("kv").is_empty(), "detached on the lease taken back");
+    assert_eq!(second.service_row("kv")["events"]["detached"], 1, "{}", second.service_row("kv"));
 }
 
 #[test]

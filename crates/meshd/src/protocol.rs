@@ -163,7 +163,19 @@ pub enum Request {
         /// The service's name.
         service: String,
     },
-    /// Leave the service this connection attached to (only on a `service_attach` connection).
+    /// Take back the lease of client `client` of service `service`, which this process attached
+    /// under a previous meshd (a crash, a restart or a handoff ended that lease; the client stayed
+    /// bound): answered as [`Request::ServiceAttach`] is, with the same client, and the connection
+    /// then stays open as its lease. Refused unless that client is bound to the asking process and
+    /// holds no lease of this meshd.
+    ServiceResume {
+        /// The service's name.
+        service: String,
+        /// The client's id, as its attach answered it.
+        client: u32,
+    },
+    /// Leave the service this connection attached to (only on a `service_attach` or
+    /// `service_resume` connection).
     Detach,
 }
 

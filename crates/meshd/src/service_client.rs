@@ -10,6 +10,11 @@
 //! back; if the process dies instead, kill -9 included, meshd sees the lease close, completes any
 //! send the client left half done (the server takes a skip, never a torn request) and frees the
 //! slot for the next client once the server has acknowledged the departure.
+//!
+//! A restart of meshd (a crash, `systemctl restart`, `meshd handoff`) ends the lease but not the
+//! client: the new meshd finds it still bound and watches its process, and requests and replies go
+//! on through the mailbox. Its detach then takes the lease back from the meshd serving the socket
+//! (`service_resume`) and detaches on it.
 
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
@@ -65,34 +70,68 @@ fn call(socket: &Path, req: &Request) -> Result<Response> {
 struct Lease {
     conn: Option<UnixStream>,
     service: String,
+    /// Where meshd listens: a lease that ended with a previous meshd is taken back there.
+    socket: PathBuf,
+    /// The client's id, which a `service_resume` names.
+    id: u32,
 }
 
 impl Lease {
     /// Sends `detach` and waits (up to [`DETACH_TIMEOUT`]) for meshd's answer; the lease is closed
-    /// either way.
+    /// either way. A lease that ended with a previous meshd (a crash, a restart, a handoff: the
+    /// client stayed bound) is taken back from the meshd serving the socket now (`service_resume`),
+    /// and the detach sent on it.
     fn detach(&mut self) -> Result<()> {
         let Some(conn) = self.conn.take() else { return Ok(()) };
-        let mut line = serde_json::to_vec(&Request::Detach)?;
-        line.push(b'\n');
-        conn.set_read_timeout(Some(DETACH_TIMEOUT))?;
-        let mut sent = 0;
-        while sent < line.len() {
-            // NOSIGNAL: a meshd that is gone (restarted: the lease died with it) is an error here, not
-            // a SIGPIPE that would end a process which never asked to ignore it.
-            sent += rustix::net::send(&conn, &line[sent..], rustix::net::SendFlags::NOSIGNAL).map_err(|e| {
-                anyhow!(
-                    "service {:?}: detach: the lease connection is closed ({e}): meshd restarted since this client \
-                     attached? Its slot stays bound until this process exits",
-                    self.service
-                )
-            })?;
-        }
-        let resp = read_response(&mut BufReader::new(&conn))
-            .with_context(|| format!("service {:?}: detach: no answer from meshd", self.service))?;
+        let resp = match Self::ask_detach(&conn) {
+            Ok(resp) => resp,
+            Err(closed) => {
+                drop(conn);
+                let conn = self.resume().with_context(|| {
+                    format!(
+                        "service {:?}: detach: the lease connection is closed ({closed}) and meshd would not give it \
+                         back; the slot stays bound until this process exits",
+                        self.service
+                    )
+                })?;
+                Self::ask_detach(&conn)
+                    .map_err(|e| anyhow!("service {:?}: detach on the lease taken back: {e}", self.service))?
+            }
+        };
         if !resp.ok {
             bail!("service {:?}: detach refused: {}", self.service, resp.error.unwrap_or_default());
         }
         Ok(())
+    }
+
+    /// `detach` on `conn` and meshd's answer; `Err` when the connection is closed (or says nothing
+    /// within [`DETACH_TIMEOUT`]).
+    fn ask_detach(conn: &UnixStream) -> std::result::Result<Response, String> {
+        let mut line = serde_json::to_vec(&Request::Detach).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        conn.set_read_timeout(Some(DETACH_TIMEOUT)).map_err(|e| e.to_string())?;
+        let mut sent = 0;
+        while sent < line.len() {
+            // NOSIGNAL: a meshd that is gone (restarted: the lease died with it) is an error here, not
+            // a SIGPIPE that would end a process which never asked to ignore it.
+            sent +=
+                rustix::net::send(conn, &line[sent..], rustix::net::SendFlags::NOSIGNAL).map_err(|e| e.to_string())?;
+        }
+        read_response(&mut BufReader::new(conn)).map_err(|e| e.to_string())
+    }
+
+    /// A new connection to the socket holding this client's lease again (`service_resume`).
+    fn resume(&self) -> Result<UnixStream> {
+        let conn = UnixStream::connect(&self.socket)
+            .with_context(|| format!("cannot reach meshd at {} (is `meshd run` running?)", self.socket.display()))?;
+        conn.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+        write_request(&mut &conn, &Request::ServiceResume { service: self.service.clone(), client: self.id }, &[])?;
+        let resp = read_response(&mut BufReader::new(&conn))?;
+        if !resp.ok {
+            bail!("meshd refused: {}", resp.error.unwrap_or_else(|| "no reason given".into()));
+        }
+        conn.set_read_timeout(None)?;
+        Ok(conn)
     }
 }
 
@@ -170,7 +209,8 @@ impl ServiceClient {
         // Held, never read, from now on.
         conn.set_read_timeout(None)?;
         // From here on a failure drops the lease, which detaches.
-        let lease = Lease { conn: Some(conn), service: service.to_string() };
+        let lease =
+            Lease { conn: Some(conn), service: service.to_string(), socket: socket.to_path_buf(), id: client.id };
         let id = ClientId(client.id);
         let tx = FanInSender::open(&mailbox, &client.requests, id)?;
         let rx = GroupClient::claim(&mailbox, &client.replies, id)?;
@@ -288,6 +328,7 @@ impl ServiceClient {
 
     /// Leaves the service: the reply ring is released, then meshd frees the slot (for the next
     /// client once the server has acknowledged). Dropping the client does the same, ignoring errors.
+    /// After a restart of meshd it takes its lease back from the new one first (see the module).
     pub fn detach(self) -> Result<()> {
         let Self { tx, rx, mut lease, .. } = self;
         drop(tx);

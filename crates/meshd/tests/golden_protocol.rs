@@ -163,9 +163,11 @@ fn request_cases() -> Vec<(&'static str, Value, &'static [u8])> {
         ("channel_delete_discard", json!({"op": "channel_delete", "name": "to-gpu", "discard": true}), b""),
         ("service_delete", json!({"op": "service_delete", "name": "kv"}), b""),
         ("service_delete_discard", json!({"op": "service_delete", "name": "kv", "discard": true}), b""),
-        // The lease's two requests: the attach that opens it, and the detach that ends it.
+        // The lease's two requests: the attach that opens it, and the detach that ends it; and the
+        // resume that takes back a lease which ended with a previous meshd.
         ("service_attach", json!({"op": "service_attach", "service": "kv"}), b""),
         ("detach", json!({"op": "detach"}), b""),
+        ("service_resume", json!({"op": "service_resume", "service": "kv", "client": 65538}), b""),
     ]
 }
 

@@ -309,6 +309,35 @@ fn service_client_child() {
     });
 }
 
+/// Where the detaching client process looks for its signal to detach.
+const GO: &str = "MESHD_SERVICE_TEST_GO";
+
+/// A client process that streams until the file its environment names under [`GO`] exists, then
+/// detaches and says `DETACHED ok` (or `DETACHED err: <why>`), and lives on until killed.
+#[test]
+fn service_client_detaching_child() {
+    let Ok(socket) = std::env::var(ROLE) else { return };
+    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
+    let go = PathBuf::from(std::env::var(GO).unwrap());
+    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "\nATTACHED {}", client.id()).unwrap();
+    out.flush().unwrap();
+    stream(&mut client, 4, |got| {
+        if got == 100 {
+            writeln!(out, "\nSTREAMING").unwrap();
+            out.flush().unwrap();
+        }
+        got % 50 == 0 && go.exists()
+    });
+    match client.detach() {
+        Ok(()) => writeln!(out, "\nDETACHED ok").unwrap(),
+        Err(e) => writeln!(out, "\nDETACHED err: {e:#}").unwrap(),
+    }
+    out.flush().unwrap();
+    std::thread::sleep(DEADLINE * 4);
+}
+
 /// A client process and the lines it prints.
 struct ChildClient {
     child: Child,
@@ -878,6 +907,58 @@ fn a_restarted_meshd_watches_a_live_client_and_departs_it_when_killed() {
     assert!(served.skips.iter().all(|s| [id, orphan_id].contains(s)), "{:?}", served.skips);
     assert!(served.departed.contains(&id) && served.departed.contains(&orphan_id), "{:?}", served.departed);
     third.stop();
+}
+
+/// A `service_resume` written by hand; meshd's answer line.
+fn raw_resume(socket: &Path, service: &str, id: u32) -> Value {
+    let conn = UnixStream::connect(socket).unwrap();
+    conn.set_read_timeout(Some(DEADLINE)).unwrap();
+    let line = format!("{{\"op\":\"service_resume\",\"service\":\"{service}\",\"client\":{id}}}\n");
+    (&conn).write_all(line.as_bytes()).unwrap();
+    serde_json::from_str(&read_line(&conn)).unwrap()
+}
+
+/// A client whose lease ended with a restart of meshd detaches all the same: it takes its lease
+/// back from the new meshd (`service_resume`), which departs it as a detach, not a death, while the
+/// process lives on; only that process may take it back, and only once.
+#[test]
+fn a_client_detaches_after_a_restart_by_taking_its_lease_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, socket, go) = (dir.path().join("mb"), dir.path().join("sock"), dir.path().join("go"));
+    let first = start(dir.path());
+    first.create("svc", 1, 16, 4);
+    let program = Program::start(&Mailbox::open(&path).unwrap(), "svc");
+    let go_env = go.display().to_string();
+    let mut client = ChildClient::spawn_as("service_client_detaching_child", &socket, "svc", &[(GO, &go_env)]);
+    client.expect("STREAMING");
+    // This meshd's own lease holds the client: no resume of it.
+    let held = raw_resume(&socket, "svc", client.id);
+    assert_eq!(held["ok"], json!(false), "{held}");
+    first.stop();
+    let second = Meshd::start(Mailbox::open(&path).unwrap(), &socket);
+    assert_eq!(second.service("svc").clients.len(), 1, "still bound after the restart");
+    // Another process (this test's) may not take it.
+    let stranger = raw_resume(&socket, "svc", client.id);
+    let why = stranger["error"].as_str().unwrap_or_default();
+    assert!(why.contains("not to this process"), "{stranger}");
+    let unknown = raw_resume(&socket, "svc", client.id ^ 0x10000);
+    assert!(unknown["error"].as_str().unwrap_or_default().contains("no such client is bound"), "{unknown}");
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(client.expect("DETACHED "), "ok");
+    departed(&second, "svc", client.id);
+    assert!(client.child.try_wait().unwrap().is_none(), "the client lives on: a detach, not a death");
+    let events = second.service("svc").events;
+    assert_eq!((events.detached, events.died), (1, 0), "{events:?}");
+    acked(&second, "svc");
+    // Its slot is free for the next client.
+    let mut next = ServiceClient::connect(&socket, "svc").unwrap();
+    let mut out = [0u8; MSG];
+    next.request(&request(0, next.id()), &mut out, DEADLINE).unwrap();
+    assert_eq!(out, reply(0, next.id()));
+    next.detach().unwrap();
+    let served = program.stop();
+    assert!(served.departed.contains(&client.id), "the program saw the departure: {:?}", served.departed);
+    second.stop();
 }
 
 /// An entry damaged while no meshd ran (its binding word in no state meshd writes) hides no other

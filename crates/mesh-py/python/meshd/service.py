@@ -7,6 +7,11 @@ id; that connection stays open for the client's whole session: it is the client'
 it (``close``, or the process dying, kill -9 included) makes meshd take the entry back, completing
 whatever send the client left half done, so the server sees a skip and never a torn request.
 
+A restart of meshd (a crash, ``systemctl restart``, ``meshd handoff``) ends the lease but not the
+client: the new meshd finds the entry still bound and watches the process, and requests and replies
+go on through the mailbox. ``close`` then takes the lease back from the meshd serving the socket now
+(``service_resume``) and detaches on it.
+
 The messages themselves never touch the socket: they go through the mailbox, as for every channel.
 """
 
@@ -21,7 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _aio, _meshd, control
-from ._errors import MeshdProtocolError, MessageSizeError, WindowFullError
+from ._errors import MeshdProtocolError, MeshdRefused, MessageSizeError, WindowFullError
 from ._meshd import FanInSender, GroupClient, Mailbox
 from .control import Client, _connect, decode_response, encode_request
 
@@ -72,9 +77,13 @@ class Service:
     lease, leaving the parent attached. A child connects a ``Service`` of its own.
     """
 
-    def __init__(self, name: str, lease: _socket.socket, mailbox: Mailbox, client: dict[str, Any]) -> None:
-        """Internal: use :meth:`connect`. Takes over ``lease`` (the attached connection)."""
+    def __init__(
+        self, name: str, lease: _socket.socket, mailbox: Mailbox, client: dict[str, Any], socket: str | None = None
+    ) -> None:
+        """Internal: use :meth:`connect`. Takes over ``lease`` (the attached connection) to the meshd
+        listening on ``socket``."""
         self._name = name
+        self._socket = socket
         self._pid = os.getpid()
         self._lease: _socket.socket | None = lease
         self._mailbox = mailbox
@@ -170,7 +179,7 @@ class Service:
         if not isinstance(client_row, dict):
             lease.close()
             raise MeshdProtocolError(f"meshd answered service_attach without the client: {resp!r}")
-        return cls(name, lease, mailbox, client_row)
+        return cls(name, lease, mailbox, client_row, socket=str(client.socket))
 
     # ---- what it is ----
 
@@ -383,9 +392,10 @@ class Service:
     def close(self) -> None:
         """Leaves the service: releases the reply ring, then detaches (meshd takes the entry back,
         and the server is told of the departure). Further calls raise ValueError; a second close
-        does nothing. A meshd that is gone has nothing to give back: that is not an error; a
-        refusal raises :class:`MeshdRefused` (the socket is closed all the same, which meshd also
-        takes as leaving)."""
+        does nothing. A lease that ended with a previous meshd is taken back from the one serving
+        the socket now, and the detach sent on it. A meshd that is gone has nothing to give back:
+        that is not an error; a refusal raises :class:`MeshdRefused` (the socket is closed all the
+        same, which meshd also takes as leaving)."""
         lease, self._lease = self._lease, None
         if lease is None:
             return
@@ -403,11 +413,37 @@ class Service:
                 lease.sendall(encode_request({"op": "detach"}))
                 line = Client._read_line(lease)
             except (OSError, MeshdProtocolError):
-                return  # meshd gone, or the connection broke: the entry is taken back either way
+                line = b""
+            if not line:
+                # The lease is closed: it ended with a previous meshd (the entry stayed bound), or meshd
+                # is gone. Take it back from whatever meshd serves the socket now, and detach there.
+                line = self._detach_on_lease_taken_back()
             if line:
                 decode_response(line)
         finally:
             lease.close()
+
+    def _detach_on_lease_taken_back(self) -> bytes:
+        # `service_resume` on a new connection, then `detach` on it: meshd's answer to the detach, or
+        # b"" when there is nothing to take back (no meshd there, the client departed already, or
+        # the old lease is still held: meshd takes the entry back when it sees that one close).
+        if self._socket is None:
+            return b""
+        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            conn.settimeout(DETACH_TIMEOUT)
+            conn.connect(self._socket)
+            conn.sendall(encode_request({"op": "service_resume", "service": self._name, "client": self._id}))
+            taken = Client._read_line(conn, "service_resume")
+            if not taken:
+                return b""
+            decode_response(taken)
+            conn.sendall(encode_request({"op": "detach"}))
+            return Client._read_line(conn, "detach")
+        except (OSError, MeshdProtocolError, MeshdRefused):
+            return b""
+        finally:
+            conn.close()
 
     def _detach_quietly(self) -> None:
         try:

@@ -83,7 +83,7 @@ impl Change {
 pub fn change_op(req: &Request) -> Option<&'static str> {
     match Routed::from(req.clone()) {
         Routed::Change(change) => Some(change.op()),
-        Routed::Query(_) | Routed::Spawn(_) | Routed::Attach { .. } => None,
+        Routed::Query(_) | Routed::Spawn(_) | Routed::Attach { .. } | Routed::Resume { .. } => None,
     }
 }
 
@@ -95,6 +95,10 @@ pub(super) enum Routed {
     Spawn(NativeSpec),
     /// A client attaching to a service: its connection becomes the lease.
     Attach {
+        service: String,
+    },
+    /// A client taking back the lease a previous meshd held: its connection becomes the lease.
+    Resume {
         service: String,
     },
 }
@@ -133,6 +137,7 @@ impl From<Request> for Routed {
             Request::ChannelDelete { name, discard } => Self::Change(Change::ChannelDelete { name, discard }),
             Request::ServiceDelete { name, discard } => Self::Change(Change::ServiceDelete { name, discard }),
             Request::ServiceAttach { service } => Self::Attach { service },
+            Request::ServiceResume { service, .. } => Self::Resume { service },
             Request::Detach => Self::Query(Query::StrayDetach),
         }
     }

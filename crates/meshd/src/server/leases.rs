@@ -184,9 +184,12 @@ impl Client {
 /// How long a wait on a client without a pidfd lasts at most: its liveness is checked that often.
 const NO_PIDFD_CHECK: Duration = Duration::from_millis(100);
 
-/// Serves a `service_attach` of `service` from process `pid` on `conn`: binds the client, answers
-/// with its id, then holds the connection as its lease until it detaches, closes it or dies.
-/// `max_leases` bounds the leases held at once; `stopping` is the server's stop flag.
+/// Serves a `service_attach` of `service` from process `pid` on `conn` (with `resume`, a
+/// `service_resume` of that client id instead): binds the client (or takes back the one a previous
+/// meshd left bound to this process), answers with its id, then holds the connection as its lease
+/// until it detaches, closes it or dies. `max_leases` bounds the leases held at once; `stopping` is
+/// the server's stop flag.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn serve_lease(
     services: &Services,
     max_leases: usize,
@@ -194,10 +197,12 @@ pub(super) fn serve_lease(
     conn: &UnixStream,
     pid: i32,
     service: &str,
+    resume: Option<u32>,
     early: Vec<u8>,
 ) {
+    let op = if resume.is_some() { "resume" } else { "attach" };
     let refuse = |why: String| {
-        tracing::warn!(service = %service, peer_pid = pid, "service attach refused: {why}");
+        tracing::warn!(service = %service, peer_pid = pid, "service {op} refused: {why}");
         let _ = write_response(&mut &*conn, &Response::error(why));
     };
     let _lease = match LeaseSlot::take(services, max_leases) {
@@ -217,12 +222,22 @@ pub(super) fn serve_lease(
             "service {service:?}: cannot attach: the peer's pid {pid} is not a process meshd can watch"
         ));
     };
-    let client = match attach(services, service, pid) {
+    let taken = match resume {
+        None => attach(services, service, pid),
+        Some(id) => take_back(services, service, pid, ClientId(id)),
+    };
+    let client = match taken {
         Ok(c) => c,
         Err(e) => return refuse(format!("{e:#}")),
     };
     let id = client.id;
-    tracing::info!(service = %service, client = id.0, slot = id.slot(), pid, "service client attached");
+    match resume {
+        None => tracing::info!(service = %service, client = id.0, slot = id.slot(), pid, "service client attached"),
+        Some(_) => tracing::info!(
+            service = %service, client = id.0, slot = id.slot(), pid,
+            "service client took back its lease (bound under a previous meshd)"
+        ),
+    }
     let answer = Response {
         ok: true,
         client: Some(AttachedClient { id: id.0, requests: service.to_string(), replies: replies_name(service) }),
@@ -275,6 +290,42 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
     let record = services.record(service);
     record.bind(id, holder);
     record.attached.fetch_add(1, Ordering::Relaxed);
+    Ok(Client { service: service.to_string(), owner, id, holder, pidfd, record })
+}
+
+/// The client `id` of `service` that a previous meshd left bound to process `pid`, taken out of
+/// the unleased ones that the start's watcher looks after, for a new lease to hold. Refused, naming
+/// why, unless `id` is bound to that very process (pid and start time) and no lease holds it.
+fn take_back(services: &Services, service: &str, pid: u32, id: ClientId) -> Result<Client> {
+    let owner = services.owner(service)?;
+    let holder = Holder::of_pid(pid);
+    let pidfd = open_pidfd(pid);
+    // After the pidfd is open: it names this process (its start time matches), not a later one of that pid.
+    if !holder.alive() {
+        bail!("service {service:?}: cannot resume client {:#x}: the client's process {pid} is gone", id.0);
+    }
+    let bound = owner.lock().bound_each().0;
+    match bound.iter().find(|(b, _)| *b == id) {
+        None => bail!(
+            "service {service:?}: cannot resume client {:#x}: no such client is bound (departed, or never attached); \
+             attach anew",
+            id.0
+        ),
+        Some((_, h)) if *h != Some(holder) => bail!(
+            "service {service:?}: cannot resume client {:#x}: it is bound to {}, not to this process ({pid})",
+            id.0,
+            h.map_or_else(|| "no process".to_string(), |h| format!("process {}", h.pid))
+        ),
+        Some(_) => {}
+    }
+    if !services.unleased.lock().remove(&(service.to_string(), id.0)) {
+        bail!(
+            "service {service:?}: cannot resume client {:#x}: a lease of this meshd holds it already (only a client \
+             whose lease ended with a previous meshd is resumed)",
+            id.0
+        );
+    }
+    let record = services.record(service);
     Ok(Client { service: service.to_string(), owner, id, holder, pidfd, record })
 }
 
@@ -414,6 +465,7 @@ pub(super) fn adopt(services: &Arc<Services>) {
             if client.holder.alive() {
                 live += 1;
                 client.record.bind(id, holder);
+                services.unleased.lock().insert((name.clone(), id.0));
                 watched.push(client);
             } else {
                 departed += 1;
@@ -453,9 +505,17 @@ fn watch_adopted(services: &Services, mut clients: Vec<Client>) {
             return;
         }
         clients.retain(|c| {
+            let key = (c.service.clone(), c.id.0);
+            let mut unleased = services.unleased.lock();
+            // Taken back by a lease (`service_resume`): that lease looks after it from now on.
+            if !unleased.contains(&key) {
+                return false;
+            }
             if c.holder.alive() {
                 return true;
             }
+            unleased.remove(&key);
+            drop(unleased);
             c.depart_dead("its process is gone (watched since meshd started)");
             false
         });

@@ -156,7 +156,13 @@ fn serve_connection(shared: &Shared, jobs: &mpsc::Sender<Job>, conn: &UnixStream
             // No longer a control connection: the lease has its own bound.
             drop(slot);
             let (max, stopping) = (shared.limits.max_leases, &*shared.stopping);
-            return leases::serve_lease(&shared.services, max, stopping, conn, pid, &service, early);
+            return leases::serve_lease(&shared.services, max, stopping, conn, pid, &service, None, early);
+        }
+        Ok((Request::ServiceResume { service, client }, _)) => {
+            let early = reader.buffer().to_vec();
+            drop(slot);
+            let (max, stopping) = (shared.limits.max_leases, &*shared.stopping);
+            return leases::serve_lease(&shared.services, max, stopping, conn, pid, &service, Some(client), early);
         }
         Ok((req, image)) => answer(shared, jobs, req, image),
         Err(RequestError::Closed) => {
@@ -184,10 +190,10 @@ fn answer(shared: &Shared, jobs: &mpsc::Sender<Job>, req: Request, image: Vec<u8
         Routed::Query(query) => return self::query(shared, jobs, query),
         Routed::Change(change) => Job::Change { change, image, reply },
         Routed::Spawn(spec) => Job::Spawn { spec, reply },
-        // `serve_connection` turns an attach's connection into its lease before it gets here.
-        Routed::Attach { service } => {
+        // `serve_connection` turns an attach's or a resume's connection into its lease before it gets here.
+        Routed::Attach { service } | Routed::Resume { service } => {
             return Response::error(format!(
-                "service_attach of {service:?}: served only as a connection's first request"
+                "service_attach or service_resume of {service:?}: served only as a connection's first request"
             ));
         }
     };

@@ -304,6 +304,10 @@ pub(super) struct Services {
     held: Mutex<HashMap<(String, u32), Held>>,
     /// Each service's record, by service.
     records: Mutex<HashMap<String, Arc<ServiceRecord>>>,
+    /// The live clients a previous meshd left bound, by service and client id, while no lease of
+    /// this meshd holds them: watched until they exit, or until they take their lease back
+    /// (`service_resume`), which removes them here.
+    pub(super) unleased: Mutex<std::collections::HashSet<(String, u32)>>,
 }
 
 impl std::fmt::Debug for Services {
@@ -328,6 +332,7 @@ impl Services {
             stall,
             held: Mutex::new(HashMap::new()),
             records: Mutex::new(HashMap::new()),
+            unleased: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
