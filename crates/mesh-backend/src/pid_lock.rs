@@ -8,6 +8,7 @@ use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use rustix::fs::FlockOperation;
 
@@ -48,6 +49,29 @@ impl PidLock {
                 lock.record_pid().map_err(|e| with_path(e, "writing our pid into", path))?;
                 return Ok(Some(lock));
             }
+        }
+    }
+
+    /// [`PidLock::try_take`], waiting up to `within` while the lock's holder is a process that is
+    /// exiting (`exiting(pid)`, for the pid it wrote): a meshd killed a moment ago keeps its flock
+    /// until the kernel has closed its files, which waits for the GPU driver to tear its contexts
+    /// down (tens of ms, seconds with other contexts alive), and a restart that came sooner would be
+    /// refused. A live holder refuses at once. Returns the lock (`None`: held) and how long it waited.
+    pub fn take_from_exiting(
+        path: &Path,
+        within: Duration,
+        exiting: impl Fn(u32) -> bool,
+    ) -> io::Result<(Option<Self>, Duration)> {
+        let began = Instant::now();
+        loop {
+            if let Some(lock) = Self::try_take(path)? {
+                return Ok((Some(lock), began.elapsed()));
+            }
+            let holder_exiting = Self::holder(path).is_some_and(&exiting);
+            if !holder_exiting || began.elapsed() >= within {
+                return Ok((None, began.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -110,6 +134,32 @@ mod tests {
         // SAFETY: reads the flags of a descriptor the lock owns.
         let flags = unsafe { libc::fcntl(lock.as_fd().as_raw_fd(), libc::F_GETFD) };
         assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "flags {flags:#x}");
+    }
+
+    #[test]
+    fn a_holder_that_is_exiting_is_waited_for_and_a_live_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        let lock = PidLock::try_take(&path).unwrap().expect("free");
+        // The lock handed to a child that ends in 300 ms: its stdin shares the locked file's open
+        // description, and so the flock, which our copy closed here leaves held.
+        let mut child =
+            std::process::Command::new("sleep").arg("0.3").stdin(lock.file.try_clone().unwrap()).spawn().unwrap();
+        drop(lock);
+        std::fs::write(&path, format!("{}\n", child.id())).unwrap();
+        let (live, waited) = PidLock::take_from_exiting(&path, Duration::from_secs(10), |_| false).unwrap();
+        assert!(live.is_none() && waited < Duration::from_millis(100), "a live holder refuses at once ({waited:?})");
+        let child_pid = child.id();
+        let (taken, waited) = PidLock::take_from_exiting(&path, Duration::from_secs(10), |p| p == child_pid).unwrap();
+        assert!(taken.is_some(), "taken once the exiting holder is gone");
+        assert!(waited >= Duration::from_millis(100), "it waited for the holder ({waited:?})");
+        child.wait().unwrap();
+        // A holder that outlasts the wait: refused after it.
+        let lock = PidLock::try_take(&dir.path().join("y.lock")).unwrap().expect("free");
+        let (held, waited) =
+            PidLock::take_from_exiting(&dir.path().join("y.lock"), Duration::from_millis(50), |_| true).unwrap();
+        assert!(held.is_none() && waited >= Duration::from_millis(50), "{waited:?}");
+        drop(lock);
     }
 
     #[test]

@@ -32,12 +32,21 @@ pub struct DirClaim {
 }
 
 impl DirClaim {
-    /// Claims `root`, or refuses naming the pid of the meshd that holds it.
+    /// Claims `root`, or refuses naming the pid of the meshd that holds it; a holder that is
+    /// exiting (a meshd killed a moment ago) is waited for, up to 10 s.
     pub fn take(root: &Path) -> Result<Self, BackendError> {
         let path = root.join(CLAIM_FILE);
-        match PidLock::try_take(&path) {
-            Ok(Some(lock)) => Ok(Self { _lock: lock }),
-            Ok(None) => Err(BackendError::MpsDaemon(format!(
+        match PidLock::take_from_exiting(&path, Duration::from_secs(10), crate::process::dying) {
+            Ok((Some(lock), waited)) => {
+                if waited >= Duration::from_millis(1) {
+                    tracing::info!(
+                        "waited {waited:.1?} for the previous meshd, which was exiting, to release MPS directory {}",
+                        root.display()
+                    );
+                }
+                Ok(Self { _lock: lock })
+            }
+            Ok((None, _)) => Err(BackendError::MpsDaemon(format!(
                 "MPS directory {} is in use by the meshd with pid {} (it holds {}): stop that meshd or give another --mps-dir",
                 root.display(),
                 PidLock::holder(&path).map_or_else(|| "unknown".to_string(), |p| p.to_string()),

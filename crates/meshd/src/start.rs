@@ -58,6 +58,11 @@ pub enum StartError {
 #[derive(Debug)]
 pub struct MailboxLock(PidLock);
 
+/// How long a starting meshd waits for a predecessor that is exiting to release the mailbox lock:
+/// the driver's teardown of a killed context takes tens of ms, and seconds where other contexts
+/// of the GPU are alive (the unit restarts meshd 100 ms after a crash).
+pub const EXITING_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl MailboxLock {
     /// The lock file beside `mailbox`: `<mailbox>.lock`.
     pub fn path_for(mailbox: &Path) -> PathBuf {
@@ -69,6 +74,21 @@ impl MailboxLock {
     /// Takes the lock without waiting; `Ok(None)` when another process holds it.
     pub fn try_take(mailbox: &Path) -> Result<Option<Self>> {
         Ok(PidLock::try_take(&Self::path_for(mailbox))?.map(Self))
+    }
+
+    /// Takes the lock, waiting up to [`EXITING_HOLDER_WAIT`] while its holder is a process that is
+    /// exiting (a meshd killed a moment ago, whose flock goes only once the driver has torn its
+    /// context down); `Ok(None)` when another process holds it. Says in the log how long it waited.
+    pub fn take_from_exiting(mailbox: &Path) -> Result<Option<Self>> {
+        let path = Self::path_for(mailbox);
+        let (lock, waited) = PidLock::take_from_exiting(&path, EXITING_HOLDER_WAIT, mesh_shm::claim::process_dying)?;
+        if lock.is_some() && waited >= std::time::Duration::from_millis(1) {
+            tracing::info!(
+                "waited {waited:.1?} for the previous meshd, which was exiting, to release the mailbox lock {}",
+                path.display()
+            );
+        }
+        Ok(lock.map(Self))
     }
 
     /// The pid a holder wrote into the lock file at `path`.
@@ -151,7 +171,8 @@ pub struct Claimed {
     pub origin: Origin,
 }
 
-/// Takes the mailbox at `path`: refused while another meshd holds its lock; else an existing valid
+/// Takes the mailbox at `path`: refused while another meshd holds its lock (one that is exiting is
+/// waited for, up to [`EXITING_HOLDER_WAIT`]); else an existing valid
 /// mailbox is taken over as it is (`config` is then ignored: the file's geometry wins), a missing
 /// one created, and with `fresh` whatever is there replaced by an empty one.
 pub fn claim_mailbox(path: &Path, config: &MailboxConfig, fresh: bool) -> Result<Claimed, StartError> {
@@ -166,7 +187,7 @@ pub fn claim_mailbox_for_adoption(path: &Path, config: &MailboxConfig, fresh: bo
 }
 
 fn claim(path: &Path, config: &MailboxConfig, fresh: bool, release: bool) -> Result<Claimed, StartError> {
-    let Some(lock) = MailboxLock::try_take(path)? else {
+    let Some(lock) = MailboxLock::take_from_exiting(path)? else {
         // The header's pid first (what the holder serves), the lock file's as a fallback.
         let pid = Mailbox::open(path)
             .ok()
