@@ -363,6 +363,34 @@ fn an_answered_delete_survives_an_immediate_kill_9() {
     d.shutdown();
 }
 
+/// A service client outlives two `kill -9`s of meshd: each new meshd finds it still bound (its
+/// lease died with the old one), and its detach takes the lease back from the meshd running now and
+/// leaves nothing bound, so the service is then deleted without a discard.
+#[test]
+fn a_service_client_detaches_after_two_kill_9s() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    d.ok(&service_req("v", 2, 16, 16, 4), &[]);
+    let client = meshd::ServiceClient::connect(&d.socket(), "v").expect("attached");
+    let bound = |d: &Daemon| -> Vec<u32> {
+        let info = d.ok(&Request::Info, &[]).info.expect("info");
+        let row = info.services.iter().find(|s| s.name == "v").cloned().expect("service v");
+        row.clients.iter().map(|c| c.id).collect()
+    };
+    for k in 1..=2 {
+        d.kill9_and_restart();
+        assert_eq!(bound(&d), [client.id()], "bound after kill -9 number {k}");
+    }
+    client.detach().expect("a detach after the restarts takes the lease back");
+    assert!(wait_until(Duration::from_secs(10), || bound(&d).is_empty()), "nothing bound: {:?}", bound(&d));
+    let r = d.ask(&Request::ServiceDelete { name: "v".into(), discard: false }, &[]);
+    assert!(r.ok, "the service, no client attached, is deleted: {:?}", r.error);
+    d.shutdown();
+}
+
 /// The chaos test's find, kept as a plain case: a service whose two rings each fit a free run of the
 /// arena, and fit in the free bytes in all, but not side by side (the fan-in channel takes the one
 /// run the group would fit), is refused naming the limit and leaves nothing behind: its fan-in
