@@ -15,6 +15,7 @@
 //! peer pair PATH CHANNEL COUNT                  try_send + try_recv pairs in one thread: ns per pair
 //! peer ping PATH OUT IN COUNT                   round trips through an echo (a peer's or a GPU program's): median, p99
 //! peer serve SOCKET MAILBOX                     meshd's control plane over a stand-in backend, until shutdown
+//! peer serve-again SOCKET MAILBOX               the same on the mailbox a killed `serve` left (a restart of meshd)
 //! peer user-store PATH SLOT WORD=VALUE...      user words of program slot SLOT, as a kernel's mesh_user_store
 //! peer service-server PATH NAME                 a host server of service NAME until its stdin closes: each
 //!                                               reply is its request with the first u32 word plus one
@@ -52,7 +53,8 @@ fn main() -> Result<()> {
         ["echo", path, input, output, count] => echo(Path::new(path), input, output, count.parse()?),
         ["pair", path, channel, count] => pair(Path::new(path), channel, count.parse()?),
         ["ping", path, out, input, count] => ping(Path::new(path), out, input, count.parse()?),
-        ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox)),
+        ["serve", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox), false),
+        ["serve-again", socket, mailbox] => serve(PathBuf::from(socket), Path::new(mailbox), true),
         ["service-server", path, name] => service_server(Path::new(path), name),
         ["user-store", path, slot, words @ ..] => user_store(Path::new(path), slot.parse()?, words),
         _ => bail!("usage: see the top of crates/mesh-py/examples/peer.rs (got {args:?})"),
@@ -338,9 +340,10 @@ fn ping(path: &Path, out: &str, input: &str, count: usize) -> Result<()> {
 
 // ---- the control plane over a stand-in backend ----
 
-fn serve(socket: PathBuf, mailbox_path: &Path) -> Result<()> {
+fn serve(socket: PathBuf, mailbox_path: &Path, again: bool) -> Result<()> {
     let config = MailboxConfig { size: 64 << 20, slots: 8, channels: 16 };
-    let mailbox = Mailbox::create(mailbox_path, &config, CreateMode::Replace)?;
+    let mailbox =
+        if again { Mailbox::open(mailbox_path)? } else { Mailbox::create(mailbox_path, &config, CreateMode::Replace)? };
     let server = meshd::server::Server::start(mailbox, meshd::server::Limits::default(), None, |mb| {
         Ok(meshd::server::Opened {
             backend: Box::new(meshd::stand_in::StandInBackend::new(mb)),

@@ -479,6 +479,20 @@ def test_detach_and_reconnect_reuses_entries_once_the_server_has_acknowledged(da
     assert stats["departed"] == 3 and stats["replied"] == 40, stats
 
 
+def test_a_client_closes_after_meshd_restarted_by_taking_its_lease_back(daemon: Daemon, peer: Peer) -> None:
+    daemon.client.service_create("kv", clients=2, msg_size=64, capacity=64)
+    svc = meshd.Service.connect("kv", daemon.socket, timeout=DEADLINE)
+    daemon.child.kill()  # SIGKILL: the lease dies with it, the client stays bound in the mailbox
+    daemon.child.wait()
+    again = peer.start("serve-again", daemon.socket, daemon.mailbox)
+    assert again.stdout is not None and again.stdout.readline().strip() == "ready"
+    assert daemon.bound("kv") == [(svc.id, os.getpid())], "the new meshd finds the client still bound"
+    svc.close()
+    assert daemon.bound("kv") == [], "the close took the lease back from the new meshd and detached there"
+    events = daemon.service_row("kv")["events"]
+    assert (events["detached"], events["died"]) == (1, 0), events
+
+
 def test_asyncio_clients_share_one_loop(kv: Kv, peer: Peer) -> None:
     daemon, server = kv
     services = [meshd.Service.connect("kv", daemon.socket, timeout=DEADLINE) for _ in range(4)]
