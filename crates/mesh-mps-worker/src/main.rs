@@ -644,10 +644,13 @@ fn main() {
             // meshd died while this worker was idle (under a grace): nothing to keep. Exit at once,
             // leaving the context to the driver's teardown at exit: the process then shows as
             // exiting from the first moment, which a restarting meshd sees and need not wait for
-            // (an orderly drop first took the teardown's time in user space, the process alive).
+            // (an orderly drop, or the driver library's exit handlers, would take the teardown's
+            // time in user space, the process alive). An idle client has no work in flight.
             Next::End if args.orphan_grace_ms > 0 => {
                 std::mem::forget(worker);
-                std::process::exit(0)
+                // SAFETY: _exit ends the process without destructors or exit handlers; nothing of
+                // this process needs them (no output is buffered: every reply was written whole).
+                unsafe { libc::_exit(0) }
             }
             Next::End => break,
         };
