@@ -170,11 +170,14 @@ fn a_handoff_in_blink_mode_relaunches_each_program_once_in_the_same_process() {
 /// and its own `%globaltimer` against the last iteration seen before the kill), and its slot's state
 /// then. With `stop_at_lock`, the slot's stop is asked the moment the lock is free, as a standby's
 /// fence would.
-fn time_a_blink_kill(stop_at_lock: bool) -> String {
+fn time_a_blink_kill(stop_at_lock: bool, pin_in: Option<&mesh_cuda::Context>) -> String {
     let mut d = Meshd::start(&[]);
     let image = programs_dir().join("heartbeat.ptx");
     d.ok(&["load", "hb", image.to_str().unwrap()]);
     let mb = d.mailbox();
+    // With `pin_in`: the same mailbox pages registered (pinned) by a context of this process too,
+    // as a blink standby's context holds them, until the kill has been timed.
+    let _pinned_here = pin_in.map(|ctx| mesh_cuda::RegisteredMailbox::register(ctx, &mb).expect("registered here too"));
     let slot = mb.slot(0).unwrap();
     assert!(wait_until(Duration::from_secs(30), || slot.status().heartbeat > 1000), "it beats");
     let lock_path = format!("{}.lock", d.mailbox_path());
@@ -223,14 +226,15 @@ fn time_a_blink_kill(stop_at_lock: bool) -> String {
 /// What a blink standby's takeover waits for: after a kill -9 of a blink meshd, the mailbox lock
 /// comes free, and the killed context's kernels stop, each timed from the kill (five kills, then
 /// five with the slot's stop asked the moment the lock is free, then five beside a second, idle
-/// meshd's context). Printed, not asserted: the figures decide how the standby fences the old
-/// kernels, and whether it may hold a context before it takes over.
+/// meshd's context, then five with the killed meshd's mailbox registered by a context of this
+/// process too). Printed, not asserted: the figures decide how the standby fences the old kernels,
+/// and whether it may hold a context, and the mailbox registered, before it takes over.
 #[test]
 fn a_killed_blink_meshd_frees_its_lock_and_its_kernels_stop() {
     require_gpu!("a_killed_blink_meshd_frees_its_lock_and_its_kernels_stop");
     for stop_at_lock in [false, true] {
         for round in 0..5 {
-            let line = time_a_blink_kill(stop_at_lock);
+            let line = time_a_blink_kill(stop_at_lock, None);
             eprintln!("blink kill -9{} #{round}: {line}", if stop_at_lock { ", stop asked at the lock" } else { "" });
         }
     }
@@ -239,9 +243,17 @@ fn a_killed_blink_meshd_frees_its_lock_and_its_kernels_stop() {
     // release, is what these show.
     let mut other = Meshd::start(&[]);
     for round in 0..5 {
-        let line = time_a_blink_kill(false);
+        let line = time_a_blink_kill(false, None);
         eprintln!("blink kill -9 beside an idle meshd's context #{round}: {line}");
     }
     other.ok(&["shutdown"]);
     let _ = other.child.wait();
+    // With the same mailbox pages pinned by another process's context (a blink standby registers
+    // the mailbox it will take over): whether the shared pinning, rather than a second context,
+    // slows the killed one's teardown (its unpinning runs as its files close at exit).
+    let ctx = mesh_cuda::Context::primary(&mesh_cuda::Device::get(0).expect("GPU 0")).expect("a context here");
+    for round in 0..5 {
+        let line = time_a_blink_kill(false, Some(&ctx));
+        eprintln!("blink kill -9 with its mailbox registered by another process too #{round}: {line}");
+    }
 }
