@@ -12,6 +12,8 @@
 //! worker: it waits up to N ms at its rendezvous for a meshd (see `mesh_mps_worker::orphan`), then
 //! takes commands on that socket, or retires by itself when nobody came.
 
+mod input;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsFd, FromRawFd};
@@ -620,7 +622,7 @@ fn main() {
         ALIVE_EVERY.as_millis()
     );
     say(&Reply::Ready(ready));
-    let mut input = Lines::default();
+    let mut commands = input::Lines::default();
     let mut pulse = Pulse::new(Instant::now());
     loop {
         worker.check_kernel();
@@ -629,30 +631,29 @@ fn main() {
         // While a kernel runs, the stream is checked every `check` between commands; idle, the
         // loop wakes only to say alive.
         let wait = if worker.reported { pulse.until_due(now) } else { check.min(pulse.until_due(now)) };
-        let line = match input.next(Some(wait)) {
-            Next::Line(line) => line,
-            Next::Quiet => continue,
-            Next::End if args.orphan_grace_ms > 0 && !worker.reported => {
+        let line = match commands.next(Some(wait)) {
+            input::Next::Line(line) => line,
+            input::Next::Quiet => continue,
+            input::Next::End if args.orphan_grace_ms > 0 && !worker.reported => {
                 // meshd is gone while the kernel runs: keep it for a meshd to come.
                 if let Some(dir) = &args.rendezvous_dir {
                     worker.orphan(dir, &args);
-                    input = Lines::default();
+                    commands = input::Lines::default();
                     continue;
                 }
                 break;
             }
-            // meshd died while this worker was idle (under a grace): nothing to keep. Exit at once,
-            // leaving the context to the driver's teardown at exit: the process then shows as
-            // exiting from the first moment, which a restarting meshd sees and need not wait for
-            // (an orderly drop, or the driver library's exit handlers, would take the teardown's
-            // time in user space, the process alive). An idle client has no work in flight.
-            Next::End if args.orphan_grace_ms > 0 => {
+            // meshd died while this worker was idle (under a grace): nothing to keep. Leave at once,
+            // the context to the driver's teardown at exit: a restarting meshd then sees an exiting
+            // process and need not wait for it (a drop, or the driver library's exit handlers,
+            // would tear the context down with the process alive). No work is in flight.
+            input::Next::End if args.orphan_grace_ms > 0 => {
                 std::mem::forget(worker);
-                // SAFETY: _exit ends the process without destructors or exit handlers; nothing of
-                // this process needs them (no output is buffered: every reply was written whole).
+                // SAFETY: _exit skips destructors and exit handlers, which nothing here needs (every
+                // reply was written whole, unbuffered).
                 unsafe { libc::_exit(0) }
             }
-            Next::End => break,
+            input::Next::End => break,
         };
         let reply = match serde_json::from_str::<Command>(&line) {
             Ok(Command::Exit) => break,
@@ -699,58 +700,6 @@ impl Pulse {
     /// How long from `now` until the next `alive` is due (at least 1 ms, so a late loop does not spin).
     fn until_due(&self, now: Instant) -> Duration {
         self.next.saturating_duration_since(now).max(Duration::from_millis(1))
-    }
-}
-
-/// What [`Lines::next`] found.
-enum Next {
-    Line(String),
-    /// Nothing within the wait.
-    Quiet,
-    /// End of input (meshd asked us to leave, or is gone), or it cannot be read.
-    End,
-}
-
-/// Stdin's lines, read with `poll(2)` so that the wait for the next command is bounded while a kernel runs.
-#[derive(Default)]
-struct Lines {
-    buf: Vec<u8>,
-}
-
-/// A command line longer than this is cut off and refused as malformed (meshd's are a few hundred bytes).
-const MAX_LINE: usize = 1 << 20;
-
-impl Lines {
-    fn next(&mut self, wait: Option<Duration>) -> Next {
-        loop {
-            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=end).collect();
-                return Next::Line(String::from_utf8_lossy(&line[..end]).into_owned());
-            }
-            if self.buf.len() > MAX_LINE {
-                self.buf.clear();
-                return Next::Line("(a line over 1 MiB)".into());
-            }
-            let stdin = std::io::stdin();
-            let fd = stdin.as_fd();
-            let timeout = wait.map(|w| rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: i64::try_from(w.as_nanos()).unwrap_or(999_999_999).min(999_999_999),
-            });
-            let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-            match rustix::event::poll(&mut fds, timeout.as_ref()) {
-                Ok(0) | Err(rustix::io::Errno::INTR) => return Next::Quiet,
-                Ok(_) => {}
-                Err(_) => return Next::End,
-            }
-            let mut chunk = [0u8; 4096];
-            match rustix::io::read(fd, &mut chunk) {
-                Ok(0) => return Next::End,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => return Next::Quiet,
-                Err(_) => return Next::End,
-            }
-        }
     }
 }
 
