@@ -401,6 +401,20 @@ mod tests {
         orphan: std::process::Child,
     }
 
+    /// Spawns `cmd`, again while its file is busy: a sibling test's child, forked while the copy
+    /// was open for writing here, holds it open until that child execs (ETXTBSY, "Text file busy").
+    fn spawn_past_busy(cmd: &mut Command) -> std::process::Child {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                spawned => return spawned.unwrap(),
+            }
+        }
+    }
+
     fn scene(orphan_secs: &str) -> Scene {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
@@ -409,11 +423,11 @@ mod tests {
         std::fs::write(pipe.join("control"), b"").unwrap();
         let daemon_bin = dir.path().join("nvidia-cuda-mps-control");
         std::fs::copy("/bin/sleep", &daemon_bin).unwrap();
-        let daemon = Command::new(&daemon_bin).arg("60").env(PIPE_ENV, &pipe).spawn().unwrap();
+        let daemon = spawn_past_busy(Command::new(&daemon_bin).arg("60").env(PIPE_ENV, &pipe));
         std::fs::write(dir.path().join("daemon.pid"), daemon.id().to_string()).unwrap();
         let worker = dir.path().join(WORKER_COMM);
         std::fs::copy("/bin/sleep", &worker).unwrap();
-        let orphan = Command::new(&worker).arg(orphan_secs).env(PIPE_ENV, &pipe).spawn().unwrap();
+        let orphan = spawn_past_busy(Command::new(&worker).arg(orphan_secs).env(PIPE_ENV, &pipe));
         let control = dir.path().join("control");
         let script = format!(
             "#!/bin/sh\nread -r line\n[ \"$line\" = quit ] && kill \"$(cat {})\"\nexit 0\n",
