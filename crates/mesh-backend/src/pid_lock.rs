@@ -19,6 +19,11 @@ pub struct PidLock {
     path: PathBuf,
 }
 
+/// How long a start waits for an exiting holder ([`PidLock::take_from_exiting`]): the driver's
+/// teardown of a killed context takes tens of ms, and seconds where other contexts of the GPU are
+/// alive (the unit restarts meshd 100 ms after a crash).
+pub const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(10);
+
 impl PidLock {
     /// Takes the lock at `path` without waiting; `Ok(None)` when another process holds it.
     pub fn try_take(path: &Path) -> io::Result<Option<Self>> {

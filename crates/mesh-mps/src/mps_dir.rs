@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mesh_backend::BackendError;
-use mesh_backend::pid_lock::PidLock;
+use mesh_backend::pid_lock::{EXITING_HOLDER_WAIT, PidLock};
 
 /// The variable naming the pipe directory of an MPS server.
 pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
@@ -33,10 +33,10 @@ pub struct DirClaim {
 
 impl DirClaim {
     /// Claims `root`, or refuses naming the pid of the meshd that holds it; a holder that is
-    /// exiting (a meshd killed a moment ago) is waited for, up to 10 s.
+    /// exiting (a meshd killed a moment ago) is waited for, up to [`EXITING_HOLDER_WAIT`].
     pub fn take(root: &Path) -> Result<Self, BackendError> {
         let path = root.join(CLAIM_FILE);
-        match PidLock::take_from_exiting(&path, Duration::from_secs(10), crate::process::dying) {
+        match PidLock::take_from_exiting(&path, EXITING_HOLDER_WAIT, crate::process::dying) {
             Ok((Some(lock), waited)) => {
                 if waited >= Duration::from_millis(1) {
                     tracing::info!(

@@ -155,11 +155,16 @@ pub(crate) fn dial(socket: &str) -> Result<UnixStream, Failed> {
 /// Sends `detach` on a lease and waits a moment for meshd's answer; a refusal is returned, a meshd
 /// that is gone is not (its clients went with it).
 fn detach(lease: &UnixStream) -> Result<(), Failed> {
+    detach_answered(lease).map(|_| ())
+}
+
+/// [`detach`], saying whether meshd answered it (`false`: the lease is closed, or silent).
+fn detach_answered(lease: &UnixStream) -> Result<bool, Failed> {
     let _ = lease.set_read_timeout(Some(DETACH_TIMEOUT));
     match ask(lease, "{\"op\":\"detach\"}\n", "detach") {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         Err((MESH_ERR_REFUSED, reason)) => Err((MESH_ERR_REFUSED, reason)),
-        Err(_) => Ok(()),
+        Err(_) => Ok(false),
     }
 }
 
@@ -168,11 +173,8 @@ fn detach(lease: &UnixStream) -> Result<(), Failed> {
 /// now (`service_resume`) and the detach sent on it. Nothing to take back (no meshd there, the
 /// client departed already) is not an error.
 fn detach_or_resume(lease: &UnixStream, socket: &str, service: &str, id: u32) -> Result<(), Failed> {
-    let _ = lease.set_read_timeout(Some(DETACH_TIMEOUT));
-    match ask(lease, "{\"op\":\"detach\"}\n", "detach") {
-        Ok(_) => return Ok(()),
-        Err((MESH_ERR_REFUSED, reason)) => return Err((MESH_ERR_REFUSED, reason)),
-        Err(_) => {}
+    if detach_answered(lease)? {
+        return Ok(());
     }
     let Ok(conn) = dial(socket) else { return Ok(()) };
     let _ = conn.set_read_timeout(Some(DETACH_TIMEOUT));

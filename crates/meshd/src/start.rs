@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mesh_backend::cleanup;
-use mesh_backend::pid_lock::PidLock;
+use mesh_backend::pid_lock::{EXITING_HOLDER_WAIT, PidLock};
 use mesh_shm::{CreateMode, Mailbox, MailboxConfig, ShmError};
 
 /// Why `meshd run` refuses to start. Each message names the flag that changes the outcome, spelled as the CLI spells it.
@@ -57,11 +57,6 @@ pub enum StartError {
 /// The exclusive lock a live meshd holds on its mailbox (`<mailbox>.lock`): released by the kernel when the process dies.
 #[derive(Debug)]
 pub struct MailboxLock(PidLock);
-
-/// How long a starting meshd waits for a predecessor that is exiting to release the mailbox lock:
-/// the driver's teardown of a killed context takes tens of ms, and seconds where other contexts
-/// of the GPU are alive (the unit restarts meshd 100 ms after a crash).
-pub const EXITING_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl MailboxLock {
     /// The lock file beside `mailbox`: `<mailbox>.lock`.

@@ -286,17 +286,25 @@ fn stream(client: &mut ServiceClient, window: u64, mut done: impl FnMut(u64) -> 
 
 const ROLE: &str = "MESHD_SERVICE_TEST_CLIENT";
 
+/// In a client process (this binary run again with [`ROLE`] set): the client attached to the
+/// service its environment names, having said `ATTACHED <id>`; `None` in a plain test run.
+fn attached_as_child() -> Option<ServiceClient> {
+    let socket = std::env::var(ROLE).ok()?;
+    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
+    let client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "\nATTACHED {}", client.id()).unwrap();
+    out.flush().unwrap();
+    Some(client)
+}
+
 /// A client process: attaches to the service its environment names, says `ATTACHED <id>`, streams
 /// (window 4) and says `STREAMING` after 100 replies and `REPLIES <n>` every 500, until killed.
 /// Without its environment (a plain test run) it does nothing.
 #[test]
 fn service_client_child() {
-    let Ok(socket) = std::env::var(ROLE) else { return };
-    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
-    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
+    let Some(mut client) = attached_as_child() else { return };
     let mut out = std::io::stdout();
-    writeln!(out, "\nATTACHED {}", client.id()).unwrap();
-    out.flush().unwrap();
     stream(&mut client, 4, |got| {
         if got == 100 {
             writeln!(out, "\nSTREAMING").unwrap();
@@ -316,13 +324,9 @@ const GO: &str = "MESHD_SERVICE_TEST_GO";
 /// detaches and says `DETACHED ok` (or `DETACHED err: <why>`), and lives on until killed.
 #[test]
 fn service_client_detaching_child() {
-    let Ok(socket) = std::env::var(ROLE) else { return };
-    let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
+    let Some(mut client) = attached_as_child() else { return };
     let go = PathBuf::from(std::env::var(GO).unwrap());
-    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
     let mut out = std::io::stdout();
-    writeln!(out, "\nATTACHED {}", client.id()).unwrap();
-    out.flush().unwrap();
     stream(&mut client, 4, |got| {
         if got == 100 {
             writeln!(out, "\nSTREAMING").unwrap();
@@ -1164,14 +1168,11 @@ const STALL_REQUESTS: u64 = 50;
 #[test]
 fn stalling_client_child() {
     let Ok(at) = std::env::var(STALL_AT) else { return };
-    let socket = std::env::var(ROLE).unwrap();
+    let mut client = attached_as_child().expect("a client process's environment");
     let service = std::env::var(format!("{ROLE}_SERVICE")).unwrap();
     let mailbox = Mailbox::open(std::env::var(STALL_MAILBOX).unwrap()).unwrap();
-    let mut client = ServiceClient::connect(Path::new(&socket), &service).unwrap();
     let id = client.id();
     let mut out = std::io::stdout();
-    writeln!(out, "\nATTACHED {id}").unwrap();
-    out.flush().unwrap();
     // The same id's request end, driven one step at a time (the client's own is idle meanwhile: one
     // send at a time, as ever).
     let mut tx = FanInSender::open(&mailbox, &service, ClientId(id)).unwrap();

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use mesh_shm::claim::{Holder, process_dying};
 use mesh_shm::group::GroupError;
 use mesh_shm::{ChannelInfo, ClientId, Completion, ShmError};
@@ -250,16 +250,23 @@ pub(super) fn serve_lease(
     hold_lease(services, conn, &client, early);
 }
 
-/// Binds a client of process `pid` to `service`; waits up to [`ACK_WAIT`] for an entry whose last
-/// client's departure the program has yet to acknowledge.
-fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
-    let owner = services.owner(service)?;
+/// The client's process `pid` (with its start time, so that a reused pid never passes for it) and a
+/// pidfd of it; refused when it is gone.
+fn client_process(pid: u32) -> Result<(Holder, Option<OwnedFd>)> {
     let holder = Holder::of_pid(pid);
     let pidfd = open_pidfd(pid);
     // After the pidfd is open: it names this process (its start time matches), not a later one of that pid.
     if !holder.alive() {
-        bail!("service {service:?}: cannot attach: the client's process {pid} is gone");
+        bail!("the client's process {pid} is gone");
     }
+    Ok((holder, pidfd))
+}
+
+/// Binds a client of process `pid` to `service`; waits up to [`ACK_WAIT`] for an entry whose last
+/// client's departure the program has yet to acknowledge.
+fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
+    let owner = services.owner(service)?;
+    let (holder, pidfd) = client_process(pid).with_context(|| format!("service {service:?}: cannot attach"))?;
     let start = Instant::now();
     let id = loop {
         let tried = {
@@ -298,12 +305,8 @@ fn attach(services: &Services, service: &str, pid: u32) -> Result<Client> {
 /// why, unless `id` is bound to that very process (pid and start time) and no lease holds it.
 fn take_back(services: &Services, service: &str, pid: u32, id: ClientId) -> Result<Client> {
     let owner = services.owner(service)?;
-    let holder = Holder::of_pid(pid);
-    let pidfd = open_pidfd(pid);
-    // After the pidfd is open: it names this process (its start time matches), not a later one of that pid.
-    if !holder.alive() {
-        bail!("service {service:?}: cannot resume client {:#x}: the client's process {pid} is gone", id.0);
-    }
+    let (holder, pidfd) =
+        client_process(pid).with_context(|| format!("service {service:?}: cannot resume client {:#x}", id.0))?;
     let bound = owner.lock().bound_each().0;
     match bound.iter().find(|(b, _)| *b == id) {
         None => bail!(
